@@ -1,0 +1,89 @@
+// Runtime values -> template parameters, in one place per op.
+//
+// FA_DISPATCH_FLOAT(dtype, NAME, ...)   binds `scalar_t` to float / __half / __nv_bfloat16
+// FA_BOOL_SWITCH(cond, NAME, ...)       binds `constexpr bool NAME`
+// FA_SOFTMAX_ROW_CLASS(n, TPR, ELEMS, ...) binds the launch shape of softmax v1 for a row of n
+//   elements: TPR threads cooperate on one row and each holds ELEMS elements in registers.
+//   TPR == 0 selects the streaming (online-softmax) path for rows too long for registers.
+// The body is a lambda, so `return` inside it returns from the lambda.
+// Torch-free except FA_DISPATCH_FLOAT, which expands only where ATen is included.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#define FA_DISPATCH_FLOAT(DTYPE, NAME, ...)                                     \
+  [&] {                                                                         \
+    switch (DTYPE) {                                                            \
+      case at::ScalarType::Float: {                                             \
+        using scalar_t = float;                                                 \
+        return __VA_ARGS__();                                                   \
+      }                                                                         \
+      case at::ScalarType::Half: {                                              \
+        using scalar_t = __half;                                                \
+        return __VA_ARGS__();                                                   \
+      }                                                                         \
+      case at::ScalarType::BFloat16: {                                          \
+        using scalar_t = __nv_bfloat16;                                         \
+        return __VA_ARGS__();                                                   \
+      }                                                                         \
+      default:                                                                  \
+        TORCH_CHECK_VALUE(false, NAME ": x must have dtype float32, float16 or " \
+                          "bfloat16, got ", DTYPE);                             \
+    }                                                                           \
+  }()
+
+#define FA_BOOL_SWITCH(COND, NAME, ...)                                         \
+  [&] {                                                                         \
+    if (COND) {                                                                 \
+      constexpr bool NAME = true;                                               \
+      return __VA_ARGS__();                                                     \
+    } else {                                                                    \
+      constexpr bool NAME = false;                                              \
+      return __VA_ARGS__();                                                     \
+    }                                                                           \
+  }()
+
+// Row-length classes of softmax v1. Capacity = TPR * ELEMS elements. Short rows
+// give a row to a few lanes (several rows per warp), rows up to 1024 a warp,
+// longer rows a whole block; every thread keeps at most 32 floats live.
+#define FA_SOFTMAX_ROW_CLASS(N, TPR, ELEMS, ...)                                \
+  [&] {                                                                         \
+    if ((N) <= 32) {                                                            \
+      constexpr int TPR = 4, ELEMS = 8;                                         \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 64) {                                                     \
+      constexpr int TPR = 8, ELEMS = 8;                                         \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 128) {                                                    \
+      constexpr int TPR = 16, ELEMS = 8;                                        \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 256) {                                                    \
+      constexpr int TPR = 32, ELEMS = 8;                                        \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 512) {                                                    \
+      constexpr int TPR = 32, ELEMS = 16;                                       \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 1024) {                                                   \
+      constexpr int TPR = 32, ELEMS = 32;                                       \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 2048) {                                                   \
+      constexpr int TPR = 128, ELEMS = 16;                                      \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 4096) {                                                   \
+      constexpr int TPR = 256, ELEMS = 16;                                      \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 8192) {                                                   \
+      constexpr int TPR = 512, ELEMS = 16;                                      \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 16384) {                                                  \
+      constexpr int TPR = 1024, ELEMS = 16;                                     \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 32768) {                                                  \
+      constexpr int TPR = 1024, ELEMS = 32;                                     \
+      return __VA_ARGS__();                                                     \
+    } else {                                                                    \
+      constexpr int TPR = 0, ELEMS = 0;                                         \
+      return __VA_ARGS__();                                                     \
+    }                                                                           \
+  }()

@@ -1,0 +1,176 @@
+// Launcher of scaled_masked_softmax: argument checks, mask-view canonicalization,
+// version / dtype / row-class dispatch. Device code and the design notes are in
+// softmax_kernel.cuh.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "checks.h"
+#include "dispatch.h"
+#include "softmax_kernel.cuh"
+
+namespace fused_attn {
+
+// launch_v1 is instantiated per dtype in softmax_v1_<dtype>.cu so the
+// ~70 kernels of v1 compile in parallel.
+#define FA_EXTERN_V1(T)                                                   \
+  extern template void launch_v1<T, 16 / sizeof(T)>(const SoftmaxParams&, cudaStream_t); \
+  extern template void launch_v1<T, 1>(const SoftmaxParams&, cudaStream_t);
+FA_EXTERN_V1(float)
+FA_EXTERN_V1(__half)
+FA_EXTERN_V1(__nv_bfloat16)
+#undef FA_EXTERN_V1
+
+namespace {
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// Views attn_mask (already checked broadcastable) as [lead0, lead1, seqlen_q,
+// seqlen_k] strides over x's leading dims, merging leading dims whose strides
+// allow it. A mask whose leading strides do not fold into two dims is copied
+// over the leading dims only (never over seqlen_q x seqlen_k unless it has them).
+void set_mask_view(SoftmaxParams& p, const at::Tensor& x, at::Tensor& mask) {
+  const int64_t nd = x.dim();
+  auto lead_sizes = x.sizes().slice(0, nd - 2).vec();
+  at::Tensor m = mask.expand(x.sizes());
+  std::vector<int64_t> sizes, strides;
+  for (int64_t d = 0; d < nd - 2; ++d) {
+    const int64_t sz = m.size(d), st = m.stride(d);
+    if (sz == 1) continue;
+    if (!sizes.empty() && strides.back() == st * sz) {
+      sizes.back() *= sz;
+      strides.back() = st;
+    } else {
+      sizes.push_back(sz);
+      strides.push_back(st);
+    }
+  }
+  if (sizes.size() > 2) {
+    const int64_t L = x.numel() / (x.size(-2) * x.size(-1));
+    at::Tensor m2 = mask;
+    while (m2.dim() < 2) m2 = m2.unsqueeze(0);
+    const int64_t mq = m2.size(-2), mk = m2.size(-1);
+    auto target = lead_sizes;
+    target.push_back(mq);
+    target.push_back(mk);
+    mask = m2.expand(target).reshape({L, mq, mk}).contiguous();
+    m = mask.expand({L, x.size(-2), x.size(-1)});
+    sizes = {L};
+    strides = {m.stride(0)};
+  }
+  while (sizes.size() < 2) {
+    sizes.insert(sizes.begin(), 1);
+    strides.insert(strides.begin(), 0);
+  }
+  p.mask = m.data_ptr();
+  p.mask_lead1 = sizes[1];
+  p.mask_stride_lead0 = strides[0];
+  p.mask_stride_lead1 = strides[1];
+  p.mask_stride_q = m.stride(-2);
+  p.mask_stride_k = m.stride(-1);
+}
+
+void check_args(const at::Tensor& x, double scale, const std::optional<at::Tensor>& attn_mask,
+                int64_t version, const at::Tensor& out) {
+  FA_CHECK_CUDA(x);
+  FA_CHECK_ARG(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf ||
+                   x.scalar_type() == at::kBFloat16,
+               x, "have dtype float32, float16 or bfloat16", x.scalar_type());
+  FA_CHECK_ARG(x.dim() >= 2, x, "have at least 2 dims [..., seqlen_q, seqlen_k]",
+               shape_str(x.sizes()));
+  FA_CHECK_ARG(x.size(-1) <= std::numeric_limits<int>::max() &&
+                   x.size(-2) <= std::numeric_limits<int>::max(),
+               x, "have seqlen_q and seqlen_k below 2**31", shape_str(x.sizes()));
+  FA_CHECK_ARG(x.dim() < 2 || x.numel() / std::max<int64_t>(x.size(-1), 1) < (int64_t(1) << 31),
+               x, "have fewer than 2**31 rows (product of all dims but the last)",
+               shape_str(x.sizes()));
+  FA_CHECK_ARG(std::isfinite(scale), scale, "be a finite number", scale);
+  FA_CHECK_ARG(version == 0 || version == 1, version, "be 0 or 1", version);
+  if (attn_mask.has_value()) {
+    const at::Tensor& attn_mask_ = *attn_mask;
+    FA_CHECK_ARG(attn_mask_.device() == x.device(), attn_mask,
+                 "be on the same device as x (", x.device(), ")", attn_mask_.device());
+    FA_CHECK_ARG(attn_mask_.scalar_type() == at::kBool || attn_mask_.scalar_type() == x.scalar_type(),
+                 attn_mask, "have dtype bool or x's dtype (", x.scalar_type(), ")",
+                 attn_mask_.scalar_type());
+    bool broadcastable = attn_mask_.dim() <= x.dim();
+    for (int64_t i = 1; broadcastable && i <= attn_mask_.dim(); ++i) {
+      const int64_t ms = attn_mask_.size(-i);
+      broadcastable = ms == 1 || ms == x.size(-i);
+    }
+    FA_CHECK_ARG(broadcastable, attn_mask, "be broadcastable to ", shape_str(x.sizes()),
+                 shape_str(attn_mask_.sizes()));
+  }
+  FA_CHECK_ARG(out.device() == x.device(), out, "be on the same device as x (", x.device(), ")",
+               out.device());
+  FA_CHECK_ARG(out.scalar_type() == x.scalar_type(), out, "have x's dtype (", x.scalar_type(), ")",
+               out.scalar_type());
+  FA_CHECK_ARG(out.sizes() == x.sizes(), out, "have x's shape ", shape_str(x.sizes()),
+               shape_str(out.sizes()));
+  FA_CHECK_ARG(out.is_contiguous(), out, "be contiguous", "strides ", shape_str(out.strides()));
+}
+
+}  // namespace
+
+void scaled_masked_softmax_out(const at::Tensor& x, double scale, bool causal,
+                               const std::optional<at::Tensor>& attn_mask, int64_t version,
+                               const at::Tensor& out) {
+  check_args(x, scale, attn_mask, version, out);
+  if (x.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  // One documented copy for a strided x; the kernels read rows contiguously.
+  const at::Tensor xc = x.contiguous();
+
+  SoftmaxParams p{};
+  p.x = xc.data_ptr();
+  p.out = out.data_ptr();
+  p.seqlen_q = int(x.size(-2));
+  p.seqlen_k = int(x.size(-1));
+  p.rows = x.numel() / p.seqlen_k;
+  p.scale = float(scale);
+  p.causal = causal;
+  p.mask_kind = kMaskNone;
+  p.mask_lead1 = 1;
+  at::Tensor mask;
+  if (attn_mask.has_value()) {
+    mask = *attn_mask;
+    p.mask_kind = mask.scalar_type() == at::kBool ? kMaskBool : kMaskAdditive;
+    set_mask_view(p, x, mask);
+  }
+
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  FA_DISPATCH_FLOAT(x.scalar_type(), "scaled_masked_softmax", [&] {
+    if (version == 0) {
+      at::Tensor ws = at::empty({p.rows, p.seqlen_k}, x.options().dtype(at::kFloat));
+      p.workspace = ws.data_ptr<float>();
+      softmax_kernel_v0<scalar_t><<<unsigned(p.rows), kV0Threads, 0, stream>>>(p);
+      return;
+    }
+    constexpr int kVec = 16 / sizeof(scalar_t);
+    const bool vec_ok = p.seqlen_k % kVec == 0 && aligned16(p.x) && aligned16(p.out);
+    FA_BOOL_SWITCH(vec_ok, kVectorized, [&] {
+      launch_v1<scalar_t, kVectorized ? kVec : 1>(p, stream);
+    });
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor scaled_masked_softmax(const at::Tensor& x, double scale, bool causal,
+                                 const std::optional<at::Tensor>& attn_mask, int64_t version) {
+  FA_CHECK_CUDA(x);
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  scaled_masked_softmax_out(x, scale, causal, attn_mask, version, out);
+  return out;
+}
+
+TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) {
+  m.impl("scaled_masked_softmax", &scaled_masked_softmax);
+  m.impl("scaled_masked_softmax_out", &scaled_masked_softmax_out);
+}
+
+}  // namespace fused_attn

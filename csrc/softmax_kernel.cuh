@@ -1,0 +1,394 @@
+// Device code of scaled_masked_softmax (torch-free; the launcher is softmax.cu).
+//
+// Computes, for every row r of x viewed as [rows = L * seqlen_q, seqlen_k]:
+//   out[r, j] = softmax_j(x[r, j] * scale + mask[r, j])       (float32 accumulation)
+// where a key j is visible to query q = r % seqlen_q iff j < kv_len(q), with
+//   kv_len(q) = causal ? clamp(q + seqlen_k - seqlen_q + 1, 0, seqlen_k) : seqlen_k
+// (bottom-right aligned causal mask), and `mask` is a bool (true = attend) or
+// additive float mask broadcast over the leading dims. Invisible keys are never
+// read and are written as 0. A row with no finite score is written as all
+// zeros; a NaN in a visible element makes its row NaN.
+//
+// Versions (selected in softmax.cu, both tested):
+//   v0  textbook: one block per row; scale and mask are separate passes over a
+//       float32 copy of the row in global memory (workspace), then max, sum and
+//       normalize passes. ~5 reads + 3 writes of the row: the unfused chain's
+//       traffic, inside one kernel.
+//   v1  fused: the row is read once into registers (16-byte vector loads when
+//       seqlen_k and the pointers allow), max and sum are reduced in registers,
+//       the row is written once. Launch shape by row length (dispatch.h):
+//       sub-warp / warp / block per row. Rows longer than 32768 elements use a
+//       streaming online-softmax pass (2 reads + 1 write).
+//   Target: one read of the visible part + one write of the row at the device
+//   copy bandwidth (bench/NOTES.md has the measured numbers).
+//
+// Test: pytest tests/test_softmax.py    Bench: pytest bench/bench_softmax.py
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "dispatch.h"
+
+namespace fused_attn {
+
+enum MaskKind : int { kMaskNone = 0, kMaskBool = 1, kMaskAdditive = 2 };
+
+struct SoftmaxParams {
+  const void* x;  // [rows, seqlen_k], contiguous
+  void* out;      // [rows, seqlen_k], contiguous
+  int64_t rows;
+  int seqlen_q;
+  int seqlen_k;
+  float scale;
+  bool causal;
+  // attn_mask as a strided view over [lead0, lead1, seqlen_q, seqlen_k]
+  // (lead0 * lead1 = L); broadcast dims have stride 0.
+  const void* mask;
+  int mask_kind;
+  int64_t mask_lead1;
+  int64_t mask_stride_lead0;
+  int64_t mask_stride_lead1;
+  int64_t mask_stride_q;
+  int64_t mask_stride_k;
+  float* workspace;  // v0 only: [rows, seqlen_k] float32
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kNegInf = -__builtin_huge_valf();
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// max that propagates NaN (fmaxf drops it), so a NaN score poisons its row
+// exactly as torch.softmax does.
+__device__ __forceinline__ float max_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? (a + b) : fmaxf(a, b);
+#endif
+}
+
+// exp(t - m) that treats an all-masked row (m == -inf) as contributing 0
+// instead of exp(-inf + inf) = NaN. Scores stay in the natural-log domain and
+// only the difference is scaled by log2(e): a score of finfo(float32).min (the
+// additive mask Hugging Face uses) would overflow to -inf if scaled first, and
+// a row masked that way must come out uniform, as in PyTorch.
+__device__ __forceinline__ float exp_shifted(float t, float m) {
+  return m == kNegInf ? 0.f : exp2f((t - m) * kLog2e);
+}
+
+__device__ __forceinline__ int visible_keys(const SoftmaxParams& p, int q) {
+  if (!p.causal) return p.seqlen_k;
+  const int64_t v = int64_t(q) + p.seqlen_k - p.seqlen_q + 1;
+  return v < 0 ? 0 : (v > p.seqlen_k ? p.seqlen_k : int(v));
+}
+
+// Element offset of mask[row, 0]; the mask is read through its strides so a
+// [B,1,1,Sk] padding mask is never materialized at [B,H,Sq,Sk].
+__device__ __forceinline__ int64_t mask_row_offset(const SoftmaxParams& p, int64_t row) {
+  const int64_t lead = row / p.seqlen_q;
+  const int64_t q = row - lead * p.seqlen_q;
+  const int64_t l0 = lead / p.mask_lead1;
+  const int64_t l1 = lead - l0 * p.mask_lead1;
+  return l0 * p.mask_stride_lead0 + l1 * p.mask_stride_lead1 + q * p.mask_stride_q;
+}
+
+// The mask's contribution to one score. The kind branch is uniform over the grid.
+template <typename T>
+__device__ __forceinline__ float mask_term(const SoftmaxParams& p, int64_t row_off, int j) {
+  const int64_t off = row_off + int64_t(j) * p.mask_stride_k;
+  if (p.mask_kind == kMaskBool) {
+    return static_cast<const uint8_t*>(p.mask)[off] ? 0.f : kNegInf;
+  }
+  if (p.mask_kind == kMaskAdditive) {
+    return to_float(static_cast<const T*>(p.mask)[off]);
+  }
+  return 0.f;
+}
+
+template <int N, typename T>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// Reductions over the TPR threads that own one row. TPR <= 32: xor-shuffles
+// inside the lane group (every lane of the warp executes them, so the full mask
+// is valid). TPR > 32: one row per block, warp partials through shared memory.
+template <int TPR>
+__device__ __forceinline__ float group_max(float v, float* smem) {
+  constexpr int W = TPR < 32 ? TPR : 32;
+#pragma unroll
+  for (int o = W / 2; o > 0; o /= 2) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if constexpr (TPR > 32) {
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) smem[warp] = v;
+    __syncthreads();
+    v = smem[0];
+#pragma unroll
+    for (int w = 1; w < TPR / 32; ++w) v = max_nan(v, smem[w]);
+  }
+  return v;
+}
+
+template <int TPR>
+__device__ __forceinline__ float group_sum(float v, float* smem) {
+  constexpr int W = TPR < 32 ? TPR : 32;
+#pragma unroll
+  for (int o = W / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if constexpr (TPR > 32) {
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) smem[warp] = v;
+    __syncthreads();
+    v = smem[0];
+#pragma unroll
+    for (int w = 1; w < TPR / 32; ++w) v += smem[w];
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------
+// v0: textbook, one block per row, intermediates in a float32 workspace.
+// ---------------------------------------------------------------------------
+constexpr int kV0Threads = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(kV0Threads)
+    softmax_kernel_v0(const SoftmaxParams p) {
+  __shared__ float red_max[32];
+  __shared__ float red_sum[32];
+  const int64_t row = blockIdx.x;
+  const int n = p.seqlen_k;
+  const T* x = static_cast<const T*>(p.x) + row * n;
+  T* out = static_cast<T*>(p.out) + row * n;
+  float* s = p.workspace + row * n;
+  const float scale = p.scale;
+
+  // pass 1: scale
+  for (int j = threadIdx.x; j < n; j += kV0Threads) s[j] = to_float(x[j]) * scale;
+  // pass 2: mask (each thread rewrites only the elements it wrote in pass 1)
+  const int kv = visible_keys(p, int(row % p.seqlen_q));
+  const int64_t moff = p.mask_kind == kMaskNone ? 0 : mask_row_offset(p, row);
+  for (int j = threadIdx.x; j < n; j += kV0Threads) {
+    s[j] = j < kv ? s[j] + mask_term<T>(p, moff, j) : kNegInf;
+  }
+  // pass 3: max
+  float m = kNegInf;
+  for (int j = threadIdx.x; j < n; j += kV0Threads) m = max_nan(m, s[j]);
+  m = group_max<kV0Threads>(m, red_max);
+  // pass 4: sum
+  float l = 0.f;
+  for (int j = threadIdx.x; j < n; j += kV0Threads) l += m == kNegInf ? 0.f : expf(s[j] - m);
+  l = group_sum<kV0Threads>(l, red_sum);
+  // pass 5: normalize
+  const float inv = m == kNegInf ? 0.f : 1.f / l;
+  for (int j = threadIdx.x; j < n; j += kV0Threads) {
+    out[j] = from_float<T>(m == kNegInf ? 0.f : expf(s[j] - m) * inv);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// v1: fused; the row lives in registers between its one read and one write.
+// ---------------------------------------------------------------------------
+template <int TPR>
+constexpr int v1_block_threads() {
+  return TPR > 32 ? TPR : 128;
+}
+
+// TPR threads own a row; each holds ITERS packs of VEC elements. Pack k of a
+// row is column range [k * VEC, k * VEC + VEC), with k = it * TPR + lane, so
+// consecutive lanes touch consecutive 16-byte chunks (coalesced).
+template <typename T, int VEC, int ITERS, int TPR>
+__global__ void __launch_bounds__(v1_block_threads<TPR>())
+    softmax_kernel_v1(const SoftmaxParams p) {
+  constexpr int kRowsPerBlock = v1_block_threads<TPR>() / TPR;
+  __shared__ float red_max[TPR > 32 ? TPR / 32 : 1];
+  __shared__ float red_sum[TPR > 32 ? TPR / 32 : 1];
+  using P = Pack<VEC, T>;
+
+  const int lane = threadIdx.x % TPR;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / TPR;
+  // Lanes of a row past the end stay alive: the whole warp takes part in the
+  // shuffles. They load nothing and store nothing.
+  const bool row_ok = row < p.rows;
+  const int n = p.seqlen_k;
+  const int kv = row_ok ? visible_keys(p, int(row % p.seqlen_q)) : 0;
+  const int64_t base = row * n;
+
+  float t[ITERS][VEC];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * TPR + lane) * VEC;
+    if (c < kv) {  // invisible keys are not loaded
+      const P v = *reinterpret_cast<const P*>(static_cast<const T*>(p.x) + base + c);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) t[it][e] = to_float(v.v[e]);
+    }
+  }
+
+  const int64_t moff = (p.mask_kind == kMaskNone || !row_ok) ? 0 : mask_row_offset(p, row);
+  float m = kNegInf;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * TPR + lane) * VEC;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const int j = c + e;
+      float s = kNegInf;
+      if (j < kv) {
+        s = t[it][e] * p.scale;
+        if (p.mask_kind != kMaskNone) s += mask_term<T>(p, moff, j);
+      }
+      t[it][e] = s;
+      m = max_nan(m, s);
+    }
+  }
+  m = group_max<TPR>(m, red_max);
+
+  float l = 0.f;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      t[it][e] = exp_shifted(t[it][e], m);
+      l += t[it][e];
+    }
+  }
+  l = group_sum<TPR>(l, red_sum);
+
+  if (!row_ok) return;
+  const float inv = m == kNegInf ? 0.f : 1.f / l;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * TPR + lane) * VEC;
+    if (c < n) {
+      P v;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v.v[e] = from_float<T>(t[it][e] * inv);
+      *reinterpret_cast<P*>(static_cast<T*>(p.out) + base + c) = v;
+    }
+  }
+}
+
+// Rows longer than the register path holds: one block per row, an online
+// (running max, running sum) pass over the visible keys, then a pass that
+// re-reads and writes. Each thread keeps its own (m, l) pair; pairs are merged
+// with l = l_a * 2^(m_a - m) + l_b * 2^(m_b - m).
+constexpr int kV1StreamThreads = 1024;
+
+__device__ __forceinline__ void merge_online(float& m, float& l, float m_o, float l_o) {
+  const float mn = max_nan(m, m_o);
+  l = l * exp_shifted(m, mn) + l_o * exp_shifted(m_o, mn);
+  m = mn;
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kV1StreamThreads)
+    softmax_kernel_v1_stream(const SoftmaxParams p) {
+  __shared__ float red_m[kV1StreamThreads / 32];
+  __shared__ float red_l[kV1StreamThreads / 32];
+  using P = Pack<VEC, T>;
+  const int64_t row = blockIdx.x;
+  const int n = p.seqlen_k;
+  const int kv = visible_keys(p, int(row % p.seqlen_q));
+  const T* x = static_cast<const T*>(p.x) + row * n;
+  T* out = static_cast<T*>(p.out) + row * n;
+  const int64_t moff = p.mask_kind == kMaskNone ? 0 : mask_row_offset(p, row);
+  constexpr int kStep = kV1StreamThreads * VEC;
+
+  float m = kNegInf, l = 0.f;
+  for (int c = threadIdx.x * VEC; c < kv; c += kStep) {
+    const P v = *reinterpret_cast<const P*>(x + c);
+    float s[VEC];
+    float mc = kNegInf;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const int j = c + e;
+      s[e] = kNegInf;
+      if (j < kv) {
+        s[e] = to_float(v.v[e]) * p.scale;
+        if (p.mask_kind != kMaskNone) s[e] += mask_term<T>(p, moff, j);
+      }
+      mc = max_nan(mc, s[e]);
+    }
+    float lc = 0.f;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) lc += exp_shifted(s[e], mc);
+    merge_online(m, l, mc, lc);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    merge_online(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
+  }
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) {
+    red_m[warp] = m;
+    red_l[warp] = l;
+  }
+  __syncthreads();
+  m = red_m[0];
+  l = red_l[0];
+  for (int w = 1; w < kV1StreamThreads / 32; ++w) merge_online(m, l, red_m[w], red_l[w]);
+
+  const float inv = m == kNegInf ? 0.f : 1.f / l;
+  for (int c = threadIdx.x * VEC; c < n; c += kStep) {
+    P v;
+    if (c < kv) {
+      const P xv = *reinterpret_cast<const P*>(x + c);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int j = c + e;
+        float s = kNegInf;
+        if (j < kv) {
+          s = to_float(xv.v[e]) * p.scale;
+          if (p.mask_kind != kMaskNone) s += mask_term<T>(p, moff, j);
+        }
+        v.v[e] = from_float<T>(exp_shifted(s, m) * inv);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v.v[e] = from_float<T>(0.f);
+    }
+    *reinterpret_cast<P*>(out + c) = v;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// v1 launch: row-length class -> launch shape (dispatch.h).
+// ---------------------------------------------------------------------------
+template <typename T, int VEC, int TPR, int ELEMS>
+void launch_v1_class(const SoftmaxParams& p, cudaStream_t stream) {
+  if constexpr (TPR == 0) {
+    softmax_kernel_v1_stream<T, VEC><<<unsigned(p.rows), kV1StreamThreads, 0, stream>>>(p);
+  } else {
+    constexpr int kThreads = v1_block_threads<TPR>();
+    constexpr int kRowsPerBlock = kThreads / TPR;
+    const int64_t blocks = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+    softmax_kernel_v1<T, VEC, ELEMS / VEC, TPR><<<unsigned(blocks), kThreads, 0, stream>>>(p);
+  }
+}
+
+template <typename T, int VEC>
+void launch_v1(const SoftmaxParams& p, cudaStream_t stream) {
+  FA_SOFTMAX_ROW_CLASS(p.seqlen_k, TPR, ELEMS,
+                       [&] { launch_v1_class<T, VEC, TPR, ELEMS>(p, stream); });
+}
+
+}  // namespace fused_attn

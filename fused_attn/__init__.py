@@ -1,0 +1,14 @@
+"""fused_attn: fused CUDA kernels for transformer inference, as PyTorch ops.
+
+    import fused_attn
+    p = fused_attn.scaled_masked_softmax(scores, headdim ** -0.5, causal=True)
+
+CUDA ops are compiled on first use (see ``fused_attn.build``); CPU tensors run a
+pure-PyTorch path with the same semantics.
+"""
+
+from fused_attn._ops import ensure_loaded as load
+from fused_attn.softmax import scaled_masked_softmax
+
+__all__ = ["load", "scaled_masked_softmax"]
+__version__ = "0.1.0"
