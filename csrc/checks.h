@@ -22,6 +22,11 @@ inline std::string shape_str(at::IntArrayRef sizes) {
   return os.str();
 }
 
+// Python's spelling of a dtype ("torch.float16"), so C++ and Python messages match.
+inline std::string dtype_str(at::ScalarType t) {
+  return "torch." + std::string(c10::getDtypeNames(t).first);
+}
+
 }  // namespace fused_attn
 
 // FA_CHECK_ARG(cond, arg, "requirement", actual...): the argument's name is

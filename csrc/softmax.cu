@@ -80,7 +80,7 @@ void check_args(const at::Tensor& x, double scale, const std::optional<at::Tenso
   FA_CHECK_CUDA(x);
   FA_CHECK_ARG(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf ||
                    x.scalar_type() == at::kBFloat16,
-               x, "have dtype float32, float16 or bfloat16", x.scalar_type());
+               x, "have dtype float32, float16 or bfloat16", dtype_str(x.scalar_type()));
   FA_CHECK_ARG(x.dim() >= 2, x, "have at least 2 dims [..., seqlen_q, seqlen_k]",
                shape_str(x.sizes()));
   FA_CHECK_ARG(x.size(-1) <= std::numeric_limits<int>::max() &&
@@ -96,8 +96,8 @@ void check_args(const at::Tensor& x, double scale, const std::optional<at::Tenso
     FA_CHECK_ARG(attn_mask_.device() == x.device(), attn_mask,
                  "be on the same device as x (", x.device(), ")", attn_mask_.device());
     FA_CHECK_ARG(attn_mask_.scalar_type() == at::kBool || attn_mask_.scalar_type() == x.scalar_type(),
-                 attn_mask, "have dtype bool or x's dtype (", x.scalar_type(), ")",
-                 attn_mask_.scalar_type());
+                 attn_mask, "have dtype bool or x's dtype (", dtype_str(x.scalar_type()), ")",
+                 dtype_str(attn_mask_.scalar_type()));
     bool broadcastable = attn_mask_.dim() <= x.dim();
     for (int64_t i = 1; broadcastable && i <= attn_mask_.dim(); ++i) {
       const int64_t ms = attn_mask_.size(-i);
@@ -108,8 +108,8 @@ void check_args(const at::Tensor& x, double scale, const std::optional<at::Tenso
   }
   FA_CHECK_ARG(out.device() == x.device(), out, "be on the same device as x (", x.device(), ")",
                out.device());
-  FA_CHECK_ARG(out.scalar_type() == x.scalar_type(), out, "have x's dtype (", x.scalar_type(), ")",
-               out.scalar_type());
+  FA_CHECK_ARG(out.scalar_type() == x.scalar_type(), out, "have x's dtype (", dtype_str(x.scalar_type()), ")",
+               dtype_str(out.scalar_type()));
   FA_CHECK_ARG(out.sizes() == x.sizes(), out, "have x's shape ", shape_str(x.sizes()),
                shape_str(out.sizes()));
   FA_CHECK_ARG(out.is_contiguous(), out, "be contiguous", "strides ", shape_str(out.strides()));

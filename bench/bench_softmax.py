@@ -1,0 +1,122 @@
+"""scaled_masked_softmax microbenchmarks: synthetic [B, H, N, N] scores.
+
+Providers, side by side in one group per (shape, dtype, causal):
+  eager      x * scale -> masked_fill(~causal, -inf) -> softmax: three PyTorch kernels
+  compiled   torch.compile of the same function (one compile per case)
+  fused_v0   our textbook kernel (intermediates in a float32 workspace)
+  fused_v1   our fused kernel
+extra_info: p5/p50/p95 (us, CUDA events, cold L2), modeled bytes, GB/s, % of the measured
+copy bandwidth, speedups vs eager and compiled measured in this run.
+
+Quick default: float16, every shape. --full: float32, float16, bfloat16.
+On a machine without a GPU the cases run on the CPU at a small shape (eager and the
+CPU path of fused_v1), which exercises the harness; GPU numbers need a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.harness import percentiles
+from fused_attn import reference
+from fused_attn.softmax import scaled_masked_softmax
+
+PROVIDERS = ("eager", "compiled", "fused_v0", "fused_v1")
+GPT2_BATCHES = (1, 8, 16)
+GPT2_SEQLENS = (128, 512, 1024, 2048)
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+CPU_SHAPES = [(1, 2, 64, 64)]
+
+
+def gpu_shapes(config) -> list[tuple[int, int, int, int]]:
+    batches = [int(b) for b in config.getoption("--bench-batches").split(",")] if config.getoption(
+        "--bench-batches") else GPT2_BATCHES
+    seqlens = [int(n) for n in config.getoption("--bench-seqlens").split(",")] if config.getoption(
+        "--bench-seqlens") else GPT2_SEQLENS
+    shapes = [(b, 12, n, n) for b in batches for n in seqlens]  # GPT-2
+    shapes += [(1, 16, n, n) for n in (4096, 8192)]  # long rows
+    shapes += [(4, 32, 2048, 2048)]  # Llama-like
+    return shapes
+
+
+def pytest_generate_tests(metafunc):
+    if "case" not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    if torch.cuda.is_available():
+        shapes = gpu_shapes(config)
+        names = config.getoption("--bench-dtypes")
+        dtypes = names.split(",") if names else (list(DTYPES) if config.getoption("--full") else ["float16"])
+    else:
+        shapes, dtypes = CPU_SHAPES, ["float32"]
+    cases = []
+    for shape in shapes:
+        for dtype in dtypes:
+            for causal in (True, False):
+                for provider in PROVIDERS:
+                    cases.append(dict(shape=shape, dtype=dtype, causal=causal, provider=provider))
+    ids = [f"{c['provider']}-{'x'.join(map(str, c['shape']))}-{c['dtype']}-{'causal' if c['causal'] else 'full'}"
+           for c in cases]
+    metafunc.parametrize("case", cases, ids=ids)
+
+
+def visible_elements(shape, causal) -> int:
+    b, h, sq, sk = shape
+    if not causal:
+        return b * h * sq * sk
+    return b * h * int(reference.causal_mask(sq, sk).sum())
+
+
+def modeled_bytes(provider, shape, dtype, causal) -> int:
+    """Fewest bytes each provider's kernels must move through device memory."""
+    b, h, sq, sk = shape
+    n = b * h * sq * sk
+    e = torch.empty((), dtype=dtype).element_size()
+    mask = sq * sk if causal else 0  # bool causal mask, broadcast over B and H: read once
+    if provider == "eager":  # mul: r+w; masked_fill: r+w+mask; softmax: r+w
+        return (6 if causal else 4) * n * e + mask
+    if provider == "compiled":  # the ideal of one fused kernel: read all + write all
+        return 2 * n * e + mask
+    if provider == "fused_v0":  # x -> ws (r,w4), mask pass (r4,w4), max (r4), sum (r4), out (r4,w)
+        return 2 * n * e + 6 * n * 4
+    return visible_elements(shape, causal) * e + n * e  # fused_v1: read visible, write all
+
+
+def make_fn(provider, x, scale, causal, keep):
+    if provider == "eager":
+        return lambda: reference.eager_scaled_masked_softmax(x, scale, keep)
+    if provider == "compiled":
+        torch._dynamo.reset()
+        compiled = torch.compile(reference.eager_scaled_masked_softmax, dynamic=False)
+        return lambda: compiled(x, scale, keep)
+    version = 0 if provider == "fused_v0" else 1
+    out = torch.empty_like(x)
+    return lambda: scaled_masked_softmax(x, scale, causal=causal, out=out, version=version)
+
+
+def bench_scaled_masked_softmax(benchmark, case, device, timer, copy_bandwidth_gbps, medians):
+    shape, dtype, causal, provider = case["shape"], DTYPES[case["dtype"]], case["causal"], case["provider"]
+    if device.type == "cpu" and provider in ("compiled", "fused_v0"):
+        pytest.skip(f"{provider} is measured on a GPU only (no CUDA device here)")
+    benchmark.group = f"softmax {'x'.join(map(str, shape))} {case['dtype']} {'causal' if causal else 'full'}"
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(shape, generator=gen, device=device).to(dtype)
+    scale = shape[-1] ** -0.5
+    keep = reference.causal_mask(shape[-2], shape[-1], device) if causal else None
+    fn = make_fn(provider, x, scale, causal, keep)
+    times = timer.run(benchmark, fn)
+
+    stats = percentiles(times)
+    nbytes = modeled_bytes(provider, shape, dtype, causal)
+    gbps = nbytes / (stats["p50_us"] * 1e-6) / 1e9
+    info = dict(stats, provider=provider, shape=list(shape), dtype=case["dtype"], causal=causal,
+                device=str(device), modeled_bytes=nbytes, gbps=round(gbps, 1))
+    if copy_bandwidth_gbps:
+        info["copy_gbps"] = round(copy_bandwidth_gbps, 1)
+        info["pct_of_copy_bw"] = round(100 * gbps / copy_bandwidth_gbps, 1)
+    medians[(benchmark.group, provider)] = stats["p50_us"]
+    for base in ("eager", "compiled"):
+        if (benchmark.group, base) in medians and provider != base:
+            info[f"speedup_vs_{base}"] = round(medians[(benchmark.group, base)] / stats["p50_us"], 3)
+    benchmark.extra_info.update(info)

@@ -1,0 +1,116 @@
+"""Benchmark harness: options, GPU machine info, per-GPU storage, device-time measurement.
+
+Every case times with CUDA events around one call per round, after warm-up, with L2
+flushed before each round (a 256 MiB write, outside the timed region). pytest-benchmark's
+own timer wraps the call plus a device synchronize (pedantic mode, setup = flush), so
+its statistics and `--benchmark-compare` track device time; the event times give the
+p5/p50/p95 in `extra_info`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.harness import DeviceTimer
+
+BENCH_DIR = Path(__file__).resolve().parent
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("fused_attn bench")
+    g.addoption("--full", action="store_true", help="full sweep: every dtype and shape (default: quick)")
+    g.addoption("--bench-dtypes", default=None, help="comma list of float32,float16,bfloat16")
+    g.addoption("--bench-batches", default=None, help="comma list of batch sizes for the GPT-2 shapes")
+    g.addoption("--bench-seqlens", default=None, help="comma list of N for the GPT-2 shapes")
+    g.addoption("--bench-rounds", type=int, default=int(os.environ.get("FUSED_ATTN_BENCH_ROUNDS", 60)))
+    g.addoption("--bench-warmup", type=int, default=int(os.environ.get("FUSED_ATTN_BENCH_WARMUP", 5)))
+
+
+def gpu_slug() -> str:
+    if not torch.cuda.is_available():
+        return "cpu"
+    return re.sub(r"[^A-Za-z0-9]+", "-", torch.cuda.get_device_name()).strip("-")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    # Saved runs live in git under bench/results/<GPU model>/, so --benchmark-compare
+    # finds the last run on the same kind of GPU.
+    storage = getattr(config.option, "benchmark_storage", None)
+    if storage in (None, "file://./.benchmarks"):
+        config.option.benchmark_storage = f"file://{BENCH_DIR / 'results' / gpu_slug()}"
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("FUSED_ATTN_COMMIT", "unknown")
+
+
+def _driver_version() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, check=True).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return "unknown"
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "commit": _git_commit()}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(gpu_name=p.name, sm_count=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1),
+                    capability=f"{p.major}.{p.minor}", driver=_driver_version(),
+                    l2_mib=round(getattr(p, "L2_cache_size", 0) / 2**20, 1))
+    else:
+        info.update(gpu_name="none")
+    machine_info["fused_attn"] = info
+
+
+@pytest.fixture(scope="session")
+def device():
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(scope="session")
+def copy_bandwidth_gbps(device):
+    """Measured device-to-device copy bandwidth (bytes read + written per second, GB = 1e9 B),
+    the roofline every memory-bound case is compared with."""
+    if device.type != "cuda":
+        return None
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(20):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        dst.copy_(src)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e-3)
+    del src, dst
+    return 2 * n / statistics.median(times) / 1e9
+
+
+@pytest.fixture(scope="session")
+def timer(request, device):
+    return DeviceTimer(device, request.config.getoption("--bench-rounds"), request.config.getoption("--bench-warmup"))
+
+
+@pytest.fixture(scope="session")
+def medians() -> dict:
+    """p50 of every case run so far in this session, keyed by (group, provider): the
+    speedups in extra_info compare providers measured in the same run."""
+    return {}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One device call: build, full GPU test suite, sanitizers, benchmarks, ncu bytes.
+# Usage (on the GPU machine, repo root): OUT=/some/dir bash bench/run_gpu.sh [steps...]
+# steps: build tests sanitize bench bytes (default: all). Logs and JSON go to $OUT.
+set -uo pipefail
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 FUSED_ATTN_CACHE=${FUSED_ATTN_CACHE:-/tmp/fused_attn_cache}
+steps=${*:-build tests bench sanitize bytes}
+rc=0
+has() { [[ " $steps " == *" $1 "* ]]; }
+log() { echo "== $* ($(date +%T))"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch,transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
+
+if has build; then
+  log build
+  /usr/bin/time -f "cold build wall %e s" python3 -m fused_attn.build 2>&1 | tail -3 | tee -a "$OUT/gpu.txt" || rc=1
+  /usr/bin/time -f "warm import+load wall %e s" python3 -c "import fused_attn; fused_attn.load()" 2>&1 | tee -a "$OUT/gpu.txt"
+fi
+if has tests; then
+  log tests
+  HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu} timeout ${TESTS_TIMEOUT:-300} python3 -m pytest tests -q \
+    -p no:cacheprovider --hypothesis-show-statistics -rs > "$OUT/tests.log" 2>&1 || rc=1
+  grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
+  grep -E "^FAILED|Error" "$OUT/tests.log" | head -20
+fi
+if has sanitize; then
+  log sanitize
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer --tool $tool" >> "$OUT/sanitize.log"
+    timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --print-limit 20 python3 tests/sanitizer_cases.py \
+      >> "$OUT/sanitize.log" 2>&1 || rc=1
+    tail -2 "$OUT/sanitize.log"
+  done
+fi
+if has bench; then
+  log bench
+  timeout ${BENCH_TIMEOUT:-300} python3 -m pytest bench -q -p no:cacheprovider \
+    --benchmark-json="$OUT/bench_softmax.json" --benchmark-columns=median,iqr,rounds ${BENCH_ARGS:-} \
+    > "$OUT/bench.log" 2>&1 || rc=1
+  tail -3 "$OUT/bench.log"
+  python3 - "$OUT/bench_softmax.json" <<'PY'
+import json, sys
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    e = b["extra_info"]
+    print(f"{b['group']:<40} {e['provider']:<9} p50 {e['p50_us']:>9.1f} us  {e.get('pct_of_copy_bw', 0):5.1f}% copy"
+          f"  x_eager {e.get('speedup_vs_eager', 1):5.2f}  x_compiled {e.get('speedup_vs_compiled', 1):5.2f}")
+PY
+fi
+if has bytes; then
+  log bytes
+  timeout ${BYTES_TIMEOUT:-200} python3 -m fused_attn.bytes > "$OUT/bytes.txt" 2>&1 || rc=1
+  tail -30 "$OUT/bytes.txt"
+fi
+log "done rc=$rc"
+exit $rc

@@ -1,0 +1,67 @@
+"""Shared pytest setup: hypothesis profiles and device fixtures.
+
+Profiles (select with HYPOTHESIS_PROFILE, default `dev`, or `ci` when CI=true):
+  dev      fast local iteration
+  ci       CPU machine, deterministic (derandomized), small
+  gpu      a real GPU: no deadline, >= 500 examples per property
+  nightly  >= 5000 examples per property
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("dev", max_examples=40, **_common)
+settings.register_profile("ci", max_examples=30, derandomize=True, print_blob=True, **_common)
+settings.register_profile("gpu", max_examples=500, print_blob=True, **_common)
+settings.register_profile("nightly", max_examples=5000, print_blob=True, **_common)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI", "").lower() == "true" else "dev")
+)
+
+HAS_CUDA = torch.cuda.is_available()
+NO_CUDA_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False on this machine)"
+
+
+def _has_nvcc() -> bool:
+    from fused_attn import build
+
+    try:
+        build.find_cuda_home()
+    except build.BuildError:
+        return False
+    return True
+
+
+HAS_NVCC = _has_nvcc()
+NO_NVCC_REASON = "needs the CUDA toolkit (nvcc) to build fused_attn's library"
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason=NO_CUDA_REASON)
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def cuda():
+    if not HAS_CUDA:
+        pytest.skip(NO_CUDA_REASON)
+    return torch.device("cuda")
+
+
+@pytest.fixture
+def built_library():
+    """The compiled library loaded into this process (CPU kernels and fakes included)."""
+    if not HAS_NVCC:
+        pytest.skip(NO_NVCC_REASON)
+    import fused_attn
+
+    fused_attn.load()
+    return True

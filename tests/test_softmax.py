@@ -1,0 +1,430 @@
+"""scaled_masked_softmax: CUDA kernels (v0, v1) and the CPU path against the float64 reference."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+import fused_attn
+from fused_attn import reference
+from fused_attn.softmax import scaled_masked_softmax
+from tests.tolerances import assert_close, softmax_tolerance
+
+from conftest import HAS_CUDA
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Launch-shape boundaries of v1 (csrc/dispatch.h) and odd / prime lengths.
+BOUNDARY_SK = [1, 2, 3, 7, 31, 32, 33, 63, 64, 65, 127, 129, 255, 256, 257, 511, 513, 1000, 1023, 1024,
+               1025, 2047, 2048, 2049, 4095, 4097, 8191, 8193, 12289, 16383, 16384]
+MASK_FORMS = ["none", "bool_full", "bool_padding", "bool_qk", "add_padding", "add_full", "bool_unfoldable"]
+ON_GPU_BUDGET = 1 << 22  # elements per example
+ON_CPU_BUDGET = 1 << 14
+
+
+def scores_of(x, scale, causal, attn_mask):
+    """The float64 pre-softmax scores the reference uses (for the tolerance)."""
+    s = x.double() * scale
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else s + attn_mask.double()
+    if causal:
+        s = s.masked_fill(~reference.causal_mask(x.shape[-2], x.shape[-1], x.device), -math.inf)
+    return s
+
+
+def make_mask(form, lead, sq, sk, dtype, gen, device):
+    def rand_bool(shape):
+        return torch.rand(shape, generator=gen, device=device) > 0.3
+
+    n = len(lead)
+    if form == "none":
+        return None
+    if form == "bool_full":
+        return rand_bool((*lead, sq, sk))
+    if form == "bool_padding":  # [B, 1, ..., 1, sk]
+        return rand_bool((*lead[:1], *([1] * max(n - 1, 0)), 1, sk))
+    if form == "bool_qk":  # [sq, sk] broadcast over all leading dims
+        return rand_bool((sq, sk))
+    if form == "add_padding":
+        m = torch.zeros((*lead[:1], *([1] * max(n - 1, 0)), 1, sk), device=device)
+        m.masked_fill_(~rand_bool(m.shape), -math.inf)
+        return (m + torch.randn(m.shape, generator=gen, device=device)).to(dtype)
+    if form == "add_full":
+        return torch.randn((*lead, sq, sk), generator=gen, device=device).to(dtype)
+    if form == "bool_unfoldable":  # broadcast in a middle leading dim: strides don't fold
+        shape = [*lead, sq, sk]
+        if n >= 3:
+            shape[1] = 1
+        return rand_bool(tuple(shape))
+    raise AssertionError(form)
+
+
+@st.composite
+def softmax_case(draw, budget, dtypes=tuple(DTYPES), versions=(0, 1)):
+    n_lead = draw(st.integers(0, 3))
+    lead = tuple(draw(st.lists(st.integers(0, 3), min_size=n_lead, max_size=n_lead)))
+    lead_n = max(math.prod(lead), 1)
+    sk_max = max(1, min(16384, budget // lead_n))
+    sk = draw(st.one_of(st.integers(1, min(64, sk_max)), st.integers(1, sk_max),
+                        st.sampled_from([s for s in BOUNDARY_SK if s <= sk_max])))
+    sq_max = max(1, min(2048, budget // (lead_n * sk)))
+    sq = draw(st.one_of(st.just(1), st.integers(1, sq_max)))
+    return dict(
+        lead=lead, sq=sq, sk=sk,
+        dtype=draw(st.sampled_from(dtypes)),
+        version=draw(st.sampled_from(versions)),
+        scale=draw(st.one_of(st.just(1.0), st.floats(-3.0, 3.0))),
+        causal=draw(st.booleans()),
+        mask=draw(st.sampled_from(MASK_FORMS)),
+        magnitude=draw(st.sampled_from([1e-3, 1.0, 10.0, 1e2, 1e4])),
+        use_out=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def run_case(case, device):
+    gen = torch.Generator(device=device).manual_seed(case["seed"])
+    lead, sq, sk, dtype = case["lead"], case["sq"], case["sk"], case["dtype"]
+    x = (torch.randn((*lead, sq, sk), generator=gen, device=device) * case["magnitude"]).to(dtype)
+    mask = make_mask(case["mask"], lead, sq, sk, dtype, gen, device)
+    check(x, case["scale"], case["causal"], mask, case["version"], case["use_out"])
+
+
+def check(x, scale, causal, mask, version=1, use_out=True):
+    """Run the op (output poisoned with NaN first when use_out) and compare with float64."""
+    if use_out:
+        out = torch.full_like(x, math.nan)
+        got = scaled_masked_softmax(x, scale, causal=causal, attn_mask=mask, out=out, version=version)
+        assert got is out
+    else:
+        got = scaled_masked_softmax(x, scale, causal=causal, attn_mask=mask, version=version)
+    want = reference.scaled_masked_softmax(x, scale, causal=causal, attn_mask=mask)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    tol = softmax_tolerance(want.double(), scores_of(x, scale, causal, mask), x.dtype)
+    where = f"x{tuple(x.shape)} {x.dtype} scale={scale} causal={causal} mask={None if mask is None else (tuple(mask.shape), mask.dtype)} v{version}"
+    assert_close(got, want, tol, where)
+
+
+# --------------------------------------------------------------------------- GPU properties
+
+
+@pytest.mark.gpu
+@given(case=softmax_case(ON_GPU_BUDGET))
+@example(case=dict(lead=(8, 12), sq=128, sk=128, dtype=torch.float16, version=1, scale=0.125, causal=True,
+                   mask="none", magnitude=1.0, use_out=True, seed=0))
+@example(case=dict(lead=(2, 0), sq=5, sk=7, dtype=torch.float32, version=1, scale=1.0, causal=False,
+                   mask="bool_full", magnitude=1.0, use_out=False, seed=1))
+@example(case=dict(lead=(2, 3), sq=1, sk=16384, dtype=torch.bfloat16, version=1, scale=0.5, causal=True,
+                   mask="add_padding", magnitude=10.0, use_out=True, seed=2))
+@example(case=dict(lead=(2, 2, 3), sq=33, sk=1025, dtype=torch.float16, version=0, scale=1.0, causal=True,
+                   mask="bool_unfoldable", magnitude=1.0, use_out=True, seed=3))
+@example(case=dict(lead=(), sq=2048, sk=2047, dtype=torch.float32, version=1, scale=-0.7, causal=True,
+                   mask="bool_qk", magnitude=1e2, use_out=True, seed=4))
+def test_matches_reference_gpu(case):
+    run_case(case, "cuda")
+
+
+@st.composite
+def extreme_case(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    sk = draw(st.one_of(st.sampled_from(BOUNDARY_SK), st.integers(1, 4096)))
+    sq = draw(st.integers(1, max(1, min(64, (1 << 20) // sk))))
+    kind = draw(st.sampled_from(["fp16_edge", "huge", "all_equal", "spike", "neg_inf_entries", "tiny"]))
+    return dict(dtype=dtype, sq=sq, sk=sk, kind=kind, version=draw(st.sampled_from([0, 1])),
+                causal=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
+
+
+def extreme_input(case, device):
+    gen = torch.Generator(device=device).manual_seed(case["seed"])
+    shape = (2, case["sq"], case["sk"])
+    x = torch.randn(shape, generator=gen, device=device)
+    scale = 1.0
+    kind = case["kind"]
+    if kind == "fp16_edge":  # values near the float16 limit; only a scale < 1 keeps them meaningful
+        x = (x.sign() * (60000 + 5000 * torch.rand(shape, generator=gen, device=device))).clamp(-65504, 65504)
+        scale = 0.01
+    elif kind == "huge":
+        x = x * 1e4
+        scale = 0.5
+    elif kind == "all_equal":
+        x = torch.full(shape, 3.25, device=device)
+    elif kind == "spike":
+        x = x * 0.01
+        idx = torch.randint(0, case["sk"], (2, case["sq"], 1), generator=gen, device=device)
+        x.scatter_(-1, idx, 1e4)
+    elif kind == "neg_inf_entries":
+        x = x.masked_fill(torch.rand(shape, generator=gen, device=device) < 0.4, -math.inf)
+    elif kind == "tiny":
+        x = x * 1e-6
+    return x.to(case["dtype"]), scale
+
+
+@pytest.mark.gpu
+@given(case=extreme_case())
+@example(case=dict(dtype=torch.float16, sq=3, sk=1024, kind="fp16_edge", version=1, causal=False, seed=0))
+@example(case=dict(dtype=torch.float32, sq=1, sk=1, kind="neg_inf_entries", version=1, causal=False, seed=5))
+def test_extreme_magnitudes_gpu(case):
+    x, scale = extreme_input(case, "cuda")
+    check(x, scale, case["causal"], None, case["version"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sk", [5, 100, 1024, 3000, 40000])
+def test_fully_masked_rows_are_zero_gpu(dtype, version, sk):
+    gen = torch.Generator(device="cuda").manual_seed(sk)
+    x = torch.randn(2, 3, 6, sk, device="cuda", generator=gen).to(dtype)
+    keep = torch.rand(2, 1, 6, sk, device="cuda", generator=gen) > 0.5
+    keep[0, :, 2] = False  # row fully masked by attn_mask
+    keep[1, :, :] = False  # a whole batch element masked
+    x[1, 2, 4] = -math.inf  # row masked by -inf scores
+    out = scaled_masked_softmax(x, 0.3, attn_mask=keep, version=version)
+    assert not out.isnan().any()
+    assert (out[0, :, 2] == 0).all() and (out[1] == 0).all()
+    check(x, 0.3, False, keep, version)
+    # causal with seqlen_q > seqlen_k: the first rows see no key
+    xq = torch.randn(2, sk + 3, sk, device="cuda", generator=gen).to(dtype) if sk <= 3000 else None
+    if xq is not None:
+        outq = scaled_masked_softmax(xq, causal=True, version=version)
+        assert (outq[:, :3] == 0).all() and not outq.isnan().any()
+        check(xq, 1.0, True, None, version)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sk", [32769, 40001, 65536, 131072])
+def test_long_rows_gpu(dtype, version, sk):
+    gen = torch.Generator(device="cuda").manual_seed(sk)
+    x = torch.randn(2, 3, sk, device="cuda", generator=gen).to(dtype) * 4
+    pad = torch.rand(2, 1, sk, device="cuda", generator=gen) > 0.1
+    check(x, 0.7, True, None, version)
+    check(x, 0.7, False, pad, version, use_out=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("sk", [7, 64, 1000, 40000])
+def test_nan_in_visible_element_poisons_row_gpu(version, sk):
+    x = torch.randn(3, 4, sk, device="cuda")
+    x[0, 1, sk // 2] = math.nan
+    keep = torch.ones(3, 4, sk, dtype=torch.bool, device="cuda")
+    keep[1, 2] = False
+    keep[1, 2, 0] = True
+    x[1, 2, 0] = math.nan  # the only visible element is NaN
+    x[2, 0, -1] = math.nan  # under the causal mask of row 0: never read
+    out = scaled_masked_softmax(x, attn_mask=keep, version=version)
+    assert out[0, 1].isnan().all() and out[1, 2].isnan().all()
+    assert not out[0, 0].isnan().any()
+    outc = scaled_masked_softmax(x[2:], causal=True, version=version)
+    assert not outc[0, 0].isnan().any()
+    check(x, 1.0, False, keep, version)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [0, 1])
+def test_noncontiguous_and_inplace_gpu(version):
+    x = torch.randn(4, 64, 3, 96, device="cuda", dtype=torch.float16).transpose(1, 2)  # [4,3,64,96] strided
+    assert not x.is_contiguous()
+    check(x, 0.25, True, None, version, use_out=False)
+    y = torch.randn(2, 8, 8, 200, device="cuda")[..., :130]  # row stride != row length
+    check(y, 1.0, False, None, version)
+    z = torch.randn(2, 3, 17, 33, device="cuda", dtype=torch.bfloat16)
+    want = reference.scaled_masked_softmax(z, 0.5, causal=True)
+    tol = softmax_tolerance(want.double(), scores_of(z, 0.5, True, None), z.dtype)
+    scaled_masked_softmax(z, 0.5, causal=True, out=z, version=version)  # in place
+    assert_close(z, want, tol)
+
+
+@pytest.mark.gpu
+def test_misaligned_pointers_take_scalar_path_gpu():
+    base = torch.randn(3 * 256 + 1, device="cuda", dtype=torch.float16)
+    x = base[1:].view(3, 256)  # 2-byte offset: not 16-byte aligned
+    check(x, 1.0, True, None, 1)
+
+
+@pytest.mark.gpu
+def test_does_not_sync_and_uses_current_stream_gpu():
+    x = torch.randn(16, 512, 512, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            y = scaled_masked_softmax(x, 0.1, causal=True)
+            scaled_masked_softmax(x, 0.1, causal=True, version=0)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    s.synchronize()
+    check(x, 0.1, True, None)
+    assert_close(y, reference.scaled_masked_softmax(x, 0.1, causal=True), torch.tensor(1e-5))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [0, 1])
+def test_cuda_graph_capture_and_replay_gpu(version):
+    x = torch.randn(2, 4, 100, 300, device="cuda", dtype=torch.float16)
+    mask = torch.rand(2, 1, 1, 300, device="cuda") > 0.2
+    out = torch.empty_like(x)
+    scaled_masked_softmax(x, 0.5, causal=True, attn_mask=mask, out=out, version=version)  # warm-up
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        scaled_masked_softmax(x, 0.5, causal=True, attn_mask=mask, out=out, version=version)
+    for seed in range(3):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        x.copy_(torch.randn(x.shape, generator=gen, device="cuda"))
+        mask.copy_(torch.rand(mask.shape, generator=gen, device="cuda") > 0.2)
+        out.fill_(math.nan)
+        g.replay()
+        want = reference.scaled_masked_softmax(x, 0.5, causal=True, attn_mask=mask)
+        assert_close(out, want, softmax_tolerance(want.double(), scores_of(x, 0.5, True, mask), x.dtype))
+
+
+# --------------------------------------------------------------------------- CPU path
+
+
+@given(case=softmax_case(ON_CPU_BUDGET, versions=(1,)))
+@example(case=dict(lead=(2, 3), sq=4, sk=4, dtype=torch.float32, version=1, scale=1.0, causal=True,
+                   mask="bool_full", magnitude=1.0, use_out=True, seed=0))
+def test_cpu_path_matches_reference(case):
+    run_case(case, "cpu")
+
+
+def test_cpu_fully_masked_rows_and_sq_gt_sk():
+    x = torch.randn(2, 6, 4)
+    out = scaled_masked_softmax(x, causal=True)
+    assert (out[:, :2] == 0).all() and not out.isnan().any()
+    torch.testing.assert_close(out[:, 2:].sum(-1), torch.ones(2, 4))
+    # decode row: seqlen_q = 1 sees every key
+    d = scaled_masked_softmax(torch.zeros(1, 1, 5), causal=True)
+    torch.testing.assert_close(d, torch.full((1, 1, 5), 0.2))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("shape", [(0, 4, 4), (2, 0, 4), (2, 3, 0), (0, 0)])
+def test_empty(device, shape):
+    x = torch.randn(shape, device=device)
+    out = scaled_masked_softmax(x, causal=True)
+    assert out.shape == x.shape and out.device == x.device
+
+
+# --------------------------------------------------------------------------- bad input
+
+BAD_INPUTS = [
+    (lambda d: dict(x=torch.zeros(2, 3, dtype=torch.int64, device=d)), ValueError,
+     r"x must have dtype float32, float16 or bfloat16, got torch.int64"),
+    (lambda d: dict(x=torch.zeros(5, device=d)), ValueError,
+     r"x must have at least 2 dims \[\.\.\., seqlen_q, seqlen_k\], got \(5,\)"),
+    (lambda d: dict(x=torch.zeros(2, 3, device=d), scale=math.inf), ValueError, r"scale must be a finite number, got inf"),
+    (lambda d: dict(x=torch.zeros(2, 3, device=d), scale=math.nan), ValueError, r"scale must be a finite number, got nan"),
+    (lambda d: dict(x=torch.zeros(2, 3, device=d), version=2), ValueError, r"version must be 0 or 1, got 2"),
+    (lambda d: dict(x=torch.zeros(2, 3, 4, device=d), attn_mask=torch.ones(2, 1, 5, dtype=torch.bool, device=d)),
+     ValueError, r"attn_mask must be broadcastable to \(2, 3, 4\), got \(2, 1, 5\)"),
+    (lambda d: dict(x=torch.zeros(3, 4, device=d), attn_mask=torch.ones(2, 3, 4, dtype=torch.bool, device=d)),
+     ValueError, r"attn_mask must be broadcastable to \(3, 4\), got \(2, 3, 4\)"),
+    (lambda d: dict(x=torch.zeros(3, 4, device=d), attn_mask=torch.ones(3, 4, dtype=torch.int32, device=d)),
+     ValueError, r"attn_mask must have dtype bool or x's dtype \(torch.float32\), got torch.int32"),
+    (lambda d: dict(x=torch.zeros(3, 4, device=d, dtype=torch.float16), attn_mask=torch.ones(3, 4, device=d)),
+     ValueError, r"attn_mask must have dtype bool or x's dtype \(torch.float16\), got torch.float32"),
+    (lambda d: dict(x=torch.zeros(3, 4, device=d), out=torch.empty(3, 5, device=d)), ValueError,
+     r"out must have x's shape \(3, 4\), got \(3, 5\)"),
+    (lambda d: dict(x=torch.zeros(3, 4, device=d), out=torch.empty(3, 4, device=d, dtype=torch.float16)), ValueError,
+     r"out must have x's dtype \(torch.float32\), got torch.float16"),
+    (lambda d: dict(x=torch.zeros(3, 4, device=d), out=torch.empty(4, 3, device=d).t()), ValueError,
+     r"out must be contiguous, got strides \(1, 3\)"),
+]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("make,exc,match", BAD_INPUTS)
+def test_bad_input_raises(device, make, exc, match):
+    kwargs = make(device)
+    x = kwargs.pop("x")
+    scale = kwargs.pop("scale", 1.0)
+    with pytest.raises(exc, match=match):
+        scaled_masked_softmax(x, scale, **kwargs)
+
+
+@pytest.mark.gpu
+def test_mixed_devices_raise_gpu():
+    x = torch.zeros(3, 4, device="cuda")
+    with pytest.raises(ValueError, match=r"attn_mask must be on the same device as x \(cuda:0\), got cpu"):
+        scaled_masked_softmax(x, attn_mask=torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"out must be on the same device as x \(cuda:0\), got cpu"):
+        scaled_masked_softmax(x, out=torch.empty(3, 4))
+
+
+def test_scale_must_be_a_number():
+    with pytest.raises(ValueError, match=r"scale must be a finite number, got 'a'"):
+        scaled_masked_softmax(torch.zeros(2, 2), "a")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make,exc,match", BAD_INPUTS)
+def test_cpp_checks_pin_the_same_messages_gpu(make, exc, match, built_library):
+    """The C++ launcher validates too, with the same messages, for callers of
+    torch.ops.fused_attn who bypass the Python wrapper."""
+    kwargs = make("cuda")
+    x = kwargs.pop("x")
+    scale = kwargs.pop("scale", 1.0)
+    mask = kwargs.pop("attn_mask", None)
+    version = kwargs.pop("version", 1)
+    out = kwargs.pop("out", None)
+    with pytest.raises(exc, match=match):
+        if out is None:
+            torch.ops.fused_attn.scaled_masked_softmax(x, scale, causal=False, attn_mask=mask, version=version)
+        else:
+            torch.ops.fused_attn.scaled_masked_softmax_out(x, scale, causal=False, attn_mask=mask,
+                                                           version=version, out=out)
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def sample_inputs(device):
+    """Shared inputs for opcheck: dtypes, masks, causal, both versions."""
+    g = torch.Generator(device=device).manual_seed(0)
+    x16 = torch.randn(2, 3, 5, 40, generator=g, device=device).half()
+    x32 = torch.randn(4, 33, 33, generator=g, device=device)
+    pad = torch.rand(2, 1, 1, 40, generator=g, device=device) > 0.3
+    add = torch.randn(33, 33, generator=g, device=device)
+    return [
+        ((x16, 0.125), dict(causal=True, attn_mask=None, version=1)),
+        ((x16, 1.0), dict(causal=False, attn_mask=pad, version=1)),
+        ((x32, -0.5), dict(causal=True, attn_mask=add, version=0)),
+        ((x32.bfloat16(), 2.0), dict(causal=False, attn_mask=None, version=1)),
+    ]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_opcheck(device, built_library):
+    for args, kwargs in sample_inputs(device):
+        torch.library.opcheck(torch.ops.fused_attn.scaled_masked_softmax.default, args, kwargs)
+        out = torch.empty_like(args[0])
+        torch.library.opcheck(torch.ops.fused_attn.scaled_masked_softmax_out.default, args, dict(kwargs, out=out))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("version", [0, 1])
+def test_torch_compile_fullgraph(device, version):
+    def attn_probs(q, k, mask, out):
+        s = q @ k.transpose(-1, -2)
+        p = scaled_masked_softmax(s, q.shape[-1] ** -0.5, causal=True, attn_mask=mask, version=version)
+        scaled_masked_softmax(s, 1.0, out=out, version=version)
+        return p * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attn_probs, fullgraph=True)
+    q = torch.randn(2, 3, 16, 8, device=device)
+    k = torch.randn(2, 3, 24, 8, device=device)
+    mask = torch.rand(2, 1, 1, 24, device=device) > 0.2
+    out_c, out_e = torch.empty(2, 3, 16, 24, device=device), torch.empty(2, 3, 16, 24, device=device)
+    got = compiled(q, k, mask, out_c)
+    want = attn_probs(q, k, mask, out_e)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(out_c, out_e)

@@ -1,0 +1,54 @@
+"""Tolerances, defined once, and the comparison helper every test uses."""
+
+from __future__ import annotations
+
+import torch
+
+# Output rounding of each dtype plus float32 accumulation.
+ATOL = {torch.float32: 1e-7, torch.float16: 1e-6, torch.bfloat16: 1e-5}
+RTOL = {torch.float32: 2e-6, torch.float16: 1.5e-3, torch.bfloat16: 8e-3}
+# Float32 score arithmetic: exp(s - max) carries an absolute error of a few ulps of
+# |s| in its argument, i.e. a relative error ~ |s| * 2**-24 in every probability.
+SCORE_ULPS = 8 * 2.0**-24
+
+
+def softmax_tolerance(ref: torch.Tensor, scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Allowed |ours - ref| per element for a softmax over the last dim.
+
+    ``scores`` are the float64 pre-softmax scores (x * scale + mask) the reference used."""
+    finite = torch.where(torch.isfinite(scores), scores.abs(), torch.zeros_like(scores))
+    row_mag = finite.amax(dim=-1, keepdim=True) if scores.shape[-1] else finite
+    rel = RTOL[dtype] + SCORE_ULPS * row_mag
+    return ATOL[dtype] + rel * ref.abs()
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, allowed: torch.Tensor, what: str = "") -> None:
+    """Elementwise |actual - expected| <= allowed, identical NaN positions; on failure print
+    the worst elements with their indices."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    a = actual.detach().to(torch.float64)
+    e = expected.detach().to(a.device, torch.float64)
+    tol = allowed.detach().to(a.device, torch.float64).expand_as(e)
+    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
+    if not torch.equal(nan_a, nan_e):
+        a, e, nan_a, nan_e = a.cpu(), e.cpu(), nan_a.cpu(), nan_e.cpu()
+        idx = (nan_a != nan_e).nonzero()[:8].tolist()
+        raise AssertionError(
+            f"{what}: NaN mismatch at {int((nan_a != nan_e).sum())} elements, e.g. "
+            + ", ".join(f"{tuple(i)}: got {a[tuple(i)].item()!r}, want {e[tuple(i)].item()!r}" for i in idx)
+        )
+    err = torch.where(nan_e, torch.zeros_like(e), (a - e).abs())
+    excess = err - tol
+    if excess.numel() and bool(excess.max() > 0):
+        a, e, err, tol, excess = (t.cpu() for t in (a, e, err, tol, excess))
+        order = excess.flatten().argsort(descending=True)[:8]
+        lines = []
+        for flat in order.tolist():
+            idx = tuple(torch.unravel_index(torch.tensor(flat), e.shape))
+            idx = tuple(int(i) for i in idx)
+            lines.append(
+                f"  {idx}: got {a[idx].item():.9g}, want {e[idx].item():.9g}, "
+                f"|err| {err[idx].item():.3g} > allowed {tol[idx].item():.3g}"
+            )
+        bad = int((excess > 0).sum())
+        raise AssertionError(f"{what}: {bad} of {e.numel()} elements out of tolerance; worst:\n" + "\n".join(lines))
