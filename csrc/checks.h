@@ -7,19 +7,17 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <sstream>
 #include <string>
 
 namespace fused_attn {
 
+// Python's spelling of a shape: "(2, 3)", "(5,)".
 inline std::string shape_str(at::IntArrayRef sizes) {
-  std::ostringstream os;
-  os << "(";
+  std::string s = "(";
   for (size_t i = 0; i < sizes.size(); ++i) {
-    os << (i ? ", " : "") << sizes[i];
+    s += (i ? ", " : "") + std::to_string(sizes[i]);
   }
-  os << (sizes.size() == 1 ? ",)" : ")");
-  return os.str();
+  return s + (sizes.size() == 1 ? ",)" : ")");
 }
 
 // Python's spelling of a dtype ("torch.float16"), so C++ and Python messages match.

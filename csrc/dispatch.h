@@ -71,13 +71,13 @@
       constexpr int TPR = 128, ELEMS = 16;                                      \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 4096) {                                                   \
-      constexpr int TPR = 256, ELEMS = 16;                                      \
+      constexpr int TPR = 128, ELEMS = 32;                                      \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 8192) {                                                   \
-      constexpr int TPR = 512, ELEMS = 16;                                      \
+      constexpr int TPR = 256, ELEMS = 32;                                      \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 16384) {                                                  \
-      constexpr int TPR = 1024, ELEMS = 16;                                     \
+      constexpr int TPR = 512, ELEMS = 32;                                      \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 32768) {                                                  \
       constexpr int TPR = 1024, ELEMS = 32;                                     \

@@ -76,7 +76,7 @@ void set_mask_view(SoftmaxParams& p, const at::Tensor& x, at::Tensor& mask) {
 }
 
 void check_args(const at::Tensor& x, double scale, const std::optional<at::Tensor>& attn_mask,
-                int64_t version, const at::Tensor& out) {
+                int64_t version, const at::Tensor* out) {
   FA_CHECK_CUDA(x);
   FA_CHECK_ARG(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf ||
                    x.scalar_type() == at::kBFloat16,
@@ -106,21 +106,20 @@ void check_args(const at::Tensor& x, double scale, const std::optional<at::Tenso
     FA_CHECK_ARG(broadcastable, attn_mask, "be broadcastable to ", shape_str(x.sizes()),
                  shape_str(attn_mask_.sizes()));
   }
-  FA_CHECK_ARG(out.device() == x.device(), out, "be on the same device as x (", x.device(), ")",
-               out.device());
-  FA_CHECK_ARG(out.scalar_type() == x.scalar_type(), out, "have x's dtype (", dtype_str(x.scalar_type()), ")",
-               dtype_str(out.scalar_type()));
-  FA_CHECK_ARG(out.sizes() == x.sizes(), out, "have x's shape ", shape_str(x.sizes()),
-               shape_str(out.sizes()));
-  FA_CHECK_ARG(out.is_contiguous(), out, "be contiguous", "strides ", shape_str(out.strides()));
+  if (out == nullptr) return;
+  FA_CHECK_ARG(out->device() == x.device(), out, "be on the same device as x (", x.device(), ")",
+               out->device());
+  FA_CHECK_ARG(out->scalar_type() == x.scalar_type(), out, "have x's dtype (", dtype_str(x.scalar_type()),
+               ")", dtype_str(out->scalar_type()));
+  FA_CHECK_ARG(out->sizes() == x.sizes(), out, "have x's shape ", shape_str(x.sizes()),
+               shape_str(out->sizes()));
+  FA_CHECK_ARG(out->is_contiguous(), out, "be contiguous", "strides ", shape_str(out->strides()));
 }
 
 }  // namespace
 
-void scaled_masked_softmax_out(const at::Tensor& x, double scale, bool causal,
-                               const std::optional<at::Tensor>& attn_mask, int64_t version,
-                               const at::Tensor& out) {
-  check_args(x, scale, attn_mask, version, out);
+void launch(const at::Tensor& x, double scale, bool causal,
+            const std::optional<at::Tensor>& attn_mask, int64_t version, const at::Tensor& out) {
   if (x.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   // One documented copy for a strided x; the kernels read rows contiguously.
@@ -160,11 +159,18 @@ void scaled_masked_softmax_out(const at::Tensor& x, double scale, bool causal,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+void scaled_masked_softmax_out(const at::Tensor& x, double scale, bool causal,
+                               const std::optional<at::Tensor>& attn_mask, int64_t version,
+                               const at::Tensor& out) {
+  check_args(x, scale, attn_mask, version, &out);
+  launch(x, scale, causal, attn_mask, version, out);
+}
+
 at::Tensor scaled_masked_softmax(const at::Tensor& x, double scale, bool causal,
                                  const std::optional<at::Tensor>& attn_mask, int64_t version) {
-  FA_CHECK_CUDA(x);
+  check_args(x, scale, attn_mask, version, nullptr);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  scaled_masked_softmax_out(x, scale, causal, attn_mask, version, out);
+  launch(x, scale, causal, attn_mask, version, out);
   return out;
 }
 

@@ -240,6 +240,13 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>())
       const P v = *reinterpret_cast<const P*>(static_cast<const T*>(p.x) + base + c);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) t[it][e] = to_float(v.v[e]);
+    } else if (row_ok && c < n) {
+      // Fully invisible pack: its zeros are known now. Storing them before the
+      // reductions overlaps the causal triangle's writes with other rows' loads.
+      P z;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) z.v[e] = from_float<T>(0.f);
+      *reinterpret_cast<P*>(static_cast<T*>(p.out) + base + c) = z;
     }
   }
 
@@ -278,7 +285,7 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>())
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = (it * TPR + lane) * VEC;
-    if (c < n) {
+    if (c < kv) {
       P v;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) v.v[e] = from_float<T>(t[it][e] * inv);

@@ -7,8 +7,6 @@ from typing import Callable
 
 import torch
 
-from fused_attn import build
-
 _loaded = False
 _after_load: list[Callable[[], None]] = []
 
@@ -27,6 +25,8 @@ def ensure_loaded() -> bool:
     """Build (first time on this machine) and load the CUDA library; idempotent."""
     global _loaded
     if not _loaded:
+        from fused_attn import build
+
         torch.ops.load_library(str(build.library_path()))
         _loaded = True
         for fn in _after_load:
