@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
+#include <cstdio>
 #include <string>
 
 namespace fused_attn {
@@ -18,6 +20,21 @@ inline std::string shape_str(at::IntArrayRef sizes) {
     s += (i ? ", " : "") + std::to_string(sizes[i]);
   }
   return s + (sizes.size() == 1 ? ",)" : ")");
+}
+
+// Numbers and devices are formatted here, not streamed into the message: streaming a
+// double or int64 through the message's ostringstream crashed this extension on the
+// GPU host (torch 2.11, nvcc 13.0); strings are safe.
+inline std::string num_str(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+inline std::string num_str(int64_t v) { return std::to_string(v); }
+inline std::string device_str(const at::Device& d) {
+  return d.is_cpu() ? "cpu" : std::string(c10::DeviceTypeName(d.type(), true)) + ":" + std::to_string(d.index());
 }
 
 // Python's spelling of a dtype ("torch.float16"), so C++ and Python messages match.
@@ -33,9 +50,4 @@ inline std::string dtype_str(at::ScalarType t) {
   TORCH_CHECK_VALUE((cond), #arg " must " requirement ", got ", __VA_ARGS__)
 
 #define FA_CHECK_CUDA(arg)                                                      \
-  FA_CHECK_ARG((arg).is_cuda(), arg, "be a CUDA tensor", (arg).device())
-
-#define FA_CHECK_SAME_DEVICE(arg, ref)                                          \
-  FA_CHECK_ARG((arg).device() == (ref).device(), arg,                           \
-               "be on the same device as " #ref " (", (ref).device(), ")",      \
-               (arg).device())
+  FA_CHECK_ARG((arg).is_cuda(), arg, "be a CUDA tensor", ::fused_attn::device_str((arg).device()))

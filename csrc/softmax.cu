@@ -89,12 +89,12 @@ void check_args(const at::Tensor& x, double scale, const std::optional<at::Tenso
   FA_CHECK_ARG(x.dim() < 2 || x.numel() / std::max<int64_t>(x.size(-1), 1) < (int64_t(1) << 31),
                x, "have fewer than 2**31 rows (product of all dims but the last)",
                shape_str(x.sizes()));
-  FA_CHECK_ARG(std::isfinite(scale), scale, "be a finite number", scale);
-  FA_CHECK_ARG(version == 0 || version == 1, version, "be 0 or 1", version);
+  FA_CHECK_ARG(std::isfinite(scale), scale, "be a finite number", num_str(scale));
+  FA_CHECK_ARG(version == 0 || version == 1, version, "be 0 or 1", num_str(version));
   if (attn_mask.has_value()) {
     const at::Tensor& attn_mask_ = *attn_mask;
     FA_CHECK_ARG(attn_mask_.device() == x.device(), attn_mask,
-                 "be on the same device as x (", x.device(), ")", attn_mask_.device());
+                 "be on the same device as x (", device_str(x.device()), ")", device_str(attn_mask_.device()));
     FA_CHECK_ARG(attn_mask_.scalar_type() == at::kBool || attn_mask_.scalar_type() == x.scalar_type(),
                  attn_mask, "have dtype bool or x's dtype (", dtype_str(x.scalar_type()), ")",
                  dtype_str(attn_mask_.scalar_type()));
@@ -107,8 +107,8 @@ void check_args(const at::Tensor& x, double scale, const std::optional<at::Tenso
                  shape_str(attn_mask_.sizes()));
   }
   if (out == nullptr) return;
-  FA_CHECK_ARG(out->device() == x.device(), out, "be on the same device as x (", x.device(), ")",
-               out->device());
+  FA_CHECK_ARG(out->device() == x.device(), out, "be on the same device as x (", device_str(x.device()),
+               ")", device_str(out->device()));
   FA_CHECK_ARG(out->scalar_type() == x.scalar_type(), out, "have x's dtype (", dtype_str(x.scalar_type()),
                ")", dtype_str(out->scalar_type()));
   FA_CHECK_ARG(out->sizes() == x.sizes(), out, "have x's shape ", shape_str(x.sizes()),

@@ -240,9 +240,16 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>())
       const P v = *reinterpret_cast<const P*>(static_cast<const T*>(p.x) + base + c);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) t[it][e] = to_float(v.v[e]);
-    } else if (row_ok && c < n) {
-      // Fully invisible pack: its zeros are known now. Storing them before the
-      // reductions overlaps the causal triangle's writes with other rows' loads.
+    }
+  }
+  // Fully invisible packs: their zeros are known now. Storing them before the
+  // reductions overlaps the causal triangle's writes with the loads in flight. A
+  // separate loop: a store between the loads would keep the compiler from issuing
+  // the later loads first (out may alias x).
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * TPR + lane) * VEC;
+    if (c >= kv && c < n && row_ok) {
       P z;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) z.v[e] = from_float<T>(0.f);
