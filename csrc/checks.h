@@ -44,10 +44,10 @@ inline std::string dtype_str(at::ScalarType t) {
 
 }  // namespace fused_attn
 
-// FA_CHECK_ARG(cond, arg, "requirement", actual...): the argument's name is
-// stringified so a message can never name the wrong argument.
-#define FA_CHECK_ARG(cond, arg, requirement, ...) \
-  TORCH_CHECK_VALUE((cond), #arg " must " requirement ", got ", __VA_ARGS__)
+// FA_CHECK_ARG(cond, arg, requirement, actual): the argument's name is stringified so a
+// message can never name the wrong argument; requirement and actual are strings.
+#define FA_CHECK_ARG(cond, arg, requirement, actual) \
+  TORCH_CHECK_VALUE((cond), #arg " must ", requirement, ", got ", actual)
 
 #define FA_CHECK_CUDA(arg)                                                      \
   FA_CHECK_ARG((arg).is_cuda(), arg, "be a CUDA tensor", ::fused_attn::device_str((arg).device()))

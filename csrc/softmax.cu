@@ -94,26 +94,27 @@ void check_args(const at::Tensor& x, double scale, const std::optional<at::Tenso
   if (attn_mask.has_value()) {
     const at::Tensor& attn_mask_ = *attn_mask;
     FA_CHECK_ARG(attn_mask_.device() == x.device(), attn_mask,
-                 "be on the same device as x (", device_str(x.device()), ")", device_str(attn_mask_.device()));
+                 "be on the same device as x (" + device_str(x.device()) + ")",
+                 device_str(attn_mask_.device()));
     FA_CHECK_ARG(attn_mask_.scalar_type() == at::kBool || attn_mask_.scalar_type() == x.scalar_type(),
-                 attn_mask, "have dtype bool or x's dtype (", dtype_str(x.scalar_type()), ")",
+                 attn_mask, "have dtype bool or x's dtype (" + dtype_str(x.scalar_type()) + ")",
                  dtype_str(attn_mask_.scalar_type()));
     bool broadcastable = attn_mask_.dim() <= x.dim();
     for (int64_t i = 1; broadcastable && i <= attn_mask_.dim(); ++i) {
       const int64_t ms = attn_mask_.size(-i);
       broadcastable = ms == 1 || ms == x.size(-i);
     }
-    FA_CHECK_ARG(broadcastable, attn_mask, "be broadcastable to ", shape_str(x.sizes()),
+    FA_CHECK_ARG(broadcastable, attn_mask, "be broadcastable to " + shape_str(x.sizes()),
                  shape_str(attn_mask_.sizes()));
   }
   if (out == nullptr) return;
-  FA_CHECK_ARG(out->device() == x.device(), out, "be on the same device as x (", device_str(x.device()),
-               ")", device_str(out->device()));
-  FA_CHECK_ARG(out->scalar_type() == x.scalar_type(), out, "have x's dtype (", dtype_str(x.scalar_type()),
-               ")", dtype_str(out->scalar_type()));
-  FA_CHECK_ARG(out->sizes() == x.sizes(), out, "have x's shape ", shape_str(x.sizes()),
+  FA_CHECK_ARG(out->device() == x.device(), out, "be on the same device as x (" + device_str(x.device()) + ")",
+               device_str(out->device()));
+  FA_CHECK_ARG(out->scalar_type() == x.scalar_type(), out, "have x's dtype (" + dtype_str(x.scalar_type()) + ")",
+               dtype_str(out->scalar_type()));
+  FA_CHECK_ARG(out->sizes() == x.sizes(), out, "have x's shape " + shape_str(x.sizes()),
                shape_str(out->sizes()));
-  FA_CHECK_ARG(out->is_contiguous(), out, "be contiguous", "strides ", shape_str(out->strides()));
+  FA_CHECK_ARG(out->is_contiguous(), out, "be contiguous", "strides " + shape_str(out->strides()));
 }
 
 }  // namespace
