@@ -19,10 +19,9 @@ import pytest
 import torch
 
 from bench.harness import percentiles
-from fused_attn import reference
-from fused_attn.softmax import scaled_masked_softmax
+from fused_attn.bytes import PROVIDERS, modeled_bytes, provider_fn
 
-PROVIDERS = ("eager", "compiled", "fused_v0", "fused_v1")
+
 GPT2_BATCHES = (1, 8, 16)
 GPT2_SEQLENS = (128, 512, 1024, 2048)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -61,40 +60,6 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("case", cases, ids=ids)
 
 
-def visible_elements(shape, causal) -> int:
-    b, h, sq, sk = shape
-    if not causal:
-        return b * h * sq * sk
-    return b * h * int(reference.causal_mask(sq, sk).sum())
-
-
-def modeled_bytes(provider, shape, dtype, causal) -> int:
-    """Fewest bytes each provider's kernels must move through device memory."""
-    b, h, sq, sk = shape
-    n = b * h * sq * sk
-    e = torch.empty((), dtype=dtype).element_size()
-    mask = sq * sk if causal else 0  # bool causal mask, broadcast over B and H: read once
-    if provider == "eager":  # mul: r+w; masked_fill: r+w+mask; softmax: r+w
-        return (6 if causal else 4) * n * e + mask
-    if provider == "compiled":  # the ideal of one fused kernel: read all + write all
-        return 2 * n * e + mask
-    if provider == "fused_v0":  # x -> ws (r,w4), mask pass (r4,w4), max (r4), sum (r4), out (r4,w)
-        return 2 * n * e + 6 * n * 4
-    return visible_elements(shape, causal) * e + n * e  # fused_v1: read visible, write all
-
-
-def make_fn(provider, x, scale, causal, keep):
-    if provider == "eager":
-        return lambda: reference.eager_scaled_masked_softmax(x, scale, keep)
-    if provider == "compiled":
-        torch._dynamo.reset()
-        compiled = torch.compile(reference.eager_scaled_masked_softmax, dynamic=False)
-        return lambda: compiled(x, scale, keep)
-    version = 0 if provider == "fused_v0" else 1
-    out = torch.empty_like(x)
-    return lambda: scaled_masked_softmax(x, scale, causal=causal, out=out, version=version)
-
-
 def bench_scaled_masked_softmax(benchmark, case, device, timer, copy_bandwidth_gbps, medians):
     shape, dtype, causal, provider = case["shape"], DTYPES[case["dtype"]], case["causal"], case["provider"]
     if device.type == "cpu" and provider in ("compiled", "fused_v0"):
@@ -102,9 +67,7 @@ def bench_scaled_masked_softmax(benchmark, case, device, timer, copy_bandwidth_g
     benchmark.group = f"softmax {'x'.join(map(str, shape))} {case['dtype']} {'causal' if causal else 'full'}"
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(shape, generator=gen, device=device).to(dtype)
-    scale = shape[-1] ** -0.5
-    keep = reference.causal_mask(shape[-2], shape[-1], device) if causal else None
-    fn = make_fn(provider, x, scale, causal, keep)
+    fn = provider_fn(provider, x, causal)
     times = timer.run(benchmark, fn)
 
     stats = percentiles(times)

@@ -164,6 +164,37 @@ __device__ __forceinline__ float group_sum(float v, float* smem) {
   return v;
 }
 
+// Online-softmax merge of two partial (max m, sum l of exp(s - m)) pairs:
+// l = l_a * e^(m_a - m) + l_b * e^(m_b - m) with m = max(m_a, m_b).
+__device__ __forceinline__ void merge_online(float& m, float& l, float m_o, float l_o) {
+  const float mn = max_nan(m, m_o);
+  l = l * exp_shifted(m, mn) + l_o * exp_shifted(m_o, mn);
+  m = mn;
+}
+
+// Merges every thread's (m, l) over the TPR threads of a row (see group_max for
+// the shuffle / shared-memory split); all of them end with the row's pair.
+template <int TPR>
+__device__ __forceinline__ void group_merge(float& m, float& l, float* smem_m, float* smem_l) {
+  constexpr int W = TPR < 32 ? TPR : 32;
+#pragma unroll
+  for (int o = W / 2; o > 0; o /= 2) {
+    merge_online(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
+  }
+  if constexpr (TPR > 32) {
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) {
+      smem_m[warp] = m;
+      smem_l[warp] = l;
+    }
+    __syncthreads();
+    m = smem_m[0];
+    l = smem_l[0];
+#pragma unroll
+    for (int w = 1; w < TPR / 32; ++w) merge_online(m, l, smem_m[w], smem_l[w]);
+  }
+}
+
 // ---------------------------------------------------------------------------
 // v0: textbook, one block per row, intermediates in a float32 workspace.
 // ---------------------------------------------------------------------------
@@ -208,19 +239,70 @@ __global__ void __launch_bounds__(kV0Threads)
 // v1: fused; the row lives in registers between its one read and one write.
 // ---------------------------------------------------------------------------
 template <int TPR>
-constexpr int v1_block_threads() {
+__host__ __device__ constexpr int v1_block_threads() {
   return TPR > 32 ? TPR : 128;
 }
 
 // TPR threads own a row; each holds ITERS packs of VEC elements. Pack k of a
 // row is column range [k * VEC, k * VEC + VEC), with k = it * TPR + lane, so
 // consecutive lanes touch consecutive 16-byte chunks (coalesced).
-template <typename T, int VEC, int ITERS, int TPR>
-__global__ void __launch_bounds__(v1_block_threads<TPR>())
+//
+// Build-time variants, compared in one GPU run by bench/ab.py (bench/NOTES.md):
+//   FA_V1_PACKED        keep the row packed in its storage type and recompute the
+//                       scores in each pass (fewer registers) instead of floats
+//   FA_V1_EARLY_ZEROS   store the zeros of fully invisible packs before the reductions
+//   FA_V1_THREADS_PER_SM residency target passed to __launch_bounds__ (0: none)
+//   FA_V1_STREAMING     evict-first cache hints on the loads and stores
+#ifndef FA_V1_PACKED
+#define FA_V1_PACKED 0
+#endif
+#ifndef FA_V1_EARLY_ZEROS
+#define FA_V1_EARLY_ZEROS 1
+#endif
+#ifndef FA_V1_THREADS_PER_SM
+#define FA_V1_THREADS_PER_SM 0
+#endif
+#ifndef FA_V1_STREAMING
+#define FA_V1_STREAMING 0
+#endif
+
+template <typename P>
+__device__ __forceinline__ P load_pack(const void* ptr) {
+#if FA_V1_STREAMING
+  static_assert(sizeof(P) == 16 || sizeof(P) <= 4, "pack size");
+  if constexpr (sizeof(P) == 16) {
+    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(ptr));
+    return *reinterpret_cast<const P*>(&v);
+  }
+#endif
+  return *reinterpret_cast<const P*>(ptr);
+}
+
+template <typename P>
+__device__ __forceinline__ void store_pack(void* ptr, const P& v) {
+#if FA_V1_STREAMING
+  if constexpr (sizeof(P) == 16) {
+    __stcs(reinterpret_cast<uint4*>(ptr), *reinterpret_cast<const uint4*>(&v));
+    return;
+  }
+#endif
+  *reinterpret_cast<P*>(ptr) = v;
+}
+
+template <int TPR>
+__host__ __device__ constexpr int v1_min_blocks() {
+  return FA_V1_THREADS_PER_SM / v1_block_threads<TPR>() > 0
+             ? FA_V1_THREADS_PER_SM / v1_block_threads<TPR>() : 1;
+}
+
+// MASK: an attn_mask is present (p.mask_kind != kMaskNone). A separate
+// instantiation keeps the mask's loads and registers out of the unmasked kernel.
+template <typename T, int VEC, int ITERS, int TPR, bool MASK>
+__global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR>())
     softmax_kernel_v1(const SoftmaxParams p) {
   constexpr int kRowsPerBlock = v1_block_threads<TPR>() / TPR;
-  __shared__ float red_max[TPR > 32 ? TPR / 32 : 1];
-  __shared__ float red_sum[TPR > 32 ? TPR / 32 : 1];
+  __shared__ float red_m[TPR > 32 ? TPR / 32 : 1];
+  __shared__ float red_l[TPR > 32 ? TPR / 32 : 1];
   using P = Pack<VEC, T>;
 
   const int lane = threadIdx.x % TPR;
@@ -231,17 +313,16 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>())
   const int n = p.seqlen_k;
   const int kv = row_ok ? visible_keys(p, int(row % p.seqlen_q)) : 0;
   const int64_t base = row * n;
+  const T* x = static_cast<const T*>(p.x) + base;
+  T* out = static_cast<T*>(p.out) + base;
 
-  float t[ITERS][VEC];
+  P raw[ITERS];
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = (it * TPR + lane) * VEC;
-    if (c < kv) {  // invisible keys are not loaded
-      const P v = *reinterpret_cast<const P*>(static_cast<const T*>(p.x) + base + c);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) t[it][e] = to_float(v.v[e]);
-    }
+    if (c < kv) raw[it] = load_pack<P>(x + c);  // invisible keys are not loaded
   }
+#if FA_V1_EARLY_ZEROS
   // Fully invisible packs: their zeros are known now. Storing them before the
   // reductions overlaps the causal triangle's writes with the loads in flight. A
   // separate loop: a store between the loads would keep the compiler from issuing
@@ -253,40 +334,34 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>())
       P z;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) z.v[e] = from_float<T>(0.f);
-      *reinterpret_cast<P*>(static_cast<T*>(p.out) + base + c) = z;
+      store_pack(out + c, z);
     }
   }
+#endif
 
-  const int64_t moff = (p.mask_kind == kMaskNone || !row_ok) ? 0 : mask_row_offset(p, row);
-  float m = kNegInf;
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    const int c = (it * TPR + lane) * VEC;
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      const int j = c + e;
-      float s = kNegInf;
-      if (j < kv) {
-        s = t[it][e] * p.scale;
-        if (p.mask_kind != kMaskNone) s += mask_term<T>(p, moff, j);
-      }
-      t[it][e] = s;
-      m = max_nan(m, s);
-    }
-  }
-  m = group_max<TPR>(m, red_max);
+  const int64_t moff = (MASK && row_ok) ? mask_row_offset(p, row) : 0;
+  auto score = [&](const P& r, int it, int e) {
+    const int j = (it * TPR + lane) * VEC + e;
+    if (j >= kv) return kNegInf;
+    float s = to_float(r.v[e]) * p.scale;
+    if constexpr (MASK) s += mask_term<T>(p, moff, j);
+    return s;
+  };
 
-  float l = 0.f;
+  float m = kNegInf, l = 0.f;
+#if FA_V1_PACKED
+  // Per-thread (max, sum) from the packed row; scores recomputed per pass.
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      t[it][e] = exp_shifted(t[it][e], m);
-      l += t[it][e];
-    }
+    for (int e = 0; e < VEC; ++e) m = max_nan(m, score(raw[it], it, e));
   }
-  l = group_sum<TPR>(l, red_sum);
-
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) l += exp_shifted(score(raw[it], it, e), m);
+  }
+  group_merge<TPR>(m, l, red_m, red_l);
   if (!row_ok) return;
   const float inv = m == kNegInf ? 0.f : 1.f / l;
 #pragma unroll
@@ -295,23 +370,54 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>())
     if (c < kv) {
       P v;
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) v.v[e] = from_float<T>(t[it][e] * inv);
-      *reinterpret_cast<P*>(static_cast<T*>(p.out) + base + c) = v;
+      for (int e = 0; e < VEC; ++e) v.v[e] = from_float<T>(exp_shifted(score(raw[it], it, e), m) * inv);
+      store_pack(out + c, v);
     }
   }
+#else
+  // Float scores in registers; exp computed once per element.
+  float t[ITERS][VEC];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      t[it][e] = score(raw[it], it, e);
+      m = max_nan(m, t[it][e]);
+    }
+  }
+  m = group_max<TPR>(m, red_m);
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      t[it][e] = exp_shifted(t[it][e], m);
+      l += t[it][e];
+    }
+  }
+  l = group_sum<TPR>(l, red_l);
+  if (!row_ok) return;
+  const float inv = m == kNegInf ? 0.f : 1.f / l;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * TPR + lane) * VEC;
+#if FA_V1_EARLY_ZEROS
+    if (c < kv) {
+#else
+    if (c < n) {
+#endif
+      P v;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v.v[e] = from_float<T>(t[it][e] * inv);
+      store_pack(out + c, v);
+    }
+  }
+#endif
 }
 
 // Rows longer than the register path holds: one block per row, an online
 // (running max, running sum) pass over the visible keys, then a pass that
-// re-reads and writes. Each thread keeps its own (m, l) pair; pairs are merged
-// with l = l_a * 2^(m_a - m) + l_b * 2^(m_b - m).
+// re-reads and writes. Each thread keeps its own (m, l) pair (merge_online).
 constexpr int kV1StreamThreads = 1024;
-
-__device__ __forceinline__ void merge_online(float& m, float& l, float m_o, float l_o) {
-  const float mn = max_nan(m, m_o);
-  l = l * exp_shifted(m, mn) + l_o * exp_shifted(m_o, mn);
-  m = mn;
-}
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kV1StreamThreads)
@@ -347,19 +453,7 @@ __global__ void __launch_bounds__(kV1StreamThreads)
     for (int e = 0; e < VEC; ++e) lc += exp_shifted(s[e], mc);
     merge_online(m, l, mc, lc);
   }
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) {
-    merge_online(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
-  }
-  const int warp = threadIdx.x / 32;
-  if (threadIdx.x % 32 == 0) {
-    red_m[warp] = m;
-    red_l[warp] = l;
-  }
-  __syncthreads();
-  m = red_m[0];
-  l = red_l[0];
-  for (int w = 1; w < kV1StreamThreads / 32; ++w) merge_online(m, l, red_m[w], red_l[w]);
+  group_merge<kV1StreamThreads>(m, l, red_m, red_l);
 
   const float inv = m == kNegInf ? 0.f : 1.f / l;
   for (int c = threadIdx.x * VEC; c < n; c += kStep) {
@@ -395,7 +489,9 @@ void launch_v1_class(const SoftmaxParams& p, cudaStream_t stream) {
     constexpr int kThreads = v1_block_threads<TPR>();
     constexpr int kRowsPerBlock = kThreads / TPR;
     const int64_t blocks = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
-    softmax_kernel_v1<T, VEC, ELEMS / VEC, TPR><<<unsigned(blocks), kThreads, 0, stream>>>(p);
+    FA_BOOL_SWITCH(p.mask_kind != kMaskNone, kMask, [&] {
+      softmax_kernel_v1<T, VEC, ELEMS / VEC, TPR, kMask><<<unsigned(blocks), kThreads, 0, stream>>>(p);
+    });
   }
 }
 

@@ -148,9 +148,12 @@ def cache_root() -> Path:
 
 
 def library_path(verbose: bool = False) -> Path:
-    """Path of the built library, building it first if the cache has none."""
+    """Path of the built library, building it first if the cache has none.
+
+    ``$FUSED_ATTN_NVCC_FLAGS`` (space-separated) is appended to nvcc's flags and to the
+    cache key: kernel variants for experiments (bench/ab.py) build side by side."""
     archs = target_archs()
-    cuda_flags = CUDA_CFLAGS + gencode_flags(archs)
+    cuda_flags = CUDA_CFLAGS + gencode_flags(archs) + os.environ.get("FUSED_ATTN_NVCC_FLAGS", "").split()
     build_dir = cache_root() / f"{LIB_NAME}-{_build_key(cuda_flags)}"
     lib = build_dir / f"{LIB_NAME}.so"
     if lib.is_file():

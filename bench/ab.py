@@ -1,0 +1,112 @@
+"""A/B timing of build-time kernel variants in one GPU session.
+
+    python -m bench.ab [--rounds 50]
+
+Builds every variant in VARIANTS in parallel (each its own cache entry, through
+FUSED_ATTN_NVCC_FLAGS), then times fused_v1 for each in a separate process on the same
+inputs (CUDA events, cold L2, median) and prints one table: variant x shape, p50 and %
+of the measured copy bandwidth. Versions that win here become the default in
+csrc/softmax_kernel.cuh; the table goes into bench/NOTES.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+VARIANTS = {
+    "A base": "",
+    "B no-early-zeros": "-DFA_V1_EARLY_ZEROS=0",
+    "C streaming": "-DFA_V1_STREAMING=1",
+    "D 1024thr/SM": "-DFA_V1_THREADS_PER_SM=1024",
+    "E 1536thr/SM": "-DFA_V1_THREADS_PER_SM=1536",
+}
+SHAPES = [((8, 12, 512, 512), False), ((8, 12, 1024, 1024), False), ((8, 12, 1024, 1024), True),
+          ((4, 32, 2048, 2048), False), ((4, 32, 2048, 2048), True), ((1, 16, 4096, 4096), False),
+          ((1, 16, 4096, 4096), True), ((1, 16, 8192, 8192), True)]
+
+
+def worker(rounds: int) -> None:
+    import torch
+
+    import fused_attn
+    from bench.harness import DeviceTimer
+    from fused_attn.softmax import scaled_masked_softmax
+
+    fused_attn.load()
+    timer = DeviceTimer(torch.device("cuda"), rounds, 5)
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_t = []
+    for _ in range(15):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); dst.copy_(src); e.record(); e.synchronize()
+        copy_t.append(s.elapsed_time(e) * 1e-3)
+    del src, dst
+    copy_gbps = 2 * n / statistics.median(copy_t) / 1e9
+    rows = []
+    for shape, causal in SHAPES:
+        x = torch.randn(shape, device="cuda", dtype=torch.float16)
+        out = torch.empty_like(x)
+        fn = lambda: scaled_masked_softmax(x, 0.125, causal=causal, out=out)  # noqa: E731
+        for _ in range(5):
+            fn()
+        times = []
+        for _ in range(rounds):
+            timer.flush()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record(); fn(); e.record(); e.synchronize()
+            times.append(s.elapsed_time(e) * 1e3)
+        b, h, sq, sk = shape
+        nel = b * h * sq * sk
+        visible = b * h * (sq * (sq + 1) // 2) if causal else nel
+        nbytes = 2 * (visible + nel)
+        p50 = statistics.median(times)
+        rows.append(dict(shape="x".join(map(str, shape)), causal=causal, p50_us=round(p50, 1),
+                         pct_copy=round(100 * nbytes / (p50 * 1e-6) / 1e9 / copy_gbps, 1)))
+    print(json.dumps(dict(copy_gbps=round(copy_gbps, 1), rows=rows)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--rounds", type=int, default=50)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.rounds)
+        return 0
+    names = args.variants.split(",")
+    envs = {k: dict(os.environ, FUSED_ATTN_NVCC_FLAGS=VARIANTS[k]) for k in names}
+    builds = {k: subprocess.Popen([sys.executable, "-m", "fused_attn.build"], env=envs[k],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in names}
+    for k, proc in builds.items():
+        out, _ = proc.communicate()
+        if proc.returncode:
+            print(f"build of {k} failed:\n{out[-3000:]}")
+            return 1
+    results = {}
+    for k in names:
+        r = subprocess.run([sys.executable, "-m", "bench.ab", "--worker", "--rounds", str(args.rounds)], env=envs[k],
+                           capture_output=True, text=True)
+        if r.returncode:
+            print(f"{k} failed:\n{r.stderr[-3000:]}")
+            return 1
+        results[k] = json.loads(r.stdout.strip().splitlines()[-1])
+    print("fused_v1 float16 p50 us (% of copy bandwidth), one session; copy GB/s: "
+          + ", ".join(f"{k}: {v['copy_gbps']}" for k, v in results.items()))
+    print(f"{'shape':<22}" + "".join(f"{k:>22}" for k in names))
+    for i, (shape, causal) in enumerate(SHAPES):
+        label = "x".join(map(str, shape)) + (" c" if causal else "")
+        cells = [f"{results[k]['rows'][i]['p50_us']:>10.1f} ({results[k]['rows'][i]['pct_copy']:>5.1f}%)" for k in names]
+        print(f"{label:<22}" + "".join(f"{c:>22}" for c in cells))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
