@@ -19,11 +19,10 @@ import subprocess
 import sys
 
 VARIANTS = {
-    "A base": "",
     "B no-early-zeros": "-DFA_V1_EARLY_ZEROS=0",
-    "C streaming": "-DFA_V1_STREAMING=1",
-    "D 1024thr/SM": "-DFA_V1_THREADS_PER_SM=1024",
-    "E 1536thr/SM": "-DFA_V1_THREADS_PER_SM=1536",
+    "F B+cap16": "-DFA_V1_EARLY_ZEROS=0 -DFA_V1_CAP16=1",
+    "G early+cap16": "-DFA_V1_EARLY_ZEROS=1 -DFA_V1_CAP16=1",
+    "H B+streaming+cap16": "-DFA_V1_EARLY_ZEROS=0 -DFA_V1_CAP16=1 -DFA_V1_STREAMING=1",
 }
 SHAPES = [((8, 12, 512, 512), False), ((8, 12, 1024, 1024), False), ((8, 12, 1024, 1024), True),
           ((4, 32, 2048, 2048), False), ((4, 32, 2048, 2048), True), ((1, 16, 4096, 4096), False),

@@ -289,16 +289,23 @@ __device__ __forceinline__ void store_pack(void* ptr, const P& v) {
   *reinterpret_cast<P*>(ptr) = v;
 }
 
-template <int TPR>
+// Blocks per SM requested from the compiler (__launch_bounds__), which caps the
+// registers per thread. FA_V1_CAP16: rows held in <= 16 elements per thread fit in
+// 40 registers, so ask for 1536 resident threads per SM there.
+#ifndef FA_V1_CAP16
+#define FA_V1_CAP16 0
+#endif
+template <int TPR, int ELEMS>
 __host__ __device__ constexpr int v1_min_blocks() {
-  return FA_V1_THREADS_PER_SM / v1_block_threads<TPR>() > 0
-             ? FA_V1_THREADS_PER_SM / v1_block_threads<TPR>() : 1;
+  constexpr int target = FA_V1_THREADS_PER_SM > 0 ? FA_V1_THREADS_PER_SM
+                         : (FA_V1_CAP16 && ELEMS <= 16) ? 1536 : 0;
+  return target / v1_block_threads<TPR>() > 0 ? target / v1_block_threads<TPR>() : 1;
 }
 
 // MASK: an attn_mask is present (p.mask_kind != kMaskNone). A separate
 // instantiation keeps the mask's loads and registers out of the unmasked kernel.
 template <typename T, int VEC, int ITERS, int TPR, bool MASK>
-__global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR>())
+__global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, ITERS * VEC>())
     softmax_kernel_v1(const SoftmaxParams p) {
   constexpr int kRowsPerBlock = v1_block_threads<TPR>() / TPR;
   __shared__ float red_m[TPR > 32 ? TPR / 32 : 1];
