@@ -19,10 +19,10 @@ import subprocess
 import sys
 
 VARIANTS = {
-    "B no-early-zeros": "-DFA_V1_EARLY_ZEROS=0",
-    "F B+cap16": "-DFA_V1_EARLY_ZEROS=0 -DFA_V1_CAP16=1",
-    "G early+cap16": "-DFA_V1_EARLY_ZEROS=1 -DFA_V1_CAP16=1",
-    "H B+streaming+cap16": "-DFA_V1_EARLY_ZEROS=0 -DFA_V1_CAP16=1 -DFA_V1_STREAMING=1",
+    "auto": "",
+    "early zeros off": "-DFA_V1_EARLY_ZEROS=0",
+    "early zeros on": "-DFA_V1_EARLY_ZEROS=1",
+    "1024 as 64x16": "-DFA_V1_1024_SPLIT=1",
 }
 SHAPES = [((8, 12, 512, 512), False), ((8, 12, 1024, 1024), False), ((8, 12, 1024, 1024), True),
           ((4, 32, 2048, 2048), False), ((4, 32, 2048, 2048), True), ((1, 16, 4096, 4096), False),

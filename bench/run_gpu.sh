@@ -5,7 +5,7 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FUSED_ATTN_CACHE=${FUSED_ATTN_CACHE:-/tmp/fused_attn_cache}
-steps=${*:-build tests bench sanitize bytes}
+steps=${*:-ab build tests bench sanitize bytes}
 rc=0
 has() { [[ " $steps " == *" $1 "* ]]; }
 log() { echo "== $* ($(date +%T))"; }
@@ -13,6 +13,11 @@ log() { echo "== $* ($(date +%T))"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch,transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 
+if has ab; then
+  log "ab (kernel variants)"
+  timeout ${AB_TIMEOUT:-200} python3 -m bench.ab --rounds 40 > "$OUT/ab.txt" 2>&1 || rc=1
+  cat "$OUT/ab.txt"
+fi
 if has build; then
   log build
   /usr/bin/time -f "cold build wall %e s" python3 -m fused_attn.build 2>&1 | tail -3 | tee -a "$OUT/gpu.txt" || rc=1

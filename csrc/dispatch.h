@@ -47,6 +47,11 @@
 // Row-length classes of softmax v1. Capacity = TPR * ELEMS elements. Short rows
 // give a row to a few lanes (several rows per warp), rows up to 1024 a warp,
 // longer rows a whole block; every thread keeps at most 32 floats live.
+// FA_V1_1024_SPLIT=1 (experiment, bench/ab.py): rows of 513..1024 on two warps with
+// 16 elements per thread instead of one warp with 32.
+#ifndef FA_V1_1024_SPLIT
+#define FA_V1_1024_SPLIT 0
+#endif
 #define FA_SOFTMAX_ROW_CLASS(N, TPR, ELEMS, ...)                                \
   [&] {                                                                         \
     if ((N) <= 32) {                                                            \
@@ -65,7 +70,8 @@
       constexpr int TPR = 32, ELEMS = 16;                                       \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 1024) {                                                   \
-      constexpr int TPR = 32, ELEMS = 32;                                       \
+      constexpr int TPR = FA_V1_1024_SPLIT ? 64 : 32;                           \
+      constexpr int ELEMS = FA_V1_1024_SPLIT ? 16 : 32;                         \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 2048) {                                                   \
       constexpr int TPR = 128, ELEMS = 16;                                      \

@@ -17,8 +17,10 @@
 //   v1  fused: the row is read once into registers (16-byte vector loads when
 //       seqlen_k and the pointers allow), max and sum are reduced in registers,
 //       the row is written once. Launch shape by row length (dispatch.h):
-//       sub-warp / warp / block per row. Rows longer than 32768 elements use a
-//       streaming online-softmax pass (2 reads + 1 write).
+//       sub-warp / warp / block per row; a separate instantiation without mask
+//       loads; per-class register cap and early zero stores for the causal
+//       triangle (chosen by measurement, bench/NOTES.md v1d). Rows longer than
+//       32768 elements use a streaming online-softmax pass (2 reads + 1 write).
 //   Target: one read of the visible part + one write of the row at the device
 //   copy bandwidth (bench/NOTES.md has the measured numbers).
 //
@@ -247,58 +249,31 @@ __host__ __device__ constexpr int v1_block_threads() {
 // row is column range [k * VEC, k * VEC + VEC), with k = it * TPR + lane, so
 // consecutive lanes touch consecutive 16-byte chunks (coalesced).
 //
-// Build-time variants, compared in one GPU run by bench/ab.py (bench/NOTES.md):
-//   FA_V1_PACKED        keep the row packed in its storage type and recompute the
-//                       scores in each pass (fewer registers) instead of floats
-//   FA_V1_EARLY_ZEROS   store the zeros of fully invisible packs before the reductions
-//   FA_V1_THREADS_PER_SM residency target passed to __launch_bounds__ (0: none)
-//   FA_V1_STREAMING     evict-first cache hints on the loads and stores
-#ifndef FA_V1_PACKED
-#define FA_V1_PACKED 0
-#endif
+// Two choices per row class, measured with bench/ab.py (bench/NOTES.md, v1d):
+//  - early zeros: store the zeros of fully invisible packs right after the loads,
+//    before the reductions. Helps rows held by <= 16 elements per thread or by one
+//    warp (causal 2048: 70 -> 78% of copy bandwidth), hurts the 32-element
+//    block classes (4096 full: 87 -> 59%).
+//  - residency: rows held in <= 16 elements per thread fit in 40 registers, so ask
+//    __launch_bounds__ for 1536 resident threads per SM there (4x32x2048x2048
+//    full: 89 -> 93%).
+// FA_V1_EARLY_ZEROS (0/1) and FA_V1_THREADS_PER_SM (> 0) override both for
+// experiments; -1 keeps the per-class policy.
 #ifndef FA_V1_EARLY_ZEROS
-#define FA_V1_EARLY_ZEROS 1
+#define FA_V1_EARLY_ZEROS -1
 #endif
 #ifndef FA_V1_THREADS_PER_SM
-#define FA_V1_THREADS_PER_SM 0
-#endif
-#ifndef FA_V1_STREAMING
-#define FA_V1_STREAMING 0
+#define FA_V1_THREADS_PER_SM -1
 #endif
 
-template <typename P>
-__device__ __forceinline__ P load_pack(const void* ptr) {
-#if FA_V1_STREAMING
-  static_assert(sizeof(P) == 16 || sizeof(P) <= 4, "pack size");
-  if constexpr (sizeof(P) == 16) {
-    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(ptr));
-    return *reinterpret_cast<const P*>(&v);
-  }
-#endif
-  return *reinterpret_cast<const P*>(ptr);
+template <int TPR, int ELEMS>
+__host__ __device__ constexpr bool v1_early_zeros() {
+  return FA_V1_EARLY_ZEROS >= 0 ? FA_V1_EARLY_ZEROS == 1 : (TPR <= 32 || ELEMS <= 16);
 }
 
-template <typename P>
-__device__ __forceinline__ void store_pack(void* ptr, const P& v) {
-#if FA_V1_STREAMING
-  if constexpr (sizeof(P) == 16) {
-    __stcs(reinterpret_cast<uint4*>(ptr), *reinterpret_cast<const uint4*>(&v));
-    return;
-  }
-#endif
-  *reinterpret_cast<P*>(ptr) = v;
-}
-
-// Blocks per SM requested from the compiler (__launch_bounds__), which caps the
-// registers per thread. FA_V1_CAP16: rows held in <= 16 elements per thread fit in
-// 40 registers, so ask for 1536 resident threads per SM there.
-#ifndef FA_V1_CAP16
-#define FA_V1_CAP16 0
-#endif
 template <int TPR, int ELEMS>
 __host__ __device__ constexpr int v1_min_blocks() {
-  constexpr int target = FA_V1_THREADS_PER_SM > 0 ? FA_V1_THREADS_PER_SM
-                         : (FA_V1_CAP16 && ELEMS <= 16) ? 1536 : 0;
+  constexpr int target = FA_V1_THREADS_PER_SM >= 0 ? FA_V1_THREADS_PER_SM : (ELEMS <= 16 ? 1536 : 0);
   return target / v1_block_threads<TPR>() > 0 ? target / v1_block_threads<TPR>() : 1;
 }
 
@@ -327,9 +302,9 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, IT
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = (it * TPR + lane) * VEC;
-    if (c < kv) raw[it] = load_pack<P>(x + c);  // invisible keys are not loaded
+    if (c < kv) raw[it] = *reinterpret_cast<const P*>(x + c);  // invisible keys are not loaded
   }
-#if FA_V1_EARLY_ZEROS
+  constexpr bool kEarlyZeros = v1_early_zeros<TPR, ITERS * VEC>();
   // Fully invisible packs: their zeros are known now. Storing them before the
   // reductions overlaps the causal triangle's writes with the loads in flight. A
   // separate loop: a store between the loads would keep the compiler from issuing
@@ -337,14 +312,13 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, IT
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = (it * TPR + lane) * VEC;
-    if (c >= kv && c < n && row_ok) {
+    if (kEarlyZeros && c >= kv && c < n && row_ok) {
       P z;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) z.v[e] = from_float<T>(0.f);
-      store_pack(out + c, z);
+      *reinterpret_cast<P*>(out + c) = z;
     }
   }
-#endif
 
   const int64_t moff = (MASK && row_ok) ? mask_row_offset(p, row) : 0;
   auto score = [&](const P& r, int it, int e) {
@@ -356,33 +330,6 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, IT
   };
 
   float m = kNegInf, l = 0.f;
-#if FA_V1_PACKED
-  // Per-thread (max, sum) from the packed row; scores recomputed per pass.
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) m = max_nan(m, score(raw[it], it, e));
-  }
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) l += exp_shifted(score(raw[it], it, e), m);
-  }
-  group_merge<TPR>(m, l, red_m, red_l);
-  if (!row_ok) return;
-  const float inv = m == kNegInf ? 0.f : 1.f / l;
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    const int c = (it * TPR + lane) * VEC;
-    if (c < kv) {
-      P v;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) v.v[e] = from_float<T>(exp_shifted(score(raw[it], it, e), m) * inv);
-      store_pack(out + c, v);
-    }
-  }
-#else
-  // Float scores in registers; exp computed once per element.
   float t[ITERS][VEC];
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
@@ -407,18 +354,13 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, IT
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = (it * TPR + lane) * VEC;
-#if FA_V1_EARLY_ZEROS
-    if (c < kv) {
-#else
-    if (c < n) {
-#endif
+    if (kEarlyZeros ? c < kv : c < n) {
       P v;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) v.v[e] = from_float<T>(t[it][e] * inv);
-      store_pack(out + c, v);
+      *reinterpret_cast<P*>(out + c) = v;
     }
   }
-#endif
 }
 
 // Rows longer than the register path holds: one block per row, an online
