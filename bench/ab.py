@@ -22,7 +22,7 @@ VARIANTS = {
     "auto": "",
     "early zeros off": "-DFA_V1_EARLY_ZEROS=0",
     "early zeros on": "-DFA_V1_EARLY_ZEROS=1",
-    "1024 as 64x16": "-DFA_V1_1024_SPLIT=1",
+    "1024 on one warp": "-DFA_V1_1024_SPLIT=0",
 }
 SHAPES = [((8, 12, 512, 512), False), ((8, 12, 1024, 1024), False), ((8, 12, 1024, 1024), True),
           ((4, 32, 2048, 2048), False), ((4, 32, 2048, 2048), True), ((1, 16, 4096, 4096), False),
@@ -34,20 +34,12 @@ def worker(rounds: int) -> None:
 
     import fused_attn
     from bench.harness import DeviceTimer
+    from fused_attn.bytes import measure_ceilings, modeled_traffic, roofline_us
     from fused_attn.softmax import scaled_masked_softmax
 
     fused_attn.load()
     timer = DeviceTimer(torch.device("cuda"), rounds, 5)
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_t = []
-    for _ in range(15):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); dst.copy_(src); e.record(); e.synchronize()
-        copy_t.append(s.elapsed_time(e) * 1e-3)
-    del src, dst
-    copy_gbps = 2 * n / statistics.median(copy_t) / 1e9
+    ceilings = measure_ceilings()
     rows = []
     for shape, causal in SHAPES:
         x = torch.randn(shape, device="cuda", dtype=torch.float16)
@@ -61,14 +53,12 @@ def worker(rounds: int) -> None:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record(); fn(); e.record(); e.synchronize()
             times.append(s.elapsed_time(e) * 1e3)
-        b, h, sq, sk = shape
-        nel = b * h * sq * sk
-        visible = b * h * (sq * (sq + 1) // 2) if causal else nel
-        nbytes = 2 * (visible + nel)
+        read, write = modeled_traffic("fused_v1", shape, torch.float16, causal)
         p50 = statistics.median(times)
         rows.append(dict(shape="x".join(map(str, shape)), causal=causal, p50_us=round(p50, 1),
-                         pct_copy=round(100 * nbytes / (p50 * 1e-6) / 1e9 / copy_gbps, 1)))
-    print(json.dumps(dict(copy_gbps=round(copy_gbps, 1), rows=rows)))
+                         pct_copy=round(100 * (read + write) / (p50 * 1e-6) / 1e9 / ceilings["copy"], 1),
+                         pct_roof=round(100 * roofline_us(read, write, ceilings) / p50, 1)))
+    print(json.dumps(dict(ceilings={k: round(v, 1) for k, v in ceilings.items()}, rows=rows)))
 
 
 def main() -> int:
@@ -97,12 +87,13 @@ def main() -> int:
             print(f"{k} failed:\n{r.stderr[-3000:]}")
             return 1
         results[k] = json.loads(r.stdout.strip().splitlines()[-1])
-    print("fused_v1 float16 p50 us (% of copy bandwidth), one session; copy GB/s: "
-          + ", ".join(f"{k}: {v['copy_gbps']}" for k, v in results.items()))
+    print("fused_v1 float16 p50 us (% of copy bandwidth / % of read-write roofline), one session; "
+          "ceilings GB/s: " + "; ".join(f"{k}: {v['ceilings']}" for k, v in results.items()))
     print(f"{'shape':<22}" + "".join(f"{k:>22}" for k in names))
     for i, (shape, causal) in enumerate(SHAPES):
         label = "x".join(map(str, shape)) + (" c" if causal else "")
-        cells = [f"{results[k]['rows'][i]['p50_us']:>10.1f} ({results[k]['rows'][i]['pct_copy']:>5.1f}%)" for k in names]
+        cells = [f"{r['p50_us']:>8.1f} ({r['pct_copy']:>4.1f}/{r['pct_roof']:>4.1f}%)"
+                 for r in (results[k]["rows"][i] for k in names)]
         print(f"{label:<22}" + "".join(f"{c:>22}" for c in cells))
     return 0
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from bench.harness import percentiles
-from fused_attn.bytes import PROVIDERS, modeled_bytes, provider_fn
+from fused_attn.bytes import PROVIDERS, modeled_traffic, provider_fn, roofline_us
 
 
 GPT2_BATCHES = (1, 8, 16)
@@ -60,7 +60,7 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("case", cases, ids=ids)
 
 
-def bench_scaled_masked_softmax(benchmark, case, device, timer, copy_bandwidth_gbps, medians):
+def bench_scaled_masked_softmax(benchmark, case, device, timer, ceilings_gbps, medians):
     shape, dtype, causal, provider = case["shape"], DTYPES[case["dtype"]], case["causal"], case["provider"]
     if device.type == "cpu" and provider in ("compiled", "fused_v0"):
         pytest.skip(f"{provider} is measured on a GPU only (no CUDA device here)")
@@ -71,13 +71,16 @@ def bench_scaled_masked_softmax(benchmark, case, device, timer, copy_bandwidth_g
     times = timer.run(benchmark, fn)
 
     stats = percentiles(times)
-    nbytes = modeled_bytes(provider, shape, dtype, causal)
-    gbps = nbytes / (stats["p50_us"] * 1e-6) / 1e9
+    read, write = modeled_traffic(provider, shape, dtype, causal)
+    gbps = (read + write) / (stats["p50_us"] * 1e-6) / 1e9
     info = dict(stats, provider=provider, shape=list(shape), dtype=case["dtype"], causal=causal,
-                device=str(device), modeled_bytes=nbytes, gbps=round(gbps, 1))
-    if copy_bandwidth_gbps:
-        info["copy_gbps"] = round(copy_bandwidth_gbps, 1)
-        info["pct_of_copy_bw"] = round(100 * gbps / copy_bandwidth_gbps, 1)
+                device=str(device), modeled_read_bytes=read, modeled_write_bytes=write,
+                modeled_bytes=read + write, gbps=round(gbps, 1))
+    if ceilings_gbps:
+        info.update({f"{k}_gbps": round(v, 1) for k, v in ceilings_gbps.items()})
+        info["pct_of_copy_bw"] = round(100 * gbps / ceilings_gbps["copy"], 1)
+        info["roofline_us"] = round(roofline_us(read, write, ceilings_gbps), 2)
+        info["pct_of_roofline"] = round(100 * info["roofline_us"] / stats["p50_us"], 1)
     medians[(benchmark.group, provider)] = stats["p50_us"]
     for base in ("eager", "compiled"):
         if (benchmark.group, base) in medians and provider != base:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import statistics
 import subprocess
 from pathlib import Path
 
@@ -82,26 +81,14 @@ def device():
 
 
 @pytest.fixture(scope="session")
-def copy_bandwidth_gbps(device):
-    """Measured device-to-device copy bandwidth (bytes read + written per second, GB = 1e9 B),
-    the roofline every memory-bound case is compared with."""
+def ceilings_gbps(device):
+    """Device bandwidths measured once per session (GB/s, 1e9 B/s): copy (bytes read + written),
+    read-only, write-only. Every memory-bound case is compared with them."""
     if device.type != "cuda":
         return None
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(20):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        dst.copy_(src)
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e-3)
-    del src, dst
-    return 2 * n / statistics.median(times) / 1e9
+    from fused_attn.bytes import measure_ceilings
+
+    return measure_ceilings()
 
 
 @pytest.fixture(scope="session")

@@ -45,9 +45,12 @@ if has sanitize; then
 fi
 if has bench; then
   log bench
-  timeout ${BENCH_TIMEOUT:-300} python3 -m pytest bench -q -p no:cacheprovider \
-    --benchmark-json="$OUT/bench_softmax.json" --benchmark-columns=median,iqr,rounds ${BENCH_ARGS:-} \
-    > "$OUT/bench.log" 2>&1 || rc=1
+  for i in $(seq 1 ${BENCH_REPEAT:-1}); do  # back-to-back runs measure the run-to-run spread
+    json="$OUT/bench_softmax$([ $i = 1 ] || echo _$i).json"
+    timeout ${BENCH_TIMEOUT:-300} python3 -m pytest bench -q -p no:cacheprovider \
+      --benchmark-json="$json" --benchmark-columns=median,iqr,rounds ${BENCH_ARGS:-} \
+      >> "$OUT/bench.log" 2>&1 || rc=1
+  done
   tail -3 "$OUT/bench.log"
   python3 - "$OUT/bench_softmax.json" <<'PY'
 import json, sys

@@ -36,24 +36,60 @@ def visible_elements(shape, causal: bool) -> int:
     return n_lead * int(reference.causal_mask(sq, sk).sum())
 
 
-def modeled_bytes(provider: str, shape, dtype: torch.dtype, causal: bool) -> int:
-    """Fewest bytes each provider's kernels must move through device memory."""
+def modeled_traffic(provider: str, shape, dtype: torch.dtype, causal: bool) -> tuple[int, int]:
+    """Fewest (bytes read, bytes written) each provider's kernels must move through device memory."""
     *lead, sq, sk = shape
     n = visible_elements(shape, False)
     e = torch.empty((), dtype=dtype).element_size()
     mask = sq * sk if causal else 0  # bool causal mask, broadcast over the leading dims: read once
-    if provider == "eager":  # mul: r+w; masked_fill: r+w+mask; softmax: r+w
-        return (6 if causal else 4) * n * e + mask
+    if provider == "eager":  # mul: r+w; masked_fill: r+mask+w; softmax: r+w
+        k = 3 if causal else 2
+        return k * n * e + mask, k * n * e
     if provider == "compiled":  # the ideal of one fused kernel: read all + write all
-        return 2 * n * e + mask
+        return n * e + mask, n * e
     if provider == "fused_v0":
         # Five passes over a float32 workspace row, but a row's passes run back to back in
         # one block and hit L1/L2 (ncu: 0.97 of this): DRAM sees x read, the workspace
         # written once, out written.
-        return 2 * n * e + n * 4
+        return n * e, n * e + n * 4
     if provider == "fused_v1":  # read the visible elements, write all
-        return visible_elements(shape, causal) * e + n * e
+        return visible_elements(shape, causal) * e, n * e
     raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
+
+
+def modeled_bytes(provider: str, shape, dtype: torch.dtype, causal: bool) -> int:
+    return sum(modeled_traffic(provider, shape, dtype, causal))
+
+
+def roofline_us(read: int, write: int, ceilings: dict[str, float]) -> float:
+    """Lower bound on the time to move (read, write) bytes, in us, from the device ceilings
+    measured in GB/s: mixed traffic at the copy rate, and each direction at its own rate
+    (a causal softmax writes twice what it reads and is bound by the write rate)."""
+    return max((read + write) / ceilings["copy"], read / ceilings["read"], write / ceilings["write"]) / 1e3
+
+
+def measure_ceilings(nbytes: int = 1 << 30, reps: int = 15) -> dict[str, float]:
+    """Device bandwidths in GB/s (1e9 B/s), medians over reps with CUDA events: copy
+    (bytes read + written by a device-to-device copy), read (a float32 sum), write (fill_)."""
+    import statistics
+
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    ops = {"copy": (lambda: dst.copy_(src), 2 * nbytes), "read": (lambda: src.sum(), nbytes),
+           "write": (lambda: dst.fill_(1.0), nbytes)}
+    out = {}
+    for name, (fn, moved) in ops.items():
+        fn()
+        times = []
+        for _ in range(reps):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e) * 1e-3)
+        out[name] = moved / statistics.median(times) / 1e9
+    return out
 
 
 def provider_fn(provider: str, x: torch.Tensor, causal: bool):

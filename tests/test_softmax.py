@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-import fused_attn
 from fused_attn import reference
 from fused_attn.softmax import scaled_masked_softmax
 from tests.tolerances import assert_close, softmax_tolerance
 
-from conftest import HAS_CUDA
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Launch-shape boundaries of v1 (csrc/dispatch.h) and odd / prime lengths.

@@ -1,0 +1,214 @@
+"""Tables and plots from saved pytest-benchmark runs.
+
+    python -m fused_attn.report RUN.json [RUN2.json ...] --out DIR [--bytes NCU.txt]
+
+Writes into DIR: micro.txt (latency p5/p50/p95, bandwidth, speedups), memory.txt (bytes
+moved per provider: modeled, and measured by `python -m fused_attn.bytes` when --bytes is
+given), gpt2.txt (GPT-2 end-to-end cases, when a run has them), report.md (the same
+tables in Markdown) and PNG plots: latency vs N per provider, and % of the copy
+bandwidth vs N. Every table names the GPU, torch/CUDA, commit, dtype and shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+PROVIDER_ORDER = ("eager", "compiled", "fused_v0", "fused_v1")
+
+
+def load_runs(paths: list[Path]) -> list[dict]:
+    runs = []
+    for p in paths:
+        data = json.loads(Path(p).read_text())
+        if "benchmarks" not in data:
+            raise ValueError(f"{p} must be a pytest-benchmark JSON file (no 'benchmarks' key)")
+        data["_path"] = str(p)
+        runs.append(data)
+    return runs
+
+
+def run_header(run: dict) -> str:
+    mi = run.get("machine_info", {}).get("fused_attn", {})
+    commit = mi.get("commit") or run.get("commit_info", {}).get("id", "unknown")
+    ceil = next((b["extra_info"] for b in run["benchmarks"] if "copy_gbps" in b["extra_info"]), {})
+    ceilings = ", ".join(f"{k} {ceil[f'{k}_gbps']:.0f}" for k in ("copy", "read", "write") if f"{k}_gbps" in ceil)
+    return (f"{mi.get('gpu_name', 'unknown GPU')} (driver {mi.get('driver', '?')}), torch {mi.get('torch', '?')}, "
+            f"CUDA {mi.get('cuda', '?')}, commit {commit}, run {run.get('datetime', '?')}"
+            + (f"; measured GB/s: {ceilings}" if ceilings else ""))
+
+
+def softmax_rows(run: dict) -> list[dict]:
+    rows = [b["extra_info"] | {"name": b["name"]} for b in run["benchmarks"]
+            if b["name"].startswith("bench_scaled_masked_softmax")]
+    order = {p: i for i, p in enumerate(PROVIDER_ORDER)}
+    rows.sort(key=lambda r: (r["dtype"], not r["causal"], r["shape"], order.get(r["provider"], 99)))
+    return rows
+
+
+def _fmt(v, spec: str, missing: str = "-") -> str:
+    return missing if v is None else format(v, spec)
+
+
+def micro_table(rows: list[dict], markdown: bool) -> list[str]:
+    cols = ["shape [B,H,N,N]", "dtype", "causal", "provider", "p5 us", "p50 us", "p95 us", "GB/s",
+            "% copy", "% roofline", "x eager", "x compiled"]
+    lines = []
+    if markdown:
+        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    else:
+        lines.append(f"{cols[0]:<18} {cols[1]:<9} {cols[2]:<6} {cols[3]:<9} {cols[4]:>9} {cols[5]:>9} {cols[6]:>9} "
+                     f"{cols[7]:>7} {cols[8]:>6} {cols[9]:>10} {cols[10]:>7} {cols[11]:>10}")
+    for r in rows:
+        cells = ["x".join(map(str, r["shape"])), r["dtype"], "yes" if r["causal"] else "no", r["provider"],
+                 _fmt(r.get("p5_us"), ".1f"), _fmt(r.get("p50_us"), ".1f"), _fmt(r.get("p95_us"), ".1f"),
+                 _fmt(r.get("gbps"), ".0f"), _fmt(r.get("pct_of_copy_bw"), ".1f"), _fmt(r.get("pct_of_roofline"), ".1f"),
+                 _fmt(r.get("speedup_vs_eager"), ".2f"), _fmt(r.get("speedup_vs_compiled"), ".2f")]
+        if markdown:
+            lines.append("| " + " | ".join(cells) + " |")
+        else:
+            lines.append(f"{cells[0]:<18} {cells[1]:<9} {cells[2]:<6} {cells[3]:<9} {cells[4]:>9} {cells[5]:>9} "
+                         f"{cells[6]:>9} {cells[7]:>7} {cells[8]:>6} {cells[9]:>10} {cells[10]:>7} {cells[11]:>10}")
+    return lines
+
+
+def memory_table(rows: list[dict], markdown: bool) -> list[str]:
+    cols = ["shape [B,H,N,N]", "dtype", "causal", "provider", "read MB", "write MB", "total MB", "x fused_v1"]
+    groups = defaultdict(dict)
+    for r in rows:
+        groups[(tuple(r["shape"]), r["dtype"], r["causal"])][r["provider"]] = r
+    lines = (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] if markdown else
+             [f"{cols[0]:<18} {cols[1]:<9} {cols[2]:<6} {cols[3]:<9} {cols[4]:>9} {cols[5]:>9} {cols[6]:>9} {cols[7]:>10}"])
+    for (shape, dtype, causal), provs in groups.items():
+        fused = provs.get("fused_v1", {}).get("modeled_bytes")
+        for p in PROVIDER_ORDER:
+            if p not in provs or "modeled_bytes" not in provs[p]:
+                continue
+            r = provs[p]
+            read, write = r.get("modeled_read_bytes"), r.get("modeled_write_bytes")
+            cells = ["x".join(map(str, shape)), dtype, "yes" if causal else "no", p,
+                     _fmt(read and read / 1e6, ".1f"), _fmt(write and write / 1e6, ".1f"),
+                     f"{r['modeled_bytes'] / 1e6:.1f}", _fmt(fused and r["modeled_bytes"] / fused, ".2f")]
+            lines.append("| " + " | ".join(cells) + " |" if markdown else
+                         f"{cells[0]:<18} {cells[1]:<9} {cells[2]:<6} {cells[3]:<9} {cells[4]:>9} {cells[5]:>9} "
+                         f"{cells[6]:>9} {cells[7]:>10}")
+    return lines
+
+
+def gpt2_lines(runs: list[dict]) -> list[str]:
+    rows = [(run, b) for run in runs for b in run["benchmarks"] if b["name"].startswith("bench_gpt2")]
+    if not rows:
+        return ["No GPT-2 end-to-end cases in these runs: bench/bench_gpt2.py (the GPT-2 issue) has not",
+                "produced a saved run yet."]
+    lines = []
+    for run, b in rows:
+        e = b["extra_info"]
+        lines.append(f"{b['name']}: " + ", ".join(f"{k}={v}" for k, v in sorted(e.items())))
+    return lines
+
+
+def spread_lines(runs: list[dict]) -> list[str]:
+    """p50 differences between runs of the same cases (e.g. two back-to-back runs)."""
+    if len(runs) < 2:
+        return []
+    lines = [f"p50 spread between {len(runs)} runs (max |p50_i - p50_0| / p50_0 per case), fused providers:"]
+    worst = {}
+    base = {b["name"]: b["extra_info"] for b in runs[0]["benchmarks"]}
+    for run in runs[1:]:
+        for b in run["benchmarks"]:
+            e0 = base.get(b["name"])
+            if e0 is None or not b["extra_info"].get("provider", "").startswith("fused"):
+                continue
+            d = abs(b["extra_info"]["p50_us"] - e0["p50_us"]) / e0["p50_us"]
+            worst[b["name"]] = max(worst.get(b["name"], 0.0), d)
+    for name, d in sorted(worst.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {100 * d:5.2f}%  {name}")
+    if worst:
+        vals = sorted(worst.values())
+        lines.insert(1, f"  cases {len(vals)}, median {100 * vals[len(vals) // 2]:.2f}%, max {100 * vals[-1]:.2f}%")
+    return lines
+
+
+def plot(rows: list[dict], out: Path, header: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    by_key = defaultdict(list)
+    for r in rows:
+        b, h, n, _ = r["shape"]
+        if h == 12:  # the GPT-2 sweep: one line per (batch, provider)
+            by_key[(r["dtype"], r["causal"], b)].append(r)
+    for (dtype, causal, batch), rs in sorted(by_key.items()):
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for p in PROVIDER_ORDER:
+            pts = sorted((r["shape"][2], r) for r in rs if r["provider"] == p)
+            if not pts:
+                continue
+            ns = [n for n, _ in pts]
+            ax1.plot(ns, [r["p50_us"] for _, r in pts], marker="o", label=p)
+            if all("pct_of_copy_bw" in r for _, r in pts):
+                ax2.plot(ns, [r["pct_of_copy_bw"] for _, r in pts], marker="o", label=p)
+        for ax, ylabel in ((ax1, "p50 latency (us)"), (ax2, "% of copy bandwidth (modeled bytes)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("N (seqlen_q = seqlen_k)")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        ax1.set_yscale("log")
+        fig.suptitle(f"softmax [{batch},12,N,N] {dtype} {'causal' if causal else 'full'}\n{header}", fontsize=8)
+        fig.tight_layout()
+        path = out / f"softmax_b{batch}_{dtype}_{'causal' if causal else 'full'}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="pytest-benchmark JSON files")
+    ap.add_argument("--out", type=Path, required=True, help="directory to write into")
+    ap.add_argument("--bytes", type=Path, help="output of `python -m fused_attn.bytes` to include")
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args(argv)
+    runs = load_runs(args.runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    micro, memory, md = [], [], ["# fused_attn benchmark report", ""]
+    pngs = []
+    for run in runs:
+        header = run_header(run)
+        rows = softmax_rows(run)
+        micro += [f"# {header}", f"# source: {Path(run['_path']).name}", *micro_table(rows, False), ""]
+        memory += [f"# {header} (modeled bytes)", *memory_table(rows, False), ""]
+        md += [f"## scaled_masked_softmax: {header}", "", f"Source: `{Path(run['_path']).name}`", "",
+               *micro_table(rows, True), "", "### Bytes moved (modeled)", "", *memory_table(rows, True), ""]
+        if not args.no_plots and rows:
+            pngs += plot(rows, args.out, header)
+    if args.bytes:
+        measured = args.bytes.read_text().rstrip().splitlines()
+        memory += ["# measured with Nsight Compute (python -m fused_attn.bytes)", *measured, ""]
+        md += ["### Bytes moved (measured, Nsight Compute)", "", "```", *measured, "```", ""]
+    spread = spread_lines(runs)
+    if spread:
+        micro += spread + [""]
+        md += ["### Run-to-run spread", "", "```", *spread, "```", ""]
+    gpt2 = gpt2_lines(runs)
+    md += ["## GPT-2 end to end", "", *gpt2, ""]
+    if pngs:
+        md += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs] + [""]
+    (args.out / "micro.txt").write_text("\n".join(micro) + "\n")
+    (args.out / "memory.txt").write_text("\n".join(memory) + "\n")
+    (args.out / "gpt2.txt").write_text("\n".join(gpt2) + "\n")
+    (args.out / "report.md").write_text("\n".join(md) + "\n")
+    print(f"report: {args.out} ({len(pngs)} plots)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
