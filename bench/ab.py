@@ -20,9 +20,9 @@ import sys
 
 VARIANTS = {
     "auto": "",
-    "early zeros off": "-DFA_V1_EARLY_ZEROS=0",
-    "early zeros on": "-DFA_V1_EARLY_ZEROS=1",
     "1024 on one warp": "-DFA_V1_1024_SPLIT=0",
+    "2048 as 64x32": "-DFA_V1_2048_SHAPE=1",
+    "2048 as 256x8": "-DFA_V1_2048_SHAPE=2",
 }
 SHAPES = [((8, 12, 512, 512), False), ((8, 12, 1024, 1024), False), ((8, 12, 1024, 1024), True),
           ((4, 32, 2048, 2048), False), ((4, 32, 2048, 2048), True), ((1, 16, 4096, 4096), False),
@@ -49,7 +49,7 @@ def worker(rounds: int) -> None:
             fn()
         times = []
         for _ in range(rounds):
-            timer.flush()
+            timer.flush()  # L2 flush + spin, queued ahead of the events
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record(); fn(); e.record(); e.synchronize()
             times.append(s.elapsed_time(e) * 1e3)

@@ -1,10 +1,11 @@
 """Benchmark harness: options, GPU machine info, per-GPU storage, device-time measurement.
 
 Every case times with CUDA events around one call per round, after warm-up, with L2
-flushed before each round (a 256 MiB write, outside the timed region). pytest-benchmark's
-own timer wraps the call plus a device synchronize (pedantic mode, setup = flush), so
-its statistics and `--benchmark-compare` track device time; the event times give the
-p5/p50/p95 in `extra_info`.
+flushed before each round (a 256 MiB write, outside the timed region) and a spin kernel
+queued ahead of the call so host launch overhead never lands between the events.
+pytest-benchmark runs in pedantic mode with a clock that advances by the event time of
+each round (bench/harness.py), so its statistics and `--benchmark-compare` are device
+times; the same times give the p5/p50/p95 in `extra_info`.
 """
 
 from __future__ import annotations
