@@ -277,22 +277,6 @@ __host__ __device__ constexpr int v1_min_blocks() {
   return target / v1_block_threads<TPR>() > 0 ? target / v1_block_threads<TPR>() : 1;
 }
 
-// Causal rows differ in cost (row i reads i + 1 keys, writes all), and blocks run in
-// launch order, so at any moment every SM works on the same part of the triangle
-// and DRAM sees phases of mostly writes, then mostly reads. Interleaving query
-// index i with seqlen_q - 1 - i (slot 2k -> k, 2k+1 -> seqlen_q - 1 - k, a
-// bijection on each head) keeps the mix near its average.
-#ifndef FA_V1_CAUSAL_INTERLEAVE
-#define FA_V1_CAUSAL_INTERLEAVE 1
-#endif
-__device__ __forceinline__ int64_t causal_interleave(int64_t slot, int seqlen_q) {
-  if (!FA_V1_CAUSAL_INTERLEAVE) return slot;
-  const int64_t head = slot / seqlen_q;
-  const int64_t i = slot - head * seqlen_q;
-  const int64_t q = (i & 1) ? seqlen_q - 1 - (i >> 1) : (i >> 1);
-  return head * seqlen_q + q;
-}
-
 // MASK: an attn_mask is present (p.mask_kind != kMaskNone). A separate
 // instantiation keeps the mask's loads and registers out of the unmasked kernel.
 template <typename T, int VEC, int ITERS, int TPR, bool MASK>
@@ -304,11 +288,10 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, IT
   using P = Pack<VEC, T>;
 
   const int lane = threadIdx.x % TPR;
-  const int64_t slot = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / TPR;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / TPR;
   // Lanes of a row past the end stay alive: the whole warp takes part in the
   // shuffles. They load nothing and store nothing.
-  const bool row_ok = slot < p.rows;
-  const int64_t row = p.causal ? causal_interleave(slot, p.seqlen_q) : slot;
+  const bool row_ok = row < p.rows;
   const int n = p.seqlen_k;
   const int kv = row_ok ? visible_keys(p, int(row % p.seqlen_q)) : 0;
   const int64_t base = row * n;
