@@ -21,8 +21,7 @@ import sys
 VARIANTS = {
     "auto": "",
     "1024 on one warp": "-DFA_V1_1024_SPLIT=0",
-    "2048 as 64x32": "-DFA_V1_2048_SHAPE=1",
-    "2048 as 256x8": "-DFA_V1_2048_SHAPE=2",
+    "early zeros off": "-DFA_V1_EARLY_ZEROS=0",
 }
 SHAPES = [((8, 12, 512, 512), False), ((8, 12, 1024, 1024), False), ((8, 12, 1024, 1024), True),
           ((4, 32, 2048, 2048), False), ((4, 32, 2048, 2048), True), ((1, 16, 4096, 4096), False),

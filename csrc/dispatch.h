@@ -53,11 +53,6 @@
 #ifndef FA_V1_1024_SPLIT
 #define FA_V1_1024_SPLIT 1
 #endif
-// Rows of 1025..2048 (experiment, bench/ab.py): 0 = 128 threads x 16 elements (default),
-// 1 = 64 x 32, 2 = 256 x 8.
-#ifndef FA_V1_2048_SHAPE
-#define FA_V1_2048_SHAPE 0
-#endif
 #define FA_SOFTMAX_ROW_CLASS(N, TPR, ELEMS, ...)                                \
   [&] {                                                                         \
     if ((N) <= 32) {                                                            \
@@ -80,8 +75,7 @@
       constexpr int ELEMS = FA_V1_1024_SPLIT ? 16 : 32;                         \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 2048) {                                                   \
-      constexpr int TPR = FA_V1_2048_SHAPE == 1 ? 64 : FA_V1_2048_SHAPE == 2 ? 256 : 128; \
-      constexpr int ELEMS = FA_V1_2048_SHAPE == 1 ? 32 : FA_V1_2048_SHAPE == 2 ? 8 : 16;  \
+      constexpr int TPR = 128, ELEMS = 16;                                      \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 4096) {                                                   \
       constexpr int TPR = 128, ELEMS = 32;                                      \

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         memory += [f"# {header} (modeled bytes)", *memory_table(rows, False), ""]
         md += [f"## scaled_masked_softmax: {header}", "", f"Source: `{Path(run['_path']).name}`", "",
                *micro_table(rows, True), "", "### Bytes moved (modeled)", "", *memory_table(rows, True), ""]
-        if not args.no_plots and rows:
+        if not args.no_plots and rows and run is runs[0]:  # plots of the first run
             pngs += plot(rows, args.out, header)
     if args.bytes:
         measured = args.bytes.read_text().rstrip().splitlines()
