@@ -1,0 +1,100 @@
+"""Hugging Face transformers integration: an attention implementation named "fused_attn".
+
+    import fused_attn.hf
+    fused_attn.hf.register()
+    model = GPT2LMHeadModel.from_pretrained("gpt2", attn_implementation="fused_attn")
+    # or: model.set_attn_implementation("fused_attn")
+
+The implementation computes Q·Kᵀ with cuBLAS (torch.matmul), then
+``scaled_masked_softmax`` (scale, causal / padding / cache masks in one pass), then P·V,
+and returns ``[batch, seqlen_q, nheads, headdim]`` as transformers expects. CPU tensors go
+through the op's pure-PyTorch path.
+
+Masks: ``register()`` also registers transformers' SDPA mask builder under the same name
+(``AttentionMaskInterface``), so the implementation receives a bool mask (True = attend)
+covering causality, padding and the unfilled slots of a StaticCache, or ``None`` when the
+mask is purely causal over the keys given (then the op's own causal mask is used, aligned
+as SDPA's). Without that registration transformers >= 4.55 passes ``attention_mask=None``
+to custom implementations even when there is padding.
+
+Supported: transformers 4.56 and later (AttentionMaskInterface with ``sdpa_mask``);
+``register()`` raises with the installed version otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fused_attn.softmax import scaled_masked_softmax
+
+NAME = "fused_attn"
+MIN_TRANSFORMERS = (4, 56)
+
+
+def _version_tuple(v: str) -> tuple[int, int]:
+    parts = v.split(".")
+    return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+
+
+def fused_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Attention for transformers' AttentionInterface.
+
+    query ``[batch, nheads, seqlen_q, headdim]``, key/value ``[batch, nheads_kv, seqlen_k, headdim]``
+    (nheads a multiple of nheads_kv), attention_mask bool ``[batch or 1, 1, seqlen_q, seqlen_k]`` or
+    additive in the query's dtype, or None. Returns ``([batch, seqlen_q, nheads, headdim], None)``.
+    Query rows with no visible key give zeros (SDPA may give NaN there).
+    """
+    if dropout and module.training:
+        raise ValueError(f"dropout must be 0 with the fused_attn attention (inference only), got {dropout}")
+    if kwargs.get("output_attentions"):
+        raise ValueError("output_attentions must be False with the fused_attn attention, got True")
+    n_rep = query.shape[1] // key.shape[1]
+    if n_rep > 1:
+        key = key.repeat_interleave(n_rep, dim=1)
+        value = value.repeat_interleave(n_rep, dim=1)
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    causal = False
+    mask = attention_mask
+    if mask is None:
+        if is_causal and q_len > 1:
+            # transformers leaves the mask out only for a purely causal prefill, where SDPA's
+            # top-left causal mask applies; with an empty StaticCache the keys beyond q_len are
+            # unfilled slots. Keep the first q_len keys so bottom-right alignment is the same.
+            if kv_len > q_len:
+                key, value = key[:, :, :q_len], value[:, :, :q_len]
+            causal = True
+    elif mask.dtype != torch.bool and mask.dtype != query.dtype:
+        mask = mask.to(query.dtype)
+    scores = torch.matmul(query, key.transpose(-1, -2))
+    probs = scaled_masked_softmax(scores, scale, causal=causal, attn_mask=mask)
+    out = torch.matmul(probs.to(value.dtype), value)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Register "fused_attn" with transformers' AttentionInterface and AttentionMaskInterface
+    (idempotent)."""
+    import transformers
+
+    if _version_tuple(transformers.__version__) < MIN_TRANSFORMERS:
+        raise RuntimeError(
+            "transformers must be >= {}.{} for fused_attn.hf.register(), got {}".format(
+                *MIN_TRANSFORMERS, transformers.__version__)
+        )
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, fused_attention_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
