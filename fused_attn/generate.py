@@ -1,0 +1,189 @@
+"""Generate with GPT-2 through one or several backends and time it.
+
+    python -m fused_attn.generate --backend graph --max-new-tokens 128
+    python -m fused_attn.generate --compare --batch-size 3 --dtype float32
+
+Backends: hf-eager, hf-sdpa, hf-fused (transformers' GPT2LMHeadModel with attention
+implementation eager / sdpa / "fused_attn"), graph (fused_attn.gpt2 with a CUDA-graph decode
+step; without a GPU it runs the same model without the graph). Prints the continuation,
+TTFT (prompt in, first token out), TBT p50/p95 (each further token) and tokens/s; with
+--compare, whether the greedy tokens of all backends are identical.
+
+Models: ``gpt2-random`` (default: GPT-2 small's configuration, seeded random weights, no
+download) or any name/path transformers can load. Prompts: ``--prompt`` text when the
+checkpoint has a tokenizer, ``--prompt-ids`` token ids, else ``--prompt-len`` seeded ids.
+A batch > 1 repeats the prompt with left padding of 0, 1, 2, ... tokens so padding is exercised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+BACKENDS = ("hf-eager", "hf-sdpa", "hf-fused", "graph")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Result:
+    backend: str
+    tokens: torch.Tensor  # [batch, prompt + new]
+    ttft_s: float
+    step_s: list[float]
+
+    @property
+    def new_tokens(self) -> int:
+        return 1 + len(self.step_s)
+
+    def tokens_per_s(self, batch: int) -> float:
+        return batch * self.new_tokens / (self.ttft_s + sum(self.step_s))
+
+
+def make_batch(prompt: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch`` copies of a 1-D prompt, copy i left-padded by i tokens (pad id 0)."""
+    n = prompt.numel() + batch - 1
+    ids = torch.zeros(batch, n, dtype=torch.long)
+    mask = torch.zeros(batch, n, dtype=torch.long)
+    for i in range(batch):
+        length = prompt.numel() - i if batch > 1 else prompt.numel()
+        ids[i, n - length:] = prompt[i:] if batch > 1 else prompt
+        mask[i, n - length:] = 1
+    return ids, mask
+
+
+class _StepTimes:
+    """A logits processor that stamps the host clock (after a device sync) at every token."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.stamps = device, []
+
+    def __call__(self, input_ids, scores):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.stamps.append(time.perf_counter())
+        return scores
+
+
+def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
+                dtype: torch.dtype, device: torch.device, temperature: float = 0.0, top_k: int = 0,
+                seed: int = 0, cache: dict | None = None) -> Result:
+    """Generate ``max_new_tokens`` with one backend. ``cache`` keeps converted models between calls."""
+    cache = {} if cache is None else cache
+    ids, mask = ids.to(device), mask.to(device)
+    if backend == "graph":
+        from fused_attn.gpt2 import GPT2
+
+        model = cache.get(("graph", dtype))
+        if model is None:
+            model = cache[("graph", dtype)] = GPT2.from_hf(hf_model, dtype=dtype, device=device)
+        timings: dict = {}
+        out = model.generate(ids, mask, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                             seed=seed, use_graph=device.type == "cuda", timings=timings)
+        return Result(backend, out.cpu(), timings["ttft_s"], timings["step_s"])
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    impl = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-fused": "fused_attn"}[backend]
+    model = cache.get((impl, dtype))
+    if model is None:
+        if impl == "fused_attn":
+            import fused_attn.hf
+
+            fused_attn.hf.register()
+        model = copy.deepcopy(hf_model).to(device, dtype).eval()
+        model.set_attn_implementation(impl)
+        cache[(impl, dtype)] = model
+    stamps = _StepTimes(device)
+    kw = dict(attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+              pad_token_id=0, eos_token_id=None, logits_processor=[stamps])
+    kw.update(do_sample=True, temperature=temperature, top_k=top_k or None) if temperature > 0 else kw.update(
+        do_sample=False)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = model.generate(ids, **kw)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t_end = time.perf_counter()
+    # stamps[i] = logits of token i ready; the token is sampled right after.
+    ttft = stamps.stamps[0] - t0
+    steps = [b - a for a, b in zip(stamps.stamps, stamps.stamps[1:])]
+    if steps:
+        steps[-1] += t_end - stamps.stamps[-1]
+    return Result(backend, out.cpu(), ttft, steps)
+
+
+def summary(r: Result, batch: int) -> str:
+    tbt = sorted(r.step_s) or [float("nan")]
+    p95 = tbt[min(len(tbt) - 1, int(0.95 * len(tbt)))]
+    return (f"{r.backend:<9} TTFT {1e3 * r.ttft_s:8.2f} ms  TBT p50 {1e3 * statistics.median(tbt):7.3f} ms  "
+            f"p95 {1e3 * p95:7.3f} ms  {r.tokens_per_s(batch):9.1f} tokens/s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="gpt2-random")
+    ap.add_argument("--prompt", help="text (needs a tokenizer with the checkpoint)")
+    ap.add_argument("--prompt-ids", help="comma-separated token ids")
+    ap.add_argument("--prompt-len", type=int, default=32, help="seeded random prompt of this length")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--dtype", default="float16", choices=list(DTYPES))
+    ap.add_argument("--backend", default="graph", choices=BACKENDS)
+    ap.add_argument("--compare", action="store_true", help="run every backend, check greedy tokens agree")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    from fused_attn.gpt2 import load_hf_model
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = DTYPES[args.dtype]
+    if device.type == "cpu" and dtype != torch.float32:
+        print(f"no GPU: running in float32 instead of {args.dtype}")
+        dtype = torch.float32
+    hf_model = load_hf_model(args.model)
+    tokenizer = None
+    if args.prompt is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        prompt = torch.tensor(tokenizer(args.prompt)["input_ids"])
+    elif args.prompt_ids:
+        prompt = torch.tensor([int(t) for t in args.prompt_ids.split(",")])
+    else:
+        g = torch.Generator().manual_seed(args.seed)
+        prompt = torch.randint(1, hf_model.config.vocab_size, (args.prompt_len,), generator=g)
+    ids, mask = make_batch(prompt, args.batch_size)
+    backends = BACKENDS if args.compare else (args.backend,)
+    cache: dict = {}
+    results = []
+    for backend in backends:
+        run_backend(backend, hf_model, ids, mask, 2, dtype, device, args.temperature, args.top_k, args.seed, cache)
+        results.append(run_backend(backend, hf_model, ids, mask, args.max_new_tokens, dtype, device,
+                                   args.temperature, args.top_k, args.seed, cache))
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    print(f"{args.model} on {name}, {dtype}, batch {args.batch_size}, prompt {prompt.numel()} tokens, "
+          f"{args.max_new_tokens} new")
+    new = results[0].tokens[0, ids.shape[1]:]
+    print("continuation of row 0:", tokenizer.decode(new) if tokenizer else new.tolist())
+    for r in results:
+        print(summary(r, args.batch_size))
+    if len(results) > 1:
+        same = all(torch.equal(r.tokens, results[0].tokens) for r in results[1:])
+        detail = ", ".join(f"{r.backend}={'same' if torch.equal(r.tokens, results[0].tokens) else 'DIFFERENT'}"
+                           for r in results[1:])
+        print(f"tokens identical across backends: {same} ({detail} vs {results[0].backend})")
+        return 0 if same or args.temperature > 0 else 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
