@@ -33,6 +33,18 @@ if has tests; then
   grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
   grep -E "^FAILED|Error" "$OUT/tests.log" | head -20
 fi
+if has gpt2; then
+  log "gpt2: GPU tests of the HF integration and our GPT-2, then backend comparisons"
+  timeout ${GPT2_TESTS_TIMEOUT:-200} python3 -m pytest tests/test_hf.py tests/test_gpt2.py -q -p no:cacheprovider \
+    -m gpu > "$OUT/gpt2_tests.log" 2>&1 || rc=1
+  tail -3 "$OUT/gpt2_tests.log"
+  for b in ${GPT2_BATCHES:-1 16}; do
+    timeout ${GPT2_GEN_TIMEOUT:-150} python3 -m fused_attn.generate --compare --dtype float16 --batch-size $b \
+      --prompt-len 128 --max-new-tokens 128 >> "$OUT/gen.txt" 2>&1
+    echo "rc=$?" >> "$OUT/gen.txt"
+  done
+  grep -v "^\[transformers\]" "$OUT/gen.txt" | tail -20
+fi
 if has sanitize; then
   log sanitize
   for tool in memcheck racecheck; do

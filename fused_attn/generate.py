@@ -4,8 +4,10 @@
     python -m fused_attn.generate --compare --batch-size 3 --dtype float32
 
 Backends: hf-eager, hf-sdpa, hf-fused (transformers' GPT2LMHeadModel with attention
-implementation eager / sdpa / "fused_attn"), graph (fused_attn.gpt2 with a CUDA-graph decode
-step; without a GPU it runs the same model without the graph). Prints the continuation,
+implementation eager / sdpa / "fused_attn"), hf-static (sdpa with
+``cache_implementation="static"``, whose decode step transformers compiles on a GPU; not run
+by --compare without a GPU), graph (fused_attn.gpt2 with a CUDA-graph decode step; without a
+GPU it runs the same model without the graph). Prints the continuation,
 TTFT (prompt in, first token out), TBT p50/p95 (each further token) and tokens/s; with
 --compare, whether the greedy tokens of all backends are identical.
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-BACKENDS = ("hf-eager", "hf-sdpa", "hf-fused", "graph")
+BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-fused", "graph")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -87,7 +89,7 @@ def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, m
         return Result(backend, out.cpu(), timings["ttft_s"], timings["step_s"])
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    impl = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-fused": "fused_attn"}[backend]
+    impl = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-fused": "fused_attn"}[backend]
     model = cache.get((impl, dtype))
     if model is None:
         if impl == "fused_attn":
@@ -100,6 +102,8 @@ def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, m
     stamps = _StepTimes(device)
     kw = dict(attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
               pad_token_id=0, eos_token_id=None, logits_processor=[stamps])
+    if backend == "hf-static":
+        kw["cache_implementation"] = "static"
     kw.update(do_sample=True, temperature=temperature, top_k=top_k or None) if temperature > 0 else kw.update(
         do_sample=False)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -162,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         g = torch.Generator().manual_seed(args.seed)
         prompt = torch.randint(1, hf_model.config.vocab_size, (args.prompt_len,), generator=g)
     ids, mask = make_batch(prompt, args.batch_size)
-    backends = BACKENDS if args.compare else (args.backend,)
+    if args.compare:
+        backends = tuple(b for b in BACKENDS if device.type == "cuda" or b != "hf-static")
+    else:
+        backends = (args.backend,)
     cache: dict = {}
     results = []
     for backend in backends:

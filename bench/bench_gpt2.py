@@ -1,0 +1,72 @@
+"""GPT-2 end to end: tokens/s, TTFT and TBT per backend (fused_attn.generate.run_backend).
+
+Backends hf-eager, hf-sdpa, hf-static, hf-fused, graph; batch {1, 16}; prompt {128, 512};
+128 new tokens (greedy); float16 by default, float32 with --full. Model: GPT-2 small's
+configuration with seeded random weights (same shapes and cost as the real checkpoint),
+or FUSED_ATTN_GPT2_MODEL. extra_info: tokens/s, TTFT (ms), TBT p50/p95 (ms), speedup vs
+hf-eager in the same run. Each round is one whole generate(); the first call of each case
+(graph capture, compilation) is a warm-up outside the rounds. GPU only.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import pytest
+import torch
+
+BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-fused", "graph")
+NEW_TOKENS = 128
+
+
+def pytest_generate_tests(metafunc):
+    if "gpt2_case" not in metafunc.fixturenames:
+        return
+    full = metafunc.config.getoption("--full")
+    dtypes = ["float16", "float32"] if full else ["float16"]
+    cases = [dict(batch=b, prompt=p, dtype=d, backend=k)
+             for d in dtypes for b in (1, 16) for p in (128, 512) for k in BACKENDS]
+    metafunc.parametrize("gpt2_case", cases, ids=[f"{c['backend']}-b{c['batch']}-p{c['prompt']}-{c['dtype']}"
+                                                  for c in cases])
+
+
+@pytest.fixture(scope="module")
+def gpt2_models():
+    if not torch.cuda.is_available():
+        pytest.skip("GPT-2 end-to-end benchmarks need a CUDA GPU (none here)")
+    from fused_attn.gpt2 import load_hf_model
+
+    return load_hf_model(os.environ.get("FUSED_ATTN_GPT2_MODEL", "gpt2-random")), {}
+
+
+def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, request):
+    from fused_attn.generate import DTYPES, make_batch, run_backend
+
+    hf_model, cache = gpt2_models
+    c = gpt2_case
+    dtype, device = DTYPES[c["dtype"]], torch.device("cuda")
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(1, hf_model.config.vocab_size, (c["prompt"],), generator=g)
+    ids, mask = make_batch(prompt, 1)
+    ids, mask = ids.expand(c["batch"], -1).contiguous(), mask.expand(c["batch"], -1).contiguous()
+    run_backend(c["backend"], hf_model, ids, mask, NEW_TOKENS, dtype, device, cache=cache)  # warm-up
+    results = []
+    rounds = request.config.getoption("--bench-gpt2-rounds")
+    benchmark.pedantic(lambda: results.append(
+        run_backend(c["backend"], hf_model, ids, mask, NEW_TOKENS, dtype, device, cache=cache)),
+        rounds=rounds, iterations=1)
+    if not results:
+        return
+    benchmark.group = f"gpt2 b{c['batch']} p{c['prompt']} {c['dtype']}"
+    tps = statistics.median(r.tokens_per_s(c["batch"]) for r in results)
+    steps = sorted(s for r in results for s in r.step_s)
+    info = dict(backend=c["backend"], batch=c["batch"], prompt=c["prompt"], new_tokens=NEW_TOKENS, dtype=c["dtype"],
+                tokens_per_s=round(tps, 1), ttft_ms=round(1e3 * statistics.median(r.ttft_s for r in results), 3),
+                tbt_p50_ms=round(1e3 * statistics.median(steps), 4),
+                tbt_p95_ms=round(1e3 * steps[min(len(steps) - 1, int(0.95 * len(steps)))], 4),
+                gpu=torch.cuda.get_device_name())
+    medians[(benchmark.group, c["backend"])] = tps
+    if (benchmark.group, "hf-eager") in medians:
+        info["speedup_vs_hf_eager"] = round(tps / medians[(benchmark.group, "hf-eager")], 3)
+    benchmark.extra_info.update(info)
