@@ -45,6 +45,12 @@ if has gpt2; then
   done
   grep -v "^\[transformers\]" "$OUT/gen.txt" | tail -20
 fi
+if has profile; then
+  log "profile: hf-eager vs graph"
+  timeout ${PROFILE_TIMEOUT:-200} python3 -m fused_attn.profile --backends hf-eager,graph --out "$OUT/profile" \
+    > "$OUT/profile.log" 2>&1 || rc=1
+  tail -4 "$OUT/profile.log"
+fi
 if has sanitize; then
   log sanitize
   for tool in memcheck racecheck; do

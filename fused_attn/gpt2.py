@@ -20,6 +20,7 @@ back every ``sync_every`` steps to stop at EOS.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ class GPT2(torch.nn.Module):
         # One decode state (KV cache, masks) and one captured graph per (batch, max_len,
         # temperature, top_k): a later generate() of the same shape reuses both.
         self._states: dict[tuple, _DecodeState] = {}
+        self.annotate = False
         self._graphs: dict[tuple, _DecodeGraph] = {}
 
     @classmethod
@@ -98,25 +100,44 @@ class GPT2(torch.nn.Module):
         return self.p("wte.weight").device
 
     # ------------------------------------------------------------------ blocks
+    def scope(self, name: str):
+        """A profiler label around a part of the model (fused_attn.profile turns them on;
+        off, they cost nothing, and a captured graph never contains them)."""
+        return torch.profiler.record_function(name) if self.annotate else contextlib.nullcontext()
+
     def _block(self, i: int, x: torch.Tensor, attend) -> torch.Tensor:
         c = self.config
         pre = f"h.{i}."
-        h = F.layer_norm(x, (c.n_embd,), self.p(pre + "ln_1.weight"), self.p(pre + "ln_1.bias"), c.eps)
-        qkv = torch.addmm(self.p(pre + "attn.c_attn.bias"), h.flatten(0, -2), self.p(pre + "attn.c_attn.weight"))
         b, s = x.shape[0], x.shape[1]
-        q, k, v = qkv.view(b, s, 3, c.n_head, c.n_embd // c.n_head).permute(2, 0, 3, 1, 4).unbind(0)
-        a = attend(i, q, k, v)  # [b, heads, s, d]
-        a = a.transpose(1, 2).reshape(b * s, c.n_embd)
-        x = x + torch.addmm(self.p(pre + "attn.c_proj.bias"), a, self.p(pre + "attn.c_proj.weight")).view(b, s, -1)
-        h = F.layer_norm(x, (c.n_embd,), self.p(pre + "ln_2.weight"), self.p(pre + "ln_2.bias"), c.eps)
-        h = F.gelu(torch.addmm(self.p(pre + "mlp.c_fc.bias"), h.flatten(0, -2), self.p(pre + "mlp.c_fc.weight")),
-                   approximate="tanh")
-        return x + torch.addmm(self.p(pre + "mlp.c_proj.bias"), h, self.p(pre + "mlp.c_proj.weight")).view(b, s, -1)
+        with self.scope("ln_1"):
+            h = F.layer_norm(x, (c.n_embd,), self.p(pre + "ln_1.weight"), self.p(pre + "ln_1.bias"), c.eps)
+        with self.scope("attention"):
+            qkv = torch.addmm(self.p(pre + "attn.c_attn.bias"), h.flatten(0, -2), self.p(pre + "attn.c_attn.weight"))
+            q, k, v = qkv.view(b, s, 3, c.n_head, c.n_embd // c.n_head).permute(2, 0, 3, 1, 4).unbind(0)
+            a = attend(i, q, k, v)  # [b, heads, s, d]
+            a = torch.addmm(self.p(pre + "attn.c_proj.bias"), a.transpose(1, 2).reshape(b * s, c.n_embd),
+                            self.p(pre + "attn.c_proj.weight"))
+        with self.scope("residual"):
+            x = x + a.view(b, s, -1)
+        with self.scope("ln_2"):
+            h = F.layer_norm(x, (c.n_embd,), self.p(pre + "ln_2.weight"), self.p(pre + "ln_2.bias"), c.eps)
+        with self.scope("mlp"):
+            h = F.gelu(torch.addmm(self.p(pre + "mlp.c_fc.bias"), h.flatten(0, -2), self.p(pre + "mlp.c_fc.weight")),
+                       approximate="tanh")
+            h = torch.addmm(self.p(pre + "mlp.c_proj.bias"), h, self.p(pre + "mlp.c_proj.weight"))
+        with self.scope("residual"):
+            return x + h.view(b, s, -1)
+
+    def _embed(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        with self.scope("embeddings"):
+            return self.p("wte.weight")[ids] + self.p("wpe.weight")[pos]
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         c = self.config
-        x = F.layer_norm(x, (c.n_embd,), self.p("ln_f.weight"), self.p("ln_f.bias"), c.eps)
-        return x @ self.p("wte.weight").t()
+        with self.scope("ln_f"):
+            x = F.layer_norm(x, (c.n_embd,), self.p("ln_f.weight"), self.p("ln_f.bias"), c.eps)
+        with self.scope("lm_head"):
+            return x @ self.p("wte.weight").t()
 
     @staticmethod
     def positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -130,7 +151,7 @@ class GPT2(torch.nn.Module):
             attention_mask = torch.ones_like(input_ids)
         scale = (self.config.n_embd // self.config.n_head) ** -0.5
         keys_ok = attention_mask.bool()[:, None, None, :]
-        x = self.p("wte.weight")[input_ids] + self.p("wpe.weight")[self.positions(attention_mask)]
+        x = self._embed(input_ids, self.positions(attention_mask))
 
         def attend(i, q, k, v):
             probs = scaled_masked_softmax(q @ k.transpose(-1, -2), scale, causal=True, attn_mask=keys_ok)
@@ -270,7 +291,7 @@ class _DecodeState:
         self.keys_ok[:, :s] = attention_mask.bool()
         keys_ok = self.keys_ok[:, None, None, :s]
         pos = GPT2.positions(attention_mask)
-        x = m.p("wte.weight")[input_ids] + m.p("wpe.weight")[pos]
+        x = m._embed(input_ids, pos)
 
         def attend(i, q, k, v):
             self.k[i, :, :, :s] = k
@@ -290,7 +311,7 @@ class _DecodeState:
         """One decode step, device-side state only (capturable)."""
         m = self.model
         self.keys_ok.index_fill_(1, self.slot, True)
-        x = (m.p("wte.weight")[self.token] + m.p("wpe.weight")[self.pos])[:, None]
+        x = m._embed(self.token, self.pos)[:, None]
         keys_ok = self.keys_ok[:, None, None, :]
 
         def attend(i, q, k, v):
