@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call: build, full GPU test suite, sanitizers, benchmarks, ncu bytes.
+# One device call: build, full GPU test suite, sanitizers, benchmarks, ncu bytes, GPT-2 checks, profile.
+# Keep what lands in $OUT to 8 files (the device tool returns no more).
 # Usage (on the GPU machine, repo root): OUT=/some/dir bash bench/run_gpu.sh [steps...]
-# steps: build tests sanitize bench bytes (default: all). Logs and JSON go to $OUT.
+# steps: ab build tests bench sanitize bytes gpt2 profile (default: ab build tests bench sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FUSED_ATTN_CACHE=${FUSED_ATTN_CACHE:-/tmp/fused_attn_cache}
@@ -47,8 +48,9 @@ if has gpt2; then
 fi
 if has profile; then
   log "profile: hf-eager vs graph"
-  timeout ${PROFILE_TIMEOUT:-200} python3 -m fused_attn.profile --backends hf-eager,graph --out "$OUT/profile" \
+  timeout ${PROFILE_TIMEOUT:-200} python3 -m fused_attn.profile --backends hf-eager,graph --out /tmp/profile \
     > "$OUT/profile.log" 2>&1 || rc=1
+  tar czf "$OUT/profile.tgz" -C /tmp profile  # one file: at most 8 come back from a device call
   tail -4 "$OUT/profile.log"
 fi
 if has sanitize; then
