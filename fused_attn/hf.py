@@ -17,8 +17,8 @@ mask is purely causal over the keys given (then the op's own causal mask is used
 as SDPA's). Without that registration transformers >= 4.55 passes ``attention_mask=None``
 to custom implementations even when there is padding.
 
-Supported: transformers 4.56 and later (AttentionMaskInterface with ``sdpa_mask``);
-``register()`` raises with the installed version otherwise.
+Supported: transformers 4.56 and later (AttentionMaskInterface with ``sdpa_mask``); CI runs the
+tests against 4.57.6 and the current 5.x. ``register()`` raises with the installed version below 4.56.
 """
 
 from __future__ import annotations
