@@ -2,7 +2,7 @@
 # One device call: build, full GPU test suite, sanitizers, benchmarks, ncu bytes, GPT-2 checks, profile.
 # Keep what lands in $OUT to 8 files (the device tool returns no more).
 # Usage (on the GPU machine, repo root): OUT=/some/dir bash bench/run_gpu.sh [steps...]
-# steps: ab build tests bench sanitize bytes gpt2 profile (default: ab build tests bench sanitize bytes).
+# steps: ab build tests bench sanitize bytes gpt2 gpt2bench profile (default: ab build tests bench sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FUSED_ATTN_CACHE=${FUSED_ATTN_CACHE:-/tmp/fused_attn_cache}
@@ -46,6 +46,12 @@ if has gpt2; then
   done
   grep -v "^\[transformers\]" "$OUT/gen.txt" | tail -20
 fi
+if has gpt2bench; then
+  log "bench_gpt2"
+  timeout ${GPT2_BENCH_TIMEOUT:-500} python3 -m pytest bench/bench_gpt2.py -q -p no:cacheprovider \
+    --benchmark-json="$OUT/bench_gpt2.json" ${GPT2_BENCH_ARGS:-} > "$OUT/bench_gpt2.log" 2>&1 || rc=1
+  tail -3 "$OUT/bench_gpt2.log"
+fi
 if has profile; then
   log "profile: hf-eager vs graph"
   timeout ${PROFILE_TIMEOUT:-200} python3 -m fused_attn.profile --backends hf-eager,graph --out /tmp/profile \
@@ -67,7 +73,7 @@ if has bench; then
   log bench
   for i in $(seq 1 ${BENCH_REPEAT:-1}); do  # back-to-back runs measure the run-to-run spread
     json="$OUT/bench_softmax$([ $i = 1 ] || echo _$i).json"
-    timeout ${BENCH_TIMEOUT:-300} python3 -m pytest bench -q -p no:cacheprovider \
+    timeout ${BENCH_TIMEOUT:-300} python3 -m pytest bench/bench_softmax.py -q -p no:cacheprovider \
       --benchmark-json="$json" --benchmark-columns=median,iqr,rounds ${BENCH_ARGS:-} \
       >> "$OUT/bench.log" 2>&1 || rc=1
   done
