@@ -356,6 +356,16 @@ def test_mixed_devices_raise_gpu():
         scaled_masked_softmax(x, out=torch.empty(3, 4))
 
 
+@pytest.mark.gpu
+def test_cpp_mixed_device_messages_gpu(built_library):
+    x = torch.zeros(3, 4, device="cuda")
+    ops = torch.ops.fused_attn
+    with pytest.raises(ValueError, match=r"attn_mask must be on the same device as x \(cuda:0\), got cpu"):
+        ops.scaled_masked_softmax(x, 1.0, causal=False, attn_mask=torch.ones(3, 4, dtype=torch.bool), version=1)
+    with pytest.raises(ValueError, match=r"out must be on the same device as x \(cuda:0\), got cpu"):
+        ops.scaled_masked_softmax_out(x, 1.0, causal=False, attn_mask=None, version=1, out=torch.empty(3, 4))
+
+
 def test_scale_must_be_a_number():
     with pytest.raises(ValueError, match=r"scale must be a finite number, got 'a'"):
         scaled_masked_softmax(torch.zeros(2, 2), "a")
