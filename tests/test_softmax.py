@@ -223,6 +223,28 @@ def test_nan_in_visible_element_poisons_row_gpu(version, sk):
     check(x, 1.0, False, keep, version)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_additive_finfo_min_on_every_key_gives_a_uniform_row(device, dtype):
+    """Hugging Face's additive masks use finfo.min. Scores are float32, so for float32 and bfloat16
+    (finfo.min = -3.4e38) a row masked that way everywhere is uniform, as in PyTorch; a float16 mask
+    (-65504) does not swamp the scores in float32 and the row equals the unmasked softmax. Only -inf
+    scores make a row 'fully masked' (zeros)."""
+    x = torch.randn(2, 5, 37, device=device).to(dtype)
+    mask = torch.zeros(2, 1, 5, 37, device=device, dtype=dtype)
+    mask[1, :, 3] = torch.finfo(dtype).min
+    for version in ([0, 1] if device == "cuda" else [1]):
+        out = scaled_masked_softmax(x.unsqueeze(1), 0.5, attn_mask=mask, version=version)
+        want = reference.scaled_masked_softmax(x.unsqueeze(1), 0.5, attn_mask=mask)
+        assert_close(out, want, softmax_tolerance(want.double(), scores_of(x.unsqueeze(1), 0.5, False, mask), dtype))
+        row = out[1, 0, 3].float()
+        if dtype == torch.float16:
+            unmasked = scaled_masked_softmax(x[1, 3].unsqueeze(0), 0.5).float()[0]
+            torch.testing.assert_close(row, unmasked, rtol=2e-3, atol=1e-4)
+        else:
+            torch.testing.assert_close(row, torch.full((37,), 1 / 37, device=device), rtol=1e-2, atol=1e-3)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", [0, 1])
 def test_noncontiguous_and_inplace_gpu(version):
