@@ -14,8 +14,9 @@ padded (``attention_mask`` 0 on the left); positions follow transformers' genera
 (embed the last token at a device-side position, append K/V at a device-side slot,
 attend over the cache with unfilled and padded slots masked, MLP, logits, next token)
 has only device-side state, so it is captured once in a CUDA graph and replayed per
-token with no host synchronization and no Python per layer. The host reads the tokens
-back every ``sync_every`` steps to stop at EOS.
+token with no host synchronization and no Python per layer. The prefill is captured too,
+once per prompt shape (its ~180 launches from Python dominate the time to first token).
+The host reads the tokens back every ``sync_every`` steps to stop at EOS.
 """
 
 from __future__ import annotations
@@ -206,7 +207,13 @@ class GPT2(torch.nn.Module):
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            first = state.prefill(input_ids, attention_mask)
+            if use_graph:  # the prefill is host-bound (~180 launches): replay it as one graph too
+                pg = state.prefill_graphs.get(s)
+                if pg is None:
+                    pg = state.prefill_graphs[s] = _PrefillGraph(state, input_ids, attention_mask)
+                first = pg.run(input_ids, attention_mask)
+            else:
+                first = state.prefill(input_ids, attention_mask)
             if cuda:
                 torch.cuda.synchronize()
             ttft = time.perf_counter() - t0
@@ -267,6 +274,7 @@ class _DecodeState:
         self.pos = torch.zeros(batch, dtype=torch.long, device=dev)  # its position id
         self.token = torch.zeros(batch, dtype=torch.long, device=dev)
         self.scale = d ** -0.5
+        self.prefill_graphs: dict[int, _PrefillGraph] = {}  # by prompt length
 
     def buffers(self) -> tuple[torch.Tensor, ...]:
         return (self.k, self.v, self.keys_ok, self.slot, self.pos, self.token)
@@ -327,22 +335,42 @@ class _DecodeState:
         self.pos.add_(1)
 
 
+def _capture(state: _DecodeState, fn):
+    """Warm ``fn`` up on a side stream, undo its effect on the state, then capture it."""
+    saved = [t.clone() for t in state.buffers()]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # allocator, cuBLAS workspaces, our library
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    for dst, src in zip(state.buffers(), saved):
+        dst.copy_(src)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # recorded, not run
+        result = fn()
+    return graph, result
+
+
+class _PrefillGraph:
+    """The prefill of one prompt shape, captured with its own input buffers."""
+
+    def __init__(self, state: _DecodeState, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        self.ids, self.mask = input_ids.clone(), attention_mask.clone()
+        self.graph, self.first = _capture(state, lambda: state.prefill(self.ids, self.mask))
+
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        self.ids.copy_(input_ids)
+        self.mask.copy_(attention_mask)
+        self.graph.replay()
+        return self.first.clone()
+
+
 class _DecodeGraph:
     """The decode step of one _DecodeState, captured once; each replay advances that state."""
 
     def __init__(self, state: _DecodeState):
-        saved = [t.clone() for t in state.buffers()]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # warm-up outside capture: allocator, cuBLAS workspaces, our library
-                state.step()
-        torch.cuda.current_stream().wait_stream(side)
-        for dst, src in zip(state.buffers(), saved):  # undo the warm-up steps
-            dst.copy_(src)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):  # recorded, not run
-            state.step()
+        self.graph, _ = _capture(state, state.step)
 
     def replay(self) -> None:
         self.graph.replay()
