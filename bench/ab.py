@@ -44,14 +44,7 @@ def worker(rounds: int) -> None:
         x = torch.randn(shape, device="cuda", dtype=torch.float16)
         out = torch.empty_like(x)
         fn = lambda: scaled_masked_softmax(x, 0.125, causal=causal, out=out)  # noqa: E731
-        for _ in range(5):
-            fn()
-        times = []
-        for _ in range(rounds):
-            timer.flush()  # L2 flush + spin, queued ahead of the events
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record(); fn(); e.record(); e.synchronize()
-            times.append(s.elapsed_time(e) * 1e3)
+        times = timer.sample(fn)
         read, write = modeled_traffic("fused_v1", shape, torch.float16, causal)
         p50 = statistics.median(times)
         rows.append(dict(shape="x".join(map(str, shape)), causal=causal, p50_us=round(p50, 1),

@@ -47,27 +47,42 @@ class DeviceTimer:
             self.flush_buf.zero_()
             torch.cuda._sleep(SPIN_CYCLES)
 
-    def run(self, benchmark, fn) -> list[float]:
-        """Benchmark ``fn``; returns the per-round times in microseconds."""
-        times: list[float] = []
+    def time_once(self, fn) -> float:
+        """Seconds of one call: CUDA events on the GPU (queued behind flush()), host clock on the CPU."""
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e-3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    def _warm_up(self, fn) -> None:
         for _ in range(self.warmup):
             fn()
         if self.cuda:
             torch.cuda.synchronize()
+
+    def sample(self, fn) -> list[float]:
+        """Per-round times in microseconds, without pytest-benchmark (bench/ab.py)."""
+        self._warm_up(fn)
+        times = []
+        for _ in range(self.rounds):
+            self.flush()
+            times.append(self.time_once(fn) * 1e6)
+        return times
+
+    def run(self, benchmark, fn) -> list[float]:
+        """Benchmark ``fn``; returns the per-round times in microseconds."""
+        times: list[float] = []
+        self._warm_up(fn)
         clock = EventClock()
 
         def timed():
-            if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                seconds = start.elapsed_time(end) * 1e-3
-            else:
-                t0 = time.perf_counter()
-                fn()
-                seconds = time.perf_counter() - t0
+            seconds = self.time_once(fn)
             times.append(seconds * 1e6)
             clock.now += seconds
 

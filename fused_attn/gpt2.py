@@ -146,21 +146,32 @@ class GPT2(torch.nn.Module):
         pos = attention_mask.long().cumsum(-1) - 1
         return pos.masked_fill(attention_mask == 0, 1)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits ``[batch, seqlen, vocab]`` of a full (teacher-forced) pass, no cache."""
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
+    def prompt_pass(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Hidden states ``[batch, seqlen, n_embd]`` of a causal pass over left-padded prompts;
+        with ``kv`` = (k cache, v cache) ``[layers, batch, heads, max_len, headdim]`` it also stores
+        each layer's keys and values in the first seqlen slots."""
         scale = (self.config.n_embd // self.config.n_head) ** -0.5
         keys_ok = attention_mask.bool()[:, None, None, :]
+        s = input_ids.shape[1]
         x = self._embed(input_ids, self.positions(attention_mask))
 
         def attend(i, q, k, v):
+            if kv is not None:
+                kv[0][i, :, :, :s] = k
+                kv[1][i, :, :, :s] = v
             probs = scaled_masked_softmax(q @ k.transpose(-1, -2), scale, causal=True, attn_mask=keys_ok)
             return probs @ v
 
         for i in range(self.config.n_layer):
             x = self._block(i, x, attend)
-        return self._logits(x)
+        return x
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[batch, seqlen, vocab]`` of a full (teacher-forced) pass, no cache."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        return self._logits(self.prompt_pass(input_ids, attention_mask))
 
     # ------------------------------------------------------------------ generation
     def generate(
@@ -294,24 +305,13 @@ class _DecodeState:
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         m = self.model
-        b, s = input_ids.shape
+        s = input_ids.shape[1]
         self.keys_ok.zero_()
         self.keys_ok[:, :s] = attention_mask.bool()
-        keys_ok = self.keys_ok[:, None, None, :s]
-        pos = GPT2.positions(attention_mask)
-        x = m._embed(input_ids, pos)
-
-        def attend(i, q, k, v):
-            self.k[i, :, :, :s] = k
-            self.v[i, :, :, :s] = v
-            probs = scaled_masked_softmax(q @ k.transpose(-1, -2), self.scale, causal=True, attn_mask=keys_ok)
-            return probs @ v
-
-        for i in range(m.config.n_layer):
-            x = m._block(i, x, attend)
+        x = m.prompt_pass(input_ids, attention_mask, kv=(self.k, self.v))
         self.token.copy_(self.next_token(m._logits(x[:, -1])))
         self.slot.fill_(s)
-        self.pos.copy_(pos[:, -1] + 1)
+        self.pos.copy_(GPT2.positions(attention_mask)[:, -1] + 1)
         return self.token.clone()
 
     @torch.no_grad()

@@ -10,6 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from fused_attn import generate as gen_cli  # noqa: E402
 from fused_attn.gpt2 import GPT2  # noqa: E402
+from tests.prompts import left_padded  # noqa: E402
 
 TINY = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=160)
 
@@ -20,19 +21,9 @@ def hf_model(config=None, seed=0):
         return GPT2LMHeadModel(GPT2Config(**(config or TINY))).eval()
 
 
-def padded(vocab, lengths=(20, 13, 6), seed=1):
-    g = torch.Generator().manual_seed(seed)
-    n = max(lengths)
-    ids = torch.randint(2, vocab, (len(lengths), n), generator=g)
-    mask = torch.zeros_like(ids)
-    for i, length in enumerate(lengths):
-        mask[i, n - length:] = 1
-    return ids.masked_fill(mask == 0, 0), mask
-
-
 def test_logits_match_hf_cpu():
     hf = hf_model()
-    ids, mask = padded(TINY["vocab_size"])
+    ids, mask = left_padded(TINY["vocab_size"], (20, 13, 6))
     with torch.no_grad():
         want = hf(ids, attention_mask=mask, position_ids=GPT2.positions(mask)).logits
     got = GPT2.from_hf(hf)(ids, mask)
@@ -43,7 +34,7 @@ def test_logits_match_hf_cpu():
 @pytest.mark.parametrize("lengths", [(20,), (20, 13, 6)])
 def test_greedy_tokens_match_hf_generate_cpu(lengths):
     hf = hf_model()
-    ids, mask = padded(TINY["vocab_size"], lengths)
+    ids, mask = left_padded(TINY["vocab_size"], lengths)
     want = hf.generate(ids, attention_mask=mask, max_new_tokens=64, do_sample=False, pad_token_id=0, eos_token_id=None)
     got = GPT2.from_hf(hf).generate(ids, mask, max_new_tokens=64)
     assert torch.equal(got, want)
@@ -51,7 +42,7 @@ def test_greedy_tokens_match_hf_generate_cpu(lengths):
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy_cpu():
     m = GPT2.from_hf(hf_model())
-    ids, mask = padded(TINY["vocab_size"])
+    ids, mask = left_padded(TINY["vocab_size"], (20, 13, 6))
     a = m.generate(ids, mask, max_new_tokens=12, temperature=0.9, top_k=50, seed=7)
     b = m.generate(ids, mask, max_new_tokens=12, temperature=0.9, top_k=50, seed=7)
     c = m.generate(ids, mask, max_new_tokens=12, temperature=0.9, top_k=50, seed=8)
@@ -62,7 +53,7 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy_cpu():
 
 def test_eos_fills_the_rest_and_stops_early_cpu():
     m = GPT2.from_hf(hf_model())
-    ids, mask = padded(TINY["vocab_size"], (20,))
+    ids, mask = left_padded(TINY["vocab_size"], (20,))
     free = m.generate(ids, mask, max_new_tokens=40)
     eos = int(free[0, 20 + 5])
     out = m.generate(ids, mask, max_new_tokens=40, eos_token_id=eos, sync_every=4)
@@ -73,7 +64,7 @@ def test_eos_fills_the_rest_and_stops_early_cpu():
 
 def test_bad_arguments_raise():
     m = GPT2.from_hf(hf_model())
-    ids, mask = padded(TINY["vocab_size"], (20,))
+    ids, mask = left_padded(TINY["vocab_size"], (20,))
     with pytest.raises(ValueError, match=r"prompt length \+ max_new_tokens must be <= n_positions \(160\), got 161"):
         m.generate(ids, mask, max_new_tokens=141)
     with pytest.raises(ValueError, match=r"max_new_tokens must be >= 1, got 0"):
@@ -108,7 +99,7 @@ SMALL = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=10
 @pytest.mark.parametrize("lengths", [(40,), (40, 29, 13)])
 def test_graph_decode_matches_hf_eager_fp32_gpu(lengths):
     hf = hf_model(SMALL)
-    ids, mask = padded(SMALL["vocab_size"], lengths)
+    ids, mask = left_padded(SMALL["vocab_size"], lengths)
     want = hf.to("cuda").generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=64, do_sample=False,
                                   pad_token_id=0, eos_token_id=None)
     got = GPT2.from_hf(hf, device="cuda").generate(ids.cuda(), mask.cuda(), max_new_tokens=64, use_graph=True)
@@ -119,7 +110,7 @@ def test_graph_decode_matches_hf_eager_fp32_gpu(lengths):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_graph_and_eager_decode_identical_gpu(dtype):
     m = GPT2.from_hf(hf_model(SMALL), dtype=dtype, device="cuda")
-    ids, mask = padded(SMALL["vocab_size"], (40, 29, 13))
+    ids, mask = left_padded(SMALL["vocab_size"], (40, 29, 13))
     ids, mask = ids.cuda(), mask.cuda()
     a = m.generate(ids, mask, max_new_tokens=64, use_graph=True)
     b = m.generate(ids, mask, max_new_tokens=64, use_graph=False)
@@ -131,7 +122,7 @@ def test_graph_and_eager_decode_identical_gpu(dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_logits_error_at_most_twice_hf_sdpa_gpu(dtype):
     hf = hf_model(SMALL)
-    ids, mask = padded(SMALL["vocab_size"], (40, 29, 13))
+    ids, mask = left_padded(SMALL["vocab_size"], (40, 29, 13))
     ids, mask, pos = ids.cuda(), mask.cuda(), GPT2.positions(mask).cuda()
     keep = mask.bool()
     with torch.no_grad():

@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 import fused_attn.hf as fhf  # noqa: E402
+from tests.prompts import left_padded  # noqa: E402
 
 TINY = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=256, bos_token_id=0, eos_token_id=1)
 SMALL = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)  # GPT-2 small's shape
@@ -26,18 +27,6 @@ def models(config: dict, device, dtype=torch.float32, impls=("eager", "fused_att
         m.set_attn_implementation(impl)
         out[impl] = m
     return out
-
-
-def batch(vocab: int, device, lengths=(24, 17, 9)):
-    """Left-padded prompts of the given lengths (seeded token ids)."""
-    g = torch.Generator().manual_seed(1)
-    n = max(lengths)
-    ids = torch.randint(2, vocab, (len(lengths), n), generator=g)
-    mask = torch.zeros_like(ids)
-    for i, length in enumerate(lengths):
-        mask[i, n - length:] = 1
-        ids[i, : n - length] = 0
-    return ids.to(device), mask.to(device)
 
 
 def test_register_is_idempotent_and_named():
@@ -60,7 +49,7 @@ def test_the_fused_op_is_what_runs(monkeypatch):
 
     monkeypatch.setattr(fhf, "scaled_masked_softmax", counting)
     m = models(TINY, "cpu", impls=("fused_attn",))["fused_attn"]
-    ids, mask = batch(TINY["vocab_size"], "cpu")
+    ids, mask = left_padded(TINY["vocab_size"], (24, 17, 9), "cpu")
     m(ids, attention_mask=mask)
     assert len(calls) == TINY["n_layer"]
     assert calls[0]["attn_mask"] is not None and calls[0]["attn_mask"].dtype == torch.bool  # padding reached us
@@ -72,7 +61,7 @@ def test_the_fused_op_is_what_runs(monkeypatch):
 @pytest.mark.parametrize("lengths", [(24,), (24, 17, 9)])
 def test_logits_match_eager_cpu(lengths):
     ms = models(TINY, "cpu")
-    ids, mask = batch(TINY["vocab_size"], "cpu", lengths)
+    ids, mask = left_padded(TINY["vocab_size"], lengths, "cpu")
     want = ms["eager"](ids, attention_mask=mask).logits
     got = ms["fused_attn"](ids, attention_mask=mask).logits
     keep = mask.bool()  # logits of pad positions are not defined the same way
@@ -83,7 +72,7 @@ def test_logits_match_eager_cpu(lengths):
 @pytest.mark.parametrize("lengths", [(24,), (24, 17, 9)])
 def test_greedy_tokens_identical_cpu(lengths, cache):
     ms = models(TINY, "cpu")
-    ids, mask = batch(TINY["vocab_size"], "cpu", lengths)
+    ids, mask = left_padded(TINY["vocab_size"], lengths, "cpu")
     kw = dict(attention_mask=mask, max_new_tokens=64, do_sample=False, pad_token_id=0, eos_token_id=None)
     if cache == "static":
         kw["cache_implementation"] = "static"
@@ -105,7 +94,7 @@ def test_dropout_in_training_is_rejected():
 @pytest.mark.parametrize("lengths", [(40,), (40, 29, 13)])
 def test_greedy_tokens_identical_gpt2_small_gpu(lengths):
     ms = models(SMALL, "cuda")
-    ids, mask = batch(SMALL["vocab_size"], "cuda", lengths)
+    ids, mask = left_padded(SMALL["vocab_size"], lengths, "cuda")
     kw = dict(attention_mask=mask, max_new_tokens=64, do_sample=False, pad_token_id=0, eos_token_id=None)
     want = ms["eager"].generate(ids, **kw)
     got = ms["fused_attn"].generate(ids, **kw)
@@ -120,7 +109,7 @@ def test_greedy_tokens_identical_gpt2_small_gpu(lengths):
 def test_half_precision_logits_error_at_most_twice_sdpa_gpu(dtype):
     ref = models(SMALL, "cuda", torch.float32, impls=("eager",))["eager"]
     low = models(SMALL, "cuda", dtype, impls=("sdpa", "fused_attn"))
-    ids, mask = batch(SMALL["vocab_size"], "cuda")
+    ids, mask = left_padded(SMALL["vocab_size"], (24, 17, 9), "cuda")
     keep = mask.bool()
     want = ref(ids, attention_mask=mask).logits[keep].double()
     err = {k: (m(ids, attention_mask=mask).logits[keep].double() - want).abs().max().item() for k, m in low.items()}
