@@ -67,6 +67,11 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, request):
                 tbt_p95_ms=round(1e3 * steps[min(len(steps) - 1, int(0.95 * len(steps)))], 4),
                 gpu=torch.cuda.get_device_name())
     medians[(benchmark.group, c["backend"])] = tps
+    medians[(benchmark.group, c["backend"], "tokens")] = results[0].tokens
     if (benchmark.group, "hf-eager") in medians:
         info["speedup_vs_hf_eager"] = round(tps / medians[(benchmark.group, "hf-eager")], 3)
+        # Same greedy tokens as transformers' eager attention, in this run (fp16 can differ in
+        # rare near-ties; the float32 equality is a test, this is what a reader of the JSON sees).
+        info["tokens_match_hf_eager"] = bool(torch.equal(results[0].tokens,
+                                                         medians[(benchmark.group, "hf-eager", "tokens")]))
     benchmark.extra_info.update(info)

@@ -47,10 +47,22 @@ if has gpt2; then
   grep -v "^\[transformers\]" "$OUT/gen.txt" | tail -20
 fi
 if has gpt2bench; then
-  log "bench_gpt2"
-  timeout ${GPT2_BENCH_TIMEOUT:-500} python3 -m pytest bench/bench_gpt2.py -q -p no:cacheprovider \
-    --benchmark-json="$OUT/bench_gpt2.json" ${GPT2_BENCH_ARGS:-} > "$OUT/bench_gpt2.log" 2>&1 || rc=1
-  tail -3 "$OUT/bench_gpt2.log"
+  # One pytest run per batch size, each with its own JSON: a run killed by the time limit keeps the other.
+  for b in ${GPT2_BENCH_BATCHES:-1 16}; do
+    log "bench_gpt2 batch $b"
+    timeout ${GPT2_BENCH_TIMEOUT:-270} python3 -m pytest bench/bench_gpt2.py -v -p no:cacheprovider -k "b$b-" \
+      --benchmark-json="$OUT/bench_gpt2_b$b.json" ${GPT2_BENCH_ARGS:-} >> "$OUT/bench_gpt2.log" 2>&1 || rc=1
+    tail -2 "$OUT/bench_gpt2.log"
+  done
+  python3 - "$OUT"/bench_gpt2_b*.json <<'PY'
+import json, sys
+for f in sys.argv[1:]:
+    for b in json.load(open(f))["benchmarks"]:
+        e = b["extra_info"]
+        print(f"{b['group']:<24} {e['backend']:<9} {e['tokens_per_s']:>9.1f} tok/s  TTFT {e['ttft_ms']:7.2f} ms"
+              f"  TBT p50 {e['tbt_p50_ms']:7.3f} p95 {e['tbt_p95_ms']:7.3f} ms  x_hf_eager {e.get('speedup_vs_hf_eager', 1):6.2f}"
+              f"  same_tokens {e.get('tokens_match_hf_eager', '-')}")
+PY
 fi
 if has profile; then
   log "profile: hf-eager vs graph"
