@@ -20,10 +20,13 @@ import sys
 
 VARIANTS = {
     "auto": "",
+    "two reductions": "-DFA_V1_ONE_REDUCTION=0",
+    "1024 as 128x8": "-DFA_V1_1024_SPLIT=2",
     "1024 on one warp": "-DFA_V1_1024_SPLIT=0",
     "early zeros off": "-DFA_V1_EARLY_ZEROS=0",
 }
-SHAPES = [((8, 12, 512, 512), False), ((8, 12, 1024, 1024), False), ((8, 12, 1024, 1024), True),
+SHAPES = [((8, 12, 512, 512), False), ((8, 12, 512, 512), True), ((16, 12, 1024, 1024), False),
+          ((8, 12, 1024, 1024), False), ((8, 12, 1024, 1024), True),
           ((4, 32, 2048, 2048), False), ((4, 32, 2048, 2048), True), ((1, 16, 4096, 4096), False),
           ((1, 16, 4096, 4096), True), ((1, 16, 8192, 8192), True)]
 

@@ -45,6 +45,7 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, request):
 
     hf_model, cache = gpt2_models
     c = gpt2_case
+    benchmark.group = f"gpt2 b{c['batch']} p{c['prompt']} {c['dtype']}"  # before the run: it is stored then
     dtype, device = DTYPES[c["dtype"]], torch.device("cuda")
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(1, hf_model.config.vocab_size, (c["prompt"],), generator=g)
@@ -58,7 +59,6 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, request):
         rounds=rounds, iterations=1)
     if not results:
         return
-    benchmark.group = f"gpt2 b{c['batch']} p{c['prompt']} {c['dtype']}"
     tps = statistics.median(r.tokens_per_s(c["batch"]) for r in results)
     steps = sorted(s for r in results for s in r.step_s)
     info = dict(backend=c["backend"], batch=c["batch"], prompt=c["prompt"], new_tokens=NEW_TOKENS, dtype=c["dtype"],

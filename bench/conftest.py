@@ -31,7 +31,7 @@ def pytest_addoption(parser):
     g.addoption("--bench-seqlens", default=None, help="comma list of N for the GPT-2 shapes")
     g.addoption("--bench-rounds", type=int, default=int(os.environ.get("FUSED_ATTN_BENCH_ROUNDS", 60)))
     g.addoption("--bench-warmup", type=int, default=int(os.environ.get("FUSED_ATTN_BENCH_WARMUP", 5)))
-    g.addoption("--bench-gpt2-rounds", type=int, default=3, help="whole generate() calls per GPT-2 case")
+    g.addoption("--bench-gpt2-rounds", type=int, default=5, help="whole generate() calls per GPT-2 case")
 
 
 def gpu_slug() -> str:

@@ -49,7 +49,7 @@
 // longer rows a whole block; every thread keeps at most 32 floats live.
 // Rows of 513..1024: two warps with 16 elements per thread (FA_V1_1024_SPLIT=1, the
 // default: 8x12x1024x1024 fp16 76 -> 84% of copy bandwidth, causal 61 -> 70%, bench/ab.py)
-// rather than one warp with 32 (FA_V1_1024_SPLIT=0).
+// rather than one warp with 32 (FA_V1_1024_SPLIT=0) or four warps with 8 (=2).
 #ifndef FA_V1_1024_SPLIT
 #define FA_V1_1024_SPLIT 1
 #endif
@@ -71,8 +71,8 @@
       constexpr int TPR = 32, ELEMS = 16;                                       \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 1024) {                                                   \
-      constexpr int TPR = FA_V1_1024_SPLIT ? 64 : 32;                           \
-      constexpr int ELEMS = FA_V1_1024_SPLIT ? 16 : 32;                         \
+      constexpr int TPR = FA_V1_1024_SPLIT == 2 ? 128 : FA_V1_1024_SPLIT ? 64 : 32;  \
+      constexpr int ELEMS = FA_V1_1024_SPLIT == 2 ? 8 : FA_V1_1024_SPLIT ? 16 : 32;  \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 2048) {                                                   \
       constexpr int TPR = 128, ELEMS = 16;                                      \

@@ -134,37 +134,29 @@ struct alignas(sizeof(T) * N) Pack {
 // Reductions over the TPR threads that own one row. TPR <= 32: xor-shuffles
 // inside the lane group (every lane of the warp executes them, so the full mask
 // is valid). TPR > 32: one row per block, warp partials through shared memory.
-template <int TPR>
-__device__ __forceinline__ float group_max(float v, float* smem) {
+// `op` is associative and commutative (max_nan, +).
+template <int TPR, typename Op>
+__device__ __forceinline__ float group_reduce(float v, float* smem, Op op) {
   constexpr int W = TPR < 32 ? TPR : 32;
 #pragma unroll
-  for (int o = W / 2; o > 0; o /= 2) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = W / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   if constexpr (TPR > 32) {
     const int warp = threadIdx.x / 32;
     if (threadIdx.x % 32 == 0) smem[warp] = v;
     __syncthreads();
     v = smem[0];
 #pragma unroll
-    for (int w = 1; w < TPR / 32; ++w) v = max_nan(v, smem[w]);
+    for (int w = 1; w < TPR / 32; ++w) v = op(v, smem[w]);
   }
   return v;
 }
 
-template <int TPR>
-__device__ __forceinline__ float group_sum(float v, float* smem) {
-  constexpr int W = TPR < 32 ? TPR : 32;
-#pragma unroll
-  for (int o = W / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if constexpr (TPR > 32) {
-    const int warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0) smem[warp] = v;
-    __syncthreads();
-    v = smem[0];
-#pragma unroll
-    for (int w = 1; w < TPR / 32; ++w) v += smem[w];
-  }
-  return v;
-}
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return max_nan(a, b); }
+};
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
 
 // Online-softmax merge of two partial (max m, sum l of exp(s - m)) pairs:
 // l = l_a * e^(m_a - m) + l_b * e^(m_b - m) with m = max(m_a, m_b).
@@ -174,8 +166,8 @@ __device__ __forceinline__ void merge_online(float& m, float& l, float m_o, floa
   m = mn;
 }
 
-// Merges every thread's (m, l) over the TPR threads of a row (see group_max for
-// the shuffle / shared-memory split); all of them end with the row's pair.
+// Merges every thread's (m, l) over the TPR threads of a row (see group_reduce
+// for the shuffle / shared-memory split); all of them end with the row's pair.
 template <int TPR>
 __device__ __forceinline__ void group_merge(float& m, float& l, float* smem_m, float* smem_l) {
   constexpr int W = TPR < 32 ? TPR : 32;
@@ -225,11 +217,11 @@ __global__ void __launch_bounds__(kV0Threads)
   // pass 3: max
   float m = kNegInf;
   for (int j = threadIdx.x; j < n; j += kV0Threads) m = max_nan(m, s[j]);
-  m = group_max<kV0Threads>(m, red_max);
+  m = group_reduce<kV0Threads>(m, red_max, MaxOp{});
   // pass 4: sum
   float l = 0.f;
   for (int j = threadIdx.x; j < n; j += kV0Threads) l += m == kNegInf ? 0.f : expf(s[j] - m);
-  l = group_sum<kV0Threads>(l, red_sum);
+  l = group_reduce<kV0Threads>(l, red_sum, SumOp{});
   // pass 5: normalize
   const float inv = m == kNegInf ? 0.f : 1.f / l;
   for (int j = threadIdx.x; j < n; j += kV0Threads) {
@@ -265,6 +257,10 @@ __host__ __device__ constexpr int v1_block_threads() {
 #ifndef FA_V1_THREADS_PER_SM
 #define FA_V1_THREADS_PER_SM -1
 #endif
+#ifndef FA_V1_ONE_REDUCTION
+#define FA_V1_ONE_REDUCTION 1
+#endif
+constexpr bool kOneReduction = FA_V1_ONE_REDUCTION != 0;
 
 template <int TPR, int ELEMS>
 __host__ __device__ constexpr bool v1_early_zeros() {
@@ -329,6 +325,11 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, IT
     return s;
   };
 
+  // Each thread: its own max m_own, then l = sum of exp(t - m_own) over its
+  // elements; one merge of the (max, sum) pairs over the row (one shared-memory
+  // round trip and barrier for block rows, not two); the thread's exps are
+  // rescaled by exp(m_own - m) in the final multiply. FA_V1_ONE_REDUCTION=0:
+  // separate max and sum reductions (the previous version, kept for bench/ab.py).
   float m = kNegInf, l = 0.f;
   float t[ITERS][VEC];
 #pragma unroll
@@ -339,7 +340,8 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, IT
       m = max_nan(m, t[it][e]);
     }
   }
-  m = group_max<TPR>(m, red_m);
+  const float m_own = m;
+  if constexpr (!kOneReduction) m = group_reduce<TPR>(m, red_m, MaxOp{});
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
 #pragma unroll
@@ -348,9 +350,14 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, IT
       l += t[it][e];
     }
   }
-  l = group_sum<TPR>(l, red_l);
+  if constexpr (kOneReduction) {
+    group_merge<TPR>(m, l, red_m, red_l);
+  } else {
+    l = group_reduce<TPR>(l, red_l, SumOp{});
+  }
   if (!row_ok) return;
-  const float inv = m == kNegInf ? 0.f : 1.f / l;
+  // m_own == -inf (no visible element here) gives 0; a NaN anywhere gives NaN.
+  const float inv = m == kNegInf ? 0.f : (kOneReduction ? exp_shifted(m_own, m) : 1.f) / l;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = (it * TPR + lane) * VEC;
@@ -382,11 +389,9 @@ __global__ void __launch_bounds__(kV1StreamThreads)
   const int64_t moff = p.mask_kind == kMaskNone ? 0 : mask_row_offset(p, row);
   constexpr int kStep = kV1StreamThreads * VEC;
 
-  float m = kNegInf, l = 0.f;
-  for (int c = threadIdx.x * VEC; c < kv; c += kStep) {
+  // Scores of the pack at column c (-inf past the visible keys); both passes.
+  auto scores = [&](int c, float (&s)[VEC]) {
     const P v = *reinterpret_cast<const P*>(x + c);
-    float s[VEC];
-    float mc = kNegInf;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
       const int j = c + e;
@@ -395,8 +400,16 @@ __global__ void __launch_bounds__(kV1StreamThreads)
         s[e] = to_float(v.v[e]) * p.scale;
         if (p.mask_kind != kMaskNone) s[e] += mask_term<T>(p, moff, j);
       }
-      mc = max_nan(mc, s[e]);
     }
+  };
+
+  float m = kNegInf, l = 0.f;
+  for (int c = threadIdx.x * VEC; c < kv; c += kStep) {
+    float s[VEC];
+    scores(c, s);
+    float mc = kNegInf;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) mc = max_nan(mc, s[e]);
     float lc = 0.f;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) lc += exp_shifted(s[e], mc);
@@ -408,17 +421,10 @@ __global__ void __launch_bounds__(kV1StreamThreads)
   for (int c = threadIdx.x * VEC; c < n; c += kStep) {
     P v;
     if (c < kv) {
-      const P xv = *reinterpret_cast<const P*>(x + c);
+      float s[VEC];
+      scores(c, s);
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const int j = c + e;
-        float s = kNegInf;
-        if (j < kv) {
-          s = to_float(xv.v[e]) * p.scale;
-          if (p.mask_kind != kMaskNone) s += mask_term<T>(p, moff, j);
-        }
-        v.v[e] = from_float<T>(exp_shifted(s, m) * inv);
-      }
+      for (int e = 0; e < VEC; ++e) v.v[e] = from_float<T>(exp_shifted(s[e], m) * inv);
     } else {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) v.v[e] = from_float<T>(0.f);
