@@ -20,7 +20,7 @@ import sys
 
 VARIANTS = {
     "auto": "",
-    "two reductions": "-DFA_V1_ONE_REDUCTION=0",
+    "lean off": "-DFA_V1_LEAN=0",
     "1024 as 128x8": "-DFA_V1_1024_SPLIT=2",
     "1024 on one warp": "-DFA_V1_1024_SPLIT=0",
     "early zeros off": "-DFA_V1_EARLY_ZEROS=0",

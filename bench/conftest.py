@@ -50,11 +50,22 @@ def pytest_configure(config):
 
 
 def _git_commit() -> str:
+    """FUSED_ATTN_COMMIT when set (the device tool copies a working tree whose .git may be
+    older than the tree), else git's HEAD."""
+    if os.environ.get("FUSED_ATTN_COMMIT"):
+        return os.environ["FUSED_ATTN_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR, capture_output=True,
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("FUSED_ATTN_COMMIT", "unknown")
+        return "unknown"
+
+
+def pytest_benchmark_update_commit_info(config, commit_info):
+    # pytest-benchmark reads git itself; on the device machine that .git can predate the
+    # copied tree, so the commit named by FUSED_ATTN_COMMIT wins and "dirty" is unknown.
+    if os.environ.get("FUSED_ATTN_COMMIT"):
+        commit_info.update(id=os.environ["FUSED_ATTN_COMMIT"], dirty=None, source="FUSED_ATTN_COMMIT")
 
 
 def _driver_version() -> str:

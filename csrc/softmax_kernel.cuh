@@ -97,8 +97,25 @@ __device__ __forceinline__ float exp_shifted(float t, float m) {
   return m == kNegInf ? 0.f : exp2f((t - m) * kLog2e);
 }
 
-__device__ __forceinline__ int visible_keys(const SoftmaxParams& p, int q) {
-  if (!p.causal) return p.seqlen_k;
+// 2^x as one MUFU.EX2 (exp2f adds range fix-ups for denormal results). Results
+// below 2^-126 flush to 0: such a probability is below 1.2e-38 of the row's max.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// 1/x as one MUFU.RCP (max 1 ulp; 1.f / x adds a Newton step and a slow-path
+// call). Used for 1 / (sum of exps), which lies in [1, seqlen_k].
+__device__ __forceinline__ float fast_rcp(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ int visible_keys(const SoftmaxParams& p, int64_t row) {
+  if (!p.causal) return p.seqlen_k;  // no row % seqlen_q (a 64-bit division) without a causal mask
+  const int q = int(row % p.seqlen_q);
   const int64_t v = int64_t(q) + p.seqlen_k - p.seqlen_q + 1;
   return v < 0 ? 0 : (v > p.seqlen_k ? p.seqlen_k : int(v));
 }
@@ -209,7 +226,7 @@ __global__ void __launch_bounds__(kV0Threads)
   // pass 1: scale
   for (int j = threadIdx.x; j < n; j += kV0Threads) s[j] = to_float(x[j]) * scale;
   // pass 2: mask (each thread rewrites only the elements it wrote in pass 1)
-  const int kv = visible_keys(p, int(row % p.seqlen_q));
+  const int kv = visible_keys(p, row);
   const int64_t moff = p.mask_kind == kMaskNone ? 0 : mask_row_offset(p, row);
   for (int j = threadIdx.x; j < n; j += kV0Threads) {
     s[j] = j < kv ? s[j] + mask_term<T>(p, moff, j) : kNegInf;
@@ -257,10 +274,10 @@ __host__ __device__ constexpr int v1_block_threads() {
 #ifndef FA_V1_THREADS_PER_SM
 #define FA_V1_THREADS_PER_SM -1
 #endif
-#ifndef FA_V1_ONE_REDUCTION
-#define FA_V1_ONE_REDUCTION 1
+#ifndef FA_V1_LEAN
+#define FA_V1_LEAN 1
 #endif
-constexpr bool kOneReduction = FA_V1_ONE_REDUCTION != 0;
+constexpr bool kLean = FA_V1_LEAN != 0;
 
 template <int TPR, int ELEMS>
 __host__ __device__ constexpr bool v1_early_zeros() {
@@ -289,7 +306,7 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, IT
   // shuffles. They load nothing and store nothing.
   const bool row_ok = row < p.rows;
   const int n = p.seqlen_k;
-  const int kv = row_ok ? visible_keys(p, int(row % p.seqlen_q)) : 0;
+  const int kv = row_ok ? visible_keys(p, row) : 0;
   const int64_t base = row * n;
   const T* x = static_cast<const T*>(p.x) + base;
   T* out = static_cast<T*>(p.out) + base;
@@ -325,39 +342,57 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, IT
     return s;
   };
 
-  // Each thread: its own max m_own, then l = sum of exp(t - m_own) over its
-  // elements; one merge of the (max, sum) pairs over the row (one shared-memory
-  // round trip and barrier for block rows, not two); the thread's exps are
-  // rescaled by exp(m_own - m) in the final multiply. FA_V1_ONE_REDUCTION=0:
-  // separate max and sum reductions (the previous version, kept for bench/ab.py).
+  // The element loops below are most of the kernel's instructions, and at 16
+  // elements per thread the kernel is close to issue-bound (bench/NOTES.md, v1f).
+  // kLean: the visibility test is per pack (only the pack holding the causal edge
+  // tests each element; invisible packs skip the exponentials), the all-masked
+  // guard is folded into the shift (m_safe), and exp2 is one MUFU.EX2
+  // (fast_exp2). FA_V1_LEAN=0: the per-element version, kept for bench/ab.py.
   float m = kNegInf, l = 0.f;
   float t[ITERS][VEC];
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * TPR + lane) * VEC;
+    if (kLean && c + VEC <= kv) {
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      t[it][e] = score(raw[it], it, e);
-      m = max_nan(m, t[it][e]);
+      for (int e = 0; e < VEC; ++e) {
+        t[it][e] = to_float(raw[it].v[e]) * p.scale;
+        if constexpr (MASK) t[it][e] += mask_term<T>(p, moff, c + e);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) t[it][e] = score(raw[it], it, e);
     }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) m = max_nan(m, t[it][e]);
   }
-  const float m_own = m;
-  if constexpr (!kOneReduction) m = group_reduce<TPR>(m, red_m, MaxOp{});
+  m = group_reduce<TPR>(m, red_m, MaxOp{});
+  if constexpr (kLean) {
+    // A row with no visible key has m = -inf; shifting by 0 instead keeps
+    // exp2(-inf - m) from becoming NaN, and every term is exp2(-inf) = 0.
+    const float m_safe = m == kNegInf ? 0.f : m;
 #pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
+    for (int it = 0; it < ITERS; ++it) {
+      const int c = (it * TPR + lane) * VEC;
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      t[it][e] = exp_shifted(t[it][e], m);
-      l += t[it][e];
+      for (int e = 0; e < VEC; ++e) {
+        t[it][e] = c < kv ? fast_exp2((t[it][e] - m_safe) * kLog2e) : 0.f;
+        l += t[it][e];
+      }
     }
-  }
-  if constexpr (kOneReduction) {
-    group_merge<TPR>(m, l, red_m, red_l);
   } else {
-    l = group_reduce<TPR>(l, red_l, SumOp{});
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        t[it][e] = exp_shifted(t[it][e], m);
+        l += t[it][e];
+      }
+    }
   }
+  l = group_reduce<TPR>(l, red_l, SumOp{});
   if (!row_ok) return;
-  // m_own == -inf (no visible element here) gives 0; a NaN anywhere gives NaN.
-  const float inv = m == kNegInf ? 0.f : (kOneReduction ? exp_shifted(m_own, m) : 1.f) / l;
+  const float inv = m == kNegInf ? 0.f : (kLean ? fast_rcp(l) : 1.f / l);
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = (it * TPR + lane) * VEC;
@@ -383,7 +418,7 @@ __global__ void __launch_bounds__(kV1StreamThreads)
   using P = Pack<VEC, T>;
   const int64_t row = blockIdx.x;
   const int n = p.seqlen_k;
-  const int kv = visible_keys(p, int(row % p.seqlen_q));
+  const int kv = visible_keys(p, row);
   const T* x = static_cast<const T*>(p.x) + row * n;
   T* out = static_cast<T*>(p.out) + row * n;
   const int64_t moff = p.mask_kind == kMaskNone ? 0 : mask_row_offset(p, row);

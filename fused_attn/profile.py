@@ -57,18 +57,36 @@ def hf_labels(model):
             h.remove()
 
 
+LABELS = set(PARTS) | {"block"}
+
+
 def _device_time_us(evt) -> float:
-    for attr in ("device_time_total", "cuda_time_total", "self_cpu_time_total"):
+    for attr in ("device_time_total", "cuda_time_total"):
         if hasattr(evt, attr):
             return float(getattr(evt, attr))
     return 0.0
 
 
-def tables(prof, tokens: int, on_gpu: bool) -> tuple[list[str], list[str]]:
-    events = prof.key_averages()
-    times = {e.key: _device_time_us(e) if on_gpu else float(e.cpu_time_total) for e in events}
+def _is_cpu(evt) -> bool:
+    return getattr(evt, "device_type", torch.autograd.DeviceType.CPU) == torch.autograd.DeviceType.CPU
+
+
+def part_times(prof, on_gpu: bool) -> dict[str, float]:
+    """Time per label (us). On a GPU: the device time of the kernels launched inside each
+    CPU-side scope (children included). The profiler also records each scope as a GPU
+    range (first kernel start to last kernel end); those ranges include the idle gaps of a
+    launch-bound decode, so they are not used."""
+    times: dict[str, float] = defaultdict(float)
+    for evt in prof.events():
+        if evt.name in LABELS and _is_cpu(evt):
+            times[evt.name] += _device_time_us(evt) if on_gpu else float(evt.cpu_time_total)
     if "block" in times:  # transformers: the residual adds are the block minus its labelled parts
-        times["residual"] = max(0.0, times["block"] - sum(times.get(p, 0.0) for p in ("ln_1", "attention", "ln_2", "mlp")))
+        times["residual"] = max(0.0, times["block"] - sum(times[p] for p in ("ln_1", "attention", "ln_2", "mlp")))
+    return times
+
+
+def tables(prof, tokens: int, on_gpu: bool) -> tuple[list[str], list[str]]:
+    times = part_times(prof, on_gpu)
     total_parts = sum(times.get(p, 0.0) for p in PARTS)
     unit = "device" if on_gpu else "CPU (no GPU)"
     layers = [f"{'part':<12} {unit + ' us':>16} {'share':>7}"]
@@ -78,7 +96,7 @@ def tables(prof, tokens: int, on_gpu: bool) -> tuple[list[str], list[str]]:
     layers.append(f"{'total':<12} {total_parts:>16.1f}")
     kernels = [f"{'kernel':<80} {'device us':>11} {'launches':>9} {'per token':>9}"]
     if on_gpu:
-        ks = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        ks = [e for e in prof.key_averages() if not _is_cpu(e) and e.key not in LABELS]  # kernels and copies
         ks.sort(key=lambda e: -_device_time_us(e))
         for e in ks[:25]:
             kernels.append(f"{e.key[:80]:<80} {_device_time_us(e):>11.1f} {e.count:>9} {e.count / tokens:>9.1f}")

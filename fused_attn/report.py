@@ -1,12 +1,14 @@
 """Tables and plots from saved pytest-benchmark runs.
 
-    python -m fused_attn.report RUN.json [RUN2.json ...] --out DIR [--bytes NCU.txt]
+    python -m fused_attn.report RUN.json [RUN2.json ...] --out DIR [--bytes NCU.txt] [--profile PROFILE_DIR]
 
 Writes into DIR: micro.txt (latency p5/p50/p95, bandwidth, speedups), memory.txt (bytes
 moved per provider: modeled, and measured by `python -m fused_attn.bytes` when --bytes is
-given), gpt2.txt (GPT-2 end-to-end cases, when a run has them), report.md (the same
-tables in Markdown) and PNG plots: latency vs N per provider, and % of the copy
-bandwidth vs N. Every table names the GPU, torch/CUDA, commit, dtype and shapes.
+given), gpt2.txt (GPT-2 end to end from bench/bench_gpt2.py: tokens/s, TTFT, TBT, speedup
+and token agreement vs hf-eager; with --profile, a summary of `python -m fused_attn.profile`'s
+tables), report.md (the same tables in Markdown) and PNG plots of the first run with softmax
+cases: latency vs N per provider, and % of the copy bandwidth vs N. Every table names the
+GPU, torch/CUDA, commit, dtype and shapes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from collections import defaultdict
 from pathlib import Path
 
 PROVIDER_ORDER = ("eager", "compiled", "fused_v0", "fused_v1")
+BACKEND_ORDER = ("hf-eager", "hf-sdpa", "hf-static", "hf-fused", "graph", "graph-eager")
+GPT2_COLS = (("batch", ">5"), ("prompt", ">6"), ("dtype", "<9"), ("backend", "<9"), ("tokens/s", ">9"),
+             ("TTFT ms", ">8"), ("TBT p50 ms", ">10"), ("TBT p95 ms", ">10"), ("x hf-eager", ">10"),
+             ("same tokens as hf-eager", ">23"))
 
 
 def load_runs(paths: list[Path]) -> list[dict]:
@@ -33,6 +39,8 @@ def load_runs(paths: list[Path]) -> list[dict]:
 def run_header(run: dict) -> str:
     mi = run.get("machine_info", {}).get("fused_attn", {})
     commit = mi.get("commit") or run.get("commit_info", {}).get("id", "unknown")
+    if run.get("commit_info", {}).get("dirty"):
+        commit += " (with uncommitted changes)"
     ceil = next((b["extra_info"] for b in run["benchmarks"] if "copy_gbps" in b["extra_info"]), {})
     ceilings = ", ".join(f"{k} {ceil[f'{k}_gbps']:.0f}" for k in ("copy", "read", "write") if f"{k}_gbps" in ceil)
     return (f"{mi.get('gpu_name', 'unknown GPU')} (driver {mi.get('driver', '?')}), torch {mi.get('torch', '?')}, "
@@ -97,16 +105,68 @@ def memory_table(rows: list[dict], markdown: bool) -> list[str]:
     return lines
 
 
-def gpt2_lines(runs: list[dict]) -> list[str]:
-    rows = [(run, b) for run in runs for b in run["benchmarks"] if b["name"].startswith("bench_gpt2")]
-    if not rows:
-        return ["No GPT-2 end-to-end cases in these runs: bench/bench_gpt2.py (the GPT-2 issue) has not",
-                "produced a saved run yet."]
-    lines = []
-    for run, b in rows:
-        e = b["extra_info"]
-        lines.append(f"{b['name']}: " + ", ".join(f"{k}={v}" for k, v in sorted(e.items())))
+def gpt2_rows(run: dict) -> list[dict]:
+    rows = [b["extra_info"] | {"name": b["name"]} for b in run["benchmarks"] if b["name"].startswith("bench_gpt2")]
+    order = {b: i for i, b in enumerate(BACKEND_ORDER)}
+    rows.sort(key=lambda r: (r["dtype"], r["batch"], r["prompt"], order.get(r["backend"], 99), r["backend"]))
+    return rows
+
+
+def gpt2_table(rows: list[dict], markdown: bool) -> list[str]:
+    cols = [c for c, _ in GPT2_COLS]
+    lines = (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] if markdown else
+             [" ".join(format(c, align) for c, align in GPT2_COLS)])
+    for r in rows:
+        same = r.get("tokens_match_hf_eager")
+        cells = [str(r["batch"]), str(r["prompt"]), r["dtype"], r["backend"], _fmt(r.get("tokens_per_s"), ".1f"),
+                 _fmt(r.get("ttft_ms"), ".3f"), _fmt(r.get("tbt_p50_ms"), ".3f"), _fmt(r.get("tbt_p95_ms"), ".3f"),
+                 _fmt(r.get("speedup_vs_hf_eager"), ".2f"), "-" if same is None else "yes" if same else "no"]
+        lines.append("| " + " | ".join(cells) + " |" if markdown else
+                     " ".join(format(c, align) for c, (_, align) in zip(cells, GPT2_COLS)))
     return lines
+
+
+def gpt2_lines(runs: list[dict], markdown: bool) -> list[str]:
+    """One GPT-2 table per run that has GPT-2 cases, each under its run header and source."""
+    lines = []
+    for run in runs:
+        rows = gpt2_rows(run)
+        if not rows:
+            continue
+        header, source = run_header(run), Path(run["_path"]).name
+        new_tokens = "/".join(sorted({str(r.get("new_tokens", "?")) for r in rows}))
+        if markdown:
+            lines += [f"## GPT-2 end to end: {header}", "",
+                      f"Source: `{source}`; {new_tokens} new tokens per sequence.", "", *gpt2_table(rows, True), ""]
+        else:
+            lines += [f"# {header}", f"# source: {source}; {new_tokens} new tokens per sequence",
+                      *gpt2_table(rows, False), ""]
+    if not lines:
+        msg = "No GPT-2 end-to-end cases in these runs (bench/bench_gpt2.py saves them)."
+        lines = (["## GPT-2 end to end", "", msg, ""] if markdown else [msg, ""])
+    return lines
+
+
+def profile_lines(d: Path) -> tuple[str, list[str]]:
+    """Title and summary of `python -m fused_attn.profile`'s output in d: per backend, the layer
+    table and the all-kernels total."""
+    if not (d / "profile.md").exists():
+        return "GPT-2 profile", [f"no profile.md in {d} (python -m fused_attn.profile writes it)"]
+    title = (d / "profile.md").read_text().splitlines()[0].removeprefix("# ")
+    lines = [f"full tables: {d}/profile.md, layers_<backend>.txt, kernels_<backend>.txt"]
+    order = {b: i for i, b in enumerate(BACKEND_ORDER)}
+    backends = sorted((p.stem.removeprefix("layers_") for p in d.glob("layers_*.txt")),
+                      key=lambda b: (order.get(b, 99), b))
+    for backend in backends:
+        layers = [ln for ln in (d / f"layers_{backend}.txt").read_text().splitlines() if not ln.startswith("#")]
+        lines += ["", backend, *layers]
+        kernels = d / f"kernels_{backend}.txt"
+        if kernels.exists():
+            last = kernels.read_text().rstrip().splitlines()[-1]
+            f = last.split()
+            lines.append(f"all kernels: {f[-3]} device us, {f[-2]} launches, {f[-1]} per token"
+                         if last.startswith("all kernels") and len(f) == 5 else last)
+    return title, lines
 
 
 def spread_lines(runs: list[dict]) -> list[str]:
@@ -125,9 +185,10 @@ def spread_lines(runs: list[dict]) -> list[str]:
             worst[b["name"]] = max(worst.get(b["name"], 0.0), d)
     for name, d in sorted(worst.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {100 * d:5.2f}%  {name}")
-    if worst:
-        vals = sorted(worst.values())
-        lines.insert(1, f"  cases {len(vals)}, median {100 * vals[len(vals) // 2]:.2f}%, max {100 * vals[-1]:.2f}%")
+    if not worst:
+        return []
+    vals = sorted(worst.values())
+    lines.insert(1, f"  cases {len(vals)}, median {100 * vals[len(vals) // 2]:.2f}%, max {100 * vals[-1]:.2f}%")
     return lines
 
 
@@ -174,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", type=Path, help="pytest-benchmark JSON files")
     ap.add_argument("--out", type=Path, required=True, help="directory to write into")
     ap.add_argument("--bytes", type=Path, help="output of `python -m fused_attn.bytes` to include")
+    ap.add_argument("--profile", type=Path, help="directory written by `python -m fused_attn.profile` to summarize")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
     runs = load_runs(args.runs)
@@ -182,13 +244,17 @@ def main(argv: list[str] | None = None) -> int:
     micro, memory, md = [], [], ["# fused_attn benchmark report", ""]
     pngs = []
     for run in runs:
-        header = run_header(run)
+        header, source = run_header(run), Path(run["_path"]).name
         rows = softmax_rows(run)
-        micro += [f"# {header}", f"# source: {Path(run['_path']).name}", *micro_table(rows, False), ""]
-        memory += [f"# {header} (modeled bytes)", *memory_table(rows, False), ""]
-        md += [f"## scaled_masked_softmax: {header}", "", f"Source: `{Path(run['_path']).name}`", "",
+        if not rows:
+            micro += [f"# {header}", f"# source: {source}", "No scaled_masked_softmax cases in this run.", ""]
+            memory += [f"# {header}", f"# source: {source}", "No scaled_masked_softmax cases in this run.", ""]
+            continue
+        micro += [f"# {header}", f"# source: {source}", *micro_table(rows, False), ""]
+        memory += [f"# {header} (modeled bytes)", f"# source: {source}", *memory_table(rows, False), ""]
+        md += [f"## scaled_masked_softmax: {header}", "", f"Source: `{source}`", "",
                *micro_table(rows, True), "", "### Bytes moved (modeled)", "", *memory_table(rows, True), ""]
-        if not args.no_plots and rows and run is runs[0]:  # plots of the first run
+        if not args.no_plots and not pngs:  # plots of the first run with softmax cases
             pngs += plot(rows, args.out, header)
     if args.bytes:
         measured = args.bytes.read_text().rstrip().splitlines()
@@ -198,14 +264,18 @@ def main(argv: list[str] | None = None) -> int:
     if spread:
         micro += spread + [""]
         md += ["### Run-to-run spread", "", "```", *spread, "```", ""]
-    gpt2 = gpt2_lines(runs)
-    md += ["## GPT-2 end to end", "", *gpt2, ""]
+    gpt2 = gpt2_lines(runs, False)
+    md += gpt2_lines(runs, True)
+    if args.profile:
+        title, prof = profile_lines(args.profile)
+        gpt2 += [f"# {title}", *prof, ""]
+        md += [f"## {title}", "", "```", *prof, "```", ""]
     if pngs:
         md += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs] + [""]
     (args.out / "micro.txt").write_text("\n".join(micro) + "\n")
     (args.out / "memory.txt").write_text("\n".join(memory) + "\n")
-    (args.out / "gpt2.txt").write_text("\n".join(gpt2) + "\n")
-    (args.out / "report.md").write_text("\n".join(md) + "\n")
+    (args.out / "gpt2.txt").write_text("\n".join(gpt2))
+    (args.out / "report.md").write_text("\n".join(md))
     print(f"report: {args.out} ({len(pngs)} plots)")
     return 0
 

@@ -29,3 +29,20 @@ def test_profile_writes_layer_and_kernel_tables(tmp_path):
 def test_profile_rejects_an_unknown_backend(tmp_path):
     with pytest.raises(SystemExit, match=r"--backends must name .*, got 'nope'"):
         profile.main(["--backends", "nope", "--out", str(tmp_path)])
+
+
+def test_part_times_use_kernel_time_under_cpu_scopes_not_gpu_ranges():
+    """On a GPU the profiler records every scope twice: the CPU-side op (whose
+    device_time_total sums its kernels) and a GPU range spanning first to last kernel,
+    idle gaps included. Only the former may count."""
+    import torch
+    from types import SimpleNamespace
+
+    cpu, gpu = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    events = [SimpleNamespace(name=n, device_type=d, device_time_total=t, cpu_time_total=0.0) for n, d, t in [
+        ("block", cpu, 100.0), ("attention", cpu, 40.0), ("mlp", cpu, 50.0), ("ln_1", cpu, 2.0), ("ln_2", cpu, 2.0),
+        ("block", gpu, 9000.0), ("attention", gpu, 5000.0), ("some_kernel", gpu, 7.0)]]
+    prof = SimpleNamespace(events=lambda: events)
+    times = profile.part_times(prof, on_gpu=True)
+    assert times["attention"] == 40.0 and times["mlp"] == 50.0
+    assert times["residual"] == 100.0 - 94.0

@@ -10,6 +10,9 @@ import pytest
 from fused_attn import report
 
 RUN = Path(__file__).parent / "data" / "bench_softmax_small.json"
+GPT2_RUN = Path(__file__).parent / "data" / "bench_gpt2_small.json"
+GPT2_COLS = ["batch", "prompt", "dtype", "backend", "tokens/s", "TTFT ms", "TBT p50 ms", "TBT p95 ms", "x hf-eager",
+             "same tokens as hf-eager"]
 
 
 def test_report_writes_every_file(tmp_path):
@@ -25,7 +28,7 @@ def test_report_writes_every_file(tmp_path):
     assert f"{v1['p50_us']:.1f}" in micro
     memory = (out / "memory.txt").read_text()
     assert "measured with Nsight Compute" in memory and "302.1" in memory
-    assert "has not" in (out / "gpt2.txt").read_text()
+    assert "No GPT-2 end-to-end cases" in (out / "gpt2.txt").read_text()
     md = (out / "report.md").read_text()
     assert "| shape [B,H,N,N] |" in md and "![softmax_b8_float16_causal]" in md
     png = out / "softmax_b8_float16_causal.png"
@@ -48,3 +51,102 @@ def test_report_rejects_a_file_that_is_not_a_benchmark_run(tmp_path):
     bad.write_text("{}")
     with pytest.raises(ValueError, match=r"must be a pytest-benchmark JSON file"):
         report.main([str(bad), "--out", str(tmp_path / "r")])
+
+
+def _table_rows(lines: list[str], after: int = 0) -> list[list[str]]:
+    """Whitespace-split rows of the first text table at or after line index `after`."""
+    start = next(i for i in range(after, len(lines)) if lines[i].startswith("batch "))
+    rows = []
+    for ln in lines[start + 1:]:
+        if not ln.strip():
+            break
+        rows.append(ln.split())
+    return rows
+
+
+def test_gpt2_table_columns_order_and_values(tmp_path):
+    assert report.main([str(GPT2_RUN), "--out", str(tmp_path)]) == 0
+    lines = (tmp_path / "gpt2.txt").read_text().splitlines()
+    header = next(ln for ln in lines if ln.startswith("batch "))
+    pos = [header.index(c) for c in GPT2_COLS]
+    assert pos == sorted(pos)
+    rows = _table_rows(lines)
+    assert [(r[0], r[1], r[3]) for r in rows] == [("1", "128", "hf-eager"), ("1", "128", "hf-fused"),
+                                                  ("1", "128", "graph"), ("16", "128", "graph"),
+                                                  ("16", "512", "hf-sdpa")]
+    e = next(b["extra_info"] for b in json.loads(GPT2_RUN.read_text())["benchmarks"]
+             if b["name"] == "bench_gpt2[graph-b1-p128-float16]")
+    assert rows[2] == ["1", "128", "float16", "graph", f"{e['tokens_per_s']:.1f}", f"{e['ttft_ms']:.3f}",
+                       f"{e['tbt_p50_ms']:.3f}", f"{e['tbt_p95_ms']:.3f}", f"{e['speedup_vs_hf_eager']:.2f}", "yes"]
+    md = (tmp_path / "report.md").read_text().splitlines()
+    i = md.index("| " + " | ".join(GPT2_COLS) + " |")
+    assert md[i + 1] == "|" + "---|" * len(GPT2_COLS)
+    assert md[i + 4].startswith("| 1 | 128 | float16 | graph | ")
+
+
+def test_gpt2_missing_optional_fields_print_a_dash(tmp_path):
+    report.main([str(GPT2_RUN), "--out", str(tmp_path)])
+    rows = _table_rows((tmp_path / "gpt2.txt").read_text().splitlines())
+    assert [r[-2:] for r in rows if r[0] == "16"] == [["-", "-"], ["-", "-"]]
+    md = (tmp_path / "report.md").read_text()
+    assert "| 16 | 512 | float16 | hf-sdpa | 2168.0 | 10.539 | 5.953 | 12.195 | - | - |" in md
+    row = dict(batch=1, prompt=128, dtype="float16", backend="hf-fused", tokens_per_s=1.0,
+               tokens_match_hf_eager=False)
+    assert report.gpt2_table([row], False)[1].split()[4:] == ["1.0", "-", "-", "-", "-", "no"]
+
+
+def test_gpt2_only_runs_make_a_report_without_softmax_tables_or_plots(tmp_path):
+    runs = []
+    for name in ("bench_gpt2_b1.json", "bench_gpt2_b16.json"):
+        runs.append(tmp_path / name)
+        runs[-1].write_text(GPT2_RUN.read_text())
+    out = tmp_path / "r"
+    assert report.main([*map(str, runs), "--out", str(out)]) == 0
+    for name in ("micro.txt", "memory.txt"):
+        text = (out / name).read_text()
+        assert text.count("No scaled_masked_softmax cases in this run.") == 2
+        assert "shape [B,H,N,N]" not in text and "p50 spread" not in text
+    assert not list(out.glob("*.png"))
+    lines = (out / "gpt2.txt").read_text().splitlines()
+    heads = [i for i, ln in enumerate(lines) if ln.startswith("# NVIDIA H200 (driver 580.159.04)")]
+    assert len(heads) == 2 and all("commit b9b3a2b (with uncommitted changes)" in lines[i] for i in heads)
+    assert [lines[i + 1].split(";")[0] for i in heads] == ["# source: bench_gpt2_b1.json",
+                                                          "# source: bench_gpt2_b16.json"]
+    assert all(len(_table_rows(lines, i)) == 5 for i in heads)
+    md = (out / "report.md").read_text()
+    assert md.count("## GPT-2 end to end: NVIDIA H200") == 2
+    assert "scaled_masked_softmax" not in md and "## Plots" not in md
+
+
+def _fake_profile(d: Path, backends: list[str]) -> None:
+    head = "gpt2-random on NVIDIA H200, torch.float16, batch 1, prompt 128, 32 new tokens"
+    d.mkdir()
+    (d / "profile.md").write_text(f"# GPT-2 profile: {head}\n\n## graph\n")
+    for i, b in enumerate(backends):
+        (d / f"layers_{b}.txt").write_text(f"# {b}: {head}\n{'part':<12} {'device us':>16} {'share':>7}\n"
+                                           f"{'attention':<12} {100.0 + i:>16.1f} {100.0:>6.1f}%\n"
+                                           f"{'total':<12} {100.0 + i:>16.1f}\n")
+        (d / f"kernels_{b}.txt").write_text(f"# {b}: {head}\n{'kernel':<80} {'device us':>11} {'launches':>9} "
+                                            f"{'per token':>9}\n{'gemm_kernel_' + b:<80} {90.0:>11.1f} {40:>9} "
+                                            f"{1.2:>9.1f}\n{'all kernels':<80} {1234.5 + i:>11.1f} {420:>9} "
+                                            f"{13.1:>9.1f}\n")
+
+
+def test_profile_summary_is_appended(tmp_path):
+    prof = tmp_path / "prof"
+    _fake_profile(prof, ["graph", "hf-eager"])
+    assert report.main([str(GPT2_RUN), "--out", str(tmp_path / "r"), "--profile", str(prof)]) == 0
+    text = (tmp_path / "r" / "gpt2.txt").read_text()
+    tail = text[text.index("# GPT-2 profile: gpt2-random on NVIDIA H200"):]
+    assert f"full tables: {prof}/profile.md" in tail
+    assert tail.index("\nhf-eager\n") < tail.index("\ngraph\n")  # backend order, not file-name order
+    assert "all kernels: 1234.5 device us, 420 launches, 13.1 per token" in tail
+    assert "all kernels: 1235.5 device us" in tail and "attention" in tail and "101.0" in tail
+    assert "gemm_kernel" not in tail
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "## GPT-2 profile: gpt2-random" in md and "all kernels: 1234.5 device us" in md
+
+
+def test_profile_without_profile_md_says_so(tmp_path):
+    assert report.main([str(GPT2_RUN), "--out", str(tmp_path / "r"), "--profile", str(tmp_path)]) == 0
+    assert f"no profile.md in {tmp_path}" in (tmp_path / "r" / "gpt2.txt").read_text()
