@@ -53,6 +53,10 @@
 #ifndef FA_V1_1024_SPLIT
 #define FA_V1_1024_SPLIT 1
 #endif
+// Rows of 1025..2048: four warps with 16 elements (=1, default) or two with 32 (=0).
+#ifndef FA_V1_2048_SPLIT
+#define FA_V1_2048_SPLIT 1
+#endif
 #define FA_SOFTMAX_ROW_CLASS(N, TPR, ELEMS, ...)                                \
   [&] {                                                                         \
     if ((N) <= 32) {                                                            \
@@ -75,7 +79,8 @@
       constexpr int ELEMS = FA_V1_1024_SPLIT == 2 ? 8 : FA_V1_1024_SPLIT ? 16 : 32;  \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 2048) {                                                   \
-      constexpr int TPR = 128, ELEMS = 16;                                      \
+      constexpr int TPR = FA_V1_2048_SPLIT ? 128 : 64;                          \
+      constexpr int ELEMS = FA_V1_2048_SPLIT ? 16 : 32;                         \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 4096) {                                                   \
       constexpr int TPR = 128, ELEMS = 32;                                      \

@@ -69,6 +69,7 @@ void set_mask_view(SoftmaxParams& p, const at::Tensor& x, at::Tensor& mask) {
   }
   p.mask = m.data_ptr();
   p.mask_lead1 = sizes[1];
+  p.div_lead1 = FastDiv(p.mask_lead1);
   p.mask_stride_lead0 = strides[0];
   p.mask_stride_lead1 = strides[1];
   p.mask_stride_q = m.stride(-2);
@@ -131,6 +132,7 @@ void launch(const at::Tensor& x, double scale, bool causal,
   p.out = out.data_ptr();
   p.seqlen_q = int(x.size(-2));
   p.seqlen_k = int(x.size(-1));
+  p.div_q = FastDiv(p.seqlen_q);
   p.rows = x.numel() / p.seqlen_k;
   p.scale = float(scale);
   p.causal = causal;

@@ -38,12 +38,47 @@ namespace fused_attn {
 
 enum MaskKind : int { kMaskNone = 0, kMaskBool = 1, kMaskAdditive = 2 };
 
+// n / d for 0 <= n < 2^31 as one multiply-high, an add and a shift (the
+// round-up method of Granlund & Montgomery, "Division by invariant integers using
+// multiplication", 1994): with l = ceil(log2 d) and mul = floor(2^32 (2^l - d) / d) + 1,
+// n / d = (umulhi(mul, n) + n) >> l. A 64-bit `row % seqlen_q` costs ~20
+// instructions per thread, a visible share of a 16-element row slice (NOTES v1g).
+// Larger n or d (never seen with seqlen_q < 2^31 and realistic row counts) take
+// the 64-bit division.
+struct FastDiv {
+  int64_t d = 1;
+  uint32_t mul = 1;
+  uint32_t shift = 0;  // 32: no fast path for this d
+
+  FastDiv() = default;
+  __host__ explicit FastDiv(int64_t divisor) : d(divisor) {
+    if (divisor < 1 || divisor >= (int64_t(1) << 31)) {
+      shift = 32;
+      return;
+    }
+    uint32_t l = 0;
+    while ((int64_t(1) << l) < divisor) ++l;
+    mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << l) - uint64_t(divisor))) / uint64_t(divisor) + 1);
+    shift = l;
+  }
+
+  __device__ __forceinline__ int64_t div(int64_t n) const {
+    if (shift < 32 && n < (int64_t(1) << 31)) {
+      const uint32_t n32 = uint32_t(n);
+      return int64_t((__umulhi(mul, n32) + n32) >> shift);
+    }
+    return n / d;
+  }
+};
+
 struct SoftmaxParams {
   const void* x;  // [rows, seqlen_k], contiguous
   void* out;      // [rows, seqlen_k], contiguous
   int64_t rows;
   int seqlen_q;
   int seqlen_k;
+  FastDiv div_q;      // by seqlen_q
+  FastDiv div_lead1;  // by mask_lead1
   float scale;
   bool causal;
   // attn_mask as a strided view over [lead0, lead1, seqlen_q, seqlen_k]
@@ -114,8 +149,8 @@ __device__ __forceinline__ float fast_rcp(float x) {
 }
 
 __device__ __forceinline__ int visible_keys(const SoftmaxParams& p, int64_t row) {
-  if (!p.causal) return p.seqlen_k;  // no row % seqlen_q (a 64-bit division) without a causal mask
-  const int q = int(row % p.seqlen_q);
+  if (!p.causal) return p.seqlen_k;  // no row % seqlen_q at all without a causal mask
+  const int q = int(row - p.div_q.div(row) * p.seqlen_q);
   const int64_t v = int64_t(q) + p.seqlen_k - p.seqlen_q + 1;
   return v < 0 ? 0 : (v > p.seqlen_k ? p.seqlen_k : int(v));
 }
@@ -123,9 +158,9 @@ __device__ __forceinline__ int visible_keys(const SoftmaxParams& p, int64_t row)
 // Element offset of mask[row, 0]; the mask is read through its strides so a
 // [B,1,1,Sk] padding mask is never materialized at [B,H,Sq,Sk].
 __device__ __forceinline__ int64_t mask_row_offset(const SoftmaxParams& p, int64_t row) {
-  const int64_t lead = row / p.seqlen_q;
+  const int64_t lead = p.div_q.div(row);
   const int64_t q = row - lead * p.seqlen_q;
-  const int64_t l0 = lead / p.mask_lead1;
+  const int64_t l0 = p.div_lead1.div(lead);
   const int64_t l1 = lead - l0 * p.mask_lead1;
   return l0 * p.mask_stride_lead0 + l1 * p.mask_stride_lead1 + q * p.mask_stride_q;
 }
