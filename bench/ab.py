@@ -21,9 +21,7 @@ import sys
 VARIANTS = {
     "auto": "",
     "lean off": "-DFA_V1_LEAN=0",
-    "1024 as 128x8": "-DFA_V1_1024_SPLIT=2",
-    "2048 as 64x32": "-DFA_V1_2048_SPLIT=0",
-    "1024 on one warp": "-DFA_V1_1024_SPLIT=0",
+    "causal shapes off": "-DFA_V1_CAUSAL_SHAPES=0",
     "early zeros off": "-DFA_V1_EARLY_ZEROS=0",
 }
 SHAPES = [((8, 12, 512, 512), False), ((8, 12, 512, 512), True), ((16, 12, 1024, 1024), False),

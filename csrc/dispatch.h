@@ -2,7 +2,7 @@
 //
 // FA_DISPATCH_FLOAT(dtype, NAME, ...)   binds `scalar_t` to float / __half / __nv_bfloat16
 // FA_BOOL_SWITCH(cond, NAME, ...)       binds `constexpr bool NAME`
-// FA_SOFTMAX_ROW_CLASS(n, TPR, ELEMS, ...) binds the launch shape of softmax v1 for a row of n
+// FA_SOFTMAX_ROW_CLASS(n, causal, TPR, ELEMS, ...) binds the launch shape of softmax v1 for a row of n
 //   elements: TPR threads cooperate on one row and each holds ELEMS elements in registers.
 //   TPR == 0 selects the streaming (online-softmax) path for rows too long for registers.
 // The body is a lambda, so `return` inside it returns from the lambda.
@@ -45,20 +45,22 @@
   }()
 
 // Row-length classes of softmax v1. Capacity = TPR * ELEMS elements. Short rows
-// give a row to a few lanes (several rows per warp), rows up to 1024 a warp,
-// longer rows a whole block; every thread keeps at most 32 floats live.
-// Rows of 513..1024: two warps with 16 elements per thread (FA_V1_1024_SPLIT=1, the
-// default: 8x12x1024x1024 fp16 76 -> 84% of copy bandwidth, causal 61 -> 70%, bench/ab.py)
-// rather than one warp with 32 (FA_V1_1024_SPLIT=0) or four warps with 8 (=2).
-#ifndef FA_V1_1024_SPLIT
-#define FA_V1_1024_SPLIT 1
+// give a row to a few lanes (several rows per warp), rows up to 1024 a warp or
+// two, longer rows a whole block; every thread keeps at most 32 floats live.
+// Rows of 513..2048 take a shape by mask (bench/ab.py, NOTES v1e and v1h):
+//   513..1024   full: 2 warps x 16 elements    causal: 1 warp x 32
+//   1025..2048  full: 4 warps x 16 elements    causal: 2 warps x 32
+// Causal rows leave part of every thread's slice unread; 32-element slices
+// spread each thread's fixed cost (index math, two reductions) over more of
+// the visible keys (4x32x2048x2048 causal 483 -> 394 us), while full rows at
+// 16 elements keep more threads resident (1-3% faster).
+// FA_V1_CAUSAL_SHAPES=0 gives causal rows the full-row shapes (for bench/ab.py).
+#ifndef FA_V1_CAUSAL_SHAPES
+#define FA_V1_CAUSAL_SHAPES 1
 #endif
-// Rows of 1025..2048: four warps with 16 elements (=1, default) or two with 32 (=0).
-#ifndef FA_V1_2048_SPLIT
-#define FA_V1_2048_SPLIT 1
-#endif
-#define FA_SOFTMAX_ROW_CLASS(N, TPR, ELEMS, ...)                                \
+#define FA_SOFTMAX_ROW_CLASS(N, CAUSAL, TPR, ELEMS, ...)                        \
   [&] {                                                                         \
+    const bool fa_wide_ = FA_V1_CAUSAL_SHAPES && (CAUSAL);                      \
     if ((N) <= 32) {                                                            \
       constexpr int TPR = 4, ELEMS = 8;                                         \
       return __VA_ARGS__();                                                     \
@@ -74,13 +76,17 @@
     } else if ((N) <= 512) {                                                    \
       constexpr int TPR = 32, ELEMS = 16;                                       \
       return __VA_ARGS__();                                                     \
+    } else if ((N) <= 1024 && fa_wide_) {                                       \
+      constexpr int TPR = 32, ELEMS = 32;                                       \
+      return __VA_ARGS__();                                                     \
     } else if ((N) <= 1024) {                                                   \
-      constexpr int TPR = FA_V1_1024_SPLIT == 2 ? 128 : FA_V1_1024_SPLIT ? 64 : 32;  \
-      constexpr int ELEMS = FA_V1_1024_SPLIT == 2 ? 8 : FA_V1_1024_SPLIT ? 16 : 32;  \
+      constexpr int TPR = 64, ELEMS = 16;                                       \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 2048 && fa_wide_) {                                       \
+      constexpr int TPR = 64, ELEMS = 32;                                       \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 2048) {                                                   \
-      constexpr int TPR = FA_V1_2048_SPLIT ? 128 : 64;                          \
-      constexpr int ELEMS = FA_V1_2048_SPLIT ? 16 : 32;                         \
+      constexpr int TPR = 128, ELEMS = 16;                                      \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 4096) {                                                   \
       constexpr int TPR = 128, ELEMS = 32;                                      \

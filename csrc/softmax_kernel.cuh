@@ -16,7 +16,7 @@
 //       traffic, inside one kernel.
 //   v1  fused: the row is read once into registers (16-byte vector loads when
 //       seqlen_k and the pointers allow), max and sum are reduced in registers,
-//       the row is written once. Launch shape by row length (dispatch.h):
+//       the row is written once. Launch shape by row length and causal (dispatch.h):
 //       sub-warp / warp / block per row; a separate instantiation without mask
 //       loads; per-class register cap and early zero stores for the causal
 //       triangle (chosen by measurement, bench/NOTES.md v1d). Rows longer than
@@ -522,7 +522,7 @@ void launch_v1_class(const SoftmaxParams& p, cudaStream_t stream) {
 
 template <typename T, int VEC>
 void launch_v1(const SoftmaxParams& p, cudaStream_t stream) {
-  FA_SOFTMAX_ROW_CLASS(p.seqlen_k, TPR, ELEMS,
+  FA_SOFTMAX_ROW_CLASS(p.seqlen_k, p.causal, TPR, ELEMS,
                        [&] { launch_v1_class<T, VEC, TPR, ELEMS>(p, stream); });
 }
 
