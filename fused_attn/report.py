@@ -135,12 +135,16 @@ def gpt2_lines(runs: list[dict], markdown: bool) -> list[str]:
             continue
         header, source = run_header(run), Path(run["_path"]).name
         new_tokens = "/".join(sorted({str(r.get("new_tokens", "?")) for r in rows}))
+        note = ([f"x hf-eager of {', '.join(sorted({r['backend'] for r in rows if 'interleaved_hf_eager' in r}))}: "
+                 "against hf-eager rounds interleaved with its own (the two differ by less than the drift "
+                 "between cases)"] if any("interleaved_hf_eager" in r for r in rows) else [])
         if markdown:
             lines += [f"## GPT-2 end to end: {header}", "",
-                      f"Source: `{source}`; {new_tokens} new tokens per sequence.", "", *gpt2_table(rows, True), ""]
+                      f"Source: `{source}`; {new_tokens} new tokens per sequence.", "", *gpt2_table(rows, True), "",
+                      *note, *([""] if note else [])]
         else:
             lines += [f"# {header}", f"# source: {source}; {new_tokens} new tokens per sequence",
-                      *gpt2_table(rows, False), ""]
+                      *gpt2_table(rows, False), *note, ""]
     if not lines:
         msg = "No GPT-2 end-to-end cases in these runs (bench/bench_gpt2.py saves them)."
         lines = (["## GPT-2 end to end", "", msg, ""] if markdown else [msg, ""])

@@ -150,3 +150,17 @@ def test_profile_summary_is_appended(tmp_path):
 def test_profile_without_profile_md_says_so(tmp_path):
     assert report.main([str(GPT2_RUN), "--out", str(tmp_path / "r"), "--profile", str(tmp_path)]) == 0
     assert f"no profile.md in {tmp_path}" in (tmp_path / "r" / "gpt2.txt").read_text()
+
+
+def test_gpt2_interleaved_comparison_is_named(tmp_path):
+    data = json.loads(GPT2_RUN.read_text())
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(data))
+    report.main([str(run), "--out", str(tmp_path / "plain")])
+    assert "interleaved" not in (tmp_path / "plain" / "gpt2.txt").read_text()
+    for b in data["benchmarks"]:
+        if b["extra_info"]["backend"] == "hf-fused":
+            b["extra_info"]["interleaved_hf_eager"] = {"tokens_per_s": 1.0}
+    run.write_text(json.dumps(data))
+    report.main([str(run), "--out", str(tmp_path / "paired")])
+    assert "x hf-eager of hf-fused: against hf-eager rounds interleaved" in (tmp_path / "paired" / "gpt2.txt").read_text()

@@ -1,0 +1,53 @@
+"""Merge pytest-benchmark JSON files of one commit on one GPU into one stored run.
+
+    python -m bench.merge OUT.json RUN1.json RUN2.json ...
+
+A device call is limited to 10 minutes, so the quick suite runs as several pytest
+invocations (softmax; GPT-2 per batch size). `pytest bench --benchmark-compare` compares
+with the newest stored file only, so the parts are stored as one file: benchmarks
+concatenated in order, machine and commit info from the first part, and a
+`merged_from` list naming each part with its own datetime. Refuses parts from different
+commits or GPU models, and duplicate benchmark names.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def merge(parts: list[Path]) -> dict:
+    runs = [json.loads(p.read_text()) for p in parts]
+    first = runs[0]
+    key = lambda r: (r["commit_info"].get("id"), r["machine_info"].get("fused_attn", {}).get("gpu_name"))  # noqa: E731
+    for p, r in zip(parts, runs):
+        if key(r) != key(first):
+            raise ValueError(f"{p} must have commit and GPU {key(first)}, got {key(r)}")
+    names: set[str] = set()
+    benchmarks = []
+    for p, r in zip(parts, runs):
+        for b in r["benchmarks"]:
+            if b["fullname"] in names:
+                raise ValueError(f"{p}: benchmark {b['fullname']} is already in an earlier part")
+            names.add(b["fullname"])
+            benchmarks.append(b)
+    out = dict(first)
+    out["benchmarks"] = benchmarks
+    out["merged_from"] = [dict(file=p.name, datetime=r.get("datetime"), benchmarks=len(r["benchmarks"]))
+                          for p, r in zip(parts, runs)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2:
+        raise SystemExit("usage: python -m bench.merge OUT.json RUN1.json [RUN2.json ...]")
+    out, parts = Path(args[0]), [Path(a) for a in args[1:]]
+    out.write_text(json.dumps(merge(parts), indent=4) + "\n")
+    print(f"{out}: {sum(len(json.loads(p.read_text())['benchmarks']) for p in parts)} benchmarks from {len(parts)} files")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
