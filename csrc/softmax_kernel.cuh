@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, IT
   };
 
   // The element loops below are most of the kernel's instructions, and at 16
-  // elements per thread the kernel is close to issue-bound (bench/NOTES.md, v1f).
+  // elements per thread the kernel was close to issue-bound (bench/NOTES.md, v1f-v1g).
   // kLean: the visibility test is per pack (only the pack holding the causal edge
   // tests each element; invisible packs skip the exponentials), the all-masked
   // guard is folded into the shift (m_safe), and exp2 is one MUFU.EX2
