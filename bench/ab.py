@@ -22,7 +22,6 @@ VARIANTS = {
     "auto": "",
     "lean off": "-DFA_V1_LEAN=0",
     "causal shapes off": "-DFA_V1_CAUSAL_SHAPES=0",
-    "causal 8192 as 128x64": "-DFA_V1_CAUSAL_8192=1",
     "early zeros off": "-DFA_V1_EARLY_ZEROS=0",
 }
 SHAPES = [((8, 12, 512, 512), False), ((8, 12, 512, 512), True), ((16, 12, 1024, 1024), False),

@@ -58,10 +58,6 @@
 #ifndef FA_V1_CAUSAL_SHAPES
 #define FA_V1_CAUSAL_SHAPES 1
 #endif
-// Experiment (default off): causal rows of 4097..8192 as 128 threads x 64 elements.
-#ifndef FA_V1_CAUSAL_8192
-#define FA_V1_CAUSAL_8192 0
-#endif
 #define FA_SOFTMAX_ROW_CLASS(N, CAUSAL, TPR, ELEMS, ...)                        \
   [&] {                                                                         \
     const bool fa_wide_ = FA_V1_CAUSAL_SHAPES && (CAUSAL);                      \
@@ -94,9 +90,6 @@
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 4096) {                                                   \
       constexpr int TPR = 128, ELEMS = 32;                                      \
-      return __VA_ARGS__();                                                     \
-    } else if ((N) <= 8192 && FA_V1_CAUSAL_8192 && fa_wide_) {                  \
-      constexpr int TPR = 128, ELEMS = 64;                                      \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 8192) {                                                   \
       constexpr int TPR = 256, ELEMS = 32;                                      \
