@@ -32,6 +32,8 @@ def pytest_addoption(parser):
     g.addoption("--bench-rounds", type=int, default=int(os.environ.get("FUSED_ATTN_BENCH_ROUNDS", 60)))
     g.addoption("--bench-warmup", type=int, default=int(os.environ.get("FUSED_ATTN_BENCH_WARMUP", 5)))
     g.addoption("--bench-gpt2-rounds", type=int, default=5, help="whole generate() calls per GPT-2 case")
+    g.addoption("--bench-gpt2-paired-rounds", type=int, default=12,
+                help="hf-fused rounds, each after an interleaved hf-eager round (their difference is small)")
 
 
 def gpu_slug() -> str:
