@@ -47,7 +47,7 @@
 // Row-length classes of softmax v1. Capacity = TPR * ELEMS elements. Short rows
 // give a row to a few lanes (several rows per warp), rows up to 1024 a warp or
 // two, longer rows a whole block; every thread keeps at most 32 floats live.
-// Rows of 513..2048 take a shape by mask (bench/ab.py, NOTES v1e and v1h):
+// Rows of 513..2048 take a shape by causality (bench/ab.py, NOTES v1e and v1h):
 //   513..1024   full: 2 warps x 16 elements    causal: 1 warp x 32
 //   1025..2048  full: 4 warps x 16 elements    causal: 2 warps x 32
 // Causal rows leave part of every thread's slice unread; 32-element slices
