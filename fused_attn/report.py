@@ -60,35 +60,35 @@ def _fmt(v, spec: str, missing: str = "-") -> str:
     return missing if v is None else format(v, spec)
 
 
-def micro_table(rows: list[dict], markdown: bool) -> list[str]:
-    cols = ["shape [B,H,N,N]", "dtype", "causal", "provider", "p5 us", "p50 us", "p95 us", "GB/s",
-            "% copy", "% roofline", "x eager", "x compiled"]
-    lines = []
+MICRO_COLS = (("shape [B,H,N,N]", "<18"), ("dtype", "<9"), ("causal", "<6"), ("provider", "<9"), ("p5 us", ">9"),
+              ("p50 us", ">9"), ("p95 us", ">9"), ("GB/s", ">7"), ("% copy", ">6"), ("% roofline", ">10"),
+              ("x eager", ">7"), ("x compiled", ">10"))
+MEMORY_COLS = (("shape [B,H,N,N]", "<18"), ("dtype", "<9"), ("causal", "<6"), ("provider", "<9"), ("read MB", ">9"),
+               ("write MB", ">9"), ("total MB", ">9"), ("x fused_v1", ">10"))
+
+
+def render(cols: tuple[tuple[str, str], ...], rows: list[list[str]], markdown: bool) -> list[str]:
+    """A table as Markdown (pipes) or aligned text (one format spec per column)."""
     if markdown:
-        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    else:
-        lines.append(f"{cols[0]:<18} {cols[1]:<9} {cols[2]:<6} {cols[3]:<9} {cols[4]:>9} {cols[5]:>9} {cols[6]:>9} "
-                     f"{cols[7]:>7} {cols[8]:>6} {cols[9]:>10} {cols[10]:>7} {cols[11]:>10}")
-    for r in rows:
-        cells = ["x".join(map(str, r["shape"])), r["dtype"], "yes" if r["causal"] else "no", r["provider"],
-                 _fmt(r.get("p5_us"), ".1f"), _fmt(r.get("p50_us"), ".1f"), _fmt(r.get("p95_us"), ".1f"),
-                 _fmt(r.get("gbps"), ".0f"), _fmt(r.get("pct_of_copy_bw"), ".1f"), _fmt(r.get("pct_of_roofline"), ".1f"),
-                 _fmt(r.get("speedup_vs_eager"), ".2f"), _fmt(r.get("speedup_vs_compiled"), ".2f")]
-        if markdown:
-            lines.append("| " + " | ".join(cells) + " |")
-        else:
-            lines.append(f"{cells[0]:<18} {cells[1]:<9} {cells[2]:<6} {cells[3]:<9} {cells[4]:>9} {cells[5]:>9} "
-                         f"{cells[6]:>9} {cells[7]:>7} {cells[8]:>6} {cells[9]:>10} {cells[10]:>7} {cells[11]:>10}")
-    return lines
+        return ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols),
+                *("| " + " | ".join(cells) + " |" for cells in rows)]
+    return [" ".join(format(c, align) for c, align in cols),
+            *(" ".join(format(cell, align) for cell, (_, align) in zip(cells, cols)) for cells in rows)]
+
+
+def micro_table(rows: list[dict], markdown: bool) -> list[str]:
+    cells = [["x".join(map(str, r["shape"])), r["dtype"], "yes" if r["causal"] else "no", r["provider"],
+              _fmt(r.get("p5_us"), ".1f"), _fmt(r.get("p50_us"), ".1f"), _fmt(r.get("p95_us"), ".1f"),
+              _fmt(r.get("gbps"), ".0f"), _fmt(r.get("pct_of_copy_bw"), ".1f"), _fmt(r.get("pct_of_roofline"), ".1f"),
+              _fmt(r.get("speedup_vs_eager"), ".2f"), _fmt(r.get("speedup_vs_compiled"), ".2f")] for r in rows]
+    return render(MICRO_COLS, cells, markdown)
 
 
 def memory_table(rows: list[dict], markdown: bool) -> list[str]:
-    cols = ["shape [B,H,N,N]", "dtype", "causal", "provider", "read MB", "write MB", "total MB", "x fused_v1"]
     groups = defaultdict(dict)
     for r in rows:
         groups[(tuple(r["shape"]), r["dtype"], r["causal"])][r["provider"]] = r
-    lines = (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] if markdown else
-             [f"{cols[0]:<18} {cols[1]:<9} {cols[2]:<6} {cols[3]:<9} {cols[4]:>9} {cols[5]:>9} {cols[6]:>9} {cols[7]:>10}"])
+    cells = []
     for (shape, dtype, causal), provs in groups.items():
         fused = provs.get("fused_v1", {}).get("modeled_bytes")
         for p in PROVIDER_ORDER:
@@ -96,13 +96,10 @@ def memory_table(rows: list[dict], markdown: bool) -> list[str]:
                 continue
             r = provs[p]
             read, write = r.get("modeled_read_bytes"), r.get("modeled_write_bytes")
-            cells = ["x".join(map(str, shape)), dtype, "yes" if causal else "no", p,
-                     _fmt(read and read / 1e6, ".1f"), _fmt(write and write / 1e6, ".1f"),
-                     f"{r['modeled_bytes'] / 1e6:.1f}", _fmt(fused and r["modeled_bytes"] / fused, ".2f")]
-            lines.append("| " + " | ".join(cells) + " |" if markdown else
-                         f"{cells[0]:<18} {cells[1]:<9} {cells[2]:<6} {cells[3]:<9} {cells[4]:>9} {cells[5]:>9} "
-                         f"{cells[6]:>9} {cells[7]:>10}")
-    return lines
+            cells.append(["x".join(map(str, shape)), dtype, "yes" if causal else "no", p,
+                          _fmt(read and read / 1e6, ".1f"), _fmt(write and write / 1e6, ".1f"),
+                          f"{r['modeled_bytes'] / 1e6:.1f}", _fmt(fused and r["modeled_bytes"] / fused, ".2f")])
+    return render(MEMORY_COLS, cells, markdown)
 
 
 def gpt2_rows(run: dict) -> list[dict]:
@@ -113,17 +110,13 @@ def gpt2_rows(run: dict) -> list[dict]:
 
 
 def gpt2_table(rows: list[dict], markdown: bool) -> list[str]:
-    cols = [c for c, _ in GPT2_COLS]
-    lines = (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] if markdown else
-             [" ".join(format(c, align) for c, align in GPT2_COLS)])
+    cells = []
     for r in rows:
         same = r.get("tokens_match_hf_eager")
-        cells = [str(r["batch"]), str(r["prompt"]), r["dtype"], r["backend"], _fmt(r.get("tokens_per_s"), ".1f"),
-                 _fmt(r.get("ttft_ms"), ".3f"), _fmt(r.get("tbt_p50_ms"), ".3f"), _fmt(r.get("tbt_p95_ms"), ".3f"),
-                 _fmt(r.get("speedup_vs_hf_eager"), ".2f"), "-" if same is None else "yes" if same else "no"]
-        lines.append("| " + " | ".join(cells) + " |" if markdown else
-                     " ".join(format(c, align) for c, (_, align) in zip(cells, GPT2_COLS)))
-    return lines
+        cells.append([str(r["batch"]), str(r["prompt"]), r["dtype"], r["backend"], _fmt(r.get("tokens_per_s"), ".1f"),
+                      _fmt(r.get("ttft_ms"), ".3f"), _fmt(r.get("tbt_p50_ms"), ".3f"), _fmt(r.get("tbt_p95_ms"), ".3f"),
+                      _fmt(r.get("speedup_vs_hf_eager"), ".2f"), "-" if same is None else "yes" if same else "no"])
+    return render(GPT2_COLS, cells, markdown)
 
 
 def gpt2_lines(runs: list[dict], markdown: bool) -> list[str]:
