@@ -54,15 +54,8 @@ if has gpt2bench; then
       --benchmark-json="$OUT/bench_gpt2_b$b.json" ${GPT2_BENCH_ARGS:-} >> "$OUT/bench_gpt2.log" 2>&1 || rc=1
     tail -2 "$OUT/bench_gpt2.log"
   done
-  python3 - "$OUT"/bench_gpt2_b*.json <<'PY'
-import json, sys
-for f in sys.argv[1:]:
-    for b in json.load(open(f))["benchmarks"]:
-        e = b["extra_info"]
-        print(f"{b['group']:<24} {e['backend']:<9} {e['tokens_per_s']:>9.1f} tok/s  TTFT {e['ttft_ms']:7.2f} ms"
-              f"  TBT p50 {e['tbt_p50_ms']:7.3f} p95 {e['tbt_p95_ms']:7.3f} ms  x_hf_eager {e.get('speedup_vs_hf_eager', 1):6.2f}"
-              f"  same_tokens {e.get('tokens_match_hf_eager', '-')}")
-PY
+  ls "$OUT"/bench_gpt2_b*.json > /dev/null 2>&1 && python3 -m fused_attn.report "$OUT"/bench_gpt2_b*.json \
+    --out /tmp/fused_attn_report_gpt2 --no-plots > /dev/null && grep -v "^#" /tmp/fused_attn_report_gpt2/gpt2.txt
 fi
 if has profile; then
   log "profile: hf-eager vs graph"
@@ -90,13 +83,8 @@ if has bench; then
       >> "$OUT/bench.log" 2>&1 || rc=1
   done
   tail -3 "$OUT/bench.log"
-  python3 - "$OUT/bench_softmax.json" <<'PY'
-import json, sys
-for b in json.load(open(sys.argv[1]))["benchmarks"]:
-    e = b["extra_info"]
-    print(f"{b['group']:<40} {e['provider']:<9} p50 {e['p50_us']:>9.1f} us  {e.get('pct_of_copy_bw', 0):5.1f}% copy"
-          f"  x_eager {e.get('speedup_vs_eager', 1):5.2f}  x_compiled {e.get('speedup_vs_compiled', 1):5.2f}")
-PY
+  [ -f "$OUT/bench_softmax.json" ] && python3 -m fused_attn.report "$OUT/bench_softmax.json" \
+    --out /tmp/fused_attn_report_softmax --no-plots > /dev/null && cat /tmp/fused_attn_report_softmax/micro.txt
 fi
 if has bytes; then
   log bytes
