@@ -20,14 +20,15 @@ import sys
 
 VARIANTS = {
     "auto": "",
-    "lean off": "-DFA_V1_LEAN=0",
-    "causal shapes off": "-DFA_V1_CAUSAL_SHAPES=0",
-    "early zeros off": "-DFA_V1_EARLY_ZEROS=0",
+    "8192 c as 256x32": "-DFA_V1_CAUSAL_8192=0",
+    "short c x16": "-DFA_V1_CAUSAL_SHORT=1",
+    "short c x32": "-DFA_V1_CAUSAL_SHORT=2",
 }
-SHAPES = [((8, 12, 512, 512), False), ((8, 12, 512, 512), True), ((16, 12, 1024, 1024), False),
-          ((8, 12, 1024, 1024), False), ((8, 12, 1024, 1024), True),
-          ((4, 32, 2048, 2048), False), ((4, 32, 2048, 2048), True), ((1, 16, 4096, 4096), False),
-          ((1, 16, 4096, 4096), True), ((1, 16, 8192, 8192), True)]
+SHAPES = [((1, 12, 128, 128), True), ((8, 12, 128, 128), True), ((16, 12, 128, 128), True),
+          ((16, 12, 128, 128), False), ((16, 12, 256, 256), True), ((8, 12, 512, 512), True),
+          ((1, 12, 1024, 1024), True), ((1, 12, 1024, 1024), False), ((8, 12, 1024, 1024), True),
+          ((4, 32, 2048, 2048), True), ((1, 16, 4096, 4096), True), ((1, 16, 8192, 8192), True),
+          ((1, 16, 8192, 8192), False)]
 
 
 def worker(rounds: int) -> None:
@@ -51,8 +52,10 @@ def worker(rounds: int) -> None:
         p50 = statistics.median(times)
         rows.append(dict(shape="x".join(map(str, shape)), causal=causal, p50_us=round(p50, 1),
                          pct_copy=round(100 * (read + write) / (p50 * 1e-6) / 1e9 / ceilings["copy"], 1),
-                         pct_roof=round(100 * roofline_us(read, write, ceilings) / p50, 1)))
-    print(json.dumps(dict(ceilings={k: round(v, 1) for k, v in ceilings.items()}, rows=rows)))
+                         pct_roof=round(100 * roofline_us(read, write, ceilings) / p50, 1),
+                         copy_us=round(timer.same_bytes_copy_us(read + write), 1)))
+    print(json.dumps(dict(ceilings={k: round(v, 1) for k, v in ceilings.items()}, rows=rows,
+                          floor_us=round(timer.launch_floor_us(), 2))))
 
 
 def main() -> int:
@@ -83,12 +86,13 @@ def main() -> int:
         results[k] = json.loads(r.stdout.strip().splitlines()[-1])
     print("fused_v1 float16 p50 us (% of copy bandwidth / % of read-write roofline), one session; "
           "ceilings GB/s: " + "; ".join(f"{k}: {v['ceilings']}" for k, v in results.items()))
-    print(f"{'shape':<22}" + "".join(f"{k:>22}" for k in names))
+    print("empty kernel us: " + "; ".join(f"{k}: {v['floor_us']}" for k, v in results.items()))
+    print(f"{'shape':<22}{'same-bytes copy us':>19}" + "".join(f"{k:>22}" for k in names))
     for i, (shape, causal) in enumerate(SHAPES):
         label = "x".join(map(str, shape)) + (" c" if causal else "")
         cells = [f"{r['p50_us']:>8.1f} ({r['pct_copy']:>4.1f}/{r['pct_roof']:>4.1f}%)"
                  for r in (results[k]["rows"][i] for k in names)]
-        print(f"{label:<22}" + "".join(f"{c:>22}" for c in cells))
+        print(f"{label:<22}{results[names[0]]['rows'][i]['copy_us']:>19.1f}" + "".join(f"{c:>22}" for c in cells))
     return 0
 
 

@@ -112,6 +112,12 @@ def timer(request, device):
 
 
 @pytest.fixture(scope="session")
+def launch_floor_us(timer, device):
+    """Device time of an empty kernel under the benchmark's timing (once per session)."""
+    return timer.launch_floor_us() if device.type == "cuda" else None
+
+
+@pytest.fixture(scope="session")
 def medians() -> dict:
     """p50 of every case run so far in this session, keyed by (group, provider): the
     speedups in extra_info compare providers measured in the same run."""

@@ -40,6 +40,7 @@ class DeviceTimer:
         self.device, self.rounds, self.warmup = device, rounds, warmup
         self.cuda = device.type == "cuda"
         self.flush_buf = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device) if self.cuda else None
+        self._copy_cache: dict[int, float] = {}
 
     def flush(self):
         """Evict L2 (a 256 MiB write) and queue a spin; returns without waiting for either."""
@@ -74,6 +75,22 @@ class DeviceTimer:
             self.flush()
             times.append(self.time_once(fn) * 1e6)
         return times
+
+    def launch_floor_us(self) -> float:
+        """p50 of an empty kernel timed like every case: what no kernel, however small, goes below."""
+        return statistics.median(self.sample(lambda: torch.cuda._sleep(0)))
+
+    def same_bytes_copy_us(self, nbytes: int) -> float:
+        """p50 of a device-to-device copy that moves ``nbytes`` in all (nbytes / 2 read, nbytes / 2
+        written), timed like every case: what moving nbytes costs at this size, ramp-up, tail and the
+        cold L2 included (a kernel far below the copy bandwidth may still be at this floor). Cached
+        per size."""
+        if nbytes not in self._copy_cache:
+            half = max(16, nbytes // 2 // 16 * 16)
+            src = torch.empty(half, dtype=torch.uint8, device=self.device)
+            dst = torch.empty_like(src)
+            self._copy_cache[nbytes] = statistics.median(self.sample(lambda: dst.copy_(src)))
+        return self._copy_cache[nbytes]
 
     def run(self, benchmark, fn) -> list[float]:
         """Benchmark ``fn``; returns the per-round times in microseconds."""

@@ -46,7 +46,8 @@
 
 // Row-length classes of softmax v1. Capacity = TPR * ELEMS elements. Short rows
 // give a row to a few lanes (several rows per warp), rows up to 1024 a warp or
-// two, longer rows a whole block; every thread keeps at most 32 floats live.
+// two, longer rows a whole block; every thread keeps at most 32 floats live,
+// except causal 4097..8192 (64, below).
 // Rows of 513..2048 take a shape by causality (bench/ab.py, NOTES v1e and v1h):
 //   513..1024   full: 2 warps x 16 elements    causal: 1 warp x 32
 //   1025..2048  full: 4 warps x 16 elements    causal: 2 warps x 32
@@ -54,9 +55,46 @@
 // spread each thread's fixed cost (index math, two reductions) over more of
 // the visible keys (4x32x2048x2048 causal 483 -> 394 us), while full rows at
 // 16 elements keep more threads resident (1-3% faster).
+// Causal rows of 4097..8192 keys: 1 block of 4 warps x 64 elements (NOTES v1j), not 8 warps x 32:
+// the same trade as v1i one class up (ptxas: 93 registers, no spills, sm_90a).
 // FA_V1_CAUSAL_SHAPES=0 gives causal rows the full-row shapes (for bench/ab.py).
+// FA_V1_CAUSAL_8192=0 keeps causal 4097..8192 at 8 warps x 32 (v1i), for bench/ab.py.
+// FA_V1_CAUSAL_SHORT (bench/ab.py, NOTES v1j): 1 gives causal rows of 65..128 keys 8 lanes x 16
+//   and 129..256 keys 16 lanes x 16; 2 gives them 4 x 32 and 8 x 32; 0 (default) the full-row shapes.
+// A switched-off class is not in the chain at all (FA_ROW_CLASS_OFF below): every class in
+// the chain is instantiated for every dtype, vector width and mask kind, whether or not a
+// runtime branch ever takes it.
 #ifndef FA_V1_CAUSAL_SHAPES
 #define FA_V1_CAUSAL_SHAPES 1
+#endif
+#ifndef FA_V1_CAUSAL_8192
+#define FA_V1_CAUSAL_8192 1
+#endif
+#ifndef FA_V1_CAUSAL_SHORT
+#define FA_V1_CAUSAL_SHORT 0
+#endif
+
+// One optional row class: `else if (COND) { TPR, ELEMS bound; body }`, or nothing.
+#define FA_ROW_CLASS_ON(COND, TPR, ELEMS, TPR_V, ELEMS_V, ...) \
+  else if (COND) {                                              \
+    constexpr int TPR = TPR_V, ELEMS = ELEMS_V;                 \
+    return __VA_ARGS__();                                       \
+  }
+#define FA_ROW_CLASS_OFF(COND, TPR, ELEMS, TPR_V, ELEMS_V, ...)
+#if FA_V1_CAUSAL_8192
+#define FA_ROW_CLASS_CAUSAL_8192 FA_ROW_CLASS_ON
+#else
+#define FA_ROW_CLASS_CAUSAL_8192 FA_ROW_CLASS_OFF
+#endif
+#if FA_V1_CAUSAL_SHORT == 1
+#define FA_ROW_CLASS_CAUSAL_SHORT FA_ROW_CLASS_ON
+#define FA_CAUSAL_SHORT_ELEMS 16
+#elif FA_V1_CAUSAL_SHORT == 2
+#define FA_ROW_CLASS_CAUSAL_SHORT FA_ROW_CLASS_ON
+#define FA_CAUSAL_SHORT_ELEMS 32
+#else
+#define FA_ROW_CLASS_CAUSAL_SHORT FA_ROW_CLASS_OFF
+#define FA_CAUSAL_SHORT_ELEMS 16
 #endif
 #define FA_SOFTMAX_ROW_CLASS(N, CAUSAL, TPR, ELEMS, ...)                        \
   [&] {                                                                         \
@@ -67,10 +105,16 @@
     } else if ((N) <= 64) {                                                     \
       constexpr int TPR = 8, ELEMS = 8;                                         \
       return __VA_ARGS__();                                                     \
-    } else if ((N) <= 128) {                                                    \
+    }                                                                           \
+    FA_ROW_CLASS_CAUSAL_SHORT((N) <= 128 && fa_wide_, TPR, ELEMS,               \
+                              128 / FA_CAUSAL_SHORT_ELEMS, FA_CAUSAL_SHORT_ELEMS, __VA_ARGS__) \
+    else if ((N) <= 128) {                                                      \
       constexpr int TPR = 16, ELEMS = 8;                                        \
       return __VA_ARGS__();                                                     \
-    } else if ((N) <= 256) {                                                    \
+    }                                                                           \
+    FA_ROW_CLASS_CAUSAL_SHORT((N) <= 256 && fa_wide_, TPR, ELEMS,               \
+                              256 / FA_CAUSAL_SHORT_ELEMS, FA_CAUSAL_SHORT_ELEMS, __VA_ARGS__) \
+    else if ((N) <= 256) {                                                      \
       constexpr int TPR = 32, ELEMS = 8;                                        \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 512) {                                                    \
@@ -91,7 +135,9 @@
     } else if ((N) <= 4096) {                                                   \
       constexpr int TPR = 128, ELEMS = 32;                                      \
       return __VA_ARGS__();                                                     \
-    } else if ((N) <= 8192) {                                                   \
+    }                                                                           \
+    FA_ROW_CLASS_CAUSAL_8192((N) <= 8192 && fa_wide_, TPR, ELEMS, 128, 64, __VA_ARGS__) \
+    else if ((N) <= 8192) {                                                     \
       constexpr int TPR = 256, ELEMS = 32;                                      \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 16384) {                                                  \

@@ -2,9 +2,9 @@
 
     python -m fused_attn.report RUN.json [RUN2.json ...] --out DIR [--bytes NCU.txt] [--profile PROFILE_DIR]
 
-Writes into DIR: micro.txt (latency p5/p50/p95, bandwidth, speedups), memory.txt (bytes
-moved per provider: modeled, and measured by `python -m fused_attn.bytes` when --bytes is
-given), gpt2.txt (GPT-2 end to end from bench/bench_gpt2.py: tokens/s, TTFT, TBT, speedup
+Writes into DIR: micro.txt (latency p5/p50/p95, bandwidth, % of the copy bandwidth and of a
+same-size copy, speedups), memory.txt (bytes moved per provider: modeled, and measured by
+`python -m fused_attn.bytes` when --bytes is given), gpt2.txt (GPT-2 end to end from bench/bench_gpt2.py: tokens/s, TTFT, TBT, speedup
 and token agreement vs hf-eager; with --profile, a summary of `python -m fused_attn.profile`'s
 tables), report.md (the same tables in Markdown) and PNG plots of the first run with softmax
 cases: latency vs N per provider, and % of the copy bandwidth vs N. Every table names the
@@ -43,9 +43,11 @@ def run_header(run: dict) -> str:
         commit += " (with uncommitted changes)"
     ceil = next((b["extra_info"] for b in run["benchmarks"] if "copy_gbps" in b["extra_info"]), {})
     ceilings = ", ".join(f"{k} {ceil[f'{k}_gbps']:.0f}" for k in ("copy", "read", "write") if f"{k}_gbps" in ceil)
+    floor = ceil.get("launch_floor_us")
     return (f"{mi.get('gpu_name', 'unknown GPU')} (driver {mi.get('driver', '?')}), torch {mi.get('torch', '?')}, "
             f"CUDA {mi.get('cuda', '?')}, commit {commit}, run {run.get('datetime', '?')}"
-            + (f"; measured GB/s: {ceilings}" if ceilings else ""))
+            + (f"; measured GB/s: {ceilings}" if ceilings else "")
+            + (f"; empty kernel {floor:.2f} us" if floor is not None else ""))
 
 
 def softmax_rows(run: dict) -> list[dict]:
@@ -62,7 +64,7 @@ def _fmt(v, spec: str, missing: str = "-") -> str:
 
 MICRO_COLS = (("shape [B,H,N,N]", "<18"), ("dtype", "<9"), ("causal", "<6"), ("provider", "<9"), ("p5 us", ">9"),
               ("p50 us", ">9"), ("p95 us", ">9"), ("GB/s", ">7"), ("% copy", ">6"), ("% roofline", ">10"),
-              ("x eager", ">7"), ("x compiled", ">10"))
+              ("% same-bytes copy", ">17"), ("x eager", ">7"), ("x compiled", ">10"))
 MEMORY_COLS = (("shape [B,H,N,N]", "<18"), ("dtype", "<9"), ("causal", "<6"), ("provider", "<9"), ("read MB", ">9"),
                ("write MB", ">9"), ("total MB", ">9"), ("x fused_v1", ">10"))
 
@@ -80,7 +82,8 @@ def micro_table(rows: list[dict], markdown: bool) -> list[str]:
     cells = [["x".join(map(str, r["shape"])), r["dtype"], "yes" if r["causal"] else "no", r["provider"],
               _fmt(r.get("p5_us"), ".1f"), _fmt(r.get("p50_us"), ".1f"), _fmt(r.get("p95_us"), ".1f"),
               _fmt(r.get("gbps"), ".0f"), _fmt(r.get("pct_of_copy_bw"), ".1f"), _fmt(r.get("pct_of_roofline"), ".1f"),
-              _fmt(r.get("speedup_vs_eager"), ".2f"), _fmt(r.get("speedup_vs_compiled"), ".2f")] for r in rows]
+              _fmt(r.get("pct_of_same_bytes_copy"), ".1f"), _fmt(r.get("speedup_vs_eager"), ".2f"),
+              _fmt(r.get("speedup_vs_compiled"), ".2f")] for r in rows]
     return render(MICRO_COLS, cells, markdown)
 
 

@@ -46,6 +46,23 @@ def test_report_speedups_match_the_run(tmp_path):
             assert f"{r['speedup_vs_eager']:.2f}" in line
 
 
+def test_report_shows_the_same_bytes_copy_and_the_empty_kernel(tmp_path):
+    run = json.loads(RUN.read_text())
+    for i, b in enumerate(run["benchmarks"]):
+        b["extra_info"].update(pct_of_same_bytes_copy=50.0 + i / 10, launch_floor_us=2.34)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    report.main([str(path), "--out", str(tmp_path / "r"), "--no-plots"])
+    lines = (tmp_path / "r" / "micro.txt").read_text().splitlines()
+    assert "empty kernel 2.34 us" in lines[0]
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("shape"))
+    col = lines[header].index("% same-bytes copy") + len("% same-bytes copy")
+    by_name = {b["name"]: b["extra_info"] for b in run["benchmarks"]}
+    rows = report.softmax_rows(run)
+    for r, line in zip(rows, lines[header + 1:]):
+        assert line[col - 6:col].strip() == f"{by_name[r['name']]['pct_of_same_bytes_copy']:.1f}"
+
+
 def test_report_rejects_a_file_that_is_not_a_benchmark_run(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")

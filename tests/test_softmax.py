@@ -246,6 +246,21 @@ def test_additive_finfo_min_on_every_key_gives_a_uniform_row(device, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sk", [100, 128, 200, 256, 4100, 5001, 8000, 8192])
+def test_causal_row_shapes_gpu(dtype, sk):
+    """The causal-only launch shapes (csrc/dispatch.h: 65..256 under FA_V1_CAUSAL_SHORT, 4097..8192)
+    over a whole causal triangle (seqlen_q = seqlen_k: every visible length from 1 to sk), with
+    and without a padding mask; odd sizes take the scalar path."""
+    gen = torch.Generator(device="cuda").manual_seed(sk)
+    lead = (2,) if sk <= 256 else ()
+    x = torch.randn(*lead, sk, sk, device="cuda", generator=gen).to(dtype) * 3
+    pad = torch.rand(*lead, 1, sk, device="cuda", generator=gen) > 0.2
+    check(x, 0.3, True, None)
+    check(x, 0.3, True, pad, use_out=False)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("version", [0, 1])
 def test_noncontiguous_and_inplace_gpu(version):
     x = torch.randn(4, 64, 3, 96, device="cuda", dtype=torch.float16).transpose(1, 2)  # [4,3,64,96] strided
