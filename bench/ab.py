@@ -20,9 +20,9 @@ import sys
 
 VARIANTS = {
     "auto": "",
-    "8192 c as 256x32": "-DFA_V1_CAUSAL_8192=0",
-    "short c x16": "-DFA_V1_CAUSAL_SHORT=1",
-    "short c x32": "-DFA_V1_CAUSAL_SHORT=2",
+    "early zeros": "-DFA_V1_EARLY_ZEROS=1",
+    "8192c 256x32 +ez": "-DFA_V1_CAUSAL_8192=0 -DFA_V1_EARLY_ZEROS=1",
+    "4096c as 64x64": "-DFA_V1_CAUSAL_4096=1",
 }
 SHAPES = [((1, 12, 128, 128), True), ((8, 12, 128, 128), True), ((16, 12, 128, 128), True),
           ((16, 12, 128, 128), False), ((16, 12, 256, 256), True), ((8, 12, 512, 512), True),

@@ -59,8 +59,10 @@
 // the same trade as v1i one class up (ptxas: 93 registers, no spills, sm_90a).
 // FA_V1_CAUSAL_SHAPES=0 gives causal rows the full-row shapes (for bench/ab.py).
 // FA_V1_CAUSAL_8192=0 keeps causal 4097..8192 at 8 warps x 32 (v1i), for bench/ab.py.
-// FA_V1_CAUSAL_SHORT (bench/ab.py, NOTES v1j): 1 gives causal rows of 65..128 keys 8 lanes x 16
-//   and 129..256 keys 16 lanes x 16; 2 gives them 4 x 32 and 8 x 32; 0 (default) the full-row shapes.
+// FA_V1_CAUSAL_SHORT (NOTES v1j): 1 (default) gives causal rows of 65..128 keys 8 lanes x 16 and
+//   129..256 keys 16 lanes x 16 (16x12x256x256 causal 18.1 -> 15.5 us); 2 gives them 4 x 32 and
+//   8 x 32 (slower); 0 the full-row shapes (16 x 8, 32 x 8).
+// FA_V1_CAUSAL_4096=1 gives causal 2049..4096 one block of 2 warps x 64 (for bench/ab.py).
 // A switched-off class is not in the chain at all (FA_ROW_CLASS_OFF below): every class in
 // the chain is instantiated for every dtype, vector width and mask kind, whether or not a
 // runtime branch ever takes it.
@@ -71,7 +73,10 @@
 #define FA_V1_CAUSAL_8192 1
 #endif
 #ifndef FA_V1_CAUSAL_SHORT
-#define FA_V1_CAUSAL_SHORT 0
+#define FA_V1_CAUSAL_SHORT 1
+#endif
+#ifndef FA_V1_CAUSAL_4096
+#define FA_V1_CAUSAL_4096 0
 #endif
 
 // One optional row class: `else if (COND) { TPR, ELEMS bound; body }`, or nothing.
@@ -85,6 +90,11 @@
 #define FA_ROW_CLASS_CAUSAL_8192 FA_ROW_CLASS_ON
 #else
 #define FA_ROW_CLASS_CAUSAL_8192 FA_ROW_CLASS_OFF
+#endif
+#if FA_V1_CAUSAL_4096
+#define FA_ROW_CLASS_CAUSAL_4096 FA_ROW_CLASS_ON
+#else
+#define FA_ROW_CLASS_CAUSAL_4096 FA_ROW_CLASS_OFF
 #endif
 #if FA_V1_CAUSAL_SHORT == 1
 #define FA_ROW_CLASS_CAUSAL_SHORT FA_ROW_CLASS_ON
@@ -132,7 +142,9 @@
     } else if ((N) <= 2048) {                                                   \
       constexpr int TPR = 128, ELEMS = 16;                                      \
       return __VA_ARGS__();                                                     \
-    } else if ((N) <= 4096) {                                                   \
+    }                                                                           \
+    FA_ROW_CLASS_CAUSAL_4096((N) <= 4096 && fa_wide_, TPR, ELEMS, 64, 64, __VA_ARGS__) \
+    else if ((N) <= 4096) {                                                     \
       constexpr int TPR = 128, ELEMS = 32;                                      \
       return __VA_ARGS__();                                                     \
     }                                                                           \
