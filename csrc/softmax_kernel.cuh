@@ -296,8 +296,10 @@ __host__ __device__ constexpr int v1_block_threads() {
 // Two choices per row class, measured with bench/ab.py (bench/NOTES.md, v1d):
 //  - early zeros: store the zeros of fully invisible packs right after the loads,
 //    before the reductions. Helps rows held by <= 16 elements per thread or by one
-//    warp (causal 2048: 70 -> 78% of copy bandwidth), hurts the 32-element
-//    block classes (4096 full: 87 -> 59%).
+//    warp (causal 2048: 70 -> 78% of copy bandwidth, v1d) and, since the lean loop
+//    (v1g), the 4-warp classes: causal 4096 (128 x 32) -1.4%, causal 8192 (128 x 64)
+//    -2.0% (v1j). Hurts the 2-warp causal 2048 class (64 x 32: +1.8%, v1j). The 8-warp
+//    and larger classes keep the v1d choice (off; it cost 4096 full 87 -> 59% before v1g).
 //  - residency: rows held in <= 16 elements per thread fit in 40 registers, so ask
 //    __launch_bounds__ for 1536 resident threads per SM there (4x32x2048x2048
 //    full: 89 -> 93%).
@@ -316,7 +318,7 @@ constexpr bool kLean = FA_V1_LEAN != 0;
 
 template <int TPR, int ELEMS>
 __host__ __device__ constexpr bool v1_early_zeros() {
-  return FA_V1_EARLY_ZEROS >= 0 ? FA_V1_EARLY_ZEROS == 1 : (TPR <= 32 || ELEMS <= 16);
+  return FA_V1_EARLY_ZEROS >= 0 ? FA_V1_EARLY_ZEROS == 1 : (TPR <= 32 || ELEMS <= 16 || TPR == 128);
 }
 
 template <int TPR, int ELEMS>
