@@ -1,6 +1,6 @@
 """A/B timing of build-time kernel variants in one GPU session.
 
-    python -m bench.ab [--rounds 50]
+    python -m bench.ab [--rounds 50] [--repeat 3]
 
 Builds every variant in VARIANTS in parallel (each its own cache entry, through
 FUSED_ATTN_NVCC_FLAGS), then times fused_v1 for each in a separate process on the same
@@ -20,15 +20,15 @@ import sys
 
 VARIANTS = {
     "auto": "",
-    "early zeros": "-DFA_V1_EARLY_ZEROS=1",
-    "8192c 256x32 +ez": "-DFA_V1_CAUSAL_8192=0 -DFA_V1_EARLY_ZEROS=1",
-    "4096c as 64x64": "-DFA_V1_CAUSAL_4096=1",
+    "short block 64": "-DFA_V1_SHORT_BLOCK=64",
+    "short block 256": "-DFA_V1_SHORT_BLOCK=256",
+    "short block 512": "-DFA_V1_SHORT_BLOCK=512",
 }
-SHAPES = [((1, 12, 128, 128), True), ((8, 12, 128, 128), True), ((16, 12, 128, 128), True),
-          ((16, 12, 128, 128), False), ((16, 12, 256, 256), True), ((8, 12, 512, 512), True),
-          ((1, 12, 1024, 1024), True), ((1, 12, 1024, 1024), False), ((8, 12, 1024, 1024), True),
-          ((4, 32, 2048, 2048), True), ((1, 16, 4096, 4096), True), ((1, 16, 8192, 8192), True),
-          ((1, 16, 8192, 8192), False)]
+SHAPES = [((1, 12, 128, 128), True), ((1, 12, 128, 128), False), ((8, 12, 128, 128), True),
+          ((8, 12, 128, 128), False), ((16, 12, 128, 128), True), ((16, 12, 128, 128), False),
+          ((16, 12, 256, 256), True), ((1, 12, 512, 512), True), ((8, 12, 512, 512), True),
+          ((8, 12, 512, 512), False), ((16, 12, 512, 512), True), ((16, 12, 512, 512), False),
+          ((8, 12, 1024, 1024), True)]
 
 
 def worker(rounds: int) -> None:
@@ -63,6 +63,7 @@ def main() -> int:
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--repeat", type=int, default=1, help="run the variant sequence this many times, interleaved")
     args = ap.parse_args()
     if args.worker:
         worker(args.rounds)
@@ -76,23 +77,33 @@ def main() -> int:
         if proc.returncode:
             print(f"build of {k} failed:\n{out[-3000:]}")
             return 1
-    results = {}
-    for k in names:
-        r = subprocess.run([sys.executable, "-m", "bench.ab", "--worker", "--rounds", str(args.rounds)], env=envs[k],
-                           capture_output=True, text=True)
-        if r.returncode:
-            print(f"{k} failed:\n{r.stderr[-3000:]}")
-            return 1
-        results[k] = json.loads(r.stdout.strip().splitlines()[-1])
-    print("fused_v1 float16 p50 us (% of copy bandwidth / % of read-write roofline), one session; "
-          "ceilings GB/s: " + "; ".join(f"{k}: {v['ceilings']}" for k, v in results.items()))
-    print("empty kernel us: " + "; ".join(f"{k}: {v['floor_us']}" for k, v in results.items()))
-    print(f"{'shape':<22}{'same-bytes copy us':>19}" + "".join(f"{k:>22}" for k in names))
+    # The variants run one after another, each in its own process; --repeat R runs the whole
+    # sequence R times (ABCD ABCD), so a drift during the session shows as a spread between
+    # repeats of the same variant instead of as a difference between variants.
+    results: dict[str, list[dict]] = {k: [] for k in names}
+    for _ in range(args.repeat):
+        for k in names:
+            r = subprocess.run([sys.executable, "-m", "bench.ab", "--worker", "--rounds", str(args.rounds)],
+                               env=envs[k], capture_output=True, text=True)
+            if r.returncode:
+                print(f"{k} failed:\n{r.stderr[-3000:]}")
+                return 1
+            results[k].append(json.loads(r.stdout.strip().splitlines()[-1]))
+    print("fused_v1 float16 p50 us (% of copy bandwidth / % of read-write roofline), one session"
+          + (f"; median of {args.repeat} interleaved repeats, each repeat's p50 in brackets" if args.repeat > 1 else "")
+          + "; ceilings GB/s: " + "; ".join(f"{k}: {v[0]['ceilings']}" for k, v in results.items()))
+    print("empty kernel us: " + "; ".join(f"{k}: {'/'.join(str(r['floor_us']) for r in v)}" for k, v in results.items()))
+    width = 22 + 8 * (args.repeat if args.repeat > 1 else 0)
+    print(f"{'shape':<22}{'same-bytes copy us':>19}" + "".join(f"{k:>{width}}" for k in names))
     for i, (shape, causal) in enumerate(SHAPES):
         label = "x".join(map(str, shape)) + (" c" if causal else "")
-        cells = [f"{r['p50_us']:>8.1f} ({r['pct_copy']:>4.1f}/{r['pct_roof']:>4.1f}%)"
-                 for r in (results[k]["rows"][i] for k in names)]
-        print(f"{label:<22}{results[names[0]]['rows'][i]['copy_us']:>19.1f}" + "".join(f"{c:>22}" for c in cells))
+        cells = []
+        for k in names:
+            reps = [rep["rows"][i] for rep in results[k]]
+            mid = sorted(reps, key=lambda r: r["p50_us"])[len(reps) // 2]
+            each = " [" + "/".join(f"{r['p50_us']:.1f}" for r in reps) + "]" if args.repeat > 1 else ""
+            cells.append(f"{mid['p50_us']:>8.1f} ({mid['pct_copy']:>4.1f}/{mid['pct_roof']:>4.1f}%){each}")
+        print(f"{label:<22}{results[names[0]][0]['rows'][i]['copy_us']:>19.1f}" + "".join(f"{c:>{width}}" for c in cells))
     return 0
 
 

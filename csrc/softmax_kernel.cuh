@@ -284,9 +284,13 @@ __global__ void __launch_bounds__(kV0Threads)
 // ---------------------------------------------------------------------------
 // v1: fused; the row lives in registers between its one read and one write.
 // ---------------------------------------------------------------------------
+// Rows of <= 32 threads share a block of FA_V1_SHORT_BLOCK threads (bench/ab.py, NOTES v1k).
+#ifndef FA_V1_SHORT_BLOCK
+#define FA_V1_SHORT_BLOCK 128
+#endif
 template <int TPR>
 __host__ __device__ constexpr int v1_block_threads() {
-  return TPR > 32 ? TPR : 128;
+  return TPR > 32 ? TPR : FA_V1_SHORT_BLOCK;
 }
 
 // TPR threads own a row; each holds ITERS packs of VEC elements. Pack k of a
