@@ -4,17 +4,19 @@
 
 Writes into DIR: micro.txt (latency p5/p50/p95, bandwidth, % of the copy bandwidth and of a
 same-size copy, speedups), memory.txt (bytes moved per provider: modeled, and measured by
-`python -m fused_attn.bytes` when --bytes is given), gpt2.txt (GPT-2 end to end from bench/bench_gpt2.py: tokens/s, TTFT, TBT, speedup
-and token agreement vs hf-eager; with --profile, a summary of `python -m fused_attn.profile`'s
-tables), report.md (the same tables in Markdown) and PNG plots of the first run with softmax
-cases: latency vs N per provider, and % of the copy bandwidth vs N. Every table names the
-GPU, torch/CUDA, commit, dtype and shapes.
+`python -m fused_attn.bytes` when --bytes is given), gpt2.txt (GPT-2 end to end from
+bench/bench_gpt2.py: tokens/s, TTFT, TBT, speedup and token agreement vs hf-eager; with --profile, a
+summary of `python -m fused_attn.profile`'s tables), report.md (the same tables in Markdown) and PNG
+plots of the first run with softmax cases: latency vs N per provider (with a device copy of
+fused_v1's bytes, where measured), and % of the copy bandwidth vs N. Every table names the GPU,
+torch/CUDA, commit, dtype and shapes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -214,6 +216,9 @@ def plot(rows: list[dict], out: Path, header: str) -> list[Path]:
             ax1.plot(ns, [r["p50_us"] for _, r in pts], marker="o", label=p)
             if all("pct_of_copy_bw" in r for _, r in pts):
                 ax2.plot(ns, [r["pct_of_copy_bw"] for _, r in pts], marker="o", label=p)
+            if p == "fused_v1" and all("same_bytes_copy_us" in r for _, r in pts):
+                ax1.plot(ns, [r["same_bytes_copy_us"] for _, r in pts], linestyle="--", color="gray",
+                         label="device copy of fused_v1's bytes")
         for ax, ylabel in ((ax1, "p50 latency (us)"), (ax2, "% of copy bandwidth (modeled bytes)")):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("N (seqlen_q = seqlen_k)")
@@ -221,7 +226,8 @@ def plot(rows: list[dict], out: Path, header: str) -> list[Path]:
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)
         ax1.set_yscale("log")
-        fig.suptitle(f"softmax [{batch},12,N,N] {dtype} {'causal' if causal else 'full'}\n{header}", fontsize=8)
+        title = f"softmax [{batch},12,N,N] {dtype} {'causal' if causal else 'full'}\n" + "\n".join(textwrap.wrap(header, 160))
+        fig.suptitle(title, fontsize=8)
         fig.tight_layout()
         path = out / f"softmax_b{batch}_{dtype}_{'causal' if causal else 'full'}.png"
         fig.savefig(path, dpi=110)
