@@ -15,6 +15,11 @@ L2_FLUSH_BYTES = 256 << 20
 # device time only, never host launch overhead (~10-60 us for a Python op or a compiled
 # graph, more than a small kernel takes).
 SPIN_CYCLES = 200_000  # ~100 us at 1.98 GHz
+# Before each case's warm-up calls: ~20 ms of spinning, so every case starts from a busy GPU at its
+# boost clock whatever ran before it (a compile, an idle gap, a heavy case). Kernels of a few us
+# move with the SM clock: back-to-back runs of 0005 differed by 2-4% at N = 128, the empty kernel
+# by 2% (bench/NOTES.md, v1l).
+CLOCK_WARMUP_CYCLES = 40_000_000
 
 
 class EventClock:
@@ -62,6 +67,8 @@ class DeviceTimer:
         return time.perf_counter() - t0
 
     def _warm_up(self, fn) -> None:
+        if self.cuda:
+            torch.cuda._sleep(CLOCK_WARMUP_CYCLES)
         for _ in range(self.warmup):
             fn()
         if self.cuda:
