@@ -55,14 +55,16 @@
 // spread each thread's fixed cost (index math, two reductions) over more of
 // the visible keys (4x32x2048x2048 causal 483 -> 394 us), while full rows at
 // 16 elements keep more threads resident (1-3% faster).
-// Causal rows of 4097..8192 keys: 1 block of 4 warps x 64 elements (NOTES v1j), not 8 warps x 32:
-// the same trade as v1i one class up (ptxas: 93 registers, no spills, sm_90a).
+// Causal rows of 4097..8192 keys: 1 block of 4 warps x 64 elements (NOTES v1j; ptxas: 93 registers,
+// no spills, sm_90a) instead of 8 warps x 32: 1.4% faster alone; with the early zeros of the
+// 4-warp classes (softmax_kernel.cuh) 856 us against 858 us for 8 warps x 32 with early zeros.
 // FA_V1_CAUSAL_SHAPES=0 gives causal rows the full-row shapes (for bench/ab.py).
 // FA_V1_CAUSAL_8192=0 keeps causal 4097..8192 at 8 warps x 32 (v1i), for bench/ab.py.
 // FA_V1_CAUSAL_SHORT (NOTES v1j): 1 (default) gives causal rows of 65..128 keys 8 lanes x 16 and
 //   129..256 keys 16 lanes x 16 (16x12x256x256 causal 18.1 -> 15.5 us); 2 gives them 4 x 32 and
 //   8 x 32 (slower); 0 the full-row shapes (16 x 8, 32 x 8).
-// FA_V1_CAUSAL_4096=1 gives causal 2049..4096 one block of 2 warps x 64 (for bench/ab.py).
+// FA_V1_CAUSAL_4096=1 gives causal 2049..4096 one block of 2 warps x 64 (for bench/ab.py; slower:
+//   1x16x4096x4096 causal 220 vs 207 us, NOTES v1j).
 // A switched-off class is not in the chain at all (FA_ROW_CLASS_OFF below): every class in
 // the chain is instantiated for every dtype, vector width and mask kind, whether or not a
 // runtime branch ever takes it.
