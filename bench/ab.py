@@ -4,8 +4,9 @@
 
 Builds every variant in VARIANTS in parallel (each its own cache entry, through
 FUSED_ATTN_NVCC_FLAGS), then times fused_v1 for each in a separate process on the same
-inputs (CUDA events, cold L2, median) and prints one table: variant x shape, p50 and %
-of the measured copy bandwidth. Versions that win here become the default in
+inputs (CUDA events, cold L2, median) and prints one table: variant x shape, p50, % of the
+measured copy bandwidth and of the read/write roofline, beside the time of a device copy of the
+same bytes; the empty kernel's time per variant heads it. Versions that win here become the default in
 csrc/softmax_kernel.cuh; the table goes into bench/NOTES.md.
 """
 

@@ -61,10 +61,9 @@
 // FA_V1_CAUSAL_SHAPES=0 gives causal rows the full-row shapes (for bench/ab.py).
 // FA_V1_CAUSAL_8192=0 keeps causal 4097..8192 at 8 warps x 32 (v1i), for bench/ab.py.
 // FA_V1_CAUSAL_SHORT (NOTES v1j): 1 (default) gives causal rows of 65..128 keys 8 lanes x 16 and
-//   129..256 keys 16 lanes x 16 (16x12x256x256 causal 18.1 -> 15.5 us); 2 gives them 4 x 32 and
-//   8 x 32 (slower); 0 the full-row shapes (16 x 8, 32 x 8).
-// FA_V1_CAUSAL_4096=1 gives causal 2049..4096 one block of 2 warps x 64 (for bench/ab.py; slower:
-//   1x16x4096x4096 causal 220 vs 207 us, NOTES v1j).
+//   129..256 keys 16 lanes x 16 (16x12x256x256 causal 18.1 -> 15.5 us); 0 the full-row shapes
+//   (16 x 8, 32 x 8). Tried and dropped (NOTES v1j): 4 x 32 / 8 x 32 for these rows, and causal
+//   2049..4096 as 2 warps x 64 (1x16x4096x4096 causal 220 vs 207 us).
 // A switched-off class is not in the chain at all (FA_ROW_CLASS_OFF below): every class in
 // the chain is instantiated for every dtype, vector width and mask kind, whether or not a
 // runtime branch ever takes it.
@@ -76,9 +75,6 @@
 #endif
 #ifndef FA_V1_CAUSAL_SHORT
 #define FA_V1_CAUSAL_SHORT 1
-#endif
-#ifndef FA_V1_CAUSAL_4096
-#define FA_V1_CAUSAL_4096 0
 #endif
 
 // One optional row class: `else if (COND) { TPR, ELEMS bound; body }`, or nothing.
@@ -93,20 +89,10 @@
 #else
 #define FA_ROW_CLASS_CAUSAL_8192 FA_ROW_CLASS_OFF
 #endif
-#if FA_V1_CAUSAL_4096
-#define FA_ROW_CLASS_CAUSAL_4096 FA_ROW_CLASS_ON
-#else
-#define FA_ROW_CLASS_CAUSAL_4096 FA_ROW_CLASS_OFF
-#endif
-#if FA_V1_CAUSAL_SHORT == 1
+#if FA_V1_CAUSAL_SHORT
 #define FA_ROW_CLASS_CAUSAL_SHORT FA_ROW_CLASS_ON
-#define FA_CAUSAL_SHORT_ELEMS 16
-#elif FA_V1_CAUSAL_SHORT == 2
-#define FA_ROW_CLASS_CAUSAL_SHORT FA_ROW_CLASS_ON
-#define FA_CAUSAL_SHORT_ELEMS 32
 #else
 #define FA_ROW_CLASS_CAUSAL_SHORT FA_ROW_CLASS_OFF
-#define FA_CAUSAL_SHORT_ELEMS 16
 #endif
 #define FA_SOFTMAX_ROW_CLASS(N, CAUSAL, TPR, ELEMS, ...)                        \
   [&] {                                                                         \
@@ -118,14 +104,12 @@
       constexpr int TPR = 8, ELEMS = 8;                                         \
       return __VA_ARGS__();                                                     \
     }                                                                           \
-    FA_ROW_CLASS_CAUSAL_SHORT((N) <= 128 && fa_wide_, TPR, ELEMS,               \
-                              128 / FA_CAUSAL_SHORT_ELEMS, FA_CAUSAL_SHORT_ELEMS, __VA_ARGS__) \
+    FA_ROW_CLASS_CAUSAL_SHORT((N) <= 128 && fa_wide_, TPR, ELEMS, 8, 16, __VA_ARGS__) \
     else if ((N) <= 128) {                                                      \
       constexpr int TPR = 16, ELEMS = 8;                                        \
       return __VA_ARGS__();                                                     \
     }                                                                           \
-    FA_ROW_CLASS_CAUSAL_SHORT((N) <= 256 && fa_wide_, TPR, ELEMS,               \
-                              256 / FA_CAUSAL_SHORT_ELEMS, FA_CAUSAL_SHORT_ELEMS, __VA_ARGS__) \
+    FA_ROW_CLASS_CAUSAL_SHORT((N) <= 256 && fa_wide_, TPR, ELEMS, 16, 16, __VA_ARGS__) \
     else if ((N) <= 256) {                                                      \
       constexpr int TPR = 32, ELEMS = 8;                                        \
       return __VA_ARGS__();                                                     \
@@ -144,9 +128,7 @@
     } else if ((N) <= 2048) {                                                   \
       constexpr int TPR = 128, ELEMS = 16;                                      \
       return __VA_ARGS__();                                                     \
-    }                                                                           \
-    FA_ROW_CLASS_CAUSAL_4096((N) <= 4096 && fa_wide_, TPR, ELEMS, 64, 64, __VA_ARGS__) \
-    else if ((N) <= 4096) {                                                     \
+    } else if ((N) <= 4096) {                                                   \
       constexpr int TPR = 128, ELEMS = 32;                                      \
       return __VA_ARGS__();                                                     \
     }                                                                           \
