@@ -121,6 +121,17 @@ def check(x, scale, causal, mask, version=1, use_out=True):
                    mask="bool_unfoldable", magnitude=1.0, use_out=True, seed=3))
 @example(case=dict(lead=(), sq=2048, sk=2047, dtype=torch.float32, version=1, scale=-0.7, causal=True,
                    mask="bool_qk", magnitude=1e2, use_out=True, seed=4))
+# The causal-only launch shapes (csrc/dispatch.h): 4097..8192 keys with its first rows fully masked
+# (seqlen_q > seqlen_k), an odd length (scalar path) and bfloat16 extremes; the same at sq = 1;
+# 65..128 keys, odd, fully masked rows, float16 extremes; 129..256 keys, vectorized, with a mask.
+@example(case=dict(lead=(2,), sq=5003, sk=5001, dtype=torch.bfloat16, version=1, scale=0.125, causal=True,
+                   mask="add_padding", magnitude=1e4, use_out=True, seed=5))
+@example(case=dict(lead=(4, 3), sq=1, sk=8192, dtype=torch.float16, version=1, scale=1.0, causal=True,
+                   mask="none", magnitude=1e2, use_out=True, seed=6))
+@example(case=dict(lead=(3, 4), sq=130, sk=127, dtype=torch.float16, version=1, scale=0.01, causal=True,
+                   mask="bool_qk", magnitude=1e4, use_out=True, seed=7))
+@example(case=dict(lead=(2, 3), sq=256, sk=256, dtype=torch.float16, version=1, scale=0.5, causal=True,
+                   mask="bool_full", magnitude=10.0, use_out=False, seed=8))
 def test_matches_reference_gpu(case):
     run_case(case, "cuda")
 
@@ -164,6 +175,8 @@ def extreme_input(case, device):
 @given(case=extreme_case())
 @example(case=dict(dtype=torch.float16, sq=3, sk=1024, kind="fp16_edge", version=1, causal=False, seed=0))
 @example(case=dict(dtype=torch.float32, sq=1, sk=1, kind="neg_inf_entries", version=1, causal=False, seed=5))
+@example(case=dict(dtype=torch.float16, sq=64, sk=8000, kind="fp16_edge", version=1, causal=True, seed=6))
+@example(case=dict(dtype=torch.bfloat16, sq=128, sk=120, kind="huge", version=1, causal=True, seed=7))
 def test_extreme_magnitudes_gpu(case):
     x, scale = extreme_input(case, "cuda")
     check(x, scale, case["causal"], None, case["version"])
