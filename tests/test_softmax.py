@@ -364,7 +364,7 @@ def test_empty(device, shape):
 
 BAD_INPUTS = [
     (lambda d: dict(x=torch.zeros(2, 3, dtype=torch.int64, device=d)), ValueError,
-     r"x must have dtype float32, float16 or bfloat16, got torch.int64"),
+     r"x must have dtype float32, float16,? (or )?bfloat16( or float64 \(CPU\))?, got torch.int64"),
     (lambda d: dict(x=torch.zeros(5, device=d)), ValueError,
      r"x must have at least 2 dims \[\.\.\., seqlen_q, seqlen_k\], got \(5,\)"),
     (lambda d: dict(x=torch.zeros(2, 3, device=d), scale=math.inf), ValueError, r"scale must be a finite number, got inf"),
