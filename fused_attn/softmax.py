@@ -32,16 +32,18 @@ def check_args(
     attn_mask: torch.Tensor | None,
     out: torch.Tensor | None,
     version: int,
+    name: str = "x",
 ) -> None:
-    """Raise ValueError / TypeError naming the bad argument (same messages as csrc/softmax.cu)."""
+    """Raise ValueError / TypeError naming the bad argument (same messages as csrc/softmax.cu).
+    ``name``: what the scores tensor is called in the caller's signature (``y`` in the backward)."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.device.type == "cpu" and x.dtype not in _CPU_DTYPES:
-        raise ValueError(f"x must have dtype float32, float16, bfloat16 or float64 (CPU), got {x.dtype}")
+        raise ValueError(f"{name} must have dtype float32, float16, bfloat16 or float64 (CPU), got {x.dtype}")
     if x.device.type != "cpu" and x.dtype not in _DTYPES:
-        raise ValueError(f"x must have dtype float32, float16 or bfloat16, got {x.dtype}")
+        raise ValueError(f"{name} must have dtype float32, float16 or bfloat16, got {x.dtype}")
     if x.dim() < 2:
-        raise ValueError(f"x must have at least 2 dims [..., seqlen_q, seqlen_k], got {_shape(x)}")
+        raise ValueError(f"{name} must have at least 2 dims [..., seqlen_q, seqlen_k], got {_shape(x)}")
     if isinstance(scale, bool) or not isinstance(scale, Real) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
     if version not in VERSIONS:
@@ -164,7 +166,7 @@ def scaled_masked_softmax_backward(
 
 
 def _check_backward_args(grad: torch.Tensor, y: torch.Tensor, scale: float) -> None:
-    check_args(y, scale, None, None, 1)
+    check_args(y, scale, None, None, 1, name="y")
     if not isinstance(grad, torch.Tensor):
         raise TypeError(f"grad must be a torch.Tensor, got {type(grad).__name__}")
     if grad.device != y.device:
