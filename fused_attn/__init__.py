@@ -8,7 +8,7 @@ pure-PyTorch path with the same semantics.
 """
 
 from fused_attn._ops import ensure_loaded as load
-from fused_attn.softmax import scaled_masked_softmax
+from fused_attn.softmax import scaled_masked_softmax, scaled_masked_softmax_backward
 
-__all__ = ["load", "scaled_masked_softmax"]
+__all__ = ["load", "scaled_masked_softmax", "scaled_masked_softmax_backward"]
 __version__ = "0.1.0"
