@@ -12,7 +12,7 @@ rather than arithmetic alone. Needs a GPU and ncu.
 Writes a kernel leaves in L2: ncu flushes the caches before each profiled kernel, so a kernel
 starts on an empty L2, but the lines it writes and that are still resident (dirty) when it ends
 are written back by the next flush, outside every measurement: ``dram__bytes_write`` misses up to
-one L2 (50 MiB on an H100/H200) of each kernel's writes (e.g. fused_v1 at 8x12x1024x1024 causal:
+one L2 (50 MiB on an H100, 60 MiB on an H200) of each kernel's writes (e.g. fused_v1 at 8x12x1024x1024 causal:
 201 MB written, 176 MB seen by DRAM). The L2 counts every store that arrives from the SMs
 (``lts__t_sectors_srcunit_tex_op_write`` x 32 B), and all of them reach DRAM in the end (these
 kernels write each byte once), so the table prints the DRAM writes, the L2 writes, their

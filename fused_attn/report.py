@@ -86,13 +86,16 @@ def render(cols: tuple[tuple[str, str], ...], rows: list[list[str]], markdown: b
             *(" ".join(format(cell, align) for cell, (_, align) in zip(cells, cols)) for cells in rows)]
 
 
-def micro_table(rows: list[dict], markdown: bool) -> list[str]:
+def micro_table(rows: list[dict], markdown: bool, backward: bool = False) -> list[str]:
+    """Latency, bandwidth and speedups per case (backward: no compiled_iota, a forward-only provider)."""
+    cols = MICRO_COLS[:-1] if backward else MICRO_COLS
     cells = [["x".join(map(str, r["shape"])), r["dtype"], "yes" if r["causal"] else "no", r["provider"],
               _fmt(r.get("p5_us"), ".1f"), _fmt(r.get("p50_us"), ".1f"), _fmt(r.get("p95_us"), ".1f"),
               _fmt(r.get("gbps"), ".0f"), _fmt(r.get("pct_of_copy_bw"), ".1f"), _fmt(r.get("pct_of_roofline"), ".1f"),
               _fmt(r.get("pct_of_same_bytes_copy"), ".1f"), _fmt(r.get("speedup_vs_eager"), ".2f"),
-              _fmt(r.get("speedup_vs_compiled"), ".2f"), _fmt(r.get("speedup_vs_compiled_iota"), ".2f")] for r in rows]
-    return render(MICRO_COLS, cells, markdown)
+              _fmt(r.get("speedup_vs_compiled"), ".2f"), _fmt(r.get("speedup_vs_compiled_iota"), ".2f")][:len(cols)]
+             for r in rows]
+    return render(cols, cells, markdown)
 
 
 def memory_table(rows: list[dict], markdown: bool, backward: bool = False) -> list[str]:
@@ -266,10 +269,10 @@ def main(argv: list[str] | None = None) -> int:
             if not rs:
                 continue
             title = BACKWARD_TITLE if backward else "scaled_masked_softmax"
-            micro += [f"# {title}: {header}", f"# source: {source}", *micro_table(rs, False), ""]
+            micro += [f"# {title}: {header}", f"# source: {source}", *micro_table(rs, False, backward), ""]
             memory += [f"# {title}: {header} (modeled bytes)", f"# source: {source}",
                        *memory_table(rs, False, backward), ""]
-            md += [f"## {title}: {header}", "", f"Source: `{source}`", "", *micro_table(rs, True), "",
+            md += [f"## {title}: {header}", "", f"Source: `{source}`", "", *micro_table(rs, True, backward), "",
                    "### Bytes moved (modeled)", "", *memory_table(rs, True, backward), ""]
         if rows and not args.no_plots and not pngs:  # plots of the first run with softmax cases
             pngs += plot(rows, args.out, header)
