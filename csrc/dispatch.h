@@ -5,6 +5,8 @@
 // FA_SOFTMAX_ROW_CLASS(n, causal, TPR, ELEMS, ...) binds the launch shape of softmax v1 for a row of n
 //   elements: TPR threads cooperate on one row and each holds ELEMS elements in registers.
 //   TPR == 0 selects the streaming (online-softmax) path for rows too long for registers.
+// FA_SOFTMAX_BACKWARD_ROW_CLASS(n, TPR, ELEMS, ...) the same for the softmax backward, which holds
+//   two arrays (y and dy) per thread.
 // The body is a lambda, so `return` inside it returns from the lambda.
 // Torch-free except FA_DISPATCH_FLOAT, which expands only where ATen is included.
 #pragma once
@@ -144,6 +146,46 @@
       return __VA_ARGS__();                                                     \
     } else {                                                                    \
       constexpr int TPR = 0, ELEMS = 0;                                         \
+      return __VA_ARGS__();                                                     \
+    }                                                                           \
+  }()
+
+// Row-length classes of the softmax backward. Each thread holds ELEMS = 16 elements of y and of dy
+// (32 values: the register budget of the forward's 32-element classes), so TPR doubles with the row:
+// a few lanes per row up to 256 keys, a warp at 512, a block of up to 1024 threads at 16384. Longer
+// rows take the two-pass streaming kernel (TPR == 0). One shape for causal and full rows.
+#define FA_SOFTMAX_BACKWARD_ROW_CLASS(N, TPR, ELEMS, ...)                       \
+  [&] {                                                                         \
+    constexpr int ELEMS = 16;                                                   \
+    if ((N) <= 64) {                                                            \
+      constexpr int TPR = 4;                                                    \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 128) {                                                    \
+      constexpr int TPR = 8;                                                    \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 256) {                                                    \
+      constexpr int TPR = 16;                                                   \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 512) {                                                    \
+      constexpr int TPR = 32;                                                   \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 1024) {                                                   \
+      constexpr int TPR = 64;                                                   \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 2048) {                                                   \
+      constexpr int TPR = 128;                                                  \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 4096) {                                                   \
+      constexpr int TPR = 256;                                                  \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 8192) {                                                   \
+      constexpr int TPR = 512;                                                  \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 16384) {                                                  \
+      constexpr int TPR = 1024;                                                 \
+      return __VA_ARGS__();                                                     \
+    } else {                                                                    \
+      constexpr int TPR = 0;                                                    \
       return __VA_ARGS__();                                                     \
     }                                                                           \
   }()

@@ -8,10 +8,16 @@ TORCH_LIBRARY(fused_attn, m) {
   // softmax(x * scale + attn_mask) over the last dim of x [..., seqlen_q, seqlen_k];
   // causal masks key j for query i unless j <= i + seqlen_k - seqlen_q.
   // version: 0 = textbook kernel, 1 = fused kernel (default).
+  // attn_mask is positional here (keyword-only in the Python API): torch.library's
+  // register_autograd takes no keyword-only tensors, and an additive mask can require grad.
   m.def(
-      "scaled_masked_softmax(Tensor x, float scale=1.0, *, bool causal=False, "
-      "Tensor? attn_mask=None, int version=1) -> Tensor");
+      "scaled_masked_softmax(Tensor x, float scale=1.0, Tensor? attn_mask=None, *, "
+      "bool causal=False, int version=1) -> Tensor");
+  // The out= variant records no gradient: it raises when an input requires grad.
   m.def(
-      "scaled_masked_softmax_out(Tensor x, float scale, *, bool causal, "
-      "Tensor? attn_mask, int version, Tensor(a!) out) -> ()");
+      "scaled_masked_softmax_out(Tensor x, float scale, Tensor? attn_mask, *, bool causal, "
+      "int version, Tensor(a!) out) -> ()");
+  // Backward of scaled_masked_softmax: dx = scale * y * (grad - sum_j grad * y) per row, with
+  // y the forward's output (its zeros carry the mask). Differentiable again (double backward).
+  m.def("scaled_masked_softmax_backward(Tensor grad, Tensor y, float scale, *, bool causal=False) -> Tensor");
 }

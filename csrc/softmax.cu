@@ -1,6 +1,7 @@
-// Launcher of scaled_masked_softmax: argument checks, mask-view canonicalization,
-// version / dtype / row-class dispatch. Device code and the design notes are in
-// softmax_kernel.cuh.
+// Launchers of scaled_masked_softmax and its backward: argument checks, mask-view
+// canonicalization, version / dtype / row-class dispatch. Device code and the design
+// notes are in softmax_kernel.cuh. Autograd is registered from Python
+// (fused_attn/softmax.py) on top of these ops.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -16,11 +17,13 @@
 
 namespace fused_attn {
 
-// launch_v1 is instantiated per dtype in softmax_v1_<dtype>.cu so the
-// ~70 kernels of v1 compile in parallel.
+// launch_v1 and launch_backward are instantiated per dtype in softmax_v1_<dtype>.cu
+// so the ~130 kernels compile in parallel.
 #define FA_EXTERN_V1(T)                                                   \
   extern template void launch_v1<T, 16 / sizeof(T)>(const SoftmaxParams&, cudaStream_t); \
-  extern template void launch_v1<T, 1>(const SoftmaxParams&, cudaStream_t);
+  extern template void launch_v1<T, 1>(const SoftmaxParams&, cudaStream_t); \
+  extern template void launch_backward<T, 16 / sizeof(T)>(const SoftmaxBackwardParams&, cudaStream_t); \
+  extern template void launch_backward<T, 1>(const SoftmaxBackwardParams&, cudaStream_t);
 FA_EXTERN_V1(float)
 FA_EXTERN_V1(__half)
 FA_EXTERN_V1(__nv_bfloat16)
@@ -76,20 +79,24 @@ void set_mask_view(SoftmaxParams& p, const at::Tensor& x, at::Tensor& mask) {
   p.mask_stride_k = m.stride(-1);
 }
 
+// The checks on the scores tensor (x, or y in the backward) that guard the launch.
+#define FA_CHECK_SCORES(x)                                                                   \
+  FA_CHECK_CUDA(x);                                                                          \
+  FA_CHECK_ARG((x).scalar_type() == at::kFloat || (x).scalar_type() == at::kHalf ||          \
+                   (x).scalar_type() == at::kBFloat16,                                       \
+               x, "have dtype float32, float16 or bfloat16", dtype_str((x).scalar_type()));  \
+  FA_CHECK_ARG((x).dim() >= 2, x, "have at least 2 dims [..., seqlen_q, seqlen_k]",          \
+               shape_str((x).sizes()));                                                      \
+  FA_CHECK_ARG((x).size(-1) <= std::numeric_limits<int>::max() &&                            \
+                   (x).size(-2) <= std::numeric_limits<int>::max(),                          \
+               x, "have seqlen_q and seqlen_k below 2**31", shape_str((x).sizes()));         \
+  FA_CHECK_ARG((x).numel() / std::max<int64_t>((x).size(-1), 1) < (int64_t(1) << 31), x,     \
+               "have fewer than 2**31 rows (product of all dims but the last)",             \
+               shape_str((x).sizes()))
+
 void check_args(const at::Tensor& x, double scale, const std::optional<at::Tensor>& attn_mask,
                 int64_t version, const at::Tensor* out) {
-  FA_CHECK_CUDA(x);
-  FA_CHECK_ARG(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf ||
-                   x.scalar_type() == at::kBFloat16,
-               x, "have dtype float32, float16 or bfloat16", dtype_str(x.scalar_type()));
-  FA_CHECK_ARG(x.dim() >= 2, x, "have at least 2 dims [..., seqlen_q, seqlen_k]",
-               shape_str(x.sizes()));
-  FA_CHECK_ARG(x.size(-1) <= std::numeric_limits<int>::max() &&
-                   x.size(-2) <= std::numeric_limits<int>::max(),
-               x, "have seqlen_q and seqlen_k below 2**31", shape_str(x.sizes()));
-  FA_CHECK_ARG(x.dim() < 2 || x.numel() / std::max<int64_t>(x.size(-1), 1) < (int64_t(1) << 31),
-               x, "have fewer than 2**31 rows (product of all dims but the last)",
-               shape_str(x.sizes()));
+  FA_CHECK_SCORES(x);
   FA_CHECK_ARG(std::isfinite(scale), scale, "be a finite number", num_str(scale));
   FA_CHECK_ARG(version == 0 || version == 1, version, "be 0 or 1", num_str(version));
   if (attn_mask.has_value()) {
@@ -162,24 +169,70 @@ void launch(const at::Tensor& x, double scale, bool causal,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void scaled_masked_softmax_out(const at::Tensor& x, double scale, bool causal,
-                               const std::optional<at::Tensor>& attn_mask, int64_t version,
-                               const at::Tensor& out) {
+// Argument order follows the schemas in registration.cpp.
+void scaled_masked_softmax_out(const at::Tensor& x, double scale,
+                               const std::optional<at::Tensor>& attn_mask, bool causal,
+                               int64_t version, const at::Tensor& out) {
   check_args(x, scale, attn_mask, version, &out);
   launch(x, scale, causal, attn_mask, version, out);
 }
 
-at::Tensor scaled_masked_softmax(const at::Tensor& x, double scale, bool causal,
-                                 const std::optional<at::Tensor>& attn_mask, int64_t version) {
+at::Tensor scaled_masked_softmax(const at::Tensor& x, double scale,
+                                 const std::optional<at::Tensor>& attn_mask, bool causal,
+                                 int64_t version) {
   check_args(x, scale, attn_mask, version, nullptr);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   launch(x, scale, causal, attn_mask, version, out);
   return out;
 }
 
+// dx = scale * y * (grad - <grad, y>) per row (softmax_kernel.cuh). y is the forward's output,
+// which already holds the mask as exact zeros; `causal` only lets the kernel skip the invisible keys.
+at::Tensor scaled_masked_softmax_backward(const at::Tensor& grad, const at::Tensor& y, double scale,
+                                          bool causal) {
+  FA_CHECK_SCORES(y);
+  FA_CHECK_CUDA(grad);
+  FA_CHECK_ARG(grad.device() == y.device(), grad, "be on the same device as y (" + device_str(y.device()) + ")",
+               device_str(grad.device()));
+  FA_CHECK_ARG(grad.scalar_type() == y.scalar_type(), grad, "have y's dtype (" + dtype_str(y.scalar_type()) + ")",
+               dtype_str(grad.scalar_type()));
+  FA_CHECK_ARG(grad.sizes() == y.sizes(), grad, "have y's shape " + shape_str(y.sizes()),
+               shape_str(grad.sizes()));
+  FA_CHECK_ARG(std::isfinite(scale), scale, "be a finite number", num_str(scale));
+  at::Tensor dx = at::empty(y.sizes(), y.options().memory_format(at::MemoryFormat::Contiguous));
+  if (y.numel() == 0) return dx;
+  const c10::cuda::CUDAGuard guard(y.device());
+  // Autograd hands over expanded or transposed gradients at times: one copy, then rows are contiguous.
+  const at::Tensor gc = grad.contiguous();
+  const at::Tensor yc = y.contiguous();
+
+  SoftmaxBackwardParams p{};
+  p.grad = gc.data_ptr();
+  p.y = yc.data_ptr();
+  p.dx = dx.data_ptr();
+  p.seqlen_q = int(y.size(-2));
+  p.seqlen_k = int(y.size(-1));
+  p.div_q = FastDiv(p.seqlen_q);
+  p.rows = y.numel() / p.seqlen_k;
+  p.scale = float(scale);
+  p.causal = causal;
+
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  FA_DISPATCH_FLOAT(y.scalar_type(), "scaled_masked_softmax_backward", [&] {
+    constexpr int kVec = 16 / sizeof(scalar_t);
+    const bool vec_ok = p.seqlen_k % kVec == 0 && aligned16(p.grad) && aligned16(p.y) && aligned16(p.dx);
+    FA_BOOL_SWITCH(vec_ok, kVectorized, [&] {
+      launch_backward<scalar_t, kVectorized ? kVec : 1>(p, stream);
+    });
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return dx;
+}
+
 TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) {
   m.impl("scaled_masked_softmax", &scaled_masked_softmax);
   m.impl("scaled_masked_softmax_out", &scaled_masked_softmax_out);
+  m.impl("scaled_masked_softmax_backward", &scaled_masked_softmax_backward);
 }
 
 }  // namespace fused_attn

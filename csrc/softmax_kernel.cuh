@@ -24,6 +24,16 @@
 //   Target: one read of the visible part + one write of the row at the device
 //   copy bandwidth (bench/NOTES.md has the measured numbers).
 //
+// Backward (softmax_backward_kernel, selected in softmax.cu): with y = out and
+// dy the incoming gradient,
+//   dx[r, j] = scale * y[r, j] * (dy[r, j] - sum_k dy[r, k] * y[r, k])
+// over the visible keys; dx is 0 at every invisible key and on rows with no
+// visible key (y is exactly 0 there, and the forward defines such rows as 0, a
+// constant). The mask is not needed: y already carries it as exact zeros. Rows
+// up to 16384 keys hold y and dy in registers (one read of each over the visible
+// keys, one write of dx over the row); longer rows read them twice (dot product,
+// then dx). The gradient of an additive mask is dx with scale = 1 (fused_attn/softmax.py).
+//
 // Test: pytest tests/test_softmax.py    Bench: pytest bench/bench_softmax.py
 #pragma once
 
@@ -93,6 +103,18 @@ struct SoftmaxParams {
   float* workspace;  // v0 only: [rows, seqlen_k] float32
 };
 
+struct SoftmaxBackwardParams {
+  const void* grad;  // dy [rows, seqlen_k], contiguous
+  const void* y;     // the forward's output [rows, seqlen_k], contiguous
+  void* dx;          // [rows, seqlen_k], contiguous
+  int64_t rows;
+  int seqlen_q;
+  int seqlen_k;
+  FastDiv div_q;  // by seqlen_q
+  float scale;
+  bool causal;
+};
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -__builtin_huge_valf();
 
@@ -148,7 +170,10 @@ __device__ __forceinline__ float fast_rcp(float x) {
   return r;
 }
 
-__device__ __forceinline__ int visible_keys(const SoftmaxParams& p, int64_t row) {
+// Number of keys visible to `row` under the causal mask (all of them without it).
+// Params: SoftmaxParams or SoftmaxBackwardParams (causal, div_q, seqlen_q, seqlen_k).
+template <typename Params>
+__device__ __forceinline__ int visible_keys(const Params& p, int64_t row) {
   if (!p.causal) return p.seqlen_k;  // no row % seqlen_q at all without a causal mask
   const int q = int(row - p.div_q.div(row) * p.seqlen_q);
   const int64_t v = int64_t(q) + p.seqlen_k - p.seqlen_q + 1;
@@ -507,6 +532,127 @@ __global__ void __launch_bounds__(kV1StreamThreads)
     }
     *reinterpret_cast<P*>(out + c) = v;
   }
+}
+
+// ---------------------------------------------------------------------------
+// Backward: dx = scale * y * (dy - <dy, y>) per row.
+// ---------------------------------------------------------------------------
+// TPR threads own a row and hold ITERS packs of VEC elements of both y and dy,
+// laid out as in softmax_kernel_v1 (pack k = it * TPR + lane, coalesced). Only
+// packs that start below the visible length are loaded; inside the pack at the
+// causal edge, elements past it are excluded from the dot product and written
+// as 0, so nothing beyond the visible keys is ever read or trusted.
+template <typename T, int VEC, int ITERS, int TPR>
+__global__ void __launch_bounds__(v1_block_threads<TPR>())
+    softmax_backward_kernel(const SoftmaxBackwardParams p) {
+  constexpr int kRowsPerBlock = v1_block_threads<TPR>() / TPR;
+  __shared__ float red[TPR > 32 ? TPR / 32 : 1];
+  using P = Pack<VEC, T>;
+
+  const int lane = threadIdx.x % TPR;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / TPR;
+  const bool row_ok = row < p.rows;  // lanes past the end still join the reductions
+  const int n = p.seqlen_k;
+  const int kv = row_ok ? visible_keys(p, row) : 0;
+  const int64_t base = row * n;
+  const T* gp = static_cast<const T*>(p.grad) + base;
+  const T* yp = static_cast<const T*>(p.y) + base;
+  T* dxp = static_cast<T*>(p.dx) + base;
+
+  P g[ITERS], y[ITERS];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * TPR + lane) * VEC;
+    if (c < kv) {
+      g[it] = *reinterpret_cast<const P*>(gp + c);
+      y[it] = *reinterpret_cast<const P*>(yp + c);
+    }
+  }
+  float dot = 0.f;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * TPR + lane) * VEC;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      if (c + e < kv) dot += to_float(g[it].v[e]) * to_float(y[it].v[e]);
+    }
+  }
+  dot = group_reduce<TPR>(dot, red, SumOp{});
+  if (!row_ok) return;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * TPR + lane) * VEC;
+    if (c < n) {
+      P d;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float yv = to_float(y[it].v[e]), gv = to_float(g[it].v[e]);
+        d.v[e] = from_float<T>(c + e < kv ? p.scale * yv * (gv - dot) : 0.f);
+      }
+      *reinterpret_cast<P*>(dxp + c) = d;
+    }
+  }
+}
+
+// Rows longer than the register path holds: one block per row; pass 1 reduces
+// <dy, y> over the visible keys, pass 2 re-reads both and writes dx.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kV1StreamThreads)
+    softmax_backward_kernel_stream(const SoftmaxBackwardParams p) {
+  __shared__ float red[kV1StreamThreads / 32];
+  using P = Pack<VEC, T>;
+  const int64_t row = blockIdx.x;
+  const int n = p.seqlen_k;
+  const int kv = visible_keys(p, row);
+  const T* gp = static_cast<const T*>(p.grad) + row * n;
+  const T* yp = static_cast<const T*>(p.y) + row * n;
+  T* dxp = static_cast<T*>(p.dx) + row * n;
+  constexpr int kStep = kV1StreamThreads * VEC;
+
+  float dot = 0.f;
+  for (int c = threadIdx.x * VEC; c < kv; c += kStep) {
+    const P g = *reinterpret_cast<const P*>(gp + c);
+    const P y = *reinterpret_cast<const P*>(yp + c);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      if (c + e < kv) dot += to_float(g.v[e]) * to_float(y.v[e]);
+    }
+  }
+  dot = group_reduce<kV1StreamThreads>(dot, red, SumOp{});
+  for (int c = threadIdx.x * VEC; c < n; c += kStep) {
+    P d;
+    if (c < kv) {
+      const P g = *reinterpret_cast<const P*>(gp + c);
+      const P y = *reinterpret_cast<const P*>(yp + c);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        d.v[e] = from_float<T>(c + e < kv ? p.scale * to_float(y.v[e]) * (to_float(g.v[e]) - dot) : 0.f);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) d.v[e] = from_float<T>(0.f);
+    }
+    *reinterpret_cast<P*>(dxp + c) = d;
+  }
+}
+
+// A template of its own so that the class not taken (TPR == 0 or not) is never instantiated.
+template <typename T, int VEC, int TPR, int ELEMS>
+void launch_backward_class(const SoftmaxBackwardParams& p, cudaStream_t stream) {
+  if constexpr (TPR == 0) {
+    softmax_backward_kernel_stream<T, VEC><<<unsigned(p.rows), kV1StreamThreads, 0, stream>>>(p);
+  } else {
+    constexpr int kThreads = v1_block_threads<TPR>();
+    constexpr int kRowsPerBlock = kThreads / TPR;
+    const int64_t blocks = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+    softmax_backward_kernel<T, VEC, ELEMS / VEC, TPR><<<unsigned(blocks), kThreads, 0, stream>>>(p);
+  }
+}
+
+template <typename T, int VEC>
+void launch_backward(const SoftmaxBackwardParams& p, cudaStream_t stream) {
+  FA_SOFTMAX_BACKWARD_ROW_CLASS(p.seqlen_k, TPR, ELEMS,
+                                [&] { launch_backward_class<T, VEC, TPR, ELEMS>(p, stream); });
 }
 
 // ---------------------------------------------------------------------------

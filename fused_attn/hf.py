@@ -10,6 +10,11 @@ The implementation computes Q·Kᵀ with cuBLAS (torch.matmul), then
 and returns ``[batch, seqlen_q, nheads, headdim]`` as transformers expects. CPU tensors go
 through the op's pure-PyTorch path.
 
+Training works: gradients flow to query, key and value (and an additive mask) through the
+op's registered backward, and in training mode the attention probabilities go through
+``torch.nn.functional.dropout`` exactly where transformers' eager GPT-2 applies it (after
+the cast to the value dtype), so with the same RNG state the two drop the same elements.
+
 Masks: ``register()`` also registers transformers' SDPA mask builder under the same name
 (``AttentionMaskInterface``), so the implementation receives a bool mask (True = attend)
 covering causality, padding and the unfilled slots of a StaticCache, or ``None`` when the
@@ -54,8 +59,6 @@ def fused_attention_forward(
     additive in the query's dtype, or None. Returns ``([batch, seqlen_q, nheads, headdim], None)``.
     Query rows with no visible key give zeros (SDPA may give NaN there).
     """
-    if dropout and module.training:
-        raise ValueError(f"dropout must be 0 with the fused_attn attention (inference only), got {dropout}")
     if kwargs.get("output_attentions"):
         raise ValueError("output_attentions must be False with the fused_attn attention, got True")
     n_rep = query.shape[1] // key.shape[1]
@@ -79,7 +82,10 @@ def fused_attention_forward(
         mask = mask.to(query.dtype)
     scores = torch.matmul(query, key.transpose(-1, -2))
     probs = scaled_masked_softmax(scores, scale, causal=causal, attn_mask=mask)
-    out = torch.matmul(probs.to(value.dtype), value)
+    probs = probs.to(value.dtype)
+    if dropout and module.training:
+        probs = torch.nn.functional.dropout(probs, p=dropout, training=True)
+    out = torch.matmul(probs, value)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -34,6 +34,11 @@ def scaled_masked_softmax(
 
     ``attn_mask`` is bool (True = attend) or additive, broadcastable to ``x``.
     A NaN in a visible element makes its row NaN (as torch.softmax does).
+
+    Written out as exp / sum so that autograd through it is the definition's gradient too:
+    a row with no finite score is the constant 0 (gradient 0, where differentiating
+    torch.softmax and then zeroing the row would give NaN), and the max is a detached
+    shift (softmax does not depend on it).
     """
     s = x.to(compute_dtype) * scale
     if attn_mask is not None:
@@ -43,11 +48,34 @@ def scaled_masked_softmax(
             s = s + attn_mask.to(compute_dtype)
     if causal:
         s = s.masked_fill(~causal_mask(x.shape[-2], x.shape[-1], x.device), float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    if s.shape[-1] > 0:
-        # torch.softmax gives NaN on a row of all -inf; we define it as 0.
-        p = p.masked_fill((s == float("-inf")).all(dim=-1, keepdim=True), 0.0)
+    if s.shape[-1] == 0:
+        return s.to(x.dtype)
+    m = s.detach().amax(dim=-1, keepdim=True)
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    total = e.sum(dim=-1, keepdim=True)
+    p = e / torch.where(total > 0, total, torch.ones_like(total))
     return p.to(x.dtype)
+
+
+def scaled_masked_softmax_backward(
+    grad: torch.Tensor,
+    y: torch.Tensor,
+    scale: float,
+    *,
+    causal: bool = False,
+    compute_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """dx = scale * y * (grad - sum_j grad_j * y_j) per row, over the visible keys (all of them,
+    or the causal ones); 0 at invisible keys. With y = scaled_masked_softmax(x, scale, ...) this
+    is the gradient of that softmax with respect to x; with scale = 1, with respect to an
+    additive mask (before summing over its broadcast dims)."""
+    g, yy = grad.to(compute_dtype), y.to(compute_dtype)
+    if causal:
+        visible = causal_mask(y.shape[-2], y.shape[-1], y.device)
+        g, yy = g * visible, yy * visible
+    dot = (g * yy).sum(dim=-1, keepdim=True)
+    return (scale * yy * (g - dot)).to(y.dtype)
 
 
 def eager_scaled_masked_softmax(x: torch.Tensor, scale: float, masked: torch.Tensor | None) -> torch.Tensor:

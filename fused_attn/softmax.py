@@ -1,7 +1,10 @@
 """``scaled_masked_softmax``: scale + mask + softmax over the last dim in one pass.
 
-Public wrapper, argument validation, the fake (meta) implementation and the CPU
-path. The CUDA kernels are in ``csrc/softmax.cu`` / ``csrc/softmax_kernel.cuh``.
+Public wrapper, argument validation, the fake (meta) implementations, the CPU path
+and autograd: the op's backward is its own op, ``scaled_masked_softmax_backward``
+(one fused pass on CUDA, the reference formula on the CPU), itself differentiable.
+The ``out=`` variant records no gradient and raises when an input requires grad.
+The CUDA kernels are in ``csrc/softmax.cu`` / ``csrc/softmax_kernel.cuh``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import torch
 from fused_attn import _ops, reference
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# float64 runs on the CPU path only (torch.autograd.gradcheck needs it); there is no float64 kernel.
+_CPU_DTYPES = _DTYPES + (torch.float64,)
 VERSIONS = (0, 1)
 
 
@@ -27,14 +32,18 @@ def check_args(
     attn_mask: torch.Tensor | None,
     out: torch.Tensor | None,
     version: int,
+    name: str = "x",
 ) -> None:
-    """Raise ValueError / TypeError naming the bad argument (same messages as csrc/softmax.cu)."""
+    """Raise ValueError / TypeError naming the bad argument (same messages as csrc/softmax.cu).
+    ``name``: what the scores tensor is called in the caller's signature (``y`` in the backward)."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _DTYPES:
-        raise ValueError(f"x must have dtype float32, float16 or bfloat16, got {x.dtype}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.device.type == "cpu" and x.dtype not in _CPU_DTYPES:
+        raise ValueError(f"{name} must have dtype float32, float16, bfloat16 or float64 (CPU), got {x.dtype}")
+    if x.device.type != "cpu" and x.dtype not in _DTYPES:
+        raise ValueError(f"{name} must have dtype float32, float16 or bfloat16, got {x.dtype}")
     if x.dim() < 2:
-        raise ValueError(f"x must have at least 2 dims [..., seqlen_q, seqlen_k], got {_shape(x)}")
+        raise ValueError(f"{name} must have at least 2 dims [..., seqlen_q, seqlen_k], got {_shape(x)}")
     if isinstance(scale, bool) or not isinstance(scale, Real) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
     if version not in VERSIONS:
@@ -63,6 +72,18 @@ def check_args(
             raise ValueError(f"out must have x's shape {_shape(x)}, got {_shape(out)}")
         if not out.is_contiguous():
             raise ValueError(f"out must be contiguous, got strides {out.stride()}")
+
+
+def _requires_grad(x: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or (attn_mask is not None and attn_mask.requires_grad))
+
+
+def check_no_grad_for_out(x: torch.Tensor, attn_mask: torch.Tensor | None, out: torch.Tensor | None) -> None:
+    """out= records no gradient (as PyTorch's own out= variants): refuse it under autograd."""
+    if out is not None and _requires_grad(x, attn_mask):
+        raise ValueError(
+            "out must be None when x or attn_mask requires grad (out= records no gradient), got a tensor"
+        )
 
 
 def scaled_masked_softmax(
@@ -98,11 +119,18 @@ def scaled_masked_softmax(
         all zeros — PyTorch's eager softmax gives NaN there. A NaN in a visible element
         makes its row NaN, as in PyTorch. Empty inputs give empty outputs.
 
-    CPU tensors use the pure-PyTorch path (``fused_attn.reference``, float32) with the
-    same semantics. Works under ``torch.compile(fullgraph=True)`` and CUDA graph capture;
-    never synchronizes the host.
+    Gradients: differentiable with respect to ``x`` and an additive float ``attn_mask``
+    (summed over its broadcast dims). The backward is one fused pass on CUDA
+    (``dx = scale * y * (dy - sum(dy * y))``, 0 at masked keys and on fully masked
+    rows) and differentiable again. ``out=`` raises when an input requires grad.
+
+    CPU tensors use the pure-PyTorch path (``fused_attn.reference``, float32; float64
+    input is computed in float64) with the same semantics, differentiated by autograd.
+    Works under ``torch.compile(fullgraph=True)`` and CUDA graph capture; never
+    synchronizes the host.
     """
     check_args(x, scale, attn_mask, out, version)
+    check_no_grad_for_out(x, attn_mask, out)
     scale = float(scale)
     if x.device.type == "cpu":
         result = _cpu(x, scale, causal, attn_mask)
@@ -111,40 +139,157 @@ def scaled_masked_softmax(
         return out.copy_(result)
     _ops.ensure_loaded()
     if out is None:
-        return torch.ops.fused_attn.scaled_masked_softmax(
-            x, scale, causal=causal, attn_mask=attn_mask, version=version
-        )
-    torch.ops.fused_attn.scaled_masked_softmax_out(
-        x, scale, causal=causal, attn_mask=attn_mask, version=version, out=out
-    )
+        return torch.ops.fused_attn.scaled_masked_softmax(x, scale, attn_mask, causal=causal, version=version)
+    torch.ops.fused_attn.scaled_masked_softmax_out(x, scale, attn_mask, causal=causal, version=version, out=out)
     return out
+
+
+def scaled_masked_softmax_backward(
+    grad: torch.Tensor, y: torch.Tensor, scale: float = 1.0, *, causal: bool = False
+) -> torch.Tensor:
+    """The backward of ``scaled_masked_softmax``: ``dx = scale * y * (grad - sum_j grad * y)`` per row.
+
+    Args:
+        grad: ``[..., seqlen_q, seqlen_k]``, the gradient with respect to the output, y's dtype.
+        y: the forward's output (its exact zeros carry the mask), float32 / float16 / bfloat16.
+        scale: the forward's scale (1.0 gives the gradient with respect to an additive mask).
+        causal: the forward's causal flag; keys past the causal edge are not read and get 0.
+
+    Returns dx, y's shape and dtype (float32 arithmetic). Autograd calls this; it is public
+    for benchmarks and for callers who keep y themselves.
+    """
+    _check_backward_args(grad, y, scale)
+    if y.device.type != "cpu":
+        _ops.ensure_loaded()
+        return torch.ops.fused_attn.scaled_masked_softmax_backward(grad, y, float(scale), causal=causal)
+    return _backward_cpu(grad, y, float(scale), causal)
+
+
+def _check_backward_args(grad: torch.Tensor, y: torch.Tensor, scale: float) -> None:
+    check_args(y, scale, None, None, 1, name="y")
+    if not isinstance(grad, torch.Tensor):
+        raise TypeError(f"grad must be a torch.Tensor, got {type(grad).__name__}")
+    if grad.device != y.device:
+        raise ValueError(f"grad must be on the same device as y ({y.device}), got {grad.device}")
+    if grad.dtype != y.dtype:
+        raise ValueError(f"grad must have y's dtype ({y.dtype}), got {grad.dtype}")
+    if grad.shape != y.shape:
+        raise ValueError(f"grad must have y's shape {_shape(y)}, got {_shape(grad)}")
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 def _cpu(x: torch.Tensor, scale: float, causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
     return reference.scaled_masked_softmax(
-        x, scale, causal=causal, attn_mask=attn_mask, compute_dtype=torch.float32
+        x, scale, causal=causal, attn_mask=attn_mask, compute_dtype=_compute_dtype(x)
     )
+
+
+def _backward_cpu(grad: torch.Tensor, y: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    return reference.scaled_masked_softmax_backward(grad, y, scale, causal=causal, compute_dtype=_compute_dtype(y))
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+# Callers (opcheck, AOTAutograd) may leave defaulted positional arguments out: the inputs,
+# needs_input_grad and the returned gradients then have that shorter length.
+def _setup_context(ctx, inputs, keyword_only_inputs, output):
+    scale = inputs[1] if len(inputs) > 1 else 1.0
+    attn_mask = inputs[2] if len(inputs) > 2 else None
+    ctx.scale = scale
+    ctx.causal = keyword_only_inputs["causal"]
+    ctx.mask_shape = None if attn_mask is None else attn_mask.shape
+    ctx.save_for_backward(output)
+
+
+def _backward(ctx, grad):
+    (y,) = ctx.saved_tensors
+    n_inputs = len(ctx.needs_input_grad)
+    need_x, _, need_mask = (*ctx.needs_input_grad, False, False)[:3]
+    bwd = torch.ops.fused_attn.scaled_masked_softmax_backward
+    dx = bwd(grad, y, ctx.scale, causal=ctx.causal) if need_x else None
+    dmask = None
+    if need_mask:  # an additive mask enters as s = x * scale + mask: its gradient is dx at scale 1
+        g = bwd(grad, y, 1.0, causal=ctx.causal)
+        dmask = g.to(_compute_dtype(g)).sum_to_size(ctx.mask_shape).to(g.dtype)
+    return (dx, None, dmask)[:n_inputs]
+
+
+def _setup_context_backward(ctx, inputs, keyword_only_inputs, output):
+    grad, y, scale = inputs
+    ctx.scale = scale
+    ctx.causal = keyword_only_inputs["causal"]
+    ctx.save_for_backward(grad, y)
+
+
+def _backward_backward(ctx, u):
+    """Gradients of dx = s * y * (g - <g, y>) (over the visible keys): with respect to g it is the
+    same map applied to u; with respect to y, s * (u * (g - <g, y>) - <u, y> * g)."""
+    grad, y = ctx.saved_tensors
+    need_grad, need_y = ctx.needs_input_grad[:2]
+    d_grad = d_y = None
+    if need_grad:
+        d_grad = torch.ops.fused_attn.scaled_masked_softmax_backward(u, y, ctx.scale, causal=ctx.causal)
+    if need_y:
+        ct = _compute_dtype(y)
+        g, yy, uu = grad.to(ct), y.to(ct), u.to(ct)
+        if ctx.causal:
+            visible = reference.causal_mask(y.shape[-2], y.shape[-1], y.device)
+            g, yy, uu = g * visible, yy * visible, uu * visible
+        dot_gy = (g * yy).sum(dim=-1, keepdim=True)
+        dot_uy = (uu * yy).sum(dim=-1, keepdim=True)
+        d_y = (ctx.scale * (uu * (g - dot_gy) - dot_uy * g)).to(y.dtype)
+    return d_grad, d_y, None
+
+
+def _out_autograd(x, scale, attn_mask, *, causal, version, out):
+    """Autograd kernel of the out= variant: a clear error instead of a silently missing gradient."""
+    check_no_grad_for_out(x, attn_mask, out)
+    with torch._C._AutoDispatchBelowAutograd():
+        torch.ops.fused_attn.scaled_masked_softmax_out(x, scale, attn_mask, causal=causal, version=version, out=out)
+
+
+_impl_lib: torch.library.Library | None = None
 
 
 @_ops.after_load
 def _register() -> None:
+    global _impl_lib
     lib = "fused_attn::scaled_masked_softmax"
 
     @torch.library.register_fake(lib)
-    def _fake(x, scale=1.0, *, causal=False, attn_mask=None, version=1):
+    def _fake(x, scale=1.0, attn_mask=None, *, causal=False, version=1):
         check_args(x, scale, attn_mask, None, version)
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
     @torch.library.register_fake(lib + "_out")
-    def _fake_out(x, scale, *, causal, attn_mask, version, out):
+    def _fake_out(x, scale, attn_mask, *, causal, version, out):
         check_args(x, scale, attn_mask, out, version)
 
+    @torch.library.register_fake(lib + "_backward")
+    def _fake_backward(grad, y, scale, *, causal=False):
+        _check_backward_args(grad, y, scale)
+        return torch.empty(y.shape, dtype=y.dtype, device=y.device)
+
     @torch.library.register_kernel(lib, "cpu")
-    def _cpu_kernel(x, scale=1.0, *, causal=False, attn_mask=None, version=1):
+    def _cpu_kernel(x, scale=1.0, attn_mask=None, *, causal=False, version=1):
         check_args(x, scale, attn_mask, None, version)
         return _cpu(x, scale, causal, attn_mask)
 
     @torch.library.register_kernel(lib + "_out", "cpu")
-    def _cpu_kernel_out(x, scale, *, causal, attn_mask, version, out):
+    def _cpu_kernel_out(x, scale, attn_mask, *, causal, version, out):
         check_args(x, scale, attn_mask, out, version)
         out.copy_(_cpu(x, scale, causal, attn_mask))
+
+    @torch.library.register_kernel(lib + "_backward", "cpu")
+    def _cpu_kernel_backward(grad, y, scale, *, causal=False):
+        _check_backward_args(grad, y, scale)
+        return _backward_cpu(grad, y, scale, causal)
+
+    torch.library.register_autograd(lib, _backward, setup_context=_setup_context)
+    torch.library.register_autograd(lib + "_backward", _backward_backward, setup_context=_setup_context_backward)
+    _impl_lib = torch.library.Library("fused_attn", "IMPL")
+    _impl_lib.impl("scaled_masked_softmax_out", _out_autograd, "Autograd")

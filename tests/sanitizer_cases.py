@@ -1,5 +1,5 @@
 """A small GPU subset for compute-sanitizer (memcheck, racecheck): odd sizes, every
-launch-shape class, long rows, fully masked rows, masks, both versions.
+launch-shape class, long rows, fully masked rows, masks, both versions, and the backward.
 
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py
     compute-sanitizer --tool racecheck python tests/sanitizer_cases.py --quick
@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fused_attn import reference  # noqa: E402
-from fused_attn.softmax import scaled_masked_softmax  # noqa: E402
+from fused_attn.softmax import scaled_masked_softmax, scaled_masked_softmax_backward  # noqa: E402
 from tests.test_softmax import scores_of  # noqa: E402
 from tests.tolerances import assert_close, softmax_tolerance  # noqa: E402
 
@@ -44,6 +44,13 @@ def main(argv: list[str]) -> int:
                     assert_close(out, want, softmax_tolerance(want.double(), scores_of(x, 0.3, causal, mask), dtype),
                                  f"sk={sk} {dtype} v{version} causal={causal}")
                     cases += 1
+                    if version == 1:  # the backward kernel (its launch classes follow sk too)
+                        dy = torch.randn(x.shape, device="cuda", generator=g).to(dtype)
+                        dx = scaled_masked_softmax_backward(dy, out, 0.3, causal=causal)
+                        want_dx = reference.scaled_masked_softmax_backward(dy, out, 0.3, causal=causal)
+                        assert_close(dx, want_dx, 1e-5 + 2e-2 * want_dx.abs().double(),
+                                     f"backward sk={sk} {dtype} causal={causal}")
+                        cases += 1
     x = torch.randn(4, 7, 5, device="cuda")[..., 1:]  # misaligned, scalar path
     scaled_masked_softmax(x, causal=True)
     torch.cuda.synchronize()

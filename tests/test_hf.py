@@ -82,14 +82,6 @@ def test_greedy_tokens_identical_cpu(lengths, cache):
     assert torch.equal(got, want)
 
 
-def test_dropout_in_training_is_rejected():
-    m = models(TINY, "cpu", impls=("fused_attn",))["fused_attn"]
-    q = torch.zeros(1, 4, 3, 16)
-    m.train()
-    with pytest.raises(ValueError, match=r"dropout must be 0 with the fused_attn attention \(inference only\), got 0.1"):
-        fhf.fused_attention_forward(m, q, q, q, None, dropout=0.1)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("lengths", [(40,), (40, 29, 13)])
 def test_greedy_tokens_identical_gpt2_small_gpu(lengths):

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fused_attn import reference
 from fused_attn.softmax import scaled_masked_softmax
-from tests.tolerances import assert_close, softmax_tolerance
+from tests.tolerances import assert_close, softmax_backward_tolerance, softmax_tolerance
 
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -364,7 +364,7 @@ def test_empty(device, shape):
 
 BAD_INPUTS = [
     (lambda d: dict(x=torch.zeros(2, 3, dtype=torch.int64, device=d)), ValueError,
-     r"x must have dtype float32, float16 or bfloat16, got torch.int64"),
+     r"x must have dtype float32, float16,? (or )?bfloat16( or float64 \(CPU\))?, got torch.int64"),
     (lambda d: dict(x=torch.zeros(5, device=d)), ValueError,
      r"x must have at least 2 dims \[\.\.\., seqlen_q, seqlen_k\], got \(5,\)"),
     (lambda d: dict(x=torch.zeros(2, 3, device=d), scale=math.inf), ValueError, r"scale must be a finite number, got inf"),
@@ -485,3 +485,299 @@ def test_torch_compile_fullgraph(device, version):
     want = attn_probs(q, k, mask, out_e)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(out_c, out_e)
+
+
+# --------------------------------------------------------------------------- backward
+# dx through the op (its registered autograd: the CUDA kernel on GPU, the op's CPU path otherwise)
+# against autograd through the float64 reference, over the same case space as the forward.
+
+
+def check_backward(x, scale, causal, mask, version=1, mask_grad=False, seed=0):
+    """Gradients of <op(x), dy> with respect to x (and an additive mask) vs the float64 reference;
+    the gradient buffer is poisoned with NaN first (the caching allocator hands the freed block to
+    the kernel's output of the same size), so an element the kernel does not write fails."""
+    gen = torch.Generator(device=x.device).manual_seed(seed)
+    dy = torch.randn(x.shape, generator=gen, device=x.device).to(x.dtype)
+    xg = x.detach().requires_grad_()
+    mg = mask.detach().requires_grad_() if mask_grad else mask
+    y = scaled_masked_softmax(xg, scale, causal=causal, attn_mask=mg, version=version)
+    poison = torch.full_like(y, math.nan)
+    del poison
+    inputs = (xg, mg) if mask_grad else (xg,)
+    got = torch.autograd.grad(y, inputs, dy)
+
+    xr = x.detach().double().requires_grad_()
+    mr = mask.detach().double().requires_grad_() if mask_grad else mask
+    yr = reference.scaled_masked_softmax(xr, scale, causal=causal, attn_mask=mr)
+    want = torch.autograd.grad(yr, (xr, mr) if mask_grad else (xr,), dy.double())
+    scores = scores_of(x, scale, causal, mask)
+    where = (f"backward x{tuple(x.shape)} {x.dtype} scale={scale} causal={causal} "
+             f"mask={None if mask is None else (tuple(mask.shape), mask.dtype)} v{version}")
+    tol = softmax_backward_tolerance(yr.detach(), dy, scale, scores, x.dtype)
+    assert got[0].dtype == x.dtype and got[0].shape == x.shape
+    assert_close(got[0], want[0], tol, where + " dx")
+    if mask_grad:
+        # d(mask) is dx at scale 1 summed over the mask's broadcast dims
+        tol_m = softmax_backward_tolerance(yr.detach(), dy, 1.0, scores, x.dtype).sum_to_size(mask.shape)
+        assert_close(got[1], want[1], tol_m, where + " dmask")
+
+
+def run_backward_case(case, device):
+    gen = torch.Generator(device=device).manual_seed(case["seed"])
+    lead, sq, sk, dtype = case["lead"], case["sq"], case["sk"], case["dtype"]
+    x = (torch.randn((*lead, sq, sk), generator=gen, device=device) * case["magnitude"]).to(dtype)
+    mask = make_mask(case["mask"], lead, sq, sk, dtype, gen, device)
+    mask_grad = mask is not None and mask.dtype != torch.bool and case["use_out"]  # reuse the flag's draw
+    check_backward(x, case["scale"], case["causal"], mask, case["version"], mask_grad, case["seed"])
+
+
+@pytest.mark.gpu
+@given(case=softmax_case(ON_GPU_BUDGET // 2))
+@example(case=dict(lead=(8, 12), sq=128, sk=128, dtype=torch.float16, version=1, scale=0.125, causal=True,
+                   mask="none", magnitude=1.0, use_out=True, seed=0))
+@example(case=dict(lead=(2, 3), sq=1, sk=16384, dtype=torch.bfloat16, version=1, scale=0.5, causal=True,
+                   mask="add_padding", magnitude=10.0, use_out=True, seed=2))
+@example(case=dict(lead=(3, 4), sq=130, sk=127, dtype=torch.float16, version=1, scale=0.01, causal=True,
+                   mask="bool_qk", magnitude=1e4, use_out=True, seed=7))
+@example(case=dict(lead=(2,), sq=9, sk=20001, dtype=torch.float32, version=0, scale=0.3, causal=True,
+                   mask="add_full", magnitude=1.0, use_out=True, seed=9))
+@example(case=dict(lead=(2, 2), sq=33, sk=1025, dtype=torch.bfloat16, version=1, scale=-1.5, causal=False,
+                   mask="bool_padding", magnitude=1e2, use_out=False, seed=10))
+def test_backward_matches_reference_gpu(case):
+    run_backward_case(case, "cuda")
+
+
+@given(case=softmax_case(ON_CPU_BUDGET, versions=(1,)))
+def test_backward_cpu_path_matches_reference(case):
+    run_backward_case(case, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sk", [3, 64, 65, 1000, 1024, 4100, 16384, 16385, 40000])
+def test_backward_every_row_class_gpu(dtype, sk):
+    """Each launch class of the backward (csrc/dispatch.h FA_SOFTMAX_BACKWARD_ROW_CLASS, streaming past
+    16384), vectorized and scalar (odd sk), with fully masked rows (causal with seqlen_q > seqlen_k,
+    and a padding mask masking a whole batch element)."""
+    gen = torch.Generator(device="cuda").manual_seed(sk)
+    sq = 5 if sk > 4096 else 12
+    x = (torch.randn(2, 3, sq, sk, device="cuda", generator=gen) * 3).to(dtype)
+    keep = torch.rand(2, 1, 1, sk, device="cuda", generator=gen) > 0.3
+    keep[1] = False
+    check_backward(x, 0.3, True, None)
+    check_backward(x, 0.3, False, keep)
+    xq = (torch.randn(2, sk + 3, sk, device="cuda", generator=gen)).to(dtype) if sk <= 1024 else None
+    if xq is not None:
+        check_backward(xq, 1.0, True, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_fully_masked_rows_are_zero_gpu(dtype):
+    x = torch.randn(2, 3, 6, 40, device="cuda", dtype=dtype, requires_grad=True)
+    keep = torch.rand(2, 1, 6, 40, device="cuda") > 0.5
+    keep[0, :, 2] = False
+    y = scaled_masked_softmax(x, 0.5, attn_mask=keep)
+    (dx,) = torch.autograd.grad(y, x, torch.randn_like(y))
+    assert not dx.isnan().any()
+    assert (dx[0, :, 2] == 0).all() and (dx.masked_select(~keep.expand_as(dx)) == 0).all()
+
+
+@pytest.mark.gpu
+def test_backward_of_a_sum_gets_an_expanded_gradient_gpu():
+    """y.sum().backward() hands the op a stride-0 gradient: the kernel must see real rows."""
+    x = torch.randn(3, 5, 70, device="cuda", dtype=torch.float16, requires_grad=True)
+    scaled_masked_softmax(x * 1.0, 0.7, causal=True).mul(torch.arange(70, device="cuda")).sum().backward()
+    xr = x.detach().double().requires_grad_()
+    reference.scaled_masked_softmax(xr, 0.7, causal=True).mul(torch.arange(70, device="cuda")).sum().backward()
+    assert_close(x.grad, xr.grad, 1e-3 * (1 + xr.grad.abs()), "expanded gradient")
+
+
+@pytest.mark.gpu
+def test_backward_kernel_writes_every_element_gpu(built_library):
+    """Deterministic version of the poisoning in check_backward: the freed NaN block is the one the
+    kernel writes, so a single unwritten element shows as NaN."""
+    for sk in (7, 64, 1000, 20000):
+        y = torch.softmax(torch.randn(4, 9, sk, device="cuda"), dim=-1)
+        dy = torch.randn_like(y)
+        poison = torch.full_like(y, math.nan)
+        ptr = poison.data_ptr()
+        del poison
+        dx = torch.ops.fused_attn.scaled_masked_softmax_backward(dy, y, 0.5, causal=True)
+        assert dx.data_ptr() == ptr, "the allocator did not reuse the poisoned block"
+        assert not dx.isnan().any()
+        want = reference.scaled_masked_softmax_backward(dy, y, 0.5, causal=True)
+        assert_close(dx, want, 1e-6 + 1e-5 * want.abs(), f"sk={sk}")
+
+
+@pytest.mark.gpu
+def test_backward_on_current_stream_without_sync_gpu():
+    x = torch.randn(8, 256, 256, device="cuda", requires_grad=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = scaled_masked_softmax(x, 0.1, causal=True)
+        dy = torch.randn_like(y)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            dx = torch.ops.fused_attn.scaled_masked_softmax_backward(dy, y.detach(), 0.1, causal=True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    s.synchronize()
+    want = reference.scaled_masked_softmax_backward(dy, y.detach(), 0.1, causal=True)
+    assert_close(dx, want, 1e-6 + 1e-5 * want.abs())
+
+
+@pytest.mark.gpu
+def test_backward_cuda_graph_capture_and_replay_gpu():
+    y = torch.empty(2, 4, 100, 300, device="cuda", dtype=torch.float16)
+    dy = torch.empty_like(y)
+    torch.ops.fused_attn.scaled_masked_softmax_backward(dy, y, 0.5, causal=True)  # warm-up (loads the library)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dx = torch.ops.fused_attn.scaled_masked_softmax_backward(dy, y, 0.5, causal=True)
+    for seed in range(3):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        y.copy_(scaled_masked_softmax(torch.randn(y.shape, generator=gen, device="cuda").half(), causal=True))
+        dy.copy_(torch.randn(y.shape, generator=gen, device="cuda"))
+        dx.fill_(math.nan)
+        g.replay()
+        want = reference.scaled_masked_softmax_backward(dy, y, 0.5, causal=True)
+        assert_close(dx, want, 2e-3 * (1e-3 + want.abs()), f"replay {seed}")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_backward_under_torch_compile(device):
+    def f(q, k, mask):
+        return scaled_masked_softmax(q @ k.transpose(-1, -2), 0.25, causal=True, attn_mask=mask)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(2, 3, 16, 8, device=device, generator=gen, requires_grad=True)
+    k = torch.randn(2, 3, 24, 8, device=device, generator=gen, requires_grad=True)
+    mask = torch.randn(1, 1, 16, 24, device=device, generator=gen, requires_grad=True)
+    dy = torch.randn(2, 3, 16, 24, device=device, generator=gen)
+    got = torch.autograd.grad(compiled(q, k, mask), (q, k, mask), dy)
+    want = torch.autograd.grad(f(q, k, mask), (q, k, mask), dy)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_gradcheck_cpu_path():
+    """torch.autograd.gradcheck / gradgradcheck in float64 through the public CPU path."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, 7, generator=gen, dtype=torch.float64, requires_grad=True)
+    add = torch.randn(1, 3, 1, 7, generator=gen, dtype=torch.float64, requires_grad=True)
+    keep = torch.rand(2, 1, 5, 7, generator=gen) > 0.3
+    keep[0, 0, 1] = False  # a fully masked row: gradient 0
+    assert torch.autograd.gradcheck(lambda x, m: scaled_masked_softmax(x, 0.7, causal=True, attn_mask=m), (x, add))
+    assert torch.autograd.gradgradcheck(lambda x: scaled_masked_softmax(x, -1.3, attn_mask=keep), (x,))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_gradcheck_op_and_its_backward(device, built_library):
+    """The registered autograd of the op and of its backward op (double backward), float64 on the CPU;
+    on CUDA the same formulas run through the kernels in float32 against finite differences."""
+    ops = torch.ops.fused_attn
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    tol = dict(eps=1e-6, atol=1e-5, rtol=1e-3) if device == "cpu" else dict(eps=1e-2, atol=5e-3, rtol=5e-2)
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(2, 3, 5, 7, generator=gen, device=device, dtype=dtype, requires_grad=True)
+    add = torch.randn(5, 7, generator=gen, device=device, dtype=dtype, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, m: ops.scaled_masked_softmax(x, 0.7, m, causal=True), (x, add), **tol)
+    assert torch.autograd.gradgradcheck(lambda x, m: ops.scaled_masked_softmax(x, 0.7, m, causal=True), (x, add),
+                                        **tol)
+    g = torch.randn(3, 4, 9, generator=gen, device=device, dtype=dtype, requires_grad=True)
+    y = torch.rand(3, 4, 9, generator=gen, device=device, dtype=dtype, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda g, y: ops.scaled_masked_softmax_backward(g, y, -0.4, causal=True),
+                                    (g, y), **tol)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_opcheck_autograd(device, built_library):
+    """opcheck's autograd-registration and AOT-dispatch checks with inputs that require grad."""
+    ops = torch.ops.fused_attn
+    for (x, scale), kwargs in sample_inputs(device):
+        mask = kwargs["attn_mask"]
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask.clone().requires_grad_()
+        args = (x.clone().requires_grad_(), scale, mask)
+        torch.library.opcheck(ops.scaled_masked_softmax.default, args,
+                              dict(causal=kwargs["causal"], version=kwargs["version"]))
+        y = scaled_masked_softmax(x, scale, causal=kwargs["causal"], attn_mask=kwargs["attn_mask"])
+        torch.library.opcheck(ops.scaled_masked_softmax_backward.default,
+                              (torch.randn_like(y).requires_grad_(), y.clone().requires_grad_(), scale),
+                              dict(causal=kwargs["causal"]))
+
+
+BAD_BACKWARD_INPUTS = [
+    (lambda d: (torch.zeros(3, 4, device=d, dtype=torch.float16), torch.zeros(3, 4, device=d)),
+     r"grad must have y's dtype \(torch.float32\), got torch.float16"),
+    (lambda d: (torch.zeros(3, 5, device=d), torch.zeros(3, 4, device=d)),
+     r"grad must have y's shape \(3, 4\), got \(3, 5\)"),
+    (lambda d: (torch.zeros(4, device=d), torch.zeros(4, device=d)),
+     r"y must have at least 2 dims \[\.\.\., seqlen_q, seqlen_k\], got \(4,\)"),
+]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("make,match", BAD_BACKWARD_INPUTS)
+def test_backward_bad_input_raises(device, make, match):
+    from fused_attn.softmax import scaled_masked_softmax_backward
+
+    grad, y = make(device)
+    with pytest.raises(ValueError, match=match):
+        scaled_masked_softmax_backward(grad, y, 1.0)
+
+
+@pytest.mark.gpu
+def test_backward_cpp_checks_gpu(built_library):
+    bwd = torch.ops.fused_attn.scaled_masked_softmax_backward
+    y = torch.zeros(3, 4, device="cuda")
+    with pytest.raises(ValueError, match=r"grad must have y's dtype \(torch.float32\), got torch.float16"):
+        bwd(y.half(), y, 1.0)
+    with pytest.raises(ValueError, match=r"grad must have y's shape \(3, 4\), got \(4, 3\)"):
+        bwd(torch.zeros(4, 3, device="cuda"), y, 1.0)
+    with pytest.raises(ValueError, match=r"grad must be a CUDA tensor, got cpu"):
+        bwd(torch.zeros(3, 4), y, 1.0)
+    with pytest.raises(ValueError, match=r"y must have dtype float32, float16 or bfloat16, got torch.float64"):
+        bwd(y.double(), y.double(), 1.0)
+    with pytest.raises(ValueError, match=r"scale must be a finite number, got inf"):
+        bwd(y, y, math.inf)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_out_under_autograd_raises(device):
+    x = torch.randn(3, 4, device=device, requires_grad=True)
+    match = r"out must be None when x or attn_mask requires grad \(out= records no gradient\), got a tensor"
+    with pytest.raises(ValueError, match=match):
+        scaled_masked_softmax(x, out=torch.empty(3, 4, device=device))
+    add = torch.zeros(3, 4, device=device, requires_grad=True)
+    with pytest.raises(ValueError, match=match):
+        scaled_masked_softmax(x.detach(), attn_mask=add, out=torch.empty(3, 4, device=device))
+    with torch.no_grad():  # no graph is recorded: allowed
+        scaled_masked_softmax(x, out=torch.empty(3, 4, device=device))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_out_op_under_autograd_raises(device, built_library):
+    """torch.ops callers of the out= variant get the same error from its autograd kernel."""
+    x = torch.randn(3, 4, device=device, requires_grad=True)
+    with pytest.raises(ValueError, match=r"out must be None when x or attn_mask requires grad"):
+        torch.ops.fused_attn.scaled_masked_softmax_out(x, 1.0, None, causal=False, version=1,
+                                                       out=torch.empty(3, 4, device=device))
+
+
+def test_float64_runs_on_the_cpu_only():
+    x = torch.randn(2, 3, 5, dtype=torch.float64)
+    got = scaled_masked_softmax(x, 0.5, causal=True)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, reference.scaled_masked_softmax(x, 0.5, causal=True), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.gpu
+def test_float64_on_cuda_raises_gpu():
+    with pytest.raises(ValueError, match=r"x must have dtype float32, float16 or bfloat16, got torch.float64"):
+        scaled_masked_softmax(torch.zeros(2, 3, device="cuda", dtype=torch.float64))

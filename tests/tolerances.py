@@ -52,3 +52,21 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, allowed: torch.Te
             )
         bad = int((excess > 0).sum())
         raise AssertionError(f"{what}: {bad} of {e.numel()} elements out of tolerance; worst:\n" + "\n".join(lines))
+
+
+def softmax_backward_tolerance(
+    y_ref: torch.Tensor, dy: torch.Tensor, scale: float, scores: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Allowed |ours - ref| per element for dx = scale * y * (dy - <dy, y>) (the softmax backward).
+
+    Ours starts from y as the forward computed it in ``dtype`` (error up to ``softmax_tolerance``),
+    so the bound propagates that error through the formula: through y itself, and through the
+    row's dot product <dy, y>; plus dx's own rounding to ``dtype``. ``y_ref`` is the float64 output,
+    ``scores`` the float64 pre-softmax scores."""
+    y = y_ref.double()
+    g = dy.double()
+    ty = softmax_tolerance(y, scores, dtype)
+    dot = (g * y).sum(dim=-1, keepdim=True)
+    dot_err = (ty * g.abs()).sum(dim=-1, keepdim=True) + RTOL[torch.float32] * (g * y).abs().sum(dim=-1, keepdim=True)
+    dx = scale * y * (g - dot)
+    return ATOL[dtype] + RTOL[dtype] * dx.abs() + abs(scale) * (ty * (g - dot).abs() + y.abs() * dot_err)
