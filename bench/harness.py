@@ -140,6 +140,7 @@ class DeviceTimer:
         benchmark._timer = clock  # read by pedantic's runner around each round
         benchmark.pedantic(timed, setup=self.flush, rounds=self.rounds, iterations=1, warmup_rounds=0)
         if not times:  # --benchmark-disable runs the target once outside pedantic
+            self.flush()
             timed()
         return times
 
