@@ -145,6 +145,10 @@ def gpt2_lines(runs: list[dict], markdown: bool) -> list[str]:
         note = ([f"x hf-eager of {', '.join(sorted({r['backend'] for r in rows if 'interleaved_hf_eager' in r}))}: "
                  "against hf-eager rounds interleaved with its own (the two differ by less than the drift "
                  "between cases)"] if any("interleaved_hf_eager" in r for r in rows) else [])
+        clocks = sorted({r["clock"] for r in rows if "clock" in r})
+        if clocks:
+            worst = max(r.get("max_clock_vs_wall_pct", 0.0) for r in rows)
+            note += [f"clock: {'; '.join(clocks)} (largest difference {worst:.3f}%)"]
         if markdown:
             lines += [f"## GPT-2 end to end: {header}", "",
                       f"Source: `{source}`; {new_tokens} new tokens per sequence.", "", *gpt2_table(rows, True), "",

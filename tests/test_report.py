@@ -210,3 +210,13 @@ def test_backward_cases_get_their_own_tables(tmp_path):
     fused_line = next(ln for ln in memory.splitlines() if " fused " in ln)
     assert fused_line.split()[-1] == "1.00"
     assert "## scaled_masked_softmax backward (dx from dy and y)" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_gpt2_clock_is_stated(tmp_path):
+    data = json.loads(GPT2_RUN.read_text())
+    for i, b in enumerate(data["benchmarks"]):
+        b["extra_info"].update(clock="cuda events at each token", max_clock_vs_wall_pct=0.01 * i)
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(data))
+    report.main([str(run), "--out", str(tmp_path / "r")])
+    assert "clock: cuda events at each token (largest difference 0.040%)" in (tmp_path / "r" / "gpt2.txt").read_text()
