@@ -89,7 +89,7 @@ def _mark(device: torch.device):
     return event
 
 
-def _timed(device: torch.device, call) -> tuple[object, float, float, object]:
+def _timed(device: torch.device, call) -> tuple[object, float, object, object]:
     """(call's result, host wall seconds around it, start mark, end mark), synchronized before and after."""
     if device.type == "cuda":
         torch.cuda.synchronize()
