@@ -193,7 +193,8 @@ def test_backward_cases_get_their_own_tables(tmp_path):
         if provider in renamed:
             c = json.loads(json.dumps(b))
             c["name"] = c["name"].replace("bench_scaled_masked_softmax[", "bench_scaled_masked_softmax_backward[")
-            c["extra_info"].update(provider=renamed[provider], p50_us=1000.0 + len(bwd), modeled_bytes=10**6 * (1 + len(bwd)))
+            c["extra_info"].update(provider=renamed[provider], p50_us=1000.0 + len(bwd),
+                                   modeled_bytes=10**6 * (1 + len(bwd)))
             bwd.append(c)
     run["benchmarks"] += bwd
     path = tmp_path / "run.json"
