@@ -3,7 +3,14 @@
 Backends hf-eager, hf-sdpa, hf-static, hf-fused, graph; batch {1, 16}; prompt {128, 512};
 128 new tokens (greedy); float16 by default, float32 with --full. Model: GPT-2 small's
 configuration with seeded random weights (same shapes and cost as the real checkpoint),
-or FUSED_ATTN_GPT2_MODEL. extra_info: tokens/s, TTFT (ms), TBT p50/p95 (ms), speedup vs
+or FUSED_ATTN_GPT2_MODEL. Prompts: seeded random ids (tests/prompts.py), every row its own;
+at batch > 1 left padded to lengths spread evenly from the prompt length down to half of it
+(prompt 128, batch 16: 128, 124, ..., 64), so padding and ragged rows are exercised.
+
+One clock (fused_attn.generate): tokens/s, TTFT and TBT of every backend come from CUDA events
+on the stream at the call's start, at each token and after the call, with no sync per token;
+each round checks that their total agrees with the host wall time around the call within 1%
+(extra_info ``max_clock_vs_wall_pct``). extra_info: tokens/s, TTFT (ms), TBT p50/p95 (ms), speedup vs
 hf-eager in the same run (for hf-fused: against hf-eager rounds interleaved with its own,
 --bench-gpt2-paired-rounds of each, since the two differ by less than the drift between
 cases; 5 rounds left one of four cases at 0.98x on host jitter, 12 settled all four). Each round is one whole
@@ -21,6 +28,14 @@ import torch
 
 BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-fused", "graph")
 NEW_TOKENS = 128
+CLOCK_VS_WALL_PCT = 1.0
+
+
+def prompt_lengths(batch: int, prompt: int) -> list[int]:
+    """Row lengths of a benchmark batch: the prompt length, then evenly down to half of it."""
+    if batch == 1:
+        return [prompt]
+    return [prompt - i * (prompt // 2) // (batch - 1) for i in range(batch)]
 
 
 def pytest_generate_tests(metafunc):
@@ -50,16 +65,15 @@ def hf_eager_tokens() -> dict:
 
 
 def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, request):
-    from fused_attn.generate import DTYPES, make_batch, run_backend
+    from fused_attn.generate import DTYPES, run_backend
+    from tests.prompts import left_padded
 
     hf_model, cache = gpt2_models
     c = gpt2_case
     benchmark.group = f"gpt2 b{c['batch']} p{c['prompt']} {c['dtype']}"  # before the run: it is stored then
     dtype, device = DTYPES[c["dtype"]], torch.device("cuda")
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(1, hf_model.config.vocab_size, (c["prompt"],), generator=g)
-    ids, mask = make_batch(prompt, 1)
-    ids, mask = ids.expand(c["batch"], -1).contiguous(), mask.expand(c["batch"], -1).contiguous()
+    lengths = prompt_lengths(c["batch"], c["prompt"])
+    ids, mask = left_padded(hf_model.config.vocab_size, lengths, seed=0)
     run_backend(c["backend"], hf_model, ids, mask, NEW_TOKENS, dtype, device, cache=cache)  # warm-up
     results, paired = [], []
     paired_case = c["backend"] == "hf-fused"
@@ -72,6 +86,10 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
     benchmark.pedantic(lambda: results.append(run(c["backend"])), setup=setup, rounds=rounds, iterations=1)
     if not results:
         return
+    # One clock: the event totals must agree with the host wall time around each call.
+    clock_vs_wall = max(100 * abs(r.total_s - r.wall_s) / r.wall_s for r in results + paired)
+    assert clock_vs_wall <= CLOCK_VS_WALL_PCT, (
+        f"event time must agree with wall time within {CLOCK_VS_WALL_PCT}%, got {clock_vs_wall:.2f}%")
 
     def stats(rs):
         steps = sorted(s for r in rs for s in r.step_s)
@@ -80,8 +98,10 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
                     tbt_p50_ms=round(1e3 * statistics.median(steps), 4),
                     tbt_p95_ms=round(1e3 * steps[min(len(steps) - 1, int(0.95 * len(steps)))], 4))
 
-    info = dict(backend=c["backend"], batch=c["batch"], prompt=c["prompt"], new_tokens=NEW_TOKENS, dtype=c["dtype"],
-                **stats(results), gpu=torch.cuda.get_device_name())
+    info = dict(backend=c["backend"], batch=c["batch"], prompt=c["prompt"], prompt_lengths=lengths,
+                new_tokens=NEW_TOKENS, dtype=c["dtype"], **stats(results), gpu=torch.cuda.get_device_name(),
+                clock="cuda events at each token (no per-token sync); totals checked against host wall time",
+                max_clock_vs_wall_pct=round(clock_vs_wall, 3))
     tps = info["tokens_per_s"]
     medians[(benchmark.group, c["backend"])] = tps
     if c["backend"] == "hf-eager":

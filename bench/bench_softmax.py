@@ -1,18 +1,32 @@
-"""scaled_masked_softmax microbenchmarks: synthetic [B, H, N, N] scores.
+"""scaled_masked_softmax microbenchmarks: synthetic [B, H, N, N] scores, forward and backward.
 
-Providers, side by side in one group per (shape, dtype, causal):
-  eager      x * scale -> masked_fill(~causal, -inf) -> softmax: three PyTorch kernels
-  compiled   torch.compile of the same function (one compile per case)
-  fused_v0   our textbook kernel (intermediates in a float32 workspace)
-  fused_v1   our fused kernel
+Forward providers, side by side in one group per (shape, dtype, causal):
+  eager          x * scale -> masked_fill(mask, -inf) -> softmax: three PyTorch kernels, the bool
+                 mask built once outside the timed call, as a user would (two kernels without a mask)
+  compiled       torch.compile of the same function, the mask passed in (one compile per case)
+  compiled_iota  causal only: torch.compile of the chain with the mask built from torch.arange
+                 inside the compiled function (Inductor computes it in the kernel: no mask read)
+  fused_v0       our textbook kernel (intermediates in a float32 workspace)
+  fused_v1       our fused kernel
+Backward providers (dx from dy and the forward's output y), one group per (shape, dtype, causal):
+  eager          torch.autograd.grad through the eager chain, the graph built once outside the
+                 timed call (retain_graph): softmax backward, masked_fill backward, mul backward
+  compiled       torch.compile of dx = scale * y * (dy - sum(dy * y)) on (dy, y): the same inputs
+                 and output as ours, and the strongest form for Inductor (one graph, no mask to read,
+                 no autograd bookkeeping), so the fair peer of a standalone backward kernel
+  fused          fused_attn.softmax.scaled_masked_softmax_backward
+Each case's output is checked once against a float64 reference (sampled [seqlen_q, seqlen_k]
+slices) before it is timed.
+
 extra_info: p5/p50/p95 (us, CUDA events, cold L2), modeled bytes, GB/s, % of the measured
 copy bandwidth, speedups vs eager and compiled measured in this run; on a GPU also the time of
 a device copy of the same bytes and of an empty kernel, both timed the same way (the floors of
 cases too small to reach the copy bandwidth).
 
-Quick default: float16, every shape. --full: float32, float16, bfloat16.
+Quick default: float16, every shape forward, every shape but batch 16 backward (batch 8 runs the
+same kernel classes on half the rows). --full: float32, float16, bfloat16 and every shape both ways.
 On a machine without a GPU the cases run on the CPU at a small shape (eager and the
-CPU path of fused_v1), which exercises the harness; GPU numbers need a GPU.
+CPU path of fused_v1 / fused), which exercises the harness; GPU numbers need a GPU.
 """
 
 from __future__ import annotations
@@ -21,13 +35,19 @@ import pytest
 import torch
 
 from bench.harness import percentiles
-from fused_attn.bytes import PROVIDERS, modeled_traffic, provider_fn, roofline_us
-
+from fused_attn import reference
+from fused_attn.bytes import (backward_provider_fn, modeled_backward_traffic, modeled_traffic, provider_fn, providers,
+                              roofline_us)
 
 GPT2_BATCHES = (1, 8, 16)
 GPT2_SEQLENS = (128, 512, 1024, 2048)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CPU_SHAPES = [(1, 2, 64, 64)]
+QUICK_BACKWARD_SKIPS_BATCH = 16
+# Output check before timing: max |out - ref| <= tolerance x max |ref| over the sampled slices (a
+# relative bound, so an all-zero or uniform output fails even where every probability is tiny).
+CHECK_RTOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+CHECK_SLICES = 4  # [seqlen_q, seqlen_k] slices checked per case: first, last and evenly between
 
 
 def gpu_shapes(config) -> list[tuple[int, int, int, int]]:
@@ -42,41 +62,71 @@ def gpu_shapes(config) -> list[tuple[int, int, int, int]]:
 
 
 def pytest_generate_tests(metafunc):
-    if "case" not in metafunc.fixturenames:
-        return
-    config = metafunc.config
+    for fixture, backward in (("case", False), ("bwd_case", True)):
+        if fixture in metafunc.fixturenames:
+            cases = make_cases(metafunc.config, backward)
+            metafunc.parametrize(fixture, cases, ids=[case_id(c) for c in cases])
+
+
+def make_cases(config, backward: bool) -> list[dict]:
     if torch.cuda.is_available():
         shapes = gpu_shapes(config)
+        if backward and not config.getoption("--full"):
+            shapes = [s for s in shapes if s[0] != QUICK_BACKWARD_SKIPS_BATCH]
         names = config.getoption("--bench-dtypes")
         dtypes = names.split(",") if names else (list(DTYPES) if config.getoption("--full") else ["float16"])
     else:
         shapes, dtypes = CPU_SHAPES, ["float32"]
-    cases = []
-    for shape in shapes:
-        for dtype in dtypes:
-            for causal in (True, False):
-                for provider in PROVIDERS:
-                    cases.append(dict(shape=shape, dtype=dtype, causal=causal, provider=provider))
-    ids = [f"{c['provider']}-{'x'.join(map(str, c['shape']))}-{c['dtype']}-{'causal' if c['causal'] else 'full'}"
-           for c in cases]
-    metafunc.parametrize("case", cases, ids=ids)
+    return [dict(shape=shape, dtype=dtype, causal=causal, provider=provider)
+            for shape in shapes for dtype in dtypes for causal in (True, False)
+            for provider in providers(causal, backward)]
 
 
-def bench_scaled_masked_softmax(benchmark, case, device, timer, ceilings_gbps, launch_floor_us, medians):
-    shape, dtype, causal, provider = case["shape"], DTYPES[case["dtype"]], case["causal"], case["provider"]
-    if device.type == "cpu" and provider in ("compiled", "fused_v0"):
-        pytest.skip(f"{provider} is measured on a GPU only (no CUDA device here)")
-    benchmark.group = f"softmax {'x'.join(map(str, shape))} {case['dtype']} {'causal' if causal else 'full'}"
-    gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(shape, generator=gen, device=device).to(dtype)
-    fn = provider_fn(provider, x, causal)
-    times = timer.run(benchmark, fn)
+def case_id(c: dict) -> str:
+    return f"{c['provider']}-{'x'.join(map(str, c['shape']))}-{c['dtype']}-{'causal' if c['causal'] else 'full'}"
 
+
+def check_slices(shape) -> list[int]:
+    """Indices into the flattened leading dims of the slices checked against the reference."""
+    n = 1
+    for d in shape[:-2]:
+        n *= d
+    return sorted({round(i * (n - 1) / (CHECK_SLICES - 1)) for i in range(CHECK_SLICES)})
+
+
+def check_output(what: str, out: torch.Tensor, ref: torch.Tensor) -> None:
+    """Raise unless max |out - ref| <= CHECK_RTOL[out.dtype] x max |ref| (NaN fails)."""
+    err = (out.double() - ref).abs().max().item()
+    bound = CHECK_RTOL[out.dtype] * ref.abs().max().item()
+    if not err <= bound:
+        raise AssertionError(f"{what} must match the float64 reference within {CHECK_RTOL[out.dtype]} x max|ref| "
+                             f"= {bound:.3g} before it is timed, got max error {err:.3g}")
+
+
+def check_forward(what: str, out: torch.Tensor, x: torch.Tensor, scale: float, causal: bool) -> None:
+    flat_out, flat_x = out.flatten(0, -3), x.flatten(0, -3)
+    for k in check_slices(x.shape):
+        ref = reference.scaled_masked_softmax(flat_x[k].double(), scale, causal=causal)
+        check_output(f"{what} (slice {k})", flat_out[k], ref)
+
+
+def check_backward(what: str, dx: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, scale: float, causal: bool) -> None:
+    flat_dx, flat_x, flat_dy = dx.flatten(0, -3), x.flatten(0, -3), dy.flatten(0, -3)
+    for k in check_slices(x.shape):
+        x64 = flat_x[k].double().requires_grad_()
+        y64 = reference.scaled_masked_softmax(x64, scale, causal=causal)
+        (ref,) = torch.autograd.grad(y64, x64, flat_dy[k].double())
+        check_output(f"{what} (slice {k})", flat_dx[k], ref)
+
+
+def record(benchmark, case: dict, times: list[float], read: int, write: int, device, ceilings_gbps, timer,
+           launch_floor_us, medians, direction: str) -> None:
+    """extra_info of one case: percentiles, modeled bytes, bandwidth, floors, speedups in this run."""
+    shape, provider = case["shape"], case["provider"]
     stats = percentiles(times)
-    read, write = modeled_traffic(provider, shape, dtype, causal)
     gbps = (read + write) / (stats["p50_us"] * 1e-6) / 1e9
-    info = dict(stats, provider=provider, shape=list(shape), dtype=case["dtype"], causal=causal,
-                device=str(device), modeled_read_bytes=read, modeled_write_bytes=write,
+    info = dict(stats, provider=provider, direction=direction, shape=list(shape), dtype=case["dtype"],
+                causal=case["causal"], device=str(device), modeled_read_bytes=read, modeled_write_bytes=write,
                 modeled_bytes=read + write, gbps=round(gbps, 1))
     if ceilings_gbps:
         info.update({f"{k}_gbps": round(v, 1) for k, v in ceilings_gbps.items()})
@@ -89,8 +139,55 @@ def bench_scaled_masked_softmax(benchmark, case, device, timer, ceilings_gbps, l
         info["same_bytes_copy_us"] = round(copy_us, 2)
         info["pct_of_same_bytes_copy"] = round(100 * copy_us / stats["p50_us"], 1)
         info["launch_floor_us"] = round(launch_floor_us, 2)
+        info["spin_cycles"] = timer.spin_cycles
     medians[(benchmark.group, provider)] = stats["p50_us"]
-    for base in ("eager", "compiled"):
+    for base in ("eager", "compiled", "compiled_iota"):
         if (benchmark.group, base) in medians and provider != base:
             info[f"speedup_vs_{base}"] = round(medians[(benchmark.group, base)] / stats["p50_us"], 3)
     benchmark.extra_info.update(info)
+
+
+def _inputs(case: dict, device):
+    shape, dtype = case["shape"], DTYPES[case["dtype"]]
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(shape, generator=gen, device=device).to(dtype)
+    dy = torch.randn(shape, generator=gen, device=device).to(dtype)
+    return x, dy, shape[-1] ** -0.5
+
+
+def _group(case: dict, direction: str) -> str:
+    name = "softmax" if direction == "forward" else "softmax_bwd"
+    return f"{name} {'x'.join(map(str, case['shape']))} {case['dtype']} {'causal' if case['causal'] else 'full'}"
+
+
+def bench_scaled_masked_softmax(benchmark, case, device, timer, ceilings_gbps, launch_floor_us, medians):
+    provider, causal = case["provider"], case["causal"]
+    if device.type == "cpu" and provider in ("compiled", "compiled_iota", "fused_v0"):
+        pytest.skip(f"{provider} is measured on a GPU only (no CUDA device here)")
+    benchmark.group = _group(case, "forward")
+    x, _, scale = _inputs(case, device)
+    fn = provider_fn(provider, x, causal)
+    check_forward(provider, fn(), x, scale, causal)
+    times = timer.run(benchmark, fn)
+    read, write = modeled_traffic(provider, case["shape"], x.dtype, causal)
+    record(benchmark, case, times, read, write, device, ceilings_gbps, timer, launch_floor_us, medians, "forward")
+
+
+def bench_scaled_masked_softmax_backward(benchmark, bwd_case, device, timer, ceilings_gbps, launch_floor_us, medians):
+    case = bwd_case
+    provider, causal = case["provider"], case["causal"]
+    if device.type == "cpu" and provider == "compiled":
+        pytest.skip("compiled is measured on a GPU only (no CUDA device here)")
+    from fused_attn import softmax
+
+    if provider == "fused" and not hasattr(softmax, "scaled_masked_softmax_backward"):
+        if device.type == "cuda":
+            raise AssertionError("fused_attn.softmax.scaled_masked_softmax_backward must exist to bench the backward")
+        pytest.skip("fused_attn.softmax.scaled_masked_softmax_backward is not in this tree yet (issue 10)")
+    benchmark.group = _group(case, "backward")
+    x, dy, scale = _inputs(case, device)
+    fn = backward_provider_fn(provider, x, dy, causal)
+    check_backward(provider, fn(), x, dy, scale, causal)
+    times = timer.run(benchmark, fn)
+    read, write = modeled_backward_traffic(provider, case["shape"], x.dtype, causal)
+    record(benchmark, case, times, read, write, device, ceilings_gbps, timer, launch_floor_us, medians, "backward")

@@ -1,8 +1,9 @@
 """Benchmark harness: options, GPU machine info, per-GPU storage, device-time measurement.
 
 Every case times with CUDA events around one call per round, after warm-up, with L2
-flushed before each round (a 256 MiB write, outside the timed region) and a spin kernel
-queued ahead of the call so host launch overhead never lands between the events.
+flushed and left clean before each round (a 256 MiB write, then a 256 MiB read, outside the
+timed region) and a spin kernel queued ahead of the call, checked every round to outlast the
+host's queueing, so host launch overhead never lands between the events.
 pytest-benchmark runs in pedantic mode with a clock that advances by the event time of
 each round (bench/harness.py), so its statistics and `--benchmark-compare` are device
 times; the same times give the p5/p50/p95 in `extra_info`.

@@ -1,4 +1,12 @@
-"""Device timing for the benchmarks (imported by bench/conftest.py and the bench modules)."""
+"""Device timing for the benchmarks (imported by bench/conftest.py and the bench modules).
+
+Each timed round: zero a 256 MiB buffer (evicts the previous round's data, its dirty outputs
+included), read another 256 MiB buffer (evicts the zeroing's own dirty lines: L2 then holds only
+clean lines, so no write-back of earlier data lands in the timed window), queue a spin kernel,
+then record the start event, the call and the end event while the device still spins. A round in
+which the spin ended before the end event was queued (the device waited on the host inside the
+timed window) is timed again with a spin twice as long; the spin length used is in extra_info.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +21,9 @@ L2_FLUSH_BYTES = 256 << 20
 # GPU work queued ahead of each timed call (after the L2 flush): while the device spins,
 # the host enqueues the start event and the call, so the interval between the events is
 # device time only, never host launch overhead (~10-60 us for a Python op or a compiled
-# graph, more than a small kernel takes).
-SPIN_CYCLES = 200_000  # ~100 us at 1.98 GHz
+# graph, ~100 us for an autograd backward, more than a small kernel takes). Checked every round.
+SPIN_CYCLES = 400_000  # ~200 us at 1.98 GHz
+MAX_SPIN_CYCLES = SPIN_CYCLES << 4
 # Before each case's warm-up calls: ~20 ms of spinning, so every case starts from a busy GPU at its
 # boost clock whatever ran before it (a compile, an idle gap, a heavy case). Kernels of a few us
 # move with the SM clock: back-to-back runs of 0005 differed by 2-4% at N = 128, the empty kernel
@@ -44,27 +53,45 @@ class DeviceTimer:
     def __init__(self, device: torch.device, rounds: int, warmup: int):
         self.device, self.rounds, self.warmup = device, rounds, warmup
         self.cuda = device.type == "cuda"
-        self.flush_buf = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device) if self.cuda else None
+        self.spin_cycles = SPIN_CYCLES
         self._copy_cache: dict[int, float] = {}
+        if self.cuda:
+            self.flush_buf = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
+            self.sweep_buf = torch.ones(L2_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+            self._sweep_sum = torch.empty((), dtype=torch.float32, device=device)
+            self._spin_done = torch.cuda.Event()
 
     def flush(self):
-        """Evict L2 (a 256 MiB write) and queue a spin; returns without waiting for either."""
+        """Evict L2 and leave it clean (a 256 MiB write, then a 256 MiB read of another buffer),
+        then queue a spin; returns without waiting for any of it."""
         if self.cuda:
             self.flush_buf.zero_()
-            torch.cuda._sleep(SPIN_CYCLES)
+            torch.sum(self.sweep_buf, dim=0, out=self._sweep_sum)
+            torch.cuda._sleep(self.spin_cycles)
+            self._spin_done.record()
 
     def time_once(self, fn) -> float:
-        """Seconds of one call: CUDA events on the GPU (queued behind flush()), host clock on the CPU."""
-        if self.cuda:
+        """Seconds of one call: CUDA events on the GPU (queued behind flush(); re-timed after a new
+        flush with a longer spin while the spin did not outlast queueing the call), host clock on
+        the CPU."""
+        if not self.cuda:
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+        while True:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
+            host_ahead = not self._spin_done.query()  # still spinning: everything was queued in time
             end.synchronize()
-            return start.elapsed_time(end) * 1e-3
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
+            if host_ahead:
+                return start.elapsed_time(end) * 1e-3
+            if self.spin_cycles >= MAX_SPIN_CYCLES:
+                raise RuntimeError(f"the spin kernel must outlast host enqueueing, got the device idle before "
+                                   f"the call was queued even with {self.spin_cycles} cycles")
+            self.spin_cycles *= 2
+            self.flush()
 
     def _warm_up(self, fn) -> None:
         if self.cuda:
@@ -113,6 +140,7 @@ class DeviceTimer:
         benchmark._timer = clock  # read by pedantic's runner around each round
         benchmark.pedantic(timed, setup=self.flush, rounds=self.rounds, iterations=1, warmup_rounds=0)
         if not times:  # --benchmark-disable runs the target once outside pedantic
+            self.flush()
             timed()
         return times
 

@@ -2,6 +2,7 @@
 # One device call: build, full GPU test suite, sanitizers, benchmarks, ncu bytes, GPT-2 checks, profile.
 # Keep what lands in $OUT to 8 files (the device tool returns no more).
 # Usage (on the GPU machine, repo root): OUT=/some/dir bash bench/run_gpu.sh [steps...]
+# BENCH_ARGS narrows the softmax step, e.g. BENCH_ARGS='-k backward' (backward cases only).
 # steps: ab build tests bench sanitize bytes gpt2 gpt2bench profile (default: ab build tests bench sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -78,7 +79,8 @@ if has bench; then
   log bench
   for i in $(seq 1 ${BENCH_REPEAT:-1}); do  # back-to-back runs measure the run-to-run spread
     json="$OUT/bench_softmax$([ $i = 1 ] || echo _$i).json"
-    timeout ${BENCH_TIMEOUT:-300} python3 -m pytest bench/bench_softmax.py -q -p no:cacheprovider \
+    # forward (135 cases) + backward (66); ~60 compiles with a cold Inductor cache: ~3-4 min on an H100/H200
+    timeout ${BENCH_TIMEOUT:-420} python3 -m pytest bench/bench_softmax.py -q -p no:cacheprovider \
       --benchmark-json="$json" --benchmark-columns=median,iqr,rounds ${BENCH_ARGS:-} \
       >> "$OUT/bench.log" 2>&1 || rc=1
   done
@@ -89,6 +91,7 @@ fi
 if has bytes; then
   log bytes
   timeout ${BYTES_TIMEOUT:-200} python3 -m fused_attn.bytes > "$OUT/bytes.txt" 2>&1 || rc=1
+  timeout ${BYTES_TIMEOUT:-200} python3 -m fused_attn.bytes --backward >> "$OUT/bytes.txt" 2>&1 || rc=1
   tail -30 "$OUT/bytes.txt"
 fi
 log "done rc=$rc"

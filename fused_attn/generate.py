@@ -11,6 +11,12 @@ GPU it runs the same model without the graph). Prints the continuation,
 TTFT (prompt in, first token out), TBT p50/p95 (each further token) and tokens/s; with
 --compare, whether the greedy tokens of all backends are identical.
 
+One clock for every backend: on a GPU, CUDA events on the current stream at the call's start,
+at each token (transformers: when its logits are ready, from a logits processor; graph: after
+each token is out) and after the call returns, with no host sync per token; TTFT, TBT and
+tokens/s all come from these events, and ``Result.wall_s`` is the host clock around the whole
+call (synchronized before and after) to check them against. On the CPU, the host clock.
+
 Models: ``gpt2-random`` (default: GPT-2 small's configuration, seeded random weights, no
 download) or any name/path transformers can load. Prompts: ``--prompt`` text when the
 checkpoint has a tokenizer, ``--prompt-ids`` token ids, else ``--prompt-len`` seeded ids.
@@ -36,14 +42,19 @@ class Result:
     backend: str
     tokens: torch.Tensor  # [batch, prompt + new]
     ttft_s: float
-    step_s: list[float]
+    step_s: list[float]  # the last one runs to the end of the call
+    wall_s: float | None = None  # host clock around the whole call
+
+    @property
+    def total_s(self) -> float:
+        return self.ttft_s + sum(self.step_s)
 
     @property
     def new_tokens(self) -> int:
         return 1 + len(self.step_s)
 
     def tokens_per_s(self, batch: int) -> float:
-        return batch * self.new_tokens / (self.ttft_s + sum(self.step_s))
+        return batch * self.new_tokens / self.total_s
 
 
 def make_batch(prompt: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,16 +70,49 @@ def make_batch(prompt: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Te
 
 
 class _StepTimes:
-    """A logits processor that stamps the host clock (after a device sync) at every token."""
+    """A logits processor that marks every token: a CUDA event on the stream (no sync), or the
+    host clock on the CPU."""
 
     def __init__(self, device: torch.device):
         self.device, self.stamps = device, []
 
     def __call__(self, input_ids, scores):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        self.stamps.append(time.perf_counter())
+        self.stamps.append(_mark(self.device))
         return scores
+
+
+def _mark(device: torch.device):
+    if device.type != "cuda":
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def _timed(device: torch.device, call) -> tuple[object, float, object, object]:
+    """(call's result, host wall seconds around it, start mark, end mark), synchronized before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    start = _mark(device)
+    out = call()
+    end = _mark(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - t0, start, end
+
+
+def _result(backend: str, tokens: torch.Tensor, marks: list, wall_s: float) -> Result:
+    """TTFT and per-token gaps from [start, token 0, token 1, ..., end] marks (events or host clock);
+    the end mark closes the last token's gap."""
+    if isinstance(marks[0], float):
+        gaps = [b - a for a, b in zip(marks, marks[1:])]
+    else:
+        gaps = [a.elapsed_time(b) * 1e-3 for a, b in zip(marks, marks[1:])]
+    steps = gaps[1:-1]
+    if steps:
+        steps[-1] += gaps[-1]
+    return Result(backend, tokens.cpu(), gaps[0] + (0.0 if steps else gaps[-1]), steps, wall_s)
 
 
 def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
@@ -84,9 +128,11 @@ def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, m
         if model is None:
             model = cache[("graph", dtype)] = GPT2.from_hf(hf_model, dtype=dtype, device=device)
         timings: dict = {}
-        out = model.generate(ids, mask, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                             seed=seed, use_graph=device.type == "cuda", timings=timings)
-        return Result(backend, out.cpu(), timings["ttft_s"], timings["step_s"])
+        out, wall, start, end = _timed(device, lambda: model.generate(
+            ids, mask, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
+            use_graph=device.type == "cuda", timings=timings))
+        # generate's own start mark is replaced by ours (queued just before it, nothing in between).
+        return _result(backend, out, [start, *timings["marks"][1:], end], wall)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     impl = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-fused": "fused_attn"}[backend]
@@ -108,19 +154,9 @@ def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, m
         do_sample=False)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = model.generate(ids, **kw)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t_end = time.perf_counter()
+        out, wall, start, end = _timed(device, lambda: model.generate(ids, **kw))
     # stamps[i] = logits of token i ready; the token is sampled right after.
-    ttft = stamps.stamps[0] - t0
-    steps = [b - a for a, b in zip(stamps.stamps, stamps.stamps[1:])]
-    if steps:
-        steps[-1] += t_end - stamps.stamps[-1]
-    return Result(backend, out.cpu(), ttft, steps)
+    return _result(backend, out, [start, *stamps.stamps, end], wall)
 
 
 def summary(r: Result, batch: int) -> str:

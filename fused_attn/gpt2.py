@@ -193,9 +193,11 @@ class GPT2(torch.nn.Module):
         temperature (top_k > 0 keeps the k largest logits). After a sequence emits
         ``eos_token_id`` it is filled with it; generation stops early when all have.
 
-        ``timings``, if given, receives ``ttft_s`` (prompt in to first token out, host clock
-        around a synchronized prefill) and ``step_s`` (each further token: CUDA events around the
-        graph replay, or the host clock on the CPU)."""
+        ``timings``, if given, receives ``ttft_s`` (prompt in to first token out) and ``step_s``
+        (each further token, from one token out to the next), both from CUDA events recorded on the
+        stream at the call's start and after each token (the host clock on the CPU), and ``marks``:
+        those events (host clock readings), the start first, so a caller can time the call's tail
+        with a mark of its own."""
         c = self.config
         b, s = input_ids.shape
         if input_ids.device != self.device:
@@ -213,11 +215,20 @@ class GPT2(torch.nn.Module):
         if state is None:
             state = self._states[key] = _DecodeState(self, b, total, temperature, top_k)
         cuda = self.device.type == "cuda"
+        marks: list = []  # token boundaries: CUDA events, or host clock readings on the CPU
+
+        def mark():
+            if cuda:
+                marks.append(torch.cuda.Event(enable_timing=True))
+                marks[-1].record()
+            else:
+                marks.append(time.perf_counter())
+
         with torch.random.fork_rng(devices=[self.device] if cuda else []):
             torch.manual_seed(seed)
             if cuda:
                 torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            mark()
             if use_graph:  # the prefill is host-bound (~180 launches): replay it as one graph too
                 pg = state.prefill_graphs.get(s)
                 if pg is None:
@@ -225,9 +236,9 @@ class GPT2(torch.nn.Module):
                 first = pg.run(input_ids, attention_mask)
             else:
                 first = state.prefill(input_ids, attention_mask)
+            mark()
             if cuda:
                 torch.cuda.synchronize()
-            ttft = time.perf_counter() - t0
             if use_graph:
                 graph = self._graphs.get(key)
                 if graph is None:
@@ -236,20 +247,11 @@ class GPT2(torch.nn.Module):
             else:
                 step = state.step
             out = [first]
-            events, host_times = [], []
             done_at = None
             for t in range(1, max_new_tokens):
-                if cuda:
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    step()
-                    e1.record()
-                    events.append((e0, e1))
-                else:
-                    h0 = time.perf_counter()
-                    step()
-                    host_times.append(time.perf_counter() - h0)
+                step()
                 out.append(state.token.clone())
+                mark()
                 if eos_token_id is not None and t % sync_every == 0:
                     if bool((torch.stack(out, 1) == eos_token_id).any(1).all()):
                         done_at = t + 1
@@ -257,9 +259,10 @@ class GPT2(torch.nn.Module):
         if timings is not None:
             if cuda:
                 torch.cuda.synchronize()
-                host_times = [a.elapsed_time(z) * 1e-3 for a, z in events]
-            timings["ttft_s"] = ttft
-            timings["step_s"] = host_times
+                gaps = [a.elapsed_time(z) * 1e-3 for a, z in zip(marks, marks[1:])]
+            else:
+                gaps = [z - a for a, z in zip(marks, marks[1:])]
+            timings.update(marks=marks, ttft_s=gaps[0], step_s=gaps[1:])
         gen = torch.stack(out, 1)[:, :done_at]
         if eos_token_id is not None:
             hit = (gen == eos_token_id).long().cumsum(1) > 0

@@ -78,11 +78,12 @@ def scaled_masked_softmax_backward(
     return (scale * yy * (g - dot)).to(y.dtype)
 
 
-def eager_scaled_masked_softmax(x: torch.Tensor, scale: float, causal_keep: torch.Tensor | None) -> torch.Tensor:
+def eager_scaled_masked_softmax(x: torch.Tensor, scale: float, masked: torch.Tensor | None) -> torch.Tensor:
     """The unfused chain attention code runs today (the benchmarks' ``eager`` baseline):
     multiply by scale, masked_fill with -inf, softmax, each a separate kernel in x's dtype.
-    ``causal_keep`` is a precomputed bool mask (True = attend) or None."""
+    ``masked`` is a bool mask built once by the caller, True where a key is hidden (e.g.
+    ``~causal_mask(seqlen_q, seqlen_k)``), broadcastable to ``x``; or None (no masking)."""
     s = x * scale
-    if causal_keep is not None:
-        s = s.masked_fill(~causal_keep, float("-inf"))
+    if masked is not None:
+        s = s.masked_fill(masked, float("-inf"))
     return torch.softmax(s, dim=-1)

@@ -3,7 +3,8 @@
     python -m fused_attn.report RUN.json [RUN2.json ...] --out DIR [--bytes NCU.txt] [--profile PROFILE_DIR]
 
 Writes into DIR: micro.txt (latency p5/p50/p95, bandwidth, % of the copy bandwidth and of a
-same-size copy, speedups), memory.txt (bytes moved per provider: modeled, and measured by
+same-size copy, speedups; a forward table, then a backward table when the run has backward
+cases), memory.txt (bytes moved per provider: modeled, and measured by
 `python -m fused_attn.bytes` when --bytes is given), gpt2.txt (GPT-2 end to end from
 bench/bench_gpt2.py: tokens/s, TTFT, TBT, speedup and token agreement vs hf-eager; with --profile, a
 summary of `python -m fused_attn.profile`'s tables), report.md (the same tables in Markdown) and PNG
@@ -20,7 +21,9 @@ import textwrap
 from collections import defaultdict
 from pathlib import Path
 
-PROVIDER_ORDER = ("eager", "compiled", "fused_v0", "fused_v1")
+PROVIDER_ORDER = ("eager", "compiled", "compiled_iota", "fused_v0", "fused_v1")
+BACKWARD_ORDER = ("eager", "compiled", "fused")
+FORWARD_BENCH, BACKWARD_BENCH = "bench_scaled_masked_softmax[", "bench_scaled_masked_softmax_backward["
 BACKEND_ORDER = ("hf-eager", "hf-sdpa", "hf-static", "hf-fused", "graph", "graph-eager")
 GPT2_COLS = (("batch", ">5"), ("prompt", ">6"), ("dtype", "<9"), ("backend", "<9"), ("tokens/s", ">9"),
              ("TTFT ms", ">8"), ("TBT p50 ms", ">10"), ("TBT p95 ms", ">10"), ("x hf-eager", ">10"),
@@ -52,10 +55,11 @@ def run_header(run: dict) -> str:
             + (f"; empty kernel {floor:.2f} us" if floor is not None else ""))
 
 
-def softmax_rows(run: dict) -> list[dict]:
-    rows = [b["extra_info"] | {"name": b["name"]} for b in run["benchmarks"]
-            if b["name"].startswith("bench_scaled_masked_softmax")]
-    order = {p: i for i, p in enumerate(PROVIDER_ORDER)}
+def softmax_rows(run: dict, backward: bool = False) -> list[dict]:
+    """The forward (or backward) softmax cases of a run, grouped by dtype, causal, shape, provider."""
+    prefix = BACKWARD_BENCH if backward else FORWARD_BENCH
+    rows = [b["extra_info"] | {"name": b["name"]} for b in run["benchmarks"] if b["name"].startswith(prefix)]
+    order = {p: i for i, p in enumerate(BACKWARD_ORDER if backward else PROVIDER_ORDER)}
     rows.sort(key=lambda r: (r["dtype"], not r["causal"], r["shape"], order.get(r["provider"], 99)))
     return rows
 
@@ -64,11 +68,13 @@ def _fmt(v, spec: str, missing: str = "-") -> str:
     return missing if v is None else format(v, spec)
 
 
-MICRO_COLS = (("shape [B,H,N,N]", "<18"), ("dtype", "<9"), ("causal", "<6"), ("provider", "<9"), ("p5 us", ">9"),
+MICRO_COLS = (("shape [B,H,N,N]", "<18"), ("dtype", "<9"), ("causal", "<6"), ("provider", "<13"), ("p5 us", ">9"),
               ("p50 us", ">9"), ("p95 us", ">9"), ("GB/s", ">7"), ("% copy", ">6"), ("% roofline", ">10"),
-              ("% same-bytes copy", ">17"), ("x eager", ">7"), ("x compiled", ">10"))
-MEMORY_COLS = (("shape [B,H,N,N]", "<18"), ("dtype", "<9"), ("causal", "<6"), ("provider", "<9"), ("read MB", ">9"),
-               ("write MB", ">9"), ("total MB", ">9"), ("x fused_v1", ">10"))
+              ("% same-bytes copy", ">17"), ("x eager", ">7"), ("x compiled", ">10"), ("x compiled_iota", ">15"))
+MEMORY_COLS = (("shape [B,H,N,N]", "<18"), ("dtype", "<9"), ("causal", "<6"), ("provider", "<13"), ("read MB", ">9"),
+               ("write MB", ">9"), ("total MB", ">9"), ("x fused", ">7"))
+FUSED_REFERENCE = {False: "fused_v1", True: "fused"}  # the provider memory tables compare with
+BACKWARD_TITLE = "scaled_masked_softmax backward (dx from dy and y)"
 
 
 def render(cols: tuple[tuple[str, str], ...], rows: list[list[str]], markdown: bool) -> list[str]:
@@ -80,23 +86,26 @@ def render(cols: tuple[tuple[str, str], ...], rows: list[list[str]], markdown: b
             *(" ".join(format(cell, align) for cell, (_, align) in zip(cells, cols)) for cells in rows)]
 
 
-def micro_table(rows: list[dict], markdown: bool) -> list[str]:
+def micro_table(rows: list[dict], markdown: bool, backward: bool = False) -> list[str]:
+    """Latency, bandwidth and speedups per case (backward: no compiled_iota, a forward-only provider)."""
+    cols = MICRO_COLS[:-1] if backward else MICRO_COLS
     cells = [["x".join(map(str, r["shape"])), r["dtype"], "yes" if r["causal"] else "no", r["provider"],
               _fmt(r.get("p5_us"), ".1f"), _fmt(r.get("p50_us"), ".1f"), _fmt(r.get("p95_us"), ".1f"),
               _fmt(r.get("gbps"), ".0f"), _fmt(r.get("pct_of_copy_bw"), ".1f"), _fmt(r.get("pct_of_roofline"), ".1f"),
               _fmt(r.get("pct_of_same_bytes_copy"), ".1f"), _fmt(r.get("speedup_vs_eager"), ".2f"),
-              _fmt(r.get("speedup_vs_compiled"), ".2f")] for r in rows]
-    return render(MICRO_COLS, cells, markdown)
+              _fmt(r.get("speedup_vs_compiled"), ".2f"), _fmt(r.get("speedup_vs_compiled_iota"), ".2f")][:len(cols)]
+             for r in rows]
+    return render(cols, cells, markdown)
 
 
-def memory_table(rows: list[dict], markdown: bool) -> list[str]:
+def memory_table(rows: list[dict], markdown: bool, backward: bool = False) -> list[str]:
     groups = defaultdict(dict)
     for r in rows:
         groups[(tuple(r["shape"]), r["dtype"], r["causal"])][r["provider"]] = r
     cells = []
     for (shape, dtype, causal), provs in groups.items():
-        fused = provs.get("fused_v1", {}).get("modeled_bytes")
-        for p in PROVIDER_ORDER:
+        fused = provs.get(FUSED_REFERENCE[backward], {}).get("modeled_bytes")
+        for p in BACKWARD_ORDER if backward else PROVIDER_ORDER:
             if p not in provs or "modeled_bytes" not in provs[p]:
                 continue
             r = provs[p]
@@ -136,6 +145,10 @@ def gpt2_lines(runs: list[dict], markdown: bool) -> list[str]:
         note = ([f"x hf-eager of {', '.join(sorted({r['backend'] for r in rows if 'interleaved_hf_eager' in r}))}: "
                  "against hf-eager rounds interleaved with its own (the two differ by less than the drift "
                  "between cases)"] if any("interleaved_hf_eager" in r for r in rows) else [])
+        clocks = sorted({r["clock"] for r in rows if "clock" in r})
+        if clocks:
+            worst = max(r.get("max_clock_vs_wall_pct", 0.0) for r in rows)
+            note += [f"clock: {'; '.join(clocks)} (largest difference {worst:.3f}%)"]
         if markdown:
             lines += [f"## GPT-2 end to end: {header}", "",
                       f"Source: `{source}`; {new_tokens} new tokens per sequence.", "", *gpt2_table(rows, True), "",
@@ -251,16 +264,21 @@ def main(argv: list[str] | None = None) -> int:
     pngs = []
     for run in runs:
         header, source = run_header(run), Path(run["_path"]).name
-        rows = softmax_rows(run)
-        if not rows:
+        rows, bwd = softmax_rows(run), softmax_rows(run, backward=True)
+        if not rows and not bwd:
             micro += [f"# {header}", f"# source: {source}", "No scaled_masked_softmax cases in this run.", ""]
             memory += [f"# {header}", f"# source: {source}", "No scaled_masked_softmax cases in this run.", ""]
             continue
-        micro += [f"# {header}", f"# source: {source}", *micro_table(rows, False), ""]
-        memory += [f"# {header} (modeled bytes)", f"# source: {source}", *memory_table(rows, False), ""]
-        md += [f"## scaled_masked_softmax: {header}", "", f"Source: `{source}`", "",
-               *micro_table(rows, True), "", "### Bytes moved (modeled)", "", *memory_table(rows, True), ""]
-        if not args.no_plots and not pngs:  # plots of the first run with softmax cases
+        for backward, rs in ((False, rows), (True, bwd)):
+            if not rs:
+                continue
+            title = BACKWARD_TITLE if backward else "scaled_masked_softmax"
+            micro += [f"# {title}: {header}", f"# source: {source}", *micro_table(rs, False, backward), ""]
+            memory += [f"# {title}: {header} (modeled bytes)", f"# source: {source}",
+                       *memory_table(rs, False, backward), ""]
+            md += [f"## {title}: {header}", "", f"Source: `{source}`", "", *micro_table(rs, True, backward), "",
+                   "### Bytes moved (modeled)", "", *memory_table(rs, True, backward), ""]
+        if rows and not args.no_plots and not pngs:  # plots of the first run with softmax cases
             pngs += plot(rows, args.out, header)
     if args.bytes:
         measured = args.bytes.read_text().rstrip().splitlines()

@@ -181,3 +181,43 @@ def test_gpt2_interleaved_comparison_is_named(tmp_path):
     run.write_text(json.dumps(data))
     report.main([str(run), "--out", str(tmp_path / "paired")])
     assert "x hf-eager of hf-fused: against hf-eager rounds interleaved" in (tmp_path / "paired" / "gpt2.txt").read_text()
+
+
+def test_backward_cases_get_their_own_tables(tmp_path):
+    run = json.loads(RUN.read_text())
+    forward = len(report.softmax_rows(run))
+    renamed = {"fused_v1": "fused", "eager": "eager", "compiled": "compiled"}
+    bwd = []
+    for b in run["benchmarks"]:
+        provider = b["extra_info"]["provider"]
+        if provider in renamed:
+            c = json.loads(json.dumps(b))
+            c["name"] = c["name"].replace("bench_scaled_masked_softmax[", "bench_scaled_masked_softmax_backward[")
+            c["extra_info"].update(provider=renamed[provider], p50_us=1000.0 + len(bwd),
+                                   modeled_bytes=10**6 * (1 + len(bwd)))
+            bwd.append(c)
+    run["benchmarks"] += bwd
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    assert report.main([str(path), "--out", str(tmp_path / "r"), "--no-plots"]) == 0
+    assert len(report.softmax_rows(run)) == forward
+    assert len(report.softmax_rows(run, backward=True)) == len(bwd)
+    micro = (tmp_path / "r" / "micro.txt").read_text()
+    fwd_part, bwd_part = micro.split("# scaled_masked_softmax backward (dx from dy and y): ")
+    assert " fused " not in fwd_part and "1000.0" not in fwd_part
+    assert all(f"{1000.0 + i:.1f}" in bwd_part for i in range(len(bwd))) and " fused " in bwd_part
+    assert "x compiled_iota" in fwd_part and "x compiled_iota" not in bwd_part
+    memory = (tmp_path / "r" / "memory.txt").read_text().split("backward (dx from dy and y)")[1]
+    fused_line = next(ln for ln in memory.splitlines() if " fused " in ln)
+    assert fused_line.split()[-1] == "1.00"
+    assert "## scaled_masked_softmax backward (dx from dy and y)" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_gpt2_clock_is_stated(tmp_path):
+    data = json.loads(GPT2_RUN.read_text())
+    for i, b in enumerate(data["benchmarks"]):
+        b["extra_info"].update(clock="cuda events at each token", max_clock_vs_wall_pct=0.01 * i)
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(data))
+    report.main([str(run), "--out", str(tmp_path / "r")])
+    assert "clock: cuda events at each token (largest difference 0.040%)" in (tmp_path / "r" / "gpt2.txt").read_text()

@@ -1,0 +1,39 @@
+"""The GPT-2 benchmark's inputs and clock (CPU: host clock marks; the GPU uses CUDA events the same way)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from bench.bench_gpt2 import CLOCK_VS_WALL_PCT, prompt_lengths  # noqa: E402
+from fused_attn.generate import _result, run_backend  # noqa: E402
+from tests.prompts import left_padded  # noqa: E402
+
+
+def test_prompt_lengths_are_distinct_and_span_half_the_prompt():
+    assert prompt_lengths(1, 128) == [128]
+    lengths = prompt_lengths(16, 128)
+    assert len(set(lengths)) == 16 and lengths[0] == 128 and lengths[-1] == 64
+    assert prompt_lengths(16, 512)[-1] == 256
+
+
+def test_result_splits_marks_into_ttft_and_token_gaps():
+    r = _result("x", torch.zeros(1, 3), [0.0, 1.0, 1.5, 2.5, 2.75], 3.0)
+    assert (r.ttft_s, r.step_s, r.total_s, r.wall_s) == (1.0, [0.5, 1.25], 2.75, 3.0)
+    assert r.new_tokens == 3
+    one = _result("x", torch.zeros(1, 1), [0.0, 1.0, 1.25], 1.25)
+    assert (one.ttft_s, one.step_s, one.new_tokens) == (1.25, [], 1)
+
+
+@pytest.mark.parametrize("backend", ["hf-eager", "graph"])
+def test_every_backend_reports_token_times_that_add_up_to_wall_time(backend):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=64)).eval()
+    ids, mask = left_padded(64, prompt_lengths(3, 12), seed=0)
+    r = run_backend(backend, model, ids, mask, 5, torch.float32, torch.device("cpu"))
+    assert r.new_tokens == 5 and r.tokens.shape == (3, 12 + 5)
+    assert abs(r.total_s - r.wall_s) / r.wall_s * 100 <= CLOCK_VS_WALL_PCT
