@@ -3,11 +3,11 @@
 # Keep what lands in $OUT to 8 files (the device tool returns no more).
 # Usage (on the GPU machine, repo root): OUT=/some/dir bash bench/run_gpu.sh [steps...]
 # BENCH_ARGS narrows the softmax step, e.g. BENCH_ARGS='-k backward' (backward cases only).
-# steps: ab build tests bench sanitize bytes gpt2 gpt2bench profile (default: ab build tests bench sanitize bytes).
+# steps: ab build tests bench sanitize bytes gpt2 gpt2bench profile (default: build tests bench sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FUSED_ATTN_CACHE=${FUSED_ATTN_CACHE:-/tmp/fused_attn_cache}
-steps=${*:-ab build tests bench sanitize bytes}
+steps=${*:-build tests bench sanitize bytes}
 rc=0
 has() { [[ " $steps " == *" $1 "* ]]; }
 log() { echo "== $* ($(date +%T))"; }

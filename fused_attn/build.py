@@ -1,11 +1,15 @@
 """Build and load the CUDA library of fused_attn.
 
-The sources in ``csrc/`` are compiled on first use with
-``torch.utils.cpp_extension.load`` (ninja) into a cache directory keyed by the
-sources, torch and CUDA versions, the target architectures and the compiler
-flags, and loaded with ``torch.ops.load_library``. A second process finds the
-built library in the cache and loads it directly (no ninja, no hashing of
-build trees).
+The sources in ``csrc/`` (``csrc/common/`` and one folder per op; the checkout's, or the
+copy a non-editable install ships inside the package) are compiled on first use with
+``torch.utils.cpp_extension.load`` (ninja) into a build directory keyed by torch and CUDA
+versions, the target architectures and the compiler flags, and loaded with
+``torch.ops.load_library``. The directory is stable across source edits, so ninja
+recompiles only the translation units whose sources (or included headers) changed. A
+stamp of the sources' hash lets a later process with unchanged sources load the library
+directly (no ninja). ``FUSED_ATTN_DEBUG=1`` adds ``-G`` (device debug info, no
+optimization) for sanitizer sessions, in a build directory of its own; ``-lineinfo`` is
+always on.
 
 Toolkit discovery, in order: ``$CUDA_HOME`` / ``$CUDA_PATH``; the toolkit behind an
 ``nvcc`` on ``PATH`` (a wrapper script is resolved by asking nvcc itself where it
@@ -39,7 +43,11 @@ from pathlib import Path
 import torch
 
 LIB_NAME = "fused_attn_C"
-CSRC = Path(__file__).resolve().parent.parent / "csrc"
+_PACKAGE = Path(__file__).resolve().parent
+# A checkout (editable install) keeps the sources beside the package; a wheel ships them inside it.
+CSRC = _PACKAGE.parent / "csrc" if (_PACKAGE.parent / "csrc" / "registration.cpp").is_file() else _PACKAGE / "csrc"
+SOURCE_SUFFIXES = (".cu", ".cpp")
+HEADER_SUFFIXES = (".cuh", ".h")
 CUDA_CFLAGS = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
 CXX_CFLAGS = ["-O3"]
 
@@ -121,24 +129,47 @@ def gencode_flags(archs: list[str]) -> list[str]:
     return flags
 
 
+def _files(suffixes: tuple[str, ...]) -> list[Path]:
+    return sorted(p for p in CSRC.rglob("*") if p.is_file() and p.suffix in suffixes)
+
+
 def sources() -> list[Path]:
+    """Every translation unit under csrc/ (csrc/common/ and the per-op folders)."""
     if not CSRC.is_dir():
         raise BuildError(
-            f"fused_attn's CUDA sources were not found at {CSRC}: install the package from a "
-            "checkout with `pip install -e .`"
+            f"fused_attn's CUDA sources were not found at {CSRC}: reinstall the package "
+            "(`pip install .` or `pip install -e .` from a checkout)"
         )
-    return sorted(p for p in CSRC.iterdir() if p.suffix in (".cu", ".cpp"))
+    found = _files(SOURCE_SUFFIXES)
+    names = [p.stem for p in found]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:  # cpp_extension names object files by stem: two softmax.cu would overwrite each other
+        raise BuildError(f"csrc/ source file names must be unique across folders, got {clashes} twice")
+    return found
+
+
+def sources_hash() -> str:
+    """Hash of every source and header under csrc/ (names and contents)."""
+    h = hashlib.sha256()
+    for p in _files(SOURCE_SUFFIXES + HEADER_SUFFIXES):
+        h.update(str(p.relative_to(CSRC)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _build_key(cuda_flags: list[str]) -> str:
+    """What makes object files incompatible: toolchain, Python, flags. Not the sources (ninja tracks those)."""
     h = hashlib.sha256()
-    for p in sorted(CSRC.iterdir()):
-        if p.is_file():
-            h.update(p.name.encode())
-            h.update(p.read_bytes())
     for part in (torch.__version__, str(torch.version.cuda), sys.version, *cuda_flags, *CXX_CFLAGS):
         h.update(part.encode())
     return h.hexdigest()[:16]
+
+
+def cuda_flags() -> list[str]:
+    flags = CUDA_CFLAGS + gencode_flags(target_archs())
+    if os.environ.get("FUSED_ATTN_DEBUG", "") not in ("", "0"):
+        flags = [f for f in flags if f != "-O3"] + ["-G"]
+    return flags + os.environ.get("FUSED_ATTN_NVCC_FLAGS", "").split()
 
 
 def cache_root() -> Path:
@@ -148,18 +179,22 @@ def cache_root() -> Path:
 
 
 def library_path(verbose: bool = False) -> Path:
-    """Path of the built library, building it first if the cache has none.
+    """Path of the built library, building (or incrementally rebuilding) it first when the
+    sources changed since the last build in this configuration.
 
     ``$FUSED_ATTN_NVCC_FLAGS`` (space-separated) is appended to nvcc's flags and to the
     cache key: kernel variants for experiments (bench/ab.py) build side by side."""
-    archs = target_archs()
-    cuda_flags = CUDA_CFLAGS + gencode_flags(archs) + os.environ.get("FUSED_ATTN_NVCC_FLAGS", "").split()
-    build_dir = cache_root() / f"{LIB_NAME}-{_build_key(cuda_flags)}"
+    flags = cuda_flags()
+    build_dir = cache_root() / f"{LIB_NAME}-{_build_key(flags)}"
     lib = build_dir / f"{LIB_NAME}.so"
-    if lib.is_file():
+    stamp = build_dir / "sources.sha"
+    want = sources_hash()
+    if lib.is_file() and stamp.is_file() and stamp.read_text() == want:
         return lib
     cuda_home = find_cuda_home()
     build_dir.mkdir(parents=True, exist_ok=True)
+    print(f"fused_attn: building the CUDA library in {build_dir} (nvcc; only changed sources "
+          "are recompiled; later processes load it from there)", file=sys.stderr, flush=True)
     from torch.utils import cpp_extension
 
     # cpp_extension reads the toolkit location from module state set at import.
@@ -172,13 +207,14 @@ def library_path(verbose: bool = False) -> Path:
             name=LIB_NAME,
             sources=[str(s) for s in sources()],
             extra_cflags=CXX_CFLAGS + includes,
-            extra_cuda_cflags=cuda_flags + includes,
+            extra_cuda_cflags=flags + includes,
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=verbose,
         )
     except (RuntimeError, subprocess.CalledProcessError) as exc:
         raise BuildError(f"building {LIB_NAME} in {build_dir} failed: {exc}") from exc
+    stamp.write_text(want)
     return lib
 
 

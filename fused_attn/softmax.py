@@ -4,7 +4,7 @@ Public wrapper, argument validation, the fake (meta) implementations, the CPU pa
 and autograd: the op's backward is its own op, ``scaled_masked_softmax_backward``
 (one fused pass on CUDA, the reference formula on the CPU), itself differentiable.
 The ``out=`` variant records no gradient and raises when an input requires grad.
-The CUDA kernels are in ``csrc/softmax.cu`` / ``csrc/softmax_kernel.cuh``.
+The CUDA kernels are in ``csrc/softmax/`` (``softmax.cu`` launchers, ``softmax_kernel.cuh``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def check_args(
     version: int,
     name: str = "x",
 ) -> None:
-    """Raise ValueError / TypeError naming the bad argument (same messages as csrc/softmax.cu).
+    """Raise ValueError / TypeError naming the bad argument (same messages as csrc/softmax/softmax.cu).
     ``name``: what the scores tensor is called in the caller's signature (``y`` in the backward)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")

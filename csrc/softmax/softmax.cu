@@ -11,13 +11,13 @@
 #include <cmath>
 #include <limits>
 
-#include "checks.h"
-#include "dispatch.h"
+#include "../common/checks.h"
+#include "../common/static_switch.h"
 #include "softmax_kernel.cuh"
 
 namespace fused_attn {
 
-// launch_v1 and launch_backward are instantiated per dtype in softmax_v1_<dtype>.cu
+// launch_v1 and launch_backward are instantiated per dtype in softmax_inst_<dtype>.cu
 // so the ~130 kernels compile in parallel.
 #define FA_EXTERN_V1(T)                                                   \
   extern template void launch_v1<T, 16 / sizeof(T)>(const SoftmaxParams&, cudaStream_t); \
@@ -94,35 +94,32 @@ void set_mask_view(SoftmaxParams& p, const at::Tensor& x, at::Tensor& mask) {
                "have fewer than 2**31 rows (product of all dims but the last)",             \
                shape_str((x).sizes()))
 
-void check_args(const at::Tensor& x, double scale, const std::optional<at::Tensor>& attn_mask,
-                int64_t version, const at::Tensor* out) {
+// The locals are named after the arguments: the check macros stringify them into the message.
+void check_args(const at::Tensor& x, double scale, const std::optional<at::Tensor>& attn_mask_opt,
+                int64_t version, const at::Tensor* out_ptr) {
   FA_CHECK_SCORES(x);
   FA_CHECK_ARG(std::isfinite(scale), scale, "be a finite number", num_str(scale));
   FA_CHECK_ARG(version == 0 || version == 1, version, "be 0 or 1", num_str(version));
-  if (attn_mask.has_value()) {
-    const at::Tensor& attn_mask_ = *attn_mask;
-    FA_CHECK_ARG(attn_mask_.device() == x.device(), attn_mask,
-                 "be on the same device as x (" + device_str(x.device()) + ")",
-                 device_str(attn_mask_.device()));
-    FA_CHECK_ARG(attn_mask_.scalar_type() == at::kBool || attn_mask_.scalar_type() == x.scalar_type(),
+  if (attn_mask_opt.has_value()) {
+    const at::Tensor& attn_mask = *attn_mask_opt;
+    FA_CHECK_SAME_DEVICE(attn_mask, x);
+    FA_CHECK_ARG(attn_mask.scalar_type() == at::kBool || attn_mask.scalar_type() == x.scalar_type(),
                  attn_mask, "have dtype bool or x's dtype (" + dtype_str(x.scalar_type()) + ")",
-                 dtype_str(attn_mask_.scalar_type()));
-    bool broadcastable = attn_mask_.dim() <= x.dim();
-    for (int64_t i = 1; broadcastable && i <= attn_mask_.dim(); ++i) {
-      const int64_t ms = attn_mask_.size(-i);
+                 dtype_str(attn_mask.scalar_type()));
+    bool broadcastable = attn_mask.dim() <= x.dim();
+    for (int64_t i = 1; broadcastable && i <= attn_mask.dim(); ++i) {
+      const int64_t ms = attn_mask.size(-i);
       broadcastable = ms == 1 || ms == x.size(-i);
     }
     FA_CHECK_ARG(broadcastable, attn_mask, "be broadcastable to " + shape_str(x.sizes()),
-                 shape_str(attn_mask_.sizes()));
+                 shape_str(attn_mask.sizes()));
   }
-  if (out == nullptr) return;
-  FA_CHECK_ARG(out->device() == x.device(), out, "be on the same device as x (" + device_str(x.device()) + ")",
-               device_str(out->device()));
-  FA_CHECK_ARG(out->scalar_type() == x.scalar_type(), out, "have x's dtype (" + dtype_str(x.scalar_type()) + ")",
-               dtype_str(out->scalar_type()));
-  FA_CHECK_ARG(out->sizes() == x.sizes(), out, "have x's shape " + shape_str(x.sizes()),
-               shape_str(out->sizes()));
-  FA_CHECK_ARG(out->is_contiguous(), out, "be contiguous", "strides " + shape_str(out->strides()));
+  if (out_ptr == nullptr) return;
+  const at::Tensor& out = *out_ptr;
+  FA_CHECK_SAME_DEVICE(out, x);
+  FA_CHECK_SAME_DTYPE(out, x);
+  FA_CHECK_ARG(out.sizes() == x.sizes(), out, "have x's shape " + shape_str(x.sizes()), shape_str(out.sizes()));
+  FA_CHECK_CONTIGUOUS(out);
 }
 
 }  // namespace
@@ -153,7 +150,7 @@ void launch(const at::Tensor& x, double scale, bool causal,
   }
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  FA_DISPATCH_FLOAT(x.scalar_type(), "scaled_masked_softmax", [&] {
+  FA_DISPATCH_FLOAT(x.scalar_type(), x, [&] {
     if (version == 0) {
       at::Tensor ws = at::empty({p.rows, p.seqlen_k}, x.options().dtype(at::kFloat));
       p.workspace = ws.data_ptr<float>();
@@ -192,10 +189,8 @@ at::Tensor scaled_masked_softmax_backward(const at::Tensor& grad, const at::Tens
                                           bool causal) {
   FA_CHECK_SCORES(y);
   FA_CHECK_CUDA(grad);
-  FA_CHECK_ARG(grad.device() == y.device(), grad, "be on the same device as y (" + device_str(y.device()) + ")",
-               device_str(grad.device()));
-  FA_CHECK_ARG(grad.scalar_type() == y.scalar_type(), grad, "have y's dtype (" + dtype_str(y.scalar_type()) + ")",
-               dtype_str(grad.scalar_type()));
+  FA_CHECK_SAME_DEVICE(grad, y);
+  FA_CHECK_SAME_DTYPE(grad, y);
   FA_CHECK_ARG(grad.sizes() == y.sizes(), grad, "have y's shape " + shape_str(y.sizes()),
                shape_str(grad.sizes()));
   FA_CHECK_ARG(std::isfinite(scale), scale, "be a finite number", num_str(scale));
@@ -218,7 +213,7 @@ at::Tensor scaled_masked_softmax_backward(const at::Tensor& grad, const at::Tens
   p.causal = causal;
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  FA_DISPATCH_FLOAT(y.scalar_type(), "scaled_masked_softmax_backward", [&] {
+  FA_DISPATCH_FLOAT(y.scalar_type(), y, [&] {
     constexpr int kVec = 16 / sizeof(scalar_t);
     const bool vec_ok = p.seqlen_k % kVec == 0 && aligned16(p.grad) && aligned16(p.y) && aligned16(p.dx);
     FA_BOOL_SWITCH(vec_ok, kVectorized, [&] {

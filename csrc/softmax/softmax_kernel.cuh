@@ -16,7 +16,7 @@
 //       traffic, inside one kernel.
 //   v1  fused: the row is read once into registers (16-byte vector loads when
 //       seqlen_k and the pointers allow), max and sum are reduced in registers,
-//       the row is written once. Launch shape by row length and causal (dispatch.h):
+//       the row is written once. Launch shape by row length and causal (softmax_row_class.h):
 //       sub-warp / warp / block per row; a separate instantiation without mask
 //       loads; per-class register cap and early zero stores for the causal
 //       triangle (chosen by measurement, bench/NOTES.md v1d). Rows longer than
@@ -37,49 +37,18 @@
 // Test: pytest tests/test_softmax.py    Bench: pytest bench/bench_softmax.py
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 
-#include "dispatch.h"
+#include "../common/fastdiv.cuh"
+#include "../common/math.cuh"
+#include "../common/reduce.cuh"
+#include "../common/static_switch.h"
+#include "../common/vec_dtypes.cuh"
+#include "softmax_row_class.h"
 
 namespace fused_attn {
 
 enum MaskKind : int { kMaskNone = 0, kMaskBool = 1, kMaskAdditive = 2 };
-
-// n / d for 0 <= n < 2^31 as one multiply-high, an add and a shift (the
-// round-up method of Granlund & Montgomery, "Division by invariant integers using
-// multiplication", 1994): with l = ceil(log2 d) and mul = floor(2^32 (2^l - d) / d) + 1,
-// n / d = (umulhi(mul, n) + n) >> l. A 64-bit `row % seqlen_q` costs ~20
-// instructions per thread, a visible share of a 16-element row slice (NOTES v1g, v1h).
-// Larger n or d (never seen with seqlen_q < 2^31 and realistic row counts) take
-// the 64-bit division.
-struct FastDiv {
-  int64_t d = 1;
-  uint32_t mul = 1;
-  uint32_t shift = 0;  // 32: no fast path for this d
-
-  FastDiv() = default;
-  __host__ explicit FastDiv(int64_t divisor) : d(divisor) {
-    if (divisor < 1 || divisor >= (int64_t(1) << 31)) {
-      shift = 32;
-      return;
-    }
-    uint32_t l = 0;
-    while ((int64_t(1) << l) < divisor) ++l;
-    mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << l) - uint64_t(divisor))) / uint64_t(divisor) + 1);
-    shift = l;
-  }
-
-  __device__ __forceinline__ int64_t div(int64_t n) const {
-    if (shift < 32 && n < (int64_t(1) << 31)) {
-      const uint32_t n32 = uint32_t(n);
-      return int64_t((__umulhi(mul, n32) + n32) >> shift);
-    }
-    return n / d;
-  }
-};
 
 struct SoftmaxParams {
   const void* x;  // [rows, seqlen_k], contiguous
@@ -115,61 +84,6 @@ struct SoftmaxBackwardParams {
   bool causal;
 };
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kNegInf = -__builtin_huge_valf();
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// max that propagates NaN (fmaxf drops it), so a NaN score poisons its row
-// exactly as torch.softmax does.
-__device__ __forceinline__ float max_nan(float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-#else
-  return (a != a || b != b) ? (a + b) : fmaxf(a, b);
-#endif
-}
-
-// exp(t - m) that treats an all-masked row (m == -inf) as contributing 0
-// instead of exp(-inf + inf) = NaN. Scores stay in the natural-log domain and
-// only the difference is scaled by log2(e): a score of finfo(float32).min (the
-// additive mask Hugging Face uses) would overflow to -inf if scaled first, and
-// a row masked that way must come out uniform, as in PyTorch.
-__device__ __forceinline__ float exp_shifted(float t, float m) {
-  return m == kNegInf ? 0.f : exp2f((t - m) * kLog2e);
-}
-
-// 2^x as one MUFU.EX2 (exp2f adds range fix-ups for denormal results). Results
-// below 2^-126 flush to 0: such a probability is below 1.2e-38 of the row's max.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-
-// 1/x as one MUFU.RCP (max 1 ulp; 1.f / x adds a Newton step and a slow-path
-// call). Used for 1 / (sum of exps), which lies in [1, seqlen_k].
-__device__ __forceinline__ float fast_rcp(float x) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-
 // Number of keys visible to `row` under the causal mask (all of them without it).
 // Params: SoftmaxParams or SoftmaxBackwardParams (causal, div_q, seqlen_q, seqlen_k).
 template <typename Params>
@@ -201,69 +115,6 @@ __device__ __forceinline__ float mask_term(const SoftmaxParams& p, int64_t row_o
     return to_float(static_cast<const T*>(p.mask)[off]);
   }
   return 0.f;
-}
-
-template <int N, typename T>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
-
-// Reductions over the TPR threads that own one row. TPR <= 32: xor-shuffles
-// inside the lane group (every lane of the warp executes them, so the full mask
-// is valid). TPR > 32: one row per block, warp partials through shared memory.
-// `op` is associative and commutative (max_nan, +).
-template <int TPR, typename Op>
-__device__ __forceinline__ float group_reduce(float v, float* smem, Op op) {
-  constexpr int W = TPR < 32 ? TPR : 32;
-#pragma unroll
-  for (int o = W / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if constexpr (TPR > 32) {
-    const int warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0) smem[warp] = v;
-    __syncthreads();
-    v = smem[0];
-#pragma unroll
-    for (int w = 1; w < TPR / 32; ++w) v = op(v, smem[w]);
-  }
-  return v;
-}
-
-struct MaxOp {
-  __device__ __forceinline__ float operator()(float a, float b) const { return max_nan(a, b); }
-};
-struct SumOp {
-  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
-};
-
-// Online-softmax merge of two partial (max m, sum l of exp(s - m)) pairs:
-// l = l_a * e^(m_a - m) + l_b * e^(m_b - m) with m = max(m_a, m_b).
-__device__ __forceinline__ void merge_online(float& m, float& l, float m_o, float l_o) {
-  const float mn = max_nan(m, m_o);
-  l = l * exp_shifted(m, mn) + l_o * exp_shifted(m_o, mn);
-  m = mn;
-}
-
-// Merges every thread's (m, l) over the TPR threads of a row (see group_reduce
-// for the shuffle / shared-memory split); all of them end with the row's pair.
-template <int TPR>
-__device__ __forceinline__ void group_merge(float& m, float& l, float* smem_m, float* smem_l) {
-  constexpr int W = TPR < 32 ? TPR : 32;
-#pragma unroll
-  for (int o = W / 2; o > 0; o /= 2) {
-    merge_online(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
-  }
-  if constexpr (TPR > 32) {
-    const int warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0) {
-      smem_m[warp] = m;
-      smem_l[warp] = l;
-    }
-    __syncthreads();
-    m = smem_m[0];
-    l = smem_l[0];
-#pragma unroll
-    for (int w = 1; w < TPR / 32; ++w) merge_online(m, l, smem_m[w], smem_l[w]);
-  }
 }
 
 // ---------------------------------------------------------------------------
@@ -309,50 +160,35 @@ __global__ void __launch_bounds__(kV0Threads)
 // ---------------------------------------------------------------------------
 // v1: fused; the row lives in registers between its one read and one write.
 // ---------------------------------------------------------------------------
-// Rows of <= 32 threads share a block of FA_V1_SHORT_BLOCK threads (bench/ab.py, NOTES v1k).
-#ifndef FA_V1_SHORT_BLOCK
-#define FA_V1_SHORT_BLOCK 128
-#endif
+// Rows of <= 32 threads share a block of 128 threads: 64, 256 and 512 measured no better
+// (bench/NOTES.md v1k).
+constexpr int kShortRowBlock = 128;
 template <int TPR>
 __host__ __device__ constexpr int v1_block_threads() {
-  return TPR > 32 ? TPR : FA_V1_SHORT_BLOCK;
+  return TPR > 32 ? TPR : kShortRowBlock;
 }
 
 // TPR threads own a row; each holds ITERS packs of VEC elements. Pack k of a
 // row is column range [k * VEC, k * VEC + VEC), with k = it * TPR + lane, so
 // consecutive lanes touch consecutive 16-byte chunks (coalesced).
 //
-// Two choices per row class, measured with bench/ab.py (bench/NOTES.md, v1d):
+// Two choices per row class, each measured against its alternative (bench/NOTES.md v1d, v1j):
 //  - early zeros: store the zeros of fully invisible packs right after the loads,
-//    before the reductions. Helps rows held by <= 16 elements per thread or by one
-//    warp (causal 2048: 70 -> 78% of copy bandwidth, v1d) and, since the lean loop
-//    (v1g), the 4-warp classes: causal 4096 (128 x 32) -1.4%, causal 8192 (128 x 64)
-//    -2.0% (v1j). Hurts the 2-warp causal 2048 class (64 x 32: +1.8%, v1j). The 8-warp
-//    and larger classes keep the v1d choice (off; it cost 4096 full 87 -> 59% before v1g).
+//    before the reductions, which overlaps the causal triangle's writes with the loads
+//    in flight. It pays for rows held in <= 16 elements per thread, by <= one warp, or by
+//    a 4-warp block; it costs the 2-warp x 32 class (causal 2048) and the 8-warp and
+//    larger classes, which store the zeros with the row instead.
 //  - residency: rows held in <= 16 elements per thread fit in 40 registers, so ask
-//    __launch_bounds__ for 1536 resident threads per SM there (4x32x2048x2048
-//    full: 89 -> 93%).
-// FA_V1_EARLY_ZEROS (0/1) and FA_V1_THREADS_PER_SM (> 0) override both for
-// experiments; -1 keeps the per-class policy.
-#ifndef FA_V1_EARLY_ZEROS
-#define FA_V1_EARLY_ZEROS -1
-#endif
-#ifndef FA_V1_THREADS_PER_SM
-#define FA_V1_THREADS_PER_SM -1
-#endif
-#ifndef FA_V1_LEAN
-#define FA_V1_LEAN 1
-#endif
-constexpr bool kLean = FA_V1_LEAN != 0;
-
+//    __launch_bounds__ for 1536 resident threads per SM there (more blocks in flight
+//    per SM hide more DRAM latency).
 template <int TPR, int ELEMS>
 __host__ __device__ constexpr bool v1_early_zeros() {
-  return FA_V1_EARLY_ZEROS >= 0 ? FA_V1_EARLY_ZEROS == 1 : (TPR <= 32 || ELEMS <= 16 || TPR == 128);
+  return TPR <= 32 || ELEMS <= 16 || TPR == 128;
 }
 
 template <int TPR, int ELEMS>
 __host__ __device__ constexpr int v1_min_blocks() {
-  constexpr int target = FA_V1_THREADS_PER_SM >= 0 ? FA_V1_THREADS_PER_SM : (ELEMS <= 16 ? 1536 : 0);
+  constexpr int target = ELEMS <= 16 ? 1536 : 0;
   return target / v1_block_threads<TPR>() > 0 ? target / v1_block_threads<TPR>() : 1;
 }
 
@@ -410,16 +246,15 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, IT
 
   // The element loops below are most of the kernel's instructions, and at 16
   // elements per thread the kernel was close to issue-bound (bench/NOTES.md, v1f-v1g).
-  // kLean: the visibility test is per pack (only the pack holding the causal edge
+  // So: the visibility test is per pack (only the pack holding the causal edge
   // tests each element; invisible packs skip the exponentials), the all-masked
-  // guard is folded into the shift (m_safe), and exp2 is one MUFU.EX2
-  // (fast_exp2). FA_V1_LEAN=0: the per-element version, kept for bench/ab.py.
+  // guard is folded into the shift (m_safe), and exp2 is one MUFU.EX2 (fast_exp2).
   float m = kNegInf, l = 0.f;
   float t[ITERS][VEC];
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = (it * TPR + lane) * VEC;
-    if (kLean && c + VEC <= kv) {
+    if (c + VEC <= kv) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         t[it][e] = to_float(raw[it].v[e]) * p.scale;
@@ -433,32 +268,21 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, IT
     for (int e = 0; e < VEC; ++e) m = max_nan(m, t[it][e]);
   }
   m = group_reduce<TPR>(m, red_m, MaxOp{});
-  if constexpr (kLean) {
-    // A row with no visible key has m = -inf; shifting by 0 instead keeps
-    // exp2(-inf - m) from becoming NaN, and every term is exp2(-inf) = 0.
-    const float m_safe = m == kNegInf ? 0.f : m;
+  // A row with no visible key has m = -inf; shifting by 0 instead keeps
+  // exp2(-inf - m) from becoming NaN, and every term is exp2(-inf) = 0.
+  const float m_safe = m == kNegInf ? 0.f : m;
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int c = (it * TPR + lane) * VEC;
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * TPR + lane) * VEC;
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        t[it][e] = c < kv ? fast_exp2((t[it][e] - m_safe) * kLog2e) : 0.f;
-        l += t[it][e];
-      }
-    }
-  } else {
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        t[it][e] = exp_shifted(t[it][e], m);
-        l += t[it][e];
-      }
+    for (int e = 0; e < VEC; ++e) {
+      t[it][e] = c < kv ? fast_exp2((t[it][e] - m_safe) * kLog2e) : 0.f;
+      l += t[it][e];
     }
   }
   l = group_reduce<TPR>(l, red_l, SumOp{});
   if (!row_ok) return;
-  const float inv = m == kNegInf ? 0.f : (kLean ? fast_rcp(l) : 1.f / l);
+  const float inv = m == kNegInf ? 0.f : fast_rcp(l);
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = (it * TPR + lane) * VEC;
@@ -656,7 +480,7 @@ void launch_backward(const SoftmaxBackwardParams& p, cudaStream_t stream) {
 }
 
 // ---------------------------------------------------------------------------
-// v1 launch: row-length class -> launch shape (dispatch.h).
+// v1 launch: row-length class -> launch shape (softmax_row_class.h).
 // ---------------------------------------------------------------------------
 template <typename T, int VEC, int TPR, int ELEMS>
 void launch_v1_class(const SoftmaxParams& p, cudaStream_t stream) {

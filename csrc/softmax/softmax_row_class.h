@@ -1,50 +1,12 @@
-// Runtime values -> template parameters, in one place per op.
+// Launch shapes of the softmax kernels, by row length (softmax_kernel.cuh). Torch-free.
 //
-// FA_DISPATCH_FLOAT(dtype, NAME, ...)   binds `scalar_t` to float / __half / __nv_bfloat16
-// FA_BOOL_SWITCH(cond, NAME, ...)       binds `constexpr bool NAME`
 // FA_SOFTMAX_ROW_CLASS(n, causal, TPR, ELEMS, ...) binds the launch shape of softmax v1 for a row of n
 //   elements: TPR threads cooperate on one row and each holds ELEMS elements in registers.
 //   TPR == 0 selects the streaming (online-softmax) path for rows too long for registers.
 // FA_SOFTMAX_BACKWARD_ROW_CLASS(n, TPR, ELEMS, ...) the same for the softmax backward, which holds
 //   two arrays (y and dy) per thread.
 // The body is a lambda, so `return` inside it returns from the lambda.
-// Torch-free except FA_DISPATCH_FLOAT, which expands only where ATen is included.
 #pragma once
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#define FA_DISPATCH_FLOAT(DTYPE, NAME, ...)                                     \
-  [&] {                                                                         \
-    switch (DTYPE) {                                                            \
-      case at::ScalarType::Float: {                                             \
-        using scalar_t = float;                                                 \
-        return __VA_ARGS__();                                                   \
-      }                                                                         \
-      case at::ScalarType::Half: {                                              \
-        using scalar_t = __half;                                                \
-        return __VA_ARGS__();                                                   \
-      }                                                                         \
-      case at::ScalarType::BFloat16: {                                          \
-        using scalar_t = __nv_bfloat16;                                         \
-        return __VA_ARGS__();                                                   \
-      }                                                                         \
-      default:                                                                  \
-        TORCH_CHECK_VALUE(false, NAME ": x must have dtype float32, float16 or " \
-                          "bfloat16, got ", DTYPE);                             \
-    }                                                                           \
-  }()
-
-#define FA_BOOL_SWITCH(COND, NAME, ...)                                         \
-  [&] {                                                                         \
-    if (COND) {                                                                 \
-      constexpr bool NAME = true;                                               \
-      return __VA_ARGS__();                                                     \
-    } else {                                                                    \
-      constexpr bool NAME = false;                                              \
-      return __VA_ARGS__();                                                     \
-    }                                                                           \
-  }()
 
 // Row-length classes of softmax v1. Capacity = TPR * ELEMS elements. Short rows
 // give a row to a few lanes (several rows per warp), rows up to 1024 a warp or
@@ -60,71 +22,41 @@
 // Causal rows of 4097..8192 keys: 1 block of 4 warps x 64 elements (NOTES v1j; ptxas: 93 registers,
 // no spills, sm_90a) instead of 8 warps x 32: 1.4% faster alone; with the early zeros of the
 // 4-warp classes (softmax_kernel.cuh) 856 us against 858 us for 8 warps x 32 with early zeros.
-// FA_V1_CAUSAL_SHAPES=0 gives causal rows the full-row shapes (for bench/ab.py).
-// FA_V1_CAUSAL_8192=0 keeps causal 4097..8192 at 8 warps x 32 (v1i), for bench/ab.py.
-// FA_V1_CAUSAL_SHORT (NOTES v1j): 1 (default) gives causal rows of 65..128 keys 8 lanes x 16 and
-//   129..256 keys 16 lanes x 16 (16x12x256x256 causal 18.1 -> 15.5 us); 0 the full-row shapes
-//   (16 x 8, 32 x 8). Tried and dropped (NOTES v1j): 4 x 32 / 8 x 32 for these rows, and causal
-//   2049..4096 as 2 warps x 64 (1x16x4096x4096 causal 220 vs 207 us).
-// A switched-off class is not in the chain at all (FA_ROW_CLASS_OFF below): every class in
-// the chain is instantiated for every dtype, vector width and mask kind, whether or not a
-// runtime branch ever takes it.
-#ifndef FA_V1_CAUSAL_SHAPES
-#define FA_V1_CAUSAL_SHAPES 1
-#endif
-#ifndef FA_V1_CAUSAL_8192
-#define FA_V1_CAUSAL_8192 1
-#endif
-#ifndef FA_V1_CAUSAL_SHORT
-#define FA_V1_CAUSAL_SHORT 1
-#endif
-
-// One optional row class: `else if (COND) { TPR, ELEMS bound; body }`, or nothing.
-#define FA_ROW_CLASS_ON(COND, TPR, ELEMS, TPR_V, ELEMS_V, ...) \
-  else if (COND) {                                              \
-    constexpr int TPR = TPR_V, ELEMS = ELEMS_V;                 \
-    return __VA_ARGS__();                                       \
-  }
-#define FA_ROW_CLASS_OFF(COND, TPR, ELEMS, TPR_V, ELEMS_V, ...)
-#if FA_V1_CAUSAL_8192
-#define FA_ROW_CLASS_CAUSAL_8192 FA_ROW_CLASS_ON
-#else
-#define FA_ROW_CLASS_CAUSAL_8192 FA_ROW_CLASS_OFF
-#endif
-#if FA_V1_CAUSAL_SHORT
-#define FA_ROW_CLASS_CAUSAL_SHORT FA_ROW_CLASS_ON
-#else
-#define FA_ROW_CLASS_CAUSAL_SHORT FA_ROW_CLASS_OFF
-#endif
+// Causal rows of 65..128 keys run as 8 lanes x 16 and 129..256 keys as 16 lanes x 16
+// (16x12x256x256 causal 18.1 -> 15.5 us, NOTES v1j). Tried and dropped (NOTES v1j): 4 x 32 /
+// 8 x 32 for those rows, and causal 2049..4096 as 2 warps x 64 (1x16x4096x4096 causal 220 vs 207 us).
+// Every class in the chain is instantiated for every dtype, vector width and mask kind.
 #define FA_SOFTMAX_ROW_CLASS(N, CAUSAL, TPR, ELEMS, ...)                        \
   [&] {                                                                         \
-    const bool fa_wide_ = FA_V1_CAUSAL_SHAPES && (CAUSAL);                      \
+    const bool fa_causal_ = (CAUSAL);                                           \
     if ((N) <= 32) {                                                            \
       constexpr int TPR = 4, ELEMS = 8;                                         \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 64) {                                                     \
       constexpr int TPR = 8, ELEMS = 8;                                         \
       return __VA_ARGS__();                                                     \
-    }                                                                           \
-    FA_ROW_CLASS_CAUSAL_SHORT((N) <= 128 && fa_wide_, TPR, ELEMS, 8, 16, __VA_ARGS__) \
-    else if ((N) <= 128) {                                                      \
+    } else if ((N) <= 128 && fa_causal_) {                                      \
+      constexpr int TPR = 8, ELEMS = 16;                                        \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 128) {                                                    \
       constexpr int TPR = 16, ELEMS = 8;                                        \
       return __VA_ARGS__();                                                     \
-    }                                                                           \
-    FA_ROW_CLASS_CAUSAL_SHORT((N) <= 256 && fa_wide_, TPR, ELEMS, 16, 16, __VA_ARGS__) \
-    else if ((N) <= 256) {                                                      \
+    } else if ((N) <= 256 && fa_causal_) {                                      \
+      constexpr int TPR = 16, ELEMS = 16;                                       \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 256) {                                                    \
       constexpr int TPR = 32, ELEMS = 8;                                        \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 512) {                                                    \
       constexpr int TPR = 32, ELEMS = 16;                                       \
       return __VA_ARGS__();                                                     \
-    } else if ((N) <= 1024 && fa_wide_) {                                       \
+    } else if ((N) <= 1024 && fa_causal_) {                                     \
       constexpr int TPR = 32, ELEMS = 32;                                       \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 1024) {                                                   \
       constexpr int TPR = 64, ELEMS = 16;                                       \
       return __VA_ARGS__();                                                     \
-    } else if ((N) <= 2048 && fa_wide_) {                                       \
+    } else if ((N) <= 2048 && fa_causal_) {                                     \
       constexpr int TPR = 64, ELEMS = 32;                                       \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 2048) {                                                   \
@@ -133,9 +65,10 @@
     } else if ((N) <= 4096) {                                                   \
       constexpr int TPR = 128, ELEMS = 32;                                      \
       return __VA_ARGS__();                                                     \
-    }                                                                           \
-    FA_ROW_CLASS_CAUSAL_8192((N) <= 8192 && fa_wide_, TPR, ELEMS, 128, 64, __VA_ARGS__) \
-    else if ((N) <= 8192) {                                                     \
+    } else if ((N) <= 8192 && fa_causal_) {                                     \
+      constexpr int TPR = 128, ELEMS = 64;                                      \
+      return __VA_ARGS__();                                                     \
+    } else if ((N) <= 8192) {                                                   \
       constexpr int TPR = 256, ELEMS = 32;                                      \
       return __VA_ARGS__();                                                     \
     } else if ((N) <= 16384) {                                                  \

@@ -1,0 +1,42 @@
+// FastDiv: division by a divisor fixed at launch, as one multiply-high, an add and a shift.
+// Torch-free; any kernel that maps a flat row index to (lead, q) uses it.
+#pragma once
+
+#include <cstdint>
+
+namespace fused_attn {
+
+// n / d for 0 <= n < 2^31 as one multiply-high, an add and a shift (the
+// round-up method of Granlund & Montgomery, "Division by invariant integers using
+// multiplication", 1994): with l = ceil(log2 d) and mul = floor(2^32 (2^l - d) / d) + 1,
+// n / d = (umulhi(mul, n) + n) >> l. A 64-bit `row % seqlen_q` costs ~20
+// instructions per thread, a visible share of a 16-element row slice (NOTES v1g, v1h).
+// Larger n or d (never seen with seqlen_q < 2^31 and realistic row counts) take
+// the 64-bit division.
+struct FastDiv {
+  int64_t d = 1;
+  uint32_t mul = 1;
+  uint32_t shift = 0;  // 32: no fast path for this d
+
+  FastDiv() = default;
+  __host__ explicit FastDiv(int64_t divisor) : d(divisor) {
+    if (divisor < 1 || divisor >= (int64_t(1) << 31)) {
+      shift = 32;
+      return;
+    }
+    uint32_t l = 0;
+    while ((int64_t(1) << l) < divisor) ++l;
+    mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << l) - uint64_t(divisor))) / uint64_t(divisor) + 1);
+    shift = l;
+  }
+
+  __device__ __forceinline__ int64_t div(int64_t n) const {
+    if (shift < 32 && n < (int64_t(1) << 31)) {
+      const uint32_t n32 = uint32_t(n);
+      return int64_t((__umulhi(mul, n32) + n32) >> shift);
+    }
+    return n / d;
+  }
+};
+
+}  // namespace fused_attn
