@@ -70,14 +70,18 @@ def make_batch(prompt: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Te
 
 
 class _StepTimes:
-    """A logits processor that marks every token: a CUDA event on the stream (no sync), or the
-    host clock on the CPU."""
+    """Marks every token: a CUDA event on the stream (no sync), or the host clock on the CPU. A
+    transformers logits processor (called when a token's logits are ready) and, as ``mark``, the
+    ``on_token`` callback of fused_attn.gpt2's generate (called when the token is enqueued)."""
 
     def __init__(self, device: torch.device):
         self.device, self.stamps = device, []
 
-    def __call__(self, input_ids, scores):
+    def mark(self) -> None:
         self.stamps.append(_mark(self.device))
+
+    def __call__(self, input_ids, scores):
+        self.mark()
         return scores
 
 
@@ -127,12 +131,11 @@ def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, m
         model = cache.get(("graph", dtype))
         if model is None:
             model = cache[("graph", dtype)] = GPT2.from_hf(hf_model, dtype=dtype, device=device)
-        timings: dict = {}
+        stamps = _StepTimes(device)
         out, wall, start, end = _timed(device, lambda: model.generate(
             ids, mask, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
-            use_graph=device.type == "cuda", timings=timings))
-        # generate's own start mark is replaced by ours (queued just before it, nothing in between).
-        return _result(backend, out, [start, *timings["marks"][1:], end], wall)
+            use_graph=device.type == "cuda", on_token=stamps.mark))
+        return _result(backend, out, [start, *stamps.stamps, end], wall)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     impl = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-fused": "fused_attn"}[backend]

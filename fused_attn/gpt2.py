@@ -1,37 +1,51 @@
-"""A compact GPT-2 with a static KV cache and a CUDA-graph decode step.
+"""A compact GPT-2 with named modules, a static KV cache and a CUDA-graph decode step.
 
     from fused_attn.gpt2 import GPT2, load_hf_model
     model = GPT2.from_hf(load_hf_model("gpt2-random"), dtype=torch.float16, device="cuda")
     tokens = model.generate(prompt_ids, attention_mask, max_new_tokens=128, use_graph=True)
 
-Pre-LN blocks, Conv1D-style linear layers (x @ W + b), tanh GELU and an lm_head tied to
-the token embedding, loaded from any transformers ``GPT2LMHeadModel``. Attention in
-prefill and decode is Q·Kᵀ (cuBLAS) → ``scaled_masked_softmax`` → P·V.
+Modules (gpt-fast's seams; names follow the Hugging Face state dict, which loads directly):
+``GPT2`` = ``wte``/``wpe`` embeddings, ``h`` = ``Block`` × n_layer, ``ln_f``; a ``Block`` is ``ln_1``
+(``LayerNorm``), ``attn`` (``Attention``: ``c_attn``, ``c_proj``, each a Conv1D-style ``Linear``
+x @ W + b), ``ln_2``, ``mlp`` (``MLP``: ``c_fc`` → tanh GELU → ``c_proj``). The lm_head is tied to
+``wte``. Each module kind has a backend, chosen per kind (``backends=``): attention "fused"
+(Q·Kᵀ → ``scaled_masked_softmax`` → P·V) or "eager" (the same chain with PyTorch ops: the
+reference softmax); LayerNorm, Linear and MLP "eager" until their fused kernels land. A later
+kernel plugs into one module.
 
-KV cache ``[layers, batch, nheads, max_len, headdim]``, preallocated. Prompts are left
-padded (``attention_mask`` 0 on the left); positions follow transformers' generate()
-(cumulative sum of the mask), so greedy tokens match Hugging Face's. The decode step
-(embed the last token at a device-side position, append K/V at a device-side slot,
-attend over the cache with unfilled and padded slots masked, MLP, logits, next token)
-has only device-side state, so it is captured once in a CUDA graph and replayed per
-token with no host synchronization and no Python per layer. The prefill is captured too,
-once per prompt shape (its ~180 launches from Python dominate the time to first token).
-The host reads the tokens back every ``sync_every`` steps to stop at EOS.
+Generation state lives in a ``DecodeCache`` (one ``KVCache`` per layer, whose ``update()`` writes new
+keys and values at device-side positions, plus the key mask, the next slot, positions and the last
+token), created per (batch, max length, sampling settings) and reused. Prompts are left padded
+(``attention_mask`` 0 on the left); positions follow transformers' generate() (cumulative sum of the
+mask), so greedy tokens match Hugging Face's. The decode step reads and writes only device-side
+state, so it is captured once in a CUDA graph and replayed per token with no host synchronization;
+the prefill is captured too, once per prompt shape. Timing is the caller's: ``generate(on_token=)``
+is called right after each token is enqueued (the CLI and the benchmark record CUDA events there).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from fused_attn import reference
 from fused_attn.softmax import scaled_masked_softmax
 
 RANDOM_NAME = "gpt2-random"
+# Backends per module kind; the first is the default.
+BACKENDS = {"attention": ("fused", "eager"), "layer_norm": ("eager",), "linear": ("eager",), "mlp": ("eager",)}
+
+_annotate = False  # profiler labels around each module (fused_attn.profile); never inside a graph
+
+
+def scope(name: str):
+    return torch.profiler.record_function(name) if _annotate else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,10 @@ class Config:
     vocab_size: int
     n_positions: int
     eps: float
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
 
 
 def load_hf_model(name_or_path: str = RANDOM_NAME, seed: int = 0):
@@ -56,20 +74,165 @@ def load_hf_model(name_or_path: str = RANDOM_NAME, seed: int = 0):
     return GPT2LMHeadModel.from_pretrained(name_or_path).eval()
 
 
-class GPT2(torch.nn.Module):
-    def __init__(self, config: Config, params: dict[str, torch.Tensor]):
+# --------------------------------------------------------------------------- modules
+
+
+class Linear(nn.Module):
+    """y = x @ weight + bias with weight ``[n_in, n_out]`` (GPT-2's Conv1D layout, as checkpoints store it)."""
+
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_in, n_out))
+        self.bias = nn.Parameter(torch.empty(n_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.bias, x.flatten(0, -2), self.weight).view(*x.shape[:-1], -1)
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, n: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n))
+        self.bias = nn.Parameter(torch.empty(n))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+class KVCache(nn.Module):
+    """One layer's keys and values ``[batch, nheads, max_len, headdim]``, preallocated (zeros)."""
+
+    def __init__(self, batch: int, nheads: int, max_len: int, headdim: int, dtype: torch.dtype,
+                 device: torch.device):
+        super().__init__()
+        shape = (batch, nheads, max_len, headdim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k``, ``v`` ``[batch, nheads, len(input_pos), headdim]`` at cache slots ``input_pos``
+        (a device tensor: capturable) and return the whole cache."""
+        self.k.index_copy_(2, input_pos, k)
+        self.v.index_copy_(2, input_pos, v)
+        return self.k, self.v
+
+
+class Attention(nn.Module):
+    def __init__(self, config: Config, backend: str):
+        super().__init__()
+        self.c_attn = Linear(config.n_embd, 3 * config.n_embd)
+        self.c_proj = Linear(config.n_embd, config.n_embd)
+        self.n_head, self.head_dim = config.n_head, config.head_dim
+        self.scale = config.head_dim ** -0.5
+        self.backend = backend
+
+    def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, *, causal: bool,
+                cache: KVCache | None = None, input_pos: torch.Tensor | None = None,
+                attend_cache: bool = False) -> torch.Tensor:
+        """``x`` ``[batch, seqlen, n_embd]``; ``keys_ok`` bool, broadcastable to the scores
+        ``[batch, nheads, seqlen, keys]``. With ``cache``, the new keys and values are written at
+        ``input_pos``; ``attend_cache`` attends over the whole cache instead of the new keys only."""
+        b, s, _ = x.shape
+        q, k, v = self.c_attn(x).view(b, s, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if cache is not None:
+            k_all, v_all = cache.update(input_pos, k, v)
+            if attend_cache:
+                k, v = k_all, v_all
+        scores = q @ k.transpose(-1, -2)
+        if self.backend == "fused":
+            probs = scaled_masked_softmax(scores, self.scale, causal=causal, attn_mask=keys_ok)
+        else:
+            probs = reference.scaled_masked_softmax(scores, self.scale, causal=causal, attn_mask=keys_ok,
+                                                    compute_dtype=torch.float32)
+        return self.c_proj((probs @ v).transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.c_fc = Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, config: Config, backends: dict[str, str]):
+        super().__init__()
+        self.ln_1 = LayerNorm(config.n_embd, config.eps)
+        self.attn = Attention(config, backends["attention"])
+        self.ln_2 = LayerNorm(config.n_embd, config.eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, **attn_kw) -> torch.Tensor:
+        with scope("ln_1"):
+            h = self.ln_1(x)
+        with scope("attention"):  # QKV and output projections, cache update, scores, softmax, P·V
+            a = self.attn(h, keys_ok, **attn_kw)
+        with scope("residual"):
+            x = x + a
+        with scope("ln_2"):
+            h = self.ln_2(x)
+        with scope("mlp"):
+            h = self.mlp(h)
+        with scope("residual"):
+            return x + h
+
+
+class DecodeCache(nn.Module):
+    """Device-side state of one generation shape: a KVCache per layer, which keys hold a real token
+    (``keys_ok [batch, max_len]``), the cache slot of the next token, its position id, and the last
+    token. Everything a decode step reads or writes, so that step can be a replayed CUDA graph."""
+
+    def __init__(self, config: Config, batch: int, max_len: int, temperature: float, top_k: int,
+                 dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.batch, self.max_len = batch, max_len
+        self.temperature, self.top_k = temperature, top_k
+        self.layers = nn.ModuleList(
+            KVCache(batch, config.n_head, max_len, config.head_dim, dtype, device) for _ in range(config.n_layer))
+        self.register_buffer("keys_ok", torch.zeros(batch, max_len, dtype=torch.bool, device=device), persistent=False)
+        self.register_buffer("slot", torch.zeros(1, dtype=torch.long, device=device), persistent=False)
+        self.register_buffer("pos", torch.zeros(batch, dtype=torch.long, device=device), persistent=False)
+        self.register_buffer("token", torch.zeros(batch, dtype=torch.long, device=device), persistent=False)
+        self.prefill_graphs: dict[int, _PrefillGraph] = {}  # by prompt length
+        self.decode_graph: _DecodeGraph | None = None
+
+    def next_token(self, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy at temperature 0; else a sample of softmax(top-k(logits) / temperature)."""
+        if self.temperature <= 0:
+            return logits.argmax(-1)
+        logits = logits.float() / self.temperature
+        if self.top_k > 0:
+            kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, -math.inf)
+        # Gumbel-max: argmax(logits + Gumbel noise) samples softmax(logits); capturable in a graph.
+        # The default generator: CUDA graphs advance its offset on every replay.
+        u = torch.rand(logits.shape, device=logits.device).clamp_(1e-20, 1.0)
+        return (logits - torch.log(-torch.log(u))).argmax(-1)
+
+
+# --------------------------------------------------------------------------- model
+
+
+class GPT2(nn.Module):
+    def __init__(self, config: Config, backends: dict[str, str] | None = None):
         super().__init__()
         self.config = config
-        for name, t in params.items():
-            self.register_buffer(name.replace(".", "_"), t, persistent=False)
-        # One decode state (KV cache, masks) and one captured graph per (batch, max_len,
-        # temperature, top_k): a later generate() of the same shape reuses both.
-        self._states: dict[tuple, _DecodeState] = {}
-        self.annotate = False
-        self._graphs: dict[tuple, _DecodeGraph] = {}
+        self.backends = check_backends(backends)
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        self.h = nn.ModuleList(Block(config, self.backends) for _ in range(config.n_layer))
+        self.ln_f = LayerNorm(config.n_embd, config.eps)
+        # One DecodeCache per (batch, max_len, temperature, top_k), with its captured graphs:
+        # a later generate() of the same shape reuses both.
+        self._caches: dict[tuple, DecodeCache] = {}
 
     @classmethod
-    def from_hf(cls, hf_model, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> "GPT2":
+    def from_hf(cls, hf_model, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                backends: dict[str, str] | None = None) -> "GPT2":
         """Weights of a transformers GPT2LMHeadModel (object, hub name or local path)."""
         if isinstance(hf_model, str):
             hf_model = load_hf_model(hf_model)
@@ -80,65 +243,30 @@ class GPT2(torch.nn.Module):
         if c.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"hf_model.config.activation_function must be gelu_new, got {c.activation_function}")
         config = Config(c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.n_positions, c.layer_norm_epsilon)
+        with torch.device("meta"):
+            model = cls(config, backends)
         sd = {k.removeprefix("transformer."): v for k, v in hf_model.state_dict().items()}
-        keep = ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"]
-        for i in range(config.n_layer):
-            keep += [f"h.{i}.{n}" for n in ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                                            "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                                            "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias")]
-        params = {k: sd[k].detach().to(device=device, dtype=dtype).contiguous() for k in keep}
-        return cls(config, params)
-
-    def p(self, name: str) -> torch.Tensor:
-        return getattr(self, name.replace(".", "_"))
+        # Copies: the Hugging Face model keeps its own parameters (and their requires_grad).
+        weights = {k: sd[k].detach().to(device=device, dtype=dtype, copy=True) for k in model.state_dict()}
+        model.load_state_dict(weights, assign=True)
+        return model.requires_grad_(False).eval()
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.p("wte.weight").dtype
+        return self.wte.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.p("wte.weight").device
+        return self.wte.weight.device
 
-    # ------------------------------------------------------------------ blocks
-    def scope(self, name: str):
-        """A profiler label around a part of the model (fused_attn.profile turns them on;
-        off, they cost nothing, and a captured graph never contains them)."""
-        return torch.profiler.record_function(name) if self.annotate else contextlib.nullcontext()
+    @property
+    def annotate(self) -> bool:
+        return _annotate
 
-    def _block(self, i: int, x: torch.Tensor, attend) -> torch.Tensor:
-        c = self.config
-        pre = f"h.{i}."
-        b, s = x.shape[0], x.shape[1]
-        with self.scope("ln_1"):
-            h = F.layer_norm(x, (c.n_embd,), self.p(pre + "ln_1.weight"), self.p(pre + "ln_1.bias"), c.eps)
-        with self.scope("attention"):
-            qkv = torch.addmm(self.p(pre + "attn.c_attn.bias"), h.flatten(0, -2), self.p(pre + "attn.c_attn.weight"))
-            q, k, v = qkv.view(b, s, 3, c.n_head, c.n_embd // c.n_head).permute(2, 0, 3, 1, 4).unbind(0)
-            a = attend(i, q, k, v)  # [b, heads, s, d]
-            a = torch.addmm(self.p(pre + "attn.c_proj.bias"), a.transpose(1, 2).reshape(b * s, c.n_embd),
-                            self.p(pre + "attn.c_proj.weight"))
-        with self.scope("residual"):
-            x = x + a.view(b, s, -1)
-        with self.scope("ln_2"):
-            h = F.layer_norm(x, (c.n_embd,), self.p(pre + "ln_2.weight"), self.p(pre + "ln_2.bias"), c.eps)
-        with self.scope("mlp"):
-            h = F.gelu(torch.addmm(self.p(pre + "mlp.c_fc.bias"), h.flatten(0, -2), self.p(pre + "mlp.c_fc.weight")),
-                       approximate="tanh")
-            h = torch.addmm(self.p(pre + "mlp.c_proj.bias"), h, self.p(pre + "mlp.c_proj.weight"))
-        with self.scope("residual"):
-            return x + h.view(b, s, -1)
-
-    def _embed(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        with self.scope("embeddings"):
-            return self.p("wte.weight")[ids] + self.p("wpe.weight")[pos]
-
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.config
-        with self.scope("ln_f"):
-            x = F.layer_norm(x, (c.n_embd,), self.p("ln_f.weight"), self.p("ln_f.bias"), c.eps)
-        with self.scope("lm_head"):
-            return x @ self.p("wte.weight").t()
+    @annotate.setter
+    def annotate(self, on: bool) -> None:
+        global _annotate
+        _annotate = bool(on)
 
     @staticmethod
     def positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -146,34 +274,69 @@ class GPT2(torch.nn.Module):
         pos = attention_mask.long().cumsum(-1) - 1
         return pos.masked_fill(attention_mask == 0, 1)
 
-    def prompt_pass(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Hidden states ``[batch, seqlen, n_embd]`` of a causal pass over left-padded prompts;
-        with ``kv`` = (k cache, v cache) ``[layers, batch, heads, max_len, headdim]`` it also stores
-        each layer's keys and values in the first seqlen slots."""
-        scale = (self.config.n_embd // self.config.n_head) ** -0.5
-        keys_ok = attention_mask.bool()[:, None, None, :]
-        s = input_ids.shape[1]
-        x = self._embed(input_ids, self.positions(attention_mask))
+    def embed(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        with scope("embeddings"):
+            return self.wte(ids) + self.wpe(pos)
 
-        def attend(i, q, k, v):
-            if kv is not None:
-                kv[0][i, :, :, :s] = k
-                kv[1][i, :, :, :s] = v
-            probs = scaled_masked_softmax(q @ k.transpose(-1, -2), scale, causal=True, attn_mask=keys_ok)
-            return probs @ v
-
-        for i in range(self.config.n_layer):
-            x = self._block(i, x, attend)
-        return x
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        with scope("ln_f"):
+            x = self.ln_f(x)
+        with scope("lm_head"):
+            return x @ self.wte.weight.t()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits ``[batch, seqlen, vocab]`` of a full (teacher-forced) pass, no cache."""
+        """Logits ``[batch, seqlen, vocab]`` of a causal (teacher-forced) pass over left-padded prompts."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        return self._logits(self.prompt_pass(input_ids, attention_mask))
+        return self.logits(self.hidden(input_ids, attention_mask))
+
+    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               cache: DecodeCache | None = None) -> torch.Tensor:
+        """Hidden states ``[batch, seqlen, n_embd]`` of a causal pass over left-padded prompts; with
+        ``cache``, each layer's keys and values are also written into its first seqlen slots."""
+        keys_ok = attention_mask.bool()[:, None, None, :]
+        x = self.embed(input_ids, self.positions(attention_mask))
+        kw: dict = dict(causal=True)
+        if cache is not None:
+            kw["input_pos"] = torch.arange(input_ids.shape[1], device=input_ids.device)
+        for i, block in enumerate(self.h):
+            x = block(x, keys_ok, cache=None if cache is None else cache.layers[i], **kw)
+        return x
 
     # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def prefill(self, cache: DecodeCache, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Run the prompt, fill the cache's first seqlen slots, and set up the first decode step;
+        returns the first new token ``[batch]``."""
+        s = input_ids.shape[1]
+        cache.keys_ok.zero_()
+        cache.keys_ok[:, :s] = attention_mask.bool()
+        last = self.hidden(input_ids, attention_mask, cache=cache)[:, -1]
+        cache.token.copy_(cache.next_token(self.logits(last)))
+        cache.slot.fill_(s)
+        cache.pos.copy_(self.positions(attention_mask)[:, -1] + 1)
+        return cache.token.clone()
+
+    @torch.no_grad()
+    def decode_step(self, cache: DecodeCache) -> None:
+        """One token for every sequence from device-side state only (capturable): embed the last
+        token, write its keys and values at the cache's slot, attend over the cache, next token."""
+        cache.keys_ok.index_fill_(1, cache.slot, True)
+        x = self.embed(cache.token, cache.pos)[:, None]
+        keys_ok = cache.keys_ok[:, None, None, :]
+        for i, block in enumerate(self.h):
+            x = block(x, keys_ok, causal=False, cache=cache.layers[i], input_pos=cache.slot, attend_cache=True)
+        cache.token.copy_(cache.next_token(self.logits(x[:, 0])))
+        cache.slot.add_(1)
+        cache.pos.add_(1)
+
+    def decode_cache(self, batch: int, max_len: int, temperature: float = 0.0, top_k: int = 0) -> DecodeCache:
+        """The DecodeCache of this shape and sampling setting (created on first use, then reused)."""
+        key = (batch, max_len, float(temperature), int(top_k))
+        if key not in self._caches:
+            self._caches[key] = DecodeCache(self.config, batch, max_len, temperature, top_k, self.dtype, self.device)
+        return self._caches[key]
+
     def generate(
         self,
         input_ids: torch.Tensor,
@@ -186,18 +349,14 @@ class GPT2(torch.nn.Module):
         use_graph: bool = True,
         sync_every: int = 16,
         seed: int = 0,
-        timings: dict | None = None,
+        on_token: Callable[[], None] | None = None,
     ) -> torch.Tensor:
         """Prompt ``[batch, seqlen]`` (left padded per ``attention_mask``) followed by up to
         ``max_new_tokens`` tokens; greedy when temperature == 0, else softmax sampling at that
         temperature (top_k > 0 keeps the k largest logits). After a sequence emits
-        ``eos_token_id`` it is filled with it; generation stops early when all have.
-
-        ``timings``, if given, receives ``ttft_s`` (prompt in to first token out) and ``step_s``
-        (each further token, from one token out to the next), both from CUDA events recorded on the
-        stream at the call's start and after each token (the host clock on the CPU), and ``marks``:
-        those events (host clock readings), the start first, so a caller can time the call's tail
-        with a mark of its own."""
+        ``eos_token_id`` it is filled with it; generation stops early when all have (checked
+        every ``sync_every`` tokens, the only host synchronization). ``on_token()`` is called
+        right after each new token is enqueued, the first included (for timing with CUDA events)."""
         c = self.config
         b, s = input_ids.shape
         if input_ids.device != self.device:
@@ -209,60 +368,35 @@ class GPT2(torch.nn.Module):
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        use_graph = use_graph and self.device.type == "cuda"
-        key = (b, total, float(temperature), int(top_k))
-        state = self._states.get(key)
-        if state is None:
-            state = self._states[key] = _DecodeState(self, b, total, temperature, top_k)
         cuda = self.device.type == "cuda"
-        marks: list = []  # token boundaries: CUDA events, or host clock readings on the CPU
-
-        def mark():
-            if cuda:
-                marks.append(torch.cuda.Event(enable_timing=True))
-                marks[-1].record()
-            else:
-                marks.append(time.perf_counter())
+        use_graph = use_graph and cuda
+        cache = self.decode_cache(b, total, temperature, top_k)
+        notify = on_token or (lambda: None)
 
         with torch.random.fork_rng(devices=[self.device] if cuda else []):
             torch.manual_seed(seed)
-            if cuda:
-                torch.cuda.synchronize()
-            mark()
             if use_graph:  # the prefill is host-bound (~180 launches): replay it as one graph too
-                pg = state.prefill_graphs.get(s)
+                pg = cache.prefill_graphs.get(s)
                 if pg is None:
-                    pg = state.prefill_graphs[s] = _PrefillGraph(state, input_ids, attention_mask)
+                    pg = cache.prefill_graphs[s] = _PrefillGraph(self, cache, input_ids, attention_mask)
                 first = pg.run(input_ids, attention_mask)
+                if cache.decode_graph is None:
+                    cache.decode_graph = _DecodeGraph(self, cache)
+                step = cache.decode_graph.replay
             else:
-                first = state.prefill(input_ids, attention_mask)
-            mark()
-            if cuda:
-                torch.cuda.synchronize()
-            if use_graph:
-                graph = self._graphs.get(key)
-                if graph is None:
-                    graph = self._graphs[key] = _DecodeGraph(state)
-                step = graph.replay
-            else:
-                step = state.step
+                first = self.prefill(cache, input_ids, attention_mask)
+                step = lambda: self.decode_step(cache)  # noqa: E731
+            notify()
             out = [first]
             done_at = None
             for t in range(1, max_new_tokens):
                 step()
-                out.append(state.token.clone())
-                mark()
+                out.append(cache.token.clone())
+                notify()
                 if eos_token_id is not None and t % sync_every == 0:
                     if bool((torch.stack(out, 1) == eos_token_id).any(1).all()):
                         done_at = t + 1
                         break
-        if timings is not None:
-            if cuda:
-                torch.cuda.synchronize()
-                gaps = [a.elapsed_time(z) * 1e-3 for a, z in zip(marks, marks[1:])]
-            else:
-                gaps = [z - a for a, z in zip(marks, marks[1:])]
-            timings.update(marks=marks, ttft_s=gaps[0], step_s=gaps[1:])
         gen = torch.stack(out, 1)[:, :done_at]
         if eos_token_id is not None:
             hit = (gen == eos_token_id).long().cumsum(1) > 0
@@ -271,83 +405,31 @@ class GPT2(torch.nn.Module):
         return torch.cat([input_ids, gen], 1)
 
 
-class _DecodeState:
-    """Device-side state of one generation: KV cache, masks, positions, the last token."""
-
-    def __init__(self, model: GPT2, batch: int, max_len: int, temperature: float, top_k: int):
-        c = model.config
-        d = c.n_embd // c.n_head
-        dev, dt = model.device, model.dtype
-        self.model, self.batch, self.max_len = model, batch, max_len
-        self.temperature, self.top_k = temperature, top_k
-        self.sampling = temperature > 0
-        self.k = torch.zeros(c.n_layer, batch, c.n_head, max_len, d, device=dev, dtype=dt)
-        self.v = torch.zeros_like(self.k)
-        self.keys_ok = torch.zeros(batch, max_len, dtype=torch.bool, device=dev)
-        self.slot = torch.zeros(1, dtype=torch.long, device=dev)  # cache column of the next token
-        self.pos = torch.zeros(batch, dtype=torch.long, device=dev)  # its position id
-        self.token = torch.zeros(batch, dtype=torch.long, device=dev)
-        self.scale = d ** -0.5
-        self.prefill_graphs: dict[int, _PrefillGraph] = {}  # by prompt length
-
-    def buffers(self) -> tuple[torch.Tensor, ...]:
-        return (self.k, self.v, self.keys_ok, self.slot, self.pos, self.token)
-
-    def next_token(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self.sampling:
-            return logits.argmax(-1)
-        logits = logits.float() / self.temperature
-        if self.top_k > 0:
-            kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
-            logits = logits.masked_fill(logits < kth, -math.inf)
-        # Gumbel-max: argmax(logits + Gumbel noise) samples softmax(logits); capturable in a graph.
-        # The default generator: CUDA graphs advance its offset on every replay.
-        u = torch.rand(logits.shape, device=logits.device).clamp_(1e-20, 1.0)
-        return (logits - torch.log(-torch.log(u))).argmax(-1)
-
-    @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        m = self.model
-        s = input_ids.shape[1]
-        self.keys_ok.zero_()
-        self.keys_ok[:, :s] = attention_mask.bool()
-        x = m.prompt_pass(input_ids, attention_mask, kv=(self.k, self.v))
-        self.token.copy_(self.next_token(m._logits(x[:, -1])))
-        self.slot.fill_(s)
-        self.pos.copy_(GPT2.positions(attention_mask)[:, -1] + 1)
-        return self.token.clone()
-
-    @torch.no_grad()
-    def step(self) -> None:
-        """One decode step, device-side state only (capturable)."""
-        m = self.model
-        self.keys_ok.index_fill_(1, self.slot, True)
-        x = m._embed(self.token, self.pos)[:, None]
-        keys_ok = self.keys_ok[:, None, None, :]
-
-        def attend(i, q, k, v):
-            self.k[i].index_copy_(2, self.slot, k)
-            self.v[i].index_copy_(2, self.slot, v)
-            probs = scaled_masked_softmax(q @ self.k[i].transpose(-1, -2), self.scale, attn_mask=keys_ok)
-            return probs @ self.v[i]
-
-        for i in range(m.config.n_layer):
-            x = m._block(i, x, attend)
-        self.token.copy_(self.next_token(m._logits(x[:, 0])))
-        self.slot.add_(1)
-        self.pos.add_(1)
+def check_backends(backends: dict[str, str] | None) -> dict[str, str]:
+    """Fill in defaults and reject unknown module kinds or backends, naming them."""
+    chosen = {kind: options[0] for kind, options in BACKENDS.items()}
+    for kind, backend in (backends or {}).items():
+        if kind not in BACKENDS:
+            raise ValueError(f"backends must name module kinds among {tuple(BACKENDS)}, got {kind!r}")
+        if backend not in BACKENDS[kind]:
+            raise ValueError(f"backends[{kind!r}] must be one of {BACKENDS[kind]}, got {backend!r}")
+        chosen[kind] = backend
+    return chosen
 
 
-def _capture(state: _DecodeState, fn):
-    """Warm ``fn`` up on a side stream, undo its effect on the state, then capture it."""
-    saved = [t.clone() for t in state.buffers()]
+# --------------------------------------------------------------------------- CUDA graphs
+
+
+def _capture(cache: DecodeCache, fn):
+    """Warm ``fn`` up on a side stream, undo its effect on the cache, then capture it."""
+    saved = [t.clone() for t in cache.buffers()]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(2):  # allocator, cuBLAS workspaces, our library
             fn()
     torch.cuda.current_stream().wait_stream(side)
-    for dst, src in zip(state.buffers(), saved):
+    for dst, src in zip(cache.buffers(), saved):
         dst.copy_(src)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):  # recorded, not run
@@ -358,9 +440,9 @@ def _capture(state: _DecodeState, fn):
 class _PrefillGraph:
     """The prefill of one prompt shape, captured with its own input buffers."""
 
-    def __init__(self, state: _DecodeState, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    def __init__(self, model: GPT2, cache: DecodeCache, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         self.ids, self.mask = input_ids.clone(), attention_mask.clone()
-        self.graph, self.first = _capture(state, lambda: state.prefill(self.ids, self.mask))
+        self.graph, self.first = _capture(cache, lambda: model.prefill(cache, self.ids, self.mask))
 
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         self.ids.copy_(input_ids)
@@ -370,10 +452,10 @@ class _PrefillGraph:
 
 
 class _DecodeGraph:
-    """The decode step of one _DecodeState, captured once; each replay advances that state."""
+    """The decode step of one DecodeCache, captured once; each replay advances that cache."""
 
-    def __init__(self, state: _DecodeState):
-        self.graph, _ = _capture(state, state.step)
+    def __init__(self, model: GPT2, cache: DecodeCache):
+        self.graph, _ = _capture(cache, lambda: model.decode_step(cache))
 
     def replay(self) -> None:
         self.graph.replay()
