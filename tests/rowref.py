@@ -7,6 +7,9 @@ with ``causal``, ``j <= q + seqlen_k - seqlen_q``. Visible keys get the score ``
 additive mask (if any); the row is ``exp(s_j - max s) / sum exp(s_k - max s)`` over the visible keys,
 0 elsewhere; a row with no visible key, or whose visible scores are all -inf, is all zeros; a NaN score
 makes the row NaN. Slow (a Python loop over rows): meant for CPU-sized inputs.
+
+``attention_definition`` builds float64 attention on it; ``eager_same_dtype`` is the unfused chain at
+a half dtype that half-precision errors are measured against.
 """
 
 from __future__ import annotations
@@ -63,3 +66,29 @@ def _row(scores: list[tuple[int, float]], sk: int) -> torch.Tensor:
     for j, v in e:
         row[j] = v / total
     return row
+
+
+def attention_definition(q, k, v, mask, scale, causal):
+    """float64 attention from the row-by-row softmax: query head h uses key/value head
+    h // (nheads / nheads_kv) (transformers' repeat_kv). Returns [batch, seqlen_q, nheads, headdim]."""
+    h = q.shape[1]
+    kv_of = torch.arange(h, device=q.device) // (h // k.shape[1])
+    k64, v64 = k.double().index_select(1, kv_of), v.double().index_select(1, kv_of)
+    scores = q.double() @ k64.transpose(-1, -2)
+    probs = softmax_rows(scores, scale, causal=causal, attn_mask=mask).to(q.device)
+    return (probs @ v64).transpose(1, 2)
+
+
+def eager_same_dtype(q, k, v, mask, scale, causal):
+    """PyTorch's unfused chain at q's dtype (as transformers' eager attention runs it, GQA by repeat):
+    scores rounded to the dtype, softmax in float32 rounded back, P.V at the dtype. ``causal`` for
+    square scores only. The comparison point of "our error <= 2 x PyTorch's own error at the same
+    dtype"; rows with no visible key are NaN here."""
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(n_rep, 1), v.repeat_interleave(n_rep, 1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    return (torch.softmax(s.float(), -1).to(q.dtype) @ v).transpose(1, 2)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from fused_attn import reference
 from fused_attn.softmax import scaled_masked_softmax
 from tests.rowref import softmax_rows
-from tests.tolerances import assert_close, softmax_tolerance
+from tests.tolerances import assert_close, fp32_tolerance, softmax_tolerance
 
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -580,6 +580,43 @@ def test_empty(device, shape, version):
     for kwargs in (dict(causal=True), dict(attn_mask=pad), dict(out=torch.empty_like(x))):
         out = scaled_masked_softmax(x, 0.5, version=version, **kwargs)
         assert out.shape == x.shape and out.device == x.device and out.dtype == x.dtype
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_torch_compile_traces_our_op(device):
+    """torch.compile(fullgraph=True) of attention probabilities: the traced graph calls our op (on
+    CUDA; the CPU path is plain PyTorch by design) and the compiled result matches float64."""
+    graphs = []
+
+    def recording_inductor(gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        graphs.append(gm)
+        return compile_fx(gm, example_inputs)
+
+    def attn_probs(q, k, mask, out):
+        s = q @ k.transpose(-1, -2)
+        p = scaled_masked_softmax(s, q.shape[-1] ** -0.5, causal=True, attn_mask=mask)
+        scaled_masked_softmax(s, 0.5, out=out)
+        return p * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attn_probs, fullgraph=True, backend=recording_inductor)
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(2, 3, 16, 8, generator=gen, device=device)
+    k = torch.randn(2, 3, 24, 8, generator=gen, device=device)
+    mask = torch.rand(2, 1, 1, 24, generator=gen, device=device) > 0.2
+    out = torch.full((2, 3, 16, 24), math.nan, device=device)
+    got = compiled(q, k, mask, out)
+    assert len(graphs) == 1
+    ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    if device == "cuda":
+        assert sum("fused_attn.scaled_masked_softmax" in o for o in ops) >= 2, ops
+    s = q @ k.transpose(-1, -2)
+    for what, value, factor, args in (("returned", got, 2, (8 ** -0.5, True, mask)), ("out=", out, 1, (0.5, False, None))):
+        want = expected(s, *args)
+        tol = softmax_tolerance(want, scores_of(s, *args), torch.float32)
+        assert_close(value, want * factor, tol * factor, what)
 
 
 # --------------------------------------------------------------------------- bad input
