@@ -160,16 +160,29 @@ def test_reused_state_different_prompts_cpu():
     assert_decode_matches_teacher_forced(m, b_ids, b_mask, tokens, logits, "second prompt, same state")
 
 
-@pytest.mark.parametrize("temperature,top_k", [(0.7, 5), (1.3, 0), (1.0, 3)])
+SAMPLING = [(0.7, 5), (1.3, 0), (1.0, 3)]
+
+
+@pytest.mark.parametrize("temperature,top_k", SAMPLING)
 def test_sampling_frequencies_cpu(temperature, top_k):
+    check_sampling_frequencies("cpu", temperature, top_k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("temperature,top_k", SAMPLING)
+def test_sampling_frequencies_gpu(temperature, top_k):
+    check_sampling_frequencies("cuda", temperature, top_k)
+
+
+def check_sampling_frequencies(device, temperature, top_k):
     """200k draws of the sampler for one logits row against softmax(top-k(logits) / T): every
     frequency within 5 standard deviations, none outside the top k."""
     logits = torch.tensor([2.0, 1.5, 0.3, -0.4, 1.0, -2.0, 0.8, 0.0, 1.2, -1.0])
     n = 200_000
     sampler = SimpleNamespace(sampling=True, temperature=temperature, top_k=top_k)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[device] if device == "cuda" else []):
         torch.manual_seed(11)
-        tokens = _DecodeState.next_token(sampler, logits.expand(n, -1))
+        tokens = _DecodeState.next_token(sampler, logits.to(device).expand(n, -1)).cpu()
     freq = torch.bincount(tokens, minlength=logits.numel()).double() / n
     z = logits.double() / temperature
     if top_k:
@@ -186,11 +199,20 @@ def eos_case(m, ids, mask, n):
 
 
 def test_eos_some_rows_stop_cpu():
+    check_eos_some_rows_stop("cpu")
+
+
+@pytest.mark.gpu
+def test_eos_some_rows_stop_gpu():
+    check_eos_some_rows_stop("cuda")  # the CUDA-graph decode loop
+
+
+def check_eos_some_rows_stop(device):
     """A batch where one row emits EOS and the other never does runs to max_new_tokens; a batch where
     both do stops at the first check (every sync_every steps) after the last row's EOS, with the
     exact length; after its EOS a row is EOS only."""
-    m = GPT2.from_hf(hf_model(VARIED))
-    ids, mask = left_padded(TINY["vocab_size"], (20, 15), seed=3)
+    m = GPT2.from_hf(hf_model(VARIED), device=device)
+    ids, mask = left_padded(TINY["vocab_size"], (20, 15), device, seed=3)
     s, n, every = ids.shape[1], 40, 4
     free, rows = eos_case(m, ids, mask, n)
 
@@ -258,6 +280,38 @@ def test_graph_decode_matches_hf_eager_fp32_gpu(lengths):
                                   pad_token_id=0, eos_token_id=None)
     got = GPT2.from_hf(hf, device="cuda").generate(ids.cuda(), mask.cuda(), max_new_tokens=64, use_graph=True)
     assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_graph", [True, False])
+@pytest.mark.parametrize("lengths", [(40,), (40, 29, 13)])
+def test_decode_logits_match_teacher_forced_gpu(lengths, use_graph):
+    m = GPT2.from_hf(hf_model(SMALL), device="cuda")
+    ids, mask = left_padded(SMALL["vocab_size"], lengths, "cuda")
+    tokens, logits = Recorder(m, len(lengths), 40 + 32, use_graph).run(ids, mask, 32)
+    assert_decode_matches_teacher_forced(m, ids, mask, tokens, logits, f"graph={use_graph}")
+    assert torch.equal(m.generate(ids, mask, max_new_tokens=32, use_graph=use_graph)[:, 40:], tokens)
+
+
+@pytest.mark.gpu
+def test_graph_replay_new_prompts_gpu():
+    """One decode state, its prefill graphs and its decode graph replayed for new prompts of the same
+    shape, a prompt of another length (same total: same state, a second prefill graph) and the first
+    prompt again: every step's logits against the teacher-forced forward of that prompt."""
+    m = GPT2.from_hf(hf_model(VARIED), device="cuda")
+    v = TINY["vocab_size"]
+    prompts = [left_padded(v, (40, 29, 13), "cuda", seed=1), left_padded(v, (40, 35, 22), "cuda", seed=2),
+               left_padded(v, (31, 20, 9), "cuda", seed=3), left_padded(v, (40, 29, 13), "cuda", seed=1)]
+    rec = Recorder(m, 3, 64, use_graph=True)
+    for n, (ids, mask) in enumerate(prompts):
+        tokens, logits = rec.run(ids, mask, 64 - ids.shape[1])
+        assert_decode_matches_teacher_forced(m, ids, mask, tokens, logits, f"prompt {n}")
+    assert len(rec.state.prefill_graphs) == 2
+    # The same through generate(): graph replays against the eager loop of a fresh model.
+    fresh = GPT2.from_hf(hf_model(VARIED), device="cuda")
+    for ids, mask in prompts:
+        got = m.generate(ids, mask, max_new_tokens=64 - ids.shape[1], use_graph=True)
+        assert torch.equal(got, fresh.generate(ids, mask, max_new_tokens=64 - ids.shape[1], use_graph=False))
 
 
 @pytest.mark.gpu

@@ -35,8 +35,10 @@ def _softmax64(scores: torch.Tensor) -> torch.Tensor:
 # summation order and kernel choice only. Relative to the largest |value| of the row (logits of
 # one position, one attention output vector), since cancellation leaves small entries with the
 # absolute error of the large ones. Measured: <= 3.1e-6 of the row's max (tests/test_gpt2.py's
-# decode vs teacher-forced logits on the CPU).
-FP32_RTOL, FP32_ATOL = 2e-5, 1e-6
+# decode vs teacher-forced logits on the CPU); 5e-5 leaves room for cuBLAS's shape-dependent
+# algorithms and still fails the bugs this guards against by 100x or more (a 1% error in every
+# attention probability moves GPT-2 small's logits by ~1% of the row's max).
+FP32_RTOL, FP32_ATOL = 5e-5, 1e-6
 
 
 def fp32_tolerance(expected: torch.Tensor) -> torch.Tensor:
