@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 # Output rounding of each dtype plus float32 accumulation.
+DTYPES_TESTED = (torch.float32, torch.float16, torch.bfloat16)
 ATOL = {torch.float32: 1e-7, torch.float16: 1e-6, torch.bfloat16: 1e-5}
 RTOL = {torch.float32: 2e-6, torch.float16: 1.5e-3, torch.bfloat16: 8e-3}
 # Float32 score arithmetic: s_j - max carries an absolute error of a few ulps of the row's largest
