@@ -18,6 +18,7 @@ or several times (the code moved: update the anchor), or if pytest could not run
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import shutil
 import subprocess
@@ -230,6 +231,18 @@ def summary_line(output: str) -> str:
     return lines[-1] if lines else ""
 
 
+def check_copies_are_imported() -> None:
+    """Tests in a copy must import the copy's fused_attn (not an installed or checked-out one),
+    or every mutation would survive."""
+    with tempfile.TemporaryDirectory(prefix="fa-mutant-") as tmp:
+        copy_repo(ROOT, Path(tmp))
+        env = dict(os.environ, PYTHONPATH=tmp)
+        where = subprocess.run([sys.executable, "-c", "import fused_attn; print(fused_attn.__file__)"], cwd=tmp,
+                               env=env, capture_output=True, text=True, check=True).stdout.strip()
+        if not Path(where).resolve().is_relative_to(Path(tmp).resolve()):
+            raise SystemExit(f"a copy of the repository imports fused_attn from {where}, not from the copy")
+
+
 def run_one(m: Mutation | None, tests: tuple[str, ...], timeout: float) -> tuple[str, str]:
     """(status, detail): status KILLED / SURVIVED / ERROR for a mutation, PASSED / FAILED for None."""
     with tempfile.TemporaryDirectory(prefix="fa-mutant-") as tmp:
@@ -256,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
     ap.add_argument("--baseline", action="store_true", help="first check the tests pass unmutated")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per pytest run")
+    ap.add_argument("--jobs", type=int, default=1, help="mutations run side by side (CPU ones only)")
     args = ap.parse_args(argv)
 
     known = {m.name: m for m in MUTATIONS}
@@ -279,19 +293,29 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if bad_anchors else 0
 
     failed = bool(bad_anchors)
-    if args.baseline:
-        tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
-        status, detail = run_one(None, tests, args.timeout)
-        print(f"BASELINE {status}: {detail}", flush=True)
-        if status != "PASSED":
-            return 1
-    for m in chosen:
-        if (m, anchor_count(ROOT, m)) in bad_anchors:
-            continue
+    check_copies_are_imported()
+    if args.baseline:  # node ids together, test lists with options ("-k ...") one by one
+        plain = tuple(dict.fromkeys(t for m in chosen if not any(a.startswith("-") for a in m.tests) for t in m.tests))
+        runs = ([plain] if plain else []) + list(dict.fromkeys(
+            m.tests for m in chosen if any(a.startswith("-") for a in m.tests)))
+        for tests in runs:
+            status, detail = run_one(None, tests, args.timeout)
+            print(f"BASELINE {status}: {' '.join(tests)[:80]}: {detail}", flush=True)
+            if status != "PASSED":
+                return 1
+    runnable = [m for m in chosen if all(m is not bad for bad, _ in bad_anchors)]
+
+    def timed(m: Mutation) -> tuple[Mutation, str, str, float]:
         t0 = time.perf_counter()
         status, detail = run_one(m, m.tests, args.timeout)
-        failed |= status != "KILLED"
-        print(f"{status:<8} {m.name:<42} {time.perf_counter() - t0:5.1f} s  {detail}", flush=True)
+        return m, status, detail, time.perf_counter() - t0
+
+    # GPU mutations share one device and may rebuild the library: one at a time.
+    jobs = 1 if any(m.gpu for m in runnable) else max(1, args.jobs)
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for m, status, detail, seconds in pool.map(timed, runnable):
+            failed |= status != "KILLED"
+            print(f"{status:<8} {m.name:<42} {seconds:5.1f} s  {detail}", flush=True)
     return 1 if failed else 0
 
 
