@@ -180,7 +180,7 @@ def check_sampling_frequencies(device, temperature, top_k):
     logits = torch.tensor([2.0, 1.5, 0.3, -0.4, 1.0, -2.0, 0.8, 0.0, 1.2, -1.0])
     n = 200_000
     sampler = SimpleNamespace(sampling=True, temperature=temperature, top_k=top_k)
-    with torch.random.fork_rng(devices=[device] if device == "cuda" else []):
+    with torch.random.fork_rng(devices=[torch.device(device)] if device == "cuda" else []):
         torch.manual_seed(11)
         tokens = _DecodeState.next_token(sampler, logits.to(device).expand(n, -1)).cpu()
     freq = torch.bincount(tokens, minlength=logits.numel()).double() / n
