@@ -320,10 +320,15 @@ def main(argv: list[str] | None = None) -> int:
 
     # GPU mutations share one device and may rebuild the library: one at a time.
     jobs = 1 if any(m.gpu for m in runnable) else max(1, args.jobs)
+    counts: dict[str, int] = {}
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         for m, status, detail, seconds in pool.map(timed, runnable):
             failed |= status != "KILLED"
+            counts[status] = counts.get(status, 0) + 1
             print(f"{status:<8} {m.name:<42} {seconds:5.1f} s  {detail}", flush=True)
+    if bad_anchors:
+        counts["ANCHOR"] = len(bad_anchors)
+    print(", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())) or "nothing run")
     return 1 if failed else 0
 
 
