@@ -30,7 +30,7 @@ print(f'warm: import torch {t1 - t0:.2f} s, import fused_attn + load cached libr
 fi
 if has tests; then
   log tests
-  HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu} timeout ${TESTS_TIMEOUT:-300} python3 -m pytest tests -q \
+  FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu} timeout ${TESTS_TIMEOUT:-300} python3 -m pytest tests -q \
     -p no:cacheprovider --hypothesis-show-statistics -rs > "$OUT/tests.log" 2>&1 || rc=1
   grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
   grep -E "^FAILED|Error" "$OUT/tests.log" | head -20

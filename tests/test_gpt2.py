@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -9,10 +12,16 @@ pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from fused_attn import generate as gen_cli  # noqa: E402
-from fused_attn.gpt2 import GPT2  # noqa: E402
+from fused_attn.gpt2 import GPT2, _DecodeGraph, _DecodeState, _PrefillGraph  # noqa: E402
 from tests.prompts import left_padded  # noqa: E402
+from tests.rowref import attention_definition, eager_same_dtype  # noqa: E402
+from tests.tolerances import assert_close, fp32_tolerance  # noqa: E402
 
 TINY = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=160)
+# Random init at GPT-2's initializer_range (0.02) makes greedy decoding repeat 1-3 tokens, so a
+# broken decode still matches token for token; at 0.5 the continuations vary (40+ distinct tokens
+# in 64 steps) and a token comparison means something.
+VARIED = dict(TINY, initializer_range=0.5)
 
 
 def hf_model(config=None, seed=0):
@@ -21,11 +30,66 @@ def hf_model(config=None, seed=0):
         return GPT2LMHeadModel(GPT2Config(**(config or TINY))).eval()
 
 
+class Recorder:
+    """Drives a _DecodeState the way GPT2.generate() does (eager steps, or the prefill graph per
+    prompt length and one decode graph), greedy, keeping every step's logits."""
+
+    def __init__(self, model: GPT2, batch: int, total: int, use_graph: bool = False):
+        self.state = _DecodeState(model, batch, total, 0.0, 0)
+        self.use_graph = use_graph
+        self.seen: list[torch.Tensor] = []
+        real = self.state.next_token
+
+        def recording(logits):
+            self.seen.append(logits)  # under capture: the graph's own output buffer
+            return real(logits)
+
+        self.state.next_token = recording
+        self.prefill_logits: dict[int, torch.Tensor] = {}
+        self.decode = self.decode_logits = None
+
+    @torch.no_grad()
+    def run(self, ids: torch.Tensor, mask: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens ``[batch, n]`` and logits ``[batch, n, vocab]`` (float64) of n greedy steps."""
+        st, s = self.state, ids.shape[1]
+        if self.use_graph:
+            pg = st.prefill_graphs.get(s)
+            if pg is None:
+                pg = st.prefill_graphs[s] = _PrefillGraph(st, ids, mask)
+                self.prefill_logits[s] = self.seen[-1]
+            tokens, logits = [pg.run(ids, mask)], [self.prefill_logits[s].double()]
+            if self.decode is None:
+                self.decode = _DecodeGraph(st)
+                self.decode_logits = self.seen[-1]
+            for _ in range(1, n):
+                self.decode.replay()
+                tokens.append(st.token.clone())
+                logits.append(self.decode_logits.double())
+        else:
+            tokens, logits = [st.prefill(ids, mask)], [self.seen[-1].double()]
+            for _ in range(1, n):
+                st.step()
+                tokens.append(st.token.clone())
+                logits.append(self.seen[-1].double())
+        return torch.stack(tokens, 1), torch.stack(logits, 1)
+
+
+def assert_decode_matches_teacher_forced(model: GPT2, ids, mask, tokens, logits, what=""):
+    """Each step's logits against one full forward over prompt + generated tokens."""
+    s, n = ids.shape[1], tokens.shape[1]
+    full = torch.cat([ids, tokens], 1)
+    with torch.no_grad():
+        want = model(full, torch.cat([mask, torch.ones_like(tokens)], 1))[:, s - 1:s - 1 + n].double()
+    assert_close(logits, want, fp32_tolerance(want), what)
+    assert torch.equal(tokens, logits.argmax(-1))
+
+
 def test_logits_match_hf_cpu():
     hf = hf_model()
     ids, mask = left_padded(TINY["vocab_size"], (20, 13, 6))
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # position of each real token: the count of real ones before it
     with torch.no_grad():
-        want = hf(ids, attention_mask=mask, position_ids=GPT2.positions(mask)).logits
+        want = hf(ids, attention_mask=mask, position_ids=pos).logits
     got = GPT2.from_hf(hf)(ids, mask)
     keep = mask.bool()
     torch.testing.assert_close(got[keep], want[keep], rtol=1e-5, atol=1e-5)
@@ -60,6 +124,118 @@ def test_eos_fills_the_rest_and_stops_early_cpu():
     first = int((out[0, 20:] == eos).nonzero()[0])
     assert (out[0, 20 + first:] == eos).all()
     assert out.shape[1] < 20 + 40  # stopped at the first check after every row had EOS
+
+
+@pytest.mark.parametrize("lengths", [(20,), (20, 13, 6)])
+def test_decode_logits_match_teacher_forced_cpu(lengths):
+    m = GPT2.from_hf(hf_model(VARIED))
+    ids, mask = left_padded(TINY["vocab_size"], lengths)
+    tokens, logits = Recorder(m, len(lengths), 20 + 32).run(ids, mask, 32)
+    assert_decode_matches_teacher_forced(m, ids, mask, tokens, logits)
+    assert torch.equal(m.generate(ids, mask, max_new_tokens=32)[:, 20:], tokens)  # Recorder == generate()
+    assert min(len(set(r.tolist())) for r in tokens) >= 8, tokens  # the model does not repeat itself
+
+
+def test_greedy_tokens_match_hf_generate_varied_model_cpu():
+    hf = hf_model(VARIED)
+    ids, mask = left_padded(TINY["vocab_size"], (20, 13, 6), seed=5)
+    want = hf.generate(ids, attention_mask=mask, max_new_tokens=48, do_sample=False, pad_token_id=0,
+                       eos_token_id=None)
+    assert min(len(set(r.tolist())) for r in want[:, 20:]) >= 8
+    assert torch.equal(GPT2.from_hf(hf).generate(ids, mask, max_new_tokens=48), want)
+
+
+def test_reused_state_different_prompts_cpu():
+    """generate() keeps one decode state per shape: a second prompt of the same shape must not see
+    the first one's cache."""
+    m = GPT2.from_hf(hf_model(VARIED))
+    a_ids, a_mask = left_padded(TINY["vocab_size"], (20, 13, 6), seed=1)
+    b_ids, b_mask = left_padded(TINY["vocab_size"], (20, 17, 4), seed=2)
+    fresh = GPT2.from_hf(hf_model(VARIED)).generate(b_ids, b_mask, max_new_tokens=40)
+    m.generate(a_ids, a_mask, max_new_tokens=40)
+    assert torch.equal(m.generate(b_ids, b_mask, max_new_tokens=40), fresh)
+    rec = Recorder(m, 3, 60)
+    rec.run(a_ids, a_mask, 40)
+    tokens, logits = rec.run(b_ids, b_mask, 40)
+    assert_decode_matches_teacher_forced(m, b_ids, b_mask, tokens, logits, "second prompt, same state")
+
+
+SAMPLING = [(0.7, 5), (1.3, 0), (1.0, 3)]
+
+
+@pytest.mark.parametrize("temperature,top_k", SAMPLING)
+def test_sampling_frequencies_cpu(temperature, top_k):
+    check_sampling_frequencies("cpu", temperature, top_k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("temperature,top_k", SAMPLING)
+def test_sampling_frequencies_gpu(temperature, top_k):
+    check_sampling_frequencies("cuda", temperature, top_k)
+
+
+def check_sampling_frequencies(device, temperature, top_k):
+    """200k draws of the sampler for one logits row against softmax(top-k(logits) / T): every
+    frequency within 5 standard deviations, none outside the top k."""
+    logits = torch.tensor([2.0, 1.5, 0.3, -0.4, 1.0, -2.0, 0.8, 0.0, 1.2, -1.0])
+    n = 200_000
+    sampler = SimpleNamespace(sampling=True, temperature=temperature, top_k=top_k)
+    with torch.random.fork_rng(devices=[torch.device(device)] if device == "cuda" else []):
+        torch.manual_seed(11)
+        tokens = _DecodeState.next_token(sampler, logits.to(device).expand(n, -1)).cpu()
+    freq = torch.bincount(tokens, minlength=logits.numel()).double() / n
+    z = logits.double() / temperature
+    if top_k:
+        z = z.masked_fill(z < z.topk(top_k).values[-1], -math.inf)
+    p = torch.softmax(z, 0)
+    assert (freq[p == 0] == 0).all(), (freq, p)
+    allowed = 5 * (p * (1 - p) / n).sqrt() + 1e-12
+    assert ((freq - p).abs() <= allowed).all(), (freq.tolist(), p.tolist())
+
+
+def eos_case(m, ids, mask, n):
+    free = m.generate(ids, mask, max_new_tokens=n)[:, ids.shape[1]:]
+    return free, [r.tolist() for r in free]
+
+
+def test_eos_some_rows_stop_cpu():
+    check_eos_some_rows_stop("cpu")
+
+
+@pytest.mark.gpu
+def test_eos_some_rows_stop_gpu():
+    check_eos_some_rows_stop("cuda")  # the CUDA-graph decode loop
+
+
+def check_eos_some_rows_stop(device):
+    """A batch where one row emits EOS and the other never does runs to max_new_tokens; a batch where
+    both do stops at the first check (every sync_every steps) after the last row's EOS, with the
+    exact length; after its EOS a row is EOS only."""
+    m = GPT2.from_hf(hf_model(VARIED), device=device)
+    ids, mask = left_padded(TINY["vocab_size"], (20, 15), device, seed=3)
+    s, n, every = ids.shape[1], 40, 4
+    free, rows = eos_case(m, ids, mask, n)
+
+    def first(row, tok):
+        return row.index(tok) if tok in row else None
+
+    # Only row 0 stops: a token of row 0 (first seen at step >= 2) that row 1 never emits.
+    eos = next(t for t in rows[0][2:] if t not in rows[1])
+    out = m.generate(ids, mask, max_new_tokens=n, eos_token_id=eos, sync_every=every)
+    assert out.shape == (2, s + n)
+    k = first(rows[0], eos)
+    assert torch.equal(out[0, s:s + k + 1], free[0, :k + 1]) and (out[0, s + k:] == eos).all()
+    assert torch.equal(out[1, s:], free[1])
+    # Both rows stop: the first token both rows emit, at steps k0 and k1.
+    both = [t for t in rows[0] if t in rows[1]]
+    assert both, "the two continuations share no token: choose other prompts"
+    eos = both[0]
+    k0, k1 = first(rows[0], eos), first(rows[1], eos)
+    stop = next(t for t in range(1, n) if t % every == 0 and t >= max(k0, k1))
+    out = m.generate(ids, mask, max_new_tokens=n, eos_token_id=eos, sync_every=every)
+    assert out.shape == (2, s + stop + 1), (k0, k1, stop, out.shape)
+    for r, k in ((0, k0), (1, k1)):
+        assert torch.equal(out[r, s:s + k + 1], free[r, :k + 1]) and (out[r, s + k:] == eos).all()
 
 
 def test_bad_arguments_raise():
@@ -107,6 +283,38 @@ def test_graph_decode_matches_hf_eager_fp32_gpu(lengths):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("use_graph", [True, False])
+@pytest.mark.parametrize("lengths", [(40,), (40, 29, 13)])
+def test_decode_logits_match_teacher_forced_gpu(lengths, use_graph):
+    m = GPT2.from_hf(hf_model(SMALL), device="cuda")
+    ids, mask = left_padded(SMALL["vocab_size"], lengths, "cuda")
+    tokens, logits = Recorder(m, len(lengths), 40 + 32, use_graph).run(ids, mask, 32)
+    assert_decode_matches_teacher_forced(m, ids, mask, tokens, logits, f"graph={use_graph}")
+    assert torch.equal(m.generate(ids, mask, max_new_tokens=32, use_graph=use_graph)[:, 40:], tokens)
+
+
+@pytest.mark.gpu
+def test_graph_replay_new_prompts_gpu():
+    """One decode state, its prefill graphs and its decode graph replayed for new prompts of the same
+    shape, a prompt of another length (same total: same state, a second prefill graph) and the first
+    prompt again: every step's logits against the teacher-forced forward of that prompt."""
+    m = GPT2.from_hf(hf_model(VARIED), device="cuda")
+    v = TINY["vocab_size"]
+    prompts = [left_padded(v, (40, 29, 13), "cuda", seed=1), left_padded(v, (40, 35, 22), "cuda", seed=2),
+               left_padded(v, (31, 20, 9), "cuda", seed=3), left_padded(v, (40, 29, 13), "cuda", seed=1)]
+    rec = Recorder(m, 3, 64, use_graph=True)
+    for n, (ids, mask) in enumerate(prompts):
+        tokens, logits = rec.run(ids, mask, 64 - ids.shape[1])
+        assert_decode_matches_teacher_forced(m, ids, mask, tokens, logits, f"prompt {n}")
+    assert len(rec.state.prefill_graphs) == 2
+    # The same through generate(): graph replays against the eager loop of a fresh model.
+    fresh = GPT2.from_hf(hf_model(VARIED), device="cuda")
+    for ids, mask in prompts:
+        got = m.generate(ids, mask, max_new_tokens=64 - ids.shape[1], use_graph=True)
+        assert torch.equal(got, fresh.generate(ids, mask, max_new_tokens=64 - ids.shape[1], use_graph=False))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_graph_and_eager_decode_identical_gpu(dtype):
     m = GPT2.from_hf(hf_model(SMALL), dtype=dtype, device="cuda")
@@ -116,6 +324,49 @@ def test_graph_and_eager_decode_identical_gpu(dtype):
     b = m.generate(ids, mask, max_new_tokens=64, use_graph=False)
     c = m.generate(ids, mask, max_new_tokens=64, use_graph=True)  # replays the captured graph again
     assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def check_half_precision_attention_per_layer(device, dtype, config, monkeypatch):
+    """A half-precision forward of our GPT-2; every layer's attention output, on the q, k, v that
+    layer computed, against float64; our error at most twice the unfused chain's at the same dtype
+    (a 1% error in every probability fails here, not in the logits: tests/mutations.py)."""
+    m = GPT2.from_hf(hf_model(config), dtype=dtype, device=device)
+    ids, mask = left_padded(config["vocab_size"], (24, 17, 9))
+    ids, mask = ids.to(device), mask.to(device)
+    calls = []
+    real_block = GPT2._block
+
+    def block(self, i, x, attend):
+        def capturing(i, q, k, v):
+            out = attend(i, q, k, v)
+            calls.append((q, k, v, out))
+            return out
+
+        return real_block(self, i, x, capturing)
+
+    monkeypatch.setattr(GPT2, "_block", block)
+    with torch.no_grad():
+        m(ids, mask)
+    assert len(calls) == config["n_layer"]
+    keys_ok, real = mask.bool()[:, None, None, :], mask.bool()
+    scale = (config["n_embd"] // config["n_head"]) ** -0.5
+    for layer, (q, k, v, out) in enumerate(calls):
+        want = attention_definition(q, k, v, keys_ok, scale, True)[real]
+        err_ours = ((out.transpose(1, 2)[real].double() - want).norm() / want.norm()).item()
+        eager = eager_same_dtype(q, k, v, keys_ok, scale, True)[real].double()
+        err_eager = ((eager - want).norm() / want.norm()).item()
+        assert err_ours <= 2 * err_eager + 1e-5, (layer, err_ours, err_eager)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_attention_per_layer_cpu(dtype, monkeypatch):
+    check_half_precision_attention_per_layer("cpu", dtype, dict(SMALL, n_layer=4, vocab_size=1000), monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_attention_per_layer_gpu(dtype, monkeypatch):
+    check_half_precision_attention_per_layer("cuda", dtype, SMALL, monkeypatch)
 
 
 @pytest.mark.gpu

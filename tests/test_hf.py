@@ -12,8 +12,12 @@ from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 import fused_attn.hf as fhf  # noqa: E402
 from tests.prompts import left_padded  # noqa: E402
+from tests.rowref import attention_definition, eager_same_dtype  # noqa: E402
+from tests.tolerances import assert_close, fp32_tolerance  # noqa: E402
 
 TINY = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=256, bos_token_id=0, eos_token_id=1)
+# Greedy continuations that vary (tests/test_gpt2.py: VARIED), so that equal tokens mean something.
+VARIED = dict(TINY, initializer_range=0.5)
 SMALL = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)  # GPT-2 small's shape
 
 
@@ -80,6 +84,169 @@ def test_greedy_tokens_identical_cpu(lengths, cache):
     got = ms["fused_attn"].generate(ids, **kw)
     assert got.shape[1] == ids.shape[1] + 64
     assert torch.equal(got, want)
+
+
+def generate_logits(model, ids, mask, cache, n=24):
+    kw = dict(attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None,
+              output_logits=True, return_dict_in_generate=True)
+    if cache == "static":
+        kw.update(cache_implementation="static", disable_compile=True)
+    out = model.generate(ids, **kw)
+    return out.sequences, torch.stack(out.logits, 1).double()  # [batch, n, vocab]
+
+
+def check_generate_logits(device, lengths, cache):
+    """Every step's logits of generate() with fused_attn against eager's, float32."""
+    ms = models(VARIED, device)
+    ids, mask = left_padded(VARIED["vocab_size"], lengths, device)
+    want_seq, want = generate_logits(ms["eager"], ids, mask, cache)
+    got_seq, got = generate_logits(ms["fused_attn"], ids, mask, cache)
+    assert_close(got, want, fp32_tolerance(want), f"{cache} cache, prompts {lengths}")
+    assert torch.equal(got_seq, want_seq)
+    assert min(len(set(r.tolist())) for r in want_seq[:, ids.shape[1]:]) >= 6  # the tokens vary
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("lengths", [(24,), (24, 17, 9)])
+def test_generate_logits_match_eager_cpu(lengths, cache):
+    check_generate_logits("cpu", lengths, cache)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("lengths", [(24,), (24, 17, 9)])
+def test_generate_logits_match_eager_gpu(lengths, cache):
+    check_generate_logits("cuda", lengths, cache)
+
+
+@pytest.mark.gpu
+def test_static_cache_compiled_decode_gpu():
+    """transformers compiles the decode step of a StaticCache on the GPU: our op inside that graph."""
+    ms = models(VARIED, "cuda")
+    ids, mask = left_padded(VARIED["vocab_size"], (24, 17, 9), "cuda")
+    kw = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0, eos_token_id=None,
+              output_logits=True, return_dict_in_generate=True, cache_implementation="static")
+    want_seq, want = generate_logits(ms["eager"], ids, mask, "dynamic")
+    out = ms["fused_attn"].generate(ids, **kw)
+    got = torch.stack(out.logits, 1).double()
+    assert_close(got, want, fp32_tolerance(want), "compiled static cache")
+    assert torch.equal(out.sequences, want_seq)
+
+
+class _Attn(torch.nn.Module):
+    is_causal = True
+
+
+def attention_case(name, device, gen):
+    """q [2, 8, sq, 16], k/v [2, kv_heads, sk, 16], mask, is_causal, and the definition's causal flag."""
+    b, h, d = 2, 8, 16
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(device)
+
+    if name == "gqa-bool-padding":  # 4 query heads per key/value head, mask as sdpa_mask builds it
+        sq = sk = 11
+        keep = torch.ones(b, 1, sq, sk, dtype=torch.bool).tril()
+        keep[1, :, :, :4] = False  # left padding of row 1
+        return rnd(b, h, sq, d), rnd(b, 2, sk, d), rnd(b, 2, sk, d), keep.to(device), True, False
+    if name == "additive":
+        sq, sk = 5, 9
+        add = rnd(b, 1, sq, sk)
+        add[0, :, :, :3] = -1e4
+        return rnd(b, h, sq, d), rnd(b, 4, sk, d), rnd(b, 4, sk, d), add, True, False
+    if name == "causal-no-mask":
+        sq = sk = 7
+        return rnd(b, h, sq, d), rnd(b, h, sk, d), rnd(b, h, sk, d), None, True, True
+    if name == "static-cache-prefill":  # 6 prompt tokens in a cache of 10 slots, mask left out
+        sq, sk = 6, 10
+        k, v = rnd(b, h, sk, d), rnd(b, h, sk, d)
+        return rnd(b, h, sq, d), k, v, None, True, ("prefix", sq)
+    if name == "decode-padding":
+        keep = torch.rand(b, 1, 1, 12, generator=gen) > 0.3
+        return rnd(b, h, 1, d), rnd(b, 1, 12, d), rnd(b, 1, 12, d), keep.to(device), True, False
+    raise AssertionError(name)
+
+
+ATTENTION_CASES = ["gqa-bool-padding", "additive", "causal-no-mask", "static-cache-prefill", "decode-padding"]
+
+
+def check_attention_forward(device, name):
+    gen = torch.Generator().manual_seed(len(name))
+    q, k, v, mask, is_causal, causal = attention_case(name, device, gen)
+    scale = 0.37  # not headdim ** -0.5 = 0.25: the scaling argument must be used
+    got, weights = fhf.fused_attention_forward(_Attn().eval(), q, k, v, mask, scaling=scale, is_causal=is_causal)
+    assert weights is None
+    if causal == ("prefix", q.shape[2]):  # unfilled static-cache slots are not keys
+        k, v, causal = k[:, :, :q.shape[2]], v[:, :, :q.shape[2]], True
+    want = attention_definition(q, k, v, mask, scale, causal)
+    assert_close(got, want, fp32_tolerance(want), name)
+
+
+@pytest.mark.parametrize("name", ATTENTION_CASES)
+def test_attention_forward_matches_definition_cpu(name):
+    """HF's scaling argument, GQA (key/value heads shared by consecutive query heads), bool and
+    additive masks, the causal prefill without a mask, with and without unfilled StaticCache slots."""
+    check_attention_forward("cpu", name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ATTENTION_CASES)
+def test_attention_forward_matches_definition_gpu(name):
+    check_attention_forward("cuda", name)
+
+
+def capture_attention_inputs(model, ids, mask):
+    """q, k, v, mask and scaling of every layer's fused_attn call in one forward of ``model``."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    calls = []
+
+    def capturing(module, query, key, value, attention_mask, **kwargs):
+        calls.append((query, key, value, attention_mask, kwargs.get("scaling")))
+        return fhf.fused_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("fused_attn_capture", capturing)
+    AttentionMaskInterface.register("fused_attn_capture", sdpa_mask)
+    model.set_attn_implementation("fused_attn_capture")
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+    model.set_attn_implementation("fused_attn")
+    return calls
+
+
+def check_half_precision_attention_per_layer(device, dtype):
+    """End to end at float16 / bfloat16: every layer's attention, on the inputs that layer really
+    received, against float64; our error at most twice the unfused chain's at the same dtype. The
+    half-precision logits carry the rounding of every layer, which hides a 1% error in every
+    attention probability (tests/mutations.py: hf-probs-off-by-1pct-half); one layer's output does not."""
+    config = SMALL if device == "cuda" else dict(SMALL, n_layer=4, vocab_size=1000)  # GPT-2 small's layers
+    m = models(config, device, dtype, impls=("fused_attn",))["fused_attn"]
+    ids, mask = left_padded(config["vocab_size"], (24, 17, 9), device)
+    calls = capture_attention_inputs(m, ids, mask)
+    assert len(calls) == config["n_layer"]
+    real = mask.bool()  # query rows of padding tokens see no key: zeros here, NaN in the eager chain
+    scale = (config["n_embd"] // config["n_head"]) ** -0.5  # GPT-2's (transformers 4.x passes no scaling)
+    for layer, (q, k, v, attn_mask, scaling) in enumerate(calls):
+        assert scaling in (None, scale)
+        causal = attn_mask is None
+        want = attention_definition(q, k, v, attn_mask, scale, causal)[real]
+        ours = fhf.fused_attention_forward(_Attn().eval(), q, k, v, attn_mask, scaling=scaling)[0][real].double()
+        eager = eager_same_dtype(q, k, v, attn_mask, scale, causal)[real].double()
+        err_ours = ((ours - want).norm() / want.norm()).item()
+        err_eager = ((eager - want).norm() / want.norm()).item()
+        assert err_ours <= 2 * err_eager + 1e-5, (layer, err_ours, err_eager)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_attention_per_layer_cpu(dtype):
+    check_half_precision_attention_per_layer("cpu", dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_attention_per_layer_gpu(dtype):
+    check_half_precision_attention_per_layer("cuda", dtype)
 
 
 @pytest.mark.gpu

@@ -11,14 +11,16 @@ from hypothesis import strategies as st
 
 from fused_attn import reference
 from fused_attn.softmax import scaled_masked_softmax
-from tests.tolerances import assert_close, softmax_backward_tolerance, softmax_tolerance
+from tests.rowref import softmax_rows
+from tests.tolerances import assert_close, fp32_tolerance, softmax_backward_tolerance, softmax_tolerance
 
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Launch-shape boundaries of v1 (csrc/dispatch.h) and odd / prime lengths.
 BOUNDARY_SK = [1, 2, 3, 7, 31, 32, 33, 63, 64, 65, 127, 129, 255, 256, 257, 511, 513, 1000, 1023, 1024,
                1025, 2047, 2048, 2049, 4095, 4097, 8191, 8193, 12289, 16383, 16384]
-MASK_FORMS = ["none", "bool_full", "bool_padding", "bool_qk", "add_padding", "add_full", "bool_unfoldable"]
+MASK_FORMS = ["none", "bool_full", "bool_padding", "bool_qk", "add_padding", "add_full", "bool_unfoldable",
+              "bool_dead_rows", "bool_strided", "add_strided"]
 ON_GPU_BUDGET = 1 << 22  # elements per example
 ON_CPU_BUDGET = 1 << 14
 
@@ -57,13 +59,25 @@ def make_mask(form, lead, sq, sk, dtype, gen, device):
         if n >= 3:
             shape[1] = 1
         return rand_bool(tuple(shape))
+    if form == "bool_dead_rows":  # about a third of the rows have no visible key
+        keep = rand_bool((*lead, sq, sk))
+        return keep & (torch.rand((*lead, sq, 1), generator=gen, device=device) > 0.35)
+    if form == "bool_strided":  # padding mask whose last dim has stride 2
+        return rand_bool((*lead[:1], *([1] * max(n - 1, 0)), 1, 2 * sk))[..., ::2]
+    if form == "add_strided":  # additive [sq, sk] mask read through a transpose (last-dim stride sq)
+        return torch.randn((sk, sq), generator=gen, device=device).to(dtype).t()
     raise AssertionError(form)
+
+
+SCALES = st.one_of(st.just(1.0), st.floats(0.05, 3.0), st.floats(-3.0, -0.05))  # never 0 (that hides the scores)
 
 
 @st.composite
 def softmax_case(draw, budget, dtypes=tuple(DTYPES), versions=(0, 1)):
-    n_lead = draw(st.integers(0, 3))
-    lead = tuple(draw(st.lists(st.integers(0, 3), min_size=n_lead, max_size=n_lead)))
+    # Batch and heads >= 2 half of the time (padding masks broadcast over them); empty tensors
+    # are test_empty's.
+    lead = draw(st.one_of(st.tuples(st.integers(2, 4), st.integers(2, 4)),
+                          st.lists(st.integers(1, 3), max_size=3).map(tuple)))
     lead_n = max(math.prod(lead), 1)
     sk_max = max(1, min(16384, budget // lead_n))
     sk = draw(st.one_of(st.integers(1, min(64, sk_max)), st.integers(1, sk_max),
@@ -74,9 +88,11 @@ def softmax_case(draw, budget, dtypes=tuple(DTYPES), versions=(0, 1)):
         lead=lead, sq=sq, sk=sk,
         dtype=draw(st.sampled_from(dtypes)),
         version=draw(st.sampled_from(versions)),
-        scale=draw(st.one_of(st.just(1.0), st.floats(-3.0, 3.0))),
+        scale=draw(SCALES),
         causal=draw(st.booleans()),
-        mask=draw(st.sampled_from(MASK_FORMS)),
+        # padding masks (broadcast over batch and heads) in about half of the examples
+        mask=draw(st.one_of(st.sampled_from(["bool_padding", "add_padding", "bool_strided"]),
+                            st.sampled_from(MASK_FORMS))),
         magnitude=draw(st.sampled_from([1e-3, 1.0, 10.0, 1e2, 1e4])),
         use_out=draw(st.booleans()),
         seed=draw(st.integers(0, 2**31 - 1)),
@@ -91,6 +107,14 @@ def run_case(case, device):
     check(x, case["scale"], case["causal"], mask, case["version"], case["use_out"])
 
 
+def expected(x, scale, causal, mask):
+    """float64 softmax: the row-by-row definition on the CPU (whose op path is reference.py itself),
+    reference.py on the GPU."""
+    if x.device.type == "cpu":
+        return softmax_rows(x, scale, causal=causal, attn_mask=mask)
+    return reference.scaled_masked_softmax(x.double(), scale, causal=causal, attn_mask=mask)
+
+
 def check(x, scale, causal, mask, version=1, use_out=True):
     """Run the op (output poisoned with NaN first when use_out) and compare with float64."""
     if use_out:
@@ -99,7 +123,7 @@ def check(x, scale, causal, mask, version=1, use_out=True):
         assert got is out
     else:
         got = scaled_masked_softmax(x, scale, causal=causal, attn_mask=mask, version=version)
-    want = reference.scaled_masked_softmax(x, scale, causal=causal, attn_mask=mask)
+    want = expected(x, scale, causal, mask)
     assert got.dtype == x.dtype and got.shape == x.shape
     tol = softmax_tolerance(want.double(), scores_of(x, scale, causal, mask), x.dtype)
     where = f"x{tuple(x.shape)} {x.dtype} scale={scale} causal={causal} mask={None if mask is None else (tuple(mask.shape), mask.dtype)} v{version}"
@@ -113,8 +137,14 @@ def check(x, scale, causal, mask, version=1, use_out=True):
 @given(case=softmax_case(ON_GPU_BUDGET))
 @example(case=dict(lead=(8, 12), sq=128, sk=128, dtype=torch.float16, version=1, scale=0.125, causal=True,
                    mask="none", magnitude=1.0, use_out=True, seed=0))
-@example(case=dict(lead=(2, 0), sq=5, sk=7, dtype=torch.float32, version=1, scale=1.0, causal=False,
-                   mask="bool_full", magnitude=1.0, use_out=False, seed=1))
+@example(case=dict(lead=(2, 3), sq=6, sk=12289, dtype=torch.float32, version=1, scale=1.0, causal=False,
+                   mask="bool_dead_rows", magnitude=1.0, use_out=False, seed=1))
+@example(case=dict(lead=(2, 3), sq=5, sk=40000, dtype=torch.float16, version=1, scale=0.3, causal=True,
+                   mask="bool_dead_rows", magnitude=10.0, use_out=True, seed=1))
+@example(case=dict(lead=(3, 2), sq=7, sk=1024, dtype=torch.float16, version=1, scale=0.5, causal=True,
+                   mask="bool_strided", magnitude=1.0, use_out=True, seed=1))
+@example(case=dict(lead=(2, 2), sq=64, sk=64, dtype=torch.bfloat16, version=1, scale=-1.5, causal=False,
+                   mask="add_strided", magnitude=1.0, use_out=False, seed=1))
 @example(case=dict(lead=(2, 3), sq=1, sk=16384, dtype=torch.bfloat16, version=1, scale=0.5, causal=True,
                    mask="add_padding", magnitude=10.0, use_out=True, seed=2))
 @example(case=dict(lead=(2, 2, 3), sq=33, sk=1025, dtype=torch.float16, version=0, scale=1.0, causal=True,
@@ -332,14 +362,194 @@ def test_cuda_graph_capture_and_replay_gpu(version):
         assert_close(out, want, softmax_tolerance(want.double(), scores_of(x, 0.5, True, mask), x.dtype))
 
 
+# --------------------------------------------------------------------------- every launch class, layouts
+
+# Each row class of FA_SOFTMAX_ROW_CLASS (csrc/dispatch.h) at its largest length (a multiple of 8:
+# the vectorized path for every dtype) and its smallest (odd: the scalar path), up to the
+# streaming path for rows over 32768.
+ROW_CLASS_SK = [1, 7, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513, 1024, 1025, 2048, 2049, 4096, 4097,
+                8192, 8193, 16384, 16385, 32768, 32769, 40960]
+FULL_CHECK_MAX = 2 << 20  # elements of x checked whole; larger inputs are checked on sampled rows
+
+
+def sampled_rows(sq, gen, n=24):
+    """The first and last query rows (fully masked / shortest / longest causal rows) and random ones."""
+    edge = {0, 1, 2, 3, 4, sq - 2, sq - 1}
+    rand = torch.randint(0, sq, (n,), generator=gen).tolist()
+    return sorted(r for r in edge | set(rand) if 0 <= r < sq)
+
+
+def check_rows(x, scale, causal, mask, rows, version=1):
+    """The op on the whole of x; query rows ``rows`` of its output against float64 of those rows alone
+    (the causal mask of each sampled row rebuilt as a bool mask). ``mask``: None or bool, any shape
+    broadcastable to x."""
+    got = scaled_masked_softmax(x, scale, causal=causal, attn_mask=mask, version=version)
+    sq, sk = x.shape[-2], x.shape[-1]
+    idx = torch.tensor(rows, device=x.device)
+    keep = torch.ones(len(rows), sk, dtype=torch.bool, device=x.device)
+    if causal:
+        keep = torch.arange(sk, device=x.device) <= idx[:, None] + (sk - sq)
+    if mask is not None:
+        keep = keep & mask.broadcast_to(x.shape).index_select(-2, idx)
+    xs = x.index_select(-2, idx)
+    want = expected(xs, scale, False, keep)
+    tol = softmax_tolerance(want, scores_of(xs, scale, False, keep), x.dtype)
+    assert_close(got.index_select(-2, idx), want, tol, f"rows {rows[:8]}... of x{tuple(x.shape)} {x.dtype} "
+                 f"causal={causal} v{version}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq_kind", ["1", "sk", "sk+3"])
+@pytest.mark.parametrize("sk", ROW_CLASS_SK)
+def test_every_launch_class_gpu(sk, sq_kind, causal, dtype):
+    sq = {"1": 1, "sk": sk, "sk+3": sk + 3}[sq_kind]
+    lead = (2, 3) if sk <= 256 else (2,) if sk <= 2048 else ()
+    gen = torch.Generator(device="cuda").manual_seed(sk * 7 + len(sq_kind))
+    x = torch.randn((*lead, sq, sk), generator=gen, device="cuda", dtype=dtype).mul_(3)
+    if x.numel() <= FULL_CHECK_MAX:
+        check(x, 0.7, causal, None)
+    else:
+        check_rows(x, 0.7, causal, None, sampled_rows(sq, torch.Generator().manual_seed(sk)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sk", [7, 1024, 1025, 40960])
+def test_v0_rows_gpu(sk):
+    gen = torch.Generator(device="cuda").manual_seed(sk)
+    x = torch.randn(2, sk + 3 if sk < 2048 else 3, sk, generator=gen, device="cuda").half()
+    check(x, 0.7, True, None, version=0)
+    check(x, 0.7, False, None, version=0, use_out=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_benchmark_scale_shape_on_sampled_rows_gpu(causal):
+    """The largest benchmark shapes (bench/bench_softmax.py), padding mask over B and H, sampled rows."""
+    gen = torch.Generator(device="cuda").manual_seed(int(causal))
+    x = torch.randn(1, 16, 8192, 8192, generator=gen, device="cuda", dtype=torch.float16)
+    pad = torch.rand(1, 1, 1, 8192, generator=gen, device="cuda") > 0.1
+    rows = sampled_rows(8192, torch.Generator().manual_seed(3))
+    check_rows(x, 0.125, causal, None, rows)
+    check_rows(x, 0.125, causal, pad, rows)
+    x = torch.randn(16, 12, 2048, 2048, generator=gen, device="cuda", dtype=torch.float16)
+    pad = torch.rand(16, 1, 1, 2048, generator=gen, device="cuda") > 0.3
+    check_rows(x, 0.125, causal, pad, rows=sampled_rows(2048, torch.Generator().manual_seed(4)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sk", [64, 1000, 1024, 40000])
+def test_mask_with_last_dim_stride_not_one_gpu(dtype, sk):
+    """Masks are read through their strides: a padding mask sliced [..., ::2], a [sq, sk] additive
+    mask that is a transpose (stride_k = sq), a bool [B, H, sq, sk] mask sliced [..., ::3]."""
+    gen = torch.Generator(device="cuda").manual_seed(sk)
+    sq = 5
+    x = torch.randn(2, 3, sq, sk, generator=gen, device="cuda").to(dtype)
+    pad = (torch.rand(2, 1, 1, 2 * sk, generator=gen, device="cuda") > 0.4)[..., ::2]
+    add = torch.randn(sk, sq, generator=gen, device="cuda").to(dtype).t()
+    full = (torch.rand(2, 3, sq, 3 * sk, generator=gen, device="cuda") > 0.5)[..., ::3]
+    for mask in (pad, add, full):
+        assert mask.stride(-1) != 1
+        check(x, 0.9, False, mask)
+        check(x, 0.9, True, mask, use_out=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sk", [64, 1024, 40000])
+def test_misaligned_out_gpu(dtype, sk):
+    """An aligned x (vectorizable) written to a contiguous out that starts one element into a buffer:
+    the launch must not take the 16-byte vector stores."""
+    gen = torch.Generator(device="cuda").manual_seed(sk)
+    x = torch.randn(2, 3, sk, generator=gen, device="cuda").to(dtype)
+    buf = torch.full((x.numel() + 2,), -7.0, device="cuda", dtype=dtype)
+    out = buf[1:-1].view(x.shape)
+    assert out.is_contiguous() and out.data_ptr() % 16 != 0 and x.data_ptr() % 16 == 0
+    got = scaled_masked_softmax(x, 0.5, causal=True, out=out)
+    assert got is out
+    want = expected(x, 0.5, True, None)
+    assert_close(out, want, softmax_tolerance(want, scores_of(x, 0.5, True, None), dtype))
+    assert buf[0].item() == -7.0 and buf[-1].item() == -7.0  # nothing written outside out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sk", [64, 1024, 8192, 40000])
+def test_inplace_out_is_x_vectorized_gpu(sk, dtype, version):
+    gen = torch.Generator(device="cuda").manual_seed(sk)
+    z = (torch.randn(2, 3, 9, sk, generator=gen, device="cuda") * 2).to(dtype)
+    pad = torch.rand(2, 1, 1, sk, generator=gen, device="cuda") > 0.2
+    want = expected(z, 0.5, True, pad)
+    tol = softmax_tolerance(want, scores_of(z, 0.5, True, pad), dtype)
+    scaled_masked_softmax(z, 0.5, causal=True, attn_mask=pad, out=z, version=version)
+    assert_close(z, want, tol, "in place")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [0, 1])
+def test_runs_on_the_current_nondefault_stream_gpu(version):
+    """A sleep kernel, then the fill of x, then the op, all on stream s: an op launched on any
+    other stream reads x before the fill."""
+    gen = torch.Generator(device="cuda").manual_seed(version)
+    src = torch.randn(8, 256, 512, generator=gen, device="cuda")
+    x = torch.zeros_like(src)
+    out = torch.empty_like(src)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(100_000_000)  # tens of milliseconds of spinning on s
+        x.copy_(src)
+        y = scaled_masked_softmax(x, 0.3, causal=True, version=version)
+        scaled_masked_softmax(x, 0.3, causal=True, version=version, out=out)
+    torch.cuda.synchronize()
+    want = expected(src, 0.3, True, None)
+    tol = softmax_tolerance(want, scores_of(src, 0.3, True, None), src.dtype)
+    assert_close(y, want, tol, "returned")
+    assert_close(out, want, tol, "out=")
+
+
 # --------------------------------------------------------------------------- CPU path
 
 
 @given(case=softmax_case(ON_CPU_BUDGET, versions=(1,)))
 @example(case=dict(lead=(2, 3), sq=4, sk=4, dtype=torch.float32, version=1, scale=1.0, causal=True,
                    mask="bool_full", magnitude=1.0, use_out=True, seed=0))
-def test_cpu_path_matches_reference(case):
+@example(case=dict(lead=(2, 3), sq=5, sk=9, dtype=torch.float32, version=1, scale=0.5, causal=True,
+                   mask="add_padding", magnitude=1.0, use_out=False, seed=1))
+def test_cpu_path_matches_row_definition(case):
+    """The CPU path against tests/rowref.py (not against reference.py, which it calls)."""
     run_case(case, "cpu")
+
+
+@given(case=softmax_case(ON_CPU_BUDGET, dtypes=(torch.float32,), versions=(1,)))
+@example(case=dict(lead=(2, 3), sq=7, sk=5, dtype=torch.float32, version=1, scale=-0.5, causal=True,
+                   mask="add_full", magnitude=1.0, use_out=False, seed=2))
+def test_reference_matches_row_definition(case):
+    """reference.py (what the GPU tests trust) in float64 against the row-by-row definition."""
+    gen = torch.Generator().manual_seed(case["seed"])
+    lead, sq, sk = case["lead"], case["sq"], case["sk"]
+    x = torch.randn((*lead, sq, sk), generator=gen, dtype=torch.float64) * case["magnitude"]
+    mask = make_mask(case["mask"], lead, sq, sk, torch.float64, gen, "cpu")
+    got = reference.scaled_masked_softmax(x, case["scale"], causal=case["causal"], attn_mask=mask)
+    want = softmax_rows(x, case["scale"], causal=case["causal"], attn_mask=mask)
+    assert_close(got, want, torch.tensor(1e-12) + 1e-12 * want.abs(), f"{case}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq_kind", ["1", "sk", "sk+3"])
+@pytest.mark.parametrize("mask", MASK_FORMS)
+def test_cpu_grid_matches_row_definition(mask, sq_kind, causal, dtype):
+    """Every mask form x causal x (seqlen_q = 1, = seqlen_k, > seqlen_k) x dtype, deterministic."""
+    sk = 13
+    sq = {"1": 1, "sk": sk, "sk+3": sk + 3}[sq_kind]
+    lead = (2, 3, 2)
+    gen = torch.Generator().manual_seed(len(mask) * 31 + sq)
+    x = (torch.randn((*lead, sq, sk), generator=gen) * 2).to(dtype)
+    check(x, 0.6, causal, make_mask(mask, lead, sq, sk, dtype, gen, "cpu"))
 
 
 def test_cpu_fully_masked_rows_and_sq_gt_sk():
@@ -353,11 +563,62 @@ def test_cpu_fully_masked_rows_and_sq_gt_sk():
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("shape", [(0, 4, 4), (2, 0, 4), (2, 3, 0), (0, 0)])
-def test_empty(device, shape):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.xfail(strict=True, reason="issue 16: x * scale is computed in float32 and overflows to inf "
+                                       "(NaN rows) where the float64 definition is finite")
+def test_scores_overflowing_float32_after_scaling(device, dtype):
+    x = torch.tensor([[3.0e38, 2.9e38, -1.0e38, 1.0, 2.0e38]], device=device).to(dtype)
+    x = x.expand(3, 5).clone()
+    x[1, 1] = 3.0e38  # a tie at the top: two overflowing scores share the row
+    check(x, 4.0, False, None)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("shape", [(0, 4, 4), (2, 0, 4), (2, 3, 0), (0, 0), (2, 0, 5, 7)])
+def test_empty(device, shape, version):
     x = torch.randn(shape, device=device)
-    out = scaled_masked_softmax(x, causal=True)
-    assert out.shape == x.shape and out.device == x.device
+    pad = torch.ones(*shape[:-2], 1, shape[-1], dtype=torch.bool, device=device)
+    for kwargs in (dict(causal=True), dict(attn_mask=pad), dict(out=torch.empty_like(x))):
+        out = scaled_masked_softmax(x, 0.5, version=version, **kwargs)
+        assert out.shape == x.shape and out.device == x.device and out.dtype == x.dtype
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_torch_compile_traces_our_op(device):
+    """torch.compile(fullgraph=True) of attention probabilities: the traced graph calls our op (on
+    CUDA; the CPU path is plain PyTorch by design) and the compiled result matches float64."""
+    graphs = []
+
+    def recording_inductor(gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        graphs.append(gm)
+        return compile_fx(gm, example_inputs)
+
+    def attn_probs(q, k, mask, out):
+        s = q @ k.transpose(-1, -2)
+        p = scaled_masked_softmax(s, q.shape[-1] ** -0.5, causal=True, attn_mask=mask)
+        scaled_masked_softmax(s, 0.5, out=out)
+        return p * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attn_probs, fullgraph=True, backend=recording_inductor)
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(2, 3, 16, 8, generator=gen, device=device)
+    k = torch.randn(2, 3, 24, 8, generator=gen, device=device)
+    mask = torch.rand(2, 1, 1, 24, generator=gen, device=device) > 0.2
+    out = torch.full((2, 3, 16, 24), math.nan, device=device)
+    got = compiled(q, k, mask, out)
+    assert len(graphs) == 1
+    ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    if device == "cuda":
+        assert sum("fused_attn.scaled_masked_softmax" in o for o in ops) >= 2, ops
+    s = q @ k.transpose(-1, -2)
+    for what, value, factor, args in (("returned", got, 2, (8 ** -0.5, True, mask)), ("out=", out, 1, (0.5, False, None))):
+        want = expected(s, *args)
+        tol = softmax_tolerance(want, scores_of(s, *args), torch.float32)
+        assert_close(value, want * factor, tol * factor, what)
 
 
 # --------------------------------------------------------------------------- bad input

@@ -1,0 +1,341 @@
+"""Mutation harness: plant plausible one-line bugs and check that the tests catch each one.
+
+    python -m tests.mutations              # every CPU mutation (CI runs this: .ci/run)
+    python -m tests.mutations --gpu        # the GPU ones too (kernel edits rebuild the library)
+    python -m tests.mutations --only-gpu   # the GPU ones only
+    python -m tests.mutations --list       # names, files and the tests that should kill each
+    python -m tests.mutations NAME ...     # just these
+
+Each mutation replaces one anchor string (which must occur exactly once in its file) in a
+temporary copy of the repository (the files git tracks plus the untracked ones it does not
+ignore; the checkout is never touched), runs its tests there with the deterministic `ci`
+hypothesis profile, and prints KILLED (the tests failed) or SURVIVED (they passed, or were all
+skipped). The exit status is non-zero if any mutation survived, if an anchor was found zero
+or several times (the code moved: update the anchor), or if pytest could not run the tests.
+``--baseline`` first runs the same tests on an unmutated copy, which must pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+T_SOFTMAX = "tests/test_softmax.py"
+T_HF = "tests/test_hf.py"
+T_GPT2 = "tests/test_gpt2.py"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest arguments: node ids, optionally "-k EXPR"
+    gpu: bool = False  # needs a GPU to be killed (kernel edits, GPU-only tests)
+    why: str = ""
+
+
+def _t(*ids: str) -> tuple[str, ...]:
+    return ids
+
+
+_HF_PROBS = "probs = scaled_masked_softmax(scores, scale, causal=causal, attn_mask=mask)"
+_GPT2_PROBS = "probs = scaled_masked_softmax(q @ k.transpose(-1, -2), scale, causal=True, attn_mask=keys_ok)"
+
+
+MUTATIONS: list[Mutation] = [
+    # ------------------------------------------------------------ the bugs issue 16 lists
+    Mutation("hf-static-cache-key-slice-removed", "fused_attn/hf.py",
+             "key, value = key[:, :, :q_len], value[:, :, :q_len]", "pass",
+             _t(f"{T_HF}::test_generate_logits_match_eager_cpu"),
+             why="StaticCache prefill attends over its unfilled slots (decode logits off by ~0.017)"),
+    Mutation("hf-decode-ignores-padding-mask", "fused_attn/hf.py",
+             "    mask = attention_mask\n", "    mask = attention_mask if q_len > 1 else None\n",
+             _t(f"{T_HF}::test_generate_logits_match_eager_cpu"),
+             why="decode steps attend to left padding"),
+    Mutation("gpt2-decode-ignores-keys-ok", "fused_attn/gpt2.py",
+             "self.scale, attn_mask=keys_ok)", "self.scale)",
+             _t(f"{T_GPT2}::test_decode_logits_match_teacher_forced_cpu"),
+             why="our decode attends to padding and to unfilled cache slots"),
+    Mutation("gpt2-decode-attention-zeroed", "fused_attn/gpt2.py",
+             "            return probs @ self.v[i]\n", "            return (probs @ self.v[i]) * 0\n",
+             _t(f"{T_GPT2}::test_decode_logits_match_teacher_forced_cpu"),
+             why="decode attention output dropped"),
+    Mutation("hf-decode-attention-zeroed", "fused_attn/hf.py",
+             "out = torch.matmul(probs.to(value.dtype), value)",
+             "out = torch.matmul(probs.to(value.dtype), value) * (q_len > 1)",
+             _t(f"{T_HF}::test_generate_logits_match_eager_cpu")),
+    Mutation("reference-additive-mask-scaled", "fused_attn/reference.py",
+             "s = s + attn_mask.to(compute_dtype)", "s = s + attn_mask.to(compute_dtype) * scale",
+             _t(f"{T_SOFTMAX}::test_cpu_grid_matches_row_definition"),
+             why="additive mask multiplied by the scale along with the scores (CPU path and reference)"),
+    Mutation("sampling-temperature-ignored", "fused_attn/gpt2.py",
+             "logits = logits.float() / self.temperature", "logits = logits.float()",
+             _t(f"{T_GPT2}::test_sampling_frequencies_cpu")),
+    Mutation("sampling-gumbel-sign-flipped", "fused_attn/gpt2.py",
+             "(logits - torch.log(-torch.log(u)))", "(logits + torch.log(-torch.log(u)))",
+             _t(f"{T_GPT2}::test_sampling_frequencies_cpu")),
+    Mutation("eos-stops-when-any-row-is-done", "fused_attn/gpt2.py",
+             ".any(1).all())", ".any(1).any())",
+             _t(f"{T_GPT2}::test_eos_some_rows_stop_cpu")),
+    Mutation("eos-stop-length-off-by-one", "fused_attn/gpt2.py",
+             "done_at = t + 1", "done_at = t",
+             _t(f"{T_GPT2}::test_eos_some_rows_stop_cpu")),
+    Mutation("hf-scaling-kwarg-ignored", "fused_attn/hf.py",
+             "scale = scaling if scaling is not None else query.shape[-1] ** -0.5",
+             "scale = query.shape[-1] ** -0.5",
+             _t(f"{T_HF}::test_attention_forward_matches_definition_cpu")),
+    Mutation("hf-gqa-heads-tiled-not-interleaved", "fused_attn/hf.py",
+             "key = key.repeat_interleave(n_rep, dim=1)", "key = key.repeat(1, n_rep, 1, 1)",
+             _t(f"{T_HF}::test_attention_forward_matches_definition_cpu")),
+    Mutation("gpt2-state-leaks-between-prompts", "fused_attn/gpt2.py",
+             "self.keys_ok.zero_()", "pass",
+             _t(f"{T_GPT2}::test_reused_state_different_prompts_cpu"),
+             why="cache slots of the previous generate() stay visible"),
+    Mutation("prefill-graph-keeps-first-ids", "fused_attn/gpt2.py",
+             "self.ids.copy_(input_ids)", "pass",
+             _t(f"{T_GPT2}::test_graph_replay_new_prompts_gpu"), gpu=True,
+             why="a prefill graph replayed for a new prompt of the same shape computes the old one"),
+    Mutation("prefill-graph-keeps-first-mask", "fused_attn/gpt2.py",
+             "self.mask.copy_(attention_mask)", "pass",
+             _t(f"{T_GPT2}::test_graph_replay_new_prompts_gpu"), gpu=True),
+    # ------------------------------------------------------------ more Python-side bugs
+    Mutation("reference-causal-alignment-off-by-one", "fused_attn/reference.py",
+             "return j <= i + (seqlen_k - seqlen_q)", "return j < i + (seqlen_k - seqlen_q)",
+             _t(f"{T_SOFTMAX}::test_cpu_grid_matches_row_definition")),
+    Mutation("reference-causal-top-left-aligned", "fused_attn/reference.py",
+             "return j <= i + (seqlen_k - seqlen_q)", "return j <= i",
+             _t(f"{T_SOFTMAX}::test_cpu_grid_matches_row_definition")),
+    Mutation("reference-all-masked-rows-nan", "fused_attn/reference.py",
+             "p = p.masked_fill((s == float(\"-inf\")).all(dim=-1, keepdim=True), 0.0)", "pass",
+             _t(f"{T_SOFTMAX}::test_cpu_grid_matches_row_definition")),
+    Mutation("hf-bool-mask-taken-as-additive", "fused_attn/hf.py",
+             "elif mask.dtype != torch.bool and mask.dtype != query.dtype:",
+             "elif mask.dtype != query.dtype:",
+             _t(f"{T_HF}::test_attention_forward_matches_definition_cpu"),
+             why="mask dtype confusion: True/False become +1/0 added to the scores"),
+    Mutation("hf-probs-off-by-1pct", "fused_attn/hf.py", _HF_PROBS, _HF_PROBS + " * 1.01",
+             _t(f"{T_HF}::test_generate_logits_match_eager_cpu")),
+    Mutation("sampling-top-k-keeps-k-plus-1", "fused_attn/gpt2.py",
+             "kth = logits.topk(self.top_k, dim=-1)", "kth = logits.topk(self.top_k + 1, dim=-1)",
+             _t(f"{T_GPT2}::test_sampling_frequencies_cpu")),
+    Mutation("sampling-top-k-keeps-k-minus-1", "fused_attn/gpt2.py",
+             "logits = logits.masked_fill(logits < kth, -math.inf)",
+             "logits = logits.masked_fill(logits <= kth, -math.inf)",
+             _t(f"{T_GPT2}::test_sampling_frequencies_cpu")),
+    Mutation("gpt2-positions-off-by-one", "fused_attn/gpt2.py",
+             "pos = attention_mask.long().cumsum(-1) - 1", "pos = attention_mask.long().cumsum(-1)",
+             _t(f"{T_GPT2}::test_logits_match_hf_cpu", f"{T_GPT2}::test_greedy_tokens_match_hf_generate_varied_model_cpu")),
+    Mutation("gpt2-decode-position-not-advanced", "fused_attn/gpt2.py",
+             "        self.pos.add_(1)\n", "",
+             _t(f"{T_GPT2}::test_decode_logits_match_teacher_forced_cpu")),
+    Mutation("gpt2-decode-cache-slot-not-advanced", "fused_attn/gpt2.py",
+             "        self.slot.add_(1)\n", "",
+             _t(f"{T_GPT2}::test_decode_logits_match_teacher_forced_cpu")),
+    Mutation("eos-not-filled-after-stop", "fused_attn/gpt2.py",
+             "gen = gen.masked_fill(after, eos_token_id)", "pass",
+             _t(f"{T_GPT2}::test_eos_some_rows_stop_cpu")),
+    Mutation("gpt2-prefill-probs-off-by-1pct", "fused_attn/gpt2.py", _GPT2_PROBS, _GPT2_PROBS + " * 1.01",
+             _t(f"{T_GPT2}::test_decode_logits_match_teacher_forced_cpu")),
+    Mutation("tolerance-score-magnitude-term", "tests/tolerances.py",
+             "rel = RTOL[dtype] + 2 * SCORE_ULPS * row_mag * (1 - _softmax64(scores))",
+             "rel = RTOL[dtype] + SCORE_ULPS * row_mag",
+             _t("tests/test_tolerances.py"),
+             why="the old tolerance: a 1% error passes on near-one-hot rows of large scores"),
+    # ------------------------------------------------------------ half precision, end to end
+    Mutation("hf-probs-off-by-1pct-half", "fused_attn/hf.py", _HF_PROBS, _HF_PROBS + " * 1.01",
+             _t(f"{T_HF}::test_half_precision_attention_per_layer_cpu"),
+             why="a 1% error in every attention probability must fail the float16/bfloat16 tests"),
+    Mutation("gpt2-probs-off-by-1pct-half", "fused_attn/gpt2.py", _GPT2_PROBS, _GPT2_PROBS + " * 1.01",
+             _t(f"{T_GPT2}::test_half_precision_attention_per_layer_cpu")),
+    Mutation("hf-probs-off-by-1pct-half-gpu", "fused_attn/hf.py", _HF_PROBS, _HF_PROBS + " * 1.01",
+             _t(f"{T_HF}::test_half_precision_attention_per_layer_gpu"), gpu=True),
+    Mutation("gpt2-probs-off-by-1pct-half-gpu", "fused_attn/gpt2.py", _GPT2_PROBS, _GPT2_PROBS + " * 1.01",
+             _t(f"{T_GPT2}::test_half_precision_attention_per_layer_gpu"), gpu=True),
+    # ------------------------------------------------------------ GPU-only
+    Mutation("compile-bypasses-the-op", "fused_attn/softmax.py",
+             'if x.device.type == "cpu":', 'if x.device.type == "cpu" or torch.compiler.is_compiling():',
+             _t(f"{T_SOFTMAX}::test_torch_compile_traces_our_op", "-k", "cuda"), gpu=True,
+             why="under torch.compile the wrapper traces the reference instead of our op"),
+    # ------------------------------------------------------------ GPU-only: kernels (csrc/)
+    Mutation("kernel-mask-last-dim-stride-assumed-1", "csrc/softmax_kernel.cuh",
+             "const int64_t off = row_off + int64_t(j) * p.mask_stride_k;",
+             "const int64_t off = row_off + int64_t(j);",
+             _t(f"{T_SOFTMAX}::test_mask_with_last_dim_stride_not_one_gpu"), gpu=True),
+    Mutation("kernel-mask-query-stride-assumed-dense", "csrc/softmax.cu",
+             "p.mask_stride_q = m.stride(-2);", "p.mask_stride_q = m.size(-1);",
+             _t(f"{T_SOFTMAX}::test_mask_with_last_dim_stride_not_one_gpu"), gpu=True,
+             why="a [B, 1, 1, Sk] padding mask read as if it had a row per query"),
+    Mutation("kernel-causal-visible-keys-off-by-one", "csrc/softmax_kernel.cuh",
+             "const int64_t v = int64_t(q) + p.seqlen_k - p.seqlen_q + 1;",
+             "const int64_t v = int64_t(q) + p.seqlen_k - p.seqlen_q;",
+             _t(f"{T_SOFTMAX}::test_every_launch_class_gpu"), gpu=True),
+    Mutation("kernel-v1-all-masked-guard-dropped", "csrc/softmax_kernel.cuh",
+             "const float inv = m == kNegInf ? 0.f : (kLean ? fast_rcp(l) : 1.f / l);",
+             "const float inv = kLean ? fast_rcp(l) : 1.f / l;",
+             _t(f"{T_SOFTMAX}::test_fully_masked_rows_are_zero_gpu"), gpu=True),
+    Mutation("kernel-stream-all-masked-guard-dropped", "csrc/softmax_kernel.cuh",
+             "group_merge<kV1StreamThreads>(m, l, red_m, red_l);\n\n  const float inv = m == kNegInf ? 0.f : 1.f / l;",
+             "group_merge<kV1StreamThreads>(m, l, red_m, red_l);\n\n  const float inv = 1.f / l;",
+             _t(f"{T_SOFTMAX}::test_fully_masked_rows_are_zero_gpu"), gpu=True,
+             why="rows over 32768 keys (streaming path) with no visible key"),
+    Mutation("kernel-exp-all-masked-guard-dropped", "csrc/softmax_kernel.cuh",
+             "return m == kNegInf ? 0.f : exp2f((t - m) * kLog2e);", "return exp2f((t - m) * kLog2e);",
+             _t(f"{T_SOFTMAX}::test_fully_masked_rows_are_zero_gpu"), gpu=True),
+    Mutation("kernel-vector-stores-to-misaligned-out", "csrc/softmax.cu",
+             "aligned16(p.x) && aligned16(p.out)", "aligned16(p.x)",
+             _t(f"{T_SOFTMAX}::test_misaligned_out_gpu"), gpu=True),
+    Mutation("kernel-launch-on-default-stream", "csrc/softmax.cu",
+             "const cudaStream_t stream = at::cuda::getCurrentCUDAStream();",
+             "const cudaStream_t stream = at::cuda::getDefaultCUDAStream();",
+             _t(f"{T_SOFTMAX}::test_runs_on_the_current_nondefault_stream_gpu"), gpu=True),
+]
+
+
+def repo_files(root: Path) -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                         check=True, capture_output=True).stdout
+    return [f for f in out.decode().split("\0") if f and (root / f).is_file()]
+
+
+def copy_repo(root: Path, dst: Path) -> None:
+    for rel in repo_files(root):
+        target = dst / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / rel, target)
+
+
+def anchor_count(root: Path, m: Mutation) -> int:
+    return (root / m.path).read_text().count(m.old)
+
+
+def apply(root: Path, m: Mutation) -> None:
+    path = root / m.path
+    text = path.read_text()
+    n = text.count(m.old)
+    if n != 1:
+        raise LookupError(f"{m.name}: anchor found {n} times in {m.path} (must be exactly once): {m.old!r}")
+    path.write_text(text.replace(m.old, m.new))
+
+
+def run_tests(copy: Path, tests: tuple[str, ...], timeout: float) -> tuple[int, str]:
+    env = dict(os.environ, PYTHONPATH=str(copy), CI="true", HYPOTHESIS_PROFILE="ci", PYTHONDONTWRITEBYTECODE="1")
+    cmd = [sys.executable, "-m", "pytest", *tests, "-x", "-q", "-p", "no:cacheprovider", "-rs"]
+    try:
+        p = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return -1, f"timed out after {timeout:.0f} s"
+    return p.returncode, p.stdout + p.stderr
+
+
+def summary_line(output: str) -> str:
+    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def check_copies_are_imported() -> None:
+    """Tests in a copy must import the copy's fused_attn (not an installed or checked-out one),
+    or every mutation would survive."""
+    with tempfile.TemporaryDirectory(prefix="fa-mutant-") as tmp:
+        copy_repo(ROOT, Path(tmp))
+        env = dict(os.environ, PYTHONPATH=tmp)
+        where = subprocess.run([sys.executable, "-c", "import fused_attn; print(fused_attn.__file__)"], cwd=tmp,
+                               env=env, capture_output=True, text=True, check=True).stdout.strip()
+        if not Path(where).resolve().is_relative_to(Path(tmp).resolve()):
+            raise SystemExit(f"a copy of the repository imports fused_attn from {where}, not from the copy")
+
+
+def run_one(m: Mutation | None, tests: tuple[str, ...], timeout: float) -> tuple[str, str]:
+    """(status, detail): status KILLED / SURVIVED / ERROR for a mutation, PASSED / FAILED for None."""
+    with tempfile.TemporaryDirectory(prefix="fa-mutant-") as tmp:
+        copy = Path(tmp)
+        copy_repo(ROOT, copy)
+        if m is not None:
+            apply(copy, m)
+        rc, output = run_tests(copy, tests, timeout)
+    last = summary_line(output)
+    if m is None:
+        return ("PASSED" if rc == 0 else "FAILED"), last
+    if rc == 1:
+        return "KILLED", last
+    if rc == 0:
+        return "SURVIVED", last
+    return "ERROR", f"pytest exit {rc}: {last}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", help="mutations to run (default: all CPU ones, or all with --gpu)")
+    ap.add_argument("--gpu", action="store_true", help="include the GPU-only mutations")
+    ap.add_argument("--only-gpu", action="store_true", help="only the GPU-only mutations")
+    ap.add_argument("--list", action="store_true", help="list the mutations and exit")
+    ap.add_argument("--baseline", action="store_true", help="first check the tests pass unmutated")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per pytest run")
+    ap.add_argument("--jobs", type=int, default=1, help="mutations run side by side (CPU ones only)")
+    args = ap.parse_args(argv)
+
+    known = {m.name: m for m in MUTATIONS}
+    unknown = [n for n in args.names if n not in known]
+    if unknown:
+        ap.error(f"unknown mutation(s): {', '.join(unknown)}")
+    if args.names:
+        chosen = [known[n] for n in args.names]
+    elif args.only_gpu:
+        chosen = [m for m in MUTATIONS if m.gpu]
+    else:
+        chosen = [m for m in MUTATIONS if args.gpu or not m.gpu]
+
+    bad_anchors = [(m, anchor_count(ROOT, m)) for m in chosen if anchor_count(ROOT, m) != 1]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:<42} {'gpu' if m.gpu else 'cpu'}  {m.path:<26} {' '.join(m.tests)}")
+    for m, n in bad_anchors:
+        print(f"ANCHOR   {m.name}: found {n} times in {m.path} (must be exactly once): {m.old!r}")
+    if args.list:
+        return 1 if bad_anchors else 0
+
+    failed = bool(bad_anchors)
+    check_copies_are_imported()
+    if args.baseline:  # node ids together, test lists with options ("-k ...") one by one
+        plain = tuple(dict.fromkeys(t for m in chosen if not any(a.startswith("-") for a in m.tests) for t in m.tests))
+        runs = ([plain] if plain else []) + list(dict.fromkeys(
+            m.tests for m in chosen if any(a.startswith("-") for a in m.tests)))
+        for tests in runs:
+            status, detail = run_one(None, tests, args.timeout)
+            print(f"BASELINE {status}: {' '.join(tests)[:80]}: {detail}", flush=True)
+            if status != "PASSED":
+                return 1
+    runnable = [m for m in chosen if all(m is not bad for bad, _ in bad_anchors)]
+
+    def timed(m: Mutation) -> tuple[Mutation, str, str, float]:
+        t0 = time.perf_counter()
+        status, detail = run_one(m, m.tests, args.timeout)
+        return m, status, detail, time.perf_counter() - t0
+
+    # GPU mutations share one device and may rebuild the library: one at a time.
+    jobs = 1 if any(m.gpu for m in runnable) else max(1, args.jobs)
+    counts: dict[str, int] = {}
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for m, status, detail, seconds in pool.map(timed, runnable):
+            failed |= status != "KILLED"
+            counts[status] = counts.get(status, 0) + 1
+            print(f"{status:<8} {m.name:<42} {seconds:5.1f} s  {detail}", flush=True)
+    if bad_anchors:
+        counts["ANCHOR"] = len(bad_anchors)
+    print(", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())) or "nothing run")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
