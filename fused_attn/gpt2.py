@@ -139,13 +139,19 @@ class Attention(nn.Module):
             k_all, v_all = cache.update(input_pos, k, v)
             if attend_cache:
                 k, v = k_all, v_all
+        return self.c_proj(self.attend(q, k, v, keys_ok, causal).transpose(1, 2).reshape(b, s, -1))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys_ok: torch.Tensor,
+               causal: bool) -> torch.Tensor:
+        """softmax(q·kᵀ·scale, masked) · v: q ``[batch, nheads, seqlen_q, headdim]``, k and v
+        ``[batch, nheads, seqlen_k, headdim]``; returns q's shape. Query rows with no visible key give 0."""
         scores = q @ k.transpose(-1, -2)
         if self.backend == "fused":
             probs = scaled_masked_softmax(scores, self.scale, causal=causal, attn_mask=keys_ok)
         else:
             probs = reference.scaled_masked_softmax(scores, self.scale, causal=causal, attn_mask=keys_ok,
                                                     compute_dtype=torch.float32)
-        return self.c_proj((probs @ v).transpose(1, 2).reshape(b, s, -1))
+        return probs @ v
 
 
 class MLP(nn.Module):

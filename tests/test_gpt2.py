@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from fused_attn import generate as gen_cli  # noqa: E402
-from fused_attn.gpt2 import GPT2, _DecodeGraph, _DecodeState, _PrefillGraph  # noqa: E402
+from fused_attn.gpt2 import GPT2, Attention, DecodeCache, _DecodeGraph, _PrefillGraph  # noqa: E402
 from tests.prompts import left_padded  # noqa: E402
 from tests.rowref import attention_definition, eager_same_dtype  # noqa: E402
 from tests.tolerances import assert_close, fp32_tolerance  # noqa: E402
@@ -31,11 +31,12 @@ def hf_model(config=None, seed=0):
 
 
 class Recorder:
-    """Drives a _DecodeState the way GPT2.generate() does (eager steps, or the prefill graph per
-    prompt length and one decode graph), greedy, keeping every step's logits."""
+    """Drives a DecodeCache of its own the way GPT2.generate() does (eager steps, or the prefill graph
+    per prompt length and one decode graph), greedy, keeping every step's logits."""
 
     def __init__(self, model: GPT2, batch: int, total: int, use_graph: bool = False):
-        self.state = _DecodeState(model, batch, total, 0.0, 0)
+        self.model = model
+        self.state = DecodeCache(model.config, batch, total, 0.0, 0, model.dtype, model.device)
         self.use_graph = use_graph
         self.seen: list[torch.Tensor] = []
         real = self.state.next_token
@@ -55,20 +56,20 @@ class Recorder:
         if self.use_graph:
             pg = st.prefill_graphs.get(s)
             if pg is None:
-                pg = st.prefill_graphs[s] = _PrefillGraph(st, ids, mask)
+                pg = st.prefill_graphs[s] = _PrefillGraph(self.model, st, ids, mask)
                 self.prefill_logits[s] = self.seen[-1]
             tokens, logits = [pg.run(ids, mask)], [self.prefill_logits[s].double()]
             if self.decode is None:
-                self.decode = _DecodeGraph(st)
+                self.decode = _DecodeGraph(self.model, st)
                 self.decode_logits = self.seen[-1]
             for _ in range(1, n):
                 self.decode.replay()
                 tokens.append(st.token.clone())
                 logits.append(self.decode_logits.double())
         else:
-            tokens, logits = [st.prefill(ids, mask)], [self.seen[-1].double()]
+            tokens, logits = [self.model.prefill(st, ids, mask)], [self.seen[-1].double()]
             for _ in range(1, n):
-                st.step()
+                self.model.decode_step(st)
                 tokens.append(st.token.clone())
                 logits.append(self.seen[-1].double())
         return torch.stack(tokens, 1), torch.stack(logits, 1)
@@ -182,7 +183,7 @@ def check_sampling_frequencies(device, temperature, top_k):
     sampler = SimpleNamespace(sampling=True, temperature=temperature, top_k=top_k)
     with torch.random.fork_rng(devices=[torch.device(device)] if device == "cuda" else []):
         torch.manual_seed(11)
-        tokens = _DecodeState.next_token(sampler, logits.to(device).expand(n, -1)).cpu()
+        tokens = DecodeCache.next_token(sampler, logits.to(device).expand(n, -1)).cpu()
     freq = torch.bincount(tokens, minlength=logits.numel()).double() / n
     z = logits.double() / temperature
     if top_k:
@@ -334,17 +335,14 @@ def check_half_precision_attention_per_layer(device, dtype, config, monkeypatch)
     ids, mask = left_padded(config["vocab_size"], (24, 17, 9))
     ids, mask = ids.to(device), mask.to(device)
     calls = []
-    real_block = GPT2._block
+    real_attend = Attention.attend
 
-    def block(self, i, x, attend):
-        def capturing(i, q, k, v):
-            out = attend(i, q, k, v)
-            calls.append((q, k, v, out))
-            return out
+    def attend(self, q, k, v, keys_ok, causal):
+        out = real_attend(self, q, k, v, keys_ok, causal)
+        calls.append((q, k, v, out))
+        return out
 
-        return real_block(self, i, x, capturing)
-
-    monkeypatch.setattr(GPT2, "_block", block)
+    monkeypatch.setattr(Attention, "attend", attend)
     with torch.no_grad():
         m(ids, mask)
     assert len(calls) == config["n_layer"]
