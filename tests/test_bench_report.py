@@ -1,4 +1,4 @@
-"""fused_attn.report on a small saved run (CPU only)."""
+"""bench.report on a small saved run (CPU only)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fused_attn import report
+from bench import report
 
 RUN = Path(__file__).parent / "data" / "bench_softmax_small.json"
 GPT2_RUN = Path(__file__).parent / "data" / "bench_gpt2_small.json"

@@ -1,13 +1,13 @@
 """Tables and plots from saved pytest-benchmark runs.
 
-    python -m fused_attn.report RUN.json [RUN2.json ...] --out DIR [--bytes NCU.txt] [--profile PROFILE_DIR]
+    python -m bench.report RUN.json [RUN2.json ...] --out DIR [--bytes NCU.txt] [--profile PROFILE_DIR]
 
 Writes into DIR: micro.txt (latency p5/p50/p95, bandwidth, % of the copy bandwidth and of a
 same-size copy, speedups; a forward table, then a backward table when the run has backward
 cases), memory.txt (bytes moved per provider: modeled, and measured by
-`python -m fused_attn.bytes` when --bytes is given), gpt2.txt (GPT-2 end to end from
+`python -m bench.bytes` when --bytes is given), gpt2.txt (GPT-2 end to end from
 bench/bench_gpt2.py: tokens/s, TTFT, TBT, speedup and token agreement vs hf-eager; with --profile, a
-summary of `python -m fused_attn.profile`'s tables), report.md (the same tables in Markdown) and PNG
+summary of `python -m bench.profile`'s tables), report.md (the same tables in Markdown) and PNG
 plots of the first run with softmax cases: latency vs N per provider (with a device copy of
 fused_v1's bytes, where measured), and % of the copy bandwidth vs N. Every table names the GPU,
 torch/CUDA, commit, dtype and shapes.
@@ -163,10 +163,10 @@ def gpt2_lines(runs: list[dict], markdown: bool) -> list[str]:
 
 
 def profile_lines(d: Path) -> tuple[str, list[str]]:
-    """Title and summary of `python -m fused_attn.profile`'s output in d: per backend, the layer
+    """Title and summary of `python -m bench.profile`'s output in d: per backend, the layer
     table and the all-kernels total."""
     if not (d / "profile.md").exists():
-        return "GPT-2 profile", [f"no profile.md in {d} (python -m fused_attn.profile writes it)"]
+        return "GPT-2 profile", [f"no profile.md in {d} (python -m bench.profile writes it)"]
     title = (d / "profile.md").read_text().splitlines()[0].removeprefix("# ")
     lines = [f"full tables: {d}/profile.md, layers_<backend>.txt, kernels_<backend>.txt"]
     order = {b: i for i, b in enumerate(BACKEND_ORDER)}
@@ -253,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="pytest-benchmark JSON files")
     ap.add_argument("--out", type=Path, required=True, help="directory to write into")
-    ap.add_argument("--bytes", type=Path, help="output of `python -m fused_attn.bytes` to include")
-    ap.add_argument("--profile", type=Path, help="directory written by `python -m fused_attn.profile` to summarize")
+    ap.add_argument("--bytes", type=Path, help="output of `python -m bench.bytes` to include")
+    ap.add_argument("--profile", type=Path, help="directory written by `python -m bench.profile` to summarize")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
     runs = load_runs(args.runs)
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             pngs += plot(rows, args.out, header)
     if args.bytes:
         measured = args.bytes.read_text().rstrip().splitlines()
-        memory += ["# measured with Nsight Compute (python -m fused_attn.bytes)", *measured, ""]
+        memory += ["# measured with Nsight Compute (python -m bench.bytes)", *measured, ""]
         md += ["### Bytes moved (measured, Nsight Compute)", "", "```", *measured, "```", ""]
     spread = spread_lines(runs)
     if spread:
