@@ -192,9 +192,9 @@ def bytes_call(provider: str, shape, dtype: torch.dtype, causal: bool, backward:
 
 # How bench.report names this module's cases (the columns and rows come from the saved extra_info).
 REPORT_LABELS = {
-    "bench_scaled_masked_softmax": dict(title="scaled_masked_softmax", shape="shape [B,H,N,N]"),
+    "bench_scaled_masked_softmax": dict(title="scaled_masked_softmax", shape="shape [B,H,N,N]", order=PROVIDERS),
     "bench_scaled_masked_softmax_backward": dict(title="scaled_masked_softmax backward (dx from dy and y)",
-                                                 shape="shape [B,H,N,N]"),
+                                                 shape="shape [B,H,N,N]", order=BACKWARD_PROVIDERS),
 }
 
 
