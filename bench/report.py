@@ -50,15 +50,17 @@ PARAM_WIDTHS = {"shape": 18, "dtype": 9, "provider": 13}
 OURS_PREFIX = "fused"
 
 
+def load_run(path: Path) -> dict:
+    """A saved pytest-benchmark run, with its path under ``_path``."""
+    data = json.loads(Path(path).read_text())
+    if "benchmarks" not in data:
+        raise ValueError(f"{path} must be a pytest-benchmark JSON file (no 'benchmarks' key)")
+    data["_path"] = str(path)
+    return data
+
+
 def load_runs(paths: list[Path]) -> list[dict]:
-    runs = []
-    for p in paths:
-        data = json.loads(Path(p).read_text())
-        if "benchmarks" not in data:
-            raise ValueError(f"{p} must be a pytest-benchmark JSON file (no 'benchmarks' key)")
-        data["_path"] = str(p)
-        runs.append(data)
-    return runs
+    return [load_run(p) for p in paths]
 
 
 def run_header(run: dict) -> str:
