@@ -18,6 +18,10 @@ Backward providers (dx from dy and the forward's output y), one group per (shape
 Each case's output is checked once against a float64 reference (sampled [seqlen_q, seqlen_k]
 slices) before it is timed.
 
+This module owns the softmax providers and their modeled bytes (``modeled_traffic``,
+``modeled_backward_traffic``: the fewest bytes each provider's kernels must move), which
+``python -m bench.bytes`` measures with ncu and ``python -m bench.report`` tabulates.
+
 extra_info: p5/p50/p95 (us, CUDA events, cold L2), modeled bytes, GB/s, % of the measured
 copy bandwidth, speedups vs eager and compiled measured in this run; on a GPU also the time of
 a device copy of the same bytes and of an empty kernel, both timed the same way (the floors of
@@ -111,7 +115,7 @@ def modeled_backward_traffic(provider: str, shape, dtype: torch.dtype, causal: b
 
 
 def provider_fn(provider: str, x: torch.Tensor, causal: bool):
-    """One call of ``provider`` on scores ``x`` with scale headdim**-0.5 (shared with the benchmarks).
+    """One call of ``provider`` on scores ``x`` with scale headdim**-0.5 (timed here, profiled by bench.bytes).
     The causal mask of ``eager`` and ``compiled`` is built once, here, as a user would; ``compiled_iota``
     builds it from indices inside the compiled function."""
     from fused_attn.softmax import scaled_masked_softmax
