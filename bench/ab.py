@@ -37,8 +37,8 @@ def worker(rounds: int) -> None:
     import torch
 
     import fused_attn
-    from bench.harness import DeviceTimer
-    from fused_attn.bytes import measure_ceilings, modeled_traffic, roofline_us
+    from bench.bench_softmax import modeled_traffic
+    from bench.harness import DeviceTimer, measure_ceilings, roofline_us
     from fused_attn.softmax import scaled_masked_softmax
 
     fused_attn.load()

@@ -18,6 +18,10 @@ Backward providers (dx from dy and the forward's output y), one group per (shape
 Each case's output is checked once against a float64 reference (sampled [seqlen_q, seqlen_k]
 slices) before it is timed.
 
+This module owns the softmax providers and their modeled bytes (``modeled_traffic``,
+``modeled_backward_traffic``: the fewest bytes each provider's kernels must move), which
+``python -m bench.bytes`` measures with ncu and ``python -m bench.report`` tabulates.
+
 extra_info: p5/p50/p95 (us, CUDA events, cold L2), modeled bytes, GB/s, % of the measured
 copy bandwidth, speedups vs eager and compiled measured in this run; on a GPU also the time of
 a device copy of the same bytes and of an empty kernel, both timed the same way (the floors of
@@ -34,20 +38,168 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.harness import percentiles
+from bench.harness import percentiles, roofline_us
 from fused_attn import reference
-from fused_attn.bytes import (backward_provider_fn, modeled_backward_traffic, modeled_traffic, provider_fn, providers,
-                              roofline_us)
+from fused_attn.generate import DTYPES
 
 GPT2_BATCHES = (1, 8, 16)
 GPT2_SEQLENS = (128, 512, 1024, 2048)
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CPU_SHAPES = [(1, 2, 64, 64)]
 QUICK_BACKWARD_SKIPS_BATCH = 16
 # Output check before timing: max |out - ref| <= tolerance x max |ref| over the sampled slices (a
 # relative bound, so an all-zero or uniform output fails even where every probability is tiny).
 CHECK_RTOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 CHECK_SLICES = 4  # [seqlen_q, seqlen_k] slices checked per case: first, last and evenly between
+
+PROVIDERS = ("eager", "compiled", "compiled_iota", "fused_v0", "fused_v1")
+CAUSAL_ONLY = ("compiled_iota",)  # without a mask it is the same function as `compiled`
+BACKWARD_PROVIDERS = ("eager", "compiled", "fused")
+
+
+def providers(causal: bool, backward: bool = False) -> tuple[str, ...]:
+    """The providers measured for a case (forward: compiled_iota only with a causal mask)."""
+    if backward:
+        return BACKWARD_PROVIDERS
+    return tuple(p for p in PROVIDERS if causal or p not in CAUSAL_ONLY)
+
+
+def visible_elements(shape, causal: bool) -> int:
+    *lead, sq, sk = shape
+    n_lead = 1
+    for d in lead:
+        n_lead *= d
+    if not causal:
+        return n_lead * sq * sk
+    return n_lead * int(reference.causal_mask(sq, sk).sum())
+
+
+def modeled_traffic(provider: str, shape, dtype: torch.dtype, causal: bool) -> tuple[int, int]:
+    """Fewest (bytes read, bytes written) each provider's kernels must move through device memory."""
+    *lead, sq, sk = shape
+    n = visible_elements(shape, False)
+    e = torch.empty((), dtype=dtype).element_size()
+    mask = sq * sk if causal else 0  # bool causal mask built once, broadcast over the leading dims: read once
+    if provider == "eager":  # mul: r+w; masked_fill: r+mask+w; softmax: r+w
+        k = 3 if causal else 2
+        return k * n * e + mask, k * n * e
+    if provider == "compiled":  # the ideal of one fused kernel: read all + the mask, write all
+        return n * e + mask, n * e
+    if provider == "compiled_iota":  # the mask comes from indices inside the kernel: read all, write all
+        return n * e, n * e
+    if provider == "fused_v0":
+        # Five passes over a float32 workspace row, but a row's passes run back to back in
+        # one block and hit L1/L2 (ncu: 0.97 of this): DRAM sees x read, the workspace
+        # written once, out written.
+        return n * e, n * e + n * 4
+    if provider == "fused_v1":  # read the visible elements, write all
+        return visible_elements(shape, causal) * e, n * e
+    raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
+
+
+def modeled_backward_traffic(provider: str, shape, dtype: torch.dtype, causal: bool) -> tuple[int, int]:
+    """(bytes read, bytes written) of dx from dy and the forward's output y, per backward provider."""
+    *lead, sq, sk = shape
+    n = visible_elements(shape, False)
+    e = torch.empty((), dtype=dtype).element_size()
+    if provider == "eager":
+        # softmax backward: read y, dy, write g; masked_fill backward (causal): read g + the mask,
+        # write g'; mul backward: read g', write dx.
+        if causal:
+            return 4 * n * e + sq * sk, 3 * n * e
+        return 3 * n * e, 2 * n * e
+    if provider == "compiled":  # the ideal of one fused kernel on the formula: read y and dy, write dx
+        return 2 * n * e, n * e
+    if provider == "fused":  # read y and dy over the visible elements, write dx everywhere
+        return 2 * visible_elements(shape, causal) * e, n * e
+    raise ValueError(f"provider must be one of {BACKWARD_PROVIDERS}, got {provider!r}")
+
+
+def provider_fn(provider: str, x: torch.Tensor, causal: bool):
+    """One call of ``provider`` on scores ``x`` with scale headdim**-0.5 (timed here, profiled by bench.bytes).
+    The causal mask of ``eager`` and ``compiled`` is built once, here, as a user would; ``compiled_iota``
+    builds it from indices inside the compiled function."""
+    from fused_attn.softmax import scaled_masked_softmax
+
+    scale = x.shape[-1] ** -0.5
+    masked = ~reference.causal_mask(x.shape[-2], x.shape[-1], x.device) if causal else None
+    if provider == "eager":
+        return lambda: reference.eager_scaled_masked_softmax(x, scale, masked)
+    if provider == "compiled":
+        torch._dynamo.reset()  # one compile per case; no recompile limit across shapes
+        compiled = torch.compile(reference.eager_scaled_masked_softmax, dynamic=False)
+        return lambda: compiled(x, scale, masked)
+    if provider == "compiled_iota":
+        torch._dynamo.reset()
+        compiled = torch.compile(_chain_with_causal_iota, dynamic=False)
+        return lambda: compiled(x, scale)
+    out = torch.empty_like(x)
+    version = 0 if provider == "fused_v0" else 1
+    return lambda: scaled_masked_softmax(x, scale, causal=causal, out=out, version=version)
+
+
+def _chain_with_causal_iota(x: torch.Tensor, scale: float) -> torch.Tensor:
+    # torch.arange inside the compiled graph: Inductor computes the mask from indices in the kernel.
+    masked = ~reference.causal_mask(x.shape[-2], x.shape[-1], x.device)
+    return reference.eager_scaled_masked_softmax(x, scale, masked)
+
+
+def softmax_backward_formula(grad: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+    """dx = scale * y * (grad - sum_j grad * y), in float32, cast to y's dtype (the `compiled`
+    backward baseline: the same inputs and output as the fused backward)."""
+    g, p = grad.float(), y.float()
+    return (scale * p * (g - (g * p).sum(-1, keepdim=True))).to(y.dtype)
+
+
+def backward_provider_fn(provider: str, x: torch.Tensor, dy: torch.Tensor, causal: bool):
+    """One backward call of ``provider``: dx for scores ``x`` and output gradient ``dy`` (scale
+    headdim**-0.5). ``eager`` runs autograd through the eager chain, its graph built once here
+    (retain_graph); ``compiled`` and ``fused`` take the forward's output y, computed once here."""
+    from fused_attn import softmax
+
+    scale = x.shape[-1] ** -0.5
+    if provider == "eager":
+        masked = ~reference.causal_mask(x.shape[-2], x.shape[-1], x.device) if causal else None
+        xg = x.detach().requires_grad_()
+        y = reference.eager_scaled_masked_softmax(xg, scale, masked)
+        return lambda: torch.autograd.grad(y, xg, dy, retain_graph=True)[0]
+    y = softmax.scaled_masked_softmax(x, scale, causal=causal)  # masked elements are exact zeros
+    if provider == "compiled":
+        torch._dynamo.reset()
+        compiled = torch.compile(softmax_backward_formula, dynamic=False)
+        return lambda: compiled(dy, y, scale)
+    if provider == "fused":
+        return lambda: softmax.scaled_masked_softmax_backward(dy, y, scale, causal=causal)
+    raise ValueError(f"provider must be one of {BACKWARD_PROVIDERS}, got {provider!r}")
+
+
+# What `python -m bench.bytes --op softmax` measures under ncu: the providers of one shape, causal then full.
+BYTES_SHAPE = (8, 12, 1024, 1024)
+
+
+def bytes_cases(backward: bool) -> list[tuple[bool, str]]:
+    """(causal, provider) of every call bench.bytes profiles, in its table's order."""
+    return [(causal, p) for causal in (True, False) for p in providers(causal, backward)]
+
+
+def bytes_model(provider: str, shape, dtype: torch.dtype, causal: bool, backward: bool) -> tuple[int, int]:
+    """Modeled (bytes read, bytes written) of one call, forward or backward."""
+    return (modeled_backward_traffic if backward else modeled_traffic)(provider, shape, dtype, causal)
+
+
+def bytes_call(provider: str, shape, dtype: torch.dtype, causal: bool, backward: bool):
+    """One call of ``provider`` on random CUDA inputs of ``shape`` (the call bench.bytes profiles)."""
+    x = torch.randn(shape, device="cuda").to(dtype)
+    if backward:
+        return backward_provider_fn(provider, x, torch.randn(shape, device="cuda").to(dtype), causal)
+    return provider_fn(provider, x, causal)
+
+
+# How bench.report names this module's cases (the columns and rows come from the saved extra_info).
+REPORT_LABELS = {
+    "bench_scaled_masked_softmax": dict(title="scaled_masked_softmax", shape="shape [B,H,N,N]", order=PROVIDERS),
+    "bench_scaled_masked_softmax_backward": dict(title="scaled_masked_softmax backward (dx from dy and y)",
+                                                 shape="shape [B,H,N,N]", order=BACKWARD_PROVIDERS),
+}
 
 
 def gpu_shapes(config) -> list[tuple[int, int, int, int]]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.harness import DeviceTimer
+from bench.harness import DeviceTimer, measure_ceilings
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -102,8 +102,6 @@ def ceilings_gbps(device):
     read-only, write-only. Every memory-bound case is compared with them."""
     if device.type != "cuda":
         return None
-    from fused_attn.bytes import measure_ceilings
-
     return measure_ceilings()
 
 

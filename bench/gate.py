@@ -20,14 +20,9 @@ import argparse
 import json
 from pathlib import Path
 
+from bench.report import load_run
+
 HOST_BOUND = ("hf-eager", "hf-sdpa", "hf-fused")
-
-
-def load(path: Path) -> dict:
-    data = json.loads(Path(path).read_text())
-    if "benchmarks" not in data:
-        raise ValueError(f"{path} must be a pytest-benchmark JSON file (no 'benchmarks' key)")
-    return data
 
 
 def gpu_name(run: dict) -> str | None:
@@ -39,7 +34,7 @@ def newest_baseline(new: dict, storage: Path) -> Path | None:
     best = None
     for path in storage.rglob("*.json"):
         try:
-            run = load(path)
+            run = load_run(path)
         except (ValueError, json.JSONDecodeError):
             continue
         if gpu_name(run) != gpu_name(new) or run.get("datetime") == new.get("datetime"):
@@ -79,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-bound-threshold", type=float, default=50.0,
                     help=f"the same for host-bound cases (GPT-2 backends {', '.join(HOST_BOUND)})")
     args = ap.parse_args(argv)
-    new = load(args.new)
+    new = load_run(args.new)
     baseline = args.baseline or newest_baseline(new, args.storage)
     if baseline is None:
         print(f"no stored run on {gpu_name(new)} under {args.storage}: nothing to compare with")
         return 0
-    regressions, added = compare(new, load(baseline), args.threshold, args.host_bound_threshold)
+    regressions, added = compare(new, load_run(baseline), args.threshold, args.host_bound_threshold)
     print(f"{args.new} against {baseline}: {len(new['benchmarks']) - len(added)} cases compared, "
           f"{len(added)} new, {len(regressions)} regressed (limits {args.threshold:g}%, host-bound "
           f"{args.host_bound_threshold:g}%)")

@@ -1,4 +1,7 @@
-"""Device timing for the benchmarks (imported by bench/conftest.py and the bench modules).
+"""Device timing for the benchmarks and tools (bench/conftest.py, bench_<op>.py, bench.ab, bench.bytes).
+
+The one definition of the CUDA-event timing loop (``events_around``), the percentiles of a
+case, the device's bandwidth ceilings and the read/write roofline.
 
 Each timed round: zero a 256 MiB buffer (evicts the previous round's data, its dirty outputs
 included), read another 256 MiB buffer (evicts the zeroing's own dirty lines: L2 then holds only
@@ -29,6 +32,16 @@ MAX_SPIN_CYCLES = SPIN_CYCLES << 4
 # move with the SM clock: back-to-back runs of 0005 differed by 2-4% at N = 128, the empty kernel
 # by 2% (bench/NOTES.md, v1l).
 CLOCK_WARMUP_CYCLES = 40_000_000
+
+
+def events_around(fn) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    """Record a start event, call ``fn``, record an end event (on the current stream); returns the
+    two events without waiting for them."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    return start, end
 
 
 class EventClock:
@@ -79,10 +92,7 @@ class DeviceTimer:
             fn()
             return time.perf_counter() - t0
         while True:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
+            start, end = events_around(fn)
             host_ahead = not self._spin_done.query()  # still spinning: everything was queued in time
             end.synchronize()
             if host_ahead:
@@ -148,3 +158,29 @@ class DeviceTimer:
 def percentiles(times_us: list[float]) -> dict[str, float]:
     qs = statistics.quantiles(times_us, n=20, method="inclusive") if len(times_us) > 1 else times_us * 19
     return {"p5_us": round(qs[0], 2), "p50_us": round(statistics.median(times_us), 2), "p95_us": round(qs[18], 2)}
+
+
+def roofline_us(read: int, write: int, ceilings: dict[str, float]) -> float:
+    """Lower bound on the time to move (read, write) bytes, in us, from the device ceilings
+    measured in GB/s: mixed traffic at the copy rate, and each direction at its own rate
+    (a causal softmax writes twice what it reads and is bound by the write rate)."""
+    return max((read + write) / ceilings["copy"], read / ceilings["read"], write / ceilings["write"]) / 1e3
+
+
+def measure_ceilings(nbytes: int = 1 << 30, reps: int = 15) -> dict[str, float]:
+    """Device bandwidths in GB/s (1e9 B/s), medians over reps with CUDA events: copy
+    (bytes read + written by a device-to-device copy), read (a float32 sum), write (fill_)."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    ops = {"copy": (lambda: dst.copy_(src), 2 * nbytes), "read": (lambda: src.sum(), nbytes),
+           "write": (lambda: dst.fill_(1.0), nbytes)}
+    out = {}
+    for name, (fn, moved) in ops.items():
+        fn()
+        times = []
+        for _ in range(reps):
+            start, end = events_around(fn)
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3)
+        out[name] = moved / statistics.median(times) / 1e9
+    return out

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) < 2:
         raise SystemExit("usage: python -m bench.merge OUT.json RUN1.json [RUN2.json ...]")
     out, parts = Path(args[0]), [Path(a) for a in args[1:]]
-    out.write_text(json.dumps(merge(parts), indent=4) + "\n")
+    out.write_text(json.dumps(merge(parts), separators=(",", ":")) + "\n")  # compact: stored in git
     print(f"{out}: {sum(len(json.loads(p.read_text())['benchmarks']) for p in parts)} benchmarks from {len(parts)} files")
     return 0
 

@@ -55,12 +55,12 @@ if has gpt2bench; then
       --benchmark-json="$OUT/bench_gpt2_b$b.json" ${GPT2_BENCH_ARGS:-} >> "$OUT/bench_gpt2.log" 2>&1 || rc=1
     tail -2 "$OUT/bench_gpt2.log"
   done
-  ls "$OUT"/bench_gpt2_b*.json > /dev/null 2>&1 && python3 -m fused_attn.report "$OUT"/bench_gpt2_b*.json \
+  ls "$OUT"/bench_gpt2_b*.json > /dev/null 2>&1 && python3 -m bench.report "$OUT"/bench_gpt2_b*.json \
     --out /tmp/fused_attn_report_gpt2 --no-plots > /dev/null && grep -v "^#" /tmp/fused_attn_report_gpt2/gpt2.txt
 fi
 if has profile; then
   log "profile: hf-eager vs graph"
-  timeout ${PROFILE_TIMEOUT:-200} python3 -m fused_attn.profile --backends hf-eager,graph --out /tmp/profile \
+  timeout ${PROFILE_TIMEOUT:-200} python3 -m bench.profile --backends hf-eager,graph --out /tmp/profile \
     > "$OUT/profile.log" 2>&1 || rc=1
   tar czf "$OUT/profile.tgz" -C /tmp profile  # one file: at most 8 come back from a device call
   tail -4 "$OUT/profile.log"
@@ -85,13 +85,13 @@ if has bench; then
       >> "$OUT/bench.log" 2>&1 || rc=1
   done
   tail -3 "$OUT/bench.log"
-  [ -f "$OUT/bench_softmax.json" ] && python3 -m fused_attn.report "$OUT/bench_softmax.json" \
+  [ -f "$OUT/bench_softmax.json" ] && python3 -m bench.report "$OUT/bench_softmax.json" \
     --out /tmp/fused_attn_report_softmax --no-plots > /dev/null && cat /tmp/fused_attn_report_softmax/micro.txt
 fi
 if has bytes; then
   log bytes
-  timeout ${BYTES_TIMEOUT:-200} python3 -m fused_attn.bytes > "$OUT/bytes.txt" 2>&1 || rc=1
-  timeout ${BYTES_TIMEOUT:-200} python3 -m fused_attn.bytes --backward >> "$OUT/bytes.txt" 2>&1 || rc=1
+  timeout ${BYTES_TIMEOUT:-200} python3 -m bench.bytes > "$OUT/bytes.txt" 2>&1 || rc=1
+  timeout ${BYTES_TIMEOUT:-200} python3 -m bench.bytes --backward >> "$OUT/bytes.txt" 2>&1 || rc=1
   tail -30 "$OUT/bytes.txt"
 fi
 log "done rc=$rc"

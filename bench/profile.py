@@ -1,13 +1,15 @@
 """Where GPT-2's time goes: torch.profiler over prefill and decode, per layer part and per kernel.
 
-    python -m fused_attn.profile --backends hf-eager,graph --batch-size 1 --prompt-len 128 \\
-        --new-tokens 32 --dtype float16 --out bench/profile
+    python -m bench.profile --backends hf-eager,graph --batch-size 1 --prompt-len 128 \\
+        --new-tokens 32 --dtype float16 [--out DIR]
 
 For each backend, profiles one warm generate() (prefill + decode) and writes into --out:
 ``layers_<backend>.txt`` (embeddings, ln_1, attention, residual adds, ln_2, mlp, ln_f, lm_head:
 device time and share of the total), ``kernels_<backend>.txt`` (top kernels by device time,
 launches per generated token), ``trace_<backend>.json`` (Chrome trace) and ``profile.md``
-with the backends side by side. Labels come from torch.profiler.record_function scopes:
+with the backends side by side. --out defaults to a folder under the system's temporary
+directory (a tool writes into the checkout only when told to); the summary worth keeping goes
+into bench/results/history.md, the traces are not committed. Labels come from torch.profiler.record_function scopes:
 forward hooks on transformers' modules (residual adds are what is left of each block), the
 model's own scopes for fused_attn.gpt2. A captured CUDA graph carries no labels, so the
 layer table of ``graph`` profiles the same decode step run eagerly (``graph-eager``); its
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--dtype", default="float16", choices=list(DTYPES))
-    ap.add_argument("--out", type=Path, default=Path("bench/profile"))
+    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "fused_attn_profile")
     args = ap.parse_args(argv)
 
     from fused_attn.gpt2 import load_hf_model

@@ -1,4 +1,4 @@
-"""fused_attn.report on a small saved run (CPU only)."""
+"""bench.report on small saved runs: softmax, GPT-2 and an op it has never seen (CPU only)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from fused_attn import report
+from bench import report
 
 RUN = Path(__file__).parent / "data" / "bench_softmax_small.json"
 GPT2_RUN = Path(__file__).parent / "data" / "bench_gpt2_small.json"
 GPT2_COLS = ["batch", "prompt", "dtype", "backend", "tokens/s", "TTFT ms", "TBT p50 ms", "TBT p95 ms", "x hf-eager",
              "same tokens as hf-eager"]
+
+
+def _kernel_rows(run: dict, family: int = 0) -> list[dict]:
+    """The sorted rows of the run's kernel function number ``family`` (0: forward softmax)."""
+    return report.families(run, "provider")[family].rows
 
 
 def test_report_writes_every_file(tmp_path):
@@ -28,16 +33,16 @@ def test_report_writes_every_file(tmp_path):
     assert f"{v1['p50_us']:.1f}" in micro
     memory = (out / "memory.txt").read_text()
     assert "measured with Nsight Compute" in memory and "302.1" in memory
-    assert "No GPT-2 end-to-end cases" in (out / "gpt2.txt").read_text()
+    assert "No end-to-end model cases" in (out / "gpt2.txt").read_text()
     md = (out / "report.md").read_text()
-    assert "| shape [B,H,N,N] |" in md and "![softmax_b8_float16_causal]" in md
-    png = out / "softmax_b8_float16_causal.png"
+    assert "| shape [B,H,N,N] |" in md and "![scaled_masked_softmax_8x12_float16_causal]" in md
+    png = out / "scaled_masked_softmax_8x12_float16_causal.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_report_speedups_match_the_run(tmp_path):
     report.main([str(RUN), "--out", str(tmp_path), "--no-plots"])
-    rows = report.softmax_rows(json.loads(RUN.read_text()))
+    rows = _kernel_rows(json.loads(RUN.read_text()))
     lines = (tmp_path / "micro.txt").read_text().splitlines()
     for r in rows:
         if "speedup_vs_eager" in r:
@@ -58,7 +63,7 @@ def test_report_shows_the_same_bytes_copy_and_the_empty_kernel(tmp_path):
     header = next(i for i, ln in enumerate(lines) if ln.startswith("shape"))
     col = lines[header].index("% same-bytes copy") + len("% same-bytes copy")
     by_name = {b["name"]: b["extra_info"] for b in run["benchmarks"]}
-    rows = report.softmax_rows(run)
+    rows = _kernel_rows(run)
     for r, line in zip(rows, lines[header + 1:]):
         assert line[col - 6:col].strip() == f"{by_name[r['name']]['pct_of_same_bytes_copy']:.1f}"
 
@@ -107,9 +112,16 @@ def test_gpt2_missing_optional_fields_print_a_dash(tmp_path):
     assert [r[-2:] for r in rows if r[0] == "16"] == [["-", "-"], ["-", "-"]]
     md = (tmp_path / "report.md").read_text()
     assert "| 16 | 512 | float16 | hf-sdpa | 2168.0 | 10.539 | 5.953 | 12.195 | - | - |" in md
-    row = dict(batch=1, prompt=128, dtype="float16", backend="hf-fused", tokens_per_s=1.0,
-               tokens_match_hf_eager=False)
-    assert report.gpt2_table([row], False)[1].split()[4:] == ["1.0", "-", "-", "-", "-", "no"]
+    data = json.loads(GPT2_RUN.read_text())
+    for b in data["benchmarks"]:
+        for k in ("ttft_ms", "speedup_vs_hf_eager", "tokens_match_hf_eager"):
+            b["extra_info"].pop(k, None)
+    data["benchmarks"][0]["extra_info"]["tokens_match_hf_eager"] = False
+    fam = report.families(data, "backend")[0]
+    header, *lines = report.model_table(fam, False)
+    assert "TTFT ms" not in header and "x hf-eager" not in header  # no case has them
+    assert header.split()[-4:] == ["same", "tokens", "as", "hf-eager"]
+    assert [ln.split()[-1] for ln in lines].count("no") == 1 and [ln.split()[-1] for ln in lines].count("-") == 4
 
 
 def test_gpt2_only_runs_make_a_report_without_softmax_tables_or_plots(tmp_path):
@@ -121,7 +133,7 @@ def test_gpt2_only_runs_make_a_report_without_softmax_tables_or_plots(tmp_path):
     assert report.main([*map(str, runs), "--out", str(out)]) == 0
     for name in ("micro.txt", "memory.txt"):
         text = (out / name).read_text()
-        assert text.count("No scaled_masked_softmax cases in this run.") == 2
+        assert text.count("No kernel cases (with a provider) in this run.") == 2
         assert "shape [B,H,N,N]" not in text and "p50 spread" not in text
     assert not list(out.glob("*.png"))
     lines = (out / "gpt2.txt").read_text().splitlines()
@@ -185,7 +197,7 @@ def test_gpt2_interleaved_comparison_is_named(tmp_path):
 
 def test_backward_cases_get_their_own_tables(tmp_path):
     run = json.loads(RUN.read_text())
-    forward = len(report.softmax_rows(run))
+    forward = len(_kernel_rows(run))
     renamed = {"fused_v1": "fused", "eager": "eager", "compiled": "compiled"}
     bwd = []
     for b in run["benchmarks"]:
@@ -200,13 +212,14 @@ def test_backward_cases_get_their_own_tables(tmp_path):
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run))
     assert report.main([str(path), "--out", str(tmp_path / "r"), "--no-plots"]) == 0
-    assert len(report.softmax_rows(run)) == forward
-    assert len(report.softmax_rows(run, backward=True)) == len(bwd)
+    assert len(_kernel_rows(run)) == forward
+    assert len(_kernel_rows(run, 1)) == len(bwd)
     micro = (tmp_path / "r" / "micro.txt").read_text()
     fwd_part, bwd_part = micro.split("# scaled_masked_softmax backward (dx from dy and y): ")
     assert " fused " not in fwd_part and "1000.0" not in fwd_part
     assert all(f"{1000.0 + i:.1f}" in bwd_part for i in range(len(bwd))) and " fused " in bwd_part
-    assert "x compiled_iota" in fwd_part and "x compiled_iota" not in bwd_part
+    assert "x compiled" in fwd_part and "x compiled" in bwd_part
+    assert "x compiled_iota" not in micro  # a column no case of the table has is left out
     memory = (tmp_path / "r" / "memory.txt").read_text().split("backward (dx from dy and y)")[1]
     fused_line = next(ln for ln in memory.splitlines() if " fused " in ln)
     assert fused_line.split()[-1] == "1.00"
@@ -221,3 +234,43 @@ def test_gpt2_clock_is_stated(tmp_path):
     run.write_text(json.dumps(data))
     report.main([str(run), "--out", str(tmp_path / "r")])
     assert "clock: cuda events at each token (largest difference 0.040%)" in (tmp_path / "r" / "gpt2.txt").read_text()
+
+
+def _decode_run() -> dict:
+    """A run of an op the report has no labels for: another parameter, TFLOP/s, a baseline named sdpa_flash."""
+    benches = []
+    for headdim in (64, 128):
+        for sk in (1024, 4096):
+            for provider, us in (("sdpa_flash", 20.0), ("fused_attn", 10.0)):
+                info = dict(provider=provider, shape=[4, 16, 1, sk], dtype="bfloat16", headdim=headdim,
+                            p50_us=us * sk / 1024, tflops=1.5, modeled_bytes=sk * us * 100)
+                if provider == "fused_attn":
+                    info["speedup_vs_sdpa_flash"] = 2.0
+                benches.append(dict(name=f"bench_decode[{provider}-{sk}-{headdim}]",
+                                    fullname=f"bench/bench_decode.py::bench_decode[{provider}-{sk}-{headdim}]",
+                                    params={"case": dict(shape=info["shape"], dtype="bfloat16", headdim=headdim,
+                                                         provider=provider)},
+                                    extra_info=info, stats={"median": us * 1e-6}))
+    run = json.loads(RUN.read_text())
+    run["benchmarks"] = benches
+    return run
+
+
+def test_an_unknown_op_gets_its_columns_and_plots_from_the_data(tmp_path):
+    path = tmp_path / "decode.json"
+    path.write_text(json.dumps(_decode_run()))
+    assert report.main([str(path), "--out", str(tmp_path / "r")]) == 0
+    lines = (tmp_path / "r" / "micro.txt").read_text().splitlines()
+    assert lines[0].startswith("# decode: NVIDIA H200")
+    assert lines[2].split() == ["shape", "dtype", "headdim", "provider", "p50", "us", "TFLOP/s", "x", "sdpa_flash"]
+    assert [ln.split()[2:4] for ln in lines[3:7]] == [["64", "sdpa_flash"], ["64", "fused_attn"],
+                                                       ["64", "sdpa_flash"], ["64", "fused_attn"]]
+    assert lines[4].split()[-1] == "2.00" and lines[3].split()[-1] == "-"
+    memory = (tmp_path / "r" / "memory.txt").read_text().splitlines()
+    assert [ln.split()[-1] for ln in memory[3:5]] == ["2.00", "1.00"]  # x fused: over fused_attn's bytes
+    assert sorted(p.name for p in (tmp_path / "r").glob("*.png")) == ["decode_4x16x1_bfloat16_128.png",
+                                                                       "decode_4x16x1_bfloat16_64.png"]
+
+
+def test_the_default_out_dir_is_outside_the_checkout():
+    assert Path(__file__).resolve().parents[1] not in report.DEFAULT_OUT.resolve().parents

@@ -1,4 +1,4 @@
-"""fused_attn.profile writes its tables and traces (CPU run; on a GPU it also lists kernels)."""
+"""bench.profile writes its tables and traces (CPU run; on a GPU it also lists kernels)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from fused_attn import profile  # noqa: E402
+from bench import profile  # noqa: E402
 
 
 def test_profile_writes_layer_and_kernel_tables(tmp_path):

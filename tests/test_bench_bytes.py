@@ -1,4 +1,4 @@
-"""fused_attn.bytes: modeled traffic per provider and the ncu parsing (CPU only, ncu mocked)."""
+"""bench.bytes (the ncu runner) and the softmax bytes model of bench/bench_softmax.py (CPU only, ncu mocked)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,17 @@ import subprocess
 import pytest
 import torch
 
-from fused_attn import bytes as fb
+from bench import bench_softmax as bs
+from bench import bytes as fb
 
 SHAPE = (2, 3, 4, 4)  # 96 elements; causal: 10 visible per [4, 4] slice, 60 in all
 N, VIS, MASK = 96, 60, 16
 
 
 def test_providers_per_case():
-    assert fb.providers(True) == ("eager", "compiled", "compiled_iota", "fused_v0", "fused_v1")
-    assert "compiled_iota" not in fb.providers(False)
-    assert fb.providers(True, backward=True) == fb.providers(False, backward=True) == ("eager", "compiled", "fused")
+    assert bs.providers(True) == ("eager", "compiled", "compiled_iota", "fused_v0", "fused_v1")
+    assert "compiled_iota" not in bs.providers(False)
+    assert bs.providers(True, backward=True) == bs.providers(False, backward=True) == ("eager", "compiled", "fused")
 
 
 @pytest.mark.parametrize("provider,causal,expected", [
@@ -25,7 +26,7 @@ def test_providers_per_case():
     ("fused_v1", True, (VIS * 2, N * 2)), ("fused_v1", False, (N * 2, N * 2)),
 ])
 def test_forward_model(provider, causal, expected):
-    assert fb.modeled_traffic(provider, SHAPE, torch.float16, causal) == expected
+    assert bs.modeled_traffic(provider, SHAPE, torch.float16, causal) == expected
 
 
 @pytest.mark.parametrize("provider,causal,expected", [
@@ -33,12 +34,12 @@ def test_forward_model(provider, causal, expected):
     ("compiled", True, (2 * N * 2, N * 2)), ("fused", True, (2 * VIS * 2, N * 2)), ("fused", False, (2 * N * 2, N * 2)),
 ])
 def test_backward_model(provider, causal, expected):
-    assert fb.modeled_backward_traffic(provider, SHAPE, torch.float16, causal) == expected
+    assert bs.modeled_backward_traffic(provider, SHAPE, torch.float16, causal) == expected
 
 
 def test_unknown_providers_are_rejected():
     with pytest.raises(ValueError, match=r"provider must be one of \('eager', 'compiled', 'fused'\), got 'fused_v1'"):
-        fb.modeled_backward_traffic("fused_v1", SHAPE, torch.float16, True)
+        bs.modeled_backward_traffic("fused_v1", SHAPE, torch.float16, True)
 
 
 def _csv(rows: list[tuple[str, str, float]]) -> str:
@@ -86,9 +87,20 @@ def test_table_totals_count_writes_left_in_l2(monkeypatch, capsys):
     monkeypatch.setattr(fb.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(fb.torch.cuda, "get_device_name", lambda: "NVIDIA H200")
     monkeypatch.setattr(fb.shutil, "which", lambda name: "/usr/bin/ncu")
-    modeled = dict(zip(("read", "write"), fb.modeled_traffic("fused_v1", (8, 12, 1024, 1024), torch.float16, True)))
-    monkeypatch.setattr(fb, "measure", lambda provider, shape, dtype, causal, backward: dict(
+    modeled = dict(zip(("read", "write"), bs.modeled_traffic("fused_v1", (8, 12, 1024, 1024), torch.float16, True)))
+    monkeypatch.setattr(fb, "measure", lambda provider, shape, dtype, causal, backward, op: dict(
         dram_read=modeled["read"], dram_write=modeled["write"] - 24_000_000, l2_write=modeled["write"], kernels=1))
     assert fb.main([]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("True    fused_v1"))
     assert line.split()[2:] == ["1", "302.1", "100.8", "177.3", "201.3", "24.0", "302.1", "1.00"]
+
+
+def test_an_op_without_a_bench_module_is_rejected():
+    with pytest.raises(ValueError, match=r"--op must name a bench/bench_<op>.py, got 'nope'"):
+        fb.main(["--op", "nope"])
+
+
+def test_the_softmax_cases_are_causal_then_full():
+    cases = bs.bytes_cases(backward=False)
+    assert cases[0] == (True, "eager") and cases[-1] == (False, "fused_v1") and (False, "compiled_iota") not in cases
+    assert bs.bytes_model("fused", SHAPE, torch.float16, True, True) == (2 * VIS * 2, N * 2)

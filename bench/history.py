@@ -1,0 +1,169 @@
+"""One aggregate table of every benchmark run: bench/results/history.csv, one row per case.
+
+    python -m bench.history add RUN.json [RUN.json ...] --csv bench/results/history.csv [--note TEXT]
+    python -m bench.history add-ab AB.txt --commit C --gpu "NVIDIA H200" --csv ... [--note TEXT]
+    python -m bench.history add-generate GEN.txt --commit C --gpu "NVIDIA H200" --csv ... [--note TEXT]
+
+The newest run per GPU model stays a pytest-benchmark JSON under bench/results/<GPU>/ (what
+``--benchmark-compare`` and ``bench.gate`` read); every run, that one included, also becomes rows
+here, so that the older JSONs, A/B outputs and logs need not be kept. Columns: commit, gpu,
+run (its datetime), source (file name), op (the benchmark function without ``bench_``, or
+``generate``), case (the pytest-benchmark group, e.g. ``softmax 8x12x1024x1024 float16 causal``),
+provider (or GPT-2 backend; an A/B variant as ``fused_v1 [variant]``), the figures of
+bench.report's KERNEL_METRICS and MODEL_METRICS that the case has (p50_us and the other
+percentiles for kernels: device time; tokens/s, TTFT and TBT for models), every
+``speedup_vs_<provider>`` and ``tokens_match_<backend>``, and a note. A column that a new run
+brings is added (the whole table is rewritten in one column order). Adding a file whose (source, run) is already in the table adds nothing.
+The table is written only where --csv says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench.report import KERNEL_METRICS, MODEL_METRICS, function_name, load_runs
+
+KEYS = ["commit", "gpu", "run", "source", "op", "case", "provider"]
+FIGURES = list(KERNEL_METRICS) + list(MODEL_METRICS)
+PATTERNS = ("speedup_vs_", "tokens_match_")
+
+
+def run_rows(run: dict, note: str = "") -> list[dict]:
+    """One row per case of a pytest-benchmark run (and one for hf-eager rounds interleaved with a case's)."""
+    mi = run.get("machine_info", {}).get("fused_attn", {})
+    commit = mi.get("commit") or str(run.get("commit_info", {}).get("id", "unknown"))[:7]
+    if run.get("commit_info", {}).get("dirty"):
+        commit += "+dirty"
+    base = dict(commit=commit, gpu=mi.get("gpu_name", "unknown"), run=run.get("datetime", ""),
+                source=Path(run["_path"]).name, note=note)
+    rows = []
+    for b in run["benchmarks"]:
+        e = b.get("extra_info", {})
+        who = e.get("provider") or e.get("backend")
+        if who is None:
+            continue
+        row = base | dict(op=function_name(b).removeprefix("bench_"), case=b.get("group") or b["name"], provider=who)
+        row |= {k: v for k, v in e.items() if k in FIGURES or k.startswith(PATTERNS)}
+        rows.append(row)
+        if isinstance(e.get("interleaved_hf_eager"), dict):
+            rows.append(row | {k: None for k in row if k in FIGURES or k.startswith(PATTERNS)}
+                        | dict(provider=f"hf-eager (interleaved with {who})") | e["interleaved_hf_eager"])
+    return rows
+
+
+AB_CELL = re.compile(r"([\d.]+) \(\s*([\d.]+)%?(?:/\s*([\d.]+)%)?\)(?: \[[^\]]*\])?")
+
+
+def _file_time(path: Path) -> str:
+    """When a text output was written (its modification time): the run of rows that carry no datetime."""
+    return datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat()
+
+
+def ab_rows(path: Path, commit: str, gpu: str, note: str = "") -> list[dict]:
+    """Rows of a `python -m bench.ab` table: one per (shape, variant), provider ``fused_v1 [variant]``."""
+    lines = path.read_text().splitlines()
+    try:
+        head = next(i for i, ln in enumerate(lines) if ln.startswith("shape "))
+    except StopIteration:
+        raise ValueError(f"{path} must hold a bench.ab table (a line starting 'shape'), got none") from None
+    variants = re.split(r"\s{2,}", lines[head].strip())[1:]
+    variants = [v for v in variants if v != "same-bytes copy us"]
+    dtype = "float16" if "float16" in lines[0] else "?"
+    rows = []
+    for ln in lines[head + 1:]:
+        m = re.match(r"(\d+(?:x\d+)+)( c)?\s", ln)
+        cells = AB_CELL.findall(ln)
+        if not m or len(cells) != len(variants):
+            continue
+        case = f"softmax {m.group(1)} {dtype} {'causal' if m.group(2) else 'full'}"
+        for variant, (p50, pct, roof) in zip(variants, cells):
+            rows.append(dict(commit=commit, gpu=gpu, run=_file_time(path), source=path.name, op="scaled_masked_softmax", case=case,
+                             provider=f"fused_v1 [{variant}]", p50_us=float(p50), pct_of_copy_bw=float(pct),
+                             pct_of_roofline=float(roof) if roof else None, note=note))
+    return rows
+
+
+GEN_LINE = re.compile(r"(\S+)\s+TTFT\s+([\d.]+) ms\s+TBT p50\s+([\d.]+) ms\s+p95\s+([\d.]+) ms\s+([\d.]+) tokens/s")
+
+
+def generate_rows(path: Path, commit: str, gpu: str, note: str = "") -> list[dict]:
+    """Rows of a `python -m fused_attn.generate --compare` printout: one per backend."""
+    text = path.read_text()
+    head = text.splitlines()[0] if text else ""
+    rows = [dict(commit=commit, gpu=gpu, run=_file_time(path), source=path.name, op="generate", case=head, provider=m[0],
+                 ttft_ms=float(m[1]), tbt_p50_ms=float(m[2]), tbt_p95_ms=float(m[3]), tokens_per_s=float(m[4]),
+                 note=note) for m in GEN_LINE.findall(text)]
+    if not rows:
+        raise ValueError(f"{path} must hold `python -m fused_attn.generate` timing lines, got none")
+    return rows
+
+
+def columns(keys: set[str]) -> list[str]:
+    """The table's columns in one order whatever the runs: keys, figures, speedups and token matches
+    by name, other columns a run brought, the note."""
+    cols = KEYS + [k for k in FIGURES if k in keys]
+    for prefix in PATTERNS:
+        cols += sorted(k for k in keys if k.startswith(prefix))
+    return cols + sorted(keys - set(cols) - {"note"}) + ["note"]
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return str(v)
+
+
+def add(csv_path: Path, rows: list[dict]) -> int:
+    """Append rows to the table (creating it), skipping (source, run) pairs already there; returns rows added."""
+    old, existing = [], []
+    if csv_path.exists():
+        with csv_path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            existing, old = list(reader.fieldnames or []), list(reader)
+    seen = {(r["source"], r["run"]) for r in old}
+    new = [r for r in rows if (r["source"], r["run"]) not in seen]
+    cols = columns(set(existing) | {k for r in new for k in r})
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with csv_path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, lineterminator="\n")
+        w.writeheader()
+        w.writerows(old)
+        w.writerows({c: _cell(r.get(c)) for c in cols} for r in new)
+    return len(new)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    runs = sub.add_parser("add", help="pytest-benchmark JSON runs")
+    runs.add_argument("files", nargs="+", type=Path)
+    runs.add_argument("--commit", help="the commit of runs that name none ('unknown')")
+    for name, what in (("add-ab", "`python -m bench.ab` tables"), ("add-generate", "`fused_attn.generate` printouts")):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("files", nargs="+", type=Path)
+        p.add_argument("--commit", required=True)
+        p.add_argument("--gpu", required=True, help='GPU name as torch gives it, e.g. "NVIDIA H200"')
+    for p in sub.choices.values():
+        p.add_argument("--csv", type=Path, required=True, help="the table to append to (bench/results/history.csv)")
+        p.add_argument("--note", default="", help="a short note stored with every row")
+    args = ap.parse_args(argv)
+    if args.cmd == "add":
+        rows = [r for run in load_runs(args.files) for r in run_rows(run, args.note)]
+        if args.commit:
+            rows = [r | dict(commit=args.commit) if r["commit"].startswith("unknown") else r for r in rows]
+    else:
+        parse = ab_rows if args.cmd == "add-ab" else generate_rows
+        rows = [r for f in args.files for r in parse(f, args.commit, args.gpu, args.note)]
+    added = add(args.csv, rows)
+    print(f"{args.csv}: {added} rows added ({len(rows) - added} already there)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,402 @@
+"""Tables and plots from saved pytest-benchmark runs, for every op's benchmarks.
+
+    python -m bench.report RUN.json [RUN2.json ...] [--out DIR] [--bytes NCU.txt] [--profile PROFILE_DIR]
+                           [--no-plots]
+
+Cases are grouped by benchmark function (``bench_<name>`` in ``bench/bench_<op>.py``), each under
+its own title. What a table shows comes from the saved cases: the columns are the case's
+parameters (pytest-benchmark's ``params``: shape, dtype, flags, provider), then every figure of
+``KERNEL_METRICS`` / ``MODEL_METRICS`` that some case of the table has in ``extra_info``, and a
+``x <provider>`` column per ``speedup_vs_<provider>`` in it. Rows are sorted by dtype, then the
+other parameters (a flag that is set first), then shape, then provider (in the order of the op
+module's ``REPORT_LABELS`` entry, else of the run). A module's ``REPORT_LABELS`` may also name a
+function's title and shape column; "ours" is the last provider whose name starts with ``fused``.
+
+Writes into DIR (default: a folder under the system's temporary directory; a tool writes into
+the checkout only when told to): micro.txt (kernel cases, those with a ``provider``: latency,
+bandwidth, % of the copy bandwidth and of a same-size copy, speedups; one table per function),
+memory.txt (modeled bytes per provider, and the ncu table of ``python -m bench.bytes`` when
+--bytes is given), gpt2.txt (end-to-end model cases, those with a ``backend``: tokens/s, TTFT,
+TBT, speedup and token agreement; with --profile, a summary of ``python -m bench.profile``'s
+tables), report.md (the same tables in Markdown) and PNG plots of the first run with kernel cases:
+per function and case family, latency vs the last shape dimension per provider (with a device copy
+of ours' bytes, where measured) and % of the copy bandwidth. Every table names the GPU, torch/CUDA,
+commit and source file; with two runs or more, the run-to-run spread of our providers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+import tempfile
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+
+from fused_attn.generate import BACKENDS
+
+DEFAULT_OUT = Path(tempfile.gettempdir()) / "fused_attn_report"
+# Figures shown when a case has them: extra_info key -> (header, format, least text width).
+KERNEL_METRICS = {"p5_us": ("p5 us", ".1f", 9), "p50_us": ("p50 us", ".1f", 9), "p95_us": ("p95 us", ".1f", 9),
+                  "gbps": ("GB/s", ".0f", 7), "tflops": ("TFLOP/s", ".1f", 7), "pct_of_copy_bw": ("% copy", ".1f", 6),
+                  "pct_of_roofline": ("% roofline", ".1f", 10),
+                  "pct_of_same_bytes_copy": ("% same-bytes copy", ".1f", 17)}
+MODEL_METRICS = {"tokens_per_s": ("tokens/s", ".1f", 9), "ttft_ms": ("TTFT ms", ".3f", 8),
+                 "tbt_p50_ms": ("TBT p50 ms", ".3f", 10), "tbt_p95_ms": ("TBT p95 ms", ".3f", 10)}
+# Least text widths of parameter columns (wider when a cell is).
+PARAM_WIDTHS = {"shape": 18, "dtype": 9, "provider": 13}
+OURS_PREFIX = "fused"
+
+
+def load_run(path: Path) -> dict:
+    """A saved pytest-benchmark run, with its path under ``_path``."""
+    data = json.loads(Path(path).read_text())
+    if "benchmarks" not in data:
+        raise ValueError(f"{path} must be a pytest-benchmark JSON file (no 'benchmarks' key)")
+    data["_path"] = str(path)
+    return data
+
+
+def load_runs(paths: list[Path]) -> list[dict]:
+    return [load_run(p) for p in paths]
+
+
+def run_header(run: dict) -> str:
+    mi = run.get("machine_info", {}).get("fused_attn", {})
+    commit = mi.get("commit") or run.get("commit_info", {}).get("id", "unknown")
+    if run.get("commit_info", {}).get("dirty"):
+        commit += " (with uncommitted changes)"
+    ceil = next((b["extra_info"] for b in run["benchmarks"] if "copy_gbps" in b["extra_info"]), {})
+    ceilings = ", ".join(f"{k} {ceil[f'{k}_gbps']:.0f}" for k in ("copy", "read", "write") if f"{k}_gbps" in ceil)
+    floor = ceil.get("launch_floor_us")
+    return (f"{mi.get('gpu_name', 'unknown GPU')} (driver {mi.get('driver', '?')}), torch {mi.get('torch', '?')}, "
+            f"CUDA {mi.get('cuda', '?')}, commit {commit}, run {run.get('datetime', '?')}"
+            + (f"; measured GB/s: {ceilings}" if ceilings else "")
+            + (f"; empty kernel {floor:.2f} us" if floor is not None else ""))
+
+
+def function_name(bench: dict) -> str:
+    return bench["name"].split("[", 1)[0]
+
+
+_LABELS: dict[str, dict] = {}
+
+
+def labels(bench: dict) -> dict:
+    """The REPORT_LABELS entry of a case's function in its bench module ({} when there is none)."""
+    module = "bench." + Path(bench.get("fullname", "").split("::", 1)[0]).stem
+    if module not in _LABELS:
+        try:
+            _LABELS[module] = getattr(importlib.import_module(module), "REPORT_LABELS", {})
+        except ImportError:
+            _LABELS[module] = {}
+    return _LABELS[module].get(function_name(bench), {})
+
+
+def case_keys(bench: dict) -> list[str]:
+    """The parameters of a case, in the order of its parametrization (one dict parameter is opened)."""
+    params = bench.get("params") or {}
+    if len(params) == 1 and isinstance(next(iter(params.values())), dict):
+        params = next(iter(params.values()))
+    return [k for k in params if k in bench["extra_info"]]
+
+
+class Family:
+    """The cases of one benchmark function in one run: rows (extra_info), parameters, who ran them."""
+
+    def __init__(self, name: str, benches: list[dict]):
+        self.name, self.labels = name, labels(benches[0])
+        self.keys = case_keys(benches[0])
+        self.who = "provider" if "provider" in benches[0]["extra_info"] else "backend"
+        if self.who not in self.keys:
+            self.keys.append(self.who)
+        self.title = self.labels.get("title", name.removeprefix("bench_"))
+        seen = list(dict.fromkeys(b["extra_info"][self.who] for b in benches))
+        order = list(self.labels.get("order", ())) + [w for w in seen if w not in self.labels.get("order", ())]
+        self.order = [w for w in order if w in seen]
+        rank = {w: i for i, w in enumerate(self.order)}
+        flags = [k for k in self.keys if k not in ("shape", "dtype", self.who)]
+        self.rows = sorted((b["extra_info"] | {"name": b["name"]} for b in benches), key=lambda r: (
+            str(r.get("dtype", "")), *[(not r[k]) if isinstance(r[k], bool) else r[k] for k in flags],
+            r.get("shape", []), rank[r[self.who]]))
+        ours = [w for w in self.order if w.startswith(OURS_PREFIX)]
+        self.ours = ours[-1] if ours else None
+
+
+def families(run: dict, who: str) -> list[Family]:
+    """The run's benchmark functions whose cases name a ``who`` (provider: kernels; backend: models)."""
+    by_name: dict[str, list[dict]] = defaultdict(list)
+    for b in run["benchmarks"]:
+        if who in b.get("extra_info", {}):
+            by_name[function_name(b)].append(b)
+    return [Family(name, benches) for name, benches in by_name.items()]
+
+
+def _fmt(v, spec: str, missing: str = "-") -> str:
+    return missing if v is None else format(v, spec)
+
+
+def _cell(key: str, v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if key == "shape":
+        return "x".join(map(str, v))
+    return str(v)
+
+
+def render(cols: list[tuple[str, str]], rows: list[list[str]], markdown: bool) -> list[str]:
+    """A table as Markdown (pipes) or aligned text (one format spec per column)."""
+    if markdown:
+        return ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols),
+                *("| " + " | ".join(cells) + " |" for cells in rows)]
+    return [" ".join(format(c, align) for c, align in cols),
+            *(" ".join(format(cell, align) for cell, (_, align) in zip(cells, cols)) for cells in rows)]
+
+
+def table(fam: Family, rows: list[dict], figures: list[tuple[str, str, int, object]], markdown: bool) -> list[str]:
+    """Parameter columns, then ``figures``: (header, format, least width, key or function of the row)."""
+    headers = [fam.labels.get("shape", "shape") if k == "shape" else k for k in fam.keys]
+    cells = [[_cell(k, r.get(k)) for k in fam.keys]
+             + [_fmt(get(r) if callable(get) else r.get(get), spec) for _, spec, _, get in figures] for r in rows]
+    cols = []
+    for j, h in enumerate(headers + [f[0] for f in figures]):
+        numeric = j >= len(fam.keys) or isinstance(rows[0].get(fam.keys[j]), (int, float)) and not isinstance(
+            rows[0].get(fam.keys[j]), bool)
+        least = figures[j - len(fam.keys)][2] if j >= len(fam.keys) else PARAM_WIDTHS.get(fam.keys[j], 0)
+        width = max([least, len(h)] + [len(c[j]) for c in cells])
+        cols.append((h, f"{'>' if numeric else '<'}{width}"))
+    return render(cols, cells, markdown)
+
+
+def named(fam: Family, rows: list[dict], prefix: str) -> list[tuple[str, str]]:
+    """(provider, key) of every ``<prefix><provider>`` key in the rows (``-`` spelled ``_``), in provider order."""
+    names = {w.replace("-", "_"): w for w in fam.order}
+    keys = {k.removeprefix(prefix) for r in rows for k in r if k.startswith(prefix)}
+    return [(names.get(k, k), prefix + k) for k in [k for k in names if k in keys] + sorted(keys - set(names))]
+
+
+def speedups(fam: Family, rows: list[dict]) -> list[tuple[str, str, int, str]]:
+    """One ``x <provider>`` column per ``speedup_vs_<provider>`` in the rows."""
+    return [(f"x {name}", ".2f", 0, key) for name, key in named(fam, rows, "speedup_vs_")]
+
+
+def present(metrics: dict, rows: list[dict]) -> list[tuple[str, str, int, str]]:
+    return [(h, spec, w, k) for k, (h, spec, w) in metrics.items() if any(k in r for r in rows)]
+
+
+def micro_table(fam: Family, markdown: bool) -> list[str]:
+    """Latency, bandwidth and speedups per kernel case."""
+    return table(fam, fam.rows, present(KERNEL_METRICS, fam.rows) + speedups(fam, fam.rows), markdown)
+
+
+def memory_table(fam: Family, markdown: bool) -> list[str]:
+    """Modeled bytes per case, and each provider's bytes over ours in the same group."""
+    rows = [r for r in fam.rows if "modeled_bytes" in r]
+    ours = {}
+    for r in rows:
+        if r[fam.who] == fam.ours:
+            ours[tuple(str(r.get(k)) for k in fam.keys if k != fam.who)] = r["modeled_bytes"]
+
+    def ratio(r):
+        o = ours.get(tuple(str(r.get(k)) for k in fam.keys if k != fam.who))
+        return o and r["modeled_bytes"] / o
+
+    mb = lambda key: lambda r: r.get(key) and r[key] / 1e6  # noqa: E731
+    return table(fam, rows, [("read MB", ".1f", 9, mb("modeled_read_bytes")), ("write MB", ".1f", 9,
+                                                                              mb("modeled_write_bytes")),
+                             ("total MB", ".1f", 9, mb("modeled_bytes")), ("x fused", ".2f", 7, ratio)], markdown)
+
+
+def model_table(fam: Family, markdown: bool) -> list[str]:
+    """tokens/s, TTFT, TBT, speedups and token agreement (``tokens_match_<backend>``) per end-to-end case."""
+    same = [(f"same tokens as {name}", "", 0, lambda r, k=key: None if k not in r else "yes" if r[k] else "no")
+            for name, key in named(fam, fam.rows, "tokens_match_")]
+    return table(fam, fam.rows, present(MODEL_METRICS, fam.rows) + speedups(fam, fam.rows) + same, markdown)
+
+
+def model_lines(runs: list[dict], markdown: bool) -> list[str]:
+    """One table per run and end-to-end function, each under its run header and source."""
+    lines = []
+    for run in runs:
+        for fam in families(run, "backend"):
+            rows = fam.rows
+            header, source = run_header(run), Path(run["_path"]).name
+            tokens = sorted({str(r["new_tokens"]) for r in rows if "new_tokens" in r})
+            per_seq = f"; {'/'.join(tokens)} new tokens per sequence" if tokens else ""
+            paired = sorted({r[fam.who] for r in rows if "interleaved_hf_eager" in r})
+            note = ([f"x hf-eager of {', '.join(paired)}: against hf-eager rounds interleaved with its own (the two "
+                     "differ by less than the drift between cases)"] if paired else [])
+            clocks = sorted({r["clock"] for r in rows if "clock" in r})
+            if clocks:
+                worst = max(r.get("max_clock_vs_wall_pct", 0.0) for r in rows)
+                note += [f"clock: {'; '.join(clocks)} (largest difference {worst:.3f}%)"]
+            if markdown:
+                lines += [f"## {fam.title}: {header}", "", f"Source: `{source}`{per_seq}.", "",
+                          *model_table(fam, True), "", *note, *([""] if note else [])]
+            else:
+                lines += [f"# {header}", f"# source: {source}{per_seq}", *model_table(fam, False), *note, ""]
+    if not lines:
+        msg = "No end-to-end model cases (with a backend) in these runs (bench/bench_gpt2.py saves them)."
+        lines = (["## End to end", "", msg, ""] if markdown else [msg, ""])
+    return lines
+
+
+def profile_lines(d: Path) -> tuple[str, list[str]]:
+    """Title and summary of `python -m bench.profile`'s output in d: per backend, the layer
+    table and the all-kernels total."""
+    if not (d / "profile.md").exists():
+        return "GPT-2 profile", [f"no profile.md in {d} (python -m bench.profile writes it)"]
+    title = (d / "profile.md").read_text().splitlines()[0].removeprefix("# ")
+    lines = [f"full tables: {d}/profile.md, layers_<backend>.txt, kernels_<backend>.txt"]
+    order = {b: i for i, b in enumerate(BACKENDS)}
+    backends = sorted((p.stem.removeprefix("layers_") for p in d.glob("layers_*.txt")),
+                      key=lambda b: (order.get(b, 99), b))
+    for backend in backends:
+        layers = [ln for ln in (d / f"layers_{backend}.txt").read_text().splitlines() if not ln.startswith("#")]
+        lines += ["", backend, *layers]
+        kernels = d / f"kernels_{backend}.txt"
+        if kernels.exists():
+            last = kernels.read_text().rstrip().splitlines()[-1]
+            f = last.split()
+            lines.append(f"all kernels: {f[-3]} device us, {f[-2]} launches, {f[-1]} per token"
+                         if last.startswith("all kernels") and len(f) == 5 else last)
+    return title, lines
+
+
+def spread_lines(runs: list[dict]) -> list[str]:
+    """p50 differences between runs of the same cases (e.g. two back-to-back runs)."""
+    if len(runs) < 2:
+        return []
+    lines = [f"p50 spread between {len(runs)} runs (max |p50_i - p50_0| / p50_0 per case), fused providers:"]
+    worst = {}
+    base = {b["name"]: b["extra_info"] for b in runs[0]["benchmarks"]}
+    for run in runs[1:]:
+        for b in run["benchmarks"]:
+            e0 = base.get(b["name"])
+            if e0 is None or not b["extra_info"].get("provider", "").startswith(OURS_PREFIX):
+                continue
+            d = abs(b["extra_info"]["p50_us"] - e0["p50_us"]) / e0["p50_us"]
+            worst[b["name"]] = max(worst.get(b["name"], 0.0), d)
+    for name, d in sorted(worst.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {100 * d:5.2f}%  {name}")
+    if not worst:
+        return []
+    vals = sorted(worst.values())
+    lines.insert(1, f"  cases {len(vals)}, median {100 * vals[len(vals) // 2]:.2f}%, max {100 * vals[-1]:.2f}%")
+    return lines
+
+
+def plot_groups(fam: Family) -> dict[tuple, list[dict]]:
+    """Rows per plot: the cases that differ only in provider and the last shape dimension (the x
+    axis; a second-to-last dimension equal to it moves with it), at least two x values each."""
+    if "shape" not in fam.keys:
+        return {}
+    groups = defaultdict(list)
+    for r in fam.rows:
+        s = r["shape"]
+        lead = tuple(s[:-2]) + (() if s[-2] == s[-1] else (s[-2],))
+        groups[(lead, *[(k, r[k]) for k in fam.keys if k not in ("shape", fam.who)])].append(r)
+    return {k: rs for k, rs in groups.items() if len({r["shape"][-1] for r in rs}) > 1}
+
+
+def plot(fam: Family, out: Path, header: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for (lead, *params), rs in plot_groups(fam).items():
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for p in fam.order:
+            pts = sorted((r["shape"][-1], i, r) for i, r in enumerate(rs) if r[fam.who] == p)
+            if not pts:
+                continue
+            ns = [n for n, _, _ in pts]
+            ax1.plot(ns, [r["p50_us"] for *_, r in pts], marker="o", label=p)
+            if all("pct_of_copy_bw" in r for *_, r in pts):
+                ax2.plot(ns, [r["pct_of_copy_bw"] for *_, r in pts], marker="o", label=p)
+            if p == fam.ours and all("same_bytes_copy_us" in r for *_, r in pts):
+                ax1.plot(ns, [r["same_bytes_copy_us"] for *_, r in pts], linestyle="--", color="gray",
+                         label=f"device copy of {p}'s bytes")
+        for ax, ylabel in ((ax1, "p50 latency (us)"), (ax2, "% of copy bandwidth (modeled bytes)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("last shape dimension")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+        ax1.set_yscale("log")
+        what = " ".join(str(v) if not isinstance(v, bool) else k if v else f"not {k}" for k, v in params)
+        shape = ",".join(map(str, lead))
+        fig.suptitle(f"{fam.title} [{shape},...] {what}\n" + "\n".join(textwrap.wrap(header, 160)), fontsize=8)
+        fig.tight_layout()
+        stem = "_".join([fam.name.removeprefix("bench_"), "x".join(map(str, lead)),
+                         *(str(v) if not isinstance(v, bool) else k if v else f"not-{k}" for k, v in params)])
+        path = out / (re.sub(r"[^A-Za-z0-9_.-]+", "-", stem) + ".png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="pytest-benchmark JSON files")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"directory to write into (default {DEFAULT_OUT})")
+    ap.add_argument("--bytes", type=Path, help="output of `python -m bench.bytes` to include")
+    ap.add_argument("--profile", type=Path, help="directory written by `python -m bench.profile` to summarize")
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args(argv)
+    runs = load_runs(args.runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    micro, memory, md = [], [], ["# fused_attn benchmark report", ""]
+    pngs = []
+    for run in runs:
+        header, source = run_header(run), Path(run["_path"]).name
+        fams = families(run, "provider")
+        if not fams:
+            none = [f"# {header}", f"# source: {source}", "No kernel cases (with a provider) in this run.", ""]
+            micro, memory = micro + none, memory + none
+            continue
+        for fam in fams:
+            micro += [f"# {fam.title}: {header}", f"# source: {source}", *micro_table(fam, False), ""]
+            md += [f"## {fam.title}: {header}", "", f"Source: `{source}`", "", *micro_table(fam, True), ""]
+            if any("modeled_bytes" in r for r in fam.rows):
+                memory += [f"# {fam.title}: {header} (modeled bytes)", f"# source: {source}",
+                           *memory_table(fam, False), ""]
+                md += ["### Bytes moved (modeled)", "", *memory_table(fam, True), ""]
+        if not args.no_plots and not pngs:  # plots of the first run with kernel cases
+            for fam in fams:
+                pngs += plot(fam, args.out, header)
+    if args.bytes:
+        measured = args.bytes.read_text().rstrip().splitlines()
+        memory += ["# measured with Nsight Compute (python -m bench.bytes)", *measured, ""]
+        md += ["### Bytes moved (measured, Nsight Compute)", "", "```", *measured, "```", ""]
+    spread = spread_lines(runs)
+    if spread:
+        micro += spread + [""]
+        md += ["### Run-to-run spread", "", "```", *spread, "```", ""]
+    models = model_lines(runs, False)
+    md += model_lines(runs, True)
+    if args.profile:
+        title, prof = profile_lines(args.profile)
+        models += [f"# {title}", *prof, ""]
+        md += [f"## {title}", "", "```", *prof, "```", ""]
+    if pngs:
+        md += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs] + [""]
+    (args.out / "micro.txt").write_text("\n".join(micro) + "\n")
+    (args.out / "memory.txt").write_text("\n".join(memory) + "\n")
+    (args.out / "gpt2.txt").write_text("\n".join(models))
+    (args.out / "report.md").write_text("\n".join(md))
+    print(f"report: {args.out} ({len(pngs)} plots)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

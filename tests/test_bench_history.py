@@ -1,0 +1,109 @@
+"""bench.history: runs, A/B tables and generate printouts as rows of one CSV (CPU only)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import history
+
+DATA = Path(__file__).parent / "data"
+RUN, GPT2_RUN = DATA / "bench_softmax_small.json", DATA / "bench_gpt2_small.json"
+AB_ONE = """fused_v1 float16 p50 us (% of copy bandwidth), one session; copy GB/s: auto: 4195.4, early zeros: 4198.5
+shape                                   auto           early zeros
+8x12x512x512                   43.3 ( 55.4%)         46.7 ( 51.3%)
+8x12x1024x1024 c              119.1 ( 60.5%)        118.5 ( 60.7%)
+"""
+AB_REPEATS = """fused_v1 float16 p50 us (% of copy bandwidth / % of read-write roofline), one session; median of 3
+empty kernel us: auto: 2.85/3.01/2.72; short block 64: 2.85/2.72/2.98
+shape                  same-bytes copy us                                          auto                                short block 64
+1x12x128x128 c                        3.9                4.6 ( 3.1/ 3.2%) [4.6/4.6/4.5]                4.7 ( 3.0/ 3.0%) [5.0/4.5/4.6]
+"""
+GEN = """gpt2-random on NVIDIA H200, torch.float16, batch 1, prompt 128 tokens, 128 new
+hf-eager  TTFT     8.92 ms  TBT p50   7.307 ms  p95  11.282 ms      127.9 tokens/s
+graph     TTFT     4.19 ms  TBT p50   0.627 ms  p95   0.631 ms     1523.5 tokens/s
+"""
+
+
+def _read(path: Path) -> tuple[list[str], list[dict]]:
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames), list(reader)
+
+
+def test_runs_become_one_row_per_case_and_adding_twice_adds_nothing(tmp_path, capsys):
+    table = tmp_path / "history.csv"
+    assert history.main(["add", str(RUN), "--csv", str(table), "--note", "small"]) == 0
+    cols, rows = _read(table)
+    run = json.loads(RUN.read_text())
+    assert len(rows) == len(run["benchmarks"])
+    assert cols[:7] == history.KEYS and cols[-1] == "note"
+    b = run["benchmarks"][-1]
+    last = rows[-1]
+    assert (last["gpu"], last["op"], last["case"], last["provider"]) == (
+        "NVIDIA H200", "scaled_masked_softmax", b["group"], b["extra_info"]["provider"])
+    assert float(last["p50_us"]) == b["extra_info"]["p50_us"] and last["note"] == "small"
+    assert float(last["speedup_vs_eager"]) == b["extra_info"]["speedup_vs_eager"]
+    history.main(["add", str(RUN), "--csv", str(table)])
+    assert len(_read(table)[1]) == len(rows)
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"0 rows added ({len(rows)} already there)")
+
+
+def test_model_columns_join_the_table_in_one_order(tmp_path):
+    table = tmp_path / "history.csv"
+    history.main(["add", str(RUN), "--csv", str(table)])
+    data = json.loads(GPT2_RUN.read_text())
+    fused = next(b for b in data["benchmarks"] if b["extra_info"]["backend"] == "hf-fused")
+    fused["extra_info"]["interleaved_hf_eager"] = dict(tokens_per_s=140.0, ttft_ms=8.0)
+    gpt2 = tmp_path / "gpt2.json"
+    gpt2.write_text(json.dumps(data))
+    history.main(["add", str(gpt2), "--csv", str(table)])
+    cols, rows = _read(table)
+    assert cols.index("p50_us") < cols.index("tokens_per_s") < cols.index("speedup_vs_eager") < cols.index("note")
+    assert "tokens_match_hf_eager" in cols
+    paired = [r for r in rows if r["provider"] == "hf-eager (interleaved with hf-fused)"]
+    assert len(paired) == 1 and paired[0]["tokens_per_s"] == "140.0" and paired[0]["tbt_p50_ms"] == ""
+    graph = next(r for r in rows if r["provider"] == "graph" and r["case"] == "gpt2 b1 p128 float16")
+    assert graph["op"] == "gpt2" and graph["p50_us"] == "" and graph["tokens_match_hf_eager"] == "yes"
+
+
+@pytest.mark.parametrize("text,expected", [
+    (AB_ONE, [("softmax 8x12x512x512 float16 full", "fused_v1 [auto]", "43.3", "55.4", ""),
+              ("softmax 8x12x512x512 float16 full", "fused_v1 [early zeros]", "46.7", "51.3", ""),
+              ("softmax 8x12x1024x1024 float16 causal", "fused_v1 [auto]", "119.1", "60.5", ""),
+              ("softmax 8x12x1024x1024 float16 causal", "fused_v1 [early zeros]", "118.5", "60.7", "")]),
+    (AB_REPEATS, [("softmax 1x12x128x128 float16 causal", "fused_v1 [auto]", "4.6", "3.1", "3.2"),
+                  ("softmax 1x12x128x128 float16 causal", "fused_v1 [short block 64]", "4.7", "3.0", "3.0")]),
+])
+def test_ab_tables_become_rows(tmp_path, text, expected):
+    ab, table = tmp_path / "ab.txt", tmp_path / "history.csv"
+    ab.write_text(text)
+    history.main(["add-ab", str(ab), "--commit", "c8d3792", "--gpu", "NVIDIA H200", "--csv", str(table)])
+    rows = _read(table)[1]
+    assert [(r["case"], r["provider"], r["p50_us"], r["pct_of_copy_bw"], r["pct_of_roofline"]) for r in rows] == expected
+    assert {r["commit"] for r in rows} == {"c8d3792"} and all(r["run"] for r in rows)
+
+
+def test_generate_printouts_become_rows(tmp_path):
+    gen, table = tmp_path / "gen.txt", tmp_path / "history.csv"
+    gen.write_text(GEN)
+    history.main(["add-generate", str(gen), "--commit", "a2f6a2b", "--gpu", "NVIDIA H200", "--csv", str(table)])
+    rows = _read(table)[1]
+    assert [(r["provider"], r["tokens_per_s"], r["tbt_p95_ms"]) for r in rows] == [("hf-eager", "127.9", "11.282"),
+                                                                                  ("graph", "1523.5", "0.631")]
+    assert rows[0]["case"].startswith("gpt2-random on NVIDIA H200") and rows[0]["op"] == "generate"
+
+
+def test_files_that_are_not_what_they_should_be_are_rejected(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("nothing here\n")
+    table = str(tmp_path / "history.csv")
+    with pytest.raises(ValueError, match=r"bad.txt must hold a bench.ab table \(a line starting 'shape'\), got none"):
+        history.main(["add-ab", str(bad), "--commit", "x", "--gpu", "g", "--csv", table])
+    with pytest.raises(ValueError, match=r"bad.txt must hold `python -m fused_attn.generate` timing lines, got none"):
+        history.main(["add-generate", str(bad), "--commit", "x", "--gpu", "g", "--csv", table])
+    with pytest.raises(SystemExit):  # --csv is required: the tool writes into the checkout only when told
+        history.main(["add", str(RUN)])
