@@ -162,9 +162,16 @@ def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, m
     return _result(backend, out, [start, *stamps.stamps, end], wall)
 
 
+def nearest_rank(values, q: float) -> float:
+    """The q-quantile (0 < q < 1) of ``values`` by the nearest-rank rule: the TBT p95 of the CLI, the
+    GPT-2 benchmark and its report (one definition). NaN for no values."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
 def summary(r: Result, batch: int) -> str:
     tbt = sorted(r.step_s) or [float("nan")]
-    p95 = tbt[min(len(tbt) - 1, int(0.95 * len(tbt)))]
+    p95 = nearest_rank(tbt, 0.95)
     return (f"{r.backend:<9} TTFT {1e3 * r.ttft_s:8.2f} ms  TBT p50 {1e3 * statistics.median(tbt):7.3f} ms  "
             f"p95 {1e3 * p95:7.3f} ms  {r.tokens_per_s(batch):9.1f} tokens/s")
 

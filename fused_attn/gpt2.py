@@ -41,7 +41,7 @@ RANDOM_NAME = "gpt2-random"
 # Backends per module kind; the first is the default.
 BACKENDS = {"attention": ("fused", "eager"), "layer_norm": ("eager",), "linear": ("eager",), "mlp": ("eager",)}
 
-_annotate = False  # profiler labels around each module (fused_attn.profile); never inside a graph
+_annotate = False  # profiler labels around each module (bench.profile); never inside a graph
 
 
 def scope(name: str):

@@ -3,7 +3,7 @@
     import fused_attn.hf
     fused_attn.hf.register()
     model = GPT2LMHeadModel.from_pretrained("gpt2", attn_implementation="fused_attn")
-    # or: model.set_attn_implementation("fused_attn")
+    # or: model.set_attn_implementation("fused_attn"), or fused_attn.hf.apply_to_gpt2(model)
 
 The implementation computes Q·Kᵀ with cuBLAS (torch.matmul), then
 ``scaled_masked_softmax`` (scale, causal / padding / cache masks in one pass), then P·V,
@@ -104,3 +104,21 @@ def register() -> None:
 
     AttentionInterface.register(NAME, fused_attention_forward)
     AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def apply_to_gpt2(model: torch.nn.Module, *, attention: bool = True) -> torch.nn.Module:
+    """Swap fused_attn's kernels into a Hugging Face GPT-2 model in place, one flag per module kind
+    (Liger's ``apply_liger_kernel_to_*`` idea); returns the model.
+
+    attention: the "fused_attn" attention implementation (``register()`` + ``set_attn_implementation``).
+    Later kernels (LayerNorm, the MLP) get their own flags here; each defaults to on once it exists.
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "gpt2":
+        raise ValueError(
+            f"model must be a transformers GPT-2 model (config.model_type 'gpt2'), got {type(model).__name__}"
+            + (f" with model_type {config.model_type!r}" if config is not None else ""))
+    if attention:
+        register()
+        model.set_attn_implementation(NAME)
+    return model

@@ -22,6 +22,27 @@ def causal_mask(seqlen_q: int, seqlen_k: int, device: torch.device | str | None 
     return j <= i + (seqlen_k - seqlen_q)
 
 
+def scores(
+    x: torch.Tensor,
+    scale: float = 1.0,
+    *,
+    causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """The pre-softmax scores ``x * scale + mask`` in ``compute_dtype``: -inf where a bool mask is
+    False or the causal mask hides a key, the additive mask added after the scale."""
+    s = x.to(compute_dtype) * scale
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            s = s.masked_fill(~attn_mask, float("-inf"))
+        else:
+            s = s + attn_mask.to(compute_dtype)
+    if causal:
+        s = s.masked_fill(~causal_mask(x.shape[-2], x.shape[-1], x.device), float("-inf"))
+    return s
+
+
 def scaled_masked_softmax(
     x: torch.Tensor,
     scale: float = 1.0,
@@ -40,14 +61,7 @@ def scaled_masked_softmax(
     torch.softmax and then zeroing the row would give NaN), and the max is a detached
     shift (softmax does not depend on it).
     """
-    s = x.to(compute_dtype) * scale
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            s = s.masked_fill(~attn_mask, float("-inf"))
-        else:
-            s = s + attn_mask.to(compute_dtype)
-    if causal:
-        s = s.masked_fill(~causal_mask(x.shape[-2], x.shape[-1], x.device), float("-inf"))
+    s = scores(x, scale, causal=causal, attn_mask=attn_mask, compute_dtype=compute_dtype)
     if s.shape[-1] == 0:
         return s.to(x.dtype)
     m = s.detach().amax(dim=-1, keepdim=True)

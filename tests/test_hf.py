@@ -11,14 +11,10 @@ transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 import fused_attn.hf as fhf  # noqa: E402
-from tests.prompts import left_padded  # noqa: E402
+from tests.prompts import SMALL, TINY, VARIED, left_padded  # noqa: E402
 from tests.rowref import attention_definition, eager_same_dtype  # noqa: E402
-from tests.tolerances import assert_close, fp32_tolerance  # noqa: E402
+from tests.tolerances import assert_close, assert_error_at_most_twice, fp32_tolerance  # noqa: E402
 
-TINY = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=256, bos_token_id=0, eos_token_id=1)
-# Greedy continuations that vary (tests/test_gpt2.py: VARIED), so that equal tokens mean something.
-VARIED = dict(TINY, initializer_range=0.5)
-SMALL = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)  # GPT-2 small's shape
 
 
 def models(config: dict, device, dtype=torch.float32, impls=("eager", "fused_attn")):
@@ -232,10 +228,8 @@ def check_half_precision_attention_per_layer(device, dtype):
         causal = attn_mask is None
         want = attention_definition(q, k, v, attn_mask, scale, causal)[real]
         ours = fhf.fused_attention_forward(_Attn().eval(), q, k, v, attn_mask, scaling=scaling)[0][real].double()
-        eager = eager_same_dtype(q, k, v, attn_mask, scale, causal)[real].double()
-        err_ours = ((ours - want).norm() / want.norm()).item()
-        err_eager = ((eager - want).norm() / want.norm()).item()
-        assert err_ours <= 2 * err_eager + 1e-5, (layer, err_ours, err_eager)
+        eager = eager_same_dtype(q, k, v, attn_mask, scale, causal)[real]
+        assert_error_at_most_twice(ours, eager, want, 1e-5, f"layer {layer}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -271,5 +265,20 @@ def test_half_precision_logits_error_at_most_twice_sdpa_gpu(dtype):
     ids, mask = left_padded(SMALL["vocab_size"], (24, 17, 9), "cuda")
     keep = mask.bool()
     want = ref(ids, attention_mask=mask).logits[keep].double()
-    err = {k: (m(ids, attention_mask=mask).logits[keep].double() - want).abs().max().item() for k, m in low.items()}
-    assert err["fused_attn"] <= 2 * err["sdpa"] + 1e-3, err
+    got = {k: m(ids, attention_mask=mask).logits[keep] for k, m in low.items()}
+    assert_error_at_most_twice(got["fused_attn"], got["sdpa"], want, 1e-3, "logits vs sdpa", norm="max_abs")
+
+
+def test_apply_to_gpt2_switches_attention_and_rejects_other_models():
+    hf = models(TINY, "cpu", impls=("eager",))["eager"]
+    assert fhf.apply_to_gpt2(hf) is hf
+    assert hf.config._attn_implementation == "fused_attn"
+    ids, mask = left_padded(TINY["vocab_size"], (12, 7))
+    eager = models(TINY, "cpu", impls=("eager",))["eager"]
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids, attention_mask=mask).logits[mask.bool()],
+                                   eager(ids, attention_mask=mask).logits[mask.bool()], rtol=1e-5, atol=1e-5)
+    untouched = models(TINY, "cpu", impls=("eager",))["eager"]
+    assert fhf.apply_to_gpt2(untouched, attention=False).config._attn_implementation == "eager"
+    with pytest.raises(ValueError, match=r"model must be a transformers GPT-2 model .*got Linear"):
+        fhf.apply_to_gpt2(torch.nn.Linear(2, 2))

@@ -17,8 +17,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 import fused_attn.hf as fhf  # noqa: E402
-from tests.prompts import left_padded  # noqa: E402
-from tests.test_hf import SMALL, TINY  # noqa: E402
+from tests.prompts import SMALL, TINY, left_padded  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 # float32 end to end; the two attentions differ in summation order only (softmax and its backward).

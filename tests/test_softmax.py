@@ -27,12 +27,7 @@ ON_CPU_BUDGET = 1 << 14
 
 def scores_of(x, scale, causal, attn_mask):
     """The float64 pre-softmax scores the reference uses (for the tolerance)."""
-    s = x.double() * scale
-    if attn_mask is not None:
-        s = s.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else s + attn_mask.double()
-    if causal:
-        s = s.masked_fill(~reference.causal_mask(x.shape[-2], x.shape[-1], x.device), -math.inf)
-    return s
+    return reference.scores(x, scale, causal=causal, attn_mask=attn_mask)
 
 
 def make_mask(form, lead, sq, sk, dtype, gen, device):

@@ -95,3 +95,17 @@ def softmax_backward_tolerance(
     dot_err = (ty * g.abs()).sum(dim=-1, keepdim=True) + RTOL[torch.float32] * (g * y).abs().sum(dim=-1, keepdim=True)
     dx = scale * y * (g - dot)
     return ATOL[dtype] + RTOL[dtype] * dx.abs() + abs(scale) * (ty * (g - dot).abs() + y.abs() * dot_err)
+
+
+def assert_error_at_most_twice(ours: torch.Tensor, peer: torch.Tensor, want: torch.Tensor, slack: float,
+                               what: str = "", norm: str = "rel_l2") -> None:
+    """flash-attention's rule: our error against the float64 ``want`` is at most twice a PyTorch peer's
+    error at the same dtype, plus ``slack``. ``norm``: "rel_l2" (||err|| / ||want||) or "max_abs"."""
+    want = want.double()
+
+    def error(t: torch.Tensor) -> float:
+        d = t.double() - want
+        return (d.norm() / want.norm()).item() if norm == "rel_l2" else d.abs().max().item()
+
+    e_ours, e_peer = error(ours), error(peer)
+    assert e_ours <= 2 * e_peer + slack, f"{what}: error {e_ours:.3g} > 2 x the peer's {e_peer:.3g} + {slack:g}"
