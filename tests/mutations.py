@@ -233,7 +233,10 @@ MUTATIONS: list[Mutation] = [
     Mutation("kernel-launch-on-default-stream", "csrc/softmax/softmax.cu",
              "const cudaStream_t stream = at::cuda::getCurrentCUDAStream();\n  FA_DISPATCH_FLOAT(x.scalar_type()",
              "const cudaStream_t stream = at::cuda::getDefaultCUDAStream();\n  FA_DISPATCH_FLOAT(x.scalar_type()",
-             _t(f"{T_SOFTMAX}::test_runs_on_the_current_nondefault_stream_gpu"), gpu=True),
+             _t(f"{T_SOFTMAX}::test_runs_on_the_current_nondefault_stream_gpu",
+                f"{T_SOFTMAX}::test_cuda_graph_capture_and_replay_gpu"), gpu=True,
+             why="the sleep test alone let it survive on the H100 (the legacy default stream waited for s); "
+                 "a launch on the legacy stream during graph capture is an error"),
 ]
 
 
