@@ -62,16 +62,21 @@ def check_args(
         ):
             raise ValueError(f"attn_mask must be broadcastable to {_shape(x)}, got {_shape(attn_mask)}")
     if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
-        if out.device != x.device:
-            raise ValueError(f"out must be on the same device as x ({x.device}), got {out.device}")
-        if out.dtype != x.dtype:
-            raise ValueError(f"out must have x's dtype ({x.dtype}), got {out.dtype}")
-        if out.shape != x.shape:
-            raise ValueError(f"out must have x's shape {_shape(x)}, got {_shape(out)}")
+        _check_like(out, "out", x, name, "a torch.Tensor or None")
         if not out.is_contiguous():
             raise ValueError(f"out must be contiguous, got strides {out.stride()}")
+
+
+def _check_like(t, t_name: str, ref: torch.Tensor, ref_name: str, kind: str = "a torch.Tensor") -> None:
+    """``t`` is a tensor on ``ref``'s device with ``ref``'s dtype and shape (messages name both)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{t_name} must be {kind}, got {type(t).__name__}")
+    if t.device != ref.device:
+        raise ValueError(f"{t_name} must be on the same device as {ref_name} ({ref.device}), got {t.device}")
+    if t.dtype != ref.dtype:
+        raise ValueError(f"{t_name} must have {ref_name}'s dtype ({ref.dtype}), got {t.dtype}")
+    if t.shape != ref.shape:
+        raise ValueError(f"{t_name} must have {ref_name}'s shape {_shape(ref)}, got {_shape(t)}")
 
 
 def _requires_grad(x: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
@@ -167,14 +172,7 @@ def scaled_masked_softmax_backward(
 
 def _check_backward_args(grad: torch.Tensor, y: torch.Tensor, scale: float) -> None:
     check_args(y, scale, None, None, 1, name="y")
-    if not isinstance(grad, torch.Tensor):
-        raise TypeError(f"grad must be a torch.Tensor, got {type(grad).__name__}")
-    if grad.device != y.device:
-        raise ValueError(f"grad must be on the same device as y ({y.device}), got {grad.device}")
-    if grad.dtype != y.dtype:
-        raise ValueError(f"grad must have y's dtype ({y.dtype}), got {grad.dtype}")
-    if grad.shape != y.shape:
-        raise ValueError(f"grad must have y's shape {_shape(y)}, got {_shape(grad)}")
+    _check_like(grad, "grad", y, "y")
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
