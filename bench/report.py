@@ -193,6 +193,28 @@ def micro_table(fam: Family, markdown: bool) -> list[str]:
     return table(fam, fam.rows, present(KERNEL_METRICS, fam.rows) + speedups(fam, fam.rows), markdown)
 
 
+def summary_table(fam: Family, markdown: bool) -> list[str]:
+    """The README's table: one row per case of our provider (the last ``fused*`` one), with every
+    provider's p50 of the same case beside it, our speedups, % of copy and % of a same-bytes copy."""
+    if fam.ours is None:
+        return []
+
+    def case(r: dict) -> tuple:
+        return tuple(str(r.get(k)) for k in fam.keys if k != fam.who)
+
+    p50 = {(case(r), r[fam.who]): r.get("p50_us") for r in fam.rows}
+    ours = [r for r in fam.rows if r[fam.who] == fam.ours]
+    figures = [(f"{w} us", ".1f", 0, (lambda r, w=w: p50.get((case(r), w)))) for w in fam.order]
+    figures += speedups(fam, ours) + present({k: KERNEL_METRICS[k] for k in ("pct_of_copy_bw", "pct_of_same_bytes_copy")},
+                                             ours)
+    saved = fam.keys
+    fam.keys = [k for k in fam.keys if k != fam.who]  # one row per case: the provider is in the headers
+    try:
+        return table(fam, ours, figures, markdown)
+    finally:
+        fam.keys = saved
+
+
 def memory_table(fam: Family, markdown: bool) -> list[str]:
     """Modeled bytes per case, and each provider's bytes over ours in the same group."""
     rows = [r for r in fam.rows if "modeled_bytes" in r]
@@ -356,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     micro, memory, md = [], [], ["# fused_attn benchmark report", ""]
+    readme = ["<!-- python -m bench.report: one table per benchmark function, our provider's cases -->", ""]
     pngs = []
     for run in runs:
         header, source = run_header(run), Path(run["_path"]).name
@@ -367,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
         for fam in fams:
             micro += [f"# {fam.title}: {header}", f"# source: {source}", *micro_table(fam, False), ""]
             md += [f"## {fam.title}: {header}", "", f"Source: `{source}`", "", *micro_table(fam, True), ""]
+            if fam.ours is not None:
+                readme += [f"**{fam.title}** (`{fam.ours}`; {header}; source `{source}`)", "",
+                           *summary_table(fam, True), ""]
             if any("modeled_bytes" in r for r in fam.rows):
                 memory += [f"# {fam.title}: {header} (modeled bytes)", f"# source: {source}",
                            *memory_table(fam, False), ""]
@@ -394,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "memory.txt").write_text("\n".join(memory) + "\n")
     (args.out / "gpt2.txt").write_text("\n".join(models))
     (args.out / "report.md").write_text("\n".join(md))
+    (args.out / "readme.md").write_text("\n".join(readme))
     print(f"report: {args.out} ({len(pngs)} plots)")
     return 0
 

@@ -274,3 +274,22 @@ def test_an_unknown_op_gets_its_columns_and_plots_from_the_data(tmp_path):
 
 def test_the_default_out_dir_is_outside_the_checkout():
     assert Path(__file__).resolve().parents[1] not in report.DEFAULT_OUT.resolve().parents
+
+
+def test_readme_table_has_one_row_per_case_of_our_provider(tmp_path):
+    """readme.md (the README's tables): one row per (shape, dtype, causal) of fused_v1, every provider's
+    p50 of that case in its own column, our speedups from the run."""
+    report.main([str(RUN), "--out", str(tmp_path), "--no-plots"])
+    rows = _kernel_rows(json.loads(RUN.read_text()))
+    ours = [r for r in rows if r["provider"] == "fused_v1"]
+    lines = [ln for ln in (tmp_path / "readme.md").read_text().splitlines() if ln.startswith("| ")]
+    header, body = lines[0], lines[1:]
+    assert "| fused_v1 us |" in header and "| eager us |" in header and "| provider |" not in header
+    assert len(body) >= len(ours)
+    for r in ours:
+        line = next(ln for ln in body if ln.startswith("| " + "x".join(map(str, r["shape"])))
+                    and (" yes " in ln) == r["causal"])
+        eager = next(e for e in rows if e["provider"] == "eager" and e["shape"] == r["shape"]
+                     and e["causal"] == r["causal"])
+        assert f" {r['p50_us']:.1f} " in line and f" {eager['p50_us']:.1f} " in line
+        assert f" {r['speedup_vs_eager']:.2f} " in line
