@@ -1,6 +1,9 @@
 // FastDiv: division by a divisor fixed at launch, as one multiply-high, an add and a shift.
-// Torch-free; any kernel that maps a flat row index to (lead, q) uses it.
+// Torch-free; any kernel that maps a flat row index to (lead, q) uses it. Host compilers see the
+// struct and its constructor (launchers build it in .cpp files); the division is device code.
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 
@@ -30,6 +33,7 @@ struct FastDiv {
     shift = l;
   }
 
+#if defined(__CUDACC__)
   __device__ __forceinline__ int64_t div(int64_t n) const {
     if (shift < 32 && n < (int64_t(1) << 31)) {
       const uint32_t n32 = uint32_t(n);
@@ -37,6 +41,7 @@ struct FastDiv {
     }
     return n / d;
   }
+#endif
 };
 
 }  // namespace fused_attn

@@ -1,4 +1,5 @@
-// Device code of scaled_masked_softmax (torch-free; the launcher is softmax.cu).
+// Device code of scaled_masked_softmax (torch-free; the launcher is softmax.cpp, the parameter
+// structs and launch declarations are in softmax_launch.h).
 //
 // Computes, for every row r of x viewed as [rows = L * seqlen_q, seqlen_k]:
 //   out[r, j] = softmax_j(x[r, j] * scale + mask[r, j])       (float32 accumulation)
@@ -9,7 +10,7 @@
 // read and are written as 0. A row with no finite score is written as all
 // zeros; a NaN in a visible element makes its row NaN.
 //
-// Versions (selected in softmax.cu, both tested):
+// Versions (selected in softmax.cpp, both tested):
 //   v0  textbook: one block per row; scale and mask are separate passes over a
 //       float32 copy of the row in global memory (workspace), then max, sum and
 //       normalize passes. ~5 reads + 3 writes of the row: the unfused chain's
@@ -24,7 +25,7 @@
 //   Target: one read of the visible part + one write of the row at the device
 //   copy bandwidth (bench/NOTES.md has the measured numbers).
 //
-// Backward (softmax_backward_kernel, selected in softmax.cu): with y = out and
+// Backward (softmax_backward_kernel, selected in softmax.cpp): with y = out and
 // dy the incoming gradient,
 //   dx[r, j] = scale * y[r, j] * (dy[r, j] - sum_k dy[r, k] * y[r, k])
 // over the visible keys; dx is 0 at every invisible key and on rows with no
@@ -44,45 +45,10 @@
 #include "../common/reduce.cuh"
 #include "../common/static_switch.h"
 #include "../common/vec_dtypes.cuh"
+#include "softmax_launch.h"
 #include "softmax_row_class.h"
 
 namespace fused_attn {
-
-enum MaskKind : int { kMaskNone = 0, kMaskBool = 1, kMaskAdditive = 2 };
-
-struct SoftmaxParams {
-  const void* x;  // [rows, seqlen_k], contiguous
-  void* out;      // [rows, seqlen_k], contiguous
-  int64_t rows;
-  int seqlen_q;
-  int seqlen_k;
-  FastDiv div_q;      // by seqlen_q
-  FastDiv div_lead1;  // by mask_lead1
-  float scale;
-  bool causal;
-  // attn_mask as a strided view over [lead0, lead1, seqlen_q, seqlen_k]
-  // (lead0 * lead1 = L); broadcast dims have stride 0.
-  const void* mask;
-  int mask_kind;
-  int64_t mask_lead1;
-  int64_t mask_stride_lead0;
-  int64_t mask_stride_lead1;
-  int64_t mask_stride_q;
-  int64_t mask_stride_k;
-  float* workspace;  // v0 only: [rows, seqlen_k] float32
-};
-
-struct SoftmaxBackwardParams {
-  const void* grad;  // dy [rows, seqlen_k], contiguous
-  const void* y;     // the forward's output [rows, seqlen_k], contiguous
-  void* dx;          // [rows, seqlen_k], contiguous
-  int64_t rows;
-  int seqlen_q;
-  int seqlen_k;
-  FastDiv div_q;  // by seqlen_q
-  float scale;
-  bool causal;
-};
 
 // Number of keys visible to `row` under the causal mask (all of them without it).
 // Params: SoftmaxParams or SoftmaxBackwardParams (causal, div_q, seqlen_q, seqlen_k).
@@ -155,6 +121,11 @@ __global__ void __launch_bounds__(kV0Threads)
   for (int j = threadIdx.x; j < n; j += kV0Threads) {
     out[j] = from_float<T>(m == kNegInf ? 0.f : expf(s[j] - m) * inv);
   }
+}
+
+template <typename T>
+void launch_v0(const SoftmaxParams& p, cudaStream_t stream) {
+  softmax_kernel_v0<T><<<unsigned(p.rows), kV0Threads, 0, stream>>>(p);
 }
 
 // ---------------------------------------------------------------------------

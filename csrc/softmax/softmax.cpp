@@ -1,9 +1,11 @@
 // Launchers of scaled_masked_softmax and its backward: argument checks, mask-view
-// canonicalization, version / dtype / row-class dispatch. Device code and the design
-// notes are in softmax_kernel.cuh. Autograd is registered from Python
-// (fused_attn/softmax.py) on top of these ops.
+// canonicalization, version / dtype / vector-width dispatch. Host C++ (g++): the kernels are
+// launched through the functions declared in softmax_launch.h, whose definitions
+// (softmax_kernel.cuh) are instantiated per dtype in softmax_inst_<dtype>.cu. Autograd is
+// registered from Python (fused_attn/softmax.py) on top of these ops.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -13,21 +15,10 @@
 
 #include "../common/checks.h"
 #include "../common/static_switch.h"
-#include "softmax_kernel.cuh"
+#include "softmax_launch.h"
 
 namespace fused_attn {
 
-// launch_v1 and launch_backward are instantiated per dtype in softmax_inst_<dtype>.cu
-// so the ~130 kernels compile in parallel.
-#define FA_EXTERN_V1(T)                                                   \
-  extern template void launch_v1<T, 16 / sizeof(T)>(const SoftmaxParams&, cudaStream_t); \
-  extern template void launch_v1<T, 1>(const SoftmaxParams&, cudaStream_t); \
-  extern template void launch_backward<T, 16 / sizeof(T)>(const SoftmaxBackwardParams&, cudaStream_t); \
-  extern template void launch_backward<T, 1>(const SoftmaxBackwardParams&, cudaStream_t);
-FA_EXTERN_V1(float)
-FA_EXTERN_V1(__half)
-FA_EXTERN_V1(__nv_bfloat16)
-#undef FA_EXTERN_V1
 
 namespace {
 
@@ -154,7 +145,7 @@ void launch(const at::Tensor& x, double scale, bool causal,
     if (version == 0) {
       at::Tensor ws = at::empty({p.rows, p.seqlen_k}, x.options().dtype(at::kFloat));
       p.workspace = ws.data_ptr<float>();
-      softmax_kernel_v0<scalar_t><<<unsigned(p.rows), kV0Threads, 0, stream>>>(p);
+      launch_v0<scalar_t>(p, stream);
       return;
     }
     constexpr int kVec = 16 / sizeof(scalar_t);
