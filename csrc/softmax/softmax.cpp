@@ -1,7 +1,7 @@
 // Launchers of scaled_masked_softmax and its backward: argument checks, mask-view
 // canonicalization, version / dtype / vector-width dispatch. Host C++ (g++): the kernels are
 // launched through the functions declared in softmax_launch.h, whose definitions
-// (softmax_kernel.cuh) are instantiated per dtype in softmax_inst_<dtype>.cu. Autograd is
+// (softmax_kernel.cuh) are instantiated in the generated softmax_inst_*.cu units. Autograd is
 // registered from Python (fused_attn/softmax.py) on top of these ops.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>

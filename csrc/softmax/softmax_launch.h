@@ -1,5 +1,5 @@
 // What the launcher (softmax.cpp, host C++ with ATen) and the kernels (softmax_kernel.cuh, built
-// in the softmax_inst_<dtype>.cu units) share: the parameter structs and the launch functions.
+// in the generated softmax_inst_*.cu units) share: the parameter structs and the launch functions.
 // Torch-free and host-compilable, so the ATen-heavy launcher does not go through nvcc: an edit to
 // it rebuilds one g++ unit, an edit to a kernel the nvcc units only.
 #pragma once
@@ -50,7 +50,7 @@ struct SoftmaxBackwardParams {
   bool causal;
 };
 
-// Defined in softmax_kernel.cuh, instantiated per dtype in softmax_inst_<dtype>.cu (VEC: 16 / sizeof(T)
+// Defined in softmax_kernel.cuh, instantiated in softmax_inst_*.cu (generate_instantiations.py; VEC: 16 / sizeof(T)
 // for 16-byte vector loads, or 1 for the scalar path).
 template <typename T>
 void launch_v0(const SoftmaxParams& p, cudaStream_t stream);

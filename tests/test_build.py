@@ -1,0 +1,25 @@
+"""The build's inputs: generated instantiation units up to date, unique source names (CPU, no compiler)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from fused_attn import build
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_generated_instantiation_units_are_up_to_date():
+    script = ROOT / "csrc" / "softmax" / "generate_instantiations.py"
+    r = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_sources_cover_every_unit_with_unique_names():
+    found = build.sources()
+    names = [p.stem for p in found]
+    assert len(names) == len(set(names))
+    assert {"registration", "softmax", "softmax_inst_fp16_v1_vec", "softmax_inst_bf16_bwd_scalar"} <= set(names)
+
