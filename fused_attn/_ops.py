@@ -20,26 +20,31 @@ from __future__ import annotations
 import torch
 
 LIB = torch.library.Library("fused_attn", "DEF")
+OPS: list[str] = []  # the names defined below
+
+
+def _define(schema: str) -> None:
+    LIB.define(schema)
+    OPS.append(schema.split("(", 1)[0])
+
 
 # softmax(x * scale + attn_mask) over the last dim of x [..., seqlen_q, seqlen_k];
 # causal masks key j for query i unless j <= i + seqlen_k - seqlen_q.
 # version: 0 = textbook kernel, 1 = fused kernel (default).
 # attn_mask is positional here (keyword-only in the Python API): torch.library's
 # register_autograd takes no keyword-only tensors, and an additive mask can require grad.
-LIB.define(
+_define(
     "scaled_masked_softmax(Tensor x, float scale=1.0, Tensor? attn_mask=None, *, "
     "bool causal=False, int version=1) -> Tensor"
 )
 # The out= variant records no gradient: it raises when an input requires grad.
-LIB.define(
+_define(
     "scaled_masked_softmax_out(Tensor x, float scale, Tensor? attn_mask, *, bool causal, "
     "int version, Tensor(a!) out) -> ()"
 )
 # Backward of scaled_masked_softmax: dx = scale * y * (grad - sum_j grad * y) per row, with
 # y the forward's output (its zeros carry the mask). Differentiable again (double backward).
-LIB.define("scaled_masked_softmax_backward(Tensor grad, Tensor y, float scale, *, bool causal=False) -> Tensor")
-
-OPS = ("scaled_masked_softmax", "scaled_masked_softmax_out", "scaled_masked_softmax_backward")
+_define("scaled_masked_softmax_backward(Tensor grad, Tensor y, float scale, *, bool causal=False) -> Tensor")
 
 _loaded = False
 
@@ -74,7 +79,7 @@ def _load_on_first_cuda_call(name: str):
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         if not any(t.device.type == "cuda" for t in tensors):
             devices = ", ".join(sorted({str(t.device) for t in tensors}))
-            raise NotImplementedError(f"{qualname} runs on CPU, CUDA and meta tensors, got tensors on {devices}")
+            raise NotImplementedError(f"{qualname}'s tensors must be CPU, CUDA or meta tensors, got {devices}")
         ensure_loaded()
         if not torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CUDA"):  # else this kernel again
             raise RuntimeError(f"{qualname} must have a CUDA kernel once the CUDA library is loaded, got none")

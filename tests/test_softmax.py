@@ -868,8 +868,8 @@ def test_the_cuda_fallback_builds_for_cuda_tensors_only(monkeypatch):
 
     monkeypatch.setattr(_ops, "ensure_loaded", no_build)
     fallback = _ops._load_on_first_cuda_call("scaled_masked_softmax")
-    with pytest.raises(NotImplementedError, match=r"fused_attn::scaled_masked_softmax runs on CPU, CUDA and meta "
-                                                  r"tensors, got tensors on cpu, meta"):
+    with pytest.raises(NotImplementedError, match=r"fused_attn::scaled_masked_softmax's tensors must be CPU, CUDA "
+                                                  r"or meta tensors, got cpu, meta"):
         fallback(torch.zeros(2, 3), 1.0, torch.zeros(2, 3, device="meta"), causal=False, version=1)
     for name in _ops.OPS:
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"fused_attn::{name}", "CompositeExplicitAutograd")
