@@ -877,6 +877,7 @@ def test_the_cuda_fallback_builds_for_cuda_tensors_only(monkeypatch):
 
 def test_a_build_says_where_it_goes(tmp_path, monkeypatch, capsys):
     """A build prints one line naming its directory under $FUSED_ATTN_CACHE (the compiler is stubbed)."""
+    import os
     from pathlib import Path
 
     from torch.utils import cpp_extension
@@ -892,6 +893,9 @@ def test_a_build_says_where_it_goes(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FUSED_ATTN_CACHE", str(tmp_path))
     monkeypatch.setattr(build, "find_cuda_home", lambda: tmp_path)
     monkeypatch.setattr(cpp_extension, "load", fake_load)
+    # library_path points torch's builder at the toolkit: restored after the test.
+    monkeypatch.setenv("CUDA_HOME", os.environ.get("CUDA_HOME", ""))
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", cpp_extension.CUDA_HOME)
     lib = build.library_path()
     err = capsys.readouterr().err
     assert built == [str(lib.parent)] and lib.parent.parent == tmp_path
