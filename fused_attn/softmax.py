@@ -131,8 +131,9 @@ def scaled_masked_softmax(
         x: ``[..., seqlen_q, seqlen_k]`` float32, float16 or bfloat16, any device.
             A non-contiguous CUDA ``x`` is copied once to contiguous memory.
         scale: finite multiplier applied before the mask (attention uses
-            ``headdim ** -0.5``).
-        causal: mask key j for query i unless ``j <= i + seqlen_k - seqlen_q``
+            ``headdim ** -0.5``); a number, or a 0-d CPU tensor that does not require
+            grad (read with ``float()``, as SDPA's ``scale``). Else TypeError.
+        causal: a bool (else TypeError); mask key j for query i unless ``j <= i + seqlen_k - seqlen_q``
             (bottom-right aligned: with seqlen_q = 1 every key is visible; with
             seqlen_q > seqlen_k the first rows see nothing). Masked elements are
             not read from memory.
