@@ -70,11 +70,27 @@ def cuda():
 
 
 @pytest.fixture
-def built_library():
-    """The compiled library loaded into this process (CPU kernels and fakes included)."""
+def built_library(cuda):
+    """The compiled CUDA library loaded into this process, for GPU tests that call torch.ops.fused_attn
+    directly and mean its C++ kernels. Nothing else needs it: the ops' CPU and fake kernels are
+    registered at import, and a CPU-only test run builds nothing (CI compiles on purpose, with
+    `python -m fused_attn.build`)."""
     if not HAS_NVCC:
         skip_or_fail(NO_NVCC_REASON)
     import fused_attn
 
     fused_attn.load()
     return True
+
+
+@pytest.fixture(autouse=True)
+def _no_cuda_build_without_a_gpu():
+    """On a machine without a GPU no test may build or load the CUDA library (~70 s and 30 MB of
+    cache on a small machine, for kernels that cannot run): the test that did it fails."""
+    from fused_attn import _ops
+
+    loaded_before = _ops.is_loaded()
+    yield
+    if not HAS_CUDA and not loaded_before and _ops.is_loaded():
+        pytest.fail("this test loaded fused_attn's CUDA library on a machine without a GPU: a CPU-only "
+                    "test run must build nothing (CPU and meta tensors need no build)", pytrace=False)

@@ -3,8 +3,10 @@
     import fused_attn
     p = fused_attn.scaled_masked_softmax(scores, headdim ** -0.5, causal=True)
 
-CUDA ops are compiled on first use (see ``fused_attn.build``); CPU tensors run a
-pure-PyTorch path with the same semantics.
+``torch.ops.fused_attn.*`` exist from import on (schemas: ``fused_attn._ops``): CPU tensors
+run a pure-PyTorch path with the same semantics and meta tensors (``torch.compile`` tracing)
+the fake kernels, with no build; the CUDA library is compiled and loaded on the first
+CUDA call (see ``fused_attn.build``).
 """
 
 from fused_attn._ops import ensure_loaded as load

@@ -1,34 +1,63 @@
-"""Loading the compiled library once per process, and Python-side registrations
-(fake implementations, CPU kernels) that run right after it is loaded."""
+"""The ``fused_attn`` operator library: every op's schema, in one place, and the CUDA library
+loaded on the first CUDA call.
+
+The schemas are defined here, from Python, when ``fused_attn`` is imported, so
+``torch.ops.fused_attn.*`` exist without a build: each op's module (``fused_attn/<op>.py``)
+registers its CPU kernel, fake (meta) kernel and autograd at import, so CPU tensors, meta
+tensors and ``torch.compile`` tracing never need nvcc. The CUDA kernels are the compiled
+library's (``TORCH_LIBRARY_IMPL(fused_attn, CUDA, m)`` in ``csrc/<op>/<op>.cu``); the C++ side
+defines no schema, so loading it never collides with the definitions below.
+
+Until the library is loaded, a CUDA tensor reaches the op's ``CompositeExplicitAutograd``
+kernel registered here (the dispatcher's fallback for a backend with no kernel of its own),
+which builds and loads the library (``fused_attn.build``: first time on a machine only) and
+calls the op again, now reaching the C++ kernel. Loading adds kernels under the ``CUDA`` key,
+which no Python registration uses, and the fallback stays registered but is never reached again.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
+LIB = torch.library.Library("fused_attn", "DEF")
+OPS: list[str] = []  # the names defined below
+
+
+def _define(schema: str) -> None:
+    LIB.define(schema)
+    OPS.append(schema.split("(", 1)[0])
+
+
+# softmax(x * scale + attn_mask) over the last dim of x [..., seqlen_q, seqlen_k];
+# causal masks key j for query i unless j <= i + seqlen_k - seqlen_q.
+# version: 0 = textbook kernel, 1 = fused kernel (default).
+# attn_mask is positional here (keyword-only in the Python API): torch.library's
+# register_autograd takes no keyword-only tensors, and an additive mask can require grad.
+_define(
+    "scaled_masked_softmax(Tensor x, float scale=1.0, Tensor? attn_mask=None, *, "
+    "bool causal=False, int version=1) -> Tensor"
+)
+# The out= variant records no gradient: it raises when an input requires grad.
+_define(
+    "scaled_masked_softmax_out(Tensor x, float scale, Tensor? attn_mask, *, bool causal, "
+    "int version, Tensor(a!) out) -> ()"
+)
+# Backward of scaled_masked_softmax: dx = scale * y * (grad - sum_j grad * y) per row, with
+# y the forward's output (its zeros carry the mask). Differentiable again (double backward).
+_define("scaled_masked_softmax_backward(Tensor grad, Tensor y, float scale, *, bool causal=False) -> Tensor")
+
 _loaded = False
-_after_load: list[Callable[[], None]] = []
-
-
-def after_load(fn: Callable[[], None]) -> Callable[[], None]:
-    """Run ``fn`` once the library is loaded (now, if it already is)."""
-    _after_load.append(fn)
-    if _loaded:
-        fn()
-    return fn
 
 
 def ensure_loaded() -> bool:
-    """Build (first time on this machine) and load the CUDA library; idempotent."""
+    """Build (first time on this machine) and load the CUDA library; idempotent. Only CUDA
+    tensors need it: CPU and meta tensors run the kernels registered from Python."""
     global _loaded
     if not _loaded:
         from fused_attn import build
 
         torch.ops.load_library(str(build.library_path()))
         _loaded = True
-        for fn in _after_load:
-            fn()
     return True
 
 
@@ -41,3 +70,23 @@ def is_loaded() -> bool:
 # torch._dynamo.assume_constant_result does; setting the marker directly keeps
 # `import fused_attn` from importing torch._dynamo (~3 s).
 ensure_loaded._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def _load_on_first_cuda_call(name: str):
+    qualname = f"fused_attn::{name}"
+
+    def kernel(*args, **kwargs):
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if not any(t.device.type == "cuda" for t in tensors):
+            devices = ", ".join(sorted({str(t.device) for t in tensors}))
+            raise NotImplementedError(f"{qualname}'s tensors must be CPU, CUDA or meta tensors, got {devices}")
+        ensure_loaded()
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CUDA"):  # else this kernel again
+            raise RuntimeError(f"{qualname} must have a CUDA kernel once the CUDA library is loaded, got none")
+        return getattr(torch.ops.fused_attn, name).default(*args, **kwargs)
+
+    return kernel
+
+
+for _name in OPS:
+    LIB.impl(_name, _load_on_first_cuda_call(_name), "CompositeExplicitAutograd")

@@ -45,7 +45,7 @@ import torch
 LIB_NAME = "fused_attn_C"
 _PACKAGE = Path(__file__).resolve().parent
 # A checkout (editable install) keeps the sources beside the package; a wheel ships them inside it.
-CSRC = _PACKAGE.parent / "csrc" if (_PACKAGE.parent / "csrc" / "registration.cpp").is_file() else _PACKAGE / "csrc"
+CSRC = _PACKAGE.parent / "csrc" if (_PACKAGE.parent / "csrc" / "common" / "checks.h").is_file() else _PACKAGE / "csrc"
 SOURCE_SUFFIXES = (".cu", ".cpp")
 HEADER_SUFFIXES = (".cuh", ".h")
 CUDA_CFLAGS = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]

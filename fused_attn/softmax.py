@@ -28,14 +28,22 @@ def _shape(t: torch.Tensor | torch.Size) -> str:
 
 def check_args(
     x: torch.Tensor,
-    scale: float,
+    scale: float | torch.Tensor,
+    causal: bool,
     attn_mask: torch.Tensor | None,
     out: torch.Tensor | None,
     version: int,
     name: str = "x",
-) -> None:
-    """Raise ValueError / TypeError naming the bad argument (same messages as csrc/softmax/softmax.cu).
-    ``name``: what the scores tensor is called in the caller's signature (``y`` in the backward)."""
+) -> float:
+    """Raise TypeError (wrong type) / ValueError (bad value) naming the bad argument (same messages
+    as csrc/softmax/softmax.cu); return ``scale`` as a float. ``name``: what the scores tensor is
+    called in the caller's signature (``y`` in the backward).
+
+    The wrapper, the CPU and the fake kernels all check here, so every path takes the same
+    arguments. As ``F.scaled_dot_product_attention`` does, ``causal`` must be a bool (not 1,
+    None or "yes") and ``scale`` may be a 0-d tensor that does not require grad, read with
+    ``float()``; unlike SDPA, not a CUDA one (reading it would synchronize the host) and not a
+    bool (``scaled_masked_softmax(x, True)`` is a misplaced ``causal``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.device.type == "cpu" and x.dtype not in _CPU_DTYPES:
@@ -44,9 +52,10 @@ def check_args(
         raise ValueError(f"{name} must have dtype float32, float16 or bfloat16, got {x.dtype}")
     if x.dim() < 2:
         raise ValueError(f"{name} must have at least 2 dims [..., seqlen_q, seqlen_k], got {_shape(x)}")
-    if isinstance(scale, bool) or not isinstance(scale, Real) or not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number, got {scale!r}")
-    if version not in VERSIONS:
+    scale = _scale_value(scale)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if isinstance(version, bool) or version not in VERSIONS:
         raise ValueError(f"version must be 0 or 1, got {version!r}")
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor):
@@ -65,6 +74,22 @@ def check_args(
         _check_like(out, "out", x, name, "a torch.Tensor or None")
         if not out.is_contiguous():
             raise ValueError(f"out must be contiguous, got strides {out.stride()}")
+    return scale
+
+
+def _scale_value(scale) -> float:
+    if isinstance(scale, torch.Tensor):
+        if (scale.dim() != 0 or scale.device.type != "cpu" or scale.requires_grad
+                or scale.dtype == torch.bool or scale.is_complex()):
+            raise TypeError(f"scale must be a finite number or a 0-d CPU tensor that does not require grad, "
+                            f"got {scale!r}")
+        scale = scale.item()
+    elif isinstance(scale, bool) or not isinstance(scale, Real):
+        raise TypeError(f"scale must be a finite number or a 0-d CPU tensor that does not require grad, "
+                        f"got {scale!r}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    return float(scale)
 
 
 def _check_like(t, t_name: str, ref: torch.Tensor, ref_name: str, kind: str = "a torch.Tensor") -> None:
@@ -106,8 +131,9 @@ def scaled_masked_softmax(
         x: ``[..., seqlen_q, seqlen_k]`` float32, float16 or bfloat16, any device.
             A non-contiguous CUDA ``x`` is copied once to contiguous memory.
         scale: finite multiplier applied before the mask (attention uses
-            ``headdim ** -0.5``).
-        causal: mask key j for query i unless ``j <= i + seqlen_k - seqlen_q``
+            ``headdim ** -0.5``); a number, or a 0-d CPU tensor that does not require
+            grad (read with ``float()``, as SDPA's ``scale``). Else TypeError.
+        causal: a bool (else TypeError); mask key j for query i unless ``j <= i + seqlen_k - seqlen_q``
             (bottom-right aligned: with seqlen_q = 1 every key is visible; with
             seqlen_q > seqlen_k the first rows see nothing). Masked elements are
             not read from memory.
@@ -134,15 +160,15 @@ def scaled_masked_softmax(
     Works under ``torch.compile(fullgraph=True)`` and CUDA graph capture; never
     synchronizes the host.
     """
-    check_args(x, scale, attn_mask, out, version)
+    scale = check_args(x, scale, causal, attn_mask, out, version)
     check_no_grad_for_out(x, attn_mask, out)
-    scale = float(scale)
     if x.device.type == "cpu":
         result = _cpu(x, scale, causal, attn_mask)
         if out is None:
             return result
         return out.copy_(result)
-    _ops.ensure_loaded()
+    if x.device.type == "cuda":  # meta tensors (and torch.compile's tracing) run the fake kernel: no build
+        _ops.ensure_loaded()
     if out is None:
         return torch.ops.fused_attn.scaled_masked_softmax(x, scale, attn_mask, causal=causal, version=version)
     torch.ops.fused_attn.scaled_masked_softmax_out(x, scale, attn_mask, causal=causal, version=version, out=out)
@@ -163,16 +189,18 @@ def scaled_masked_softmax_backward(
     Returns dx, y's shape and dtype (float32 arithmetic). Autograd calls this; it is public
     for benchmarks and for callers who keep y themselves.
     """
-    _check_backward_args(grad, y, scale)
-    if y.device.type != "cpu":
+    scale = _check_backward_args(grad, y, scale, causal)
+    if y.device.type == "cpu":
+        return _backward_cpu(grad, y, scale, causal)
+    if y.device.type == "cuda":
         _ops.ensure_loaded()
-        return torch.ops.fused_attn.scaled_masked_softmax_backward(grad, y, float(scale), causal=causal)
-    return _backward_cpu(grad, y, float(scale), causal)
+    return torch.ops.fused_attn.scaled_masked_softmax_backward(grad, y, scale, causal=causal)
 
 
-def _check_backward_args(grad: torch.Tensor, y: torch.Tensor, scale: float) -> None:
-    check_args(y, scale, None, None, 1, name="y")
+def _check_backward_args(grad: torch.Tensor, y: torch.Tensor, scale: float | torch.Tensor, causal: bool) -> float:
+    scale = check_args(y, scale, causal, None, None, 1, name="y")
     _check_like(grad, "grad", y, "y")
+    return scale
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -250,44 +278,43 @@ def _out_autograd(x, scale, attn_mask, *, causal, version, out):
         torch.ops.fused_attn.scaled_masked_softmax_out(x, scale, attn_mask, causal=causal, version=version, out=out)
 
 
-_impl_lib: torch.library.Library | None = None
-
-
-@_ops.after_load
 def _register() -> None:
-    global _impl_lib
+    """CPU and fake kernels and autograd of the three ops (schemas: fused_attn/_ops.py), at import:
+    CPU and meta tensors never need the CUDA library."""
     lib = "fused_attn::scaled_masked_softmax"
 
     @torch.library.register_fake(lib)
     def _fake(x, scale=1.0, attn_mask=None, *, causal=False, version=1):
-        check_args(x, scale, attn_mask, None, version)
+        check_args(x, scale, causal, attn_mask, None, version)
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
     @torch.library.register_fake(lib + "_out")
     def _fake_out(x, scale, attn_mask, *, causal, version, out):
-        check_args(x, scale, attn_mask, out, version)
+        check_args(x, scale, causal, attn_mask, out, version)
 
     @torch.library.register_fake(lib + "_backward")
     def _fake_backward(grad, y, scale, *, causal=False):
-        _check_backward_args(grad, y, scale)
+        _check_backward_args(grad, y, scale, causal)
         return torch.empty(y.shape, dtype=y.dtype, device=y.device)
 
     @torch.library.register_kernel(lib, "cpu")
     def _cpu_kernel(x, scale=1.0, attn_mask=None, *, causal=False, version=1):
-        check_args(x, scale, attn_mask, None, version)
+        check_args(x, scale, causal, attn_mask, None, version)
         return _cpu(x, scale, causal, attn_mask)
 
     @torch.library.register_kernel(lib + "_out", "cpu")
     def _cpu_kernel_out(x, scale, attn_mask, *, causal, version, out):
-        check_args(x, scale, attn_mask, out, version)
+        check_args(x, scale, causal, attn_mask, out, version)
         out.copy_(_cpu(x, scale, causal, attn_mask))
 
     @torch.library.register_kernel(lib + "_backward", "cpu")
     def _cpu_kernel_backward(grad, y, scale, *, causal=False):
-        _check_backward_args(grad, y, scale)
+        _check_backward_args(grad, y, scale, causal)
         return _backward_cpu(grad, y, scale, causal)
 
     torch.library.register_autograd(lib, _backward, setup_context=_setup_context)
     torch.library.register_autograd(lib + "_backward", _backward_backward, setup_context=_setup_context_backward)
-    _impl_lib = torch.library.Library("fused_attn", "IMPL")
-    _impl_lib.impl("scaled_masked_softmax_out", _out_autograd, "Autograd")
+    _ops.LIB.impl("scaled_masked_softmax_out", _out_autograd, "Autograd")
+
+
+_register()

@@ -672,17 +672,99 @@ def test_cpp_mixed_device_messages_gpu(built_library):
         ops.scaled_masked_softmax_out(x, 1.0, causal=False, attn_mask=None, version=1, out=torch.empty(3, 4))
 
 
-def test_scale_must_be_a_number():
-    with pytest.raises(ValueError, match=r"scale must be a finite number, got 'a'"):
-        scaled_masked_softmax(torch.zeros(2, 2), "a")
+# Argument types: the same rules for the wrapper on every device, for the forward and the backward,
+# those of F.scaled_dot_product_attention (is_causal a bool; scale a number or a 0-d tensor that does
+# not require grad, read with float()), except that scale may be neither a bool (a misplaced causal)
+# nor a CUDA tensor (reading it would synchronize the host).
+SCALE_TYPE = r"scale must be a finite number or a 0-d CPU tensor that does not require grad, got "
+BAD_ARGUMENT_TYPES = [
+    (lambda: dict(causal="yes"), r"causal must be a bool, got 'yes'"),
+    (lambda: dict(causal=None), r"causal must be a bool, got None"),
+    (lambda: dict(causal=1), r"causal must be a bool, got 1"),
+    (lambda: dict(scale="a"), SCALE_TYPE + r"'a'"),
+    (lambda: dict(scale=None), SCALE_TYPE + r"None"),
+    (lambda: dict(scale=True), SCALE_TYPE + r"True"),
+    (lambda: dict(scale=torch.tensor([0.5])), SCALE_TYPE + r"tensor\(\[0.5000\]\)"),
+    (lambda: dict(scale=torch.tensor(0.5, requires_grad=True)), SCALE_TYPE + r"tensor\(0.5000, requires_grad=True\)"),
+    (lambda: dict(scale=torch.tensor(True)), SCALE_TYPE + r"tensor\(True\)"),
+]
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("make,match", BAD_ARGUMENT_TYPES)
+def test_bad_argument_types_raise_type_error(device, make, match):
+    from fused_attn.softmax import scaled_masked_softmax_backward
+
+    kwargs = make()
+    scale = kwargs.pop("scale", 1.0)
+    x = torch.zeros(2, 3, device=device)
+    with pytest.raises(TypeError, match=match):
+        scaled_masked_softmax(x, scale, **kwargs)
+    with pytest.raises(TypeError, match=match):
+        scaled_masked_softmax_backward(x, x, scale, **kwargs)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_x_that_is_not_a_tensor_raises_type_error(device):
+    from fused_attn.softmax import scaled_masked_softmax_backward
+
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor, got list"):
+        scaled_masked_softmax([[0.0, 1.0]], 0.5)
+    with pytest.raises(TypeError, match=r"y must be a torch.Tensor, got list"):
+        scaled_masked_softmax_backward(torch.zeros(1, 2, device=device), [[0.0, 1.0]], 0.5)
+    with pytest.raises(TypeError, match=r"grad must be a torch.Tensor, got list"):
+        scaled_masked_softmax_backward([[0.0, 1.0]], torch.zeros(1, 2, device=device), 0.5)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("scale", [torch.tensor(0.5), torch.tensor(0.5, dtype=torch.float64), torch.tensor(2)],
+                         ids=["float32", "float64", "int64"])
+def test_scale_may_be_a_0d_cpu_tensor(device, scale):
+    """As SDPA's scale: a 0-d tensor is read once with float(); the result equals the Python number's."""
+    from fused_attn.softmax import scaled_masked_softmax_backward
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(2, 3, 7, generator=gen, device=device)
+    want = scaled_masked_softmax(x, float(scale), causal=True)
+    torch.testing.assert_close(scaled_masked_softmax(x, scale, causal=True), want, rtol=0, atol=0)
+    dy = torch.randn(2, 3, 7, generator=gen, device=device)
+    torch.testing.assert_close(scaled_masked_softmax_backward(dy, want, scale, causal=True),
+                               scaled_masked_softmax_backward(dy, want, float(scale), causal=True), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"scale must be a finite number, got inf"):
+        scaled_masked_softmax(x, torch.tensor(math.inf))
 
 
 @pytest.mark.gpu
+def test_scale_on_a_cuda_device_raises_gpu():
+    with pytest.raises(TypeError, match=SCALE_TYPE + r"tensor\(0.5000, device='cuda:0'\)"):
+        scaled_masked_softmax(torch.zeros(2, 3, device="cuda"), torch.tensor(0.5, device="cuda"))
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_torch_ops_parse_arguments_alike_on_every_device(device):
+    """torch.ops.fused_attn callers meet the schema's types before any kernel runs (the same torch
+    error on every device) and then the kernels' value checks, which give the wrapper's messages
+    (CPU kernel, fake kernel, C++ launcher: test_op_checks_pin_the_same_messages)."""
+    ops = torch.ops.fused_attn
+    x = torch.zeros(2, 3, device=device)
+    with pytest.raises(RuntimeError, match=r"Expected a value of type 'bool' for argument 'causal'"):
+        ops.scaled_masked_softmax(x, 0.5, None, causal="yes")
+    with pytest.raises(RuntimeError, match=r"Expected a value of type 'float' for argument 'scale'"):
+        ops.scaled_masked_softmax(x, "a", None)
+    with pytest.raises(RuntimeError, match=r"Expected a value of type 'bool' for argument 'causal'"):
+        ops.scaled_masked_softmax_backward(x, x, 0.5, causal="yes")
+    with pytest.raises(ValueError, match=r"scale must be a finite number, got inf"):
+        ops.scaled_masked_softmax(x, math.inf, None)
+    with pytest.raises(ValueError, match=r"scale must be a finite number, got inf"):
+        ops.scaled_masked_softmax_backward(x, x, math.inf)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("make,exc,match", BAD_INPUTS)
-def test_cpp_checks_pin_the_same_messages_gpu(make, exc, match, built_library):
-    """The C++ launcher validates too, with the same messages, for callers of
-    torch.ops.fused_attn who bypass the Python wrapper."""
-    kwargs = make("cuda")
+def test_op_checks_pin_the_same_messages(device, make, exc, match):
+    """Callers of torch.ops.fused_attn who bypass the Python wrapper get its checks and messages from
+    every kernel: CPU, fake (meta) and the C++ launcher (CUDA)."""
+    kwargs = make(device)
     x = kwargs.pop("x")
     scale = kwargs.pop("scale", 1.0)
     mask = kwargs.pop("attn_mask", None)
@@ -714,8 +796,117 @@ def sample_inputs(device):
     ]
 
 
+_WITHOUT_A_BUILD = """
+import torch
+import fused_attn
+from fused_attn import _ops, build, reference
+
+
+def no_build():
+    raise SystemExit("the CUDA library was about to be built")
+
+
+build.library_path = no_build
+ops = torch.ops.fused_attn
+gen = torch.Generator().manual_seed(0)
+x = torch.randn(2, 3, 4, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+keep = torch.rand(2, 1, 1, 6, generator=gen) > 0.3
+y = ops.scaled_masked_softmax(x, 0.5, keep, causal=True)
+want = reference.scaled_masked_softmax(x.detach(), 0.5, causal=True, attn_mask=keep)
+assert torch.allclose(y, want), "forward"
+dy = torch.randn(2, 3, 4, 6, generator=gen, dtype=torch.float64)
+(dx,) = torch.autograd.grad(y, x, dy)
+assert torch.allclose(dx, ops.scaled_masked_softmax_backward(dy, y.detach(), 0.5, causal=True)), "autograd"
+out = torch.empty(2, 3, 4, 6, dtype=torch.float64)
+ops.scaled_masked_softmax_out(x.detach(), 0.5, keep, causal=True, version=1, out=out)
+assert torch.equal(out, y.detach()), "out="
+m = torch.empty(2, 3, 4, 6, device="meta", dtype=torch.float16)
+for got in (ops.scaled_masked_softmax(m, 0.5, None, causal=True), ops.scaled_masked_softmax_backward(m, m, 0.5),
+            fused_attn.scaled_masked_softmax(m, 0.5, causal=True, attn_mask=keep.to("meta")),
+            fused_attn.scaled_masked_softmax_backward(m, m, 0.5)):
+    assert got.device.type == "meta" and got.shape == m.shape and got.dtype == m.dtype, got
+
+
+class Probs(torch.nn.Module):
+    def forward(self, s):
+        return fused_attn.scaled_masked_softmax(s, 0.5, causal=True) * 2
+
+
+with torch.device("meta"):  # traced with the fake kernels
+    ep = torch.export.export(Probs(), (torch.empty(2, 3, 4, 6),))
+assert "fused_attn.scaled_masked_softmax" in str(ep.graph), ep.graph
+assert not _ops.is_loaded(), "the CUDA library was loaded"
+print("ok")
+"""
+
+
+def test_ops_work_after_import_without_a_build(tmp_path):
+    """Right after `import fused_attn`, in a fresh process: torch.ops.fused_attn.* forward, out=,
+    backward and autograd on CPU tensors, meta tensors through the ops and the wrapper, and
+    torch.export tracing, with the CUDA library never built nor loaded (its cache stays empty)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cache = tmp_path / "cache"
+    env = dict(os.environ, FUSED_ATTN_CACHE=str(cache), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    run = subprocess.run([sys.executable, "-c", _WITHOUT_A_BUILD], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
+    assert "building" not in run.stderr, run.stderr
+    assert not cache.exists(), sorted(cache.rglob("*"))
+
+
+def test_the_cuda_fallback_builds_for_cuda_tensors_only(monkeypatch):
+    """Until the CUDA library is loaded, the ops' CompositeExplicitAutograd kernel (fused_attn/_ops.py)
+    is what a CUDA tensor reaches; any other device gets a clear error, not a build."""
+    from fused_attn import _ops
+
+    def no_build():
+        raise AssertionError("ensure_loaded called")
+
+    monkeypatch.setattr(_ops, "ensure_loaded", no_build)
+    fallback = _ops._load_on_first_cuda_call("scaled_masked_softmax")
+    with pytest.raises(NotImplementedError, match=r"fused_attn::scaled_masked_softmax's tensors must be CPU, CUDA "
+                                                  r"or meta tensors, got cpu, meta"):
+        fallback(torch.zeros(2, 3), 1.0, torch.zeros(2, 3, device="meta"), causal=False, version=1)
+    for name in _ops.OPS:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"fused_attn::{name}", "CompositeExplicitAutograd")
+
+
+def test_a_build_says_where_it_goes(tmp_path, monkeypatch, capsys):
+    """A build prints one line naming its directory under $FUSED_ATTN_CACHE (the compiler is stubbed)."""
+    import os
+    from pathlib import Path
+
+    from torch.utils import cpp_extension
+
+    from fused_attn import build
+
+    built = []
+
+    def fake_load(*, build_directory, **kwargs):
+        built.append(build_directory)
+        (Path(build_directory) / f"{build.LIB_NAME}.so").write_bytes(b"")
+
+    monkeypatch.setenv("FUSED_ATTN_CACHE", str(tmp_path))
+    monkeypatch.setattr(build, "find_cuda_home", lambda: tmp_path)
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    # library_path points torch's builder at the toolkit: restored after the test.
+    monkeypatch.setenv("CUDA_HOME", os.environ.get("CUDA_HOME", ""))
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", cpp_extension.CUDA_HOME)
+    lib = build.library_path()
+    err = capsys.readouterr().err
+    assert built == [str(lib.parent)] and lib.parent.parent == tmp_path
+    ours = [line for line in err.splitlines() if "fused_attn" in line]
+    assert ours == [line for line in ours if line.startswith(f"fused_attn: building the CUDA library in {lib.parent} ")]
+    assert len(ours) == 1, err
+    assert build.library_path() == lib and "fused_attn" not in capsys.readouterr().err  # built: no build, no line
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_opcheck(device, built_library):
+def test_opcheck(device):
     for args, kwargs in sample_inputs(device):
         torch.library.opcheck(torch.ops.fused_attn.scaled_masked_softmax.default, args, kwargs)
         out = torch.empty_like(args[0])
@@ -933,7 +1124,7 @@ def test_gradcheck_cpu_path():
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_gradcheck_op_and_its_backward(device, built_library):
+def test_gradcheck_op_and_its_backward(device):
     """The registered autograd of the op and of its backward op (double backward), float64 on the CPU;
     on CUDA the same formulas run through the kernels in float32 against finite differences."""
     ops = torch.ops.fused_attn
@@ -952,7 +1143,7 @@ def test_gradcheck_op_and_its_backward(device, built_library):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_opcheck_autograd(device, built_library):
+def test_opcheck_autograd(device):
     """opcheck's autograd-registration and AOT-dispatch checks with inputs that require grad."""
     ops = torch.ops.fused_attn
     for (x, scale), kwargs in sample_inputs(device):
@@ -1018,7 +1209,7 @@ def test_out_under_autograd_raises(device):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_out_op_under_autograd_raises(device, built_library):
+def test_out_op_under_autograd_raises(device):
     """torch.ops callers of the out= variant get the same error from its autograd kernel."""
     x = torch.randn(3, 4, device=device, requires_grad=True)
     with pytest.raises(ValueError, match=r"out must be None when x or attn_mask requires grad"):

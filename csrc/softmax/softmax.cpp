@@ -157,7 +157,7 @@ void launch(const at::Tensor& x, double scale, bool causal,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Argument order follows the schemas in registration.cpp.
+// Argument order follows the schemas in fused_attn/_ops.py (the only place schemas are defined).
 void scaled_masked_softmax_out(const at::Tensor& x, double scale,
                                const std::optional<at::Tensor>& attn_mask, bool causal,
                                int64_t version, const at::Tensor& out) {

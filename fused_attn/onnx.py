@@ -1,0 +1,94 @@
+"""ONNX export of the fused_attn ops: translations into standard ONNX operators.
+
+``torch.onnx.export(..., dynamo=True)`` has no translation for a custom op; hand it ours::
+
+    import fused_attn.onnx
+
+    torch.onnx.export(model, args, "model.onnx", dynamo=True,
+                      custom_translation_table=fused_attn.onnx.TRANSLATIONS)
+
+Needs the ``onnx`` extra (``pip install "fused_attn[onnx]"``: onnxscript, and onnxruntime to run
+the result). Each translation is the op's definition (``fused_attn/reference.py``) written with
+ONNX opset 18 operators, computed in float32 (float64 input: float64) as the kernels and the CPU
+path compute, cast back to the input's dtype:
+
+- ``scaled_masked_softmax``: ``x * scale``, an additive ``attn_mask`` added or a bool one
+  (True = attend) applied, the bottom-right causal mask (key j visible to query i iff
+  ``j <= i + seqlen_k - seqlen_q``, from the runtime shape, so dynamic sequence lengths work),
+  then exp / sum over the last dim; masked elements are exact zeros, a row with no visible key
+  is all zeros, a NaN in a visible element makes its row NaN.
+- ``scaled_masked_softmax_backward``: ``dx = scale * y * (grad - sum_j grad * y)`` over the
+  visible keys.
+
+``scaled_masked_softmax_out`` writes into ``out`` (CUDA graphs) and has no ONNX translation: an
+exported model calls the functional op (``out=None``), which is what ``torch.export`` records.
+"""
+
+from __future__ import annotations
+
+import torch
+from onnxscript import ir
+from onnxscript import opset18 as op
+
+
+def _compute_type(x) -> ir.DataType:
+    return ir.DataType.DOUBLE if x.dtype == ir.DataType.DOUBLE else ir.DataType.FLOAT
+
+
+def _scalar(value: float, dtype: ir.DataType):
+    """A constant of ``dtype`` (a float64 scale stays exact, not rounded through float32)."""
+    return op.Constant(value=ir.tensor(value, dtype=dtype))
+
+
+def _causal_visible(x):
+    """Bool [seqlen_q, seqlen_k]: True where key j is visible to query i (bottom-right aligned)."""
+    shape = op.Shape(x)
+    seqlen_q = op.Squeeze(op.Slice(shape, [-2], [-1]))
+    seqlen_k = op.Squeeze(op.Slice(shape, [-1], [2**62]))
+    i = op.Unsqueeze(op.Range(0, seqlen_q, 1), [-1])
+    j = op.Range(0, seqlen_k, 1)
+    return op.LessOrEqual(j, op.Add(i, op.Sub(seqlen_k, seqlen_q)))
+
+
+def scaled_masked_softmax(x, scale: float = 1.0, attn_mask=None, causal: bool = False, version: int = 1):
+    """ONNX translation of ``torch.ops.fused_attn.scaled_masked_softmax.default``. ``version`` only
+    picks a CUDA kernel (0 textbook, 1 fused); both compute this function."""
+    ct = _compute_type(x)
+    s = op.Mul(op.Cast(x, to=ct), _scalar(scale, ct))
+    visible = None
+    if attn_mask is not None:
+        if attn_mask.dtype == ir.DataType.BOOL:
+            visible = attn_mask
+        else:
+            s = op.Add(s, op.Cast(attn_mask, to=ct))
+    if causal:
+        causal_ok = _causal_visible(x)
+        visible = causal_ok if visible is None else op.And(visible, causal_ok)
+    neg_inf, zero = _scalar(float("-inf"), ct), _scalar(0.0, ct)
+    if visible is not None:
+        s = op.Where(visible, s, neg_inf)
+    # A row with no finite score has max -inf: shift it by 0 instead (exp(-inf) = 0, sum 0 -> row 0).
+    m = op.ReduceMax(s, [-1], keepdims=1)
+    e = op.Exp(op.Sub(s, op.Where(op.Equal(m, neg_inf), zero, m)))
+    total = op.ReduceSum(e, [-1], keepdims=1)
+    # total == 0: every key masked -> 0; a NaN anywhere in the row makes total NaN -> the row is NaN.
+    p = op.Where(op.Equal(total, zero), zero, op.Div(e, total))
+    return op.CastLike(p, x)
+
+
+def scaled_masked_softmax_backward(grad, y, scale: float, causal: bool = False):
+    """ONNX translation of ``torch.ops.fused_attn.scaled_masked_softmax_backward.default``."""
+    ct = _compute_type(y)
+    g, yy = op.Cast(grad, to=ct), op.Cast(y, to=ct)
+    if causal:
+        visible = op.CastLike(_causal_visible(y), yy)
+        g, yy = op.Mul(g, visible), op.Mul(yy, visible)
+    dot = op.ReduceSum(op.Mul(g, yy), [-1], keepdims=1)
+    dx = op.Mul(op.Mul(yy, _scalar(scale, ct)), op.Sub(g, dot))
+    return op.CastLike(dx, y)
+
+
+TRANSLATIONS = {
+    torch.ops.fused_attn.scaled_masked_softmax.default: scaled_masked_softmax,
+    torch.ops.fused_attn.scaled_masked_softmax_backward.default: scaled_masked_softmax_backward,
+}
