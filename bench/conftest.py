@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,19 +38,60 @@ def pytest_addoption(parser):
                 help="hf-fused rounds, each after an interleaved hf-eager round (their difference is small)")
 
 
+def slug(gpu_name: str) -> str:
+    """The folder name of a GPU model: "NVIDIA H100 80GB HBM3" -> "NVIDIA-H100-80GB-HBM3"."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", gpu_name).strip("-")
+
+
 def gpu_slug() -> str:
-    if not torch.cuda.is_available():
-        return "cpu"
-    return re.sub(r"[^A-Za-z0-9]+", "-", torch.cuda.get_device_name()).strip("-")
+    return slug(torch.cuda.get_device_name()) if torch.cuda.is_available() else "cpu"
+
+
+NO_GPU = ("no CUDA GPU: the benchmarks need one. This run is the CPU smoke mode, which only checks that the "
+          "harness and every case run (CI uses it); its timings are not comparable with anything")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    # Saved runs live in git under bench/results/<GPU model>/, so --benchmark-compare
-    # finds the last run on the same kind of GPU.
+    # Saved runs live in git as bench/results/<GPU model>/NNNN_<commit>_<name>.json, one folder per
+    # GPU model and nothing else in the path (pytest-benchmark's own machine id names the Python
+    # version), so --benchmark-compare finds the last run on the same kind of GPU from any Python.
+    # Without a GPU nothing is stored under bench/results/: a temporary folder takes the CPU runs.
     storage = getattr(config.option, "benchmark_storage", None)
     if storage in (None, "file://./.benchmarks"):
-        config.option.benchmark_storage = f"file://{BENCH_DIR / 'results' / gpu_slug()}"
+        if torch.cuda.is_available():
+            folder = BENCH_DIR / "results" / gpu_slug()
+        else:
+            folder = Path(tempfile.gettempdir()) / "fused_attn_bench_cpu"
+        config.option.benchmark_storage = f"file://{folder}"
+        config._fused_attn_storage = folder
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    # pytest-benchmark loaded the runs to compare with when it was configured (it finds the files
+    # directly in the storage folder too); from here on it saves there too, not in a per-Python subfolder.
+    bs = getattr(session.config, "_benchmarksession", None)
+    if bs is not None and getattr(session.config, "_fused_attn_storage", None) is not None:
+        bs.storage.default_machine_id = None
+
+
+def pytest_report_header(config):
+    if not torch.cuda.is_available():
+        return [f"fused_attn bench: {NO_GPU}."]
+    return [f"fused_attn bench: {torch.cuda.get_device_name()}; runs are stored in and compared with "
+            f"{getattr(config, '_fused_attn_storage', None) or config.option.benchmark_storage}"]
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables: the last thing printed
+def pytest_terminal_summary(terminalreporter, config):
+    if torch.cuda.is_available():
+        return
+    where = getattr(config, "_fused_attn_storage", None)
+    saved = config.getoption("benchmark_autosave", False) or config.getoption("benchmark_save", None)
+    terminalreporter.write_line(f"fused_attn bench: {NO_GPU}."
+                                + (f" Saved runs went to {where}, not bench/results/." if saved and where else ""),
+                                yellow=True)
 
 
 def _git_commit() -> str:
