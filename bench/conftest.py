@@ -56,7 +56,8 @@ def pytest_configure(config):
     # Saved runs live in git as bench/results/<GPU model>/NNNN_<commit>_<name>.json, one folder per
     # GPU model and nothing else in the path (pytest-benchmark's own machine id names the Python
     # version), so --benchmark-compare finds the last run on the same kind of GPU from any Python.
-    # Without a GPU nothing is stored under bench/results/: a temporary folder takes the CPU runs.
+    # Without a GPU nothing is saved or compared (CPU smoke timings compare with nothing), and
+    # pytest-benchmark's storage points outside the checkout.
     storage = getattr(config.option, "benchmark_storage", None)
     if storage in (None, "file://./.benchmarks"):
         if torch.cuda.is_available():
@@ -65,6 +66,15 @@ def pytest_configure(config):
             folder = Path(tempfile.gettempdir()) / "fused_attn_bench_cpu"
         config.option.benchmark_storage = f"file://{folder}"
         config._fused_attn_storage = folder
+    if not torch.cuda.is_available():
+        ignored = [flag for flag, dest in (("--benchmark-autosave", "benchmark_autosave"),
+                                           ("--benchmark-save", "benchmark_save"),
+                                           ("--benchmark-compare", "benchmark_compare"))
+                   if getattr(config.option, dest, None)]
+        for dest, off in (("benchmark_autosave", False), ("benchmark_save", None), ("benchmark_compare", [])):
+            if hasattr(config.option, dest):  # pytest-benchmark's defaults
+                setattr(config.option, dest, off)
+        config._fused_attn_ignored = ignored
 
 
 @pytest.hookimpl(trylast=True)
@@ -76,22 +86,23 @@ def pytest_sessionstart(session):
         bs.storage.default_machine_id = None
 
 
+def _no_gpu_line(config) -> str:
+    ignored = getattr(config, "_fused_attn_ignored", [])
+    return (f"fused_attn bench: {NO_GPU}." + (f" Nothing is saved or compared ({', '.join(ignored)} ignored "
+                                              "without a GPU)." if ignored else ""))
+
+
 def pytest_report_header(config):
     if not torch.cuda.is_available():
-        return [f"fused_attn bench: {NO_GPU}."]
+        return [_no_gpu_line(config)]
     return [f"fused_attn bench: {torch.cuda.get_device_name()}; runs are stored in and compared with "
             f"{getattr(config, '_fused_attn_storage', None) or config.option.benchmark_storage}"]
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables: the last thing printed
 def pytest_terminal_summary(terminalreporter, config):
-    if torch.cuda.is_available():
-        return
-    where = getattr(config, "_fused_attn_storage", None)
-    saved = config.getoption("benchmark_autosave", False) or config.getoption("benchmark_save", None)
-    terminalreporter.write_line(f"fused_attn bench: {NO_GPU}."
-                                + (f" Saved runs went to {where}, not bench/results/." if saved and where else ""),
-                                yellow=True)
+    if not torch.cuda.is_available():
+        terminalreporter.write_line(_no_gpu_line(config), yellow=True)
 
 
 def _git_commit() -> str:
