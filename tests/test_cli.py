@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -134,6 +135,38 @@ def test_build_without_nvcc(tmp_path, monkeypatch, capsys):
         fails_with(build.main, [], capsys, "fused_attn's CUDA ops need the CUDA toolkit (nvcc) to build")
     finally:
         build.find_cuda_home.cache_clear()
+
+
+BUILD_PROBE = """
+import sys
+from pathlib import Path
+from fused_attn import build
+assert "torch.utils.cpp_extension" not in sys.modules
+build.find_cuda_home = lambda: Path(sys.argv[1])
+def stop():
+    raise build.BuildError("stopped before compiling")
+build.sources = stop
+try:
+    build.library_path()
+except build.BuildError:
+    pass
+from torch.utils import cpp_extension
+print(cpp_extension.CUDA_HOME)
+"""
+
+
+def test_build_tells_torchs_extension_builder_the_toolkit_it_uses(tmp_path):
+    """torch's cpp_extension reads CUDA_HOME when first imported and, without a GPU, warns with the
+    toolkit it found (the nvcc wrapper's folder, say): it must be the toolkit the build uses."""
+    toolkit = tmp_path / "cuda-12.9"
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    env["FUSED_ATTN_CACHE"] = str(tmp_path / "cache")
+    r = subprocess.run([sys.executable, "-c", BUILD_PROBE, str(toolkit)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(toolkit)
+    if not torch.cuda.is_available():
+        assert f"No CUDA runtime is found, using CUDA_HOME='{toolkit}'" in r.stderr, r.stderr
 
 
 # --------------------------------------------------------------------------------------- --help
