@@ -60,13 +60,14 @@ def worker(rounds: int) -> None:
                           floor_us=round(timer.launch_floor_us(), 2))))
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", action="store_true")
-    ap.add_argument("--rounds", type=int, default=50)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=50, help="timed rounds per case")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of bench/ab.py's VARIANTS")
     ap.add_argument("--repeat", type=int, default=1, help="run the variant sequence this many times, interleaved")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.worker:
         worker(args.rounds)
         return 0

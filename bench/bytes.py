@@ -91,23 +91,32 @@ def measure(provider: str, shape, dtype_name: str, causal: bool, backward: bool 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.bytes", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--op", default="softmax", help="the op whose bench/bench_<op>.py lists the providers")
-    ap.add_argument("--shape", help="comma list (default: the op's BYTES_SHAPE)")
-    ap.add_argument("--dtype", default="float16", choices=list(DTYPES))
+    ap.add_argument("--shape", help="comma list of sizes (default: the op's BYTES_SHAPE)")
+    ap.add_argument("--dtype", default="float16", choices=list(DTYPES), help="the inputs' dtype")
     ap.add_argument("--backward", action="store_true", help="the backward providers")
     ap.add_argument("--causal", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", metavar="PROVIDER", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    mod = op_module(args.op)
-    shape = tuple(int(s) for s in args.shape.split(",")) if args.shape else tuple(mod.BYTES_SHAPE)
+    try:
+        mod = op_module(args.op)
+        shape = tuple(int(s) for s in args.shape.split(",")) if args.shape else tuple(mod.BYTES_SHAPE)
+    except ValueError as e:
+        if args.shape and "--op" not in str(e):
+            e = f"--shape must be a comma list of sizes, e.g. 8,12,1024,1024, got {args.shape!r}"
+        ap.exit(2, f"{ap.prog}: error: {e}\n")
+    if min(shape, default=0) < 1:
+        ap.exit(2, f"{ap.prog}: error: --shape must be a comma list of positive sizes, got {args.shape!r}\n")
     dtype = DTYPES[args.dtype]
     if args.worker:
         _worker(mod, args.worker, shape, dtype, args.causal, args.backward)
         return 0
     if not torch.cuda.is_available() or shutil.which("ncu") is None:
-        print("bench.bytes needs a CUDA GPU and Nsight Compute (ncu) on PATH")
-        return 2
+        missing = "a CUDA GPU" if not torch.cuda.is_available() else "Nsight Compute (ncu) on PATH"
+        ap.exit(2, f"{ap.prog}: error: bench.bytes needs a CUDA GPU and Nsight Compute (ncu) on PATH, "
+                   f"found no {missing.removeprefix('a ')}\n")
     print(f"{args.op} {'backward' if args.backward else 'forward'}: bytes per call, "
           f"{torch.cuda.get_device_name()}, shape {list(shape)} {args.dtype} (ncu dram__bytes_read/write.sum and "
           f"{L2_WRITE_METRIC} x 32, --clock-control none; caches flushed before each kernel)")

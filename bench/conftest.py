@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,19 +38,71 @@ def pytest_addoption(parser):
                 help="hf-fused rounds, each after an interleaved hf-eager round (their difference is small)")
 
 
+def slug(gpu_name: str) -> str:
+    """The folder name of a GPU model: "NVIDIA H100 80GB HBM3" -> "NVIDIA-H100-80GB-HBM3"."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", gpu_name).strip("-")
+
+
 def gpu_slug() -> str:
-    if not torch.cuda.is_available():
-        return "cpu"
-    return re.sub(r"[^A-Za-z0-9]+", "-", torch.cuda.get_device_name()).strip("-")
+    return slug(torch.cuda.get_device_name()) if torch.cuda.is_available() else "cpu"
+
+
+NO_GPU = ("no CUDA GPU: the benchmarks need one. This run is the CPU smoke mode, which only checks that the "
+          "harness and every case run (CI uses it); its timings are not comparable with anything")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    # Saved runs live in git under bench/results/<GPU model>/, so --benchmark-compare
-    # finds the last run on the same kind of GPU.
+    # Saved runs live in git as bench/results/<GPU model>/NNNN_<commit>_<name>.json, one folder per
+    # GPU model and nothing else in the path (pytest-benchmark's own machine id names the Python
+    # version), so --benchmark-compare finds the last run on the same kind of GPU from any Python.
+    # Without a GPU nothing is saved or compared (CPU smoke timings compare with nothing), and
+    # pytest-benchmark's storage points outside the checkout.
     storage = getattr(config.option, "benchmark_storage", None)
     if storage in (None, "file://./.benchmarks"):
-        config.option.benchmark_storage = f"file://{BENCH_DIR / 'results' / gpu_slug()}"
+        if torch.cuda.is_available():
+            folder = BENCH_DIR / "results" / gpu_slug()
+        else:
+            folder = Path(tempfile.gettempdir()) / "fused_attn_bench_cpu"
+        config.option.benchmark_storage = f"file://{folder}"
+        config._fused_attn_storage = folder
+    if not torch.cuda.is_available():
+        ignored = [flag for flag, dest in (("--benchmark-autosave", "benchmark_autosave"),
+                                           ("--benchmark-save", "benchmark_save"),
+                                           ("--benchmark-compare", "benchmark_compare"))
+                   if getattr(config.option, dest, None)]
+        for dest, off in (("benchmark_autosave", False), ("benchmark_save", None), ("benchmark_compare", [])):
+            if hasattr(config.option, dest):  # pytest-benchmark's defaults
+                setattr(config.option, dest, off)
+        config._fused_attn_ignored = ignored
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    # pytest-benchmark loaded the runs to compare with when it was configured (it finds the files
+    # directly in the storage folder too); from here on it saves there too, not in a per-Python subfolder.
+    bs = getattr(session.config, "_benchmarksession", None)
+    if bs is not None and getattr(session.config, "_fused_attn_storage", None) is not None:
+        bs.storage.default_machine_id = None
+
+
+def _no_gpu_line(config) -> str:
+    ignored = getattr(config, "_fused_attn_ignored", [])
+    return (f"fused_attn bench: {NO_GPU}." + (f" Nothing is saved or compared ({', '.join(ignored)} ignored "
+                                              "without a GPU)." if ignored else ""))
+
+
+def pytest_report_header(config):
+    if not torch.cuda.is_available():
+        return [_no_gpu_line(config)]
+    return [f"fused_attn bench: {torch.cuda.get_device_name()}; runs are stored in and compared with "
+            f"{getattr(config, '_fused_attn_storage', None) or config.option.benchmark_storage}"]
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables: the last thing printed
+def pytest_terminal_summary(terminalreporter, config):
+    if not torch.cuda.is_available():
+        terminalreporter.write_line(_no_gpu_line(config), yellow=True)
 
 
 def _git_commit() -> str:

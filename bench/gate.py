@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bench.report import load_run
+from bench.report import _file_error, load_run
 
 HOST_BOUND = ("hf-eager", "hf-sdpa", "hf-fused")
 
@@ -66,20 +66,26 @@ def compare(new: dict, base: dict, threshold: float, host_threshold: float) -> t
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.gate", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("new", type=Path, help="pytest-benchmark JSON of this run")
     ap.add_argument("--baseline", type=Path, help="stored run to compare with (default: newest under --storage)")
-    ap.add_argument("--storage", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--storage", type=Path, default=Path(__file__).resolve().parent / "results",
+                    help="stored runs, one folder per GPU model")
     ap.add_argument("--threshold", type=float, default=10.0, help="percent median growth that fails a case")
     ap.add_argument("--host-bound-threshold", type=float, default=50.0,
                     help=f"the same for host-bound cases (GPT-2 backends {', '.join(HOST_BOUND)})")
     args = ap.parse_args(argv)
-    new = load_run(args.new)
-    baseline = args.baseline or newest_baseline(new, args.storage)
-    if baseline is None:
-        print(f"no stored run on {gpu_name(new)} under {args.storage}: nothing to compare with")
-        return 0
-    regressions, added = compare(new, load_run(baseline), args.threshold, args.host_bound_threshold)
+    try:
+        new = load_run(args.new)
+        baseline = args.baseline or newest_baseline(new, args.storage)
+        if baseline is None:
+            print(f"no stored run on {gpu_name(new)} under {args.storage}: nothing to compare with")
+            return 0
+        base = load_run(baseline)
+    except (OSError, ValueError) as e:
+        ap.exit(2, f"{ap.prog}: error: {_file_error(e)}\n")
+    regressions, added = compare(new, base, args.threshold, args.host_bound_threshold)
     print(f"{args.new} against {baseline}: {len(new['benchmarks']) - len(added)} cases compared, "
           f"{len(added)} new, {len(regressions)} regressed (limits {args.threshold:g}%, host-bound "
           f"{args.host_bound_threshold:g}%)")

@@ -25,7 +25,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.report import KERNEL_METRICS, MODEL_METRICS, function_name, load_runs
+from bench.report import KERNEL_METRICS, MODEL_METRICS, _file_error, function_name, load_runs
 
 KEYS = ["commit", "gpu", "run", "source", "op", "case", "provider"]
 FIGURES = list(KERNEL_METRICS) + list(MODEL_METRICS)
@@ -139,7 +139,8 @@ def add(csv_path: Path, rows: list[dict]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.history", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     runs = sub.add_parser("add", help="pytest-benchmark JSON runs")
     runs.add_argument("files", nargs="+", type=Path)
@@ -153,13 +154,16 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--csv", type=Path, required=True, help="the table to append to (bench/results/history.csv)")
         p.add_argument("--note", default="", help="a short note stored with every row")
     args = ap.parse_args(argv)
-    if args.cmd == "add":
-        rows = [r for run in load_runs(args.files) for r in run_rows(run, args.note)]
-        if args.commit:
-            rows = [r | dict(commit=args.commit) if r["commit"].startswith("unknown") else r for r in rows]
-    else:
-        parse = ab_rows if args.cmd == "add-ab" else generate_rows
-        rows = [r for f in args.files for r in parse(f, args.commit, args.gpu, args.note)]
+    try:
+        if args.cmd == "add":
+            rows = [r for run in load_runs(args.files) for r in run_rows(run, args.note)]
+            if args.commit:
+                rows = [r | dict(commit=args.commit) if r["commit"].startswith("unknown") else r for r in rows]
+        else:
+            parse = ab_rows if args.cmd == "add-ab" else generate_rows
+            rows = [r for f in args.files for r in parse(f, args.commit, args.gpu, args.note)]
+    except (OSError, ValueError) as e:
+        ap.exit(2, f"{ap.prog} {args.cmd}: error: {_file_error(e)}\n")
     added = add(args.csv, rows)
     print(f"{args.csv}: {added} rows added ({len(rows) - added} already there)")
     return 0

@@ -2,8 +2,8 @@
 
     python -m bench.merge OUT.json RUN1.json RUN2.json ...
 
-A device call is limited to 10 minutes, so the quick suite runs as several pytest
-invocations (softmax; GPT-2 per batch size). `pytest bench --benchmark-compare` compares
+bench/run_gpu.sh runs the quick suite as several pytest invocations (softmax; GPT-2 per
+batch size). `pytest bench --benchmark-compare` compares
 with the newest stored file only, so the parts are stored as one file: benchmarks
 concatenated in order, machine and commit info from the first part, and a
 `merged_from` list naming each part with its own datetime. Refuses parts from different
@@ -12,8 +12,8 @@ commits or GPU models, and duplicate benchmark names.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -40,10 +40,11 @@ def merge(parts: list[Path]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) < 2:
-        raise SystemExit("usage: python -m bench.merge OUT.json RUN1.json [RUN2.json ...]")
-    out, parts = Path(args[0]), [Path(a) for a in args[1:]]
+    ap = argparse.ArgumentParser(prog="python -m bench.merge", description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="the merged run to write (OUT.json)")
+    ap.add_argument("parts", type=Path, nargs="+", help="pytest-benchmark JSON files of one commit on one GPU")
+    args = ap.parse_args(argv)
+    out, parts = args.out, args.parts
     out.write_text(json.dumps(merge(parts), separators=(",", ":")) + "\n")  # compact: stored in git
     print(f"{out}: {sum(len(json.loads(p.read_text())['benchmarks']) for p in parts)} benchmarks from {len(parts)} files")
     return 0

@@ -139,15 +139,17 @@ def profile_backend(backend: str, hf_model, ids, mask, new_tokens: int, dtype, d
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="gpt2-random")
+    ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--model", default="gpt2-random", help="gpt2-random or a name/path transformers loads")
     ap.add_argument("--backends", default="hf-eager,graph",
                     help=f"comma list of {', '.join(BACKENDS)} (graph also profiles graph-eager)")
-    ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--dtype", default="float16", choices=list(DTYPES))
-    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "fused_attn_profile")
+    ap.add_argument("--batch-size", type=int, default=1, help="rows")
+    ap.add_argument("--prompt-len", type=int, default=128, help="prompt tokens")
+    ap.add_argument("--new-tokens", type=int, default=32, help="generated tokens")
+    ap.add_argument("--dtype", default="float16", choices=list(DTYPES), help="float32 without a GPU")
+    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "fused_attn_profile",
+                    help="directory for the tables and traces (bench/profile for the committed tables)")
     args = ap.parse_args(argv)
 
     from fused_attn.gpt2 import load_hf_model

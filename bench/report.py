@@ -63,6 +63,15 @@ def load_runs(paths: list[Path]) -> list[dict]:
     return [load_run(p) for p in paths]
 
 
+def _file_error(e: Exception) -> str:
+    """One line for a run file that cannot be read: missing, unreadable, not JSON, not a run."""
+    if isinstance(e, OSError):
+        return f"{e.filename} must be a readable file, got {e.strerror.lower()}"
+    if isinstance(e, json.JSONDecodeError):
+        return f"each run must be a pytest-benchmark JSON file, got invalid JSON ({e.msg} at line {e.lineno})"
+    return str(e)
+
+
 def run_header(run: dict) -> str:
     mi = run.get("machine_info", {}).get("fused_attn", {})
     commit = mi.get("commit") or run.get("commit_info", {}).get("id", "unknown")
@@ -367,14 +376,20 @@ def plot(fam: Family, out: Path, header: str) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="pytest-benchmark JSON files")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"directory to write into (default {DEFAULT_OUT})")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory to write into")
     ap.add_argument("--bytes", type=Path, help="output of `python -m bench.bytes` to include")
     ap.add_argument("--profile", type=Path, help="directory written by `python -m bench.profile` to summarize")
-    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--no-plots", action="store_true", help="skip the plots (matplotlib)")
     args = ap.parse_args(argv)
-    runs = load_runs(args.runs)
+    try:
+        runs = load_runs(args.runs)
+        if args.bytes:
+            args.bytes.read_text()
+    except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        ap.exit(2, f"{ap.prog}: error: {_file_error(e)}\n")
     args.out.mkdir(parents=True, exist_ok=True)
 
     micro, memory, md = [], [], ["# fused_attn benchmark report", ""]

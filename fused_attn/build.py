@@ -195,10 +195,11 @@ def library_path(verbose: bool = False) -> Path:
     build_dir.mkdir(parents=True, exist_ok=True)
     print(f"fused_attn: building the CUDA library in {build_dir} (nvcc; only changed sources "
           "are recompiled; later processes load it from there)", file=sys.stderr, flush=True)
+    # cpp_extension reads the toolkit location from CUDA_HOME when first imported (and warns with
+    # it when no GPU is visible): set it first, so the location it names is the one used.
+    os.environ["CUDA_HOME"] = str(cuda_home)
     from torch.utils import cpp_extension
 
-    # cpp_extension reads the toolkit location from module state set at import.
-    os.environ["CUDA_HOME"] = str(cuda_home)
     cpp_extension.CUDA_HOME = str(cuda_home)
     # Appended after torch's own -isystem list, so the toolkit's headers win.
     includes = [f"-isystem {d}" for d in extra_include_dirs(cuda_home)]
@@ -219,11 +220,15 @@ def library_path(verbose: bool = False) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fused_attn.build", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="show the compiler commands")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
-    lib = library_path(verbose=args.verbose)
+    try:
+        lib = library_path(verbose=args.verbose)
+    except BuildError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     torch.ops.load_library(str(lib))
     print(f"fused_attn: {lib} for {', '.join(target_archs())} ({time.perf_counter() - t0:.1f} s)")
     ops = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("fused_attn::"))

@@ -7,7 +7,7 @@ Backends: hf-eager, hf-sdpa, hf-fused (transformers' GPT2LMHeadModel with attent
 implementation eager / sdpa / "fused_attn"), hf-static (sdpa with
 ``cache_implementation="static"``, whose decode step transformers compiles on a GPU; not run
 by --compare without a GPU), graph (fused_attn.gpt2 with a CUDA-graph decode step; without a
-GPU it runs the same model without the graph). Prints the continuation,
+GPU it runs the same model without the graph and reports it as graph-eager). Prints the continuation,
 TTFT (prompt in, first token out), TBT p50/p95 (each further token) and tokens/s; with
 --compare, whether the greedy tokens of all backends are identical.
 
@@ -135,7 +135,8 @@ def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, m
         out, wall, start, end = _timed(device, lambda: model.generate(
             ids, mask, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
             use_graph=device.type == "cuda", on_token=stamps.mark))
-        return _result(backend, out, [start, *stamps.stamps, end], wall)
+        # Without a GPU the decode loop runs eagerly: say so in every printout and table.
+        return _result(backend if device.type == "cuda" else "graph-eager", out, [start, *stamps.stamps, end], wall)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     impl = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-fused": "fused_attn"}[backend]
@@ -176,21 +177,44 @@ def summary(r: Result, batch: int) -> str:
             f"p95 {1e3 * p95:7.3f} ms  {r.tokens_per_s(batch):9.1f} tokens/s")
 
 
+PROG = "python -m fused_attn.generate"
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="gpt2-random")
-    ap.add_argument("--prompt", help="text (needs a tokenizer with the checkpoint)")
-    ap.add_argument("--prompt-ids", help="comma-separated token ids")
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--model", default="gpt2-random",
+                    help="gpt2-random (seeded random weights, no download, no tokenizer) or a name/path transformers loads")
+    ap.add_argument("--prompt", help="text (needs a tokenizer with the checkpoint; gpt2-random has none)")
+    ap.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 464,2068,7586")
     ap.add_argument("--prompt-len", type=int, default=32, help="seeded random prompt of this length")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--dtype", default="float16", choices=list(DTYPES))
-    ap.add_argument("--backend", default="graph", choices=BACKENDS)
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per row")
+    ap.add_argument("--batch-size", type=int, default=1, help="rows; row i is left-padded by i tokens")
+    ap.add_argument("--dtype", default="float16", choices=list(DTYPES), help="float32 without a GPU")
+    ap.add_argument("--backend", default="graph", choices=BACKENDS, help="the backend to run")
     ap.add_argument("--compare", action="store_true", help="run every backend, check greedy tokens agree")
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--top-k", type=int, default=0)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ap.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens (0 = all)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random prompt and of sampling")
     args = ap.parse_args(argv)
+
+    def fail(message: str):
+        ap.exit(2, f"{ap.prog}: error: {message}\n")
+
+    for flag, value, least in (("--batch-size", args.batch_size, 1), ("--max-new-tokens", args.max_new_tokens, 1),
+                               ("--prompt-len", args.prompt_len, 1), ("--top-k", args.top_k, 0),
+                               ("--temperature", args.temperature, 0)):
+        if value < least:
+            fail(f"{flag} must be >= {least}, got {value}")
+    prompt_ids = None
+    if args.prompt_ids is not None:
+        try:
+            prompt_ids = [int(t) for t in args.prompt_ids.split(",")]
+        except ValueError:
+            fail(f"--prompt-ids must be comma-separated integers, got {args.prompt_ids!r}")
+    if args.prompt is not None and args.model == "gpt2-random":
+        fail("--prompt needs a tokenizer and gpt2-random has none: give token ids with --prompt-ids "
+             "(e.g. --prompt-ids 464,2068,7586) or a --model with a tokenizer (e.g. gpt2)")
 
     from fused_attn.gpt2 import load_hf_model
 
@@ -199,18 +223,34 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu" and dtype != torch.float32:
         print(f"no GPU: running in float32 instead of {args.dtype}")
         dtype = torch.float32
-    hf_model = load_hf_model(args.model)
+    try:
+        hf_model = load_hf_model(args.model)
+    except OSError as e:
+        fail(f"--model must be gpt2-random or a GPT-2 checkpoint transformers can load, got {args.model!r} ({e})")
     tokenizer = None
     if args.prompt is not None:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(args.model)
+        except (OSError, ValueError) as e:
+            fail(f"--prompt needs a tokenizer with {args.model!r}, found none ({e}); give --prompt-ids instead")
         prompt = torch.tensor(tokenizer(args.prompt)["input_ids"])
-    elif args.prompt_ids:
-        prompt = torch.tensor([int(t) for t in args.prompt_ids.split(",")])
+    elif prompt_ids is not None:
+        prompt = torch.tensor(prompt_ids)
     else:
         g = torch.Generator().manual_seed(args.seed)
         prompt = torch.randint(1, hf_model.config.vocab_size, (args.prompt_len,), generator=g)
+    vocab = hf_model.config.vocab_size
+    if prompt.numel() == 0:
+        fail("the prompt must hold at least one token, got none")
+    if int(prompt.min()) < 0 or int(prompt.max()) >= vocab:
+        fail(f"--prompt-ids must be token ids in [0, {vocab}), got {prompt.tolist()}")
+    positions = hf_model.config.n_positions
+    length = prompt.numel() + args.batch_size - 1 + args.max_new_tokens
+    if length > positions:
+        fail(f"prompt + left padding + --max-new-tokens must fit in {args.model}'s {positions} positions, got "
+             f"{prompt.numel()} + {args.batch_size - 1} + {args.max_new_tokens} = {length}")
     ids, mask = make_batch(prompt, args.batch_size)
     if args.compare:
         backends = tuple(b for b in BACKENDS if device.type == "cuda" or b != "hf-static")

@@ -63,8 +63,9 @@ def test_new_cases_are_listed_not_gated(tmp_path, capsys):
     assert "3 cases compared, 18 new, 0 regressed" in capsys.readouterr().out
 
 
-def test_gate_rejects_a_file_that_is_not_a_benchmark_run(tmp_path):
+def test_gate_rejects_a_file_that_is_not_a_benchmark_run(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    with pytest.raises(ValueError, match=r"must be a pytest-benchmark JSON file"):
+    with pytest.raises(SystemExit) as exc:
         main([str(bad)])
+    assert exc.value.code == 2 and "bad.json must be a pytest-benchmark JSON file" in capsys.readouterr().err

@@ -97,13 +97,15 @@ def test_generate_printouts_become_rows(tmp_path):
     assert rows[0]["case"].startswith("gpt2-random on NVIDIA H200") and rows[0]["op"] == "generate"
 
 
-def test_files_that_are_not_what_they_should_be_are_rejected(tmp_path):
+def test_files_that_are_not_what_they_should_be_are_rejected(tmp_path, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_text("nothing here\n")
     table = str(tmp_path / "history.csv")
-    with pytest.raises(ValueError, match=r"bad.txt must hold a bench.ab table \(a line starting 'shape'\), got none"):
-        history.main(["add-ab", str(bad), "--commit", "x", "--gpu", "g", "--csv", table])
-    with pytest.raises(ValueError, match=r"bad.txt must hold `python -m fused_attn.generate` timing lines, got none"):
-        history.main(["add-generate", str(bad), "--commit", "x", "--gpu", "g", "--csv", table])
+    for cmd, message in (("add-ab", "bad.txt must hold a bench.ab table (a line starting 'shape'), got none"),
+                         ("add-generate", "bad.txt must hold `python -m fused_attn.generate` timing lines, got none")):
+        with pytest.raises(SystemExit) as exc:
+            history.main([cmd, str(bad), "--commit", "x", "--gpu", "g", "--csv", table])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and f"python -m bench.history {cmd}: error: " in err and message in err, err
     with pytest.raises(SystemExit):  # --csv is required: the tool writes into the checkout only when told
         history.main(["add", str(RUN)])

@@ -68,11 +68,12 @@ def test_report_shows_the_same_bytes_copy_and_the_empty_kernel(tmp_path):
         assert line[col - 6:col].strip() == f"{by_name[r['name']]['pct_of_same_bytes_copy']:.1f}"
 
 
-def test_report_rejects_a_file_that_is_not_a_benchmark_run(tmp_path):
+def test_report_rejects_a_file_that_is_not_a_benchmark_run(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    with pytest.raises(ValueError, match=r"must be a pytest-benchmark JSON file"):
+    with pytest.raises(SystemExit) as exc:
         report.main([str(bad), "--out", str(tmp_path / "r")])
+    assert exc.value.code == 2 and "bad.json must be a pytest-benchmark JSON file" in capsys.readouterr().err
 
 
 def _table_rows(lines: list[str], after: int = 0) -> list[list[str]]:
