@@ -5,7 +5,7 @@ The schemas are defined here, from Python, when ``fused_attn`` is imported, so
 ``torch.ops.fused_attn.*`` exist without a build: each op's module (``fused_attn/<op>.py``)
 registers its CPU kernel, fake (meta) kernel and autograd at import, so CPU tensors, meta
 tensors and ``torch.compile`` tracing never need nvcc. The CUDA kernels are the compiled
-library's (``TORCH_LIBRARY_IMPL(fused_attn, CUDA, m)`` in ``csrc/<op>/<op>.cu``); the C++ side
+library's (``TORCH_LIBRARY_IMPL(fused_attn, CUDA, m)`` in ``csrc/<op>/<op>.cpp``); the C++ side
 defines no schema, so loading it never collides with the definitions below.
 
 Until the library is loaded, a CUDA tensor reaches the op's ``CompositeExplicitAutograd``

@@ -143,7 +143,7 @@ def sources() -> list[Path]:
     found = _files(SOURCE_SUFFIXES)
     names = [p.stem for p in found]
     clashes = sorted({n for n in names if names.count(n) > 1})
-    if clashes:  # cpp_extension names object files by stem: two softmax.cu would overwrite each other
+    if clashes:  # cpp_extension names object files by stem: two softmax.cu in different folders would overwrite each other
         raise BuildError(f"csrc/ source file names must be unique across folders, got {clashes} twice")
     return found
 

@@ -4,7 +4,7 @@ Public wrapper, argument validation, the fake (meta) implementations, the CPU pa
 and autograd: the op's backward is its own op, ``scaled_masked_softmax_backward``
 (one fused pass on CUDA, the reference formula on the CPU), itself differentiable.
 The ``out=`` variant records no gradient and raises when an input requires grad.
-The CUDA kernels are in ``csrc/softmax/`` (``softmax.cu`` launchers, ``softmax_kernel.cuh``).
+The CUDA kernels are in ``csrc/softmax/`` (``softmax.cpp`` launchers, ``softmax_kernel.cuh`` kernels).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def check_args(
     name: str = "x",
 ) -> float:
     """Raise TypeError (wrong type) / ValueError (bad value) naming the bad argument (same messages
-    as csrc/softmax/softmax.cu); return ``scale`` as a float. ``name``: what the scores tensor is
+    as csrc/softmax/softmax.cpp); return ``scale`` as a float. ``name``: what the scores tensor is
     called in the caller's signature (``y`` in the backward).
 
     The wrapper, the CPU and the fake kernels all check here, so every path takes the same

@@ -16,7 +16,7 @@ from tests.tolerances import assert_close, fp32_tolerance, softmax_backward_tole
 
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# Launch-shape boundaries of v1 (csrc/dispatch.h) and odd / prime lengths.
+# Launch-shape boundaries of v1 (csrc/softmax/softmax_row_class.h) and odd / prime lengths.
 BOUNDARY_SK = [1, 2, 3, 7, 31, 32, 33, 63, 64, 65, 127, 129, 255, 256, 257, 511, 513, 1000, 1023, 1024,
                1025, 2047, 2048, 2049, 4095, 4097, 8191, 8193, 12289, 16383, 16384]
 MASK_FORMS = ["none", "bool_full", "bool_padding", "bool_qk", "add_padding", "add_full", "bool_unfoldable",
@@ -146,7 +146,7 @@ def check(x, scale, causal, mask, version=1, use_out=True):
                    mask="bool_unfoldable", magnitude=1.0, use_out=True, seed=3))
 @example(case=dict(lead=(), sq=2048, sk=2047, dtype=torch.float32, version=1, scale=-0.7, causal=True,
                    mask="bool_qk", magnitude=1e2, use_out=True, seed=4))
-# The causal-only launch shapes (csrc/dispatch.h): 4097..8192 keys with its first rows fully masked
+# The causal-only launch shapes (csrc/softmax/softmax_row_class.h): 4097..8192 keys with its first rows fully masked
 # (seqlen_q > seqlen_k), an odd length (scalar path) and bfloat16 extremes; the same at sq = 1;
 # 65..128 keys, odd, fully masked rows, float16 extremes; 129..256 keys, vectorized, with a mask.
 @example(case=dict(lead=(2,), sq=5003, sk=5001, dtype=torch.bfloat16, version=1, scale=0.125, causal=True,
@@ -287,7 +287,7 @@ def test_additive_finfo_min_on_every_key_gives_a_uniform_row(device, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("sk", [100, 128, 200, 256, 4100, 5001, 8000, 8192])
 def test_causal_row_shapes_gpu(dtype, sk):
-    """The causal-only launch shapes (csrc/dispatch.h: 65..256 under FA_V1_CAUSAL_SHORT, 4097..8192)
+    """The causal-only launch shapes (csrc/softmax/softmax_row_class.h: 65..256, 4097..8192)
     over a whole causal triangle (seqlen_q = seqlen_k: every visible length from 1 to sk), with
     and without a padding mask; odd sizes take the scalar path."""
     gen = torch.Generator(device="cuda").manual_seed(sk)
@@ -359,7 +359,7 @@ def test_cuda_graph_capture_and_replay_gpu(version):
 
 # --------------------------------------------------------------------------- every launch class, layouts
 
-# Each row class of FA_SOFTMAX_ROW_CLASS (csrc/dispatch.h) at its largest length (a multiple of 8:
+# Each row class of FA_SOFTMAX_ROW_CLASS (csrc/softmax/softmax_row_class.h) at its largest length (a multiple of 8:
 # the vectorized path for every dtype) and its smallest (odd: the scalar path), up to the
 # streaming path for rows over 32768.
 ROW_CLASS_SK = [1, 7, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513, 1024, 1025, 2048, 2049, 4096, 4097,
@@ -1003,7 +1003,7 @@ def test_backward_cpu_path_matches_reference(case):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("sk", [3, 64, 65, 1000, 1024, 4100, 16384, 16385, 40000])
 def test_backward_every_row_class_gpu(dtype, sk):
-    """Each launch class of the backward (csrc/dispatch.h FA_SOFTMAX_BACKWARD_ROW_CLASS, streaming past
+    """Each launch class of the backward (csrc/softmax/softmax_row_class.h FA_SOFTMAX_BACKWARD_ROW_CLASS, streaming past
     16384), vectorized and scalar (odd sk), with fully masked rows (causal with seqlen_q > seqlen_k,
     and a padding mask masking a whole batch element)."""
     gen = torch.Generator(device="cuda").manual_seed(sk)
