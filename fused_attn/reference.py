@@ -101,3 +101,69 @@ def eager_scaled_masked_softmax(x: torch.Tensor, scale: float, masked: torch.Ten
     if masked is not None:
         s = s.masked_fill(masked, float("-inf"))
     return torch.softmax(s, dim=-1)
+
+
+def decode_visible(cache_seqlens: torch.Tensor, seqlen_new: int, max_len: int, appended: bool,
+                   cache_leftpad: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool ``[batch, 1, seqlen_new, max_len]``: True where query i of sequence b sees cache slot j.
+
+    The sequence's keys end at ``end = cache_seqlens[b] + (seqlen_new if appended else 0)``; query i
+    (of the seqlen_new new queries) sees slots ``cache_leftpad[b] <= j < end - seqlen_new + 1 + i``:
+    causal among the new tokens, bottom-right aligned (the last query sees every key up to end)."""
+    seqlens = cache_seqlens.to(torch.int64).view(-1, 1, 1, 1)
+    end = seqlens + (seqlen_new if appended else 0)
+    i = torch.arange(seqlen_new, device=seqlens.device).view(1, 1, -1, 1)
+    j = torch.arange(max_len, device=seqlens.device).view(1, 1, 1, -1)
+    visible = j < end - seqlen_new + 1 + i
+    if cache_leftpad is not None:
+        visible = visible & (j >= cache_leftpad.to(torch.int64).view(-1, 1, 1, 1))
+    return visible
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    scale: float | None = None,
+    *,
+    compute_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention of new queries over a KV cache, without touching the inputs.
+
+    q ``[batch, nheads_q, seqlen_new, headdim]``; k_cache, v_cache ``[batch, nheads_kv, max_len,
+    headdim]`` with nheads_q a multiple of nheads_kv (query head h reads kv head h // (nheads_q /
+    nheads_kv)); cache_seqlens ``[batch]`` integers, the valid slots of each sequence. With k_new
+    and v_new ``[batch, nheads_kv, seqlen_new, headdim]``, they are first written at slots
+    ``cache_seqlens[b] ...`` of a copy of the cache. Visibility: ``decode_visible``. A query with no
+    visible key gives zeros.
+
+    Returns ``(out, k_cache_after, v_cache_after)``: out in q's shape and dtype, and the caches
+    after the append (copies in the caches' dtype; the inputs themselves are left as they are).
+    Differentiable with respect to every float input."""
+    batch, nheads_q, seqlen_new, headdim = q.shape
+    nheads_kv, max_len = k_cache.shape[1], k_cache.shape[2]
+    if scale is None:
+        scale = headdim ** -0.5
+    appended = k_new is not None
+    k_all, v_all = k_cache, v_cache
+    if appended:
+        slots = cache_seqlens.to(torch.int64).view(-1, 1) + torch.arange(seqlen_new, device=q.device)
+        index = slots.view(batch, 1, seqlen_new, 1).expand(batch, nheads_kv, seqlen_new, headdim)
+        k_all = k_cache.scatter(2, index, k_new.to(k_cache.dtype))
+        v_all = v_cache.scatter(2, index, v_new.to(v_cache.dtype))
+    group = nheads_q // nheads_kv
+    k = k_all.to(compute_dtype).repeat_interleave(group, dim=1)
+    v = v_all.to(compute_dtype).repeat_interleave(group, dim=1)
+    visible = decode_visible(cache_seqlens, seqlen_new, max_len, appended, cache_leftpad)
+    s = (q.to(compute_dtype) @ k.transpose(-1, -2)) * scale
+    s = s.masked_fill(~visible, float("-inf"))
+    m = s.detach().amax(dim=-1, keepdim=True)
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    total = e.sum(dim=-1, keepdim=True)
+    p = e / torch.where(total > 0, total, torch.ones_like(total))
+    return (p @ v).to(q.dtype), k_all, v_all

@@ -1,0 +1,333 @@
+"""``decode_attention``: new queries attending over a KV cache, with the append fused in.
+
+The decode step of a transformer: each sequence's few new queries (1 for plain decoding, up to
+~16 for speculative or chunked decoding) attend over its cached keys and values, after this
+step's keys and values are written into the cache. Public wrapper, argument validation, the fake
+(meta) kernels and the CPU path (``fused_attn.reference.decode_attention``, in float32). The CUDA
+kernel is in ``csrc/decode_attention/`` (split-KV "flash-decoding": the key range of a sequence is
+split over several blocks whose partial results are merged with the log-sum-exp rule).
+
+Gradients: none. The op writes into the cache and is meant for inference; when an input requires
+grad it raises (``fused_attn.reference.decode_attention`` is the differentiable definition).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from fused_attn import _ops, reference
+from fused_attn.softmax import _scale_value, _shape
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_CPU_DTYPES = _DTYPES + (torch.float64,)
+MAX_SPLITS = 256
+MAX_HEADDIM = 256
+# FUSED_ATTN_VALIDATE_LENGTHS=1 turns validate=None into validate=True (reads device lengths: a sync).
+VALIDATE_ENV = "FUSED_ATTN_VALIDATE_LENGTHS"
+
+
+def _check_tensor(t, name: str, dims: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must have 4 dims {dims}, got {_shape(t)}")
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """16-byte vector loads: the last dim contiguous, every other stride and the base 16-byte aligned."""
+    vec = 16 // t.element_size()
+    if t.numel() == 0:
+        return True
+    return (t.stride(-1) == 1 or t.size(-1) == 1) and all(
+        s % vec == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1) and t.data_ptr() % 16 == 0
+
+
+def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits,
+               out=None) -> float:
+    """Raise TypeError / ValueError naming the bad argument (the C++ launcher repeats the checks that
+    guard memory); return the scale as a float (default ``headdim ** -0.5``). ``cache_seqlens`` and
+    ``cache_leftpad`` are the op's tensors here (int32, on q's device); lengths are not read."""
+    _check_tensor(q, "q", "[batch, nheads_q, seqlen_new, headdim]")
+    _check_tensor(k_cache, "k_cache", "[batch, nheads_kv, max_len, headdim]")
+    _check_tensor(v_cache, "v_cache", "[batch, nheads_kv, max_len, headdim]")
+    cpu = q.device.type == "cpu"
+    allowed = _CPU_DTYPES if cpu else _DTYPES
+    if q.dtype not in allowed:
+        names = "float32, float16, bfloat16 or float64 (CPU)" if cpu else "float32, float16 or bfloat16"
+        raise ValueError(f"q must have dtype {names}, got {q.dtype}")
+    for t, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on the same device as q ({q.device}), got {t.device}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} must have q's dtype ({q.dtype}), got {t.dtype}")
+    batch, nheads_q, seqlen_new, headdim = q.shape
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {_shape(k_cache)}, got {_shape(v_cache)}")
+    if k_cache.shape[0] != batch:
+        raise ValueError(f"k_cache must have q's batch size ({batch}), got {_shape(k_cache)}")
+    if k_cache.shape[3] != headdim:
+        raise ValueError(f"k_cache must have q's headdim ({headdim}), got {_shape(k_cache)}")
+    nheads_kv = k_cache.shape[1]
+    if nheads_kv == 0 or nheads_q % nheads_kv != 0:
+        raise ValueError(f"q must have nheads_q a multiple of k_cache's nheads_kv ({nheads_kv}), got {nheads_q}")
+    if not cpu and (headdim % 8 != 0 or not 8 <= headdim <= MAX_HEADDIM):
+        raise ValueError(f"q must have a headdim that is a multiple of 8 in [8, {MAX_HEADDIM}] on CUDA, got {headdim}")
+    if (k_new is None) != (v_new is None):
+        raise ValueError(f"k_new and v_new must both be given or both be None, got "
+                         f"k_new={'a tensor' if k_new is not None else None}, "
+                         f"v_new={'a tensor' if v_new is not None else None}")
+    if k_new is not None:
+        want = (batch, nheads_kv, seqlen_new, headdim)
+        for t, name in ((k_new, "k_new"), (v_new, "v_new")):
+            _check_tensor(t, name, "[batch, nheads_kv, seqlen_new, headdim]")
+            if t.device != q.device:
+                raise ValueError(f"{name} must be on the same device as q ({q.device}), got {t.device}")
+            if t.dtype != q.dtype:
+                raise ValueError(f"{name} must have q's dtype ({q.dtype}), got {t.dtype}")
+            if tuple(t.shape) != want:
+                raise ValueError(f"{name} must have shape (batch, nheads_kv, seqlen_new, headdim) = {want}, "
+                                 f"got {_shape(t)}")
+    for t, name in ((cache_seqlens, "cache_seqlens"), (cache_leftpad, "cache_leftpad")):
+        if t is None and name == "cache_leftpad":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.int32:
+            raise ValueError(f"{name} must have dtype torch.int32, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on the same device as q ({q.device}), got {t.device}")
+        if tuple(t.shape) != (batch,):
+            raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {_shape(t)}")
+    scale = headdim ** -0.5 if scale is None else _scale_value(scale)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be an int in [0, {MAX_SPLITS}] (0: chosen by the heuristic), "
+                         f"got {num_splits!r}")
+    if not cpu:
+        for t, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+            if not _aligned(t):
+                raise ValueError(f"{name} must have a contiguous last dim and 16-byte aligned rows "
+                                 f"(other strides multiples of {16 // t.element_size()}), got strides {t.stride()}")
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+        if out.device != q.device:
+            raise ValueError(f"out must be on the same device as q ({q.device}), got {out.device}")
+        if out.dtype != q.dtype:
+            raise ValueError(f"out must have q's dtype ({q.dtype}), got {out.dtype}")
+        if out.shape != q.shape:
+            raise ValueError(f"out must have q's shape {_shape(q)}, got {_shape(out)}")
+        if not cpu and not _aligned(out):
+            raise ValueError(f"out must have a contiguous last dim and 16-byte aligned rows "
+                             f"(other strides multiples of {16 // out.element_size()}), got strides {out.stride()}")
+    return float(scale)
+
+
+def _as_lengths(values, name: str, q: torch.Tensor) -> tuple[torch.Tensor | None, list[int] | None]:
+    """``(device tensor, host values or None)``: ints, sequences and CPU tensors are host-known (checked
+    here, then copied to q's device); a tensor on q's device is used as it is (int32)."""
+    if values is None:
+        return None, None
+    batch = q.shape[0]
+    if isinstance(values, torch.Tensor):
+        if values.device == q.device and q.device.type != "cpu":
+            return values, None
+        if values.device.type != "cpu":
+            raise ValueError(f"{name} must be on q's device ({q.device}) or the CPU, got {values.device}")
+        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+            raise ValueError(f"{name} must have an integer dtype (torch.int32 on the device), got {values.dtype}")
+        if tuple(values.shape) not in ((batch,), ()):
+            raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {_shape(values)}")
+        host = values.expand(batch).tolist()
+    elif isinstance(values, bool):
+        raise TypeError(f"{name} must be an int, a sequence of ints or a tensor, got {values!r}")
+    elif isinstance(values, int):
+        host = [values] * batch
+    elif isinstance(values, Sequence) and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        host = list(values)
+        if len(host) != batch:
+            raise ValueError(f"{name} must have one length per sequence ({batch}), got {len(host)}")
+    else:
+        raise TypeError(f"{name} must be an int, a sequence of ints or a tensor, got {type(values).__name__}")
+    return torch.tensor(host, dtype=torch.int32).to(q.device), host
+
+
+def check_lengths(seqlens: list[int], leftpad: list[int] | None, seqlen_new: int, max_len: int,
+                  appended: bool) -> None:
+    """The lengths the kernel accepts: 0 <= cache_seqlens[b] <= max_len - (seqlen_new if appending),
+    0 <= cache_leftpad[b] <= cache_seqlens[b]. (On the device, a sequence outside these bounds gets
+    NaN outputs and no append: the kernel never writes or reads past max_len.)"""
+    hi = max_len - (seqlen_new if appended else 0)
+    for b, n in enumerate(seqlens):
+        if not 0 <= n <= hi:
+            what = f"max_len - seqlen_new = {max_len} - {seqlen_new}" if appended else f"max_len = {max_len}"
+            raise ValueError(f"cache_seqlens must be in [0, {what}] for every sequence, got {n} at batch index {b}")
+    for b, p in enumerate(leftpad or ()):
+        if not 0 <= p <= seqlens[b]:
+            raise ValueError(f"cache_leftpad must be in [0, cache_seqlens[b]] for every sequence, got {p} at "
+                             f"batch index {b} (cache_seqlens {seqlens[b]})")
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor | Sequence[int] | int,
+    *,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | Sequence[int] | int | None = None,
+    scale: float | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    validate: bool | None = None,
+) -> torch.Tensor:
+    """Attention of ``seqlen_new`` new queries per sequence over its KV cache; with ``k_new``/``v_new``
+    the new keys and values are first written into the cache in place (same launch).
+
+    Args:
+        q: ``[batch, nheads_q, seqlen_new, headdim]`` float16, bfloat16 or float32 (float64 on the
+            CPU). Any strides; a layout without a contiguous last dim is copied once.
+        k_cache, v_cache: ``[batch, nheads_kv, max_len, headdim]``, q's dtype and device; nheads_q a
+            multiple of nheads_kv (MHA, GQA, MQA: query head h reads kv head
+            ``h // (nheads_q // nheads_kv)``). Last dim contiguous and rows 16-byte aligned (any
+            other strides). Written in place when ``k_new`` is given.
+        cache_seqlens: valid slots per sequence before this call: an int32 ``[batch]`` tensor on
+            q's device (read by the kernel only: CUDA-graph safe), or host values (an int, a list,
+            a CPU tensor) which are checked here and copied to the device.
+        k_new, v_new: ``[batch, nheads_kv, seqlen_new, headdim]`` or None. Written at slots
+            ``cache_seqlens[b] ... cache_seqlens[b] + seqlen_new - 1``.
+        cache_leftpad: optional first valid slot per sequence (left padding, as Hugging Face lays
+            out a batch of prompts), int32 ``[batch]`` on the device or host values; slots before it
+            are never attended.
+        scale: score multiplier, default ``headdim ** -0.5``.
+        num_splits: split-KV blocks per (sequence, kv head): None or 0 lets a heuristic choose from
+            batch x heads x max_len and the SM count; 1 disables the split. Up to 256; a split with
+            no keys costs an early exit. Fixed per launch, so a CUDA graph captured at one length
+            replays correctly at every later length.
+        out: optional preallocated ``[batch, nheads_q, seqlen_new, headdim]`` output (q's dtype,
+            last dim contiguous), returned.
+        validate: read device-side lengths on the host (a synchronization) and raise ValueError if
+            any is out of bounds; None follows the ``FUSED_ATTN_VALIDATE_LENGTHS=1`` environment
+            variable. Not allowed during CUDA-graph capture.
+
+    Visibility: with ``end = cache_seqlens[b] + (seqlen_new if k_new is given else 0)``, query i
+    sees slots ``cache_leftpad[b] <= j < end - seqlen_new + 1 + i`` (causal among the new tokens,
+    bottom-right aligned, as ``flash_attn_with_kvcache``). A query with no visible key gives zeros.
+
+    Lengths: ``0 <= cache_seqlens[b] <= max_len - (seqlen_new if appending else 0)`` and
+    ``0 <= cache_leftpad[b] <= cache_seqlens[b]``. Host-known lengths outside this raise ValueError
+    naming the argument. On the device the kernel never reads or writes past ``max_len``: a
+    sequence with out-of-bounds lengths gets NaN outputs and its cache is left untouched.
+
+    Returns ``[batch, nheads_q, seqlen_new, headdim]`` in q's dtype (float32 accumulation). Launches
+    on the current stream, never synchronizes the host (unless ``validate``), works under
+    ``torch.compile(fullgraph=True)`` and CUDA-graph capture. No gradient: raises when an input
+    requires grad (``fused_attn.reference.decode_attention`` is differentiable).
+    """
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    seqlens_t, seqlens_host = _as_lengths(cache_seqlens, "cache_seqlens", q)
+    leftpad_t, leftpad_host = _as_lengths(cache_leftpad, "cache_leftpad", q)
+    splits = 0 if num_splits is None else num_splits
+    if q.device.type == "cuda" and not _aligned(q):
+        q = q.contiguous()
+    if k_new is not None and isinstance(k_new, torch.Tensor) and k_new.device.type == "cuda":
+        k_new = k_new if _aligned(k_new) else k_new.contiguous()
+        v_new = v_new if not isinstance(v_new, torch.Tensor) or _aligned(v_new) else v_new.contiguous()
+    scale = check_args(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, scale, splits, out)
+    check_no_grad(q, k_cache, v_cache, k_new, v_new)
+    if validate is None:
+        validate = os.environ.get(VALIDATE_ENV, "") == "1"
+    if validate and (seqlens_host is None or (leftpad_t is not None and leftpad_host is None)):
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise ValueError("validate must be False during CUDA graph capture (it reads lengths on the host), got True")
+        seqlens_host = seqlens_t.tolist()
+        leftpad_host = None if leftpad_t is None else leftpad_t.tolist()
+    if seqlens_host is not None:
+        check_lengths(seqlens_host, leftpad_host, q.shape[2], k_cache.shape[2], k_new is not None)
+    if q.device.type == "cuda":
+        _ops.ensure_loaded()
+    op = torch.ops.fused_attn
+    if out is None:
+        return op.decode_attention(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, scale, splits)
+    op.decode_attention_out(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, scale, splits, out=out)
+    return out
+
+
+def check_no_grad(*tensors) -> None:
+    if not torch.is_grad_enabled():
+        return
+    names = ("q", "k_cache", "v_cache", "k_new", "v_new")
+    for name, t in zip(names, tensors):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise ValueError(
+                f"{name} must not require grad (decode_attention writes the cache and records no gradient; "
+                f"fused_attn.reference.decode_attention is differentiable), got requires_grad=True")
+
+
+# --------------------------------------------------------------------------- CPU, fake, autograd
+
+
+def _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale) -> torch.Tensor:
+    """The CPU kernel: checks the lengths (they are host values here), appends in place, then the
+    reference in float32 (float64 for float64 input)."""
+    seqlens = cache_seqlens.tolist()
+    leftpad = None if cache_leftpad is None else cache_leftpad.tolist()
+    check_lengths(seqlens, leftpad, q.shape[2], k_cache.shape[2], k_new is not None)
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out, k_all, v_all = reference.decode_attention(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad,
+                                                   scale, compute_dtype=compute)
+    if k_new is not None:
+        for b, n in enumerate(seqlens):
+            k_cache[b, :, n:n + q.shape[2]] = k_new[b]
+            v_cache[b, :, n:n + q.shape[2]] = v_new[b]
+    return out
+
+
+def _autograd(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, scale=None,
+              num_splits=0):
+    check_no_grad(q, k_cache, v_cache, k_new, v_new)
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.fused_attn.decode_attention(q, k_cache, v_cache, cache_seqlens, k_new, v_new,
+                                                     cache_leftpad, scale, num_splits)
+
+
+def _autograd_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits, *, out):
+    check_no_grad(q, k_cache, v_cache, k_new, v_new)
+    with torch._C._AutoDispatchBelowAutograd():
+        torch.ops.fused_attn.decode_attention_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad,
+                                                  scale, num_splits, out=out)
+
+
+def _register() -> None:
+    lib = "fused_attn::decode_attention"
+
+    @torch.library.register_fake(lib)
+    def _fake(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, scale=None,
+              num_splits=0):
+        check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits)
+        return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+    @torch.library.register_fake(lib + "_out")
+    def _fake_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits, *, out):
+        check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits, out)
+
+    @torch.library.register_kernel(lib, "cpu")
+    def _cpu_kernel(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, scale=None,
+                    num_splits=0):
+        scale = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits)
+        return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale)
+
+    @torch.library.register_kernel(lib + "_out", "cpu")
+    def _cpu_kernel_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits, *, out):
+        scale = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits, out)
+        out.copy_(_cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale))
+
+    _ops.LIB.impl("decode_attention", _autograd, "Autograd")
+    _ops.LIB.impl("decode_attention_out", _autograd_out, "Autograd")
+
+
+_register()
