@@ -9,8 +9,9 @@ Modules (gpt-fast's seams; names follow the Hugging Face state dict, which loads
 (``LayerNorm``), ``attn`` (``Attention``: ``c_attn``, ``c_proj``, each a Conv1D-style ``Linear``
 x @ W + b), ``ln_2``, ``mlp`` (``MLP``: ``c_fc`` → tanh GELU → ``c_proj``). The lm_head is tied to
 ``wte``. Each module kind has a backend, chosen per kind (``backends=``): attention "fused"
-(Q·Kᵀ → ``scaled_masked_softmax`` → P·V) or "eager" (the same chain with PyTorch ops: the
-reference softmax); LayerNorm, Linear and MLP "eager" until their fused kernels land. A later
+(prefill: Q·Kᵀ → ``scaled_masked_softmax`` → P·V; decode step: ``decode_attention``, the cache
+append and the attention in one call) or "eager" (the same chain with PyTorch ops: the
+reference softmax, ``index_copy_`` appends and a key mask); LayerNorm, Linear and MLP "eager" until their fused kernels land. A later
 kernel plugs into one module.
 
 Generation state lives in a ``DecodeCache`` (one ``KVCache`` per layer, whose ``update()`` writes new
@@ -35,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fused_attn import reference
+from fused_attn.decode_attention import decode_attention
 from fused_attn.softmax import scaled_masked_softmax
 
 RANDOM_NAME = "gpt2-random"
@@ -129,12 +131,19 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, *, causal: bool,
                 cache: KVCache | None = None, input_pos: torch.Tensor | None = None,
-                attend_cache: bool = False) -> torch.Tensor:
+                attend_cache: bool = False, lengths: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``x`` ``[batch, seqlen, n_embd]``; ``keys_ok`` bool, broadcastable to the scores
         ``[batch, nheads, seqlen, keys]``. With ``cache``, the new keys and values are written at
-        ``input_pos``; ``attend_cache`` attends over the whole cache instead of the new keys only."""
+        ``input_pos``; ``attend_cache`` attends over the whole cache instead of the new keys only.
+        ``lengths`` = (cache_seqlens, cache_leftpad), int32 ``[batch]`` device tensors of a
+        left-padded decode step: the "fused" backend then appends and attends in one
+        ``decode_attention`` call (``input_pos`` and ``keys_ok`` are the eager backend's)."""
         b, s, _ = x.shape
         q, k, v = self.c_attn(x).view(b, s, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if cache is not None and attend_cache and lengths is not None and self.backend == "fused":
+            a = decode_attention(q, cache.k, cache.v, lengths[0], k_new=k, v_new=v, cache_leftpad=lengths[1],
+                                 scale=self.scale)
+            return self.c_proj(a.transpose(1, 2).reshape(b, s, -1))
         if cache is not None:
             k_all, v_all = cache.update(input_pos, k, v)
             if attend_cache:
@@ -201,6 +210,9 @@ class DecodeCache(nn.Module):
             KVCache(batch, config.n_head, max_len, config.head_dim, dtype, device) for _ in range(config.n_layer))
         self.register_buffer("keys_ok", torch.zeros(batch, max_len, dtype=torch.bool, device=device), persistent=False)
         self.register_buffer("slot", torch.zeros(1, dtype=torch.long, device=device), persistent=False)
+        # decode_attention's view of the same state: valid slots and first real slot per sequence.
+        self.register_buffer("seqlens", torch.zeros(batch, dtype=torch.int32, device=device), persistent=False)
+        self.register_buffer("leftpad", torch.zeros(batch, dtype=torch.int32, device=device), persistent=False)
         self.register_buffer("pos", torch.zeros(batch, dtype=torch.long, device=device), persistent=False)
         self.register_buffer("token", torch.zeros(batch, dtype=torch.long, device=device), persistent=False)
         self.prefill_graphs: dict[int, _PrefillGraph] = {}  # by prompt length
@@ -320,6 +332,8 @@ class GPT2(nn.Module):
         last = self.hidden(input_ids, attention_mask, cache=cache)[:, -1]
         cache.token.copy_(cache.next_token(self.logits(last)))
         cache.slot.fill_(s)
+        cache.seqlens.fill_(s)
+        cache.leftpad.copy_(s - attention_mask.sum(-1))
         cache.pos.copy_(self.positions(attention_mask)[:, -1] + 1)
         return cache.token.clone()
 
@@ -327,13 +341,18 @@ class GPT2(nn.Module):
     def decode_step(self, cache: DecodeCache) -> None:
         """One token for every sequence from device-side state only (capturable): embed the last
         token, write its keys and values at the cache's slot, attend over the cache, next token."""
-        cache.keys_ok.index_fill_(1, cache.slot, True)
+        fused = self.backends["attention"] == "fused"
+        if not fused:  # the fused backend reads seqlens / leftpad instead of the key mask
+            cache.keys_ok.index_fill_(1, cache.slot, True)
         x = self.embed(cache.token, cache.pos)[:, None]
         keys_ok = cache.keys_ok[:, None, None, :]
+        lengths = (cache.seqlens, cache.leftpad) if fused else None
         for i, block in enumerate(self.h):
-            x = block(x, keys_ok, causal=False, cache=cache.layers[i], input_pos=cache.slot, attend_cache=True)
+            x = block(x, keys_ok, causal=False, cache=cache.layers[i], input_pos=cache.slot, attend_cache=True,
+                      lengths=lengths)
         cache.token.copy_(cache.next_token(self.logits(x[:, 0])))
         cache.slot.add_(1)
+        cache.seqlens.add_(1)
         cache.pos.add_(1)
 
     def decode_cache(self, batch: int, max_len: int, temperature: float = 0.0, top_k: int = 0) -> DecodeCache:
@@ -374,6 +393,8 @@ class GPT2(nn.Module):
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
+        if self.backends["attention"] == "fused":
+            check_left_padded(attention_mask)
         cuda = self.device.type == "cuda"
         use_graph = use_graph and cuda
         cache = self.decode_cache(b, total, temperature, top_k)
@@ -409,6 +430,15 @@ class GPT2(nn.Module):
             after = torch.cat([torch.zeros_like(hit[:, :1]), hit[:, :-1]], 1)
             gen = gen.masked_fill(after, eos_token_id)
         return torch.cat([input_ids, gen], 1)
+
+
+def check_left_padded(attention_mask: torch.Tensor) -> None:
+    """The fused decode step reads a start offset per sequence (``DecodeCache.leftpad``), so a prompt's
+    padding must all sit on the left. Reads the mask on the host (one synchronization per generate())."""
+    m = attention_mask.bool()
+    if bool((m.long().cummax(-1).values.bool() & ~m).any()):
+        raise ValueError("attention_mask must be left padded (0s only before a row's first 1) for the fused "
+                         "attention backend, got a row with a 0 after a 1")
 
 
 def check_backends(backends: dict[str, str] | None) -> dict[str, str]:

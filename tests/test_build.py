@@ -11,8 +11,12 @@ from fused_attn import build
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_generated_instantiation_units_are_up_to_date():
-    script = ROOT / "csrc" / "softmax" / "generate_instantiations.py"
+import pytest
+
+
+@pytest.mark.parametrize("op", ["softmax", "decode_attention"])
+def test_generated_instantiation_units_are_up_to_date(op):
+    script = ROOT / "csrc" / op / "generate_instantiations.py"
     r = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -22,4 +26,5 @@ def test_sources_cover_every_unit_with_unique_names():
     names = [p.stem for p in found]
     assert len(names) == len(set(names))
     assert {"softmax", "softmax_inst_fp16_v1_vec", "softmax_inst_bf16_bwd_scalar"} <= set(names)
+    assert {"decode_attention", "decode_attention_inst_fp16_hd128", "decode_attention_inst_fp32_combine"} <= set(names)
 

@@ -69,3 +69,22 @@
     }                                                                           \
     TORCH_CHECK_VALUE(false, #ARG " must have headdim <= 256, got ", (D));      \
   }()
+
+// decode_attention's padded head dims: a kernel for HD serves every headdim <= HD that is a
+// multiple of 8 (the lanes past headdim load nothing).
+#define FA_DECODE_HEADDIM_SWITCH(D, NAME, ...)                                  \
+  [&] {                                                                         \
+    if ((D) <= 32) {                                                            \
+      constexpr int NAME = 32;                                                  \
+      return __VA_ARGS__();                                                     \
+    } else if ((D) <= 64) {                                                     \
+      constexpr int NAME = 64;                                                  \
+      return __VA_ARGS__();                                                     \
+    } else if ((D) <= 128) {                                                    \
+      constexpr int NAME = 128;                                                 \
+      return __VA_ARGS__();                                                     \
+    } else {                                                                    \
+      constexpr int NAME = 256;                                                 \
+      return __VA_ARGS__();                                                     \
+    }                                                                           \
+  }()

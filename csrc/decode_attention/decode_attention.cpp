@@ -1,0 +1,243 @@
+// Launcher of decode_attention (schema: fused_attn/_ops.py): the checks that guard memory, the
+// split-KV heuristic, the partial-result workspace, and dtype / head-dim / rows-per-block
+// dispatch. Host C++ (g++): the kernels are launched through decode_attention_launch.h.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "../common/checks.h"
+#include "../common/static_switch.h"
+#include "decode_attention_launch.h"
+
+namespace fused_attn {
+
+namespace {
+
+constexpr int kMaxSplits = 256;
+constexpr int kMaxHeaddim = 256;
+
+// Last dim contiguous, every other stride and the base 16-byte aligned (the kernels' vector loads).
+bool rows_aligned(const at::Tensor& t) {
+  if (t.numel() == 0) return true;
+  const int64_t vec = 16 / t.element_size();
+  if (t.size(-1) != 1 && t.stride(-1) != 1) return false;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    if (t.size(d) > 1 && t.stride(d) % vec != 0) return false;
+  }
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+std::string strides_str(const at::Tensor& t) { return shape_str(t.strides()); }
+
+#define FA_CHECK_ROWS_ALIGNED(t)                                                                        \
+  FA_CHECK_ARG(rows_aligned(t), t,                                                                      \
+               "have a contiguous last dim and 16-byte aligned rows (other strides multiples of " +     \
+                   std::to_string(16 / (t).element_size()) + ")",                                       \
+               "strides " + strides_str(t))
+
+#define FA_CHECK_LIKE_Q(t)       \
+  FA_CHECK_CUDA(t);              \
+  FA_CHECK_SAME_DEVICE(t, q);    \
+  FA_CHECK_SAME_DTYPE(t, q);     \
+  FA_CHECK_ROWS_ALIGNED(t)
+
+#define FA_CHECK_LENGTHS(t)                                                                           \
+  FA_CHECK_CUDA(t);                                                                                   \
+  FA_CHECK_SAME_DEVICE(t, q);                                                                         \
+  FA_CHECK_ARG((t).scalar_type() == at::kInt, t, "have dtype torch.int32", dtype_str((t).scalar_type())); \
+  FA_CHECK_ARG((t).dim() == 1 && (t).size(0) == q.size(0), t,                                          \
+               "have shape (batch,) = (" + std::to_string(q.size(0)) + ",)", shape_str((t).sizes()));   \
+  FA_CHECK_ARG((t).is_contiguous(), t, "be contiguous", "strides " + strides_str(t))
+
+// The locals are named after the arguments: the check macros stringify them into the message.
+double check_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                  const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& k_new_opt,
+                  const std::optional<at::Tensor>& v_new_opt, const std::optional<at::Tensor>& cache_leftpad_opt,
+                  std::optional<double> scale, int64_t num_splits, const at::Tensor* out_ptr) {
+  FA_CHECK_CUDA(q);
+  FA_CHECK_ARG(q.scalar_type() == at::kFloat || q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+               q, "have dtype float32, float16 or bfloat16", dtype_str(q.scalar_type()));
+  FA_CHECK_DIM(q, 4, "[batch, nheads_q, seqlen_new, headdim]");
+  FA_CHECK_DIM(k_cache, 4, "[batch, nheads_kv, max_len, headdim]");
+  FA_CHECK_DIM(v_cache, 4, "[batch, nheads_kv, max_len, headdim]");
+  FA_CHECK_LIKE_Q(q);
+  FA_CHECK_LIKE_Q(k_cache);
+  FA_CHECK_LIKE_Q(v_cache);
+  FA_CHECK_ARG(v_cache.sizes() == k_cache.sizes(), v_cache, "have k_cache's shape " + shape_str(k_cache.sizes()),
+               shape_str(v_cache.sizes()));
+  FA_CHECK_ARG(k_cache.size(0) == q.size(0), k_cache, "have q's batch size (" + std::to_string(q.size(0)) + ")",
+               shape_str(k_cache.sizes()));
+  FA_CHECK_ARG(k_cache.size(3) == q.size(3), k_cache, "have q's headdim (" + std::to_string(q.size(3)) + ")",
+               shape_str(k_cache.sizes()));
+  const int64_t nheads_kv = k_cache.size(1);
+  FA_CHECK_ARG(nheads_kv > 0 && q.size(1) % nheads_kv == 0, q,
+               "have nheads_q a multiple of k_cache's nheads_kv (" + std::to_string(nheads_kv) + ")",
+               std::to_string(q.size(1)));
+  const int64_t headdim = q.size(3);
+  FA_CHECK_ARG(headdim % 8 == 0 && headdim >= 8 && headdim <= kMaxHeaddim, q,
+               "have a headdim that is a multiple of 8 in [8, 256] on CUDA", std::to_string(headdim));
+  FA_CHECK_ARG(k_cache.size(2) < std::numeric_limits<int>::max() && q.size(2) < (1 << 20) &&
+                   q.numel() < std::numeric_limits<int>::max(),
+               q, "have fewer than 2**20 new tokens, 2**31 elements and max_len below 2**31",
+               shape_str(q.sizes()));
+  FA_CHECK_ARG(k_new_opt.has_value() == v_new_opt.has_value(), k_new, "be given together with v_new",
+               k_new_opt.has_value() ? "k_new without v_new" : "v_new without k_new");
+  if (k_new_opt.has_value()) {
+    const std::vector<int64_t> want{q.size(0), nheads_kv, q.size(2), headdim};
+    const std::string want_str = "have shape (batch, nheads_kv, seqlen_new, headdim) = " + shape_str(want);
+    const at::Tensor& k_new = *k_new_opt;
+    const at::Tensor& v_new = *v_new_opt;
+    FA_CHECK_DIM(k_new, 4, "[batch, nheads_kv, seqlen_new, headdim]");
+    FA_CHECK_DIM(v_new, 4, "[batch, nheads_kv, seqlen_new, headdim]");
+    FA_CHECK_LIKE_Q(k_new);
+    FA_CHECK_LIKE_Q(v_new);
+    FA_CHECK_ARG(k_new.sizes() == at::IntArrayRef(want), k_new, want_str, shape_str(k_new.sizes()));
+    FA_CHECK_ARG(v_new.sizes() == at::IntArrayRef(want), v_new, want_str, shape_str(v_new.sizes()));
+  }
+  FA_CHECK_LENGTHS(cache_seqlens);
+  if (cache_leftpad_opt.has_value()) {
+    const at::Tensor& cache_leftpad = *cache_leftpad_opt;
+    FA_CHECK_LENGTHS(cache_leftpad);
+  }
+  FA_CHECK_ARG(num_splits >= 0 && num_splits <= kMaxSplits, num_splits, "be an int in [0, 256]",
+               num_str(num_splits));
+  const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(double(headdim));
+  FA_CHECK_ARG(std::isfinite(s), scale, "be a finite number", num_str(s));
+  if (out_ptr != nullptr) {
+    const at::Tensor& out = *out_ptr;
+    FA_CHECK_LIKE_Q(out);
+    FA_CHECK_ARG(out.sizes() == q.sizes(), out, "have q's shape " + shape_str(q.sizes()), shape_str(out.sizes()));
+  }
+  return s;
+}
+
+int sm_count(const at::Tensor& t) {
+  return at::cuda::getDeviceProperties(t.device().index())->multiProcessorCount;
+}
+
+// Rows of queries per block: the group x new tokens that read one kv head, up to 8 (beyond
+// that, more row chunks: each re-reads the kv head's keys, mostly from L2).
+int rows_per_block(int rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8; }
+
+template <typename T, int HD>
+int tile_of(int R) {
+  switch (R) {
+    case 1: return DecodeTile<T, HD, 1>::TILE;
+    case 2: return DecodeTile<T, HD, 2>::TILE;
+    case 4: return DecodeTile<T, HD, 4>::TILE;
+    default: return DecodeTile<T, HD, 8>::TILE;
+  }
+}
+
+// Enough blocks to keep every SM streaming (about 4 resident blocks per SM with 16 KB of loads
+// in flight each), but no split shorter than one tile of the cache's capacity. Depends only on
+// shapes, never on the device-side lengths: a captured graph keeps its grid.
+int choose_splits(int work, int max_len, int tile, int sms) {
+  const int target = 4 * sms;
+  int splits = (target + work - 1) / work;
+  splits = std::min(splits, std::max(1, (max_len + tile - 1) / tile));
+  return std::clamp(splits, 1, kMaxSplits);
+}
+
+void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& k_new,
+            const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cache_leftpad, double scale,
+            int64_t num_splits, const at::Tensor& out) {
+  if (out.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(q.device());
+  DecodeParams p{};
+  p.q = q.data_ptr();
+  p.q_stride_b = q.stride(0), p.q_stride_h = q.stride(1), p.q_stride_s = q.stride(2);
+  p.k_cache = k_cache.data_ptr();
+  p.v_cache = v_cache.data_ptr();
+  p.k_stride_b = k_cache.stride(0), p.k_stride_h = k_cache.stride(1), p.k_stride_l = k_cache.stride(2);
+  p.v_stride_b = v_cache.stride(0), p.v_stride_h = v_cache.stride(1), p.v_stride_l = v_cache.stride(2);
+  if (k_new.has_value()) {
+    p.k_new = k_new->data_ptr();
+    p.v_new = v_new->data_ptr();
+    p.kn_stride_b = k_new->stride(0), p.kn_stride_h = k_new->stride(1), p.kn_stride_s = k_new->stride(2);
+    p.vn_stride_b = v_new->stride(0), p.vn_stride_h = v_new->stride(1), p.vn_stride_s = v_new->stride(2);
+  }
+  p.out = out.data_ptr();
+  p.o_stride_b = out.stride(0), p.o_stride_h = out.stride(1), p.o_stride_s = out.stride(2);
+  p.seqlens = cache_seqlens.data_ptr<int>();
+  p.leftpad = cache_leftpad.has_value() ? cache_leftpad->data_ptr<int>() : nullptr;
+  p.batch = int(q.size(0));
+  p.nheads_q = int(q.size(1));
+  p.nheads_kv = int(k_cache.size(1));
+  p.seqlen_new = int(q.size(2));
+  p.headdim = int(q.size(3));
+  p.max_len = int(k_cache.size(2));
+  p.group = p.nheads_q / p.nheads_kv;
+  p.rows = p.group * p.seqlen_new;
+  const int R = rows_per_block(p.rows);
+  p.row_chunks = (p.rows + R - 1) / R;
+  p.scale_log2 = float(scale * 1.4426950408889634);
+
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  FA_DISPATCH_FLOAT(q.scalar_type(), q, [&] {
+    FA_DECODE_HEADDIM_SWITCH(p.headdim, HD, [&] {
+      const int64_t work = int64_t(p.batch) * p.nheads_kv * p.row_chunks;
+      FA_CHECK_ARG(work < std::numeric_limits<int>::max(), q,
+                   "have batch x nheads_q x seqlen_new below 2**31 blocks", shape_str(q.sizes()));
+      p.num_splits = num_splits > 0 ? int(num_splits)
+                                    : choose_splits(int(work), p.max_len, tile_of<scalar_t, HD>(R), sm_count(q));
+      at::Tensor partial_o, partial_lse;
+      if (p.num_splits > 1) {
+        const int64_t rows = int64_t(p.num_splits) * p.batch * p.nheads_q * p.seqlen_new;
+        partial_o = at::empty({rows * p.headdim}, q.options().dtype(at::kFloat));
+        partial_lse = at::empty({rows}, q.options().dtype(at::kFloat));
+        p.partial_o = partial_o.data_ptr<float>();
+        p.partial_lse = partial_lse.data_ptr<float>();
+      }
+      switch (R) {
+        case 1: launch_decode<scalar_t, HD, 1>(p, stream); break;
+        case 2: launch_decode<scalar_t, HD, 2>(p, stream); break;
+        case 4: launch_decode<scalar_t, HD, 4>(p, stream); break;
+        default: launch_decode<scalar_t, HD, 8>(p, stream); break;
+      }
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      if (p.num_splits > 1) {
+        launch_decode_combine<scalar_t>(p, stream);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+    });
+  });
+}
+
+}  // namespace
+
+// Argument order follows the schemas in fused_attn/_ops.py.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& k_new,
+                            const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cache_leftpad,
+                            std::optional<double> scale, int64_t num_splits) {
+  const double s = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits,
+                              nullptr);
+  at::Tensor out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+  launch(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, s, num_splits, out);
+  return out;
+}
+
+void decode_attention_out(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                          const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& k_new,
+                          const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cache_leftpad,
+                          std::optional<double> scale, int64_t num_splits, const at::Tensor& out) {
+  const double s = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits,
+                              &out);
+  launch(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, s, num_splits, out);
+}
+
+TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) {
+  m.impl("decode_attention", &decode_attention);
+  m.impl("decode_attention_out", &decode_attention_out);
+}
+
+}  // namespace fused_attn

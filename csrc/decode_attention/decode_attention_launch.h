@@ -1,0 +1,70 @@
+// What the launcher (decode_attention.cpp, host C++ with ATen) and the kernels
+// (decode_attention_kernel.cuh, built in the generated decode_attention_inst_*.cu units) share:
+// the parameter struct, the kernels' tile geometry (the launcher's split heuristic needs it) and
+// the launch functions. Torch-free and host-compilable.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace fused_attn {
+
+struct DecodeParams {
+  // Strides are in elements; every last dim is contiguous. q, k_new, v_new, out:
+  // [batch, heads, seqlen_new, headdim]; caches: [batch, nheads_kv, max_len, headdim].
+  const void* q;
+  int64_t q_stride_b, q_stride_h, q_stride_s;
+  void* k_cache;
+  void* v_cache;
+  int64_t k_stride_b, k_stride_h, k_stride_l;
+  int64_t v_stride_b, v_stride_h, v_stride_l;
+  const void* k_new;  // nullptr: no append
+  const void* v_new;
+  int64_t kn_stride_b, kn_stride_h, kn_stride_s;
+  int64_t vn_stride_b, vn_stride_h, vn_stride_s;
+  void* out;
+  int64_t o_stride_b, o_stride_h, o_stride_s;
+  const int* seqlens;  // [batch], valid slots before this call
+  const int* leftpad;  // [batch] first valid slot, or nullptr (0)
+  int batch, nheads_q, nheads_kv, seqlen_new, headdim, max_len;
+  int group;       // nheads_q / nheads_kv
+  int rows;        // group * seqlen_new: the query rows that read one kv head
+  int row_chunks;  // blocks per kv head along the rows: ceil(rows / R)
+  int num_splits;  // key-range splits per (sequence, kv head, row chunk)
+  float scale_log2;  // scale * log2(e): scores live in the log2 domain
+  // num_splits > 1: per split, the normalized partial output and its log2-sum-exp, merged by
+  // the combine kernel. [num_splits, batch, nheads_q, seqlen_new, headdim] / [..., seqlen_new].
+  float* partial_o;
+  float* partial_lse;
+};
+
+// Tile geometry of decode_kernel<T, HD, R>: each thread owns EPT consecutive elements of a key
+// row (16-byte loads, at least HD / 32 so a key's row fits one warp), TX threads share a key,
+// NY keys are in flight per step per block, U steps unrolled per loop iteration.
+constexpr int kDecodeThreads = 128;
+template <typename T, int HD>
+struct DecodeGeometry {
+  static constexpr int kVec = 16 / int(sizeof(T));
+  static constexpr int EPT = kVec > HD / 32 ? kVec : HD / 32;
+  static constexpr int TX = HD / EPT;
+  static constexpr int NY = kDecodeThreads / TX;
+};
+// U (loads in flight per thread per operand) shrinks for 8 rows per block to bound registers.
+// TILE: keys per loop iteration of one block.
+template <typename T, int HD, int R>
+struct DecodeTile {
+  static constexpr int U = R <= 4 ? 4 : 2;
+  static constexpr int TILE = DecodeGeometry<T, HD>::NY * U;
+};
+
+// Defined in decode_attention_kernel.cuh, instantiated in decode_attention_inst_*.cu
+// (generate_instantiations.py). HD: padded head dim (32, 64, 128, 256); R: query rows per block.
+template <typename T, int HD, int R>
+void launch_decode(const DecodeParams& p, cudaStream_t stream);
+template <typename T>
+void launch_decode_combine(const DecodeParams& p, cudaStream_t stream);
+
+}  // namespace fused_attn
