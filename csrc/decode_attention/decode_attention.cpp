@@ -1,6 +1,6 @@
 // Launcher of decode_attention (schema: fused_attn/_ops.py): the checks that guard memory, the
-// split-KV heuristic, the partial-result workspace, and dtype / head-dim / rows-per-block
-// dispatch. Host C++ (g++): the kernels are launched through decode_attention_launch.h.
+// split-KV heuristic, the cluster-or-combine choice (the partial-result workspace when it is the
+// combine kernel), and dtype / head-dim / rows-per-block dispatch. Host C++ (g++): the kernels are launched through decode_attention_launch.h.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -127,23 +127,27 @@ int sm_count(const at::Tensor& t) {
 int rows_per_block(int rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8; }
 
 template <typename T, int HD>
-int tile_of(int R) {
+bool cluster_capable(int R) {
   switch (R) {
-    case 1: return DecodeTile<T, HD, 1>::TILE;
-    case 2: return DecodeTile<T, HD, 2>::TILE;
-    case 4: return DecodeTile<T, HD, 4>::TILE;
-    default: return DecodeTile<T, HD, 8>::TILE;
+    case 1: return decode_cluster_capable<T, HD, 1>();
+    case 2: return decode_cluster_capable<T, HD, 2>();
+    case 4: return decode_cluster_capable<T, HD, 4>();
+    default: return decode_cluster_capable<T, HD, 8>();
   }
 }
 
-// Enough blocks to keep every SM streaming (about 4 resident blocks per SM with 16 KB of loads
-// in flight each), but no split shorter than one tile of the cache's capacity. Depends only on
-// shapes, never on the device-side lengths: a captured graph keeps its grid.
-int choose_splits(int work, int max_len, int tile, int sms) {
-  const int target = 4 * sms;
-  int splits = (target + work - 1) / work;
-  splits = std::min(splits, std::max(1, (max_len + tile - 1) / tile));
-  return std::clamp(splits, 1, kMaxSplits);
+// About two blocks per SM (rounded down: a batch that already fills the GPU is not split), and no
+// split shorter than kMinKeysPerSplit slots of the cache's capacity. Depends only on shapes, never
+// on the device-side lengths: a captured graph keeps its grid and a split past the current length
+// exits early. Where the device merges the splits in a cluster, 9-16 splits become 8 (one launch,
+// no combine kernel: measured faster than 9-16 splits plus the combine). H100 measurements behind
+// these choices: bench/NOTES.md, "Session 5".
+constexpr int kMinKeysPerSplit = 64;
+int choose_splits(int64_t work, int max_len, int sms, bool cluster_ok) {
+  int64_t splits = std::max<int64_t>(1, 2 * sms / work);
+  splits = std::min<int64_t>(splits, std::max(1, max_len / kMinKeysPerSplit));
+  if (cluster_ok && splits > kMaxClusterSplits && splits <= 2 * kMaxClusterSplits) splits = kMaxClusterSplits;
+  return int(std::clamp<int64_t>(splits, 1, kMaxSplits));
 }
 
 void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -187,10 +191,12 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       const int64_t work = int64_t(p.batch) * p.nheads_kv * p.row_chunks;
       FA_CHECK_ARG(work < std::numeric_limits<int>::max(), q,
                    "have batch x nheads_q x seqlen_new below 2**31 blocks", shape_str(q.sizes()));
-      p.num_splits = num_splits > 0 ? int(num_splits)
-                                    : choose_splits(int(work), p.max_len, tile_of<scalar_t, HD>(R), sm_count(q));
+      const bool cluster_ok = at::cuda::getDeviceProperties(q.device().index())->major >= 9 &&
+                              cluster_capable<scalar_t, HD>(R);
+      p.num_splits = num_splits > 0 ? int(num_splits) : choose_splits(work, p.max_len, sm_count(q), cluster_ok);
+      p.cluster = cluster_ok && p.num_splits > 1 && p.num_splits <= kMaxClusterSplits;
       at::Tensor partial_o, partial_lse;
-      if (p.num_splits > 1) {
+      if (p.num_splits > 1 && !p.cluster) {
         const int64_t rows = int64_t(p.num_splits) * p.batch * p.nheads_q * p.seqlen_new;
         partial_o = at::empty({rows * p.headdim}, q.options().dtype(at::kFloat));
         partial_lse = at::empty({rows}, q.options().dtype(at::kFloat));
@@ -204,7 +210,7 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         default: launch_decode<scalar_t, HD, 8>(p, stream); break;
       }
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-      if (p.num_splits > 1) {
+      if (p.num_splits > 1 && !p.cluster) {
         launch_decode_combine<scalar_t>(p, stream);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }

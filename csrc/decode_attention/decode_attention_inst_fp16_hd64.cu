@@ -3,7 +3,11 @@
 
 namespace fused_attn {
 template void launch_decode<__half, 64, 1>(const DecodeParams&, cudaStream_t);
+template bool decode_cluster_capable<__half, 64, 1>();
 template void launch_decode<__half, 64, 2>(const DecodeParams&, cudaStream_t);
+template bool decode_cluster_capable<__half, 64, 2>();
 template void launch_decode<__half, 64, 4>(const DecodeParams&, cudaStream_t);
+template bool decode_cluster_capable<__half, 64, 4>();
 template void launch_decode<__half, 64, 8>(const DecodeParams&, cudaStream_t);
+template bool decode_cluster_capable<__half, 64, 8>();
 }  // namespace fused_attn

@@ -26,6 +26,7 @@
 // Tests: tests/test_decode_attention.py; benchmark: bench/bench_decode_attention.py.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include "../common/math.cuh"
@@ -36,7 +37,7 @@ namespace fused_attn {
 
 namespace decode {
 
-// EPT elements of type T as 16-byte loads (EPT * sizeof(T) is a multiple of 16).
+// EPT elements of type T as 16-byte words (EPT * sizeof(T) is a multiple of 16).
 template <typename T, int EPT>
 struct Row {
   static constexpr int kWords = EPT * int(sizeof(T)) / 16;
@@ -45,16 +46,35 @@ struct Row {
 #pragma unroll
     for (int i = 0; i < kWords; ++i) w[i] = __ldg(reinterpret_cast<const uint4*>(ptr) + i);
   }
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) w[i] = make_uint4(0, 0, 0, 0);
-  }
   __device__ __forceinline__ void to_float(float (&f)[EPT]) const {
     const T* v = reinterpret_cast<const T*>(w);
 #pragma unroll
     for (int e = 0; e < EPT; ++e) f[e] = fused_attn::to_float(v[e]);
   }
 };
+
+// 16 bytes global -> shared without passing through registers; pred false writes zeros and
+// reads nothing. Completion is per thread (commit / wait groups): a thread that only reads
+// what it copied needs no block barrier.
+__device__ __forceinline__ void cp_async16(uint4* dst, const void* src, bool pred) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(pred ? 16 : 0));
+#else
+  *dst = pred ? *static_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
 
 __device__ __forceinline__ bool lengths_ok(const DecodeParams& p, int b, int& cached, int& end, int& start) {
   cached = p.seqlens[b];
@@ -80,61 +100,45 @@ __device__ void append(const DecodeParams& p, int b, int hkv, int cached) {
   }
 }
 
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
+
 }  // namespace decode
 
 template <typename T, int HD, int R>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeParams p) {
   using G = DecodeGeometry<T, HD>;
+  using Tile = DecodeTile<T, HD, R>;
   constexpr int EPT = G::EPT, TX = G::TX, NY = G::NY;
-  constexpr int U = DecodeTile<T, HD, R>::U;
-  constexpr int TILE = DecodeTile<T, HD, R>::TILE;
+  constexpr int U = Tile::U, TILE = Tile::TILE, STAGES = Tile::STAGES;
+  constexpr int NT = kDecodeThreads;
+  constexpr int kWords = EPT * int(sizeof(T)) / 16;
   static_assert(TX <= 32 && 32 % TX == 0, "a key's threads sit in one warp");
-
-  __shared__ float sm_o[R][NY][HD];
-  __shared__ float sm_m[R][NY];
-  __shared__ float sm_l[R][NY];
+  // Shared memory: first the K/V pipeline, [stage][K or V][u][word][thread] (a thread's words are
+  // 16 bytes apart from its neighbours': conflict-free), then, reused after the loop, the merge
+  // of the NY key slots: o [R][NY][HD], the block's merged o [R][HD], m and l [R][NY], the row's
+  // max and sum [R].
+  constexpr int kPipeBytes = STAGES * 2 * U * kWords * NT * 16;
+  constexpr int kMergeBytes = (R * NY * HD + R * HD + 2 * R * NY + 2 * R) * 4;
+  __shared__ __align__(16) unsigned char smem[kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes];
+  uint4* const pipe = reinterpret_cast<uint4*>(smem);
 
   const int split = blockIdx.y;
   const int chunk = blockIdx.x % p.row_chunks;
   const int bh = blockIdx.x / p.row_chunks;
   const int hkv = bh % p.nheads_kv, b = bh / p.nheads_kv;
   const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
-  const int e0 = tx * EPT;           // this thread's first element of a row
+  const int e0 = tx * EPT;              // this thread's first element of a row
   const bool lane_on = e0 < p.headdim;  // headdim % 8 == 0: a slice is all in or all out
   const int sn = p.seqlen_new;
 
-  int cached, end, start;
-  const bool ok = decode::lengths_ok(p, b, cached, end, start);
-  if (!ok) {
-    if (p.num_splits == 1) {  // with splits the combine kernel writes the NaNs
-      for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
-        const int rr = chunk * R + idx / p.headdim;
-        if (rr >= p.rows) continue;
-        const int h = hkv * p.group + rr / sn, i = rr % sn;
-        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + idx % p.headdim] =
-            from_float<T>(__int_as_float(0x7fc00000));
-      }
-    }
-    return;
-  }
-  if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T>(p, b, hkv, cached);
-
-  // This split's keys: whole tiles of [start, end).
-  const int tiles = (end - start + TILE - 1) / TILE;
-  const int tiles_per_split = (tiles + p.num_splits - 1) / p.num_splits;
-  const int kb = start + split * tiles_per_split * TILE;
-  const int ke = min(end, kb + tiles_per_split * TILE);
-
-  // The block's query rows, pre-scaled into the log2 domain; lim[r]: first slot row r cannot see.
+  // The block's query rows, pre-scaled into the log2 domain (loaded before the lengths, which
+  // they do not depend on: the two DRAM round trips overlap).
   float q[R][EPT];
-  int lim[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int rr = chunk * R + r;
-    const int i = rr % sn;
-    lim[r] = rr < p.rows ? end - sn + 1 + i : 0;
     if (rr < p.rows && lane_on) {
-      const int h = hkv * p.group + rr / sn;
+      const int h = hkv * p.group + rr / sn, i = rr % sn;
       decode::Row<T, EPT> row;
       row.load(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_s + e0);
       row.to_float(q[r]);
@@ -146,6 +150,82 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
     }
   }
 
+  int cached, end, start;
+  if (!decode::lengths_ok(p, b, cached, end, start)) {
+    if (p.num_splits == 1 || (p.cluster && split == 0)) {  // else the combine kernel writes the NaNs
+      for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
+        const int rr = chunk * R + idx / p.headdim;
+        if (rr >= p.rows) continue;
+        const int h = hkv * p.group + rr / sn, i = rr % sn;
+        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + idx % p.headdim] =
+            from_float<T>(decode::quiet_nan());
+      }
+    }
+    return;
+  }
+
+  // This split's keys: whole tiles of [start, end).
+  const int tiles = (end - start + TILE - 1) / TILE;
+  const int tiles_per_split = (tiles + p.num_splits - 1) / p.num_splits;
+  const int kb = start + split * tiles_per_split * TILE;
+  const int ke = min(end, kb + tiles_per_split * TILE);
+  const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
+
+  const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h + e0;
+  const T* vc = static_cast<const T*>(p.v_cache) + b * p.v_stride_b + hkv * p.v_stride_h + e0;
+  const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h + e0;
+  const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_stride_b + hkv * p.vn_stride_h + e0;
+  auto word = [&](int stage, int kv, int u, int w) {
+    return pipe + (((stage * 2 + kv) * U + u) * kWords + w) * NT + threadIdx.x;
+  };
+  // Slots >= cached come from k_new / v_new: the append below never races with these reads.
+  // A tile wholly inside the cache and the split (all but at most two per block) takes the
+  // short path: one 64-bit multiply-add per row, no selects.
+  auto issue = [&](int t) {
+    const int stage = t % STAGES;
+    const int jt = kb + t * TILE;
+    if (jt + TILE <= min(cached, ke)) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t j = jt + u * NY + ty;
+        const T* ks = kc + j * p.k_stride_l;
+        const T* vs = vc + j * p.v_stride_l;
+#pragma unroll
+        for (int w = 0; w < kWords; ++w) {
+          decode::cp_async16(word(stage, 0, u, w), ks + w * (16 / int(sizeof(T))), lane_on);
+          decode::cp_async16(word(stage, 1, u, w), vs + w * (16 / int(sizeof(T))), lane_on);
+        }
+      }
+      return;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = jt + u * NY + ty;
+      const bool on = lane_on && j < ke;
+      const T* ks = !on ? static_cast<const T*>(p.k_cache)
+                        : j < cached ? kc + int64_t(j) * p.k_stride_l : kn + (j - cached) * p.kn_stride_s;
+      const T* vs = !on ? static_cast<const T*>(p.v_cache)
+                        : j < cached ? vc + int64_t(j) * p.v_stride_l : vn + (j - cached) * p.vn_stride_s;
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) {
+        decode::cp_async16(word(stage, 0, u, w), ks + w * (16 / int(sizeof(T))), on);
+        decode::cp_async16(word(stage, 1, u, w), vs + w * (16 / int(sizeof(T))), on);
+      }
+    }
+  };
+#pragma unroll
+  for (int t = 0; t < STAGES - 1; ++t) {
+    if (t < n_tiles) issue(t);
+    decode::cp_async_commit();
+  }
+  if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T>(p, b, hkv, cached);
+
+  int lim[R];  // first slot row r cannot see
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int rr = chunk * R + r;
+    lim[r] = rr < p.rows ? end - sn + 1 + rr % sn : 0;
+  }
   float m[R], l[R], o[R][EPT];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -155,34 +235,19 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
     for (int e = 0; e < EPT; ++e) o[r][e] = 0.f;
   }
 
-  const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h + e0;
-  const T* vc = static_cast<const T*>(p.v_cache) + b * p.v_stride_b + hkv * p.v_stride_h + e0;
-  const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h + e0;
-  const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_stride_b + hkv * p.vn_stride_h + e0;
-
-  for (int kt = kb; kt < ke; kt += TILE) {
-    decode::Row<T, EPT> krow[U], vrow[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {  // every load of the iteration is issued before any is used
-      const int j = kt + u * NY + ty;
-      if (j < ke && lane_on) {
-        if (j < cached) {
-          krow[u].load(kc + int64_t(j) * p.k_stride_l);
-          vrow[u].load(vc + int64_t(j) * p.v_stride_l);
-        } else {
-          krow[u].load(kn + (j - cached) * p.kn_stride_s);
-          vrow[u].load(vn + (j - cached) * p.vn_stride_s);
-        }
-      } else {
-        krow[u].zero();
-        vrow[u].zero();
-      }
-    }
+  for (int t = 0; t < n_tiles; ++t) {
+    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);
+    decode::cp_async_commit();
+    decode::cp_async_wait<STAGES - 1>();  // tile t has landed (this thread's part of it)
+    const int stage = t % STAGES;
     float s[R][U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
+      decode::Row<T, EPT> krow;
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) krow.w[w] = *word(stage, 0, u, w);
       float kf[EPT];
-      krow[u].to_float(kf);
+      krow.to_float(kf);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float acc = 0.f;
@@ -199,13 +264,18 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
         for (int r = 0; r < R; ++r) s[r][u] += __shfl_xor_sync(0xffffffffu, s[r][u], off);
       }
     }
+    float vf[U][EPT];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int j = kt + u * NY + ty;
+      const int j = kb + t * TILE + u * NY + ty;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (!(j < ke && j < lim[r])) s[r][u] = kNegInf;
       }
+      decode::Row<T, EPT> vrow;
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) vrow.w[w] = *word(stage, 1, u, w);
+      vrow.to_float(vf[u]);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -213,44 +283,52 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
 #pragma unroll
       for (int u = 0; u < U; ++u) mx = max_nan(mx, s[r][u]);
       if (mx == kNegInf) continue;  // nothing visible yet for this row
-      const float corr = fast_exp2(m[r] - mx);  // m == -inf: 0 (o and l are 0 anyway)
-      m[r] = mx;
-      l[r] *= corr;
+      if (mx > m[r]) {  // a new running max (rare after the first keys): rescale what is summed
+        const float corr = fast_exp2(m[r] - mx);  // m == -inf: 0 (o and l are 0 anyway)
+        m[r] = mx;
+        l[r] *= corr;
 #pragma unroll
-      for (int e = 0; e < EPT; ++e) o[r][e] *= corr;
+        for (int e = 0; e < EPT; ++e) o[r][e] *= corr;
+      }
+      // A NaN score leaves m alone and makes pr, l and o NaN: the row comes out NaN.
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const float pr = fast_exp2(s[r][u] - mx);  // masked: exp2(-inf) = 0
+        const float pr = fast_exp2(s[r][u] - m[r]);  // masked: exp2(-inf) = 0
         l[r] += pr;
-        float vf[EPT];
-        vrow[u].to_float(vf);
 #pragma unroll
-        for (int e = 0; e < EPT; ++e) o[r][e] = fmaf(pr, vf[e], o[r][e]);
+        for (int e = 0; e < EPT; ++e) o[r][e] = fmaf(pr, vf[u][e], o[r][e]);
       }
     }
   }
+  decode::cp_async_wait<0>();
+  __syncthreads();  // the merge below reuses the pipeline's shared memory
 
   // Merge the NY key slots' (m, l, o) of each row.
+  float* sm_o = reinterpret_cast<float*>(smem);  // [R][NY][HD]
+  float* sm_acc = sm_o + R * NY * HD;            // [R][HD]: sum over slots of weight * o
+  float* sm_m = sm_acc + R * HD;                 // [R][NY]: max, then the slot's weight
+  float* sm_l = sm_m + R * NY;                   // [R][NY]
+  float* sm_rowm = sm_l + R * NY;                // [R]
+  float* sm_rowl = sm_rowm + R;                  // [R]
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     if (tx == 0) {
-      sm_m[r][ty] = m[r];
-      sm_l[r][ty] = l[r];
+      sm_m[r * NY + ty] = m[r];
+      sm_l[r * NY + ty] = l[r];
     }
 #pragma unroll
-    for (int e = 0; e < EPT; ++e) sm_o[r][ty][e0 + e] = o[r][e];
+    for (int e = 0; e < EPT; ++e) sm_o[(r * NY + ty) * HD + e0 + e] = o[r][e];
   }
   __syncthreads();
-  __shared__ float sm_rowm[R], sm_rowl[R];
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
     float mx = kNegInf;
-    for (int y = 0; y < NY; ++y) mx = max_nan(mx, sm_m[r][y]);
+    for (int y = 0; y < NY; ++y) mx = max_nan(mx, sm_m[r * NY + y]);
     float sum = 0.f;
     for (int y = 0; y < NY; ++y) {
-      const float w = mx == kNegInf ? 0.f : fast_exp2(sm_m[r][y] - mx);
-      sm_m[r][y] = w;  // now the slot's weight
-      sum += w * sm_l[r][y];
+      const float w = mx == kNegInf ? 0.f : fast_exp2(sm_m[r * NY + y] - mx);
+      sm_m[r * NY + y] = w;
+      sum += w * sm_l[r * NY + y];
     }
     sm_rowm[r] = mx;
     sm_rowl[r] = sum;
@@ -262,18 +340,50 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
     if (rr >= p.rows) continue;
     float acc = 0.f;
 #pragma unroll
-    for (int y = 0; y < NY; ++y) acc = fmaf(sm_m[r][y], sm_o[r][y][e], acc);
+    for (int y = 0; y < NY; ++y) acc = fmaf(sm_m[r * NY + y], sm_o[(r * NY + y) * HD + e], acc);
     const float sum = sm_rowl[r];
-    const float val = sum > 0.f ? acc / sum : (sum == 0.f ? 0.f : acc / sum);  // NaN stays NaN
     const int h = hkv * p.group + rr / sn, i = rr % sn;
-    if (p.num_splits == 1) {
+    if (p.cluster) {
+      sm_acc[r * HD + e] = acc;
+    } else if (p.num_splits == 1) {
+      const float val = sum == 0.f ? 0.f : acc / sum;  // no visible key: 0; NaN stays NaN
       static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + e] = from_float<T>(val);
     } else {
       const int64_t row = ((int64_t(split) * p.batch + b) * p.nheads_q + h) * sn + i;
-      p.partial_o[row * p.headdim + e] = val;
-      if (e == 0) p.partial_lse[row] = sum > 0.f ? sm_rowm[r] + __log2f(sum) : (sum == 0.f ? kNegInf : sum);
+      p.partial_o[row * p.headdim + e] = sum == 0.f ? 0.f : acc / sum;
+      if (e == 0) p.partial_lse[row] = sum == 0.f ? kNegInf : sm_rowm[r] + __log2f(sum);
     }
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.cluster) {
+    // The num_splits blocks of this (sequence, kv head, row chunk) form one cluster: each merges
+    // a share of the output elements from every block's (max, sum, acc) in distributed shared
+    // memory. The second barrier keeps every block's shared memory alive until all have read it.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    const int n_blocks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+    for (int idx = rank * kDecodeThreads + threadIdx.x; idx < R * p.headdim; idx += kDecodeThreads * n_blocks) {
+      const int r = idx / p.headdim, e = idx % p.headdim;
+      const int rr = chunk * R + r;
+      if (rr >= p.rows) continue;
+      float mx = kNegInf;
+      for (int c = 0; c < n_blocks; ++c) mx = max_nan(mx, cluster.map_shared_rank(sm_rowm, c)[r]);
+      float sum = 0.f, acc = 0.f;
+      if (mx != kNegInf) {
+        for (int c = 0; c < n_blocks; ++c) {
+          const float w = fast_exp2(cluster.map_shared_rank(sm_rowm, c)[r] - mx);
+          sum = fmaf(w, cluster.map_shared_rank(sm_rowl, c)[r], sum);
+          acc = fmaf(w, cluster.map_shared_rank(sm_acc, c)[r * HD + e], acc);
+        }
+      }
+      const int h = hkv * p.group + rr / sn, i = rr % sn;
+      static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + e] =
+          from_float<T>(sum == 0.f ? 0.f : acc / sum);
+    }
+    cluster.sync();
+  }
+#endif
 }
 
 // One warp per output row (b, h, i): merges the num_splits partial rows.
@@ -289,7 +399,7 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
   T* out = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s;
   int cached, end, start;
   if (!decode::lengths_ok(p, b, cached, end, start)) {
-    for (int e = lane; e < p.headdim; e += 32) out[e] = from_float<T>(__int_as_float(0x7fc00000));
+    for (int e = lane; e < p.headdim; e += 32) out[e] = from_float<T>(decode::quiet_nan());
     return;
   }
   float mx = kNegInf;
@@ -317,7 +427,28 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
 template <typename T, int HD, int R>
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   const dim3 grid(unsigned(p.batch) * p.nheads_kv * p.row_chunks, p.num_splits);
-  decode_kernel<T, HD, R><<<grid, kDecodeThreads, 0, stream>>>(p);
+  if (!p.cluster) {
+    decode_kernel<T, HD, R><<<grid, kDecodeThreads, 0, stream>>>(p);
+    return;
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kDecodeThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = unsigned(p.num_splits);
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, decode_kernel<T, HD, R>, p);
+}
+
+template <typename T, int HD, int R>
+bool decode_cluster_capable() {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, decode_kernel<T, HD, R>) == cudaSuccess && attr.binaryVersion >= 90;
 }
 
 template <typename T>

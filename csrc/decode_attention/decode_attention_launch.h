@@ -34,6 +34,9 @@ struct DecodeParams {
   int rows;        // group * seqlen_new: the query rows that read one kv head
   int row_chunks;  // blocks per kv head along the rows: ceil(rows / R)
   int num_splits;  // key-range splits per (sequence, kv head, row chunk)
+  // The splits of one (sequence, kv head, row chunk) form a thread-block cluster and merge in
+  // distributed shared memory (sm_90, num_splits <= kMaxClusterSplits): no partials, no combine.
+  bool cluster;
   float scale_log2;  // scale * log2(e): scores live in the log2 domain
   // num_splits > 1: per split, the normalized partial output and its log2-sum-exp, merged by
   // the combine kernel. [num_splits, batch, nheads_q, seqlen_new, headdim] / [..., seqlen_new].
@@ -45,6 +48,7 @@ struct DecodeParams {
 // row (16-byte loads, at least HD / 32 so a key's row fits one warp), TX threads share a key,
 // NY keys are in flight per step per block, U steps unrolled per loop iteration.
 constexpr int kDecodeThreads = 128;
+constexpr int kMaxClusterSplits = 8;  // the portable cluster size
 template <typename T, int HD>
 struct DecodeGeometry {
   static constexpr int kVec = 16 / int(sizeof(T));
@@ -52,12 +56,14 @@ struct DecodeGeometry {
   static constexpr int TX = HD / EPT;
   static constexpr int NY = kDecodeThreads / TX;
 };
-// U (loads in flight per thread per operand) shrinks for 8 rows per block to bound registers.
-// TILE: keys per loop iteration of one block.
+// U: keys per thread per pipeline stage. STAGES: tiles a block has in shared memory (STAGES - 1
+// of them in flight while it computes one), about 32 KB of K and V per block. TILE: keys per stage.
 template <typename T, int HD, int R>
 struct DecodeTile {
-  static constexpr int U = R <= 4 ? 4 : 2;
+  static constexpr int U = 2;
   static constexpr int TILE = DecodeGeometry<T, HD>::NY * U;
+  static constexpr int kStageBytes = kDecodeThreads * U * DecodeGeometry<T, HD>::EPT * int(sizeof(T)) * 2;
+  static constexpr int STAGES = (32 * 1024) / kStageBytes < 2 ? 2 : (32 * 1024) / kStageBytes > 8 ? 8 : (32 * 1024) / kStageBytes;
 };
 
 // Defined in decode_attention_kernel.cuh, instantiated in decode_attention_inst_*.cu
@@ -66,5 +72,8 @@ template <typename T, int HD, int R>
 void launch_decode(const DecodeParams& p, cudaStream_t stream);
 template <typename T>
 void launch_decode_combine(const DecodeParams& p, cudaStream_t stream);
+// Whether decode_kernel<T, HD, R> was compiled for sm_90 or later (the cluster merge's code is there).
+template <typename T, int HD, int R>
+bool decode_cluster_capable();
 
 }  // namespace fused_attn

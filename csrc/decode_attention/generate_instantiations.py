@@ -27,7 +27,7 @@ def units() -> dict[str, str]:
     for dt, T in DTYPES.items():
         for hd in HEADDIMS:
             decls = "".join(f"template void launch_decode<{T}, {hd}, {r}>(const DecodeParams&, cudaStream_t);\n"
-                            for r in ROWS)
+                            f"template bool decode_cluster_capable<{T}, {hd}, {r}>();\n" for r in ROWS)
             out[f"decode_attention_inst_{dt}_hd{hd}.cu"] = HEADER + decls + "}  // namespace fused_attn\n"
         out[f"decode_attention_inst_{dt}_combine.cu"] = (
             HEADER + f"template void launch_decode_combine<{T}>(const DecodeParams&, cudaStream_t);\n"
