@@ -156,9 +156,12 @@ def decode_attention(
         k_all = k_cache.scatter(2, index, k_new.to(k_cache.dtype))
         v_all = v_cache.scatter(2, index, v_new.to(v_cache.dtype))
     group = nheads_q // nheads_kv
-    k = k_all.to(compute_dtype).repeat_interleave(group, dim=1)
-    v = v_all.to(compute_dtype).repeat_interleave(group, dim=1)
     visible = decode_visible(cache_seqlens, seqlen_new, max_len, appended, cache_leftpad)
+    # Slots no query sees are never read (the kernel skips them; they may hold garbage such as NaN
+    # in a cache from torch.empty): zeroed here, since 0 * NaN in p @ v would leak into the output.
+    seen = visible.any(dim=2).unsqueeze(-1)  # [batch, 1, max_len, 1]
+    k = torch.where(seen, k_all, 0).to(compute_dtype).repeat_interleave(group, dim=1)
+    v = torch.where(seen, v_all, 0).to(compute_dtype).repeat_interleave(group, dim=1)
     s = (q.to(compute_dtype) @ k.transpose(-1, -2)) * scale
     s = s.masked_fill(~visible, float("-inf"))
     m = s.detach().amax(dim=-1, keepdim=True)
