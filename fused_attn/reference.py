@@ -164,6 +164,8 @@ def decode_attention(
     v = torch.where(seen, v_all, 0).to(compute_dtype).repeat_interleave(group, dim=1)
     s = (q.to(compute_dtype) @ k.transpose(-1, -2)) * scale
     s = s.masked_fill(~visible, float("-inf"))
+    if max_len == 0:  # amax of an empty row raises; no key gives zeros
+        return q.new_zeros(q.shape), k_all, v_all
     m = s.detach().amax(dim=-1, keepdim=True)
     m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
     e = torch.exp(s - m)
