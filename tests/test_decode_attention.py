@@ -500,15 +500,15 @@ def opcheck_inputs(device):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_opcheck(device):
-    """opcheck with the cache mutated in place (k_new given) and not. test_autograd_registration is
-    left out: the op has an Autograd kernel that raises on requires_grad inputs by design (no gradient
-    through a cache write); test_requires_grad_raises pins that."""
+    """Every opcheck test, with the cache mutated in place (k_new given: the schema's (a!)/(b!)) and not.
+    The inputs do not require grad: with requires_grad the op raises by design (no gradient through a
+    cache write; test_requires_grad_raises pins that), so there is no opcheck-with-autograd variant as
+    test_softmax.py's test_opcheck_autograd."""
     ops = torch.ops.fused_attn
-    utils = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
     for args in opcheck_inputs(device):
-        torch.library.opcheck(ops.decode_attention.default, args, test_utils=utils)
+        torch.library.opcheck(ops.decode_attention.default, args)
         out = torch.empty_like(args[0])
-        torch.library.opcheck(ops.decode_attention_out.default, args, dict(out=out), test_utils=utils)
+        torch.library.opcheck(ops.decode_attention_out.default, args, dict(out=out))
 
 
 def test_meta_tensors_give_shapes():
@@ -547,7 +547,7 @@ BAD_INPUTS = [  # (id, changes(device), exception, message); "cuda_only" ids ski
      r"q must have 4 dims \[batch, nheads_q, seqlen_new, headdim\], got \(2, 4, 64\)"),
     ("q_type", lambda d: dict(q=[[1.0]]), TypeError, r"q must be a torch.Tensor, got list"),
     ("q_dtype", lambda d: dict(q=_t(2, 4, 2, 64, dtype=torch.int32, device=d)), ValueError,
-     r"q must have dtype float32, float16, bfloat16"),
+     r"q must have dtype float32, float16,? (or )?bfloat16.*, got torch.int32"),
     ("k_dtype", lambda d: dict(k_cache=_t(2, 2, 16, 64, dtype=torch.float32, device=d)), ValueError,
      r"k_cache must have q's dtype \(torch.float16\), got torch.float32"),
     ("v_shape", lambda d: dict(v_cache=_t(2, 2, 17, 64, device=d)), ValueError,
@@ -639,15 +639,16 @@ def test_bad_inputs_raise(device, name, changes, exc, match):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_bad_inputs_through_the_op(device):
-    """The op itself (no wrapper) repeats the checks: fake kernel, CPU kernel, C++ launcher."""
+    """The op itself (no wrapper) repeats the checks: fake kernel, CPU kernel, C++ launcher (on CUDA
+    the message is the launcher's: pinned to the argument's name and requirement)."""
     ops = torch.ops.fused_attn
     kw = good(device)
     q, k, v, s = kw["q"], kw["k_cache"], kw["v_cache"], kw["cache_seqlens"]
-    with pytest.raises((ValueError, RuntimeError), match=r"q must have nheads_q a multiple of k_cache's nheads_kv"):
+    with pytest.raises((ValueError, RuntimeError), match=r"q must have nheads_q a multiple of"):
         ops.decode_attention(q[:, :3], k, v, s)
-    with pytest.raises((ValueError, RuntimeError), match=r"cache_seqlens must have dtype torch.int32, got torch.int64"):
+    with pytest.raises((ValueError, RuntimeError), match=r"cache_seqlens must have dtype .*int32.*, got .*(int64|Long)"):
         ops.decode_attention(q, k, v, s.long())
-    with pytest.raises((ValueError, RuntimeError), match=r"num_splits must be an int in \[0, 256\]"):
+    with pytest.raises((ValueError, RuntimeError), match=r"num_splits must be .*256.*, got 300"):
         ops.decode_attention(q, k, v, s, None, None, None, None, 300)
     with pytest.raises((ValueError, RuntimeError), match=r"k_new and v_new must both be given or both be None"):
         ops.decode_attention(q, k, v, s, q[:, :2].clone(), None)
