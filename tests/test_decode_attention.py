@@ -149,6 +149,18 @@ def score_max(q, k_all, seqlens, leftpad, appended, scale):
     return s.amax(dim=-1) if n else s.sum(dim=-1)
 
 
+def want_and_magnitude(q, k_cache, v_cache, seqlens, k_new, v_new, leftpad, scale):
+    """The float64 reference from the inputs in float64 (not rounded back to q's dtype), and the float64
+    attention of |v| (the row magnitude of the tolerance rule)."""
+    def d(t):
+        return None if t is None else t.double()
+
+    want = reference.decode_attention(d(q), d(k_cache), d(v_cache), seqlens, d(k_new), d(v_new), leftpad, scale)[0]
+    magnitude = reference.decode_attention(d(q), d(k_cache), d(v_cache).abs(), seqlens, d(k_new),
+                                           None if v_new is None else d(v_new).abs(), leftpad, scale)[0]
+    return want, magnitude
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bit pattern (NaN == NaN)."""
     return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
@@ -179,8 +191,7 @@ def run_and_check(case, device):
         assert got is out
     assert got.shape == q.shape and got.dtype == q.dtype and got.device == q.device
     dev_seqlens, dev_pad = seqlens.to(device), None if leftpad is None else leftpad.to(device)
-    want, k_all, v_all = reference.decode_attention(q, k_before, v_before, dev_seqlens, k_new, v_new, dev_pad, scale,
-                                                    compute_dtype=torch.float64)
+    want, magnitude = want_and_magnitude(q, k_before, v_before, dev_seqlens, k_new, v_new, dev_pad, scale)
     where = (f"b={case['batch']} hkv={case['nheads_kv']} group={case['group']} sn={case['seqlen_new']} "
              f"d={case['headdim']} max_len={case['max_len']} seqlens={case['seqlens']} leftpad={case['leftpad']} "
              f"append={appended} {case['dtype']} splits={case.get('num_splits')}")
@@ -189,11 +200,8 @@ def run_and_check(case, device):
     assert torch.equal(bits(k_cache), bits(k_want)), f"{where}: k_cache after the call"
     assert torch.equal(bits(v_cache), bits(v_want)), f"{where}: v_cache after the call"
     assert not got.isnan().any(), f"{where}: NaN in the output (out not fully written, or a poisoned slot read)"
-    magnitude = reference.decode_attention(q, k_before, v_before.abs(), dev_seqlens, k_new,
-                                           None if v_new is None else v_new.abs(), dev_pad, scale)[0]
-    peer = peer_attention(q, k_all, v_all, seqlens, leftpad, appended, scale)
-    assert_attention_close(got, peer, want.to(torch.float64), magnitude,
-                           score_max(q, k_all, seqlens, leftpad, appended, scale), where)
+    peer = peer_attention(q, k_want, v_want, seqlens, leftpad, appended, scale)
+    assert_attention_close(got, peer, want, magnitude, score_max(q, k_want, seqlens, leftpad, appended, scale), where)
     no_key = magnitude.abs().amax(dim=-1) == 0
     assert (got[no_key] == 0).all(), f"{where}: rows with no visible key must be exact zeros"
 
@@ -216,7 +224,8 @@ EDGE_EXAMPLES = [
     case_of(seqlens=[28, 16], append=True, seqlen_new=4, max_len=32, leftpad=[3, 16]),  # full after the append
     case_of(batch=3, seqlens=[0, 100, 37], max_len=120, seqlen_new=16, append=True, group=8, nheads_kv=1,
             num_splits=7, leftpad=[0, 99, 36], use_out=True),
-    case_of(batch=1, nheads_kv=1, group=16, seqlens=[50], max_len=60, num_splits=256, qkv="fused"),  # MQA, splits > keys
+    # MQA, more splits than keys
+    case_of(batch=1, nheads_kv=1, group=16, seqlens=[50], max_len=60, num_splits=256, qkv="fused"),
     case_of(batch=2, nheads_kv=2, group=4, seqlens=[3, 1], max_len=8, num_splits=64, cache_layout="bshd",
             dtype=torch.bfloat16, qkv="fused", seqlen_new=5, use_out=True),
     case_of(qk_mag=70.0, v_mag=1e3, seqlens=[40, 200], max_len=256, dtype=torch.float16, num_splits=3),  # extremes
@@ -344,11 +353,11 @@ def test_out_of_bounds_device_lengths_give_nan_and_no_write_gpu(dtype, num_split
     idx = torch.tensor(good, device="cuda")
     sl = torch.tensor([seqlens[i] for i in good], dtype=torch.int32, device="cuda")
     lp = torch.tensor([leftpad[i] for i in good], dtype=torch.int32, device="cuda")
-    want, k_all, v_all = reference.decode_attention(q[idx], k0[idx], v0[idx], sl, kn[idx], vn[idx], lp)
+    _, k_all, v_all = reference.decode_attention(q[idx], k0[idx], v0[idx], sl, kn[idx], vn[idx], lp)
     assert torch.equal(k[idx], k_all) and torch.equal(v[idx], v_all)
-    magnitude = reference.decode_attention(q[idx], k0[idx], v0[idx].abs(), sl, kn[idx], vn[idx].abs(), lp)[0]
+    want, magnitude = want_and_magnitude(q[idx], k0[idx], v0[idx], sl, kn[idx], vn[idx], lp, None)
     peer = peer_attention(q[idx], k_all, v_all, sl, lp, True, None)
-    assert_attention_close(out[idx], peer, want.double(), magnitude, score_max(q[idx], k_all, sl, lp, True, None),
+    assert_attention_close(out[idx], peer, want, magnitude, score_max(q[idx], k_all, sl, lp, True, None),
                            "in-bounds sequences")
 
 
@@ -441,10 +450,10 @@ def test_cuda_graph_replays_at_growing_lengths_gpu(num_splits):
         k0, v0, lens = k.clone(), v.clone(), seqlens.clone()
         out.fill_(math.nan)
         g.replay()
-        want, k_all, v_all = reference.decode_attention(q, k0, v0, lens, kn, vn, leftpad)
+        _, k_all, v_all = reference.decode_attention(q, k0, v0, lens, kn, vn, leftpad)
         assert torch.equal(k, k_all) and torch.equal(v, v_all), f"replay {t}: the append"
-        magnitude = reference.decode_attention(q, k0, v0.abs(), lens, kn, vn.abs(), leftpad)[0]
-        assert_attention_close(out, peer_attention(q, k_all, v_all, lens, leftpad, True, None), want.double(),
+        want, magnitude = want_and_magnitude(q, k0, v0, lens, kn, vn, leftpad, None)
+        assert_attention_close(out, peer_attention(q, k_all, v_all, lens, leftpad, True, None), want,
                                magnitude, score_max(q, k_all, lens, leftpad, True, None),
                                f"replay {t} at lengths {lens.tolist()}")
         seqlens.add_(sn if t < 2 else 40)  # grow, then jump ahead (every split count stays fixed)
@@ -646,7 +655,8 @@ def test_bad_inputs_through_the_op(device):
     q, k, v, s = kw["q"], kw["k_cache"], kw["v_cache"], kw["cache_seqlens"]
     with pytest.raises((ValueError, RuntimeError), match=r"q must have nheads_q a multiple of"):
         ops.decode_attention(q[:, :3], k, v, s)
-    with pytest.raises((ValueError, RuntimeError), match=r"cache_seqlens must have dtype .*int32.*, got .*(int64|Long)"):
+    with pytest.raises((ValueError, RuntimeError),
+                       match=r"cache_seqlens must have dtype .*int32.*, got .*(int64|Long)"):
         ops.decode_attention(q, k, v, s.long())
     with pytest.raises((ValueError, RuntimeError), match=r"num_splits must be .*256.*, got 300"):
         ops.decode_attention(q, k, v, s, None, None, None, None, 300)

@@ -121,7 +121,7 @@ def assert_error_at_most_twice(ours: torch.Tensor, peer: torch.Tensor, want: tor
 # error e in every exponent moves the output by up to 2 e r; two float32 computations differing in
 # where the scale is applied disagree by that much); and never above ATTN_CAP, so a peer that loses
 # everything (float16 scores of 1e4) cannot make the check vacuous. A row with r = 0 must be exact.
-ATTN_SLACK_EPS = 4
+ATTN_SLACK_EPS = 1  # eps is twice the unit roundoff: 2 x our one output rounding
 ATTN_CAP = 0.05
 
 
@@ -157,7 +157,8 @@ def assert_attention_close(ours: torch.Tensor, peer: torch.Tensor, want: torch.T
             if excess[idx] <= 0:
                 break
             lines.append(f"  row {idx}: max |err| {err[idx].item():.3g} > allowed {allowed[idx].item():.3g} "
-                         f"(row magnitude {r[idx].item():.3g}, max |score| {float(score_max[idx]):.3g}); got {o[idx][:4].tolist()}, want {w[idx][:4].tolist()}")
+                         f"(row magnitude {r[idx].item():.3g}, max |score| {float(score_max[idx]):.3g}); "
+                         f"got {o[idx][:4].tolist()}, want {w[idx][:4].tolist()}")
         raise AssertionError(f"{what}: {int((excess > 0).sum())} of {err.numel()} rows out of tolerance (peer's "
                              f"normalized error {peer_norm:.3g}); worst:\n"
                              + "\n".join(lines))
