@@ -170,5 +170,5 @@ def decode_attention(
     m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
     e = torch.exp(s - m)
     total = e.sum(dim=-1, keepdim=True)
-    p = e / torch.where(total > 0, total, torch.ones_like(total))
+    p = e / total.where(total > 0, torch.ones_like(total))  # no visible key: e = 0, total = 0
     return (p @ v).to(q.dtype), k_all, v_all

@@ -43,7 +43,9 @@ def decode_case(draw, budget, cuda):
         headdim = draw(st.one_of(st.sampled_from([8, 32, 64]), st.integers(1, 40)))
     append = draw(st.booleans())
     lo = seqlen_new if append else 0
-    max_len_cap = max(lo, budget // (batch * nheads_kv * headdim))
+    # the budget bounds the cache and (x 4) the reference's score matrix [batch, nheads_q, seqlen_new, max_len]
+    max_len_cap = max(lo, min(budget // (batch * nheads_kv * headdim),
+                              4 * budget // (batch * nheads_kv * group * seqlen_new)))
     max_len = draw(st.one_of(st.integers(lo, min(lo + 40, max_len_cap)), st.integers(lo, max_len_cap)))
     hi = max_len - (seqlen_new if append else 0)
     seqlens = [draw(st.one_of(st.sampled_from([0, min(1, hi), hi]), st.integers(0, hi))) for _ in range(batch)]
