@@ -321,6 +321,60 @@ def test_host_length_forms_agree(device):
         assert torch.equal(out, results[0][0]) and torch.equal(bits(k), bits(results[0][1]))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_any_q_k_new_and_out_layout(device, dtype):
+    """q and k_new without a contiguous last dim or misaligned (copied once by the wrapper), and an out
+    whose heads and positions are transposed (last dim contiguous): the same result as contiguous."""
+    case = case_of(batch=2, nheads_kv=2, group=2, headdim=64, max_len=40, seqlens=[3, 30], seqlen_new=4,
+                   leftpad=[1, 0], dtype=dtype)
+    q, k, v, seqlens, leftpad, kn, vn = make_inputs(case, device)
+    want = decode_attention(q, k.clone(), v.clone(), seqlens.to(device), k_new=kn, v_new=vn,
+                            cache_leftpad=leftpad.to(device))
+    q_t = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # last-dim stride seqlen_new
+    buf = torch.empty(q.numel() + 1, device=device, dtype=dtype)
+    q_off = buf[1:].view(q.shape).copy_(q)  # 2 or 4 bytes past a 16-byte boundary
+    kn_t = kn.transpose(-1, -2).contiguous().transpose(-1, -2)
+    for qq in (q_t, q_off):
+        out = torch.empty(2, 4, 4, 64, device=device, dtype=dtype).transpose(1, 2)  # [b, hq, sn, d], strided
+        out.fill_(math.nan)
+        k2, v2 = k.clone(), v.clone()
+        got = decode_attention(qq, k2, v2, seqlens.to(device), k_new=kn_t, v_new=vn, cache_leftpad=leftpad.to(device),
+                               out=out)
+        assert got is out
+        assert torch.equal(out, want)
+        assert torch.equal(bits(k2), bits(appended_copy(k, kn, case["seqlens"])))
+
+
+@pytest.mark.gpu
+def test_does_not_sync_and_uses_the_current_stream_gpu():
+    """Device lengths, an append and out=: no host synchronization; launched on the current stream
+    (a sleep, then the fill of q on stream s: a launch on another stream reads q before the fill)."""
+    case = case_of(batch=4, nheads_kv=2, group=4, headdim=128, max_len=512, seqlens=[0, 100, 300, 500],
+                   seqlen_new=2, dtype=torch.bfloat16)
+    q, k, v, seqlens, leftpad, kn, vn = make_inputs(case, "cuda")
+    k0, v0 = k.clone(), v.clone()
+    lens = seqlens.cuda()
+    q_src, q_dst = q.clone(), torch.zeros_like(q)
+    out = torch.empty_like(q)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            torch.cuda._sleep(50_000_000)
+            q_dst.copy_(q_src)
+            decode_attention(q_dst, k, v, lens, k_new=kn, v_new=vn, out=out, num_splits=3)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    s.synchronize()
+    want, magnitude = want_and_magnitude(q, k0, v0, lens, kn, vn, None, None)
+    k_all, v_all = appended_copy(k0, kn, case["seqlens"]), appended_copy(v0, vn, case["seqlens"])
+    assert torch.equal(bits(k), bits(k_all)) and torch.equal(bits(v), bits(v_all))
+    assert_attention_close(out, peer_attention(q, k_all, v_all, seqlens, None, True, None), want, magnitude,
+                           score_max(q, k_all, seqlens, None, True, None), "on a side stream")
+
+
 # --------------------------------------------------------------------------- lengths out of bounds
 
 
