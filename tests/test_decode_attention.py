@@ -385,17 +385,17 @@ def test_out_of_bounds_device_lengths_give_nan_and_no_write_gpu(dtype, num_split
     """Device-side lengths are not read on the host: a sequence with cache_seqlens past
     max_len - seqlen_new, negative, or cache_leftpad past cache_seqlens gets NaN outputs and its cache
     is untouched; the other sequences are computed as usual."""
-    b, hkv, n, d, sn = 6, 2, 32, 64, 3
+    b, hkv, n, d, sn = 7, 2, 32, 64, 3
     gen = torch.Generator(device="cuda").manual_seed(1)
     q = torch.randn(b, 4, sn, d, generator=gen, device="cuda").to(dtype)
     k = torch.randn(b, hkv, n, d, generator=gen, device="cuda").to(dtype)
     v = torch.randn(b, hkv, n, d, generator=gen, device="cuda").to(dtype)
     kn = torch.randn(b, hkv, sn, d, generator=gen, device="cuda").to(dtype)
     vn = torch.randn(b, hkv, sn, d, generator=gen, device="cuda").to(dtype)
-    #         ok  overflow  negative  ok(full)  leftpad>seqlens  huge
-    seqlens = [5, n - sn + 1, -1, n - sn, 4, 2**31 - 1]
-    leftpad = [1, 0, 0, 0, 5, 0]
-    bad = [False, True, True, False, True, True]
+    #         ok  overflow  negative  ok(full)  leftpad>seqlens  huge  leftpad<0
+    seqlens = [5, n - sn + 1, -1, n - sn, 4, 2**31 - 1, 3]
+    leftpad = [1, 0, 0, 0, 5, 0, -1]
+    bad = [False, True, True, False, True, True, True]
     k0, v0 = k.clone(), v.clone()
     out = torch.full_like(q, 7.0)
     decode_attention(q, k, v, torch.tensor(seqlens, dtype=torch.int32, device="cuda"), k_new=kn, v_new=vn,
