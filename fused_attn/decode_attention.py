@@ -132,7 +132,9 @@ def _as_lengths(values, name: str, q: torch.Tensor) -> tuple[torch.Tensor | None
         return None, None
     batch = q.shape[0]
     if isinstance(values, torch.Tensor):
-        if values.device == q.device and q.device.type != "cpu":
+        # Under torch.compile a CPU tensor is not read on the host either (a data-dependent
+        # read breaks the graph): the CPU kernel checks the lengths when it runs.
+        if values.device == q.device and (q.device.type != "cpu" or torch.compiler.is_compiling()):
             return values, None
         if values.device.type != "cpu":
             raise ValueError(f"{name} must be on q's device ({q.device}) or the CPU, got {values.device}")

@@ -156,14 +156,19 @@ def decode_attention(
         k_all = k_cache.scatter(2, index, k_new.to(k_cache.dtype))
         v_all = v_cache.scatter(2, index, v_new.to(v_cache.dtype))
     group = nheads_q // nheads_kv
-    k = k_all.to(compute_dtype).repeat_interleave(group, dim=1)
-    v = v_all.to(compute_dtype).repeat_interleave(group, dim=1)
     visible = decode_visible(cache_seqlens, seqlen_new, max_len, appended, cache_leftpad)
+    # Slots no query sees are never read (the kernel skips them; they may hold garbage such as NaN
+    # in a cache from torch.empty): zeroed here, since 0 * NaN in p @ v would leak into the output.
+    seen = visible.any(dim=2).unsqueeze(-1)  # [batch, 1, max_len, 1]
+    k = torch.where(seen, k_all, 0).to(compute_dtype).repeat_interleave(group, dim=1)
+    v = torch.where(seen, v_all, 0).to(compute_dtype).repeat_interleave(group, dim=1)
     s = (q.to(compute_dtype) @ k.transpose(-1, -2)) * scale
     s = s.masked_fill(~visible, float("-inf"))
+    if max_len == 0:  # amax of an empty row raises; no key gives zeros
+        return q.new_zeros(q.shape), k_all, v_all
     m = s.detach().amax(dim=-1, keepdim=True)
     m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
     e = torch.exp(s - m)
     total = e.sum(dim=-1, keepdim=True)
-    p = e / torch.where(total > 0, total, torch.ones_like(total))
+    p = e / total.where(total > 0, torch.ones_like(total))  # no visible key: e = 0, total = 0
     return (p @ v).to(q.dtype), k_all, v_all

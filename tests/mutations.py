@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 T_SOFTMAX = "tests/test_softmax.py"
 T_HF = "tests/test_hf.py"
 T_GPT2 = "tests/test_gpt2.py"
+T_DECODE = "tests/test_decode_attention.py"
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,22 @@ MUTATIONS: list[Mutation] = [
              _t(f"{T_HF}::test_half_precision_attention_per_layer_gpu"), gpu=True),
     Mutation("gpt2-probs-off-by-1pct-half-gpu", "fused_attn/gpt2.py", _GPT2_PROBS, _GPT2_PROBS_PREFILL_OFF,
              _t(f"{T_GPT2}::test_half_precision_attention_per_layer_gpu"), gpu=True),
+    # ------------------------------------------------------------ decode_attention (CPU path, tolerance)
+    Mutation("decode-cpu-v-append-dropped", "fused_attn/decode_attention.py",
+             "            v_cache[b, :, n:n + q.shape[2]] = v_new[b]\n", "",
+             _t(f"{T_DECODE}::test_matches_reference_cpu")),
+    Mutation("decode-cpu-leftpad-ignored", "fused_attn/decode_attention.py",
+             "reference.decode_attention(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad,",
+             "reference.decode_attention(q, k_cache, v_cache, cache_seqlens, k_new, v_new, None,",
+             _t(f"{T_DECODE}::test_matches_reference_cpu")),
+    Mutation("decode-cpu-output-off-by-1e-3", "fused_attn/decode_attention.py",
+             "            v_cache[b, :, n:n + q.shape[2]] = v_new[b]\n    return out\n",
+             "            v_cache[b, :, n:n + q.shape[2]] = v_new[b]\n    return out * (1 + 1e-3)\n",
+             _t(f"{T_DECODE}::test_matches_reference_cpu"),
+             why="a 0.1% error in every output must fail float32 and float16"),
+    Mutation("tolerance-attention-cap-removed", "tests/tolerances.py", "ATTN_CAP = 0.05", "ATTN_CAP = 1.0",
+             _t("tests/test_tolerances.py::test_attention_errors_fail"),
+             why="a peer that lost everything would let any error through"),
     # ------------------------------------------------------------ gradients (issue 10)
     Mutation("autograd-not-registered", "fused_attn/softmax.py",
              "    torch.library.register_autograd(lib, _backward, setup_context=_setup_context)\n", "",

@@ -1,5 +1,7 @@
 """A small GPU subset for compute-sanitizer (memcheck, racecheck): odd sizes, every
-launch-shape class, long rows, fully masked rows, masks, both versions, and the backward.
+launch-shape class, long rows, fully masked rows, masks, both versions, and the backward; and
+decode_attention: appends, GQA / MQA, forced splits (more than keys too), left padding, head dims
+32 to 256, float32, and out-of-bounds device lengths (which must read and write nothing).
 
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py
     compute-sanitizer --tool racecheck python tests/sanitizer_cases.py --quick
@@ -18,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fused_attn import reference  # noqa: E402
 from fused_attn.softmax import scaled_masked_softmax, scaled_masked_softmax_backward  # noqa: E402
+from tests.test_decode_attention import case_of, run_and_check  # noqa: E402
 from tests.test_softmax import scores_of  # noqa: E402
 from tests.tolerances import assert_close, softmax_tolerance  # noqa: E402
 
@@ -53,9 +56,48 @@ def main(argv: list[str]) -> int:
                         cases += 1
     x = torch.randn(4, 7, 5, device="cuda")[..., 1:]  # misaligned, scalar path
     scaled_masked_softmax(x, causal=True)
+    cases += decode_cases(quick)
     torch.cuda.synchronize()
     print(f"sanitizer cases: {cases} passed")
     return 0
+
+
+# (cache shape, lengths and options) of decode_attention; each checked against the float64 reference with
+# NaN in every cache slot it must not read (tests/test_decode_attention.py's run_and_check).
+DECODE_CASES = [
+    dict(batch=3, nheads_kv=2, group=4, headdim=128, max_len=300, seqlens=[0, 1, 290], seqlen_new=4,
+         leftpad=[0, 1, 7], num_splits=3, dtype=torch.float16),
+    dict(batch=2, nheads_kv=1, group=8, headdim=256, max_len=200, seqlens=[199, 50], seqlen_new=1, append=True,
+         num_splits=7, dtype=torch.bfloat16),
+    dict(batch=2, nheads_kv=4, group=1, headdim=32, max_len=70, seqlens=[3, 54], seqlen_new=16, num_splits=64,
+         leftpad=[2, 0], dtype=torch.float32, cache_layout="bshd", qkv="fused"),
+    dict(batch=2, nheads_kv=2, group=2, headdim=64, max_len=40, seqlens=[5, 40], append=False, num_splits=256,
+         dtype=torch.float32, use_out=True),
+    dict(batch=1, nheads_kv=1, group=16, headdim=96, max_len=1000, seqlens=[997], seqlen_new=3, num_splits=None,
+         dtype=torch.float16),
+    dict(batch=2, nheads_kv=2, group=1, headdim=80, max_len=64, seqlens=[0, 0], seqlen_new=2, append=False,
+         num_splits=1, dtype=torch.bfloat16),
+]
+
+
+def decode_cases(quick: bool) -> int:
+    from fused_attn.decode_attention import decode_attention
+
+    cases = 0
+    for i, kw in enumerate(DECODE_CASES[:3] if quick else DECODE_CASES):
+        run_and_check(case_of(seed=i, **kw), "cuda")
+        cases += 1
+    # out-of-bounds device lengths (past max_len - seqlen_new, negative, leftpad past the length): NaN, no access
+    q = torch.randn(4, 4, 3, 64, device="cuda", dtype=torch.float16)
+    k, v = torch.randn(4, 2, 32, 64, device="cuda", dtype=torch.float16), torch.randn(4, 2, 32, 64, device="cuda",
+                                                                                      dtype=torch.float16)
+    kn = torch.randn(4, 2, 3, 64, device="cuda", dtype=torch.float16)
+    seqlens = torch.tensor([30, -5, 2**31 - 1, 4], dtype=torch.int32, device="cuda")
+    leftpad = torch.tensor([0, 0, 0, 9], dtype=torch.int32, device="cuda")
+    k0 = k.clone()
+    out = decode_attention(q, k, v, seqlens, k_new=kn, v_new=kn.clone(), cache_leftpad=leftpad, num_splits=4)
+    assert out.isnan().all() and torch.equal(k, k0), "out-of-bounds lengths"
+    return cases + 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 # Output rounding of each dtype plus float32 accumulation.
@@ -109,3 +111,54 @@ def assert_error_at_most_twice(ours: torch.Tensor, peer: torch.Tensor, want: tor
 
     e_ours, e_peer = error(ours), error(peer)
     assert e_ours <= 2 * e_peer + slack, f"{what}: error {e_ours:.3g} > 2 x the peer's {e_peer:.3g} + {slack:g}"
+
+
+# Attention outputs (decode_attention): flash-attention's rule, measured per query row relative to
+# the row's magnitude r = sum_j p_j |v_j| (the float64 attention of |v|: the scale any rounding of
+# p or v moves the output by; 0 exactly when no key is visible). Our normalized error must be at
+# most twice the PyTorch peer's largest normalized error over the tensor, plus a few units of the
+# dtype's rounding and the float32 score arithmetic (SCORE_ULPS of the row's largest |score|: an
+# error e in every exponent moves the output by up to 2 e r; two float32 computations differing in
+# where the scale is applied disagree by that much); and never above ATTN_CAP, so a peer that loses
+# everything (float16 scores of 1e4) cannot make the check vacuous. A row with r = 0 must be exact.
+ATTN_SLACK_EPS = 1  # eps is twice the unit roundoff: 2 x our one output rounding
+ATTN_CAP = 0.05
+
+
+def assert_attention_close(ours: torch.Tensor, peer: torch.Tensor, want: torch.Tensor, magnitude: torch.Tensor,
+                           score_max: torch.Tensor, what: str = "") -> None:
+    """``ours`` and ``peer`` (PyTorch at our dtype) against the float64 ``want``; ``magnitude``: the
+    float64 attention of |v| (same shape); ``score_max``: the largest |score| a row sees (its shape
+    without the last dim). Prints the worst rows on failure."""
+    assert ours.shape == want.shape == peer.shape == magnitude.shape, \
+        f"{what}: shapes {tuple(ours.shape)}, {tuple(peer.shape)}, {tuple(want.shape)}, {tuple(magnitude.shape)}"
+    if ours.numel() == 0:
+        return
+    o, p, w = (t.detach().to(torch.float64).cpu() for t in (ours, peer, want))
+    r = magnitude.detach().to(torch.float64).cpu().abs().amax(dim=-1)
+    bad_nan = torch.isnan(o) & ~torch.isnan(w)
+    if bad_nan.any():
+        idx = bad_nan.nonzero()[:8].tolist()
+        raise AssertionError(f"{what}: {int(bad_nan.sum())} NaN outputs where the reference is finite, e.g. at {idx}")
+    err = (o - w).abs().amax(dim=-1)
+    peer_err = torch.nan_to_num((p - w).abs(), nan=math.inf).amax(dim=-1)
+    live = r > 0
+    peer_norm = (peer_err[live] / r[live]).max().item() if live.any() else 0.0
+    eps = torch.finfo(ours.dtype).eps
+    slack = ATTN_SLACK_EPS * eps + 2 * SCORE_ULPS * score_max.detach().to(torch.float64).cpu()
+    allowed_norm = torch.clamp(2 * peer_norm + slack, max=max(ATTN_CAP, ATTN_SLACK_EPS * eps))
+    allowed = allowed_norm * r
+    excess = err - allowed
+    if bool(excess.max() > 0):
+        order = excess.flatten().argsort(descending=True)[:8]
+        lines = []
+        for flat in order.tolist():
+            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), err.shape))
+            if excess[idx] <= 0:
+                break
+            lines.append(f"  row {idx}: max |err| {err[idx].item():.3g} > allowed {allowed[idx].item():.3g} "
+                         f"(row magnitude {r[idx].item():.3g}, max |score| {float(score_max[idx]):.3g}); "
+                         f"got {o[idx][:4].tolist()}, want {w[idx][:4].tolist()}")
+        raise AssertionError(f"{what}: {int((excess > 0).sum())} of {err.numel()} rows out of tolerance (peer's "
+                             f"normalized error {peer_norm:.3g}); worst:\n"
+                             + "\n".join(lines))
