@@ -2,15 +2,18 @@
 
 Providers, side by side in one group per (shape, dtype); every call appends k_new/v_new into the
 cache, then attends with the one new query per sequence over its L valid keys:
-  sdpa            what our GPT-2 and a gpt-fast user do today: two ``index_copy_`` (k_cache and
-                  v_cache at ``input_pos``, the batch being of uniform length) then
-                  F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=<bool [B,1,1,max_len]
-                  length mask, built once outside the timed call>, enable_gqa=Hq != Hkv), PyTorch's
-                  default backend choice
+  sdpa            what a gpt-fast user does today: the append as our GPT-2's KVCache.update and
+                  gpt-fast write it, two ``index_copy_`` (k_cache and v_cache at ``input_pos``, the
+                  batch being of uniform length), then F.scaled_dot_product_attention(q, k_cache,
+                  v_cache, attn_mask=<bool [B,1,1,max_len] length mask, built once outside the timed
+                  call>, enable_gqa=Hq != Hkv), PyTorch's default backend choice
   sdpa_flash      the same append, SDPA pinned to one backend with torch.nn.attention.sdpa_kernel
   sdpa_efficient  and attn_mask=None (exact here: max_len = L and every sequence has L valid keys,
   sdpa_cudnn      and the flash backend takes no mask); skipped where the backend refuses the case
   compiled        torch.compile of the ``sdpa`` function (append + masked SDPA), one compile per case
+  gpt2_step       our GPT-2's decode attention today (fused_attn.gpt2, backend "fused"): the same
+                  append, q @ k_cache^T, fused_attn.scaled_masked_softmax(attn_mask=<the length mask>),
+                  @ v_cache: five launches; MHA only (our GPT-2 has no GQA)
   fused_nosplit   fused_attn.decode_attention(q, k_cache, v_cache, cache_seqlens, k_new=, v_new=,
                   num_splits=1): the append fused into the attention launch, no split-KV
   fused           the same with the split count chosen by the op's heuristic (num_splits=None)
@@ -38,11 +41,13 @@ over the L valid keys, 2 x B x Hkv x L x D x elsize, plus q, k_new, v_new read a
 appended k/v written; the same for every provider: the op's necessary traffic, so GB/s compares
 providers; SDPA's mask and the math backend's K/V repeat are not counted), GB/s, % of the measured
 copy bandwidth, the time of a device copy of the same bytes and of an empty kernel (the floors of
-cases too small to reach the copy bandwidth), and speedups vs sdpa and compiled measured in this run.
+cases too small to reach the copy bandwidth), and speedups vs sdpa, compiled and gpt2_step
+measured in this run.
 
 Quick default: float16. --full: float16 and bfloat16 (--bench-dtypes overrides both). On a machine
 without a GPU the cases run on the CPU at one tiny GQA shape (sdpa, fused_nosplit and fused: the
-op's CPU path), which exercises the harness; GPU numbers need a GPU.
+op's CPU path) and one tiny MHA shape (gpt2_step too), which exercises the harness; GPU numbers
+need a GPU.
 """
 
 from __future__ import annotations
@@ -62,20 +67,23 @@ SEQLEN_NEW = 1
 GPT2_SHAPES = [(b, 12, 12, 64, n) for b in (1, 16) for n in (128, 256, 1024)]
 LLAMA_SHAPES = [(b, 32, 32, 128, n) for b in (1, 16) for n in (1024, 8192, 32768)]
 GQA_SHAPES = [(b, 32, 8, 128, n) for b in (1, 16) for n in (8192, 32768)]
-CPU_SHAPES = [(2, 4, 2, 16, 32)]
+CPU_SHAPES = [(2, 4, 2, 16, 32), (1, 2, 2, 16, 32)]
 QUICK_DTYPES = ("float16",)
 FULL_DTYPES = ("float16", "bfloat16")
 MAX_KV_FRACTION_OF_FREE = 0.4
 
 # Baselines first (speedups are against providers already measured in the group); `fused` last:
 # bench.report takes the last provider named fused* as ours.
-PROVIDERS = ("sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "compiled", "fused_nosplit", "fused")
-SPEEDUP_BASES = ("sdpa", "compiled")
+PROVIDERS = ("sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "compiled", "gpt2_step", "fused_nosplit",
+             "fused")
+SPEEDUP_BASES = ("sdpa", "compiled", "gpt2_step")
+MHA_ONLY = ("gpt2_step",)
 GPU_ONLY = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "compiled")
 PINNED_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION",
                    "sdpa_cudnn": "CUDNN_ATTENTION"}
 NOTES = {"sdpa": "index_copy_ x2 + SDPA(bool length mask, default backend)",
          "compiled": "torch.compile(index_copy_ x2 + SDPA(bool length mask))",
+         "gpt2_step": "index_copy_ x2 + q @ k^T + fused_attn.scaled_masked_softmax(length mask) + @ v",
          "fused_nosplit": "fused_attn.decode_attention(k_new=, v_new=, num_splits=1)",
          "fused": "fused_attn.decode_attention(k_new=, v_new=), num_splits by heuristic",
          **{p: f"index_copy_ x2 + SDPA pinned to {b}, attn_mask=None (max_len = L)" for p, b in PINNED_BACKENDS.items()}}
@@ -102,6 +110,11 @@ def modeled_traffic(shape, dtype: torch.dtype) -> tuple[int, int]:
     return kv_bytes(shape, dtype) + q + new, q + new
 
 
+def providers(shape) -> tuple[str, ...]:
+    """The providers measured for a shape (gpt2_step only where Hq == Hkv)."""
+    return tuple(p for p in PROVIDERS if shape[1] == shape[2] or p not in MHA_ONLY)
+
+
 def gpu_shapes() -> list[tuple[int, int, int, int, int]]:
     return GPT2_SHAPES + LLAMA_SHAPES + GQA_SHAPES
 
@@ -117,7 +130,7 @@ def make_cases(config, cuda: bool | None = None) -> list[dict]:
     cuda = torch.cuda.is_available() if cuda is None else cuda
     shapes, dtypes = (gpu_shapes(), dtypes_for(config)) if cuda else (CPU_SHAPES, ["float32"])
     return [dict(shape=shape, dtype=dtype, provider=provider)
-            for shape in shapes for dtype in dtypes for provider in PROVIDERS]
+            for shape in shapes for dtype in dtypes for provider in providers(shape)]
 
 
 def case_id(c: dict) -> str:
@@ -157,6 +170,17 @@ def sdpa_step(q, k_cache, v_cache, k_new, v_new, input_pos, mask, enable_gqa: bo
     return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=enable_gqa)
 
 
+def gpt2_step(q, k_cache, v_cache, k_new, v_new, input_pos, keys_ok):
+    """The decode attention of fused_attn.gpt2 (KVCache.update, then Attention.attend with the
+    "fused" backend) on one layer's cache."""
+    from fused_attn.softmax import scaled_masked_softmax
+
+    k_cache.index_copy_(2, input_pos, k_new)
+    v_cache.index_copy_(2, input_pos, v_new)
+    scores = q @ k_cache.transpose(-1, -2)
+    return scaled_masked_softmax(scores, q.shape[-1] ** -0.5, attn_mask=keys_ok) @ v_cache
+
+
 def provider_fn(provider: str, t: dict):
     """One decode step of ``provider`` on the inputs of ``make_inputs`` (mask and lengths built there)."""
     from fused_attn import decode_attention
@@ -174,6 +198,8 @@ def provider_fn(provider: str, t: dict):
             with sdpa_kernel(backend):
                 return sdpa_step(*args, None, gqa)
         return pinned
+    if provider == "gpt2_step":
+        return lambda: gpt2_step(*args, t["mask"])
     if provider == "compiled":
         torch._dynamo.reset()  # one compile per case; no recompile limit across shapes
         compiled = torch.compile(sdpa_step, dynamic=False)

@@ -91,7 +91,7 @@ if has bench; then
 fi
 if has decode; then
   log "decode (bench_decode_attention)"
-  # 16 shapes x 7 providers in float16, 16 compiles; K + V up to 8.6 GB per case (B16 H32 L32k D128)
+  # 16 shapes x 7-8 providers in float16 (124 cases), 16 compiles; K + V up to 8.6 GB per case (B16 H32 L32k D128)
   timeout ${DECODE_TIMEOUT:-420} python3 -m pytest bench/bench_decode_attention.py -q -rs -p no:cacheprovider \
     --benchmark-json="$OUT/bench_decode.json" --benchmark-columns=median,iqr,rounds ${DECODE_ARGS:-} \
     > "$OUT/bench_decode.log" 2>&1 || rc=1

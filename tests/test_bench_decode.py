@@ -27,13 +27,15 @@ def _config(full=False, dtypes=None):
 
 
 def test_providers_put_the_baselines_first_and_fused_last():
-    assert dec.PROVIDERS == ("sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "compiled", "fused_nosplit",
-                             "fused")
+    assert dec.PROVIDERS == ("sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "compiled", "gpt2_step",
+                             "fused_nosplit", "fused")
     # speedups are computed against providers already measured in the group; bench.report's "ours"
     # is the last fused* provider
     assert all(dec.PROVIDERS.index(b) < dec.PROVIDERS.index("fused_nosplit") for b in dec.SPEEDUP_BASES)
     assert dec.REPORT_LABELS["bench_decode_attention"]["order"] == dec.PROVIDERS
     assert set(dec.NOTES) == set(dec.PROVIDERS)
+    assert dec.providers((1, 32, 8, 128, 8192)) == tuple(p for p in dec.PROVIDERS if p != "gpt2_step")  # GQA
+    assert dec.providers((1, 12, 12, 64, 128)) == dec.PROVIDERS
 
 
 def test_gpu_shapes_are_the_issues():
@@ -47,11 +49,13 @@ def test_gpu_shapes_are_the_issues():
 def test_quick_is_float16_and_full_adds_bfloat16():
     assert {c["dtype"] for c in dec.make_cases(_config(), cuda=True)} == {"float16"}
     full = dec.make_cases(_config(full=True), cuda=True)
-    assert {c["dtype"] for c in full} == {"float16", "bfloat16"} and len(full) == 16 * 2 * len(dec.PROVIDERS)
+    assert {c["dtype"] for c in full} == {"float16", "bfloat16"}
+    assert len(full) == 2 * (16 * len(dec.PROVIDERS) - 4)  # no gpt2_step for the 4 GQA shapes
     assert {c["dtype"] for c in dec.make_cases(_config(dtypes="bfloat16"), cuda=True)} == {"bfloat16"}
     cpu = dec.make_cases(_config(full=True), cuda=False)
-    assert [c["shape"] for c in cpu] == [dec.CPU_SHAPES[0]] * len(dec.PROVIDERS)
-    assert dec.case_id(cpu[-1]) == "fused-b2-hq4-hkv2-d16-l32-float32"
+    assert {c["dtype"] for c in cpu} == {"float32"} and len(cpu) == 2 * len(dec.PROVIDERS) - 1
+    assert dec.case_id(cpu[0]) == "sdpa-b2-hq4-hkv2-d16-l32-float32"
+    assert dec.case_id(cpu[-1]) == "fused-b1-hq2-hkv2-d16-l32-float32"
 
 
 def test_modeled_bytes_of_known_shapes():
@@ -75,9 +79,11 @@ def test_inputs_hold_a_uniform_length_batch_whose_mask_covers_the_cache():
     assert t["mask"].shape == (2, 1, 1, 32) and bool(t["mask"].all())  # max_len = L: every slot is valid
 
 
-@pytest.mark.parametrize("provider", ["sdpa", "sdpa_flash", "fused_nosplit", "fused"])
-def test_each_step_appends_matches_the_reference_and_is_idempotent(provider):
-    t = dec.make_inputs((2, 4, 2, 16, 32), torch.float32, torch.device("cpu"), seed=1)
+@pytest.mark.parametrize("provider,shape", [(p, (2, 4, 2, 16, 32)) for p in ("sdpa", "sdpa_flash", "fused_nosplit",
+                                                                           "fused")]
+                         + [("gpt2_step", (2, 2, 2, 16, 32))])
+def test_each_step_appends_matches_the_reference_and_is_idempotent(provider, shape):
+    t = dec.make_inputs(shape, torch.float32, torch.device("cpu"), seed=1)
     untouched = t["k_cache"][:, :, :31].clone()
     fn = dec.provider_fn(provider, t)
     first = fn()
@@ -105,12 +111,18 @@ def test_cpu_smoke_run_and_its_report(tmp_path):
                            "-p", "no:cacheprovider", "--bench-rounds", "3", f"--benchmark-json={run}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "3 passed, 4 skipped" in proc.stdout
-    cases = {b["extra_info"]["provider"]: b["extra_info"] for b in json.loads(run.read_text())["benchmarks"]}
-    assert set(cases) == {"sdpa", "fused_nosplit", "fused"}
-    assert cases["fused"]["modeled_bytes"] == sum(dec.modeled_traffic((2, 4, 2, 16, 32), torch.float32))
-    assert "speedup_vs_sdpa" in cases["fused"] and "speedup_vs_sdpa" not in cases["sdpa"]
+    assert "7 passed, 8 skipped" in proc.stdout
+    cases = {(tuple(b["extra_info"]["shape"]), b["extra_info"]["provider"]): b["extra_info"]
+             for b in json.loads(run.read_text())["benchmarks"]}
+    gqa, mha = dec.CPU_SHAPES
+    assert set(cases) == {(gqa, p) for p in ("sdpa", "fused_nosplit", "fused")} | {
+        (mha, p) for p in ("sdpa", "gpt2_step", "fused_nosplit", "fused")}
+    assert cases[gqa, "fused"]["modeled_bytes"] == sum(dec.modeled_traffic(gqa, torch.float32))
+    assert {k for k in cases[mha, "fused"] if k.startswith("speedup_vs_")} == {"speedup_vs_sdpa",
+                                                                               "speedup_vs_gpt2_step"}
+    assert "speedup_vs_sdpa" not in cases[gqa, "sdpa"]
     assert report.main([str(run), "--out", str(tmp_path / "r"), "--no-plots"]) == 0
     readme = (tmp_path / "r" / "readme.md").read_text()
-    assert "| shape [B,Hq,Hkv,D,L] | dtype | sdpa us | fused_nosplit us | fused us | x sdpa |" in readme
-    assert "| 2x4x2x16x32 | float32 |" in readme
+    assert ("| shape [B,Hq,Hkv,D,L] | dtype | sdpa us | gpt2_step us | fused_nosplit us | fused us | x sdpa | "
+            "x gpt2_step |") in readme
+    assert "| 2x4x2x16x32 | float32 |" in readme and "| 1x2x2x16x32 | float32 |" in readme
