@@ -126,3 +126,23 @@ def test_cpu_smoke_run_and_its_report(tmp_path):
     assert ("| shape [B,Hq,Hkv,D,L] | dtype | sdpa us | gpt2_step us | fused_nosplit us | fused us | x sdpa | "
             "x gpt2_step |") in readme
     assert "| 2x4x2x16x32 | float32 |" in readme and "| 1x2x2x16x32 | float32 |" in readme
+
+
+def test_record_on_a_gpu_run_fills_bandwidth_floors_and_same_run_speedups():
+    class Bench:
+        group, extra_info = "decode 1x12x12x64x1024 float16", {}
+
+    timer = SimpleNamespace(same_bytes_copy_us=lambda nbytes: 2.5, spin_cycles=400_000)
+    ceilings = {"copy": 3000.0, "read": 2900.0, "write": 3100.0}
+    medians = {(Bench.group, "sdpa"): 20.0, (Bench.group, "compiled"): 10.0}
+    case = dict(shape=(1, 12, 12, 64, 1024), dtype="float16", provider="fused")
+    dec.record(Bench, case, [4.0, 5.0, 6.0], torch.device("cuda"), ceilings, timer, 3.2, medians)
+    info = Bench.extra_info
+    total = sum(dec.modeled_traffic(case["shape"], torch.float16))
+    assert info["modeled_bytes"] == total == 3_154_944 and info["kv_bytes"] == 3_145_728
+    assert info["p50_us"] == 5.0 and info["gbps"] == round(total / 5e-6 / 1e9, 1)
+    assert info["pct_of_copy_bw"] == round(100 * info["gbps"] / 3000.0, 1)
+    assert info["same_bytes_copy_us"] == 2.5 and info["pct_of_same_bytes_copy"] == 50.0
+    assert info["launch_floor_us"] == 3.2 and info["max_len"] == 1024
+    assert (info["speedup_vs_sdpa"], info["speedup_vs_compiled"]) == (4.0, 2.0)
+    assert "speedup_vs_gpt2_step" not in info and medians[(Bench.group, "fused")] == 5.0
