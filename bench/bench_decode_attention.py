@@ -89,6 +89,30 @@ NOTES = {"sdpa": "index_copy_ x2 + SDPA(bool length mask, default backend)",
          **{p: f"index_copy_ x2 + SDPA pinned to {b}, attn_mask=None (max_len = L)" for p, b in PINNED_BACKENDS.items()}}
 CHECK_BATCHES = 2  # sequences checked against the float64 reference: the first and the last
 
+# What `python -m bench.bytes --op decode_attention [--shape B,Hq,Hkv,D,L]` measures under ncu (one call
+# per provider; K + V of 134 MB, well above the L2). The pinned SDPA backends may refuse a shape and
+# gpt2_step is MHA only: these run at any shape.
+BYTES_SHAPE = (1, 32, 32, 128, 8192)
+BYTES_PROVIDERS = ("sdpa", "compiled", "fused_nosplit", "fused")
+
+
+def bytes_cases(backward: bool) -> list[tuple[bool, str]]:
+    """(causal, provider) of every call bench.bytes profiles (decode has no causal flag and no backward)."""
+    if backward:
+        raise ValueError("backward must be False for decode_attention (the op has no gradient), got True")
+    return [(False, p) for p in BYTES_PROVIDERS]
+
+
+def bytes_model(provider: str, shape, dtype: torch.dtype, causal: bool, backward: bool) -> tuple[int, int]:
+    """Modeled (bytes read, bytes written) of one decode step (the same for every provider)."""
+    return modeled_traffic(shape, dtype)
+
+
+def bytes_call(provider: str, shape, dtype: torch.dtype, causal: bool, backward: bool):
+    """One decode step of ``provider`` on random CUDA inputs of ``shape`` [B, Hq, Hkv, D, L]."""
+    return provider_fn(provider, make_inputs(tuple(shape), dtype, torch.device("cuda")))
+
+
 # How bench.report names this module's cases (columns and rows come from the saved extra_info).
 REPORT_LABELS = {"bench_decode_attention": dict(title="decode_attention (append 1 + attend, seqlen_new 1)",
                                                 shape="shape [B,Hq,Hkv,D,L]", order=PROVIDERS)}

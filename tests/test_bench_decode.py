@@ -146,3 +146,14 @@ def test_record_on_a_gpu_run_fills_bandwidth_floors_and_same_run_speedups():
     assert info["launch_floor_us"] == 3.2 and info["max_len"] == 1024
     assert (info["speedup_vs_sdpa"], info["speedup_vs_compiled"]) == (4.0, 2.0)
     assert "speedup_vs_gpt2_step" not in info and medians[(Bench.group, "fused")] == 5.0
+
+
+def test_bench_bytes_finds_the_decode_interface():
+    from bench import bytes as bench_bytes
+
+    mod = bench_bytes.op_module("decode_attention")
+    assert [p for _, p in mod.bytes_cases(False)] == ["sdpa", "compiled", "fused_nosplit", "fused"]
+    assert sum(mod.bytes_model("fused", mod.BYTES_SHAPE, torch.float16, False, False)) == (
+        134_217_728 + 2 * (32 * 128 * 2 + 2 * 32 * 128 * 2))
+    with pytest.raises(ValueError, match="backward must be False for decode_attention"):
+        mod.bytes_cases(True)
