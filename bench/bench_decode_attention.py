@@ -11,9 +11,10 @@ cache, then attends with the one new query per sequence over its L valid keys:
   sdpa_efficient  and attn_mask=None (exact here: max_len = L and every sequence has L valid keys,
   sdpa_cudnn      and the flash backend takes no mask); skipped where the backend refuses the case
   compiled        torch.compile of the ``sdpa`` function (append + masked SDPA), one compile per case
-  gpt2_step       our GPT-2's decode attention today (fused_attn.gpt2, backend "fused"): the same
-                  append, q @ k_cache^T, fused_attn.scaled_masked_softmax(attn_mask=<the length mask>),
-                  @ v_cache: five launches; MHA only (our GPT-2 has no GQA)
+  gpt2_step       the decode attention our GPT-2's "fused" backend ran before decode_attention
+                  (fused_attn.gpt2 up to commit 6c99809): the same append, q @ k_cache^T,
+                  fused_attn.scaled_masked_softmax(attn_mask=<the length mask>), @ v_cache: five
+                  launches; MHA only (our GPT-2 has no GQA)
   fused_nosplit   fused_attn.decode_attention(q, k_cache, v_cache, cache_seqlens, k_new=, v_new=,
                   num_splits=1): the append fused into the attention launch, no split-KV
   fused           the same with the split count chosen by the op's heuristic (num_splits=None)
@@ -195,8 +196,8 @@ def sdpa_step(q, k_cache, v_cache, k_new, v_new, input_pos, mask, enable_gqa: bo
 
 
 def gpt2_step(q, k_cache, v_cache, k_new, v_new, input_pos, keys_ok):
-    """The decode attention of fused_attn.gpt2 (KVCache.update, then Attention.attend with the
-    "fused" backend) on one layer's cache."""
+    """The decode attention of fused_attn.gpt2's "fused" backend before decode_attention
+    (KVCache.update, then Attention.attend) on one layer's cache."""
     from fused_attn.softmax import scaled_masked_softmax
 
     k_cache.index_copy_(2, input_pos, k_new)
