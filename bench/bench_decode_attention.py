@@ -87,7 +87,8 @@ NOTES = {"sdpa": "index_copy_ x2 + SDPA(bool length mask, default backend)",
          "gpt2_step": "index_copy_ x2 + q @ k^T + fused_attn.scaled_masked_softmax(length mask) + @ v",
          "fused_nosplit": "fused_attn.decode_attention(k_new=, v_new=, num_splits=1)",
          "fused": "fused_attn.decode_attention(k_new=, v_new=), num_splits by heuristic",
-         **{p: f"index_copy_ x2 + SDPA pinned to {b}, attn_mask=None (max_len = L)" for p, b in PINNED_BACKENDS.items()}}
+         **{p: f"index_copy_ x2 + SDPA pinned to {b}, attn_mask=None (max_len = L)"
+            for p, b in PINNED_BACKENDS.items()}}
 
 # What `python -m bench.bytes --op decode_attention [--shape B,Hq,Hkv,D,L]` measures under ncu (one call
 # per provider; K + V of 134 MB, well above the L2). The pinned SDPA backends may refuse a shape and
