@@ -2,8 +2,9 @@
 # One device call: build, full GPU test suite, sanitizers, benchmarks, ncu bytes, GPT-2 checks, profile.
 # Keep what lands in $OUT to 8 files (the device tool returns no more).
 # Usage (on the GPU machine, repo root): OUT=/some/dir bash bench/run_gpu.sh [steps...]
-# BENCH_ARGS narrows the softmax step, e.g. BENCH_ARGS='-k backward' (backward cases only).
-# steps: ab build tests bench sanitize bytes gpt2 gpt2bench profile (default: build tests bench sanitize bytes).
+# BENCH_ARGS narrows the softmax step, e.g. BENCH_ARGS='-k backward' (backward cases only);
+# DECODE_ARGS the decode step, e.g. DECODE_ARGS='-k b1-' (batch 1 only) or DECODE_ARGS=--full (adds bfloat16).
+# steps: ab build tests bench decode sanitize bytes gpt2 gpt2bench profile (default: build tests bench sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FUSED_ATTN_CACHE=${FUSED_ATTN_CACHE:-/tmp/fused_attn_cache}
@@ -87,6 +88,17 @@ if has bench; then
   tail -3 "$OUT/bench.log"
   [ -f "$OUT/bench_softmax.json" ] && python3 -m bench.report "$OUT/bench_softmax.json" \
     --out /tmp/fused_attn_report_softmax --no-plots > /dev/null && cat /tmp/fused_attn_report_softmax/micro.txt
+fi
+if has decode; then
+  log "decode (bench_decode_attention)"
+  # 16 shapes x 7-8 providers in float16 (124 cases), 16 compiles; K + V up to 8.6 GB per case (B16 H32 L32k D128)
+  timeout ${DECODE_TIMEOUT:-420} python3 -m pytest bench/bench_decode_attention.py -q -rs -p no:cacheprovider \
+    --benchmark-json="$OUT/bench_decode.json" --benchmark-columns=median,iqr,rounds ${DECODE_ARGS:-} \
+    > "$OUT/bench_decode.log" 2>&1 || rc=1
+  grep -E "passed|failed|error" "$OUT/bench_decode.log" | tail -1
+  grep -E "^FAILED|^SKIPPED|Error" "$OUT/bench_decode.log" | head -20
+  [ -f "$OUT/bench_decode.json" ] && python3 -m bench.report "$OUT/bench_decode.json" \
+    --out /tmp/fused_attn_report_decode --no-plots > /dev/null && cat /tmp/fused_attn_report_decode/readme.md
 fi
 if has bytes; then
   log bytes
