@@ -45,6 +45,14 @@ def _aligned(t: torch.Tensor) -> bool:
         s % vec == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1) and t.data_ptr() % 16 == 0
 
 
+def _aligned_copy(t):
+    """The cheap fix for a small CUDA input (q, k_new, v_new) the kernel cannot read with 16-byte
+    loads: one copy into a new, aligned buffer (``contiguous()`` would keep a misaligned base)."""
+    if isinstance(t, torch.Tensor) and t.device.type == "cuda" and not _aligned(t):
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
 def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits,
                out=None) -> float:
     """Raise TypeError / ValueError naming the bad argument (the C++ launcher repeats the checks that
@@ -234,11 +242,7 @@ def decode_attention(
     seqlens_t, seqlens_host = _as_lengths(cache_seqlens, "cache_seqlens", q)
     leftpad_t, leftpad_host = _as_lengths(cache_leftpad, "cache_leftpad", q)
     splits = 0 if num_splits is None else num_splits
-    if q.device.type == "cuda" and not _aligned(q):
-        q = q.contiguous()
-    if k_new is not None and isinstance(k_new, torch.Tensor) and k_new.device.type == "cuda":
-        k_new = k_new if _aligned(k_new) else k_new.contiguous()
-        v_new = v_new if not isinstance(v_new, torch.Tensor) or _aligned(v_new) else v_new.contiguous()
+    q, k_new, v_new = (_aligned_copy(t) for t in (q, k_new, v_new))
     scale = check_args(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, scale, splits, out)
     check_no_grad(q, k_cache, v_cache, k_new, v_new)
     if validate is None:
