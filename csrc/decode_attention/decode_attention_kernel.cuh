@@ -78,9 +78,12 @@ __device__ __forceinline__ void cp_async_wait() {
 
 __device__ __forceinline__ bool lengths_ok(const DecodeParams& p, int b, int& cached, int& end, int& start) {
   cached = p.seqlens[b];
-  end = cached + (p.k_new != nullptr ? p.seqlen_new : 0);
+  const int appended = p.k_new != nullptr ? p.seqlen_new : 0;
   start = p.leftpad != nullptr ? p.leftpad[b] : 0;
-  return cached >= 0 && end <= p.max_len && start >= 0 && start <= cached;
+  // Compared before adding: cached + seqlen_new may overflow int for a garbage length.
+  const bool ok = cached >= 0 && cached <= p.max_len - appended && start >= 0 && start <= cached;
+  end = ok ? cached + appended : 0;
+  return ok;
 }
 
 // Writes this step's keys and values of (b, kv head) into the cache: seqlen_new x headdim each.
