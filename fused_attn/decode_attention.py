@@ -36,6 +36,13 @@ def _check_tensor(t, name: str, dims: str) -> None:
         raise ValueError(f"{name} must have 4 dims {dims}, got {_shape(t)}")
 
 
+def _has_data(t: torch.Tensor) -> bool:
+    """A real tensor (not a fake / meta one from torch.compile's tracing, whose base address and
+    possibly symbolic strides the alignment rule cannot be checked on; the launcher checks it at run time)."""
+    return not torch.compiler.is_compiling() and t.device.type != "meta" and not isinstance(
+        t, torch._subclasses.fake_tensor.FakeTensor)
+
+
 def _aligned(t: torch.Tensor) -> bool:
     """16-byte vector loads: the last dim contiguous, every other stride and the base 16-byte aligned."""
     vec = 16 // t.element_size()
@@ -48,7 +55,7 @@ def _aligned(t: torch.Tensor) -> bool:
 def _aligned_copy(t):
     """The cheap fix for a small CUDA input (q, k_new, v_new) the kernel cannot read with 16-byte
     loads: one copy into a new, aligned buffer (``contiguous()`` would keep a misaligned base)."""
-    if isinstance(t, torch.Tensor) and t.device.type == "cuda" and not _aligned(t):
+    if isinstance(t, torch.Tensor) and t.device.type == "cuda" and _has_data(t) and not _aligned(t):
         return t.clone(memory_format=torch.contiguous_format)
     return t
 
@@ -115,7 +122,7 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
                          f"got {num_splits!r}")
     if not cpu:
         for t, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-            if not _aligned(t):
+            if _has_data(t) and not _aligned(t):
                 raise ValueError(f"{name} must have a contiguous last dim and 16-byte aligned rows "
                                  f"(other strides multiples of {16 // t.element_size()}), got strides {t.stride()}")
     if out is not None:
@@ -127,7 +134,7 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
             raise ValueError(f"out must have q's dtype ({q.dtype}), got {out.dtype}")
         if out.shape != q.shape:
             raise ValueError(f"out must have q's shape {_shape(q)}, got {_shape(out)}")
-        if not cpu and not _aligned(out):
+        if not cpu and _has_data(out) and not _aligned(out):
             raise ValueError(f"out must have a contiguous last dim and 16-byte aligned rows "
                              f"(other strides multiples of {16 // out.element_size()}), got strides {out.stride()}")
     return float(scale)
