@@ -48,15 +48,16 @@ _define("scaled_masked_softmax_backward(Tensor grad, Tensor y, float scale, *, b
 
 # New queries q [batch, nheads_q, seqlen_new, headdim] attending over a KV cache [batch, nheads_kv,
 # max_len, headdim]; with k_new/v_new, they are first written at slots cache_seqlens[b]... (in place).
-# cache_seqlens / cache_leftpad: int32 [batch] on q's device. num_splits 0: the heuristic's choice.
+# cache_seqlens / cache_leftpad: int32 [batch] on q's device (cache_seqlens None: every slot valid);
+# key_mask: bool [batch or 1, max_len], True = attend. num_splits 0: the heuristic's choice.
 _define(
-    "decode_attention(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
-    "Tensor? k_new=None, Tensor? v_new=None, Tensor? cache_leftpad=None, float? scale=None, "
-    "int num_splits=0) -> Tensor"
+    "decode_attention(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? cache_seqlens, "
+    "Tensor? k_new=None, Tensor? v_new=None, Tensor? cache_leftpad=None, Tensor? key_mask=None, "
+    "float? scale=None, int num_splits=0) -> Tensor"
 )
 _define(
-    "decode_attention_out(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
-    "Tensor? k_new, Tensor? v_new, Tensor? cache_leftpad, float? scale, int num_splits, *, "
+    "decode_attention_out(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? cache_seqlens, "
+    "Tensor? k_new, Tensor? v_new, Tensor? cache_leftpad, Tensor? key_mask, float? scale, int num_splits, *, "
     "Tensor(c!) out) -> ()"
 )
 

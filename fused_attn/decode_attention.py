@@ -60,7 +60,7 @@ def _aligned_copy(t):
     return t
 
 
-def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits,
+def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits,
                out=None) -> float:
     """Raise TypeError / ValueError naming the bad argument (the C++ launcher repeats the checks that
     guard memory); return the scale as a float (default ``headdim ** -0.5``). ``cache_seqlens`` and
@@ -105,8 +105,10 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
             if tuple(t.shape) != want:
                 raise ValueError(f"{name} must have shape (batch, nheads_kv, seqlen_new, headdim) = {want}, "
                                  f"got {_shape(t)}")
+    if cache_seqlens is None and k_new is not None:
+        raise ValueError("cache_seqlens must be given when appending (k_new), got None")
     for t, name in ((cache_seqlens, "cache_seqlens"), (cache_leftpad, "cache_leftpad")):
-        if t is None and name == "cache_leftpad":
+        if t is None:
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -116,6 +118,19 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
             raise ValueError(f"{name} must be on the same device as q ({q.device}), got {t.device}")
         if tuple(t.shape) != (batch,):
             raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {_shape(t)}")
+    if key_mask is not None:
+        if not isinstance(key_mask, torch.Tensor):
+            raise TypeError(f"key_mask must be a torch.Tensor or None, got {type(key_mask).__name__}")
+        if key_mask.dtype != torch.bool:
+            raise ValueError(f"key_mask must have dtype torch.bool (True = attend), got {key_mask.dtype}")
+        if key_mask.device != q.device:
+            raise ValueError(f"key_mask must be on the same device as q ({q.device}), got {key_mask.device}")
+        max_len = k_cache.shape[2]
+        if key_mask.dim() != 2 or key_mask.shape[0] not in (1, batch) or key_mask.shape[1] != max_len:
+            raise ValueError(f"key_mask must have shape (batch or 1, max_len) = ({batch} or 1, {max_len}), "
+                             f"got {_shape(key_mask)}")
+        if key_mask.shape[1] > 1 and key_mask.stride(1) != 1:
+            raise ValueError(f"key_mask must have a contiguous last dim (stride 1), got strides {key_mask.stride()}")
     scale = headdim ** -0.5 if scale is None else _scale_value(scale)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be an int in [0, {MAX_SPLITS}] (0: chosen by the heuristic), "
@@ -191,11 +206,12 @@ def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    cache_seqlens: torch.Tensor | Sequence[int] | int,
+    cache_seqlens: torch.Tensor | Sequence[int] | int | None,
     *,
     k_new: torch.Tensor | None = None,
     v_new: torch.Tensor | None = None,
     cache_leftpad: torch.Tensor | Sequence[int] | int | None = None,
+    key_mask: torch.Tensor | None = None,
     scale: float | None = None,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
@@ -219,6 +235,9 @@ def decode_attention(
         cache_leftpad: optional first valid slot per sequence (left padding, as Hugging Face lays
             out a batch of prompts), int32 ``[batch]`` on the device or host values; slots before it
             are never attended.
+        key_mask: optional bool ``[batch or 1, max_len]`` on q's device, True = attend: a key
+            padding mask on top of the lengths (e.g. transformers' mask row of a decode step).
+            Masked slots are read but contribute nothing, even if they hold NaN.
         scale: score multiplier, default ``headdim ** -0.5``.
         num_splits: split-KV blocks per (sequence, kv head): None or 0 lets a heuristic choose from
             batch x heads x max_len and the SM count; 1 disables the split. Up to 256; a split with
@@ -250,10 +269,12 @@ def decode_attention(
     leftpad_t, leftpad_host = _as_lengths(cache_leftpad, "cache_leftpad", q)
     splits = 0 if num_splits is None else num_splits
     q, k_new, v_new = (_aligned_copy(t) for t in (q, k_new, v_new))
-    scale = check_args(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, scale, splits, out)
+    scale = check_args(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, key_mask, scale, splits, out)
     check_no_grad(q, k_cache, v_cache, k_new, v_new)
     if validate is None:
         validate = os.environ.get(VALIDATE_ENV, "") == "1"
+    if seqlens_t is None:
+        seqlens_host = [k_cache.shape[2]] * q.shape[0]
     if validate and (seqlens_host is None or (leftpad_t is not None and leftpad_host is None)):
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise ValueError("validate must be False during CUDA graph capture (it reads lengths on the host), got True")
@@ -265,8 +286,8 @@ def decode_attention(
         _ops.ensure_loaded()
     op = torch.ops.fused_attn
     if out is None:
-        return op.decode_attention(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, scale, splits)
-    op.decode_attention_out(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, scale, splits, out=out)
+        return op.decode_attention(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, key_mask, scale, splits)
+    op.decode_attention_out(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, key_mask, scale, splits, out=out)
     return out
 
 
@@ -284,15 +305,16 @@ def check_no_grad(*tensors) -> None:
 # --------------------------------------------------------------------------- CPU, fake, autograd
 
 
-def _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale) -> torch.Tensor:
+def _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale) -> torch.Tensor:
     """The CPU kernel: checks the lengths (they are host values here), appends in place, then the
     reference in float32 (float64 for float64 input)."""
-    seqlens = cache_seqlens.tolist()
+    max_len = k_cache.shape[2]
+    seqlens = [max_len] * q.shape[0] if cache_seqlens is None else cache_seqlens.tolist()
     leftpad = None if cache_leftpad is None else cache_leftpad.tolist()
-    check_lengths(seqlens, leftpad, q.shape[2], k_cache.shape[2], k_new is not None)
+    check_lengths(seqlens, leftpad, q.shape[2], max_len, k_new is not None)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     out, k_all, v_all = reference.decode_attention(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad,
-                                                   scale, compute_dtype=compute)
+                                                   scale, key_mask=key_mask, compute_dtype=compute)
     if k_new is not None:
         for b, n in enumerate(seqlens):
             k_cache[b, :, n:n + q.shape[2]] = k_new[b]
@@ -300,44 +322,49 @@ def _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale)
     return out
 
 
-def _autograd(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, scale=None,
-              num_splits=0):
+def _autograd(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, key_mask=None,
+              scale=None, num_splits=0):
     check_no_grad(q, k_cache, v_cache, k_new, v_new)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.fused_attn.decode_attention(q, k_cache, v_cache, cache_seqlens, k_new, v_new,
-                                                     cache_leftpad, scale, num_splits)
+                                                     cache_leftpad, key_mask, scale, num_splits)
 
 
-def _autograd_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits, *, out):
+def _autograd_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits, *,
+                  out):
     check_no_grad(q, k_cache, v_cache, k_new, v_new)
     with torch._C._AutoDispatchBelowAutograd():
         torch.ops.fused_attn.decode_attention_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad,
-                                                  scale, num_splits, out=out)
+                                                  key_mask, scale, num_splits, out=out)
 
 
 def _register() -> None:
     lib = "fused_attn::decode_attention"
 
     @torch.library.register_fake(lib)
-    def _fake(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, scale=None,
-              num_splits=0):
-        check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits)
+    def _fake(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, key_mask=None,
+              scale=None, num_splits=0):
+        check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits)
         return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
     @torch.library.register_fake(lib + "_out")
-    def _fake_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits, *, out):
-        check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits, out)
+    def _fake_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits, *,
+                  out):
+        check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits, out)
 
     @torch.library.register_kernel(lib, "cpu")
-    def _cpu_kernel(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, scale=None,
-                    num_splits=0):
-        scale = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits)
-        return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale)
+    def _cpu_kernel(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, key_mask=None,
+                    scale=None, num_splits=0):
+        scale = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
+                           num_splits)
+        return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale)
 
     @torch.library.register_kernel(lib + "_out", "cpu")
-    def _cpu_kernel_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits, *, out):
-        scale = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits, out)
-        out.copy_(_cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale))
+    def _cpu_kernel_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits,
+                        *, out):
+        scale = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
+                           num_splits, out)
+        out.copy_(_cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale))
 
     _ops.LIB.impl("decode_attention", _autograd, "Autograd")
     _ops.LIB.impl("decode_attention_out", _autograd_out, "Autograd")

@@ -103,20 +103,28 @@ def eager_scaled_masked_softmax(x: torch.Tensor, scale: float, masked: torch.Ten
     return torch.softmax(s, dim=-1)
 
 
-def decode_visible(cache_seqlens: torch.Tensor, seqlen_new: int, max_len: int, appended: bool,
-                   cache_leftpad: torch.Tensor | None = None) -> torch.Tensor:
+def decode_visible(cache_seqlens: torch.Tensor | None, seqlen_new: int, max_len: int, appended: bool,
+                   cache_leftpad: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
+                   batch: int | None = None) -> torch.Tensor:
     """Bool ``[batch, 1, seqlen_new, max_len]``: True where query i of sequence b sees cache slot j.
 
-    The sequence's keys end at ``end = cache_seqlens[b] + (seqlen_new if appended else 0)``; query i
-    (of the seqlen_new new queries) sees slots ``cache_leftpad[b] <= j < end - seqlen_new + 1 + i``:
-    causal among the new tokens, bottom-right aligned (the last query sees every key up to end)."""
-    seqlens = cache_seqlens.to(torch.int64).view(-1, 1, 1, 1)
+    The sequence's keys end at ``end = cache_seqlens[b] + (seqlen_new if appended else 0)``
+    (``cache_seqlens`` None: every slot is valid, end = max_len); query i (of the seqlen_new new
+    queries) sees slots ``cache_leftpad[b] <= j < end - seqlen_new + 1 + i`` where
+    ``key_mask[b, j]`` (bool ``[batch or 1, max_len]``, True = attend) also holds: causal among the new
+    tokens, bottom-right aligned (the last query sees every key up to end)."""
+    if cache_seqlens is None:
+        seqlens = torch.full((batch, 1, 1, 1), max_len, dtype=torch.int64)
+    else:
+        seqlens = cache_seqlens.to(torch.int64).view(-1, 1, 1, 1)
     end = seqlens + (seqlen_new if appended else 0)
     i = torch.arange(seqlen_new, device=seqlens.device).view(1, 1, -1, 1)
     j = torch.arange(max_len, device=seqlens.device).view(1, 1, 1, -1)
     visible = j < end - seqlen_new + 1 + i
     if cache_leftpad is not None:
         visible = visible & (j >= cache_leftpad.to(torch.int64).view(-1, 1, 1, 1))
+    if key_mask is not None:
+        visible = visible & key_mask.to(visible.device).view(key_mask.shape[0], 1, 1, max_len)
     return visible
 
 
@@ -124,19 +132,21 @@ def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    cache_seqlens: torch.Tensor,
+    cache_seqlens: torch.Tensor | None,
     k_new: torch.Tensor | None = None,
     v_new: torch.Tensor | None = None,
     cache_leftpad: torch.Tensor | None = None,
     scale: float | None = None,
     *,
+    key_mask: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of new queries over a KV cache, without touching the inputs.
 
     q ``[batch, nheads_q, seqlen_new, headdim]``; k_cache, v_cache ``[batch, nheads_kv, max_len,
     headdim]`` with nheads_q a multiple of nheads_kv (query head h reads kv head h // (nheads_q /
-    nheads_kv)); cache_seqlens ``[batch]`` integers, the valid slots of each sequence. With k_new
+    nheads_kv)); cache_seqlens ``[batch]`` integers, the valid slots of each sequence (None: all
+    max_len, without k_new); key_mask optional bool ``[batch or 1, max_len]``. With k_new
     and v_new ``[batch, nheads_kv, seqlen_new, headdim]``, they are first written at slots
     ``cache_seqlens[b] ...`` of a copy of the cache. Visibility: ``decode_visible``. A query with no
     visible key gives zeros.
@@ -156,7 +166,7 @@ def decode_attention(
         k_all = k_cache.scatter(2, index, k_new.to(k_cache.dtype))
         v_all = v_cache.scatter(2, index, v_new.to(v_cache.dtype))
     group = nheads_q // nheads_kv
-    visible = decode_visible(cache_seqlens, seqlen_new, max_len, appended, cache_leftpad)
+    visible = decode_visible(cache_seqlens, seqlen_new, max_len, appended, cache_leftpad, key_mask, batch).to(q.device)
     # Slots no query sees are never read (the kernel skips them; they may hold garbage such as NaN
     # in a cache from torch.empty): zeroed here, since 0 * NaN in p @ v would leak into the output.
     seen = visible.any(dim=2).unsqueeze(-1)  # [batch, 1, max_len, 1]

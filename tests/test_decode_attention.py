@@ -553,13 +553,15 @@ def opcheck_inputs(device):
     i32 = dict(dtype=torch.int32, device=device)
     return [
         (randn(2, 4, 1, 64), randn(2, 2, 16, 64), randn(2, 2, 16, 64), torch.tensor([3, 15], **i32),
-         randn(2, 2, 1, 64), randn(2, 2, 1, 64), None, None, 0),
+         randn(2, 2, 1, 64), randn(2, 2, 1, 64), None, None, None, 0),
         (randn(2, 8, 3, 32, dtype=torch.float32), randn(2, 1, 20, 32, dtype=torch.float32),
          randn(2, 1, 20, 32, dtype=torch.float32), torch.tensor([0, 17], **i32), None, None,
-         torch.tensor([0, 5], **i32), 0.3, 3),
+         torch.tensor([0, 5], **i32), torch.rand(2, 20, generator=g, device=device) > 0.3, 0.3, 3),
         (randn(1, 2, 4, 128, dtype=torch.bfloat16), randn(1, 2, 9, 128, dtype=torch.bfloat16),
          randn(1, 2, 9, 128, dtype=torch.bfloat16), torch.tensor([5], **i32), randn(1, 2, 4, 128, dtype=torch.bfloat16),
-         randn(1, 2, 4, 128, dtype=torch.bfloat16), torch.tensor([2], **i32), None, 256),
+         randn(1, 2, 4, 128, dtype=torch.bfloat16), torch.tensor([2], **i32), None, None, 256),
+        (randn(2, 4, 1, 64), randn(2, 2, 16, 64), randn(2, 2, 16, 64), None, None, None, None,
+         torch.rand(1, 16, generator=g, device=device) > 0.5, None, 0),
     ]
 
 
@@ -715,7 +717,7 @@ def test_bad_inputs_through_the_op(device):
                        match=r"cache_seqlens must have dtype .*int32.*, got .*(int64|Long)"):
         ops.decode_attention(q, k, v, s.long())
     with pytest.raises((ValueError, RuntimeError), match=r"num_splits must be .*256.*, got 300"):
-        ops.decode_attention(q, k, v, s, None, None, None, None, 300)
+        ops.decode_attention(q, k, v, s, None, None, None, None, None, 300)
     with pytest.raises((ValueError, RuntimeError),
                        match=r"k_new (and v_new must both be given or both be None|must be given together with v_new)"):
         ops.decode_attention(q, k, v, s, q[:, :2].clone(), None)
@@ -734,7 +736,7 @@ def test_requires_grad_raises(device, which):
     with pytest.raises(ValueError, match=match):
         decode_attention(kw["q"], kw["k_cache"], kw["v_cache"], kw["cache_seqlens"], k_new=kw["k_new"],
                          v_new=kw["v_new"])
-    args = (kw["q"], kw["k_cache"], kw["v_cache"], kw["cache_seqlens"], kw["k_new"], kw["v_new"], None, None, 0)
+    args = (kw["q"], kw["k_cache"], kw["v_cache"], kw["cache_seqlens"], kw["k_new"], kw["v_new"], None, None, None, 0)
     with pytest.raises(ValueError, match=match):
         torch.ops.fused_attn.decode_attention(*args)
     with pytest.raises(ValueError, match=match):
@@ -742,3 +744,53 @@ def test_requires_grad_raises(device, which):
     with torch.no_grad():  # no grad mode: allowed
         decode_attention(kw["q"], kw["k_cache"], kw["v_cache"], kw["cache_seqlens"], k_new=kw["k_new"],
                          v_new=kw["v_new"])
+
+
+# --------------------------------------------------------------------------- key_mask, cache_seqlens=None
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits", [None, 1, 3, 64])
+@pytest.mark.parametrize("form", ["all_slots", "lengths_append", "broadcast"])
+def test_key_mask(device, dtype, num_splits, form):
+    """A key padding mask on top of the lengths (transformers' decode-step mask row): masked slots hold
+    NaN and are read by the kernel, yet contribute nothing; a row whose every key is masked gives 0.
+    ``all_slots``: cache_seqlens None (every slot valid, no append); ``broadcast``: a [1, max_len] mask."""
+    g = torch.Generator().manual_seed(hash((str(dtype), num_splits, form)) % 2**31)
+    batch, nheads_kv, group, headdim, max_len = 3, 2, 4, 64, 300
+    seqlen_new = 1 if form != "lengths_append" else 2
+
+    def randn(*shape):
+        return torch.randn(shape, generator=g).to(dtype)
+
+    q = randn(batch, nheads_kv * group, seqlen_new, headdim)
+    k, v = randn(batch, nheads_kv, max_len, headdim), randn(batch, nheads_kv, max_len, headdim)
+    mask = torch.rand(1 if form == "broadcast" else batch, max_len, generator=g) > 0.4
+    if form != "broadcast":
+        mask[2] = False  # a sequence that sees nothing
+    k_new = v_new = seqlens = None
+    if form == "lengths_append":
+        seqlens = torch.tensor([max_len - seqlen_new, 150, 0], dtype=torch.int32)
+        k_new, v_new = randn(batch, nheads_kv, seqlen_new, headdim), randn(batch, nheads_kv, seqlen_new, headdim)
+        mask[:, 150:152] = True  # sequence 1's new slots: visible
+    hidden = ~mask.expand(batch, max_len)[:, None, :, None]
+    k, v = k.masked_fill(hidden, math.nan), v.masked_fill(hidden, math.nan)  # read, never used
+    k0, v0 = k.clone(), v.clone()
+    args = [t if t is None else t.to(device) for t in (q, k, v, seqlens, k_new, v_new, mask)]
+    q_d, k_d, v_d, s_d, kn_d, vn_d, m_d = args
+    got = decode_attention(q_d, k_d, v_d, s_d, k_new=kn_d, v_new=vn_d, key_mask=m_d, num_splits=num_splits)
+    assert not got.isnan().any()
+    want = reference.decode_attention(q.double(), k0.double(), v0.double(), seqlens, None if k_new is None else
+                                      k_new.double(), None if v_new is None else v_new.double(), key_mask=mask)[0]
+    peer = reference.decode_attention(q, k0, v0, seqlens, k_new, v_new, key_mask=mask, compute_dtype=dtype)[0]
+    magnitude = reference.decode_attention(q.double(), k0.double(), v0.double().nan_to_num().abs(), seqlens,
+                                           None if k_new is None else k_new.double(),
+                                           None if v_new is None else v_new.double().abs(), key_mask=mask)[0]
+    visible = reference.decode_visible(seqlens, seqlen_new, max_len, k_new is not None, None, mask, batch)
+    k_all = reference.decode_attention(q, k0, v0, seqlens, k_new, v_new, key_mask=mask)[1].double()
+    scores = (q.double() @ k_all.nan_to_num().repeat_interleave(group, dim=1).transpose(-1, -2)) * headdim ** -0.5
+    smax = scores.abs().masked_fill(~visible, 0).amax(dim=-1)
+    assert_attention_close(got.cpu(), peer, want, magnitude, smax, f"{form} splits={num_splits} {dtype}")
+    if form != "broadcast":
+        assert (got[2] == 0).all()

@@ -58,9 +58,10 @@ std::string strides_str(const at::Tensor& t) { return shape_str(t.strides()); }
 
 // The locals are named after the arguments: the check macros stringify them into the message.
 double check_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                  const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& k_new_opt,
+                  const std::optional<at::Tensor>& cache_seqlens_opt, const std::optional<at::Tensor>& k_new_opt,
                   const std::optional<at::Tensor>& v_new_opt, const std::optional<at::Tensor>& cache_leftpad_opt,
-                  std::optional<double> scale, int64_t num_splits, const at::Tensor* out_ptr) {
+                  const std::optional<at::Tensor>& key_mask_opt, std::optional<double> scale, int64_t num_splits,
+                  const at::Tensor* out_ptr) {
   FA_CHECK_CUDA(q);
   FA_CHECK_ARG(q.scalar_type() == at::kFloat || q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
                q, "have dtype float32, float16 or bfloat16", dtype_str(q.scalar_type()));
@@ -101,7 +102,27 @@ double check_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
     FA_CHECK_ARG(k_new.sizes() == at::IntArrayRef(want), k_new, want_str, shape_str(k_new.sizes()));
     FA_CHECK_ARG(v_new.sizes() == at::IntArrayRef(want), v_new, want_str, shape_str(v_new.sizes()));
   }
-  FA_CHECK_LENGTHS(cache_seqlens);
+  FA_CHECK_ARG(cache_seqlens_opt.has_value() || !k_new_opt.has_value(), cache_seqlens,
+               "be given when appending (k_new)", "None");
+  if (cache_seqlens_opt.has_value()) {
+    const at::Tensor& cache_seqlens = *cache_seqlens_opt;
+    FA_CHECK_LENGTHS(cache_seqlens);
+  }
+  if (key_mask_opt.has_value()) {
+    const at::Tensor& key_mask = *key_mask_opt;
+    FA_CHECK_CUDA(key_mask);
+    FA_CHECK_SAME_DEVICE(key_mask, q);
+    FA_CHECK_ARG(key_mask.scalar_type() == at::kBool, key_mask, "have dtype torch.bool (True = attend)",
+                 dtype_str(key_mask.scalar_type()));
+    FA_CHECK_ARG(key_mask.dim() == 2 && (key_mask.size(0) == 1 || key_mask.size(0) == q.size(0)) &&
+                     key_mask.size(1) == k_cache.size(2),
+                 key_mask,
+                 "have shape (batch or 1, max_len) = (" + std::to_string(q.size(0)) + " or 1, " +
+                     std::to_string(k_cache.size(2)) + ")",
+                 shape_str(key_mask.sizes()));
+    FA_CHECK_ARG(key_mask.size(1) <= 1 || key_mask.stride(1) == 1, key_mask, "have a contiguous last dim (stride 1)",
+                 "strides " + strides_str(key_mask));
+  }
   if (cache_leftpad_opt.has_value()) {
     const at::Tensor& cache_leftpad = *cache_leftpad_opt;
     FA_CHECK_LENGTHS(cache_leftpad);
@@ -151,9 +172,9 @@ int choose_splits(int64_t work, int max_len, int sms, bool cluster_ok) {
 }
 
 void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-            const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& k_new,
-            const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cache_leftpad, double scale,
-            int64_t num_splits, const at::Tensor& out) {
+            const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& k_new,
+            const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cache_leftpad,
+            const std::optional<at::Tensor>& key_mask, double scale, int64_t num_splits, const at::Tensor& out) {
   if (out.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(q.device());
   DecodeParams p{};
@@ -171,8 +192,10 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   }
   p.out = out.data_ptr();
   p.o_stride_b = out.stride(0), p.o_stride_h = out.stride(1), p.o_stride_s = out.stride(2);
-  p.seqlens = cache_seqlens.data_ptr<int>();
+  p.seqlens = cache_seqlens.has_value() ? cache_seqlens->data_ptr<int>() : nullptr;
   p.leftpad = cache_leftpad.has_value() ? cache_leftpad->data_ptr<int>() : nullptr;
+  p.key_mask = key_mask.has_value() ? key_mask->data_ptr<bool>() : nullptr;
+  p.key_mask_stride_b = key_mask.has_value() && key_mask->size(0) > 1 ? key_mask->stride(0) : 0;
   p.batch = int(q.size(0));
   p.nheads_q = int(q.size(1));
   p.nheads_kv = int(k_cache.size(1));
@@ -222,23 +245,25 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
 
 // Argument order follows the schemas in fused_attn/_ops.py.
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                            const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& k_new,
+                            const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& k_new,
                             const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cache_leftpad,
-                            std::optional<double> scale, int64_t num_splits) {
-  const double s = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits,
-                              nullptr);
+                            const std::optional<at::Tensor>& key_mask, std::optional<double> scale,
+                            int64_t num_splits) {
+  const double s = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
+                              num_splits, nullptr);
   at::Tensor out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
-  launch(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, s, num_splits, out);
+  launch(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, s, num_splits, out);
   return out;
 }
 
 void decode_attention_out(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                          const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& k_new,
+                          const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& k_new,
                           const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cache_leftpad,
-                          std::optional<double> scale, int64_t num_splits, const at::Tensor& out) {
-  const double s = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, scale, num_splits,
-                              &out);
-  launch(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, s, num_splits, out);
+                          const std::optional<at::Tensor>& key_mask, std::optional<double> scale, int64_t num_splits,
+                          const at::Tensor& out) {
+  const double s = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
+                              num_splits, &out);
+  launch(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, s, num_splits, out);
 }
 
 TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) {

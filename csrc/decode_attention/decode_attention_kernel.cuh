@@ -77,7 +77,7 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 __device__ __forceinline__ bool lengths_ok(const DecodeParams& p, int b, int& cached, int& end, int& start) {
-  cached = p.seqlens[b];
+  cached = p.seqlens != nullptr ? p.seqlens[b] : p.max_len;
   const int appended = p.k_new != nullptr ? p.seqlen_new : 0;
   start = p.leftpad != nullptr ? p.leftpad[b] : 0;
   // Compared before adding: cached + seqlen_new may overflow int for a garbage length.
@@ -238,9 +238,16 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
     for (int e = 0; e < EPT; ++e) o[r][e] = 0.f;
   }
 
+  const bool* key_mask = p.key_mask != nullptr ? p.key_mask + b * p.key_mask_stride_b : nullptr;
   for (int t = 0; t < n_tiles; ++t) {
     if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);
     decode::cp_async_commit();
+    bool key_on[U];  // in the split, and not masked (read before the wait, so the two overlap)
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = kb + t * TILE + u * NY + ty;
+      key_on[u] = j < ke && (key_mask == nullptr || key_mask[j]);
+    }
     decode::cp_async_wait<STAGES - 1>();  // tile t has landed (this thread's part of it)
     const int stage = t % STAGES;
     float s[R][U];
@@ -273,12 +280,12 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
       const int j = kb + t * TILE + u * NY + ty;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        if (!(j < ke && j < lim[r])) s[r][u] = kNegInf;
+        if (!(key_on[u] && j < lim[r])) s[r][u] = kNegInf;
       }
       decode::Row<T, EPT> vrow;
 #pragma unroll
-      for (int w = 0; w < kWords; ++w) vrow.w[w] = *word(stage, 1, u, w);
-      vrow.to_float(vf[u]);
+      for (int w = 0; w < kWords; ++w) vrow.w[w] = key_on[u] ? *word(stage, 1, u, w) : make_uint4(0, 0, 0, 0);
+      vrow.to_float(vf[u]);  // a masked slot's value is never multiplied in (0 * NaN would be NaN)
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {

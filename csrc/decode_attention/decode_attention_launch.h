@@ -27,8 +27,10 @@ struct DecodeParams {
   int64_t vn_stride_b, vn_stride_h, vn_stride_s;
   void* out;
   int64_t o_stride_b, o_stride_h, o_stride_s;
-  const int* seqlens;  // [batch], valid slots before this call
+  const int* seqlens;  // [batch], valid slots before this call, or nullptr (max_len: all of them)
   const int* leftpad;  // [batch] first valid slot, or nullptr (0)
+  const bool* key_mask;  // [batch or 1, max_len], True = attend, or nullptr
+  int64_t key_mask_stride_b;  // 0 when broadcast over the batch
   int batch, nheads_q, nheads_kv, seqlen_new, headdim, max_len;
   int group;       // nheads_q / nheads_kv
   int rows;        // group * seqlen_new: the query rows that read one kv head
