@@ -117,13 +117,13 @@ def profile_backend(backend: str, hf_model, ids, mask, new_tokens: int, dtype, d
     run_backend(backend.removesuffix("-eager") if backend == "graph-eager" else backend, hf_model, ids, mask,
                 new_tokens, dtype, device, cache=cache)  # warm-up, same lengths
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    if backend in ("graph", "graph-eager"):
-        model: GPT2 = cache[("graph", dtype)]
+    if backend in ("graph", "graph-eager", "graph-softmax"):
+        model: GPT2 = cache[(backend.removesuffix("-eager"), dtype)]
         model.annotate = backend == "graph-eager"
         try:
             with profile(activities=activities) as prof:
                 model.generate(ids.to(device), mask.to(device), max_new_tokens=new_tokens,
-                               use_graph=backend == "graph" and device.type == "cuda")
+                               use_graph=backend != "graph-eager" and device.type == "cuda")
                 if device.type == "cuda":
                     torch.cuda.synchronize()
         finally:

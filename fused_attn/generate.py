@@ -6,8 +6,10 @@
 Backends: hf-eager, hf-sdpa, hf-fused (transformers' GPT2LMHeadModel with attention
 implementation eager / sdpa / "fused_attn"), hf-static (sdpa with
 ``cache_implementation="static"``, whose decode step transformers compiles on a GPU; not run
-by --compare without a GPU), graph (fused_attn.gpt2 with a CUDA-graph decode step; without a
-GPU it runs the same model without the graph and reports it as graph-eager). Prints the continuation,
+by --compare without a GPU), graph (fused_attn.gpt2 with a CUDA-graph decode step whose attention
+is one decode_attention launch per layer; without a GPU it runs the same model without the graph
+and reports it as graph-eager), graph-softmax (the same, with the previous decode attention: two
+index_copy_ appends, Q·Kᵀ, scaled_masked_softmax, P·V; kept to measure the change). Prints the continuation,
 TTFT (prompt in, first token out), TBT p50/p95 (each further token) and tokens/s; with
 --compare, whether the greedy tokens of all backends are identical.
 
@@ -33,7 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
-BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-fused", "graph")
+BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-fused", "graph-softmax", "graph")
+# Our GPT-2's backends: the attention backend of fused_attn.gpt2 each one uses.
+GRAPH_ATTENTION = {"graph": "fused", "graph-softmax": "softmax"}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -125,18 +129,20 @@ def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, m
     """Generate ``max_new_tokens`` with one backend. ``cache`` keeps converted models between calls."""
     cache = {} if cache is None else cache
     ids, mask = ids.to(device), mask.to(device)
-    if backend == "graph":
+    if backend in GRAPH_ATTENTION:
         from fused_attn.gpt2 import GPT2
 
-        model = cache.get(("graph", dtype))
+        model = cache.get((backend, dtype))
         if model is None:
-            model = cache[("graph", dtype)] = GPT2.from_hf(hf_model, dtype=dtype, device=device)
+            model = cache[(backend, dtype)] = GPT2.from_hf(hf_model, dtype=dtype, device=device,
+                                                          backends={"attention": GRAPH_ATTENTION[backend]})
         stamps = _StepTimes(device)
         out, wall, start, end = _timed(device, lambda: model.generate(
             ids, mask, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
             use_graph=device.type == "cuda", on_token=stamps.mark))
         # Without a GPU the decode loop runs eagerly: say so in every printout and table.
-        return _result(backend if device.type == "cuda" else "graph-eager", out, [start, *stamps.stamps, end], wall)
+        label = backend if device.type == "cuda" else backend.replace("graph", "graph-eager", 1)
+        return _result(label, out, [start, *stamps.stamps, end], wall)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     impl = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-fused": "fused_attn"}[backend]

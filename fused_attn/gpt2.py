@@ -10,8 +10,9 @@ Modules (gpt-fast's seams; names follow the Hugging Face state dict, which loads
 x @ W + b), ``ln_2``, ``mlp`` (``MLP``: ``c_fc`` → tanh GELU → ``c_proj``). The lm_head is tied to
 ``wte``. Each module kind has a backend, chosen per kind (``backends=``): attention "fused"
 (prefill: Q·Kᵀ → ``scaled_masked_softmax`` → P·V; decode step: ``decode_attention``, the cache
-append and the attention in one call) or "eager" (the same chain with PyTorch ops: the
-reference softmax, ``index_copy_`` appends and a key mask); LayerNorm, Linear and MLP "eager" until their fused kernels land. A later
+append and the attention in one call), "softmax" (the fused softmax chain in the decode step too,
+with ``index_copy_`` appends and a key mask: the decode step before ``decode_attention``, kept for
+comparison) or "eager" (that chain with PyTorch ops: the reference softmax); LayerNorm, Linear and MLP "eager" until their fused kernels land. A later
 kernel plugs into one module.
 
 Generation state lives in a ``DecodeCache`` (one ``KVCache`` per layer, whose ``update()`` writes new
@@ -41,7 +42,8 @@ from fused_attn.softmax import scaled_masked_softmax
 
 RANDOM_NAME = "gpt2-random"
 # Backends per module kind; the first is the default.
-BACKENDS = {"attention": ("fused", "eager"), "layer_norm": ("eager",), "linear": ("eager",), "mlp": ("eager",)}
+BACKENDS = {"attention": ("fused", "softmax", "eager"), "layer_norm": ("eager",), "linear": ("eager",),
+            "mlp": ("eager",)}
 
 _annotate = False  # profiler labels around each module (bench.profile); never inside a graph
 
@@ -155,7 +157,7 @@ class Attention(nn.Module):
         """softmax(q·kᵀ·scale, masked) · v: q ``[batch, nheads, seqlen_q, headdim]``, k and v
         ``[batch, nheads, seqlen_k, headdim]``; returns q's shape. Query rows with no visible key give 0."""
         scores = q @ k.transpose(-1, -2)
-        if self.backend == "fused":
+        if self.backend in ("fused", "softmax"):
             probs = scaled_masked_softmax(scores, self.scale, causal=causal, attn_mask=keys_ok)
         else:
             probs = reference.scaled_masked_softmax(scores, self.scale, causal=causal, attn_mask=keys_ok,

@@ -375,3 +375,40 @@ def test_half_precision_logits_error_at_most_twice_hf_sdpa_gpu(dtype):
         peer = sdpa(ids, attention_mask=mask, position_ids=pos).logits[keep]
         ours = GPT2.from_hf(hf, dtype=dtype, device="cuda")(ids, mask)[keep]
     assert_error_at_most_twice(ours, peer, ref, 1e-3, "logits vs hf-sdpa", norm="max_abs")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_decode_step_is_one_decode_attention_per_layer(device, monkeypatch):
+    """The "fused" backend's decode step appends and attends through decode_attention (once per layer,
+    with the cache's device-side lengths); "softmax" (the previous step) never calls it; both give the
+    same greedy tokens in float32."""
+    import fused_attn.gpt2 as gpt2_module
+
+    calls = []
+    real = gpt2_module.decode_attention
+
+    def spy(q, k_cache, v_cache, cache_seqlens, **kw):
+        calls.append((q.shape, cache_seqlens.dtype, kw["k_new"] is not None, kw["cache_leftpad"] is not None))
+        return real(q, k_cache, v_cache, cache_seqlens, **kw)
+
+    monkeypatch.setattr(gpt2_module, "decode_attention", spy)
+    hf = hf_model(TINY)
+    ids, mask = left_padded(TINY["vocab_size"], (9, 5, 2), device)
+    fused = GPT2.from_hf(hf, device=device).generate(ids, mask, max_new_tokens=6, use_graph=False)
+    assert len(calls) == 5 * TINY["n_layer"]  # the first new token comes from the prefill
+    assert all(shape[2] == 1 and dtype == torch.int32 and appended and padded
+               for shape, dtype, appended, padded in calls)
+    calls.clear()
+    previous = GPT2.from_hf(hf, device=device, backends={"attention": "softmax"})
+    assert torch.equal(previous.generate(ids, mask, max_new_tokens=6, use_graph=False), fused)
+    assert calls == []
+
+
+def test_fused_decode_needs_left_padding():
+    m = GPT2.from_hf(hf_model(TINY))
+    ids = torch.ones(2, 4, dtype=torch.long)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 1, 1]])
+    with pytest.raises(ValueError, match=r"attention_mask must be left padded \(0s only before a row's first 1\) "
+                                         r"for the fused attention backend, got a row with a 0 after a 1"):
+        m.generate(ids, mask, max_new_tokens=2)
+    GPT2.from_hf(hf_model(TINY), backends={"attention": "softmax"}).generate(ids, mask, max_new_tokens=2)
