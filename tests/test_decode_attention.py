@@ -17,7 +17,7 @@ from tests.tolerances import assert_attention_close
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CUDA_HEADDIMS = [8, 16, 24, 32, 40, 48, 64, 72, 80, 96, 104, 112, 128, 160, 192, 224, 256]
-SPLITS = [None, 0, 1, 2, 3, 7, 64, 256]
+SPLITS = [None, 0, 1, 2, 3, 7, 12, 16, 64, 256]
 ON_GPU_BUDGET = 1 << 19  # cache elements (batch x nheads_kv x max_len x headdim) per example
 ON_CPU_BUDGET = 1 << 13
 POISON = math.nan  # every cache slot no query may see, and out before the call
@@ -269,7 +269,7 @@ def test_matches_reference_cpu(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 64, 256])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 12, 16, 64, 256])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("headdim", [32, 64, 128, 256])
 def test_forced_splits_gpu(num_splits, dtype, headdim):
@@ -470,7 +470,7 @@ def test_validate_reads_device_lengths_gpu(how, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_splits", [None, 1, 5])
+@pytest.mark.parametrize("num_splits", [None, 1, 5, 13])
 def test_cuda_graph_replays_at_growing_lengths_gpu(num_splits):
     """One captured call with device-side lengths; between replays the lengths grow in place (a
     decode loop of 3 new tokens per step): every replay appends at the new position and matches."""
@@ -751,7 +751,7 @@ def test_requires_grad_raises(device, which):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_splits", [None, 1, 3, 64])
+@pytest.mark.parametrize("num_splits", [None, 1, 3, 16, 64])
 @pytest.mark.parametrize("form", ["all_slots", "lengths_append", "broadcast"])
 def test_key_mask(device, dtype, num_splits, form):
     """A key padding mask on top of the lengths (transformers' decode-step mask row): masked slots hold

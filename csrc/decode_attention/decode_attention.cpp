@@ -11,6 +11,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <type_traits>
 
 #include "../common/checks.h"
 #include "../common/static_switch.h"
@@ -143,6 +144,11 @@ int sm_count(const at::Tensor& t) {
   return at::cuda::getDeviceProperties(t.device().index())->multiProcessorCount;
 }
 
+// The tensor-core kernel serves blocks of >= kMmaMinRows query rows (GQA groups x new tokens). One
+// row (MHA decoding) stays on the CUDA-core kernel: there 15 of the 16 MMA rows are padding and the
+// H100 sweep measured it slower (Llama B1 H32 L8192: 80-88 us against 54).
+constexpr int kMmaMinRows = 4;
+
 // Rows of queries per block: the group x new tokens that read one kv head, up to 8 (beyond
 // that, more row chunks: each re-reads the kv head's keys, mostly from L2).
 int rows_per_block(int rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8; }
@@ -160,9 +166,9 @@ bool cluster_capable(int R) {
 // About two blocks per SM (rounded down: a batch that already fills the GPU is not split), and no
 // split shorter than kMinKeysPerSplit slots of the cache's capacity. Depends only on shapes, never
 // on the device-side lengths: a captured graph keeps its grid and a split past the current length
-// exits early. Where the device merges the splits in a cluster, 9-16 splits become 8 (one launch,
-// no combine kernel: measured faster than 9-16 splits plus the combine). H100 measurements behind
-// these choices: bench/NOTES.md, "Session 5".
+// exits early. Where the device merges the splits in a cluster, up to twice the cluster limit
+// becomes the limit (one launch, no combine kernel: measured faster than more splits plus the
+// combine). H100 measurements behind these choices: bench/NOTES.md, "Session 5".
 constexpr int kMinKeysPerSplit = 64;
 int choose_splits(int64_t work, int max_len, int sms, bool cluster_ok) {
   int64_t splits = std::max<int64_t>(1, 2 * sms / work);
@@ -205,17 +211,21 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   p.group = p.nheads_q / p.nheads_kv;
   p.rows = p.group * p.seqlen_new;
   const int R = rows_per_block(p.rows);
-  p.row_chunks = (p.rows + R - 1) / R;
   p.scale_log2 = float(scale * 1.4426950408889634);
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   FA_DISPATCH_FLOAT(q.scalar_type(), q, [&] {
     FA_DECODE_HEADDIM_SWITCH(p.headdim, HD, [&] {
+      constexpr bool kMmaKernel = !std::is_same_v<scalar_t, float> && (HD == 64 || HD == 128);
+      int mma_arch = 0;
+      if constexpr (kMmaKernel) mma_arch = p.rows >= kMmaMinRows ? decode_mma_arch<scalar_t, HD>() : 0;
+      const bool use_mma = mma_arch >= 80;
+      p.row_chunks = (p.rows + (use_mma ? 16 : R) - 1) / (use_mma ? 16 : R);
       const int64_t work = int64_t(p.batch) * p.nheads_kv * p.row_chunks;
       FA_CHECK_ARG(work < std::numeric_limits<int>::max(), q,
                    "have batch x nheads_q x seqlen_new below 2**31 blocks", shape_str(q.sizes()));
       const bool cluster_ok = at::cuda::getDeviceProperties(q.device().index())->major >= 9 &&
-                              cluster_capable<scalar_t, HD>(R);
+                              (use_mma ? mma_arch >= 90 : cluster_capable<scalar_t, HD>(R));
       p.num_splits = num_splits > 0 ? int(num_splits) : choose_splits(work, p.max_len, sm_count(q), cluster_ok);
       p.cluster = cluster_ok && p.num_splits > 1 && p.num_splits <= kMaxClusterSplits;
       at::Tensor partial_o, partial_lse;
@@ -226,11 +236,15 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         p.partial_o = partial_o.data_ptr<float>();
         p.partial_lse = partial_lse.data_ptr<float>();
       }
-      switch (R) {
-        case 1: launch_decode<scalar_t, HD, 1>(p, stream); break;
-        case 2: launch_decode<scalar_t, HD, 2>(p, stream); break;
-        case 4: launch_decode<scalar_t, HD, 4>(p, stream); break;
-        default: launch_decode<scalar_t, HD, 8>(p, stream); break;
+      if (use_mma) {
+        if constexpr (kMmaKernel) launch_decode_mma<scalar_t, HD>(p, stream);
+      } else {
+        switch (R) {
+          case 1: launch_decode<scalar_t, HD, 1>(p, stream); break;
+          case 2: launch_decode<scalar_t, HD, 2>(p, stream); break;
+          case 4: launch_decode<scalar_t, HD, 4>(p, stream); break;
+          default: launch_decode<scalar_t, HD, 8>(p, stream); break;
+        }
       }
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       if (p.num_splits > 1 && !p.cluster) {

@@ -10,4 +10,6 @@ template void launch_decode<__nv_bfloat16, 128, 4>(const DecodeParams&, cudaStre
 template bool decode_cluster_capable<__nv_bfloat16, 128, 4>();
 template void launch_decode<__nv_bfloat16, 128, 8>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__nv_bfloat16, 128, 8>();
+template void launch_decode_mma<__nv_bfloat16, 128>(const DecodeParams&, cudaStream_t);
+template int decode_mma_arch<__nv_bfloat16, 128>();
 }  // namespace fused_attn

@@ -10,4 +10,6 @@ template void launch_decode<__nv_bfloat16, 64, 4>(const DecodeParams&, cudaStrea
 template bool decode_cluster_capable<__nv_bfloat16, 64, 4>();
 template void launch_decode<__nv_bfloat16, 64, 8>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__nv_bfloat16, 64, 8>();
+template void launch_decode_mma<__nv_bfloat16, 64>(const DecodeParams&, cudaStream_t);
+template int decode_mma_arch<__nv_bfloat16, 64>();
 }  // namespace fused_attn

@@ -10,4 +10,6 @@ template void launch_decode<__half, 64, 4>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__half, 64, 4>();
 template void launch_decode<__half, 64, 8>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__half, 64, 8>();
+template void launch_decode_mma<__half, 64>(const DecodeParams&, cudaStream_t);
+template int decode_mma_arch<__half, 64>();
 }  // namespace fused_attn

@@ -105,6 +105,84 @@ __device__ void append(const DecodeParams& p, int b, int hkv, int cached) {
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
+// The end of a block's work: its key slots' partial results (per row r and slot y: the running max
+// sm_m[r][y], sum sm_l[r][y] and unnormalized output sm_o[r][y][:], written and synchronized by the
+// caller) merged into the row's output (one split), the split's partial (combine kernel), or,
+// with the cluster merge, a share of the merge across the cluster's blocks.
+template <typename T, int R, int NY, int HD>
+__device__ __forceinline__ void finish(const DecodeParams& p, float* sm_o, int chunk, int b, int hkv, int split) {
+  const int sn = p.seqlen_new;
+  float* sm_acc = sm_o + R * NY * HD;  // [R][HD]: sum over slots of weight * o
+  float* sm_m = sm_acc + R * HD;       // [R][NY]: max, then the slot's weight
+  float* sm_l = sm_m + R * NY;         // [R][NY]
+  float* sm_rowm = sm_l + R * NY;      // [R]
+  float* sm_rowl = sm_rowm + R;        // [R]
+  if (threadIdx.x < R) {
+    const int r = threadIdx.x;
+    float mx = kNegInf;
+    for (int y = 0; y < NY; ++y) mx = max_nan(mx, sm_m[r * NY + y]);
+    float sum = 0.f;
+    for (int y = 0; y < NY; ++y) {
+      const float w = mx == kNegInf ? 0.f : fast_exp2(sm_m[r * NY + y] - mx);
+      sm_m[r * NY + y] = w;
+      sum += w * sm_l[r * NY + y];
+    }
+    sm_rowm[r] = mx;
+    sm_rowl[r] = sum;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
+    const int r = idx / p.headdim, e = idx % p.headdim;
+    const int rr = chunk * R + r;
+    if (rr >= p.rows) continue;
+    float acc = 0.f;
+#pragma unroll
+    for (int y = 0; y < NY; ++y) acc = fmaf(sm_m[r * NY + y], sm_o[(r * NY + y) * HD + e], acc);
+    const float sum = sm_rowl[r];
+    const int h = hkv * p.group + rr / sn, i = rr % sn;
+    if (p.cluster) {
+      sm_acc[r * HD + e] = acc;
+    } else if (p.num_splits == 1) {
+      const float val = sum == 0.f ? 0.f : acc / sum;  // no visible key: 0; NaN stays NaN
+      static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + e] = from_float<T>(val);
+    } else {
+      const int64_t row = ((int64_t(split) * p.batch + b) * p.nheads_q + h) * sn + i;
+      p.partial_o[row * p.headdim + e] = sum == 0.f ? 0.f : acc / sum;
+      if (e == 0) p.partial_lse[row] = sum == 0.f ? kNegInf : sm_rowm[r] + __log2f(sum);
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.cluster) {
+    // The num_splits blocks of this (sequence, kv head, row chunk) form one cluster: each merges
+    // a share of the output elements from every block's (max, sum, acc) in distributed shared
+    // memory. The second barrier keeps every block's shared memory alive until all have read it.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    const int n_blocks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+    for (int idx = rank * kDecodeThreads + threadIdx.x; idx < R * p.headdim; idx += kDecodeThreads * n_blocks) {
+      const int r = idx / p.headdim, e = idx % p.headdim;
+      const int rr = chunk * R + r;
+      if (rr >= p.rows) continue;
+      float mx = kNegInf;
+      for (int c = 0; c < n_blocks; ++c) mx = max_nan(mx, cluster.map_shared_rank(sm_rowm, c)[r]);
+      float sum = 0.f, acc = 0.f;
+      if (mx != kNegInf) {
+        for (int c = 0; c < n_blocks; ++c) {
+          const float w = fast_exp2(cluster.map_shared_rank(sm_rowm, c)[r] - mx);
+          sum = fmaf(w, cluster.map_shared_rank(sm_rowl, c)[r], sum);
+          acc = fmaf(w, cluster.map_shared_rank(sm_acc, c)[r * HD + e], acc);
+        }
+      }
+      const int h = hkv * p.group + rr / sn, i = rr % sn;
+      static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + e] =
+          from_float<T>(sum == 0.f ? 0.f : acc / sum);
+    }
+    cluster.sync();
+  }
+#endif
+}
+
 }  // namespace decode
 
 template <typename T, int HD, int R>
@@ -314,12 +392,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
   __syncthreads();  // the merge below reuses the pipeline's shared memory
 
   // Merge the NY key slots' (m, l, o) of each row.
-  float* sm_o = reinterpret_cast<float*>(smem);  // [R][NY][HD]
-  float* sm_acc = sm_o + R * NY * HD;            // [R][HD]: sum over slots of weight * o
-  float* sm_m = sm_acc + R * HD;                 // [R][NY]: max, then the slot's weight
+  float* sm_o = reinterpret_cast<float*>(smem);  // [R][NY][HD], then finish's [R][HD]
+  float* sm_m = sm_o + R * NY * HD + R * HD;     // [R][NY]
   float* sm_l = sm_m + R * NY;                   // [R][NY]
-  float* sm_rowm = sm_l + R * NY;                // [R]
-  float* sm_rowl = sm_rowm + R;                  // [R]
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     if (tx == 0) {
@@ -330,107 +405,344 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
     for (int e = 0; e < EPT; ++e) sm_o[(r * NY + ty) * HD + e0 + e] = o[r][e];
   }
   __syncthreads();
-  if (threadIdx.x < R) {
-    const int r = threadIdx.x;
-    float mx = kNegInf;
-    for (int y = 0; y < NY; ++y) mx = max_nan(mx, sm_m[r * NY + y]);
-    float sum = 0.f;
-    for (int y = 0; y < NY; ++y) {
-      const float w = mx == kNegInf ? 0.f : fast_exp2(sm_m[r * NY + y] - mx);
-      sm_m[r * NY + y] = w;
-      sum += w * sm_l[r * NY + y];
+  decode::finish<T, R, NY, HD>(p, sm_o, chunk, b, hkv, split);
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// decode_mma_kernel: the same step on tensor cores, for float16 / bfloat16 and head dims 33..128,
+// used when a block serves several query rows (GQA groups, several new tokens): the CUDA-core
+// kernel above spends ~440 instructions per warp per 2 KB of K+V at 4 rows and cannot issue
+// fast enough to stream. Here a block takes up to 16 query rows (an mma.sync m16n8k16 A tile,
+// padded with zero rows) and 64 keys per stage, 16 per warp: S = Q·Kᵀ as 2 x (HD / 16) MMAs
+// from ldmatrix'ed K, the online softmax on the accumulator fragments (rows g and g + 8 of each
+// lane, reduced over the lane quad), P packed into the A fragment of P·V as FlashAttention-2
+// does, and O += P·V as HD / 8 MMAs from ldmatrix.trans'ed V. K and V stream through a
+// multi-stage cp.async pipeline in shared memory (rows XOR-swizzled by 16-byte chunk so ldmatrix
+// is conflict-free). The 4 warps' partial results merge through decode::finish, as above.
+template <typename T, int HD>
+struct DecodeMmaGeometry {
+  static constexpr int TILE = 64;  // keys per stage, 16 per warp
+  static constexpr int CH = HD / 8;  // 16-byte chunks per row
+  static constexpr int kStageBytes = 2 * TILE * HD * int(sizeof(T));
+  static constexpr int STAGES = kStageBytes <= 16384 ? 4 : 3;
+  static constexpr int kPipeBytes = STAGES * kStageBytes;
+  static constexpr int kMergeBytes = (16 * 4 * HD + 16 * HD + 2 * 16 * 4 + 2 * 16) * 4;
+  static constexpr int kQOffset = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
+  static constexpr int kSmemBytes = kQOffset + 16 * HD * int(sizeof(T));
+};
+
+namespace decode {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+// Element offset of 16-byte chunk c of row `row` in a [rows][HD] tile: chunks XOR-swizzled by row % 8.
+template <int HD>
+__device__ __forceinline__ int swizzled(int row, int c) {
+  return row * HD + ((c ^ (row & 7)) << 3);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+// Two floats as one 32-bit pair of T (lo in the low half), for an A fragment.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+}  // namespace decode
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const DecodeParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using M = DecodeMmaGeometry<T, HD>;
+  constexpr int TILE = M::TILE, CH = M::CH, STAGES = M::STAGES, R = 16, NW = kDecodeThreads / 32;
+  constexpr int kVec = 8;  // elements per 16-byte chunk
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* const pipe = reinterpret_cast<T*>(smem);  // [stage][K, V][TILE][HD], swizzled
+  T* const sq = reinterpret_cast<T*>(smem + M::kQOffset);  // [16][HD], swizzled
+
+  const int split = blockIdx.y;
+  const int chunk = blockIdx.x % p.row_chunks;
+  const int bh = blockIdx.x / p.row_chunks;
+  const int hkv = bh % p.nheads_kv, b = bh / p.nheads_kv;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int sn = p.seqlen_new;
+
+  // Q rows of this chunk into shared memory (zero rows past p.rows, zero columns past headdim).
+  for (int i = threadIdx.x; i < R * CH; i += kDecodeThreads) {
+    const int r = i / CH, c = i % CH, rr = chunk * R + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (rr < p.rows && c * kVec < p.headdim) {
+      const int h = hkv * p.group + rr / sn, qi = rr % sn;
+      v = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h +
+                                                qi * p.q_stride_s + c * kVec));
     }
-    sm_rowm[r] = mx;
-    sm_rowl[r] = sum;
+    *reinterpret_cast<uint4*>(sq + decode::swizzled<HD>(r, c)) = v;
+  }
+
+  int cached, end, start;
+  if (!decode::lengths_ok(p, b, cached, end, start)) {
+    if (p.num_splits == 1 || (p.cluster && split == 0)) {  // else the combine kernel writes the NaNs
+      for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
+        const int rr = chunk * R + idx / p.headdim;
+        if (rr >= p.rows) continue;
+        const int h = hkv * p.group + rr / sn, i = rr % sn;
+        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + idx % p.headdim] =
+            from_float<T>(decode::quiet_nan());
+      }
+    }
+    return;
+  }
+  const int tiles = (end - start + TILE - 1) / TILE;
+  const int tiles_per_split = (tiles + p.num_splits - 1) / p.num_splits;
+  const int kb = start + split * tiles_per_split * TILE;
+  const int ke = min(end, kb + tiles_per_split * TILE);
+  const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
+
+  const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h;
+  const T* vc = static_cast<const T*>(p.v_cache) + b * p.v_stride_b + hkv * p.v_stride_h;
+  const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h;
+  const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_stride_b + hkv * p.vn_stride_h;
+  // Each thread copies one fixed 16-byte column chunk c of rows r0, r0 + RS, ...; a tile wholly
+  // inside the cache and the split takes the short path (no selects).
+  constexpr int RS = kDecodeThreads / CH;
+  const int c = threadIdx.x % CH, r0 = threadIdx.x / CH;
+  const bool col_on = c * kVec < p.headdim;
+  auto issue = [&](int t) {
+    T* ks = pipe + (t % STAGES) * 2 * TILE * HD;
+    T* vs = ks + TILE * HD;
+    const int jt = kb + t * TILE;
+    const bool fast = jt + TILE <= min(cached, ke);
+#pragma unroll
+    for (int n = 0; n < TILE / RS; ++n) {
+      const int row = r0 + n * RS, j = jt + row;
+      const bool on = col_on && (fast || j < ke);
+      const T* ksrc = static_cast<const T*>(p.k_cache);
+      const T* vsrc = static_cast<const T*>(p.v_cache);
+      if (fast) {
+        ksrc = kc + int64_t(j) * p.k_stride_l + c * kVec;
+        vsrc = vc + int64_t(j) * p.v_stride_l + c * kVec;
+      } else if (on) {
+        ksrc = (j < cached ? kc + int64_t(j) * p.k_stride_l : kn + (j - cached) * p.kn_stride_s) + c * kVec;
+        vsrc = (j < cached ? vc + int64_t(j) * p.v_stride_l : vn + (j - cached) * p.vn_stride_s) + c * kVec;
+      }
+      decode::cp_async16(reinterpret_cast<uint4*>(ks + decode::swizzled<HD>(row, c)), ksrc, on);
+      decode::cp_async16(reinterpret_cast<uint4*>(vs + decode::swizzled<HD>(row, c)), vsrc, on);
+    }
+  };
+#pragma unroll
+  for (int t = 0; t < STAGES - 1; ++t) {
+    if (t < n_tiles) issue(t);
+    decode::cp_async_commit();
+  }
+  if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T>(p, b, hkv, cached);
+  __syncthreads();  // Q in shared memory
+
+  uint32_t qa[HD / 16][4];  // A fragments of Q, one per 16 columns
+#pragma unroll
+  for (int ks = 0; ks < HD / 16; ++ks) {
+    const int row = (lane / 8 % 2) * 8 + lane % 8, c = ks * 2 + lane / 16;
+    decode::ldmatrix_x4(qa[ks], decode::smem_addr(sq + decode::swizzled<HD>(row, c)));
+  }
+  int lim[2];  // first slot rows g and g + 8 cannot see (0 for padding rows)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rr = chunk * R + g + 8 * h;
+    lim[h] = rr < p.rows ? end - sn + 1 + rr % sn : 0;
+  }
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
+  float o[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  const bool* key_mask = p.key_mask != nullptr ? p.key_mask + b * p.key_mask_stride_b : nullptr;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int jt = kb + t * TILE;
+    decode::cp_async_wait<STAGES - 2>();
+    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free
+    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);
+    decode::cp_async_commit();
+    const T* ks = pipe + (t % STAGES) * 2 * TILE * HD;
+    T* vs = const_cast<T*>(ks) + TILE * HD;
+    if (key_mask != nullptr) {  // a masked slot's value is zeroed: P = 0 times NaN would be NaN
+      for (int i = threadIdx.x; i < TILE * CH; i += kDecodeThreads) {
+        const int row = i / CH, j = jt + row;
+        if (j < ke && !key_mask[j]) *reinterpret_cast<uint4*>(vs + decode::swizzled<HD>(row, i % CH)) = make_uint4(0, 0, 0, 0);
+      }
+      __syncthreads();
+    }
+    // S = Q·Kᵀ over this warp's 16 keys: two n-tiles of 8 keys.
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t kf[4];
+      const int key = warp * 16 + (lane / 16) * 8 + lane % 8, c = kk * 2 + lane / 8 % 2;
+      decode::ldmatrix_x4(kf, decode::smem_addr(ks + decode::swizzled<HD>(key, c)));
+      decode::mma16816<T>(s[0], qa[kk], kf[0], kf[1]);
+      decode::mma16816<T>(s[1], qa[kk], kf[2], kf[3]);
+    }
+    // Scale into the log2 domain; -inf where a key is outside the split, masked, or causally hidden.
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = jt + warp * 16 + n * 8 + 2 * t4 + (e & 1);
+        const bool on = j < ke && j < lim[e / 2] && (key_mask == nullptr || key_mask[j]);
+        s[n][e] = on ? s[n][e] * p.scale_log2 : kNegInf;
+      }
+    }
+    float pr[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // rows g (h = 0) and g + 8 (h = 1)
+      float mx = max_nan(max_nan(s[0][2 * h], s[0][2 * h + 1]), max_nan(s[1][2 * h], s[1][2 * h + 1]));
+      mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = max_nan(m[h], mx);
+      const float base = mn == kNegInf ? 0.f : mn;  // nothing visible yet: every p is 0
+      if (mn != m[h]) {  // a new running max: rescale what is summed (NaN compares unequal: poisons)
+        const float corr = fast_exp2(m[h] - base);
+        l[h] *= corr;
+#pragma unroll
+        for (int n = 0; n < HD / 8; ++n) {
+          o[n][2 * h] *= corr;
+          o[n][2 * h + 1] *= corr;
+        }
+        m[h] = mn;
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        pr[n][2 * h] = fast_exp2(s[n][2 * h] - base);
+        pr[n][2 * h + 1] = fast_exp2(s[n][2 * h + 1] - base);
+        l[h] += pr[n][2 * h] + pr[n][2 * h + 1];
+      }
+    }
+    // P as the A fragment of P·V (k = this warp's 16 keys), in T as FlashAttention does.
+    const uint32_t pa[4] = {decode::pack2<T>(pr[0][0], pr[0][1]), decode::pack2<T>(pr[0][2], pr[0][3]),
+                            decode::pack2<T>(pr[1][0], pr[1][1]), decode::pack2<T>(pr[1][2], pr[1][3])};
+#pragma unroll
+    for (int nc = 0; nc < HD / 16; ++nc) {
+      uint32_t vf[4];
+      const int key = warp * 16 + (lane / 8 % 2) * 8 + lane % 8, c = nc * 2 + lane / 16;
+      decode::ldmatrix_x4_trans(vf, decode::smem_addr(vs + decode::swizzled<HD>(key, c)));
+      decode::mma16816<T>(o[2 * nc], pa, vf[0], vf[1]);
+      decode::mma16816<T>(o[2 * nc + 1], pa, vf[2], vf[3]);
+    }
+  }
+  decode::cp_async_wait<0>();
+  __syncthreads();  // the merge below reuses the pipeline's shared memory
+
+  // Each warp is one key slot of decode::finish: rows g and g + 8 of this lane, columns 2 t4 (+1) of
+  // each 8-column n-tile; l summed over the lane quad first.
+  float* sm_o = reinterpret_cast<float*>(smem);  // [16][NW][HD], then finish's [16][HD]
+  float* sm_m = sm_o + R * NW * HD + R * HD;     // [16][NW]
+  float* sm_l = sm_m + R * NW;                   // [16][NW]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int row = g + 8 * h;
+    if (t4 == 0) {
+      sm_m[row * NW + warp] = m[h];
+      sm_l[row * NW + warp] = l[h];
+    }
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      sm_o[(row * NW + warp) * HD + n * 8 + 2 * t4] = o[n][2 * h];
+      sm_o[(row * NW + warp) * HD + n * 8 + 2 * t4 + 1] = o[n][2 * h + 1];
+    }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
-    const int r = idx / p.headdim, e = idx % p.headdim;
-    const int rr = chunk * R + r;
-    if (rr >= p.rows) continue;
-    float acc = 0.f;
-#pragma unroll
-    for (int y = 0; y < NY; ++y) acc = fmaf(sm_m[r * NY + y], sm_o[(r * NY + y) * HD + e], acc);
-    const float sum = sm_rowl[r];
-    const int h = hkv * p.group + rr / sn, i = rr % sn;
-    if (p.cluster) {
-      sm_acc[r * HD + e] = acc;
-    } else if (p.num_splits == 1) {
-      const float val = sum == 0.f ? 0.f : acc / sum;  // no visible key: 0; NaN stays NaN
-      static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + e] = from_float<T>(val);
-    } else {
-      const int64_t row = ((int64_t(split) * p.batch + b) * p.nheads_q + h) * sn + i;
-      p.partial_o[row * p.headdim + e] = sum == 0.f ? 0.f : acc / sum;
-      if (e == 0) p.partial_lse[row] = sum == 0.f ? kNegInf : sm_rowm[r] + __log2f(sum);
-    }
-  }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.cluster) {
-    // The num_splits blocks of this (sequence, kv head, row chunk) form one cluster: each merges
-    // a share of the output elements from every block's (max, sum, acc) in distributed shared
-    // memory. The second barrier keeps every block's shared memory alive until all have read it.
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    const int n_blocks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-    for (int idx = rank * kDecodeThreads + threadIdx.x; idx < R * p.headdim; idx += kDecodeThreads * n_blocks) {
-      const int r = idx / p.headdim, e = idx % p.headdim;
-      const int rr = chunk * R + r;
-      if (rr >= p.rows) continue;
-      float mx = kNegInf;
-      for (int c = 0; c < n_blocks; ++c) mx = max_nan(mx, cluster.map_shared_rank(sm_rowm, c)[r]);
-      float sum = 0.f, acc = 0.f;
-      if (mx != kNegInf) {
-        for (int c = 0; c < n_blocks; ++c) {
-          const float w = fast_exp2(cluster.map_shared_rank(sm_rowm, c)[r] - mx);
-          sum = fmaf(w, cluster.map_shared_rank(sm_rowl, c)[r], sum);
-          acc = fmaf(w, cluster.map_shared_rank(sm_acc, c)[r * HD + e], acc);
-        }
-      }
-      const int h = hkv * p.group + rr / sn, i = rr % sn;
-      static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + e] =
-          from_float<T>(sum == 0.f ? 0.f : acc / sum);
-    }
-    cluster.sync();
-  }
+  decode::finish<T, R, NW, HD>(p, sm_o, chunk, b, hkv, split);
 #endif
 }
 
-// One warp per output row (b, h, i): merges the num_splits partial rows.
+// One block per output row (b, h, i): merges the num_splits partial rows. The split weights go
+// through shared memory first, so the loop over splits has only independent loads (the first
+// version chained a load of lse and of o per split: ~0.5 us of L2 latency per split, 15 us at 33
+// splits, more than the attention itself at GQA shapes).
 template <typename T>
 __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams p) {
-  const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+  __shared__ float sm_w[256];  // kMaxSplits: the weight 2^(lse_s - max) of each split
+  __shared__ float sm_sum;
+  const int64_t row = blockIdx.x;
   const int64_t n_rows = int64_t(p.batch) * p.nheads_q * p.seqlen_new;
-  if (row >= n_rows) return;
-  const int lane = threadIdx.x % 32;
   const int i = int(row % p.seqlen_new);
   const int h = int(row / p.seqlen_new % p.nheads_q);
   const int b = int(row / (int64_t(p.seqlen_new) * p.nheads_q));
   T* out = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s;
   int cached, end, start;
   if (!decode::lengths_ok(p, b, cached, end, start)) {
-    for (int e = lane; e < p.headdim; e += 32) out[e] = from_float<T>(decode::quiet_nan());
+    for (int e = threadIdx.x; e < p.headdim; e += blockDim.x) out[e] = from_float<T>(decode::quiet_nan());
     return;
   }
-  float mx = kNegInf;
-  for (int s = lane; s < p.num_splits; s += 32) mx = max_nan(mx, p.partial_lse[s * n_rows + row]);
+  for (int s = threadIdx.x; s < p.num_splits; s += blockDim.x) sm_w[s] = p.partial_lse[s * n_rows + row];
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float mx = kNegInf;
+    for (int s = threadIdx.x; s < p.num_splits; s += 32) mx = max_nan(mx, sm_w[s]);
 #pragma unroll
-  for (int off = 16; off > 0; off /= 2) mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  float sum = 0.f;
-  for (int s = lane; s < p.num_splits; s += 32) {
-    const float lse = p.partial_lse[s * n_rows + row];
-    sum += mx == kNegInf ? 0.f : fast_exp2(lse - mx);
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  for (int e = lane; e < p.headdim; e += 32) {
-    float acc = 0.f;
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float lse = p.partial_lse[s * n_rows + row];
-      if (lse == kNegInf) continue;  // an empty split (its partial output is 0)
-      acc = fmaf(fast_exp2(lse - mx), p.partial_o[(s * n_rows + row) * p.headdim + e], acc);
+    for (int off = 16; off > 0; off /= 2) mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    float sum = 0.f;
+    for (int s = threadIdx.x; s < p.num_splits; s += 32) {
+      const float w = mx == kNegInf ? 0.f : fast_exp2(sm_w[s] - mx);  // an empty split: lse -inf, weight 0
+      sm_w[s] = w;
+      sum += w;
     }
-    out[e] = from_float<T>(sum > 0.f ? acc / sum : (sum == 0.f ? 0.f : sum));
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (threadIdx.x == 0) sm_sum = sum;
+  }
+  __syncthreads();
+  const float sum = sm_sum;
+  for (int e = threadIdx.x; e < p.headdim; e += blockDim.x) {
+    float acc = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < p.num_splits; ++s) {
+      const float w = sm_w[s];
+      if (w != 0.f) acc = fmaf(w, p.partial_o[(s * n_rows + row) * p.headdim + e], acc);
+    }
+    out[e] = from_float<T>(sum > 0.f ? acc / sum : (sum == 0.f ? 0.f : sum));  // NaN stays NaN
   }
 }
 
@@ -441,6 +753,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     decode_kernel<T, HD, R><<<grid, kDecodeThreads, 0, stream>>>(p);
     return;
   }
+  if (p.num_splits > 8) cudaFuncSetAttribute(decode_kernel<T, HD, R>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(kDecodeThreads);
@@ -461,10 +774,38 @@ bool decode_cluster_capable() {
   return cudaFuncGetAttributes(&attr, decode_kernel<T, HD, R>) == cudaSuccess && attr.binaryVersion >= 90;
 }
 
+template <typename T, int HD>
+void launch_decode_mma(const DecodeParams& p, cudaStream_t stream) {
+  using M = DecodeMmaGeometry<T, HD>;
+  cudaFuncSetAttribute(decode_mma_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, M::kSmemBytes);
+  if (p.cluster && p.num_splits > 8) {
+    cudaFuncSetAttribute(decode_mma_kernel<T, HD>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(p.batch) * p.nheads_kv * p.row_chunks, p.num_splits);
+  config.blockDim = dim3(kDecodeThreads);
+  config.dynamicSmemBytes = M::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = p.cluster ? unsigned(p.num_splits) : 1u;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = p.cluster ? 1 : 0;
+  cudaLaunchKernelEx(&config, decode_mma_kernel<T, HD>, p);
+}
+
+template <typename T, int HD>
+int decode_mma_arch() {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, decode_mma_kernel<T, HD>) == cudaSuccess ? attr.binaryVersion : 0;
+}
+
 template <typename T>
 void launch_decode_combine(const DecodeParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.batch) * p.nheads_q * p.seqlen_new;
-  decode_combine_kernel<T><<<unsigned((rows + 3) / 4), 128, 0, stream>>>(p);
+  decode_combine_kernel<T><<<unsigned(rows), 128, 0, stream>>>(p);
 }
 
 }  // namespace fused_attn

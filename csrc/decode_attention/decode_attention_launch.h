@@ -50,7 +50,7 @@ struct DecodeParams {
 // row (16-byte loads, at least HD / 32 so a key's row fits one warp), TX threads share a key,
 // NY keys are in flight per step per block, U steps unrolled per loop iteration.
 constexpr int kDecodeThreads = 128;
-constexpr int kMaxClusterSplits = 8;  // the portable cluster size
+constexpr int kMaxClusterSplits = 16;  // Hopper's largest (non-portable) cluster
 template <typename T, int HD>
 struct DecodeGeometry {
   static constexpr int kVec = 16 / int(sizeof(T));
@@ -74,6 +74,13 @@ template <typename T, int HD, int R>
 void launch_decode(const DecodeParams& p, cudaStream_t stream);
 template <typename T>
 void launch_decode_combine(const DecodeParams& p, cudaStream_t stream);
+// The tensor-core kernel: float16 / bfloat16, HD 64 or 128, 16 query rows per block (row_chunks
+// counted in 16s). decode_mma_arch: the SM version it was compiled for (0 if none: mma.sync
+// needs sm_80; the cluster merge, sm_90).
+template <typename T, int HD>
+void launch_decode_mma(const DecodeParams& p, cudaStream_t stream);
+template <typename T, int HD>
+int decode_mma_arch();
 // Whether decode_kernel<T, HD, R> was compiled for sm_90 or later (the cluster merge's code is there).
 template <typename T, int HD, int R>
 bool decode_cluster_capable();
