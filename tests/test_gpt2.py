@@ -123,9 +123,12 @@ def test_eos_fills_the_rest_and_stops_early_cpu():
     assert out.shape[1] < 20 + 40  # stopped at the first check after every row had EOS
 
 
+# "fused": decode_attention (lengths and left padding per sequence); "softmax": the previous step
+# (index_copy_ at the slot, the key mask): each reads its own state.
+@pytest.mark.parametrize("attention", ["fused", "softmax"])
 @pytest.mark.parametrize("lengths", [(20,), (20, 13, 6)])
-def test_decode_logits_match_teacher_forced_cpu(lengths):
-    m = GPT2.from_hf(hf_model(VARIED))
+def test_decode_logits_match_teacher_forced_cpu(lengths, attention):
+    m = GPT2.from_hf(hf_model(VARIED), backends={"attention": attention})
     ids, mask = left_padded(TINY["vocab_size"], lengths)
     tokens, logits = Recorder(m, len(lengths), 20 + 32).run(ids, mask, 32)
     assert_decode_matches_teacher_forced(m, ids, mask, tokens, logits)
@@ -142,13 +145,15 @@ def test_greedy_tokens_match_hf_generate_varied_model_cpu():
     assert torch.equal(GPT2.from_hf(hf).generate(ids, mask, max_new_tokens=48), want)
 
 
-def test_reused_state_different_prompts_cpu():
+@pytest.mark.parametrize("attention", ["fused", "softmax"])
+def test_reused_state_different_prompts_cpu(attention):
     """generate() keeps one decode state per shape: a second prompt of the same shape must not see
     the first one's cache."""
-    m = GPT2.from_hf(hf_model(VARIED))
+    m = GPT2.from_hf(hf_model(VARIED), backends={"attention": attention})
     a_ids, a_mask = left_padded(TINY["vocab_size"], (20, 13, 6), seed=1)
     b_ids, b_mask = left_padded(TINY["vocab_size"], (20, 17, 4), seed=2)
-    fresh = GPT2.from_hf(hf_model(VARIED)).generate(b_ids, b_mask, max_new_tokens=40)
+    fresh = GPT2.from_hf(hf_model(VARIED), backends={"attention": attention}).generate(b_ids, b_mask,
+                                                                                        max_new_tokens=40)
     m.generate(a_ids, a_mask, max_new_tokens=40)
     assert torch.equal(m.generate(b_ids, b_mask, max_new_tokens=40), fresh)
     rec = Recorder(m, 3, 60)
