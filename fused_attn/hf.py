@@ -78,10 +78,9 @@ def _decode_step(module, query, key, value, attention_mask, dropout) -> bool:
             or key.shape[1] == 0 or nheads % key.shape[1] != 0
             or key.dtype != query.dtype or value.dtype != query.dtype or query.dtype not in _CPU_DTYPES):
         return False
-    mask = attention_mask
-    if mask is not None and (mask.dtype != torch.bool or mask.device != query.device or mask.dim() != 4
-                             or mask.shape[0] not in (1, batch)
-                             or tuple(mask.shape[1:]) != (1, 1, key.shape[2])):
+    m = attention_mask
+    if m is not None and (m.dtype != torch.bool or m.device != query.device or m.dim() != 4
+                          or m.shape[0] not in (1, batch) or tuple(m.shape[1:]) != (1, 1, key.shape[2])):
         return False
     if query.device.type == "cuda":
         return (query.dtype in _DTYPES and headdim % 8 == 0 and 8 <= headdim <= MAX_HEADDIM
