@@ -1,6 +1,6 @@
 """GPT-2 end to end: tokens/s, TTFT and TBT per backend (fused_attn.generate.run_backend).
 
-Backends hf-eager, hf-sdpa, hf-static, hf-fused, graph; batch {1, 16}; prompt {128, 512};
+Backends hf-eager, hf-sdpa, hf-static, hf-static-fused, hf-fused, graph; batch {1, 16}; prompt {128, 512};
 128 new tokens (greedy); float16 by default, float32 with --full. Model: GPT-2 small's
 configuration with seeded random weights (same shapes and cost as the real checkpoint),
 or FUSED_ATTN_GPT2_MODEL. Prompts: seeded random ids (tests/prompts.py), every row its own;
@@ -16,6 +16,11 @@ hf-eager in the same run (for hf-fused: against hf-eager rounds interleaved with
 cases; 5 rounds left one of four cases at 0.98x on host jitter, 12 settled all four). Each round is one whole
 generate(); the first call of each case (graph capture, compilation) is a warm-up outside
 the rounds. GPU only.
+
+hf-static-fused is hf-static (transformers' StaticCache, its decode step compiled) with the
+"fused_attn" attention instead of sdpa, so its decode steps run ``decode_attention`` inside the
+compiled graph; it runs right after hf-static in every group, and extra_info ``speedup_vs_hf_static``
+is its tokens/s over hf-static's in the same run.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import statistics
 import pytest
 import torch
 
-from fused_attn.generate import BACKENDS, nearest_rank
+from fused_attn.generate import BACKENDS, STATIC, nearest_rank
 
 NEW_TOKENS = 128
 # How bench.report names these cases (the columns and rows come from the saved extra_info).
@@ -77,6 +82,10 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
     dtype, device = DTYPES[c["dtype"]], torch.device("cuda")
     lengths = prompt_lengths(c["batch"], c["prompt"])
     ids, mask = left_padded(hf_model.config.vocab_size, lengths, seed=0)
+    if c["backend"] in STATIC:
+        # transformers' compiled decode: one compile per case (sdpa and fused_attn models, every
+        # shape), so no case runs into dynamo's recompile limit and falls back to eager unseen.
+        torch._dynamo.reset()
     run_backend(c["backend"], hf_model, ids, mask, NEW_TOKENS, dtype, device, cache=cache)  # warm-up
     results, paired = [], []
     paired_case = c["backend"] == "hf-fused"
@@ -116,6 +125,8 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
         info["tbt_p50_vs_hf_eager"] = round(eager["tbt_p50_ms"] / info["tbt_p50_ms"], 3)
     elif (benchmark.group, "hf-eager") in medians:
         info["speedup_vs_hf_eager"] = round(tps / medians[(benchmark.group, "hf-eager")], 3)
+    if c["backend"] == "hf-static-fused" and (benchmark.group, "hf-static") in medians:
+        info["speedup_vs_hf_static"] = round(tps / medians[(benchmark.group, "hf-static")], 3)
     if benchmark.group in hf_eager_tokens:
         # Same greedy tokens as transformers' eager attention, in this run (fp16 can differ in
         # rare near-ties; the float32 equality is a test, this is what a reader of the JSON sees).

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from fused_attn.generate import BACKENDS, DTYPES, make_batch, run_backend
+from fused_attn.generate import BACKENDS, DTYPES, HF_IMPL, make_batch, run_backend
 
 PARTS = ("embeddings", "ln_1", "attention", "residual", "ln_2", "mlp", "ln_f", "lm_head")
 HF_PARTS = {"wte": "embeddings", "wpe": "embeddings", "ln_1": "ln_1", "attn": "attention", "ln_2": "ln_2",
@@ -129,7 +129,7 @@ def profile_backend(backend: str, hf_model, ids, mask, new_tokens: int, dtype, d
         finally:
             model.annotate = False
         return prof
-    impl = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-fused": "fused_attn"}[backend]
+    impl = HF_IMPL[backend]
     model = cache[(impl, dtype)]
     with hf_labels(model), profile(activities=activities) as prof:
         run_backend(backend, hf_model, ids, mask, new_tokens, dtype, device, cache=cache)

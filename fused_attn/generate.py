@@ -4,9 +4,9 @@
     python -m fused_attn.generate --compare --batch-size 3 --dtype float32
 
 Backends: hf-eager, hf-sdpa, hf-fused (transformers' GPT2LMHeadModel with attention
-implementation eager / sdpa / "fused_attn"), hf-static (sdpa with
-``cache_implementation="static"``, whose decode step transformers compiles on a GPU; not run
-by --compare without a GPU), graph (fused_attn.gpt2 with a CUDA-graph decode step whose attention
+implementation eager / sdpa / "fused_attn"), hf-static and hf-static-fused (sdpa / "fused_attn"
+with ``cache_implementation="static"``, whose decode step transformers compiles on a GPU; not
+run by --compare without a GPU), graph (fused_attn.gpt2 with a CUDA-graph decode step whose attention
 is one decode_attention launch per layer; without a GPU it runs the same model without the graph
 and reports it as graph-eager), graph-softmax (the same, with the previous decode attention: two
 index_copy_ appends, Q·Kᵀ, scaled_masked_softmax, P·V; kept to measure the change). Prints the continuation,
@@ -35,7 +35,11 @@ from dataclasses import dataclass
 
 import torch
 
-BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-fused", "graph-softmax", "graph")
+BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-static-fused", "hf-fused", "graph-softmax", "graph")
+# The transformers backends: attention implementation of each, and those with a StaticCache.
+HF_IMPL = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-static-fused": "fused_attn",
+           "hf-fused": "fused_attn"}
+STATIC = ("hf-static", "hf-static-fused")
 # Our GPT-2's backends: the attention backend of fused_attn.gpt2 each one uses.
 GRAPH_ATTENTION = {"graph": "fused", "graph-softmax": "softmax"}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -145,7 +149,7 @@ def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, m
         return _result(label, out, [start, *stamps.stamps, end], wall)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    impl = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-fused": "fused_attn"}[backend]
+    impl = HF_IMPL[backend]
     model = cache.get((impl, dtype))
     if model is None:
         if impl == "fused_attn":
@@ -158,7 +162,7 @@ def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, m
     stamps = _StepTimes(device)
     kw = dict(attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
               pad_token_id=0, eos_token_id=None, logits_processor=[stamps])
-    if backend == "hf-static":
+    if backend in STATIC:
         kw["cache_implementation"] = "static"
     kw.update(do_sample=True, temperature=temperature, top_k=top_k or None) if temperature > 0 else kw.update(
         do_sample=False)
@@ -259,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{prompt.numel()} + {args.batch_size - 1} + {args.max_new_tokens} = {length}")
     ids, mask = make_batch(prompt, args.batch_size)
     if args.compare:
-        backends = tuple(b for b in BACKENDS if device.type == "cuda" or b != "hf-static")
+        backends = tuple(b for b in BACKENDS if device.type == "cuda" or b not in STATIC)
     else:
         backends = (args.backend,)
     cache: dict = {}

@@ -10,6 +10,19 @@ The implementation computes Q·Kᵀ with cuBLAS (torch.matmul), then
 and returns ``[batch, seqlen_q, nheads, headdim]`` as transformers expects. CPU tensors go
 through the op's pure-PyTorch path.
 
+Decode steps (one query per sequence, no gradient, no dropout) go through ``decode_attention``
+instead: transformers has already written the step's key and value into its cache and passes
+the whole cache (for a StaticCache, the whole buffer), so the op is called without ``k_new``,
+with every slot valid (``cache_seqlens=None``) and the mask's row as ``key_mask``: padding and
+the unfilled slots of a StaticCache never contribute, even when they hold garbage. Key and value
+heads are read un-repeated (GQA / MQA). This path is taken only where the op accepts the inputs
+as they are: the mask None or bool ``[batch or 1, 1, 1, seqlen_k]``; on CUDA float16 / bfloat16 /
+float32, headdim a multiple of 8 up to 256, and query, key and value with a contiguous last dim
+and 16-byte aligned rows. Everything else takes the path above. On the CPU the op is the float32
+reference (``fused_attn.reference.decode_attention``). Under ``torch.compile`` (transformers'
+compiled StaticCache decode) the op runs in place on the cache buffers: the graph holds no copy
+of the cache (tests/test_hf.py checks the generated code).
+
 Training works: gradients flow to query, key and value (and an additive mask) through the
 op's registered backward, and in training mode the attention probabilities go through
 ``torch.nn.functional.dropout`` exactly where transformers' eager GPT-2 applies it (after
@@ -30,6 +43,7 @@ from __future__ import annotations
 
 import torch
 
+from fused_attn.decode_attention import _CPU_DTYPES, _DTYPES, MAX_HEADDIM, _aligned, _has_data, decode_attention
 from fused_attn.softmax import scaled_masked_softmax
 
 NAME = "fused_attn"
@@ -39,6 +53,39 @@ MIN_TRANSFORMERS = (4, 56)
 def _version_tuple(v: str) -> tuple[int, int]:
     parts = v.split(".")
     return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+
+
+def _readable(t: torch.Tensor) -> bool:
+    """decode_attention's alignment rule (``_aligned``). Under torch.compile a tensor has no address:
+    the strides and the storage offset stand in for it (a buffer's base is 16-byte aligned)."""
+    if _has_data(t):
+        return _aligned(t)
+    vec = 16 // t.element_size()
+    return t.storage_offset() % vec == 0 and (t.stride(-1) == 1 or t.size(-1) == 1) and all(
+        s % vec == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
+
+
+def _decode_step(module, query, key, value, attention_mask, dropout) -> bool:
+    """Whether this call is a decode step decode_attention takes as it is: one query per sequence, no
+    gradient, no dropout, key and value of one shape and query's dtype, the mask None or bool
+    [batch or 1, 1, 1, seqlen_k], and on CUDA the op's dtypes, head dims and alignment."""
+    batch, nheads, q_len, headdim = query.shape
+    if q_len != 1 or (dropout and module.training) or query.device.type not in ("cpu", "cuda"):
+        return False
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return False
+    if (key.shape != value.shape or key.dim() != 4 or key.shape[0] != batch or key.shape[3] != headdim
+            or key.shape[1] == 0 or nheads % key.shape[1] != 0
+            or key.dtype != query.dtype or value.dtype != query.dtype or query.dtype not in _CPU_DTYPES):
+        return False
+    m = attention_mask
+    if m is not None and (m.dtype != torch.bool or m.device != query.device or m.dim() != 4
+                          or m.shape[0] not in (1, batch) or tuple(m.shape[1:]) != (1, 1, key.shape[2])):
+        return False
+    if query.device.type == "cuda":
+        return (query.dtype in _DTYPES and headdim % 8 == 0 and 8 <= headdim <= MAX_HEADDIM
+                and all(_readable(t) for t in (query, key, value)))
+    return True
 
 
 def fused_attention_forward(
@@ -57,17 +104,26 @@ def fused_attention_forward(
     query ``[batch, nheads, seqlen_q, headdim]``, key/value ``[batch, nheads_kv, seqlen_k, headdim]``
     (nheads a multiple of nheads_kv), attention_mask bool ``[batch or 1, 1, seqlen_q, seqlen_k]`` or
     additive in the query's dtype, or None. Returns ``([batch, seqlen_q, nheads, headdim], None)``.
-    Query rows with no visible key give zeros (SDPA may give NaN there).
+    Query rows with no visible key give zeros (SDPA may give NaN there). A decode step (seqlen_q 1,
+    see the module docstring) goes through ``decode_attention`` over the whole key/value given.
     """
     if kwargs.get("output_attentions"):
         raise ValueError("output_attentions must be False with the fused_attn attention, got True")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if _decode_step(module, query, key, value, attention_mask, dropout):
+        key_mask = None
+        if attention_mask is not None:
+            key_mask = attention_mask[:, 0, 0, :]
+            if key_mask.shape[1] > 1 and key_mask.stride(1) != 1:
+                key_mask = key_mask.contiguous()
+        out = decode_attention(query, key, value, None, key_mask=key_mask, scale=scale)
+        return out.transpose(1, 2).contiguous(), None
     n_rep = query.shape[1] // key.shape[1]
     if n_rep > 1:
         key = key.repeat_interleave(n_rep, dim=1)
         value = value.repeat_interleave(n_rep, dim=1)
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     q_len, kv_len = query.shape[2], key.shape[2]
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     causal = False
     mask = attention_mask
     if mask is None:

@@ -115,18 +115,177 @@ def test_generate_logits_match_eager_gpu(lengths, cache):
     check_generate_logits("cuda", lengths, cache)
 
 
+DECODE_TOKENS = 40  # >= 32 new tokens: 39 decode steps per layer after the prefill's token
+
+
+def spy_decode(monkeypatch) -> list:
+    """Record (q shape, key/value shape, key_mask shape or None) of every decode_attention call that
+    fused_attn.hf makes, passing the call on."""
+    calls = []
+    real = fhf.decode_attention
+
+    def spy(q, k, v, cache_seqlens, **kwargs):
+        mask = kwargs.get("key_mask")
+        calls.append((tuple(q.shape), tuple(k.shape), None if mask is None else tuple(mask.shape)))
+        return real(q, k, v, cache_seqlens, **kwargs)
+
+    monkeypatch.setattr(fhf, "decode_attention", spy)
+    return calls
+
+
+# A tiny Llama with GQA: 4 query heads share 2 key/value heads, headdim 16. initializer_range 0.5 for
+# continuations that vary, as VARIED for GPT-2.
+LLAMA_GQA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1000, max_position_embeddings=256, initializer_range=0.5,
+                 bos_token_id=0, eos_token_id=1, pad_token_id=0)
+
+
+def decode_models(arch: str, device):
+    """(eager and fused_attn copies of one seeded model, vocab size, layers, key/value heads) for
+    arch "gpt2" (VARIED) or "llama-gqa" (LLAMA_GQA)."""
+    if arch == "gpt2":
+        return models(VARIED, device), VARIED["vocab_size"], VARIED["n_layer"], VARIED["n_head"]
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fhf.register()
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(**LLAMA_GQA)).eval().to(device)
+    ms = {}
+    for impl in ("eager", "fused_attn"):
+        ms[impl] = copy.deepcopy(base)
+        ms[impl].set_attn_implementation(impl)
+    return ms, LLAMA_GQA["vocab_size"], LLAMA_GQA["num_hidden_layers"], LLAMA_GQA["num_key_value_heads"]
+
+
+def check_greedy_decode(monkeypatch, device, arch, lengths, cache):
+    """Greedy tokens of fused_attn identical to eager's for DECODE_TOKENS new tokens (logits within
+    float32 tolerance), and every decode step of every layer through decode_attention: one query,
+    key/value un-repeated (GQA), the whole StaticCache buffer with its unfilled slots masked."""
+    ms, vocab, layers, kv_heads = decode_models(arch, device)
+    ids, mask = left_padded(vocab, lengths, device)
+    want_seq, want = generate_logits(ms["eager"], ids, mask, cache, n=DECODE_TOKENS)
+    calls = spy_decode(monkeypatch)
+    got_seq, got = generate_logits(ms["fused_attn"], ids, mask, cache, n=DECODE_TOKENS)
+    assert torch.equal(got_seq, want_seq)
+    assert_close(got, want, fp32_tolerance(want), f"{arch}, {cache} cache, prompts {lengths}")
+    assert min(len(set(r.tolist())) for r in want_seq[:, ids.shape[1]:]) >= 6  # the tokens vary
+    assert len(calls) == layers * (DECODE_TOKENS - 1), "every decode step must go through decode_attention"
+    batch = len(lengths)
+    for q, k, key_mask in calls:
+        assert q[0] == batch and q[2] == 1 and k[:2] == (batch, kv_heads)
+        if cache == "static":  # the whole buffer every step, unfilled slots masked
+            assert k[2] == calls[0][1][2] and key_mask == (batch, k[2])
+        elif batch > 1:  # padding must reach the op
+            assert key_mask == (batch, k[2])
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("lengths", [(24,), (24, 17, 9)])
+@pytest.mark.parametrize("arch", ["gpt2", "llama-gqa"])
+def test_greedy_decode_through_decode_attention_cpu(monkeypatch, arch, lengths, cache):
+    check_greedy_decode(monkeypatch, "cpu", arch, lengths, cache)
+
+
 @pytest.mark.gpu
-def test_static_cache_compiled_decode_gpu():
-    """transformers compiles the decode step of a StaticCache on the GPU: our op inside that graph."""
-    ms = models(VARIED, "cuda")
-    ids, mask = left_padded(VARIED["vocab_size"], (24, 17, 9), "cuda")
-    kw = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0, eos_token_id=None,
-              output_logits=True, return_dict_in_generate=True, cache_implementation="static")
-    want_seq, want = generate_logits(ms["eager"], ids, mask, "dynamic")
-    out = ms["fused_attn"].generate(ids, **kw)
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("lengths", [(24,), (24, 17, 9)])
+@pytest.mark.parametrize("arch", ["gpt2", "llama-gqa"])
+def test_greedy_decode_through_decode_attention_gpu(monkeypatch, arch, lengths, cache):
+    check_greedy_decode(monkeypatch, "cuda", arch, lengths, cache)
+
+
+def check_compiled_static_decode(device, arch):
+    """transformers' compiled StaticCache decode (torch.compile of the decode step): greedy tokens as
+    eager's, decode_attention in the generated code once per layer, reading the cache buffers in
+    place: no clone and no new buffer of the cache's shape (the op's schema marks k_cache/v_cache as
+    mutated; inductor must not copy them to honour that)."""
+    from torch._inductor.utils import run_and_get_code
+    from transformers import CompileConfig
+
+    ms, vocab, layers, _ = decode_models(arch, device)
+    ids, mask = left_padded(vocab, (24, 17, 9), device)
+    want_seq, want = generate_logits(ms["eager"], ids, mask, "dynamic", n=DECODE_TOKENS)
+    kw = dict(attention_mask=mask, max_new_tokens=DECODE_TOKENS, do_sample=False, pad_token_id=0,
+              eos_token_id=None, output_logits=True, return_dict_in_generate=True, cache_implementation="static")
+    if device == "cpu":  # transformers compiles on GPUs only unless told otherwise
+        config = CompileConfig(fullgraph=True, mode="default")
+        config._compile_all_devices = True
+        kw["compile_config"] = config
+    torch._dynamo.reset()
+    out, codes = run_and_get_code(lambda: ms["fused_attn"].generate(ids, **kw))
     got = torch.stack(out.logits, 1).double()
-    assert_close(got, want, fp32_tolerance(want), "compiled static cache")
+    assert_close(got, want, fp32_tolerance(want), f"{arch}, compiled static cache")
     assert torch.equal(out.sequences, want_seq)
+    code = "\n".join(codes)
+    launches = [line for line in code.splitlines() if "torch.ops.fused_attn.decode_attention.default(" in line]
+    assert len(launches) >= layers, "the compiled decode step must call decode_attention in every layer"
+    cache_shape = str(tuple(out.past_key_values.layers[0].keys.shape))
+    copies = [line for line in code.splitlines()
+              if ".clone(" in line or ("empty_strided" in line and cache_shape in line)]
+    assert not copies, f"the compiled decode copies the cache {cache_shape}: {copies[:3]}"
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama-gqa"])
+def test_static_cache_compiled_decode_cpu(arch):
+    check_compiled_static_decode("cpu", arch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["gpt2", "llama-gqa"])
+def test_static_cache_compiled_decode_gpu(arch):
+    check_compiled_static_decode("cuda", arch)
+
+
+def check_decode_path_choice(monkeypatch, device):
+    """A one-query call takes decode_attention only without gradient, dropout or an additive mask;
+    every path gives the same attention, and gradients still flow where they are needed."""
+    calls = spy_decode(monkeypatch)
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 8, n, 16, generator=gen).to(device) for n in (1, 12, 12))
+    k, v = k[:, :2].contiguous(), v[:, :2].contiguous()  # GQA 4:1
+    keep = (torch.rand(2, 1, 1, 12, generator=gen) > 0.3).to(device)
+    keep[..., -1] = True
+    attn = _Attn().eval()
+    with torch.no_grad():
+        fast = fhf.fused_attention_forward(attn, q, k, v, keep, scaling=0.3)[0]
+    assert len(calls) == 1 and calls[0][2] == (2, 12)
+    want = attention_definition(q, k, v, keep, 0.3, False)
+    assert_close(fast, want, fp32_tolerance(want), "decode path")
+
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    slow = fhf.fused_attention_forward(attn, qg, kg, vg, keep, scaling=0.3)[0]
+    slow.sum().backward()
+    assert len(calls) == 1, "an input requires grad: the decode path must not be taken"
+    assert all(t.grad is not None and t.grad.abs().max() > 0 for t in (qg, kg, vg))
+    assert_close(slow.detach(), want, fp32_tolerance(want), "grad path")
+
+    with torch.no_grad():
+        fhf.fused_attention_forward(_Attn().train(), q, k, v, keep, dropout=0.1, scaling=0.3)  # dropout
+        additive = torch.zeros(keep.shape, device=device).masked_fill(~keep, torch.finfo(torch.float32).min)
+        fhf.fused_attention_forward(attn, q, k, v, additive, scaling=0.3)
+        fhf.fused_attention_forward(_Attn().train(), q, k, v, keep, dropout=0.0, scaling=0.3)  # no dropout: decode
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_decode_path_only_without_grad_dropout_or_additive_mask(monkeypatch, device):
+    check_decode_path_choice(monkeypatch, device)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_decode_step_ignores_masked_cache_slots_holding_nan(device):
+    """Unfilled or padded cache slots may hold anything: masked, they never reach the output."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 4, n, 16, generator=gen).to(device) for n in (1, 10, 10))
+    keep = torch.zeros(2, 1, 1, 10, dtype=torch.bool, device=device)
+    keep[0, ..., :6] = True  # a StaticCache filled up to slot 6
+    keep[1, ..., 3:8] = True  # left padding, then unfilled slots
+    k_bad, v_bad = k.masked_fill(~keep.view(2, 1, 10, 1), float("nan")), v.masked_fill(~keep.view(2, 1, 10, 1),
+                                                                                       float("nan"))
+    with torch.no_grad():
+        got = fhf.fused_attention_forward(_Attn().eval(), q, k_bad, v_bad, keep)[0]
+    want = attention_definition(q, k, v, keep, 0.25, False)
+    assert_close(got, want, fp32_tolerance(want), "NaN in masked slots")
 
 
 class _Attn(torch.nn.Module):
