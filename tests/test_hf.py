@@ -441,3 +441,13 @@ def test_apply_to_gpt2_switches_attention_and_rejects_other_models():
     assert fhf.apply_to_gpt2(untouched, attention=False).config._attn_implementation == "eager"
     with pytest.raises(ValueError, match=r"model must be a transformers GPT-2 model .*got Linear"):
         fhf.apply_to_gpt2(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("name", ["softcap", "s_aux"])
+def test_unsupported_score_transforms_raise(name):
+    """Gemma-2's softcap, attention sinks: refused, never silently ignored."""
+    from fused_attn.hf import fused_attention_forward
+
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.raises(ValueError, match=rf"{name} must be None with the fused_attn attention \(not supported\), got"):
+        fused_attention_forward(torch.nn.Module(), q, q, q, None, **{name: 30.0 if name == "softcap" else q})
