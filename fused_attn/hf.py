@@ -109,7 +109,7 @@ def fused_attention_forward(
     """
     if kwargs.get("output_attentions"):
         raise ValueError("output_attentions must be False with the fused_attn attention, got True")
-    for name in ("softcap", "s_aux"):  # score transforms this attention does not apply (a sliding window comes in the mask)
+    for name in ("softcap", "s_aux"):  # score transforms not applied here (a sliding window is in the mask)
         if kwargs.get(name) is not None:
             raise ValueError(f"{name} must be None with the fused_attn attention (not supported), got {kwargs[name]!r}")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
