@@ -4,11 +4,11 @@
 # Usage (on the GPU machine, repo root): OUT=/some/dir bash bench/run_gpu.sh [steps...]
 # BENCH_ARGS narrows the softmax step, e.g. BENCH_ARGS='-k backward' (backward cases only);
 # DECODE_ARGS the decode step, e.g. DECODE_ARGS='-k b1-' (batch 1 only) or DECODE_ARGS=--full (adds bfloat16).
-# steps: ab build tests bench decode sanitize bytes gpt2 gpt2bench profile (default: build tests bench sanitize bytes).
+# steps: ab build tests bench decode sanitize bytes gpt2 gpt2bench profile (default: build tests bench decode sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FUSED_ATTN_CACHE=${FUSED_ATTN_CACHE:-/tmp/fused_attn_cache}
-steps=${*:-build tests bench sanitize bytes}
+steps=${*:-build tests bench decode sanitize bytes}
 rc=0
 has() { [[ " $steps " == *" $1 "* ]]; }
 log() { echo "== $* ($(date +%T))"; }
