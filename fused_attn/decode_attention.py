@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from fused_attn import _ops, reference
-from fused_attn.softmax import _scale_value, _shape
+from fused_attn.softmax import _check_like, _scale_value, _shape
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = _DTYPES + (torch.float64,)
@@ -50,6 +50,13 @@ def _aligned(t: torch.Tensor) -> bool:
         return True
     return (t.stride(-1) == 1 or t.size(-1) == 1) and all(
         s % vec == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1) and t.data_ptr() % 16 == 0
+
+
+def _check_aligned(t: torch.Tensor, name: str) -> None:
+    """The kernel's rule for the tensors it writes (caches, out): raised, never copied."""
+    if _has_data(t) and not _aligned(t):
+        raise ValueError(f"{name} must have a contiguous last dim and 16-byte aligned rows "
+                         f"(other strides multiples of {16 // t.element_size()}), got strides {t.stride()}")
 
 
 def _aligned_copy(t):
@@ -136,22 +143,12 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
         raise ValueError(f"num_splits must be an int in [0, {MAX_SPLITS}] (0: chosen by the heuristic), "
                          f"got {num_splits!r}")
     if not cpu:
-        for t, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-            if _has_data(t) and not _aligned(t):
-                raise ValueError(f"{name} must have a contiguous last dim and 16-byte aligned rows "
-                                 f"(other strides multiples of {16 // t.element_size()}), got strides {t.stride()}")
+        _check_aligned(k_cache, "k_cache")
+        _check_aligned(v_cache, "v_cache")
     if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
-        if out.device != q.device:
-            raise ValueError(f"out must be on the same device as q ({q.device}), got {out.device}")
-        if out.dtype != q.dtype:
-            raise ValueError(f"out must have q's dtype ({q.dtype}), got {out.dtype}")
-        if out.shape != q.shape:
-            raise ValueError(f"out must have q's shape {_shape(q)}, got {_shape(out)}")
-        if not cpu and _has_data(out) and not _aligned(out):
-            raise ValueError(f"out must have a contiguous last dim and 16-byte aligned rows "
-                             f"(other strides multiples of {16 // out.element_size()}), got strides {out.stride()}")
+        _check_like(out, "out", q, "q", "a torch.Tensor or None")
+        if not cpu:
+            _check_aligned(out, "out")
     return float(scale)
 
 

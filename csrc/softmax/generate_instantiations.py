@@ -39,22 +39,8 @@ def units() -> dict[str, str]:
     return out
 
 
-def main(argv: list[str]) -> int:
-    want = units()
-    have = {p.name for p in HERE.glob("softmax_inst_*.cu")}
-    if "--check" in argv:
-        stale = sorted(n for n, text in want.items() if not (HERE / n).is_file() or (HERE / n).read_text() != text)
-        extra = sorted(have - set(want))
-        for n in stale + extra:
-            print(f"csrc/softmax/{n} must match generate_instantiations.py, got {'an extra file' if n in extra else 'a stale or missing file'}")
-        return 1 if stale or extra else 0
-    for n in have - set(want):
-        (HERE / n).unlink()
-    for n, text in want.items():
-        (HERE / n).write_text(text)
-    print(f"wrote {len(want)} units in {HERE}")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    sys.path.insert(0, str(HERE.parent / "common"))
+    from instantiation_units import main
+
+    raise SystemExit(main(HERE, "softmax", units(), sys.argv[1:]))
