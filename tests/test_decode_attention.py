@@ -65,8 +65,19 @@ def decode_case(draw, budget, cuda):
         qk_mag=draw(st.sampled_from([1.0, 1.0, 8.0, 70.0])),  # 70: scores of order 1e4 (at scale 1)
         v_mag=draw(st.sampled_from([1.0, 1.0, 1e-3, 1e3])),
         use_out=draw(st.booleans()),
+        # key_mask: None, or the share of slots masked (the mask itself drawn from the seed: key_mask_of)
+        key_mask=draw(st.sampled_from([None, None, 0.0, 0.5, 0.9, 1.0])),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
+
+
+def key_mask_of(case):
+    """The case's bool key_mask [batch, max_len] (True = attend) on the CPU, or None."""
+    share = case.get("key_mask")
+    if share is None:
+        return None
+    gen = torch.Generator().manual_seed(case["seed"] + 1)
+    return torch.rand(case["batch"], case["max_len"], generator=gen) >= share
 
 
 def make_inputs(case, device):
@@ -105,7 +116,7 @@ def make_inputs(case, device):
         k_new = v_new = None
     seqlens = torch.tensor(case["seqlens"], dtype=torch.int32)
     leftpad = None if case["leftpad"] is None else torch.tensor(case["leftpad"], dtype=torch.int32)
-    visible = reference.decode_visible(seqlens, sn, n, case["append"], leftpad)  # [b, 1, sn, n]
+    visible = reference.decode_visible(seqlens, sn, n, case["append"], leftpad, key_mask_of(case), b)  # [b,1,sn,n]
     seen = visible.any(dim=2).view(b, 1, n, 1).to(device)
     k_cache.masked_fill_(~seen, POISON)
     v_cache.masked_fill_(~seen, POISON)
@@ -122,14 +133,14 @@ def as_lengths(values, form, device):
     return values.to(torch.int64)  # a CPU tensor, any integer dtype
 
 
-def peer_attention(q, k_all, v_all, seqlens, leftpad, appended, scale):
+def peer_attention(q, k_all, v_all, seqlens, leftpad, appended, scale, key_mask=None):
     """PyTorch's own computation at q's dtype: (q * scale) @ k^T, masked softmax, @ v (the peer of the
     tolerance rule). Never-visible slots are zeroed (they hold NaN)."""
     b, hq, sn, d = q.shape
     hkv, n = k_all.shape[1], k_all.shape[2]
     scale = d ** -0.5 if scale is None else scale
     visible = reference.decode_visible(seqlens.to(q.device), sn, n, appended,
-                                       None if leftpad is None else leftpad.to(q.device))
+                                       None if leftpad is None else leftpad.to(q.device), key_mask, b)
     seen = visible.any(dim=2).unsqueeze(-1)
     k = torch.where(seen, k_all, 0).repeat_interleave(hq // hkv, dim=1)
     v = torch.where(seen, v_all, 0).repeat_interleave(hq // hkv, dim=1)
@@ -139,27 +150,29 @@ def peer_attention(q, k_all, v_all, seqlens, leftpad, appended, scale):
     return p @ v
 
 
-def score_max(q, k_all, seqlens, leftpad, appended, scale):
+def score_max(q, k_all, seqlens, leftpad, appended, scale, key_mask=None):
     """float64 max |q . k * scale| over the keys each query row sees (0 where none)."""
     b, hq, sn, d = q.shape
     hkv, n = k_all.shape[1], k_all.shape[2]
     scale = d ** -0.5 if scale is None else scale
     visible = reference.decode_visible(seqlens.to(q.device), sn, n, appended,
-                                       None if leftpad is None else leftpad.to(q.device))
+                                       None if leftpad is None else leftpad.to(q.device), key_mask, b)
     k = torch.nan_to_num(k_all.double(), nan=0.0).repeat_interleave(hq // hkv, dim=1)
     s = (q.double() @ k.transpose(-1, -2) * scale).abs().masked_fill(~visible, 0)
     return s.amax(dim=-1) if n else s.sum(dim=-1)
 
 
-def want_and_magnitude(q, k_cache, v_cache, seqlens, k_new, v_new, leftpad, scale):
+def want_and_magnitude(q, k_cache, v_cache, seqlens, k_new, v_new, leftpad, scale, key_mask=None):
     """The float64 reference from the inputs in float64 (not rounded back to q's dtype), and the float64
     attention of |v| (the row magnitude of the tolerance rule)."""
     def d(t):
         return None if t is None else t.double()
 
-    want = reference.decode_attention(d(q), d(k_cache), d(v_cache), seqlens, d(k_new), d(v_new), leftpad, scale)[0]
+    want = reference.decode_attention(d(q), d(k_cache), d(v_cache), seqlens, d(k_new), d(v_new), leftpad, scale,
+                                      key_mask=key_mask)[0]
     magnitude = reference.decode_attention(d(q), d(k_cache), d(v_cache).abs(), seqlens, d(k_new),
-                                           None if v_new is None else d(v_new).abs(), leftpad, scale)[0]
+                                           None if v_new is None else d(v_new).abs(), leftpad, scale,
+                                           key_mask=key_mask)[0]
     return want, magnitude
 
 
@@ -187,23 +200,26 @@ def run_and_check(case, device):
     out = None
     if case.get("use_out"):
         out = torch.full(q.shape, POISON, dtype=q.dtype, device=device)
+    key_mask = key_mask_of(case)
     got = decode_attention(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, cache_leftpad=pad, scale=scale,
+                           key_mask=None if key_mask is None else key_mask.to(device),
                            num_splits=case.get("num_splits"), out=out)
     if out is not None:
         assert got is out
     assert got.shape == q.shape and got.dtype == q.dtype and got.device == q.device
     dev_seqlens, dev_pad = seqlens.to(device), None if leftpad is None else leftpad.to(device)
-    want, magnitude = want_and_magnitude(q, k_before, v_before, dev_seqlens, k_new, v_new, dev_pad, scale)
+    want, magnitude = want_and_magnitude(q, k_before, v_before, dev_seqlens, k_new, v_new, dev_pad, scale, key_mask)
     where = (f"b={case['batch']} hkv={case['nheads_kv']} group={case['group']} sn={case['seqlen_new']} "
              f"d={case['headdim']} max_len={case['max_len']} seqlens={case['seqlens']} leftpad={case['leftpad']} "
-             f"append={appended} {case['dtype']} splits={case.get('num_splits')}")
+             f"append={appended} {case['dtype']} splits={case.get('num_splits')} key_mask={case.get('key_mask')}")
     # The cache: appended slots equal k_new / v_new exactly, everything else (NaN tails included) untouched.
     k_want, v_want = appended_copy(k_before, k_new, case["seqlens"]), appended_copy(v_before, v_new, case["seqlens"])
     assert torch.equal(bits(k_cache), bits(k_want)), f"{where}: k_cache after the call"
     assert torch.equal(bits(v_cache), bits(v_want)), f"{where}: v_cache after the call"
     assert not got.isnan().any(), f"{where}: NaN in the output (out not fully written, or a poisoned slot read)"
-    peer = peer_attention(q, k_want, v_want, seqlens, leftpad, appended, scale)
-    assert_attention_close(got, peer, want, magnitude, score_max(q, k_want, seqlens, leftpad, appended, scale), where)
+    peer = peer_attention(q, k_want, v_want, seqlens, leftpad, appended, scale, key_mask)
+    assert_attention_close(got, peer, want, magnitude,
+                           score_max(q, k_want, seqlens, leftpad, appended, scale, key_mask), where)
     no_key = magnitude.abs().amax(dim=-1) == 0
     assert (got[no_key] == 0).all(), f"{where}: rows with no visible key must be exact zeros"
 
@@ -238,6 +254,9 @@ EDGE_EXAMPLES = [
     case_of(headdim=32, seqlens=[17, 0], max_len=40, dtype=torch.float16, seqlen_new=16, leftpad=[17, 0]),
     case_of(headdim=80, seqlens=[7, 70], max_len=100, dtype=torch.bfloat16, append=False, num_splits=3,
             leftpad=[2, 69], use_out=True),
+    case_of(key_mask=1.0, seqlens=[5, 30], seqlen_new=2),  # every slot masked: zeros
+    case_of(key_mask=0.5, group=4, headdim=128, max_len=300, seqlens=[298, 150], seqlen_new=2, leftpad=[3, 0],
+            qk_mag=70.0, num_splits=16),  # a masked GQA block on the tensor-core kernel (CUDA), scores ~1e4
 ]
 
 
