@@ -43,13 +43,24 @@ def _has_data(t: torch.Tensor) -> bool:
         t, torch._subclasses.fake_tensor.FakeTensor)
 
 
-def _aligned(t: torch.Tensor) -> bool:
-    """16-byte vector loads: the last dim contiguous, every other stride and the base 16-byte aligned."""
+def _strides_aligned(t: torch.Tensor) -> bool:
+    """The last dim contiguous and every other stride a multiple of 16 bytes."""
     vec = 16 // t.element_size()
-    if t.numel() == 0:
-        return True
     return (t.stride(-1) == 1 or t.size(-1) == 1) and all(
-        s % vec == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1) and t.data_ptr() % 16 == 0
+        s % vec == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """16-byte vector loads: the strides (``_strides_aligned``) and the base 16-byte aligned."""
+    return t.numel() == 0 or (_strides_aligned(t) and t.data_ptr() % 16 == 0)
+
+
+def _readable(t: torch.Tensor) -> bool:
+    """``_aligned`` for a tensor that may have no address (torch.compile's tracing): there the storage
+    offset stands in for the base (a buffer's base is 16-byte aligned)."""
+    if _has_data(t):
+        return _aligned(t)
+    return t.storage_offset() % (16 // t.element_size()) == 0 and _strides_aligned(t)
 
 
 def _check_aligned(t: torch.Tensor, name: str) -> None:

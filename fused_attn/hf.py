@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from fused_attn.decode_attention import _CPU_DTYPES, _DTYPES, MAX_HEADDIM, _aligned, _has_data, decode_attention
+from fused_attn.decode_attention import _CPU_DTYPES, _DTYPES, MAX_HEADDIM, _readable, decode_attention
 from fused_attn.softmax import scaled_masked_softmax
 
 NAME = "fused_attn"
@@ -53,16 +53,6 @@ MIN_TRANSFORMERS = (4, 56)
 def _version_tuple(v: str) -> tuple[int, int]:
     parts = v.split(".")
     return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
-
-
-def _readable(t: torch.Tensor) -> bool:
-    """decode_attention's alignment rule (``_aligned``). Under torch.compile a tensor has no address:
-    the strides and the storage offset stand in for it (a buffer's base is 16-byte aligned)."""
-    if _has_data(t):
-        return _aligned(t)
-    vec = 16 // t.element_size()
-    return t.storage_offset() % vec == 0 and (t.stride(-1) == 1 or t.size(-1) == 1) and all(
-        s % vec == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
 
 
 def _decode_step(module, query, key, value, attention_mask, dropout) -> bool:
