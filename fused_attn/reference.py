@@ -219,11 +219,20 @@ def layer_norm(
     return y if residual is None else (y, h)
 
 
+def _centered(h: torch.Tensor) -> torch.Tensor:
+    """h - mean(h) over the last dim, computed on h shifted by its first element (the kernel's
+    numerics): a row of equal values is exactly 0 at any magnitude and in any compute dtype."""
+    d = h - h[..., :1].detach()
+    return d - d.mean(dim=-1, keepdim=True)
+
+
+def _rstd(h: torch.Tensor, eps: float, rms: bool) -> torch.Tensor:
+    t = h if rms else _centered(h)
+    return torch.rsqrt(t.square().mean(dim=-1, keepdim=True) + eps)
+
+
 def _normalized(h: torch.Tensor, eps: float, rms: bool) -> torch.Tensor:
-    if rms:
-        return h * torch.rsqrt(h.square().mean(dim=-1, keepdim=True) + eps)
-    centered = h - h.mean(dim=-1, keepdim=True)
-    return centered * torch.rsqrt(centered.square().mean(dim=-1, keepdim=True) + eps)
+    return (h if rms else _centered(h)) * _rstd(h, eps, rms)
 
 
 def layer_norm_backward(
@@ -250,12 +259,7 @@ def layer_norm_backward(
     differentiable again."""
     ct = compute_dtype
     h = add_rounded(x, residual).to(ct)
-    xhat = _normalized(h, eps, rms)
-    if rms:
-        rstd = torch.rsqrt(h.square().mean(dim=-1, keepdim=True) + eps)
-    else:
-        centered = h - h.mean(dim=-1, keepdim=True)
-        rstd = torch.rsqrt(centered.square().mean(dim=-1, keepdim=True) + eps)
+    xhat, rstd = _normalized(h, eps, rms), _rstd(h, eps, rms)
     gy = torch.zeros_like(h) if grad_y is None else grad_y.to(ct)
     g = gy if weight is None else gy * weight.to(ct)
     dh = g - xhat * (g * xhat).mean(dim=-1, keepdim=True)
