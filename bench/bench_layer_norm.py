@@ -34,6 +34,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bench.bench_decode_attention import dtypes_for  # quick: float16; --full: and bfloat16
 from bench.bench_softmax import check_output
 from bench.harness import bandwidth_info, percentiles, same_run_speedups
 from fused_attn import reference
@@ -44,8 +45,6 @@ ROWS = (1, 4, 16, 128, 512, 2048, 4096, 16384)
 CPU_SHAPES = [(64, 3), (96, 5)]
 NORMS = ("layer_norm", "rms_norm")
 EPS = {"layer_norm": 1e-5, "rms_norm": 1e-6}
-QUICK_DTYPES = ("float16",)
-FULL_DTYPES = ("float16", "bfloat16")
 CHECK_ROWS = 64  # rows checked against the reference at each end of x
 
 # Baselines first (speedups are against providers already measured in the group); `fused` last:
@@ -97,13 +96,6 @@ def modeled_traffic(shape, dtype: torch.dtype, norm: str, residual: bool) -> tup
 
 def gpu_shapes() -> list[tuple[int, int]]:
     return [(w, m) for w in WIDTHS for m in ROWS]
-
-
-def dtypes_for(config) -> list[str]:
-    names = config.getoption("--bench-dtypes")
-    if names:
-        return names.split(",")
-    return list(FULL_DTYPES if config.getoption("--full") else QUICK_DTYPES)
 
 
 def make_cases(config, cuda: bool | None = None) -> list[dict]:

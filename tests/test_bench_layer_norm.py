@@ -17,13 +17,9 @@ pytest.importorskip("pytest_benchmark")
 
 from bench import bench_layer_norm as ln  # noqa: E402
 from bench import report  # noqa: E402
+from tests.test_bench_decode import _config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _config(full=False, dtypes=None):
-    opts = {"--full": full, "--bench-dtypes": dtypes}
-    return SimpleNamespace(getoption=opts.__getitem__)
 
 
 def test_providers_put_the_baselines_first_and_fused_last():

@@ -10,11 +10,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import example, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from fused_attn import reference
 from fused_attn.layer_norm import layer_norm, rms_norm
+from tests.test_decode_attention import with_examples
 from tests.tolerances import assert_close, norm_tolerance
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -172,14 +173,6 @@ EDGE_EXAMPLES = [
     case_of(rows=3, width=129, magnitude="tiny", dtype=torch.float32, layout="transposed", eps=1e-6),
     case_of(rows=9, width=100, layout="misaligned", rms=True, bias=None, dtype=torch.bfloat16),
 ]
-
-
-def with_examples(examples):
-    def deco(f):
-        for ex in reversed(examples):
-            f = example(case=ex)(f)
-        return f
-    return deco
 
 
 @pytest.mark.gpu
