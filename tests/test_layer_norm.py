@@ -198,7 +198,7 @@ def test_matches_reference_cpu(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("width", [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 257, 4095])
+@pytest.mark.parametrize("width", [64, 128, 256, 512, 768, 769, 1024, 2048, 4096, 8192, 16384, 257, 4095])
 @pytest.mark.parametrize("rms", [False, True])
 def test_every_row_class_gpu(dtype, width, rms):
     """Each launch class at its capacity and one past the class below (and the scalar path), rows

@@ -4,8 +4,8 @@
     python csrc/layer_norm/generate_instantiations.py --check  # exit 1 if a file is missing or stale
 
 Each unit instantiates launch_layer_norm of layer_norm_kernel.cuh (declared in layer_norm_launch.h)
-for one dtype, vector width and norm: the 9 row classes of layer_norm_row_class.h, with and without
-the residual add (18 kernels), so ninja compiles the 216 kernels as 12 units side by side. The files
+for one dtype, vector width and norm: the 10 row classes of layer_norm_row_class.h, with and without
+the residual add (20 kernels), so ninja compiles the 240 kernels as 12 units side by side. The files
 are committed; the build does not run this script (tests/test_build.py checks that they are current).
 """
 
