@@ -168,6 +168,7 @@ EDGE_EXAMPLES = [
     case_of(rows=1, width=64, residual=False, weight=None, bias=None),
     case_of(rows=4, width=768, magnitude="equal", bias="float32", dtype=torch.bfloat16),  # zero variance: y = bias
     case_of(rows=5, width=768, magnitude="equal", residual=False, bias=None, eps=0.1),  # y = 0 exactly
+    case_of(rows=3, width=1000, magnitude="equal", dtype=torch.float32, residual=False),  # an inexact float32 sum
     case_of(rows=6, width=1000, magnitude="offset", dtype=torch.float32, layout="strided_rows"),
     case_of(rows=7, width=130, magnitude="large", dtype=torch.float16, rms=True, bias=None, weight="float32"),
     case_of(rows=3, width=129, magnitude="tiny", dtype=torch.float32, layout="transposed", eps=1e-6),
