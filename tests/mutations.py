@@ -280,7 +280,7 @@ MUTATIONS: list[Mutation] = [
              "reference.layer_norm(x, weight, bias, eps * 10, residual=residual",
              _t(f"{T_NORM}::test_matches_reference_cpu"), why="rows whose variance is below eps"),
     Mutation("norm-backward-mean-term-dropped", "fused_attn/reference.py",
-             "        dh = dh - g.mean(dim=-1, keepdim=True)\n", "",
+             "        dh = dh - g.mean(dim=-1, keepdim=True)\n", "        dh = dh\n",
              _t(f"{T_NORM}::test_gradients_match_reference", f"{T_NORM}::test_gradcheck_cpu")),
     Mutation("norm-backward-dweight-off-by-1pct", "fused_attn/reference.py",
              "(gy * xhat).sum(dim=lead)", "(gy * xhat).sum(dim=lead) * 1.01",
