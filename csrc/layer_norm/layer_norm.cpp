@@ -45,8 +45,8 @@ void check_args(const at::Tensor& x, const std::optional<at::Tensor>& residual_o
   const int64_t width = x.size(-1);
   FA_CHECK_ARG(width >= kMinWidth && width <= kMaxWidth, x, "have a width (last dim) in [64, 16384] on CUDA",
                std::to_string(width));
-  FA_CHECK_ARG(x.numel() / width < (int64_t(1) << 31), x, "have fewer than 2**31 rows (product of all dims but the last)",
-               shape_str(x.sizes()));
+  FA_CHECK_ARG(x.numel() / width < (int64_t(1) << 31), x,
+               "have fewer than 2**31 rows (product of all dims but the last)", shape_str(x.sizes()));
   FA_CHECK_ARG(std::isfinite(eps) && eps >= 0, eps, "be a finite number >= 0", num_str(eps));
   if (residual_opt.has_value()) {
     const at::Tensor& residual = *residual_opt;
