@@ -61,6 +61,15 @@ _define(
     "Tensor(c!) out) -> ()"
 )
 
+# LayerNorm over the last dim of x [..., width] (rms: RMSNorm, no centering), float32 statistics;
+# weight / bias [width] (x's dtype or float32) or None. add_layer_norm first adds residual (x's shape
+# and dtype) and returns (y, h = x + residual in x's dtype): the pre-LN transformer's add + norm.
+_define("layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps, *, bool rms=False) -> Tensor")
+_define(
+    "add_layer_norm(Tensor x, Tensor residual, Tensor? weight, Tensor? bias, float eps, *, bool rms=False) "
+    "-> (Tensor, Tensor)"
+)
+
 _loaded = False
 
 
