@@ -190,6 +190,11 @@ def _expand_kv(t: torch.Tensor, nheads_q: int, compute_dtype: torch.dtype) -> to
     return t.to(compute_dtype).repeat_interleave(nheads_q // t.shape[1], dim=1)
 
 
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Attention's log-sum-exp is float32, float64 for float64 inputs (the CPU path)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -208,8 +213,8 @@ def attention(
     exactly as ``scaled_masked_softmax`` defines them; scale defaults to ``headdim ** -0.5``.
 
     Returns ``(out, lse)``: out in q's shape and dtype (a row with no visible key is 0); lse
-    ``[batch, nheads_q, seqlen_q]`` float32, the natural log-sum-exp of the row's scores (-inf for a
-    row with no visible key). Differentiable with respect to q, k, v and an additive mask."""
+    ``[batch, nheads_q, seqlen_q]`` float32 (float64 for float64 q), the natural log-sum-exp of the
+    row's scores (-inf for a row with no visible key). Differentiable with respect to q, k, v and an additive mask."""
     if scale is None:
         scale = q.shape[-1] ** -0.5
     k_all = _expand_kv(k, q.shape[1], compute_dtype)
@@ -217,7 +222,7 @@ def attention(
     s = scores(q.to(compute_dtype) @ k_all.transpose(-1, -2), scale, causal=causal, attn_mask=attn_mask,
                compute_dtype=compute_dtype)
     if s.shape[-1] == 0:  # no keys: every row is fully masked
-        lse = torch.full(s.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
+        lse = torch.full(s.shape[:-1], float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
         return q.new_zeros(q.shape[:-1] + (v.shape[-1],)), lse
     m = s.detach().amax(dim=-1, keepdim=True)
     m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
@@ -226,7 +231,7 @@ def attention(
     live = total > 0
     p = e / torch.where(live, total, torch.ones_like(total))
     lse = torch.where(live, m + torch.log(torch.where(live, total, torch.ones_like(total))), float("-inf"))
-    return (p @ v_all).to(q.dtype), lse.squeeze(-1).to(torch.float32)
+    return (p @ v_all).to(q.dtype), lse.squeeze(-1).to(lse_dtype(q.dtype))
 
 
 def flash_attention_forward(
@@ -300,4 +305,4 @@ def flash_attention_forward(
         out[:, :, i0:i1] = o / torch.where(live, l, torch.ones_like(l))
         lse[:, :, i0:i1] = torch.where(live, m + torch.log(torch.where(live, l, torch.ones_like(l))),
                                        neg_inf).squeeze(-1)
-    return out.to(q.dtype), lse.to(torch.float32)
+    return out.to(q.dtype), lse.to(lse_dtype(q.dtype))
