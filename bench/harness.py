@@ -184,3 +184,19 @@ def measure_ceilings(nbytes: int = 1 << 30, reps: int = 15) -> dict[str, float]:
             times.append(start.elapsed_time(end) * 1e-3)
         out[name] = moved / statistics.median(times) / 1e9
     return out
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 8192, reps: int = 20) -> float:
+    """The device's measured dense-matmul ceiling in TFLOP/s (1e12 FLOP/s): the median over ``reps``
+    of an n x n x n ``torch.mm`` in ``dtype`` (cuBLAS), 2 n^3 FLOPs each, CUDA events. What an
+    attention kernel's TFLOP/s is compared with (its two GEMMs run at most at this rate)."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    for _ in range(3):
+        torch.mm(a, b)
+    times = []
+    for _ in range(reps):
+        start, end = events_around(lambda: torch.mm(a, b))
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return 2 * n**3 / statistics.median(times) / 1e12

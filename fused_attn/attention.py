@@ -10,7 +10,8 @@ kernels are in ``csrc/attention/``:
 - ``flash``: FlashAttention-2's forward in one kernel (float16 / bfloat16): a tile of query rows per
   block, K/V tiles streamed through shared memory, online softmax in registers, tensor-core MMAs.
   Never allocates anything of size seqlen_q x seqlen_k.
-- ``auto``: ``flash`` where it applies (float16 / bfloat16), else ``naive``.
+- ``auto``: ``flash`` where it applies (float16 / bfloat16, headdim a multiple of 8 up to 256), else
+  ``naive``.
 - ``tiled`` (register-blocked GEMMs around the fused softmax) is planned in issue 14, not built.
 
 Gradients: a recompute through the PyTorch reference (float32, float64 for float64 input), with
@@ -39,10 +40,16 @@ def _check_tensor(t, name: str, dims: str) -> None:
         raise ValueError(f"{name} must have 4 dims {dims}, got {_shape(t)}")
 
 
-def resolve_mode(mode: str, dtype: torch.dtype) -> str:
-    """The kernel ``mode`` runs: ``auto`` is ``flash`` for float16 / bfloat16, else ``naive``."""
+def flash_supports(dtype: torch.dtype, headdim: int) -> bool:
+    """The flash kernel's inputs: float16 / bfloat16, headdim a multiple of 8 up to 256."""
+    return dtype in _FLASH_DTYPES and headdim % 8 == 0 and 8 <= headdim <= MAX_HEADDIM
+
+
+def resolve_mode(mode: str, dtype: torch.dtype, headdim: int) -> str:
+    """The kernel ``mode`` runs: ``auto`` is ``flash`` where it applies, else ``naive`` (the C++
+    launcher also falls back to naive on a GPU the flash kernel was not built for)."""
     if mode == "auto":
-        return "flash" if dtype in _FLASH_DTYPES else "naive"
+        return "flash" if flash_supports(dtype, headdim) else "naive"
     return mode
 
 
@@ -79,7 +86,7 @@ def check_args(q, k, v, attn_mask, scale, causal, mode, out=None, lse=None) -> f
                                   "not built yet), got 'tiled'")
     if mode not in MODES:
         raise ValueError(f"mode must be 'auto', 'naive' or 'flash', got {mode!r}")
-    if not cpu and resolve_mode(mode, q.dtype) == "flash":
+    if not cpu and resolve_mode(mode, q.dtype, headdim) == "flash":
         if q.dtype not in _FLASH_DTYPES:
             raise ValueError(f"q must have dtype float16 or bfloat16 for mode='flash', got {q.dtype}")
         if headdim % 8 != 0 or not 8 <= headdim <= MAX_HEADDIM:
@@ -140,7 +147,7 @@ def attention(
             nheads_q, seqlen_q, seqlen_k]`` (``[B, 1, 1, Sk]`` padding masks, ``[Sq, Sk]``, ...), read
             through its broadcast strides (never expanded in memory); combined with ``causal``.
         scale: score multiplier, default ``headdim ** -0.5``.
-        mode: ``"auto"`` (``flash`` for float16 / bfloat16, else ``naive``), ``"naive"`` (three
+        mode: ``"auto"`` (``flash`` where it applies, else ``naive``), ``"naive"`` (three
             kernels through a float32 score matrix: O(seqlen_q x seqlen_k) memory) or ``"flash"``
             (one kernel, float16 / bfloat16, headdim a multiple of 8 up to 256). ``"tiled"`` raises
             NotImplementedError (planned, issue 14). On the CPU every mode runs the reference.

@@ -234,3 +234,232 @@ def test_flash_rules_on_meta_tensors():
     with pytest.raises(ValueError, match=r"q must have a headdim that is a multiple of 8 in \[8, 256\] for mode='flash', got 264"):
         attention(q, k, v, mode="flash")
     assert attention(q, k, v, mode="naive").shape == q.shape  # naive takes any head dim
+
+
+# --------------------------------------------------------------------------- the CUDA kernels
+
+from tests.tolerances import assert_attention_close, assert_close, lse_tolerance  # noqa: E402
+
+GPU_BUDGET = 1 << 22  # batch x nheads_q x seqlen_q x seqlen_k per example (the float64 reference's scores)
+PRIMES = [1, 2, 3, 7, 13, 31, 61, 127, 251, 509, 1021]
+
+
+@st.composite
+def gpu_case(draw):
+    dtype = draw(st.sampled_from([torch.float16, torch.bfloat16, torch.float32]))
+    mode = draw(st.sampled_from(["auto", "flash", "naive"])) if dtype != torch.float32 else "naive"
+    hkv = draw(st.integers(1, 3))
+    group = draw(st.sampled_from([1, 2, 4, 8]))
+    b = draw(st.integers(1, 2))
+    if mode == "naive":
+        d = draw(st.one_of(st.sampled_from([64, 128]), st.integers(1, 160)))
+    else:
+        d = draw(st.one_of(st.sampled_from([64, 128]), st.sampled_from(list(range(8, 257, 8)))))
+    seqlen = st.one_of(st.integers(1, 80), st.sampled_from(PRIMES), st.integers(1, 1024))
+    sq, sk = draw(seqlen), draw(st.one_of(st.just(None), seqlen))
+    sk = sq if sk is None else sk
+    while b * hkv * group * sq * sk > GPU_BUDGET:
+        sq, sk = max(1, sq // 2), max(1, sk // 2)
+    return dict(b=b, hkv=hkv, group=group, sq=sq, sk=sk, d=d, dtype=dtype, mode=mode,
+                causal=draw(st.booleans()), mask=draw(st.sampled_from(MASK_FORMS)),
+                share=draw(st.sampled_from([0.3, 0.9, 1.0])),  # 1.0: every key masked (rows of zeros)
+                scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0), st.floats(-2.0, -0.05))),
+                mag=draw(st.sampled_from([1.0, 1.0, 8.0, 70.0])), v_mag=draw(st.sampled_from([1.0, 1e-3, 1e3])),
+                layout=draw(st.sampled_from(["contiguous", "fused_qkv"])), use_out=draw(st.booleans()),
+                return_lse=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
+
+
+def gpu_inputs(c, device="cuda"):
+    """q, k, v and the mask of a case. fused_qkv: the three are [B, H, S, D] views of one [B, S, (Hq + 2 Hkv) D]
+    projection (Hugging Face's layout, non-contiguous; needs Sq == Sk, else separate projections per tensor
+    transposed from [B, S, H, D])."""
+    hq = c["hkv"] * c["group"]
+    gen = torch.Generator(device=device).manual_seed(c["seed"])
+    b, sq, sk, d = c["b"], c["sq"], c["sk"], c["d"]
+    scale = c["scale"] if c["scale"] is not None else d ** -0.5
+    qk = c["mag"] / math.sqrt(abs(scale) * math.sqrt(d))  # scores of order mag**2 for any scale
+
+    def rand(*shape, mag):
+        return torch.randn(shape, generator=gen, device=device) * mag
+
+    if c["layout"] == "fused_qkv" and sq == sk:
+        x = torch.cat([rand(b, sq, hq, d, mag=qk), rand(b, sq, c["hkv"], d, mag=qk),
+                       rand(b, sq, c["hkv"], d, mag=c["v_mag"])], dim=2).to(c["dtype"])
+        q, k, v = x.transpose(1, 2).split([hq, c["hkv"], c["hkv"]], dim=1)
+    elif c["layout"] == "fused_qkv":
+        q = rand(b, sq, hq, d, mag=qk).to(c["dtype"]).transpose(1, 2)
+        k = rand(b, sk, c["hkv"], d, mag=qk).to(c["dtype"]).transpose(1, 2)
+        v = rand(b, sk, c["hkv"], d, mag=c["v_mag"]).to(c["dtype"]).transpose(1, 2)
+    else:
+        q = rand(b, hq, sq, d, mag=qk).to(c["dtype"])
+        k = rand(b, c["hkv"], sk, d, mag=qk).to(c["dtype"])
+        v = rand(b, c["hkv"], sk, d, mag=c["v_mag"]).to(c["dtype"])
+    mask = make_mask(c["mask"], b, hq, sq, sk, c["dtype"], device, c["seed"], c["share"])
+    return q, k, v, mask
+
+
+def peer_attention(q, k, v, causal, mask, scale):
+    """PyTorch's own computation at q's dtype (the peer of the tolerance rule): (q * scale) @ kᵀ, mask,
+    softmax, @ v, with rows that see nothing set to 0."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q * scale) @ k.transpose(-1, -2)
+    visible = torch.ones_like(s, dtype=torch.bool)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            visible = visible & mask
+        else:
+            s = s + mask
+    if causal:
+        visible = visible & reference.causal_mask(q.shape[2], k.shape[2], q.device)
+    s = s.masked_fill(~visible, -math.inf)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return p @ v
+
+
+def check_case(c):
+    q, k, v, mask = gpu_inputs(c)
+    scale = c["scale"] if c["scale"] is not None else c["d"] ** -0.5
+    out = torch.full(q.shape, math.nan, dtype=q.dtype, device=q.device) if c["use_out"] else None
+    got = attention(q, k, v, causal=c["causal"], attn_mask=mask, scale=c["scale"], mode=c["mode"],
+                    return_lse=c["return_lse"], out=out)
+    got, lse = got if c["return_lse"] else (got, None)
+    if out is not None:
+        assert got is out
+    where = ", ".join(f"{key}={c[key]}" for key in ("b", "hkv", "group", "sq", "sk", "d", "dtype", "mode", "causal",
+                                                     "mask", "share", "scale", "mag", "v_mag", "layout"))
+    m64 = None if mask is None else (mask if mask.dtype == torch.bool else mask.double())
+    want, want_lse = reference.attention(q.double(), k.double(), v.double(), causal=c["causal"], attn_mask=m64,
+                                         scale=scale)
+    magnitude, _ = reference.attention(q.double(), k.double(), v.double().abs(), causal=c["causal"], attn_mask=m64,
+                                       scale=scale)
+    s = (q.double() @ k.double().repeat_interleave(c["group"], 1).transpose(-1, -2)) * scale
+    if m64 is not None and m64.dtype != torch.bool:
+        s = s + m64
+    smax = torch.where(torch.isfinite(s), s.abs(), 0).amax(dim=-1)
+    peer = peer_attention(q, k, v, c["causal"], mask, scale)
+    assert_attention_close(got, peer, want, magnitude, smax, where)
+    no_key = want_lse == -math.inf
+    assert (got[no_key] == 0).all(), f"{where}: rows with no visible key must be exact zeros"
+    if lse is not None:
+        assert lse.shape == want_lse.shape and lse.dtype == torch.float32
+        assert torch.equal(lse.cpu() == -math.inf, no_key.cpu()), f"{where}: lse -inf exactly on rows with no key"
+        live = ~no_key
+        assert_close(lse[live], want_lse[live], lse_tolerance(want_lse[live], smax[live]), f"{where}: lse")
+
+
+def gcase(**kw):
+    base = dict(b=1, hkv=2, group=1, sq=64, sk=64, d=64, dtype=torch.float16, mode="flash", causal=False, mask=None,
+                share=0.3, scale=None, mag=1.0, v_mag=1.0, layout="contiguous", use_out=True, return_lse=True, seed=0)
+    base.update(kw)
+    return base
+
+
+GPU_EXAMPLES = [
+    gcase(),
+    gcase(sq=1, sk=1, causal=True),
+    gcase(sq=1021, sk=509, causal=True, group=4, hkv=2, d=128, dtype=torch.bfloat16),  # Sq > Sk: leading rows empty
+    gcase(sq=127, sk=1021, causal=True, d=32, mask="bool_key"),
+    gcase(sq=200, sk=200, d=256, causal=True, mask="additive_full", layout="fused_qkv"),
+    gcase(sq=333, sk=77, d=80, mask="bool_head", share=1.0),  # every key masked: zeros, lse -inf
+    gcase(sq=256, sk=256, d=128, mag=70.0, v_mag=1e3, scale=-1.0, causal=True),  # scores ~1e4, negative scale
+    gcase(sq=129, sk=65, d=64, mask="additive_query", dtype=torch.bfloat16, mag=8.0, layout="fused_qkv"),
+    gcase(sq=100, sk=300, d=40, mode="naive", dtype=torch.float32, causal=True, mask="additive_key"),
+    gcase(sq=17, sk=23, d=13, mode="naive", dtype=torch.float16, mask="bool_full"),
+    gcase(sq=1024, sk=1024, d=128, hkv=1, group=8, causal=True, mode="auto", use_out=False),
+]
+
+
+@pytest.mark.gpu
+@given(case=gpu_case())
+def test_matches_reference_gpu(case):
+    check_case(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_EXAMPLES, ids=lambda c: f"{c['mode']}-{c['dtype']}-d{c['d']}-{c['sq']}x{c['sk']}")
+def test_pinned_cases_gpu(case):
+    check_case(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", list(range(8, 257, 8)))
+def test_every_flash_headdim_gpu(dtype, d):
+    check_case(gcase(d=d, dtype=dtype, sq=97, sk=131, causal=d % 16 == 0, mask="bool_key" if d % 24 == 0 else None,
+                     seed=d))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["flash", "naive"])
+def test_opcheck_gpu(mode):
+    q, k, v, mask = gpu_inputs(gcase(sq=33, sk=47, hkv=1, group=2, mask="bool_key", layout="fused_qkv"))
+    torch.library.opcheck(torch.ops.fused_attn.attention.default, (q, k, v, mask, None),
+                          {"causal": True, "mode": mode, "return_lse": True})
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=q.device)
+    torch.library.opcheck(torch.ops.fused_attn.attention_out.default, (q, k, v, mask, 0.3),
+                          {"causal": False, "mode": mode, "out": out, "lse": lse})
+
+
+@pytest.mark.gpu
+def test_compile_fullgraph_gpu():
+    q, k, v, mask = gpu_inputs(gcase(sq=70, sk=70, mask="additive_key"))
+    f = torch.compile(lambda q, k, v, m: attention(q, k, v, causal=True, attn_mask=m) * 2, fullgraph=True)
+    torch.testing.assert_close(f(q, k, v, mask), attention(q, k, v, causal=True, attn_mask=mask) * 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["flash", "naive"])
+def test_cuda_graph_gpu(mode):
+    q, k, v, mask = gpu_inputs(gcase(sq=100, sk=150, mask="bool_key", group=2))
+    out = torch.empty_like(q)
+    attention(q, k, v, attn_mask=mask, causal=True, mode=mode, out=out)  # warm-up (build, first launch)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attention(q, k, v, attn_mask=mask, causal=True, mode=mode, out=out)
+    for seed in (1, 2):
+        q2, k2, v2, _ = gpu_inputs(gcase(sq=100, sk=150, group=2, seed=seed))
+        q.copy_(q2), k.copy_(k2), v.copy_(v2)
+        out.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, attention(q, k, v, attn_mask=mask, causal=True, mode=mode))
+
+
+@pytest.mark.gpu
+def test_flash_allocates_no_score_matrix_gpu():
+    """mode='flash' at S = 4096: the peak allocation above the inputs is the output (and lse), nowhere
+    near the 4096 x 4096 score matrix that mode='naive' allocates."""
+    q, k, v, _ = gpu_inputs(gcase(sq=4096, sk=4096, hkv=4, d=128, use_out=False))
+    attention(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    attention(q, k, v, causal=True, return_lse=True)
+    extra = torch.cuda.max_memory_allocated() - base
+    assert extra <= q.numel() * q.element_size() + q.shape[0] * q.shape[1] * q.shape[2] * 4 + (1 << 20), extra
+
+
+@pytest.mark.gpu
+def test_gradient_through_the_op_gpu():
+    q, k, v, _ = gpu_inputs(gcase(sq=40, sk=50, group=2, dtype=torch.float32, mode="naive"))
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    attention(q, k, v, causal=True).square().sum().backward()
+    q2, k2, v2 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    reference.attention(q2, k2, v2, causal=True)[0].square().sum().backward()
+    for a, b_ in ((q, q2), (k, k2), (v, v2)):
+        torch.testing.assert_close(a.grad, b_.grad.float(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_cuda_errors_gpu():
+    q, k, v, _ = gpu_inputs(gcase(sq=8, sk=8))
+    with pytest.raises(ValueError, match=r"k must be on the same device as q \(cuda:0\), got cpu"):
+        attention(q, k.cpu(), v)
+    with pytest.raises(ValueError, match=r"q must have dtype float16 or bfloat16 for mode='flash', got torch.float32"):
+        attention(q.float(), k.float(), v.float(), mode="flash")
+    with pytest.raises(ValueError, match=r"q must have a contiguous last dim and 16-byte aligned rows"):
+        torch.ops.fused_attn.attention(q.transpose(-1, -2), k, v, None, None, mode="flash")
+    with pytest.raises(ValueError, match=r"attn_mask must be broadcastable to \(1, 2, 8, 8\), got \(3, 8\)"):
+        torch.ops.fused_attn.attention(q, k, v, torch.ones(3, 8, dtype=torch.bool, device="cuda"), None)

@@ -162,3 +162,13 @@ def assert_attention_close(ours: torch.Tensor, peer: torch.Tensor, want: torch.T
         raise AssertionError(f"{what}: {int((excess > 0).sum())} of {err.numel()} rows out of tolerance (peer's "
                              f"normalized error {peer_norm:.3g}); worst:\n"
                              + "\n".join(lines))
+
+
+# Attention's log-sum-exp (float32, natural log) against the float64 reference: the float32 score
+# arithmetic (SCORE_ULPS of the row's largest |score| per exponent, as above) plus the float32 sum
+# and log (a few 1e-7 relative); -inf (no visible key) must match exactly.
+LSE_ATOL = 1e-5
+
+
+def lse_tolerance(want: torch.Tensor, score_max: torch.Tensor) -> torch.Tensor:
+    return LSE_ATOL + 4 * SCORE_ULPS * score_max.double().cpu() + 4 * 2.0**-24 * want.double().cpu().abs().nan_to_num(0)
