@@ -105,7 +105,7 @@ def check_args(q, k, v, attn_mask, scale, causal, mode, out=None, lse=None) -> f
     scale = headdim ** -0.5 if scale is None else _scale_value(scale)
     if out is not None:
         _check_like(out, "out", q, "q", "a torch.Tensor or None")
-        if not cpu:
+        if not cpu and resolve_mode(mode, q.dtype, headdim) == "flash":
             _check_aligned(out, "out")
     if lse is not None and lse.numel() > 0:
         if lse.dtype != reference.lse_dtype(q.dtype) or lse.device != q.device or tuple(lse.shape) != full[:3]:
@@ -137,8 +137,8 @@ def attention(
     Args:
         q: ``[batch, nheads_q, seqlen_q, headdim]`` float16, bfloat16 or float32 (float64 on the
             CPU). Any strides with a contiguous last dim and 16-byte aligned rows are read in place
-            (Hugging Face's non-contiguous ``[B, H, S, D]`` views of a fused QKV projection);
-            anything else is copied once.
+            (Hugging Face's non-contiguous ``[B, H, S, D]`` views of a fused QKV projection); for
+            ``flash`` anything else is copied once (``naive`` reads any strides).
         k, v: ``[batch, nheads_kv, seqlen_k, headdim]``, q's dtype and device, same strides rule;
             nheads_q a multiple of nheads_kv (query head h reads kv head ``h // (nheads_q // nheads_kv)``).
         causal: bool; query i sees key j iff ``j <= i + seqlen_k - seqlen_q`` (bottom-right aligned,
@@ -152,8 +152,8 @@ def attention(
             (one kernel, float16 / bfloat16, headdim a multiple of 8 up to 256). ``"tiled"`` raises
             NotImplementedError (planned, issue 14). On the CPU every mode runs the reference.
         return_lse: also return the log-sum-exp of each row's scores (natural log).
-        out: optional preallocated ``[batch, nheads_q, seqlen_q, headdim]`` output (q's dtype, last
-            dim contiguous, 16-byte aligned rows), returned. Records no gradient.
+        out: optional preallocated ``[batch, nheads_q, seqlen_q, headdim]`` output (q's dtype; for
+            ``flash`` last dim contiguous and 16-byte aligned rows), returned. Records no gradient.
 
     Returns:
         ``out`` in q's shape and dtype (float32 accumulation); with ``return_lse``, ``(out, lse)``
@@ -169,8 +169,9 @@ def attention(
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
-    q, k, v = (_aligned_copy(t) for t in (q, k, v))
     scale = check_args(q, k, v, attn_mask, scale, causal, mode, out)
+    if resolve_mode(mode, q.dtype, q.shape[-1]) == "flash":  # the flash kernel reads rows with 16-byte copies
+        q, k, v = (_aligned_copy(t) for t in (q, k, v))
     if q.device.type == "cuda":
         _ops.ensure_loaded()
     op = torch.ops.fused_attn

@@ -460,6 +460,7 @@ def test_cuda_errors_gpu():
     with pytest.raises(ValueError, match=r"q must have dtype float16 or bfloat16 for mode='flash', got torch.float32"):
         attention(q.float(), k.float(), v.float(), mode="flash")
     with pytest.raises(ValueError, match=r"q must have a contiguous last dim and 16-byte aligned rows"):
-        torch.ops.fused_attn.attention(q.transpose(-1, -2), k, v, None, None, mode="flash")
+        torch.ops.fused_attn.attention(q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v, None, None,
+                                       mode="flash")
     with pytest.raises(ValueError, match=r"attn_mask must be broadcastable to \(1, 2, 8, 8\), got \(3, 8\)"):
         torch.ops.fused_attn.attention(q, k, v, torch.ones(3, 8, dtype=torch.bool, device="cuda"), None)
