@@ -25,17 +25,6 @@ namespace {
 
 constexpr int64_t kMaxHeaddim = 256;
 
-// Last dim contiguous, every other stride and the base 16-byte aligned (the flash kernel's cp.async).
-bool rows_aligned(const at::Tensor& t) {
-  if (t.numel() == 0) return true;
-  const int64_t vec = 16 / t.element_size();
-  if (t.size(-1) != 1 && t.stride(-1) != 1) return false;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
-    if (t.size(d) > 1 && t.stride(d) % vec != 0) return false;
-  }
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
 #define FA_CHECK_ROWS_ALIGNED(t)                                                                        \
   FA_CHECK_ARG(rows_aligned(t), t,                                                                      \
                "have a contiguous last dim and 16-byte aligned rows (other strides multiples of " +     \

@@ -44,6 +44,9 @@ struct FlashConfig {
   static constexpr int CH = HD / 8;  // 16-byte chunks per row
   static constexpr int STAGES = 2;
   static constexpr bool kQInRegisters = HD <= 128;
+  // Blocks per SM the registers are budgeted for (ptxas otherwise takes up to 255 per thread, one
+  // 8-warp block per SM); at HD <= 64 two fit in 128 registers without spills.
+  static constexpr int kMinBlocks = HD <= 64 ? 2 : 1;
   static constexpr int kSmemBytes = (BR * HD + STAGES * 2 * BC * HD) * int(sizeof(T));
 };
 
@@ -53,7 +56,8 @@ struct FlashConfig {
 constexpr float kMinScore = -1e38f;
 
 template <typename T, int HD>
-__global__ void __launch_bounds__(FlashConfig<T, HD>::kThreads) attention_flash_kernel(const AttentionParams p) {
+__global__ void __launch_bounds__(FlashConfig<T, HD>::kThreads, FlashConfig<T, HD>::kMinBlocks)
+    attention_flash_kernel(const AttentionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using C = FlashConfig<T, HD>;
   constexpr int BR = C::BR, BC = C::BC, CH = C::CH, STAGES = C::STAGES, NT = C::kThreads;
