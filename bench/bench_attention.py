@@ -7,9 +7,10 @@ Providers, side by side in one group per (shape, causal, dtype):
   sdpa_flash      pinned to FLASH_ATTENTION (FlashAttention-2)
   sdpa_cudnn      pinned to CUDNN_ATTENTION (cuDNN's fused attention; on Hopper its wgmma kernels)
   fused_naive     fused_attn.attention(mode="naive"): GEMM, scaled_masked_softmax, GEMM (float32 scores)
+  fused_tiled     fused_attn.attention(mode="tiled"): the same with register-blocked GEMMs
   fused_flash     fused_attn.attention(mode="flash"): our FlashAttention-2 forward (mma.sync)
 A pinned backend that refuses a case is skipped; the providers that materialize the scores
-(sdpa_math, fused_naive) are skipped where those would exceed MAX_SCORES_FRACTION of the free memory.
+(sdpa_math, fused_naive, fused_tiled) are skipped where those would exceed MAX_SCORES_FRACTION of the free memory.
 
 Shapes, written [B, Hq, Hkv, D, S] (seqlen_q = seqlen_k = S, S last so bench.report plots time
 against S): GPT-2 (B 1, 8; H 12; D 64; S 128, 512, 1024), Llama-like (B 1; H 32; D 128; S 512,
@@ -21,11 +22,12 @@ batch element and head (max |out - ref| <= CHECK_RTOL x max |ref|).
 
 extra_info: p5/p50/p95 (us, CUDA events, cold L2: bench/harness.py), modeled FLOPs (4 B Hq S² D,
 half under causal), TFLOP/s, % of the measured dense-matmul peak at that dtype (harness.matmul_peak),
-peak memory above the inputs (bytes, one call: O(S) for the flash kernels, O(S²) for math and naive),
+peak memory above the inputs (bytes, one call: O(S) for the flash kernels, O(S²) for math, naive
+and tiled),
 and speedups vs sdpa_flash, sdpa_cudnn and sdpa_math measured in this run.
 
 Quick default: float16. --full: float16 and bfloat16 (--bench-dtypes overrides both). On a machine
-without a GPU the cases run on the CPU at two tiny shapes (sdpa_math, fused_naive, fused_flash: the
+without a GPU the cases run on the CPU at two tiny shapes (sdpa_math and the fused_* providers: the
 op's CPU path), which exercises the harness; GPU numbers need a GPU.
 """
 
@@ -51,14 +53,15 @@ MAX_SCORES_FRACTION = 0.3
 
 # Baselines first (speedups are against providers already measured in the group); ours last:
 # bench.report takes the last provider named fused* as ours.
-PROVIDERS = ("sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn", "fused_naive", "fused_flash")
+PROVIDERS = ("sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn", "fused_naive", "fused_tiled", "fused_flash")
 SPEEDUP_BASES = ("sdpa_math", "sdpa_flash", "sdpa_cudnn")
 GPU_ONLY = ("sdpa_efficient", "sdpa_flash", "sdpa_cudnn")
-MATERIALIZES_SCORES = ("sdpa_math", "fused_naive")
+MATERIALIZES_SCORES = ("sdpa_math", "fused_naive", "fused_tiled")
 PINNED_BACKENDS = {"sdpa_math": "MATH", "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
                    "sdpa_cudnn": "CUDNN_ATTENTION"}
 NOTES = {**{p: f"F.scaled_dot_product_attention pinned to {b}" for p, b in PINNED_BACKENDS.items()},
          "fused_naive": "fused_attn.attention(mode='naive'): GEMM + scaled_masked_softmax + GEMM",
+         "fused_tiled": "fused_attn.attention(mode='tiled'): register-blocked GEMMs around scaled_masked_softmax",
          "fused_flash": "fused_attn.attention(mode='flash'): FlashAttention-2 forward, mma.sync"}
 
 REPORT_LABELS = {"bench_attention": dict(title="attention (prefill, seqlen_q = seqlen_k = S)",
@@ -125,7 +128,7 @@ def provider_fn(provider: str, t: dict, causal: bool):
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
         return pinned
-    if provider in ("fused_naive", "fused_flash"):
+    if provider in ("fused_naive", "fused_tiled", "fused_flash"):
         mode = provider.split("_")[1]
         return lambda: attention(q, k, v, causal=causal, mode=mode)
     raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")

@@ -104,7 +104,7 @@ if has decode; then
 fi
 if has attention; then
   log "attention (bench_attention)"
-  # 12 shapes x 2 causal x 6 providers in float16 (144 cases); the materializing providers skip S = 16384
+  # 12 shapes x 2 causal x 7 providers in float16 (168 cases); the materializing providers skip S = 16384
   timeout ${ATTN_TIMEOUT:-420} python3 -m pytest bench/bench_attention.py -q -rs -p no:cacheprovider \
     --benchmark-json="$OUT/bench_attention.json" --benchmark-columns=median,iqr,rounds ${ATTN_ARGS:-} \
     > "$OUT/bench_attention.log" 2>&1 || rc=1

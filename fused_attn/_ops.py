@@ -64,7 +64,7 @@ _define(
 # Full attention softmax(q·kᵀ·scale + mask)·v: q [batch, nheads_q, seqlen_q, headdim], k / v [batch,
 # nheads_kv, seqlen_k, headdim] (nheads_q a multiple of nheads_kv); causal bottom-right aligned as in
 # scaled_masked_softmax; attn_mask bool (True = attend) or additive, broadcastable to [batch, nheads_q,
-# seqlen_q, seqlen_k]. mode: "auto", "naive" or "flash". Returns (out, lse): lse float32 [batch,
+# seqlen_q, seqlen_k]. mode: "auto", "naive", "tiled" or "flash". Returns (out, lse): lse float32 [batch,
 # nheads_q, seqlen_q] (natural log, -inf on rows with no visible key) when return_lse, else an empty
 # float32 tensor. attn_mask is positional for the same reason as scaled_masked_softmax's.
 _define(

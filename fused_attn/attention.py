@@ -1,4 +1,4 @@
-"""``attention``: full attention ``softmax(q·kᵀ·scale + mask)·v`` for prefill, in three modes.
+"""``attention``: full attention ``softmax(q·kᵀ·scale + mask)·v`` for prefill, in four modes.
 
 Public wrapper, argument validation, the fake (meta) kernels, the CPU path
 (``fused_attn.reference.attention`` in float32; float64 input in float64) and autograd. The CUDA
@@ -10,9 +10,10 @@ kernels are in ``csrc/attention/``:
 - ``flash``: FlashAttention-2's forward in one kernel (float16 / bfloat16): a tile of query rows per
   block, K/V tiles streamed through shared memory, online softmax in registers, tensor-core MMAs.
   Never allocates anything of size seqlen_q x seqlen_k.
+- ``tiled``: the same three steps with register-blocked GEMMs (a 64 x 64 tile per block, 4 x 4
+  outputs per thread). Any dtype.
 - ``auto``: ``flash`` where it applies (float16 / bfloat16, headdim a multiple of 8 up to 256), else
   ``naive``.
-- ``tiled`` (register-blocked GEMMs around the fused softmax) is planned in issue 14, not built.
 
 Gradients: a recompute through the PyTorch reference (float32, float64 for float64 input), with
 respect to q, k, v and an additive float mask; ``out=`` raises when an input requires grad.
@@ -29,7 +30,7 @@ from fused_attn.softmax import _check_like, _scale_value, _shape
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = _DTYPES + (torch.float64,)
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
-MODES = ("auto", "naive", "flash")
+MODES = ("auto", "naive", "tiled", "flash")
 MAX_HEADDIM = 256  # the flash kernel's largest head dim (multiples of 8; the naive kernels take any)
 
 
@@ -54,8 +55,7 @@ def resolve_mode(mode: str, dtype: torch.dtype, headdim: int) -> str:
 
 
 def check_args(q, k, v, attn_mask, scale, causal, mode, out=None, lse=None) -> float:
-    """Raise TypeError / ValueError (NotImplementedError for ``mode="tiled"``) naming the bad argument;
-    return the scale as a float (default ``headdim ** -0.5``). The C++ launcher repeats the checks
+    """Raise TypeError / ValueError naming the bad argument; return the scale as a float (default ``headdim ** -0.5``). The C++ launcher repeats the checks
     that guard memory."""
     _check_tensor(q, "q", "[batch, nheads_q, seqlen_q, headdim]")
     _check_tensor(k, "k", "[batch, nheads_kv, seqlen_k, headdim]")
@@ -81,11 +81,8 @@ def check_args(q, k, v, attn_mask, scale, causal, mode, out=None, lse=None) -> f
         raise ValueError(f"q must have nheads_q a multiple of k's nheads_kv ({nheads_kv}), got {nheads_q}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
-    if mode == "tiled":
-        raise NotImplementedError("mode must be 'auto', 'naive' or 'flash' ('tiled' is planned in issue 14, "
-                                  "not built yet), got 'tiled'")
     if mode not in MODES:
-        raise ValueError(f"mode must be 'auto', 'naive' or 'flash', got {mode!r}")
+        raise ValueError(f"mode must be 'auto', 'naive', 'tiled' or 'flash', got {mode!r}")
     if not cpu and resolve_mode(mode, q.dtype, headdim) == "flash":
         if q.dtype not in _FLASH_DTYPES:
             raise ValueError(f"q must have dtype float16 or bfloat16 for mode='flash', got {q.dtype}")
@@ -138,7 +135,7 @@ def attention(
         q: ``[batch, nheads_q, seqlen_q, headdim]`` float16, bfloat16 or float32 (float64 on the
             CPU). Any strides with a contiguous last dim and 16-byte aligned rows are read in place
             (Hugging Face's non-contiguous ``[B, H, S, D]`` views of a fused QKV projection); for
-            ``flash`` anything else is copied once (``naive`` reads any strides).
+            ``flash`` anything else is copied once (``naive`` and ``tiled`` read any strides).
         k, v: ``[batch, nheads_kv, seqlen_k, headdim]``, q's dtype and device, same strides rule;
             nheads_q a multiple of nheads_kv (query head h reads kv head ``h // (nheads_q // nheads_kv)``).
         causal: bool; query i sees key j iff ``j <= i + seqlen_k - seqlen_q`` (bottom-right aligned,
@@ -148,9 +145,9 @@ def attention(
             through its broadcast strides (never expanded in memory); combined with ``causal``.
         scale: score multiplier, default ``headdim ** -0.5``.
         mode: ``"auto"`` (``flash`` where it applies, else ``naive``), ``"naive"`` (three
-            kernels through a float32 score matrix: O(seqlen_q x seqlen_k) memory) or ``"flash"``
-            (one kernel, float16 / bfloat16, headdim a multiple of 8 up to 256). ``"tiled"`` raises
-            NotImplementedError (planned, issue 14). On the CPU every mode runs the reference.
+            kernels through a float32 score matrix: O(seqlen_q x seqlen_k) memory), ``"tiled"`` (the
+            same with register-blocked GEMMs) or ``"flash"`` (one kernel, float16 / bfloat16, headdim
+            a multiple of 8 up to 256). On the CPU every mode runs the reference.
         return_lse: also return the log-sum-exp of each row's scores (natural log).
         out: optional preallocated ``[batch, nheads_q, seqlen_q, headdim]`` output (q's dtype; for
             ``flash`` last dim contiguous and 16-byte aligned rows), returned. Records no gradient.

@@ -3,7 +3,7 @@ launch-shape class, long rows, fully masked rows, masks, both versions, and the 
 decode_attention: appends, GQA / MQA, forced splits (more than keys too), left padding, head dims
 32 to 256, float32, and out-of-bounds device lengths (which must read and write nothing); and
 attention: the flash kernel at every padded head dim, odd lengths, Sq != Sk under causal, each
-mask form, strided q/k/v, and the naive mode.
+mask form, strided q/k/v, and the naive and tiled modes.
 
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py
     compute-sanitizer --tool racecheck python tests/sanitizer_cases.py --quick
@@ -110,6 +110,7 @@ ATTENTION_CASES = [
     dict(sq=65, sk=200, d=128, mask="bool_head", share=1.0, dtype=torch.bfloat16),
     dict(sq=33, sk=70, d=256, causal=True, mask="additive_query"),
     dict(sq=31, sk=47, d=40, mode="naive", mask="bool_full", dtype=torch.float32, causal=True),
+    dict(sq=70, sk=33, d=24, mode="tiled", mask="additive_key", dtype=torch.float16, layout="fused_qkv"),
 ]
 
 

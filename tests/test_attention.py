@@ -1,6 +1,6 @@
 """attention: the float64 definition and the FlashAttention-2 algorithm in PyTorch
 (``fused_attn.reference``), the public op's CPU path, fake kernel, gradients and argument errors, and on
-a GPU the ``flash`` and ``naive`` kernels against the float64 definition (flash-attention's rule: our
+a GPU the ``flash``, ``naive`` and ``tiled`` kernels against the float64 definition (flash-attention's rule: our
 error at most twice PyTorch's own at the same dtype), poisoned outputs, opcheck, torch.compile and CUDA
 graphs. The spec is the docstring of ``fused_attn.attention.attention``."""
 
@@ -208,8 +208,7 @@ def _qkv(hq=4, hkv=2, sq=5, sk=6, d=8, dtype=torch.float32):
     (lambda q, k, v: attention(q, k, v, attn_mask=torch.ones(5, 6, dtype=torch.float16)), ValueError,
      r"attn_mask must have dtype bool or q's dtype \(torch.float32\), got torch.float16"),
     (lambda q, k, v: attention(q, k, v, attn_mask=[1]), TypeError, r"attn_mask must be a torch.Tensor or None, got list"),
-    (lambda q, k, v: attention(q, k, v, mode="fast"), ValueError, r"mode must be 'auto', 'naive' or 'flash', got 'fast'"),
-    (lambda q, k, v: attention(q, k, v, mode="tiled"), NotImplementedError, r"mode must be .*'tiled' is planned in issue 14.*got 'tiled'"),
+    (lambda q, k, v: attention(q, k, v, mode="fast"), ValueError, r"mode must be 'auto', 'naive', 'tiled' or 'flash', got 'fast'"),
     (lambda q, k, v: attention(q, k, v, causal=1), TypeError, r"causal must be a bool, got 1"),
     (lambda q, k, v: attention(q, k, v, scale=float("nan")), ValueError, r"scale must be a finite number, got nan"),
     (lambda q, k, v: attention(q, k, v, return_lse=None), TypeError, r"return_lse must be a bool, got None"),
@@ -233,7 +232,8 @@ def test_flash_rules_on_meta_tensors():
     q, k, v = (torch.empty(1, 2, 4, 264, device="meta", dtype=torch.float16) for _ in range(3))
     with pytest.raises(ValueError, match=r"q must have a headdim that is a multiple of 8 in \[8, 256\] for mode='flash', got 264"):
         attention(q, k, v, mode="flash")
-    assert attention(q, k, v, mode="naive").shape == q.shape  # naive takes any head dim
+    assert attention(q, k, v, mode="naive").shape == q.shape  # naive and tiled take any head dim
+    assert attention(q, k, v, mode="tiled").shape == q.shape
 
 
 # --------------------------------------------------------------------------- the CUDA kernels
@@ -247,11 +247,11 @@ PRIMES = [1, 2, 3, 7, 13, 31, 61, 127, 251, 509, 1021]
 @st.composite
 def gpu_case(draw):
     dtype = draw(st.sampled_from([torch.float16, torch.bfloat16, torch.float32]))
-    mode = draw(st.sampled_from(["auto", "flash", "naive"])) if dtype != torch.float32 else "naive"
+    mode = draw(st.sampled_from(["auto", "flash", "naive", "tiled"] if dtype != torch.float32 else ["naive", "tiled"]))
     hkv = draw(st.integers(1, 3))
     group = draw(st.sampled_from([1, 2, 4, 8]))
     b = draw(st.integers(1, 2))
-    if mode == "naive":
+    if mode in ("naive", "tiled"):
         d = draw(st.one_of(st.sampled_from([64, 128]), st.integers(1, 160)))
     else:
         d = draw(st.one_of(st.sampled_from([64, 128]), st.sampled_from(list(range(8, 257, 8)))))
@@ -366,6 +366,9 @@ GPU_EXAMPLES = [
     gcase(sq=129, sk=65, d=64, mask="additive_query", dtype=torch.bfloat16, mag=8.0, layout="fused_qkv"),
     gcase(sq=100, sk=300, d=40, mode="naive", dtype=torch.float32, causal=True, mask="additive_key"),
     gcase(sq=17, sk=23, d=13, mode="naive", dtype=torch.float16, mask="bool_full"),
+    gcase(sq=130, sk=67, d=72, mode="tiled", dtype=torch.bfloat16, causal=True, mask="additive_key", group=2,
+          layout="fused_qkv"),
+    gcase(sq=64, sk=200, d=128, mode="tiled", dtype=torch.float32, mask="bool_head", share=1.0),
     gcase(sq=1024, sk=1024, d=128, hkv=1, group=8, causal=True, mode="auto", use_out=False),
 ]
 
@@ -391,7 +394,7 @@ def test_every_flash_headdim_gpu(dtype, d):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["flash", "naive"])
+@pytest.mark.parametrize("mode", ["flash", "naive", "tiled"])
 def test_opcheck_gpu(mode):
     q, k, v, mask = gpu_inputs(gcase(sq=33, sk=47, hkv=1, group=2, mask="bool_key", layout="fused_qkv"))
     torch.library.opcheck(torch.ops.fused_attn.attention.default, (q, k, v, mask, None),
@@ -409,7 +412,7 @@ def test_compile_fullgraph_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["flash", "naive"])
+@pytest.mark.parametrize("mode", ["flash", "naive", "tiled"])
 def test_cuda_graph_gpu(mode):
     q, k, v, mask = gpu_inputs(gcase(sq=100, sk=150, mask="bool_key", group=2))
     out = torch.empty_like(q)

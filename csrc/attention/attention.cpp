@@ -1,7 +1,7 @@
 // Launcher of attention (schema: fused_attn/_ops.py): the checks that guard memory, the mode
 // choice (auto: flash for float16 / bfloat16 when its kernel was built for this device, else
-// naive), dtype / head-dim dispatch of the flash kernel, and the naive mode's three steps (GEMM,
-// scaled_masked_softmax through the dispatcher, GEMM). Host C++ (g++): the kernels are launched
+// naive), dtype / head-dim dispatch of the flash kernel, and the naive and tiled modes' three
+// steps (GEMM, scaled_masked_softmax through the dispatcher, GEMM). Host C++ (g++): the kernels are launched
 // through attention_launch.h.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -44,13 +44,10 @@ int flash_arch(at::ScalarType dtype, int64_t headdim) {
   return arch;
 }
 
-// The kernel `mode` runs on q: "flash" or "naive".
+// The kernel `mode` runs on q: "flash", "tiled" or "naive".
 std::string resolve_mode(const std::string& mode, const at::Tensor& q) {
-  TORCH_CHECK_NOT_IMPLEMENTED(mode != "tiled",
-                              "mode must be 'auto', 'naive' or 'flash' ('tiled' is planned in issue 14, not built "
-                              "yet), got 'tiled'");
-  FA_CHECK_ARG(mode == "auto" || mode == "naive" || mode == "flash", mode, "be 'auto', 'naive' or 'flash'",
-               "'" + mode + "'");
+  FA_CHECK_ARG(mode == "auto" || mode == "naive" || mode == "tiled" || mode == "flash", mode,
+               "be 'auto', 'naive', 'tiled' or 'flash'", "'" + mode + "'");
   if (mode != "auto") return mode;
   return flash_arch(q.scalar_type(), q.size(3)) >= 80 ? "flash" : "naive";
 }
@@ -182,11 +179,12 @@ GemmParams gemm_params(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   return g;
 }
 
-// The teaching baseline: float32 scores S = Q·Kᵀ (our GEMM), P = scaled_masked_softmax(S) (the
-// project's softmax op: scale, causal and the mask happen there), out = P·V (our GEMM).
-void launch_naive(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const std::optional<at::Tensor>& attn_mask, double scale, bool causal, const at::Tensor& out,
-                  const at::Tensor& lse) {
+// The teaching baselines: float32 scores S = Q·Kᵀ (our GEMM), P = scaled_masked_softmax(S) (the
+// project's softmax op: scale, causal and the mask happen there), out = P·V (our GEMM); `tiled`
+// picks the register-blocked GEMM over the 16 x 16 tile one.
+void launch_unfused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const std::optional<at::Tensor>& attn_mask, double scale, bool causal, bool tiled,
+                    const at::Tensor& out, const at::Tensor& lse) {
   const int group = int(q.size(1) / k.size(1));
   at::Tensor s = at::empty({q.size(0), q.size(1), q.size(2), k.size(2)}, q.options().dtype(at::kFloat));
   std::optional<at::Tensor> mask_f;
@@ -195,7 +193,7 @@ void launch_naive(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   FA_DISPATCH_FLOAT(q.scalar_type(), q, [&] {
-    launch_attention_gemm<scalar_t, scalar_t, float>(gemm_params(q, k, s, true, group), stream);
+    launch_attention_gemm<scalar_t, scalar_t, float>(gemm_params(q, k, s, true, group), tiled, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   static const auto softmax =
@@ -204,7 +202,7 @@ void launch_naive(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           .typed<at::Tensor(const at::Tensor&, double, const std::optional<at::Tensor>&, bool, int64_t)>();
   const at::Tensor pr = softmax.call(s, scale, mask_f, causal, 1);
   FA_DISPATCH_FLOAT(q.scalar_type(), q, [&] {
-    launch_attention_gemm<float, scalar_t, scalar_t>(gemm_params(pr, v, out, false, group), stream);
+    launch_attention_gemm<float, scalar_t, scalar_t>(gemm_params(pr, v, out, false, group), tiled, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (lse.numel() > 0) {  // logsumexp of the scores the softmax saw (a baseline: plain ATen)
@@ -227,10 +225,11 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const st
          double scale, bool causal, const std::string& mode, const at::Tensor& out, const at::Tensor& lse) {
   if (out.numel() == 0 && lse.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(q.device());
-  if (resolve_mode(mode, q) == "flash") {
+  const std::string m = resolve_mode(mode, q);
+  if (m == "flash") {
     launch_flash(q, k, v, attn_mask, scale, causal, out, lse);
   } else {
-    launch_naive(q, k, v, attn_mask, scale, causal, out, lse);
+    launch_unfused(q, k, v, attn_mask, scale, causal, m == "tiled", out, lse);
   }
 }
 

@@ -2,6 +2,6 @@
 #include "attention_kernel.cuh"
 
 namespace fused_attn {
-template void launch_attention_gemm<__nv_bfloat16, __nv_bfloat16, float>(const GemmParams&, cudaStream_t);
-template void launch_attention_gemm<float, __nv_bfloat16, __nv_bfloat16>(const GemmParams&, cudaStream_t);
+template void launch_attention_gemm<__nv_bfloat16, __nv_bfloat16, float>(const GemmParams&, bool, cudaStream_t);
+template void launch_attention_gemm<float, __nv_bfloat16, __nv_bfloat16>(const GemmParams&, bool, cudaStream_t);
 }  // namespace fused_attn

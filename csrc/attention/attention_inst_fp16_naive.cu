@@ -2,6 +2,6 @@
 #include "attention_kernel.cuh"
 
 namespace fused_attn {
-template void launch_attention_gemm<__half, __half, float>(const GemmParams&, cudaStream_t);
-template void launch_attention_gemm<float, __half, __half>(const GemmParams&, cudaStream_t);
+template void launch_attention_gemm<__half, __half, float>(const GemmParams&, bool, cudaStream_t);
+template void launch_attention_gemm<float, __half, __half>(const GemmParams&, bool, cudaStream_t);
 }  // namespace fused_attn

@@ -2,5 +2,5 @@
 #include "attention_kernel.cuh"
 
 namespace fused_attn {
-template void launch_attention_gemm<float, float, float>(const GemmParams&, cudaStream_t);
+template void launch_attention_gemm<float, float, float>(const GemmParams&, bool, cudaStream_t);
 }  // namespace fused_attn

@@ -18,7 +18,8 @@
 // attention_gemm_kernel (mode "naive", any dtype): the teaching baseline's GEMM, a 16 x 16
 // shared-memory tile per block, one output per thread, float32 accumulation; used for Q·Kᵀ
 // (float32 scores) and P·V around scaled_masked_softmax (attention.cpp), so the score matrix
-// makes two round trips through memory.
+// makes two round trips through memory. attention_gemm_tiled_kernel (mode "tiled"): the same
+// three steps with a register-blocked GEMM (64 x 64 tiles, 4 x 4 outputs per thread).
 //
 // Tests: tests/test_attention.py; benchmark: bench/bench_attention.py.
 #pragma once
@@ -312,9 +313,75 @@ __global__ void __launch_bounds__(kGemmTile * kGemmTile) attention_gemm_kernel(c
   }
 }
 
+// The tiled mode's GEMM: register blocking. A 64 x 64 output tile per block of 256 threads, each
+// thread accumulating a 4 x 4 sub-tile (rows ty + 16 i, columns tx + 16 j: a warp's shared-memory
+// reads are broadcasts along A and consecutive along B, its stores consecutive along C's rows), so
+// every value read from shared memory feeds 4 FMAs instead of 1. The global loads walk whichever of
+// an operand's two dims is contiguous (Kᵀ's k, Q's k, V's n), so the stride swap costs nothing.
+constexpr int kTiledM = 64, kTiledN = 64, kTiledK = 16, kTiledThreads = 256;
+
 template <typename TA, typename TB, typename TC>
-void launch_attention_gemm(const GemmParams& p, cudaStream_t stream) {
+__global__ void __launch_bounds__(kTiledThreads) attention_gemm_tiled_kernel(const GemmParams p) {
+  __shared__ float sa[kTiledK][kTiledM + 4];  // A tile, k-major; +4 keeps rows 16-byte aligned
+  __shared__ float sb[kTiledK][kTiledN + 4];
+  const int z = blockIdx.z, bb = z / p.nheads, h = z % p.nheads;
+  const TA* a = static_cast<const TA*>(p.a) + bb * p.a_stride_b + h * p.a_stride_h;
+  const TB* bm = static_cast<const TB*>(p.b) + bb * p.b_stride_b + (h / p.group) * p.b_stride_h;
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int m0 = blockIdx.y * kTiledM, n0 = blockIdx.x * kTiledN;
+  const bool a_k_inner = p.a_stride_c == 1, b_k_inner = p.b_stride_r == 1;
+  float acc[4][4] = {};
+  for (int k0 = 0; k0 < p.k; k0 += kTiledK) {
+#pragma unroll
+    for (int i = 0; i < kTiledM * kTiledK / kTiledThreads; ++i) {
+      const int e = tid + i * kTiledThreads;
+      const int kk = a_k_inner ? e % kTiledK : e / kTiledM, r = a_k_inner ? e / kTiledK : e % kTiledM;
+      const int row = m0 + r, col = k0 + kk;
+      sa[kk][r] = row < p.m && col < p.k ? to_float(a[row * p.a_stride_r + col * p.a_stride_c]) : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < kTiledN * kTiledK / kTiledThreads; ++i) {
+      const int e = tid + i * kTiledThreads;
+      const int kk = b_k_inner ? e % kTiledK : e / kTiledN, c = b_k_inner ? e / kTiledK : e % kTiledN;
+      const int row = k0 + kk, col = n0 + c;
+      sb[kk][c] = row < p.k && col < p.n ? to_float(bm[row * p.b_stride_r + col * p.b_stride_c]) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTiledK; ++kk) {
+      float av[4], bv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) av[i] = sa[kk][ty + 16 * i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) bv[j] = sb[kk][tx + 16 * j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      }
+    }
+    __syncthreads();
+  }
+  TC* c = static_cast<TC*>(p.c) + bb * p.c_stride_b + h * p.c_stride_h;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = m0 + ty + 16 * i, col = n0 + tx + 16 * j;
+      if (row < p.m && col < p.n) c[row * p.c_stride_r + col * p.c_stride_c] = from_float<TC>(acc[i][j]);
+    }
+  }
+}
+
+template <typename TA, typename TB, typename TC>
+void launch_attention_gemm(const GemmParams& p, bool tiled, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0 || p.batch * p.nheads == 0) return;
+  if (tiled) {
+    const dim3 grid(unsigned((p.n + kTiledN - 1) / kTiledN), unsigned((p.m + kTiledM - 1) / kTiledM),
+                    unsigned(p.batch * p.nheads));
+    attention_gemm_tiled_kernel<TA, TB, TC><<<grid, kTiledThreads, 0, stream>>>(p);
+    return;
+  }
   const dim3 grid(unsigned((p.n + kGemmTile - 1) / kGemmTile), unsigned((p.m + kGemmTile - 1) / kGemmTile),
                   unsigned(p.batch * p.nheads));
   attention_gemm_kernel<TA, TB, TC><<<grid, dim3(kGemmTile, kGemmTile), 0, stream>>>(p);

@@ -55,7 +55,8 @@ void launch_attention_flash(const AttentionParams& p, cudaStream_t stream);
 // The SM version launch_attention_flash<T, HD>'s kernel was compiled for (0 if none: it needs sm_80).
 template <typename T, int HD>
 int attention_flash_arch();
+// tiled false: the naive mode's 16 x 16 tile GEMM; true: the tiled mode's register-blocked one.
 template <typename TA, typename TB, typename TC>
-void launch_attention_gemm(const GemmParams& p, cudaStream_t stream);
+void launch_attention_gemm(const GemmParams& p, bool tiled, cudaStream_t stream);
 
 }  // namespace fused_attn

@@ -1,5 +1,5 @@
 """Write the attention instantiation units: one .cu per (dtype, padded head dim) for the flash
-kernel (float16 / bfloat16), and one per dtype for the naive mode's two GEMMs.
+kernel (float16 / bfloat16), and one per dtype for the naive and tiled modes' two GEMMs.
 
     python csrc/attention/generate_instantiations.py          # rewrite the files
     python csrc/attention/generate_instantiations.py --check  # exit 1 if a file is missing or stale
@@ -33,7 +33,7 @@ def units() -> dict[str, str]:
         # Q·Kᵀ into float32 scores, then P (float32) · V into the output
         gemms = dict.fromkeys([(T, T, "float"), ("float", T, T)])  # one for float32
         out[f"attention_inst_{dt}_naive.cu"] = HEADER + "".join(
-            f"template void launch_attention_gemm<{a}, {b}, {c}>(const GemmParams&, cudaStream_t);\n"
+            f"template void launch_attention_gemm<{a}, {b}, {c}>(const GemmParams&, bool, cudaStream_t);\n"
             for a, b, c in gemms) + FOOTER
     return out
 
