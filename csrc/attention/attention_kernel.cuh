@@ -7,10 +7,11 @@
 // ldmatrix from XOR-swizzled shared memory, Q's A fragments kept in registers), the online
 // softmax on the accumulator fragments (running max and sum per row, log2 domain, rows reduced
 // over the lane quad), P rounded to T in registers as the A fragment of O += P·V (V through
-// ldmatrix.trans). K and V tiles stream global -> shared with cp.async, the next tile in flight
-// while this one is computed. Under causal the key tiles past a query tile's last visible key are
-// never loaded; masking code runs only on tiles that cross the diagonal or the end of the keys,
-// or when there is a mask (read per element through its broadcast strides). The score matrix
+// ldmatrix.trans). K and V tiles stream global -> shared with cp.async through a ring of STAGES
+// tiles, the next ones in flight while this one is computed. Under causal the key tiles past a
+// query tile's last visible key are never loaded; masking code runs only on tiles that cross the
+// diagonal or the end of the keys, or when there is a mask (read per element through its
+// broadcast strides). The score matrix
 // never exists in memory: traffic is Q and O once, K and V once per query tile (from L2 after the
 // first), so the kernel is tensor-core bound at seqlen >= ~512: 4 · Sq · Sk · D FLOPs (half under
 // causal) at ~60-70% of the mma.sync peak is the target. lse (natural log) is written per row.
@@ -43,7 +44,9 @@ struct FlashConfig {
   static constexpr int BR = 16 * kWarps;
   static constexpr int BC = HD <= 128 ? 64 : 32;
   static constexpr int CH = HD / 8;  // 16-byte chunks per row
-  static constexpr int STAGES = 2;
+  // K/V tiles in shared memory: STAGES - 1 in flight while one is computed (three stages: 128 KB
+  // at HD 128 for one block per SM, 64 KB per block at HD 64 for two; HD 256 keeps two).
+  static constexpr int STAGES = HD <= 128 ? 3 : 2;
   static constexpr bool kQInRegisters = HD <= 128;
   // Blocks per SM the registers are budgeted for (ptxas otherwise takes up to 255 per thread, one
   // 8-warp block per SM); at HD <= 64 two fit in 128 registers without spills.
