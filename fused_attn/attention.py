@@ -173,13 +173,13 @@ def attention(
         _ops.ensure_loaded()
     op = torch.ops.fused_attn
     if out is None:
-        o, lse = op.attention(q, k, v, attn_mask, scale, causal=causal, mode=mode, return_lse=return_lse)
+        o, lse = op.attention(q, k, v, attn_mask, scale, causal=causal, algo=mode, return_lse=return_lse)
         return (o, lse) if return_lse else o
     if _requires_grad(q, k, v, attn_mask):
         raise ValueError("out must be None when q, k, v or attn_mask requires grad (out= records no gradient), "
                          "got a tensor")
     lse = q.new_empty(_lse_shape(q, return_lse), dtype=reference.lse_dtype(q.dtype))
-    op.attention_out(q, k, v, attn_mask, scale, causal=causal, mode=mode, out=out, lse=lse)
+    op.attention_out(q, k, v, attn_mask, scale, causal=causal, algo=mode, out=out, lse=lse)
     return (out, lse) if return_lse else out
 
 
@@ -248,36 +248,36 @@ def _backward(ctx, grad_out, grad_lse):
     return (*result, None)[:ctx.n_inputs]
 
 
-def _out_autograd(q, k, v, attn_mask, scale, *, causal, mode, out, lse):
+def _out_autograd(q, k, v, attn_mask, scale, *, causal, algo, out, lse):
     """Autograd kernel of the out= variant: a clear error instead of a silently missing gradient."""
     if _requires_grad(q, k, v, attn_mask):
         raise ValueError("out must be None when q, k, v or attn_mask requires grad (out= records no gradient), "
                          "got a tensor")
     with torch._C._AutoDispatchBelowAutograd():
-        torch.ops.fused_attn.attention_out(q, k, v, attn_mask, scale, causal=causal, mode=mode, out=out, lse=lse)
+        torch.ops.fused_attn.attention_out(q, k, v, attn_mask, scale, causal=causal, algo=algo, out=out, lse=lse)
 
 
 def _register() -> None:
     lib = "fused_attn::attention"
 
     @torch.library.register_fake(lib)
-    def _fake(q, k, v, attn_mask=None, scale=None, *, causal=False, mode="auto", return_lse=False):
-        check_args(q, k, v, attn_mask, scale, causal, mode)
+    def _fake(q, k, v, attn_mask=None, scale=None, *, causal=False, algo="auto", return_lse=False):
+        check_args(q, k, v, attn_mask, scale, causal, algo)
         return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
                 torch.empty(_lse_shape(q, return_lse), dtype=reference.lse_dtype(q.dtype), device=q.device))
 
     @torch.library.register_fake(lib + "_out")
-    def _fake_out(q, k, v, attn_mask, scale, *, causal, mode, out, lse):
-        check_args(q, k, v, attn_mask, scale, causal, mode, out, lse)
+    def _fake_out(q, k, v, attn_mask, scale, *, causal, algo, out, lse):
+        check_args(q, k, v, attn_mask, scale, causal, algo, out, lse)
 
     @torch.library.register_kernel(lib, "cpu")
-    def _cpu_kernel(q, k, v, attn_mask=None, scale=None, *, causal=False, mode="auto", return_lse=False):
-        scale = check_args(q, k, v, attn_mask, scale, causal, mode)
+    def _cpu_kernel(q, k, v, attn_mask=None, scale=None, *, causal=False, algo="auto", return_lse=False):
+        scale = check_args(q, k, v, attn_mask, scale, causal, algo)
         return _cpu(q, k, v, attn_mask, scale, causal, return_lse)
 
     @torch.library.register_kernel(lib + "_out", "cpu")
-    def _cpu_kernel_out(q, k, v, attn_mask, scale, *, causal, mode, out, lse):
-        scale = check_args(q, k, v, attn_mask, scale, causal, mode, out, lse)
+    def _cpu_kernel_out(q, k, v, attn_mask, scale, *, causal, algo, out, lse):
+        scale = check_args(q, k, v, attn_mask, scale, causal, algo, out, lse)
         o, l = _cpu(q, k, v, attn_mask, scale, causal, lse.numel() > 0)
         out.copy_(o)
         if lse.numel() > 0:

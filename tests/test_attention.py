@@ -176,10 +176,27 @@ def test_opcheck_cpu_and_meta():
     q, k, v = make_qkv(1, 4, 2, 5, 6, 8, torch.float32, "cpu", 3)
     mask = make_mask("bool_key", 1, 4, 5, 6, torch.float32, "cpu", 3)
     torch.library.opcheck(torch.ops.fused_attn.attention.default, (q, k, v, mask, 0.5),
-                          {"causal": True, "mode": "auto", "return_lse": True})
+                          {"causal": True, "algo": "auto", "return_lse": True})
+    out, lse = torch.empty_like(q), torch.empty(1, 4, 5)
+    torch.library.opcheck(torch.ops.fused_attn.attention_out.default, (q, k, v, mask, 0.3),
+                          {"causal": False, "algo": "tiled", "out": out, "lse": lse})
     out, lse = torch.ops.fused_attn.attention(q.to("meta"), k.to("meta"), v.to("meta"), None, None,
                                               return_lse=True)
     assert out.shape == q.shape and lse.shape == (1, 4, 5) and lse.dtype == torch.float32
+
+
+def test_compile_fullgraph_cpu_with_and_without_out():
+    """torch.compile traces both ops (the out= one through auto_functionalize and Inductor's fallback)."""
+    q, k, v = make_qkv(1, 2, 1, 5, 6, 8, torch.float32, "cpu", 4)
+    want, want_lse = attention(q, k, v, causal=True, return_lse=True)
+    f = torch.compile(lambda q, k, v: attention(q, k, v, causal=True, return_lse=True), fullgraph=True)
+    got, lse = f(q, k, v)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(lse, want_lse)
+    out = torch.full_like(q, math.nan)
+    g = torch.compile(lambda q, k, v, o: attention(q, k, v, causal=True, out=o, mode="tiled"), fullgraph=True)
+    g(q, k, v, out)
+    torch.testing.assert_close(out, want)
 
 
 def test_out_refuses_inputs_that_require_grad():
@@ -398,17 +415,22 @@ def test_every_flash_headdim_gpu(dtype, d):
 def test_opcheck_gpu(mode):
     q, k, v, mask = gpu_inputs(gcase(sq=33, sk=47, hkv=1, group=2, mask="bool_key", layout="fused_qkv"))
     torch.library.opcheck(torch.ops.fused_attn.attention.default, (q, k, v, mask, None),
-                          {"causal": True, "mode": mode, "return_lse": True})
+                          {"causal": True, "algo": mode, "return_lse": True})
     out, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=q.device)
     torch.library.opcheck(torch.ops.fused_attn.attention_out.default, (q, k, v, mask, 0.3),
-                          {"causal": False, "mode": mode, "out": out, "lse": lse})
+                          {"causal": False, "algo": mode, "out": out, "lse": lse})
 
 
 @pytest.mark.gpu
 def test_compile_fullgraph_gpu():
     q, k, v, mask = gpu_inputs(gcase(sq=70, sk=70, mask="additive_key"))
     f = torch.compile(lambda q, k, v, m: attention(q, k, v, causal=True, attn_mask=m) * 2, fullgraph=True)
-    torch.testing.assert_close(f(q, k, v, mask), attention(q, k, v, causal=True, attn_mask=mask) * 2)
+    want = attention(q, k, v, causal=True, attn_mask=mask)
+    torch.testing.assert_close(f(q, k, v, mask), want * 2)
+    out = torch.full_like(q, math.nan)
+    g = torch.compile(lambda q, k, v, m, o: attention(q, k, v, causal=True, attn_mask=m, out=o), fullgraph=True)
+    g(q, k, v, mask, out)
+    torch.testing.assert_close(out, want)
 
 
 @pytest.mark.gpu
@@ -464,6 +486,6 @@ def test_cuda_errors_gpu():
         attention(q.float(), k.float(), v.float(), mode="flash")
     with pytest.raises(ValueError, match=r"q must have a contiguous last dim and 16-byte aligned rows"):
         torch.ops.fused_attn.attention(q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v, None, None,
-                                       mode="flash")
+                                       algo="flash")
     with pytest.raises(ValueError, match=r"attn_mask must be broadcastable to \(1, 2, 8, 8\), got \(3, 8\)"):
         torch.ops.fused_attn.attention(q, k, v, torch.ones(3, 8, dtype=torch.bool, device="cuda"), None)
