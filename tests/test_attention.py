@@ -334,8 +334,8 @@ def peer_attention(q, k, v, causal, mask, scale):
     return p @ v
 
 
-def check_case(c):
-    q, k, v, mask = gpu_inputs(c)
+def check_case(c, device="cuda"):
+    q, k, v, mask = gpu_inputs(c, device)
     scale = c["scale"] if c["scale"] is not None else c["d"] ** -0.5
     out = torch.full(q.shape, math.nan, dtype=q.dtype, device=q.device) if c["use_out"] else None
     got = attention(q, k, v, causal=c["causal"], attn_mask=mask, scale=c["scale"], mode=c["mode"],
