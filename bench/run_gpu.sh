@@ -5,11 +5,13 @@
 # BENCH_ARGS narrows the softmax step, e.g. BENCH_ARGS='-k backward' (backward cases only);
 # DECODE_ARGS the decode step, e.g. DECODE_ARGS='-k b1-' (batch 1 only) or DECODE_ARGS=--full (adds bfloat16);
 # NORM_ARGS the norm step, e.g. NORM_ARGS='-k layer_norm-add' (add + LayerNorm only) or NORM_ARGS=--full (adds bfloat16).
-# steps: ab build tests bench decode norm sanitize bytes gpt2 gpt2bench profile (default: build tests bench decode sanitize bytes).
+# ATTN_ARGS the attention step, e.g. ATTN_ARGS='-k causal' or ATTN_ARGS=--full (adds bfloat16).
+# steps: ab build tests bench decode norm attention sanitize bytes gpt2 gpt2bench profile
+# (default: build tests bench decode attention sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FUSED_ATTN_CACHE=${FUSED_ATTN_CACHE:-/tmp/fused_attn_cache}
-steps=${*:-build tests bench decode sanitize bytes}
+steps=${*:-build tests bench decode attention sanitize bytes}
 rc=0
 has() { [[ " $steps " == *" $1 "* ]]; }
 log() { echo "== $* ($(date +%T))"; }
@@ -111,6 +113,17 @@ if has norm; then
   grep -E "^FAILED|^SKIPPED|Error" "$OUT/bench_layer_norm.log" | head -20
   [ -f "$OUT/bench_layer_norm.json" ] && python3 -m bench.report "$OUT/bench_layer_norm.json" \
     --out /tmp/fused_attn_report_norm --no-plots > /dev/null && cat /tmp/fused_attn_report_norm/readme.md
+fi
+if has attention; then
+  log "attention (bench_attention)"
+  # 12 shapes x 2 causal x 7 providers in float16 (168 cases); the materializing providers skip S = 16384
+  timeout ${ATTN_TIMEOUT:-420} python3 -m pytest bench/bench_attention.py -q -rs -p no:cacheprovider \
+    --benchmark-json="$OUT/bench_attention.json" --benchmark-columns=median,iqr,rounds ${ATTN_ARGS:-} \
+    > "$OUT/bench_attention.log" 2>&1 || rc=1
+  grep -E "passed|failed|error" "$OUT/bench_attention.log" | tail -1
+  grep -E "^FAILED|Error" "$OUT/bench_attention.log" | head -20
+  [ -f "$OUT/bench_attention.json" ] && python3 -m bench.report "$OUT/bench_attention.json" \
+    --out /tmp/fused_attn_report_attention --no-plots > /dev/null && cat /tmp/fused_attn_report_attention/readme.md
 fi
 if has bytes; then
   log bytes

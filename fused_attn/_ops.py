@@ -70,6 +70,24 @@ _define(
     "-> (Tensor, Tensor)"
 )
 
+# Full attention softmax(q·kᵀ·scale + mask)·v: q [batch, nheads_q, seqlen_q, headdim], k / v [batch,
+# nheads_kv, seqlen_k, headdim] (nheads_q a multiple of nheads_kv); causal bottom-right aligned as in
+# scaled_masked_softmax; attn_mask bool (True = attend) or additive, broadcastable to [batch, nheads_q,
+# seqlen_q, seqlen_k]. algo: the Python API's mode, "auto", "naive", "tiled" or "flash" (neither
+# `mode` nor `kernel` here: torch.compile's auto_functionalize and Inductor's fallback take those
+# names positionally, and a keyword of the same name collides with them). Returns (out, lse): lse float32 [batch,
+# nheads_q, seqlen_q] (natural log, -inf on rows with no visible key) when return_lse, else an empty
+# float32 tensor. attn_mask is positional for the same reason as scaled_masked_softmax's.
+_define(
+    "attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float? scale=None, *, bool causal=False, "
+    "str algo=\"auto\", bool return_lse=False) -> (Tensor, Tensor)"
+)
+# The out= variant records no gradient; lse is written when it has numel > 0 (shape [batch, nheads_q, seqlen_q]).
+_define(
+    "attention_out(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float? scale, *, bool causal, str algo, "
+    "Tensor(a!) out, Tensor(b!) lse) -> ()"
+)
+
 _loaded = False
 
 

@@ -273,3 +273,125 @@ def layer_norm_backward(
     db = None if bias is None else gy.sum(dim=lead).to(bias.dtype)
     dr = None if residual is None else dh.to(residual.dtype)
     return dh.to(x.dtype), dr, dw, db
+def _expand_kv(t: torch.Tensor, nheads_q: int, compute_dtype: torch.dtype) -> torch.Tensor:
+    """k or v ``[batch, nheads_kv, seqlen_k, headdim]`` repeated to ``nheads_q`` heads: query head h
+    reads kv head ``h // (nheads_q // nheads_kv)`` (MHA, GQA, MQA)."""
+    return t.to(compute_dtype).repeat_interleave(nheads_q // t.shape[1], dim=1)
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Attention's log-sum-exp is float32, float64 for float64 inputs (the CPU path)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    compute_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition of full attention: ``softmax(q·kᵀ·scale + mask)·v``.
+
+    q ``[batch, nheads_q, seqlen_q, headdim]``; k, v ``[batch, nheads_kv, seqlen_k, headdim]`` with
+    nheads_q a multiple of nheads_kv; ``attn_mask`` bool (True = attend) or additive, broadcastable to
+    ``[batch, nheads_q, seqlen_q, seqlen_k]``; causal is bottom-right aligned (``causal_mask``), both
+    exactly as ``scaled_masked_softmax`` defines them; scale defaults to ``headdim ** -0.5``.
+
+    Returns ``(out, lse)``: out in q's shape and dtype (a row with no visible key is 0); lse
+    ``[batch, nheads_q, seqlen_q]`` float32 (float64 for float64 q), the natural log-sum-exp of the
+    row's scores (-inf for a row with no visible key). Differentiable with respect to q, k, v and an additive mask."""
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    k_all = _expand_kv(k, q.shape[1], compute_dtype)
+    v_all = _expand_kv(v, q.shape[1], compute_dtype)
+    s = scores(q.to(compute_dtype) @ k_all.transpose(-1, -2), scale, causal=causal, attn_mask=attn_mask,
+               compute_dtype=compute_dtype)
+    if s.shape[-1] == 0:  # no keys: every row is fully masked
+        lse = torch.full(s.shape[:-1], float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
+        return q.new_zeros(q.shape[:-1] + (v.shape[-1],)), lse
+    m = s.detach().amax(dim=-1, keepdim=True)
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    total = e.sum(dim=-1, keepdim=True)
+    live = total > 0
+    p = e / torch.where(live, total, torch.ones_like(total))
+    lse = torch.where(live, m + torch.log(torch.where(live, total, torch.ones_like(total))), float("-inf"))
+    return (p @ v_all).to(q.dtype), lse.squeeze(-1).to(lse_dtype(q.dtype))
+
+
+def flash_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    block_q: int = 64,
+    block_k: int = 64,
+    compute_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's forward (Algorithm 1 of the paper) in plain PyTorch, tiled like the CUDA
+    kernel (``csrc/attention/attention_kernel.cuh``): same arguments and result as ``attention``.
+
+    For each tile Q_i of ``block_q`` query rows, loop over tiles K_j, V_j of ``block_k`` keys keeping a
+    running max m, running sum l and an unnormalized output O, all per row:
+
+        S = Q_i K_jᵀ · scale + mask_ij          (-inf where masked)
+        m_new = max(m, rowmax(S));  P = exp(S - m_new)
+        l = exp(m - m_new) · l + rowsum(P)
+        O = diag(exp(m - m_new)) · O + P V_j     (the paper prints diag(...)⁻¹ here: a typo,
+                                                  flash-attention issue 991; the rescale multiplies)
+        m = m_new
+
+    and at the end O / l and lse = m + log l. Rows that have seen nothing keep m = -inf: their
+    shift is taken as 0 (P = exp(-inf) = 0 and nothing is rescaled), so a fully masked row ends
+    with l = 0, which gives O = 0 and lse = -inf (the kernel's rule). Under causal the key tiles
+    wholly past the tile's last visible key (bottom-right alignment) are never visited, as in
+    the kernel."""
+    batch, nheads_q, seqlen_q, headdim = q.shape
+    seqlen_k = k.shape[2]
+    if scale is None:
+        scale = headdim ** -0.5
+    qd = q.to(compute_dtype)
+    k_all = _expand_kv(k, nheads_q, compute_dtype)
+    v_all = _expand_kv(v, nheads_q, compute_dtype)
+    mask = None
+    if attn_mask is not None:
+        mask = attn_mask.expand(batch, nheads_q, seqlen_q, seqlen_k)
+    out = torch.zeros(batch, nheads_q, seqlen_q, v.shape[-1], dtype=compute_dtype, device=q.device)
+    lse = torch.full((batch, nheads_q, seqlen_q), float("-inf"), dtype=compute_dtype, device=q.device)
+    neg_inf = torch.tensor(float("-inf"), dtype=compute_dtype, device=q.device)
+    for i0 in range(0, seqlen_q, block_q):
+        i1 = min(i0 + block_q, seqlen_q)
+        m = torch.full((batch, nheads_q, i1 - i0, 1), float("-inf"), dtype=compute_dtype, device=q.device)
+        l = torch.zeros_like(m)
+        o = torch.zeros(batch, nheads_q, i1 - i0, v.shape[-1], dtype=compute_dtype, device=q.device)
+        # the last key any row of this tile sees, + 1 (causal: row i sees j <= i + seqlen_k - seqlen_q)
+        k_end = min(seqlen_k, i1 + seqlen_k - seqlen_q) if causal else seqlen_k
+        for j0 in range(0, max(k_end, 0), block_k):
+            j1 = min(j0 + block_k, seqlen_k)
+            s = (qd[:, :, i0:i1] @ k_all[:, :, j0:j1].transpose(-1, -2)) * scale
+            if mask is not None:
+                mj = mask[:, :, i0:i1, j0:j1]
+                s = s.masked_fill(~mj, float("-inf")) if mj.dtype == torch.bool else s + mj.to(compute_dtype)
+            if causal:
+                ii = torch.arange(i0, i1, device=q.device).unsqueeze(-1)
+                jj = torch.arange(j0, j1, device=q.device)
+                s = torch.where(jj <= ii + (seqlen_k - seqlen_q), s, neg_inf)
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            shift = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - shift)
+            corr = torch.exp(m - shift)  # m = -inf (nothing seen yet): 0, and l, o are 0 anyway
+            l = corr * l + p.sum(dim=-1, keepdim=True)
+            o = corr * o + p @ v_all[:, :, j0:j1]
+            m = m_new
+        live = l > 0
+        out[:, :, i0:i1] = o / torch.where(live, l, torch.ones_like(l))
+        lse[:, :, i0:i1] = torch.where(live, m + torch.log(torch.where(live, l, torch.ones_like(l))),
+                                       neg_inf).squeeze(-1)
+    return out.to(q.dtype), lse.to(lse_dtype(q.dtype))

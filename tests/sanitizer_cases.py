@@ -3,6 +3,9 @@ launch-shape class, long rows, fully masked rows, masks, both versions, and the 
 decode_attention: appends, GQA / MQA, forced splits (more than keys too), left padding, head dims
 32 to 256, float32, and out-of-bounds device lengths (which must read and write nothing); layer_norm /
 rms_norm: every row class, odd widths, misaligned and strided rows, with and without the residual.
+32 to 256, float32, and out-of-bounds device lengths (which must read and write nothing); and
+attention: the flash kernel at every padded head dim, odd lengths, Sq != Sk under causal, each
+mask form, strided q/k/v, and the naive and tiled modes.
 
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py
     compute-sanitizer --tool racecheck python tests/sanitizer_cases.py --quick
@@ -59,6 +62,7 @@ def main(argv: list[str]) -> int:
     scaled_masked_softmax(x, causal=True)
     cases += decode_cases(quick)
     cases += norm_cases(quick)
+    cases += attention_cases(quick)
     torch.cuda.synchronize()
     print(f"sanitizer cases: {cases} passed")
     return 0
@@ -119,6 +123,23 @@ def norm_cases(quick: bool) -> int:
                                             seed=i), "cuda")
             cases += 1
     return cases
+# attention cases (tests/test_attention.py's check_case: float64 reference, out poisoned with NaN).
+ATTENTION_CASES = [
+    dict(sq=97, sk=131, d=32, causal=True, mask="bool_key"),
+    dict(sq=130, sk=61, d=64, causal=True, mask="additive_full", group=4, hkv=1, layout="fused_qkv"),
+    dict(sq=65, sk=200, d=128, mask="bool_head", share=1.0, dtype=torch.bfloat16),
+    dict(sq=33, sk=70, d=256, causal=True, mask="additive_query"),
+    dict(sq=31, sk=47, d=40, mode="naive", mask="bool_full", dtype=torch.float32, causal=True),
+    dict(sq=70, sk=33, d=24, mode="tiled", mask="additive_key", dtype=torch.float16, layout="fused_qkv"),
+]
+
+
+def attention_cases(quick: bool) -> int:
+    from tests.test_attention import check_case, gcase
+
+    for i, kw in enumerate(ATTENTION_CASES[:2] if quick else ATTENTION_CASES):
+        check_case(gcase(seed=i, **kw))
+    return len(ATTENTION_CASES[:2] if quick else ATTENTION_CASES)
 
 
 if __name__ == "__main__":

@@ -180,3 +180,11 @@ def norm_tolerance(ref: torch.Tensor, xhat: torch.Tensor, weight: torch.Tensor |
     row = xhat.abs().amax(dim=-1, keepdim=True) if xhat.numel() else xhat
     ulps = NORM_ULPS * (2.0**-29 if dtype == torch.float64 else 1.0)
     return ATOL.get(dtype, 0.0) + RTOL.get(dtype, 0.0) * ref.abs() + ulps * row.cpu() * w
+# Attention's log-sum-exp (float32, natural log) against the float64 reference: the float32 score
+# arithmetic (SCORE_ULPS of the row's largest |score| per exponent, as above) plus the float32 sum
+# and log (a few 1e-7 relative); -inf (no visible key) must match exactly.
+LSE_ATOL = 1e-5
+
+
+def lse_tolerance(want: torch.Tensor, score_max: torch.Tensor) -> torch.Tensor:
+    return LSE_ATOL + 4 * SCORE_ULPS * score_max.double().cpu() + 4 * 2.0**-24 * want.double().cpu().abs().nan_to_num(0)

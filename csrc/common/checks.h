@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -42,6 +43,18 @@ inline std::string device_str(const at::Device& d) {
 // Python's spelling of a dtype ("torch.float16"), so C++ and Python messages match.
 inline std::string dtype_str(at::ScalarType t) {
   return "torch." + std::string(c10::getDtypeNames(t).first);
+}
+
+// Last dim contiguous, every other stride and the base 16-byte aligned: what kernels reading rows
+// with 16-byte vector loads or cp.async need (dims of size 1 have no stride to check).
+inline bool rows_aligned(const at::Tensor& t) {
+  if (t.numel() == 0) return true;
+  const int64_t vec = 16 / t.element_size();
+  if (t.size(-1) != 1 && t.stride(-1) != 1) return false;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    if (t.size(d) > 1 && t.stride(d) % vec != 0) return false;
+  }
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
 }  // namespace fused_attn

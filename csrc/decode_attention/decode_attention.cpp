@@ -24,17 +24,6 @@ namespace {
 constexpr int kMaxSplits = 256;
 constexpr int kMaxHeaddim = 256;
 
-// Last dim contiguous, every other stride and the base 16-byte aligned (the kernels' vector loads).
-bool rows_aligned(const at::Tensor& t) {
-  if (t.numel() == 0) return true;
-  const int64_t vec = 16 / t.element_size();
-  if (t.size(-1) != 1 && t.stride(-1) != 1) return false;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
-    if (t.size(d) > 1 && t.stride(d) % vec != 0) return false;
-  }
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
 std::string strides_str(const at::Tensor& t) { return shape_str(t.strides()); }
 
 #define FA_CHECK_ROWS_ALIGNED(t)                                                                        \

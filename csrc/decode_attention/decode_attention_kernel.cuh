@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include "../common/math.cuh"
+#include "../common/mma.cuh"
 #include "../common/vec_dtypes.cuh"
 #include "decode_attention_launch.h"
 
@@ -53,22 +54,6 @@ struct Row {
   }
 };
 
-// 16 bytes global -> shared without passing through registers; pred false writes zeros and
-// reads nothing. Completion is per thread (commit / wait groups): a thread that only reads
-// what it copied needs no block barrier.
-__device__ __forceinline__ void cp_async16(uint4* dst, const void* src, bool pred) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(pred ? 16 : 0));
-#else
-  *dst = pred ? *static_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
 // Programmatic dependent launch (sm_90): the attention kernels let the combine kernel launch as
 // soon as all their blocks run, and the combine waits for their completion (and memory) before it
 // reads a partial. Both are no-ops where the launch is not programmatic.
@@ -80,12 +65,6 @@ __device__ __forceinline__ void launch_dependents() {
 __device__ __forceinline__ void wait_for_primary() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }
 
@@ -287,8 +266,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
         const T* vs = vc + j * p.v_stride_l;
 #pragma unroll
         for (int w = 0; w < kWords; ++w) {
-          decode::cp_async16(word(stage, 0, u, w), ks + w * (16 / int(sizeof(T))), lane_on);
-          decode::cp_async16(word(stage, 1, u, w), vs + w * (16 / int(sizeof(T))), lane_on);
+          cp_async16(word(stage, 0, u, w), ks + w * (16 / int(sizeof(T))), lane_on);
+          cp_async16(word(stage, 1, u, w), vs + w * (16 / int(sizeof(T))), lane_on);
         }
       }
       return;
@@ -303,15 +282,15 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
                         : j < cached ? vc + int64_t(j) * p.v_stride_l : vn + (j - cached) * p.vn_stride_s;
 #pragma unroll
       for (int w = 0; w < kWords; ++w) {
-        decode::cp_async16(word(stage, 0, u, w), ks + w * (16 / int(sizeof(T))), on);
-        decode::cp_async16(word(stage, 1, u, w), vs + w * (16 / int(sizeof(T))), on);
+        cp_async16(word(stage, 0, u, w), ks + w * (16 / int(sizeof(T))), on);
+        cp_async16(word(stage, 1, u, w), vs + w * (16 / int(sizeof(T))), on);
       }
     }
   };
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
     if (t < n_tiles) issue(t);
-    decode::cp_async_commit();
+    cp_async_commit();
   }
   if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T>(p, b, hkv, cached);
 
@@ -333,14 +312,14 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
   const bool* key_mask = p.key_mask != nullptr ? p.key_mask + b * p.key_mask_stride_b : nullptr;
   for (int t = 0; t < n_tiles; ++t) {
     if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);
-    decode::cp_async_commit();
+    cp_async_commit();
     bool key_on[U];  // in the split, and not masked (read before the wait, so the two overlap)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int j = kb + t * TILE + u * NY + ty;
       key_on[u] = j < ke && (key_mask == nullptr || key_mask[j]);
     }
-    decode::cp_async_wait<STAGES - 1>();  // tile t has landed (this thread's part of it)
+    cp_async_wait<STAGES - 1>();  // tile t has landed (this thread's part of it)
     const int stage = t % STAGES;
     float s[R][U];
 #pragma unroll
@@ -402,7 +381,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
       }
     }
   }
-  decode::cp_async_wait<0>();
+  cp_async_wait<0>();
   __syncthreads();  // the merge below reuses the pipeline's shared memory
 
   // Merge the NY key slots' (m, l, o) of each row.
@@ -446,64 +425,6 @@ struct DecodeMmaGeometry {
   static constexpr int kSmemBytes = kQOffset + 16 * HD * int(sizeof(T));
 };
 
-namespace decode {
-
-__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
-// Element offset of 16-byte chunk c of row `row` in a [rows][HD] tile: chunks XOR-swizzled by row % 8.
-template <int HD>
-__device__ __forceinline__ int swizzled(int row, int c) {
-  return row * HD + ((c ^ (row & 7)) << 3);
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                        uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-#endif
-
-// Two floats as one 32-bit pair of T (lo in the low half), for an A fragment.
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-}  // namespace decode
 
 template <typename T, int HD>
 __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const DecodeParams p) {
@@ -533,7 +454,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
       v = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h +
                                                 qi * p.q_stride_s + c * kVec));
     }
-    *reinterpret_cast<uint4*>(sq + decode::swizzled<HD>(r, c)) = v;
+    *reinterpret_cast<uint4*>(sq + swizzled<HD>(r, c)) = v;
   }
 
   int cached, end, start;
@@ -582,14 +503,14 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
         ksrc = (j < cached ? kc + int64_t(j) * p.k_stride_l : kn + (j - cached) * p.kn_stride_s) + c * kVec;
         vsrc = (j < cached ? vc + int64_t(j) * p.v_stride_l : vn + (j - cached) * p.vn_stride_s) + c * kVec;
       }
-      decode::cp_async16(reinterpret_cast<uint4*>(ks + decode::swizzled<HD>(row, c)), ksrc, on);
-      decode::cp_async16(reinterpret_cast<uint4*>(vs + decode::swizzled<HD>(row, c)), vsrc, on);
+      cp_async16(reinterpret_cast<uint4*>(ks + swizzled<HD>(row, c)), ksrc, on);
+      cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(row, c)), vsrc, on);
     }
   };
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
     if (t < n_tiles) issue(t);
-    decode::cp_async_commit();
+    cp_async_commit();
   }
   if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T>(p, b, hkv, cached);
   __syncthreads();  // Q in shared memory
@@ -598,7 +519,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
 #pragma unroll
   for (int ks = 0; ks < HD / 16; ++ks) {
     const int row = (lane / 8 % 2) * 8 + lane % 8, c = ks * 2 + lane / 16;
-    decode::ldmatrix_x4(qa[ks], decode::smem_addr(sq + decode::swizzled<HD>(row, c)));
+    ldmatrix_x4(qa[ks], smem_addr(sq + swizzled<HD>(row, c)));
   }
   int lim[2];  // first slot rows g and g + 8 cannot see (0 for padding rows)
 #pragma unroll
@@ -614,16 +535,16 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
 
   for (int t = 0; t < n_tiles; ++t) {
     const int jt = kb + t * TILE;
-    decode::cp_async_wait<STAGES - 2>();
+    cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free
     if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);
-    decode::cp_async_commit();
+    cp_async_commit();
     const T* ks = pipe + (t % STAGES) * 2 * TILE * HD;
     T* vs = const_cast<T*>(ks) + TILE * HD;
     if (key_mask != nullptr) {  // a masked slot's value is zeroed: P = 0 times NaN would be NaN
       for (int i = threadIdx.x; i < TILE * CH; i += kDecodeThreads) {
         const int row = i / CH, j = jt + row;
-        if (j < ke && !key_mask[j]) *reinterpret_cast<uint4*>(vs + decode::swizzled<HD>(row, i % CH)) = make_uint4(0, 0, 0, 0);
+        if (j < ke && !key_mask[j]) *reinterpret_cast<uint4*>(vs + swizzled<HD>(row, i % CH)) = make_uint4(0, 0, 0, 0);
       }
       __syncthreads();
     }
@@ -633,9 +554,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
     for (int kk = 0; kk < HD / 16; ++kk) {
       uint32_t kf[4];
       const int key = warp * 16 + (lane / 16) * 8 + lane % 8, c = kk * 2 + lane / 8 % 2;
-      decode::ldmatrix_x4(kf, decode::smem_addr(ks + decode::swizzled<HD>(key, c)));
-      decode::mma16816<T>(s[0], qa[kk], kf[0], kf[1]);
-      decode::mma16816<T>(s[1], qa[kk], kf[2], kf[3]);
+      ldmatrix_x4(kf, smem_addr(ks + swizzled<HD>(key, c)));
+      mma16816<T>(s[0], qa[kk], kf[0], kf[1]);
+      mma16816<T>(s[1], qa[kk], kf[2], kf[3]);
     }
     // Scale into the log2 domain; -inf where a key is outside the split, masked, or causally hidden.
 #pragma unroll
@@ -673,18 +594,18 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
       }
     }
     // P as the A fragment of P·V (k = this warp's 16 keys), in T as FlashAttention does.
-    const uint32_t pa[4] = {decode::pack2<T>(pr[0][0], pr[0][1]), decode::pack2<T>(pr[0][2], pr[0][3]),
-                            decode::pack2<T>(pr[1][0], pr[1][1]), decode::pack2<T>(pr[1][2], pr[1][3])};
+    const uint32_t pa[4] = {pack2<T>(pr[0][0], pr[0][1]), pack2<T>(pr[0][2], pr[0][3]),
+                            pack2<T>(pr[1][0], pr[1][1]), pack2<T>(pr[1][2], pr[1][3])};
 #pragma unroll
     for (int nc = 0; nc < HD / 16; ++nc) {
       uint32_t vf[4];
       const int key = warp * 16 + (lane / 8 % 2) * 8 + lane % 8, c = nc * 2 + lane / 16;
-      decode::ldmatrix_x4_trans(vf, decode::smem_addr(vs + decode::swizzled<HD>(key, c)));
-      decode::mma16816<T>(o[2 * nc], pa, vf[0], vf[1]);
-      decode::mma16816<T>(o[2 * nc + 1], pa, vf[2], vf[3]);
+      ldmatrix_x4_trans(vf, smem_addr(vs + swizzled<HD>(key, c)));
+      mma16816<T>(o[2 * nc], pa, vf[0], vf[1]);
+      mma16816<T>(o[2 * nc + 1], pa, vf[2], vf[3]);
     }
   }
-  decode::cp_async_wait<0>();
+  cp_async_wait<0>();
   __syncthreads();  // the merge below reuses the pipeline's shared memory
 
   // Each warp is one key slot of decode::finish: rows g and g + 8 of this lane, columns 2 t4 (+1) of

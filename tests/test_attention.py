@@ -1,0 +1,491 @@
+"""attention: the float64 definition and the FlashAttention-2 algorithm in PyTorch
+(``fused_attn.reference``), the public op's CPU path, fake kernel, gradients and argument errors, and on
+a GPU the ``flash``, ``naive`` and ``tiled`` kernels against the float64 definition (flash-attention's rule: our
+error at most twice PyTorch's own at the same dtype), poisoned outputs, opcheck, torch.compile and CUDA
+graphs. The spec is the docstring of ``fused_attn.attention.attention``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from fused_attn import reference
+
+MASK_FORMS = [None, "bool_key", "bool_full", "bool_head", "additive_key", "additive_full", "additive_query"]
+
+
+def mask_shape(form: str, b: int, h: int, sq: int, sk: int) -> tuple[int, ...]:
+    """Each broadcast form of [batch, nheads_q, seqlen_q, seqlen_k] a caller passes."""
+    return {"key": (b, 1, 1, sk), "full": (b, h, sq, sk), "head": (1, h, 1, sk), "query": (sq, sk)}[form.split("_")[1]]
+
+
+def make_mask(form, b, h, sq, sk, dtype, device, seed, share=0.3):
+    """A bool mask (True = attend) with ``share`` of the keys masked, or an additive one (0 / -inf / a
+    finite bias); None for no mask."""
+    if form is None:
+        return None
+    gen = torch.Generator().manual_seed(seed + 7)
+    shape = mask_shape(form, b, h, sq, sk)
+    keep = torch.rand(shape, generator=gen) >= share
+    if form.startswith("bool"):
+        return keep.to(device)
+    bias = torch.randn(shape, generator=gen) * 2
+    return torch.where(keep, bias, float("-inf")).to(device=device, dtype=dtype)
+
+
+def make_qkv(b, hq, hkv, sq, sk, d, dtype, device, seed, mag=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, sq, d, generator=gen, dtype=torch.float64) * mag
+    k = torch.randn(b, hkv, sk, d, generator=gen, dtype=torch.float64) * mag
+    v = torch.randn(b, hkv, sk, d, generator=gen, dtype=torch.float64)
+    return (t.to(device=device, dtype=dtype) for t in (q, k, v))
+
+
+def sdpa_definition(q, k, v, causal, attn_mask, scale):
+    """PyTorch's SDPA (math) in float64 with the causal mask spelled out bottom-right: an independent
+    check of the reference. SDPA gives NaN on fully masked rows where ours gives 0."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    mask = attn_mask
+    if causal:
+        cm = reference.causal_mask(q.shape[2], k.shape[2], q.device)
+        if mask is None:
+            mask = cm
+        elif mask.dtype == torch.bool:
+            mask = mask & cm
+        else:
+            mask = mask.masked_fill(~cm, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).nan_to_num(0.0)
+
+
+# --------------------------------------------------------------------------- the references (CPU)
+
+
+@st.composite
+def small_case(draw):
+    hkv = draw(st.integers(1, 2))
+    return dict(
+        b=draw(st.integers(1, 2)), hkv=hkv, group=draw(st.sampled_from([1, 2, 3])),
+        sq=draw(st.integers(1, 40)), sk=draw(st.integers(0, 40)), d=draw(st.sampled_from([1, 8, 16])),
+        causal=draw(st.booleans()), mask=draw(st.sampled_from(MASK_FORMS)),
+        block_q=draw(st.sampled_from([1, 7, 16, 64])), block_k=draw(st.sampled_from([1, 5, 16, 64])),
+        scale=draw(st.one_of(st.none(), st.floats(-2, 2))), mag=draw(st.sampled_from([1.0, 10.0])),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@given(small_case())
+@example(dict(b=1, hkv=1, group=1, sq=5, sk=3, d=8, causal=True, mask=None, block_q=2, block_k=2, scale=None,
+              mag=1.0, seed=0)).via("seqlen_q > seqlen_k causal: the first rows see nothing")
+@example(dict(b=2, hkv=2, group=3, sq=17, sk=31, d=16, causal=True, mask="bool_full", block_q=16, block_k=5,
+              scale=None, mag=10.0, seed=1)).via("GQA, Sq != Sk, bool mask and causal")
+def test_flash_algorithm_matches_definition(case):
+    c = case
+    hq = c["hkv"] * c["group"]
+    q, k, v = make_qkv(c["b"], hq, c["hkv"], c["sq"], c["sk"], c["d"], torch.float64, "cpu", c["seed"], c["mag"])
+    mask = make_mask(c["mask"], c["b"], hq, c["sq"], c["sk"], torch.float64, "cpu", c["seed"])
+    want, want_lse = reference.attention(q, k, v, causal=c["causal"], attn_mask=mask, scale=c["scale"])
+    got, lse = reference.flash_attention_forward(q, k, v, causal=c["causal"], attn_mask=mask, scale=c["scale"],
+                                                 block_q=c["block_q"], block_k=c["block_k"])
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-6, atol=1e-6)
+    if c["sk"] > 0:
+        torch.testing.assert_close(want, sdpa_definition(q, k, v, c["causal"], mask, c["scale"]), rtol=1e-10,
+                                   atol=1e-12)
+
+
+def test_definition_fully_masked_rows_are_zero_with_lse_minus_inf():
+    q, k, v = make_qkv(1, 2, 1, 4, 3, 8, torch.float64, "cpu", 0)
+    mask = torch.ones(1, 1, 4, 3, dtype=torch.bool)
+    mask[..., 1, :] = False
+    out, lse = reference.attention(q, k, v, attn_mask=mask)
+    assert out[:, :, 1].eq(0).all() and lse[:, :, 1].eq(float("-inf")).all()
+    assert torch.isfinite(lse[:, :, [0, 2, 3]]).all()
+    out, lse = reference.attention(q, k, v, causal=True)  # Sq = 4 > Sk = 3: row 0 sees nothing
+    assert out[:, :, 0].eq(0).all() and lse[:, :, 0].eq(float("-inf")).all()
+
+
+def test_definition_lse_is_logsumexp_of_scores():
+    q, k, v = make_qkv(2, 4, 2, 6, 9, 16, torch.float64, "cpu", 3)
+    _, lse = reference.attention(q, k, v, scale=0.3)
+    s = q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.3
+    torch.testing.assert_close(lse, torch.logsumexp(s, -1))
+
+
+# --------------------------------------------------------------------------- the op on the CPU
+
+from fused_attn.attention import Attention, attention  # noqa: E402
+
+
+def test_cpu_path_matches_definition_with_lse_and_out():
+    q, k, v = make_qkv(2, 6, 2, 7, 11, 16, torch.float32, "cpu", 5)
+    mask = make_mask("additive_key", 2, 6, 7, 11, torch.float32, "cpu", 5)
+    want, want_lse = reference.attention(q, k, v, causal=True, attn_mask=mask)
+    out, lse = attention(q, k, v, causal=True, attn_mask=mask, return_lse=True)
+    torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-5)
+    buf = torch.full_like(q, math.nan)
+    got, lse2 = attention(q, k, v, causal=True, attn_mask=mask, out=buf, return_lse=True)
+    assert got is buf
+    torch.testing.assert_close(buf, out)
+    torch.testing.assert_close(lse2, lse)
+    torch.testing.assert_close(Attention(causal=True)(q, k, v, mask), out)
+
+
+def test_strided_views_of_a_fused_projection():
+    """Hugging Face's layout: q, k, v are [B, H, S, D] views of one [B, S, 3 H D] projection."""
+    b, s, h, d = 2, 9, 4, 8
+    x = torch.randn(b, s, 3 * h * d, dtype=torch.float64)
+    q, k, v = (t.view(b, s, h, d).transpose(1, 2) for t in x.split(h * d, dim=-1))
+    assert not q.is_contiguous()
+    torch.testing.assert_close(attention(q, k, v, causal=True),
+                               reference.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)[0])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", [None, "additive_full", "bool_key"])
+def test_gradcheck_cpu_float64(causal, mask):
+    q, k, v = make_qkv(1, 4, 2, 5, 6, 8, torch.float64, "cpu", 11)
+    m = make_mask(mask, 1, 4, 5, 6, torch.float64, "cpu", 11, share=0.2)
+    if m is not None and m.dtype != torch.bool:
+        m = m.nan_to_num(neginf=-3.0).requires_grad_(True)  # a finite additive mask: differentiable everywhere
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    inputs = (q, k, v) + ((m,) if m is not None and m.requires_grad else ())
+
+    def f(q, k, v, *rest):
+        out, lse = attention(q, k, v, causal=causal, attn_mask=rest[0] if rest else m, return_lse=True)
+        return out, lse
+
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+def test_gradient_of_fully_masked_rows_is_zero():
+    q, k, v = make_qkv(1, 1, 1, 3, 2, 8, torch.float64, "cpu", 2)
+    q.requires_grad_(True)
+    out = attention(q, k, v, causal=True)  # Sq = 3 > Sk = 2: row 0 sees nothing
+    out.sum().backward()
+    assert q.grad[:, :, 0].eq(0).all() and torch.isfinite(q.grad).all()
+
+
+def test_opcheck_cpu_and_meta():
+    q, k, v = make_qkv(1, 4, 2, 5, 6, 8, torch.float32, "cpu", 3)
+    mask = make_mask("bool_key", 1, 4, 5, 6, torch.float32, "cpu", 3)
+    torch.library.opcheck(torch.ops.fused_attn.attention.default, (q, k, v, mask, 0.5),
+                          {"causal": True, "algo": "auto", "return_lse": True})
+    out, lse = torch.empty_like(q), torch.empty(1, 4, 5)
+    torch.library.opcheck(torch.ops.fused_attn.attention_out.default, (q, k, v, mask, 0.3),
+                          {"causal": False, "algo": "tiled", "out": out, "lse": lse})
+    out, lse = torch.ops.fused_attn.attention(q.to("meta"), k.to("meta"), v.to("meta"), None, None,
+                                              return_lse=True)
+    assert out.shape == q.shape and lse.shape == (1, 4, 5) and lse.dtype == torch.float32
+
+
+def test_compile_fullgraph_cpu_with_and_without_out():
+    """torch.compile traces both ops (the out= one through auto_functionalize and Inductor's fallback)."""
+    q, k, v = make_qkv(1, 2, 1, 5, 6, 8, torch.float32, "cpu", 4)
+    want, want_lse = attention(q, k, v, causal=True, return_lse=True)
+    f = torch.compile(lambda q, k, v: attention(q, k, v, causal=True, return_lse=True), fullgraph=True)
+    got, lse = f(q, k, v)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(lse, want_lse)
+    out = torch.full_like(q, math.nan)
+    g = torch.compile(lambda q, k, v, o: attention(q, k, v, causal=True, out=o, mode="tiled"), fullgraph=True)
+    g(q, k, v, out)
+    torch.testing.assert_close(out, want)
+
+
+def test_out_refuses_inputs_that_require_grad():
+    q, k, v = make_qkv(1, 2, 2, 3, 3, 8, torch.float32, "cpu", 0)
+    with pytest.raises(ValueError, match=r"out must be None when q, k, v or attn_mask requires grad"):
+        attention(q.requires_grad_(True), k, v, out=torch.empty_like(q))
+
+
+def _qkv(hq=4, hkv=2, sq=5, sk=6, d=8, dtype=torch.float32):
+    return make_qkv(2, hq, hkv, sq, sk, d, dtype, "cpu", 0)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda q, k, v: attention(q, k[..., :4], v[..., :4]), ValueError, r"k must have q's headdim \(8\), got \(2, 2, 6, 4\)"),
+    (lambda q, k, v: attention(q, k, v[:, :, :5]), ValueError, r"v must have k's shape \(2, 2, 6, 8\), got \(2, 2, 5, 8\)"),
+    (lambda q, k, v: attention(q[:, :3], k, v), ValueError, r"q must have nheads_q a multiple of k's nheads_kv \(2\), got 3"),
+    (lambda q, k, v: attention(q, k[:1], v[:1]), ValueError, r"k must have q's batch size \(2\), got \(1, 2, 6, 8\)"),
+    (lambda q, k, v: attention(q[0], k, v), ValueError, r"q must have 4 dims \[batch, nheads_q, seqlen_q, headdim\], got \(4, 5, 8\)"),
+    (lambda q, k, v: attention(q, k.half(), v), ValueError, r"k must have q's dtype \(torch.float32\), got torch.float16"),
+    (lambda q, k, v: attention(q, k, v.to("meta")), ValueError, r"v must be on the same device as q \(cpu\), got meta"),
+    (lambda q, k, v: attention(q.int(), k, v), ValueError, r"q must have dtype float32, float16, bfloat16 or float64 \(CPU\), got torch.int32"),
+    (lambda q, k, v: attention(q, k, v, attn_mask=torch.ones(3, 6, dtype=torch.bool)), ValueError,
+     r"attn_mask must be broadcastable to \(2, 4, 5, 6\), got \(3, 6\)"),
+    (lambda q, k, v: attention(q, k, v, attn_mask=torch.ones(1, 2, 4, 5, 6, dtype=torch.bool)), ValueError,
+     r"attn_mask must be broadcastable to \(2, 4, 5, 6\), got \(1, 2, 4, 5, 6\)"),
+    (lambda q, k, v: attention(q, k, v, attn_mask=torch.ones(5, 6, dtype=torch.float16)), ValueError,
+     r"attn_mask must have dtype bool or q's dtype \(torch.float32\), got torch.float16"),
+    (lambda q, k, v: attention(q, k, v, attn_mask=[1]), TypeError, r"attn_mask must be a torch.Tensor or None, got list"),
+    (lambda q, k, v: attention(q, k, v, mode="fast"), ValueError, r"mode must be 'auto', 'naive', 'tiled' or 'flash', got 'fast'"),
+    (lambda q, k, v: attention(q, k, v, causal=1), TypeError, r"causal must be a bool, got 1"),
+    (lambda q, k, v: attention(q, k, v, scale=float("nan")), ValueError, r"scale must be a finite number, got nan"),
+    (lambda q, k, v: attention(q, k, v, return_lse=None), TypeError, r"return_lse must be a bool, got None"),
+    (lambda q, k, v: attention(q, k, v, out=torch.empty(2, 4, 5, 7)), ValueError, r"out must have q's shape \(2, 4, 5, 8\), got \(2, 4, 5, 7\)"),
+    (lambda q, k, v: attention("q", k, v), TypeError, r"q must be a torch.Tensor, got str"),
+])
+def test_bad_arguments_are_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call(*_qkv())
+
+
+def test_flash_rules_on_meta_tensors():
+    """The CUDA-only rules (dtype and head dim of mode='flash') are checked by the fake kernel too, so
+    torch.compile reports them at trace time; meta tensors stand in for CUDA ones here."""
+    q, k, v = (torch.empty(1, 2, 4, d, device="meta", dtype=torch.float16) for d in (12, 12, 12))
+    with pytest.raises(ValueError, match=r"q must have a headdim that is a multiple of 8 in \[8, 256\] for mode='flash', got 12"):
+        attention(q, k, v, mode="flash")
+    q, k, v = (torch.empty(1, 2, 4, 8, device="meta") for _ in range(3))
+    with pytest.raises(ValueError, match=r"q must have dtype float16 or bfloat16 for mode='flash', got torch.float32"):
+        attention(q, k, v, mode="flash")
+    q, k, v = (torch.empty(1, 2, 4, 264, device="meta", dtype=torch.float16) for _ in range(3))
+    with pytest.raises(ValueError, match=r"q must have a headdim that is a multiple of 8 in \[8, 256\] for mode='flash', got 264"):
+        attention(q, k, v, mode="flash")
+    assert attention(q, k, v, mode="naive").shape == q.shape  # naive and tiled take any head dim
+    assert attention(q, k, v, mode="tiled").shape == q.shape
+
+
+# --------------------------------------------------------------------------- the CUDA kernels
+
+from tests.tolerances import assert_attention_close, assert_close, lse_tolerance  # noqa: E402
+
+GPU_BUDGET = 1 << 22  # batch x nheads_q x seqlen_q x seqlen_k per example (the float64 reference's scores)
+PRIMES = [1, 2, 3, 7, 13, 31, 61, 127, 251, 509, 1021]
+
+
+@st.composite
+def gpu_case(draw):
+    dtype = draw(st.sampled_from([torch.float16, torch.bfloat16, torch.float32]))
+    mode = draw(st.sampled_from(["auto", "flash", "naive", "tiled"] if dtype != torch.float32 else ["naive", "tiled"]))
+    hkv = draw(st.integers(1, 3))
+    group = draw(st.sampled_from([1, 2, 4, 8]))
+    b = draw(st.integers(1, 2))
+    if mode in ("naive", "tiled"):
+        d = draw(st.one_of(st.sampled_from([64, 128]), st.integers(1, 160)))
+    else:
+        d = draw(st.one_of(st.sampled_from([64, 128]), st.sampled_from(list(range(8, 257, 8)))))
+    seqlen = st.one_of(st.integers(1, 80), st.sampled_from(PRIMES), st.integers(1, 1024))
+    sq, sk = draw(seqlen), draw(st.one_of(st.just(None), seqlen))
+    sk = sq if sk is None else sk
+    while b * hkv * group * sq * sk > GPU_BUDGET:
+        sq, sk = max(1, sq // 2), max(1, sk // 2)
+    return dict(b=b, hkv=hkv, group=group, sq=sq, sk=sk, d=d, dtype=dtype, mode=mode,
+                causal=draw(st.booleans()), mask=draw(st.sampled_from(MASK_FORMS)),
+                share=draw(st.sampled_from([0.3, 0.9, 1.0])),  # 1.0: every key masked (rows of zeros)
+                scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0), st.floats(-2.0, -0.05))),
+                mag=draw(st.sampled_from([1.0, 1.0, 8.0, 70.0])), v_mag=draw(st.sampled_from([1.0, 1e-3, 1e3])),
+                layout=draw(st.sampled_from(["contiguous", "fused_qkv"])), use_out=draw(st.booleans()),
+                return_lse=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
+
+
+def gpu_inputs(c, device="cuda"):
+    """q, k, v and the mask of a case. fused_qkv: the three are [B, H, S, D] views of one [B, S, (Hq + 2 Hkv) D]
+    projection (Hugging Face's layout, non-contiguous; needs Sq == Sk, else separate projections per tensor
+    transposed from [B, S, H, D])."""
+    hq = c["hkv"] * c["group"]
+    gen = torch.Generator(device=device).manual_seed(c["seed"])
+    b, sq, sk, d = c["b"], c["sq"], c["sk"], c["d"]
+    scale = c["scale"] if c["scale"] is not None else d ** -0.5
+    qk = c["mag"] / math.sqrt(abs(scale) * math.sqrt(d))  # scores of order mag**2 for any scale
+
+    def rand(*shape, mag):
+        return torch.randn(shape, generator=gen, device=device) * mag
+
+    if c["layout"] == "fused_qkv" and sq == sk:
+        x = torch.cat([rand(b, sq, hq, d, mag=qk), rand(b, sq, c["hkv"], d, mag=qk),
+                       rand(b, sq, c["hkv"], d, mag=c["v_mag"])], dim=2).to(c["dtype"])
+        q, k, v = x.transpose(1, 2).split([hq, c["hkv"], c["hkv"]], dim=1)
+    elif c["layout"] == "fused_qkv":
+        q = rand(b, sq, hq, d, mag=qk).to(c["dtype"]).transpose(1, 2)
+        k = rand(b, sk, c["hkv"], d, mag=qk).to(c["dtype"]).transpose(1, 2)
+        v = rand(b, sk, c["hkv"], d, mag=c["v_mag"]).to(c["dtype"]).transpose(1, 2)
+    else:
+        q = rand(b, hq, sq, d, mag=qk).to(c["dtype"])
+        k = rand(b, c["hkv"], sk, d, mag=qk).to(c["dtype"])
+        v = rand(b, c["hkv"], sk, d, mag=c["v_mag"]).to(c["dtype"])
+    mask = make_mask(c["mask"], b, hq, sq, sk, c["dtype"], device, c["seed"], c["share"])
+    return q, k, v, mask
+
+
+def peer_attention(q, k, v, causal, mask, scale):
+    """PyTorch's own computation at q's dtype (the peer of the tolerance rule): (q * scale) @ kᵀ, mask,
+    softmax, @ v, with rows that see nothing set to 0."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q * scale) @ k.transpose(-1, -2)
+    visible = torch.ones_like(s, dtype=torch.bool)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            visible = visible & mask
+        else:
+            s = s + mask
+    if causal:
+        visible = visible & reference.causal_mask(q.shape[2], k.shape[2], q.device)
+    s = s.masked_fill(~visible, -math.inf)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return p @ v
+
+
+def check_case(c, device="cuda"):
+    q, k, v, mask = gpu_inputs(c, device)
+    scale = c["scale"] if c["scale"] is not None else c["d"] ** -0.5
+    out = torch.full(q.shape, math.nan, dtype=q.dtype, device=q.device) if c["use_out"] else None
+    got = attention(q, k, v, causal=c["causal"], attn_mask=mask, scale=c["scale"], mode=c["mode"],
+                    return_lse=c["return_lse"], out=out)
+    got, lse = got if c["return_lse"] else (got, None)
+    if out is not None:
+        assert got is out
+    where = ", ".join(f"{key}={c[key]}" for key in ("b", "hkv", "group", "sq", "sk", "d", "dtype", "mode", "causal",
+                                                     "mask", "share", "scale", "mag", "v_mag", "layout"))
+    m64 = None if mask is None else (mask if mask.dtype == torch.bool else mask.double())
+    want, want_lse = reference.attention(q.double(), k.double(), v.double(), causal=c["causal"], attn_mask=m64,
+                                         scale=scale)
+    magnitude, _ = reference.attention(q.double(), k.double(), v.double().abs(), causal=c["causal"], attn_mask=m64,
+                                       scale=scale)
+    s = (q.double() @ k.double().repeat_interleave(c["group"], 1).transpose(-1, -2)) * scale
+    if m64 is not None and m64.dtype != torch.bool:
+        s = s + m64
+    smax = torch.where(torch.isfinite(s), s.abs(), 0).amax(dim=-1)
+    peer = peer_attention(q, k, v, c["causal"], mask, scale)
+    assert_attention_close(got, peer, want, magnitude, smax, where)
+    no_key = want_lse == -math.inf
+    assert (got[no_key] == 0).all(), f"{where}: rows with no visible key must be exact zeros"
+    if lse is not None:
+        assert lse.shape == want_lse.shape and lse.dtype == torch.float32
+        assert torch.equal(lse.cpu() == -math.inf, no_key.cpu()), f"{where}: lse -inf exactly on rows with no key"
+        live = ~no_key
+        assert_close(lse[live], want_lse[live], lse_tolerance(want_lse[live], smax[live]), f"{where}: lse")
+
+
+def gcase(**kw):
+    base = dict(b=1, hkv=2, group=1, sq=64, sk=64, d=64, dtype=torch.float16, mode="flash", causal=False, mask=None,
+                share=0.3, scale=None, mag=1.0, v_mag=1.0, layout="contiguous", use_out=True, return_lse=True, seed=0)
+    base.update(kw)
+    return base
+
+
+GPU_EXAMPLES = [
+    gcase(),
+    gcase(sq=1, sk=1, causal=True),
+    gcase(sq=1021, sk=509, causal=True, group=4, hkv=2, d=128, dtype=torch.bfloat16),  # Sq > Sk: leading rows empty
+    gcase(sq=127, sk=1021, causal=True, d=32, mask="bool_key"),
+    gcase(sq=200, sk=200, d=256, causal=True, mask="additive_full", layout="fused_qkv"),
+    gcase(sq=333, sk=77, d=80, mask="bool_head", share=1.0),  # every key masked: zeros, lse -inf
+    gcase(sq=256, sk=256, d=128, mag=70.0, v_mag=1e3, scale=-1.0, causal=True),  # scores ~1e4, negative scale
+    gcase(sq=129, sk=65, d=64, mask="additive_query", dtype=torch.bfloat16, mag=8.0, layout="fused_qkv"),
+    gcase(sq=100, sk=300, d=40, mode="naive", dtype=torch.float32, causal=True, mask="additive_key"),
+    gcase(sq=17, sk=23, d=13, mode="naive", dtype=torch.float16, mask="bool_full"),
+    gcase(sq=130, sk=67, d=72, mode="tiled", dtype=torch.bfloat16, causal=True, mask="additive_key", group=2,
+          layout="fused_qkv"),
+    gcase(sq=64, sk=200, d=128, mode="tiled", dtype=torch.float32, mask="bool_head", share=1.0),
+    gcase(sq=1024, sk=1024, d=128, hkv=1, group=8, causal=True, mode="auto", use_out=False),
+]
+
+
+@pytest.mark.gpu
+@given(case=gpu_case())
+def test_matches_reference_gpu(case):
+    check_case(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_EXAMPLES, ids=lambda c: f"{c['mode']}-{c['dtype']}-d{c['d']}-{c['sq']}x{c['sk']}")
+def test_pinned_cases_gpu(case):
+    check_case(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", list(range(8, 257, 8)))
+def test_every_flash_headdim_gpu(dtype, d):
+    check_case(gcase(d=d, dtype=dtype, sq=97, sk=131, causal=d % 16 == 0, mask="bool_key" if d % 24 == 0 else None,
+                     seed=d))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["flash", "naive", "tiled"])
+def test_opcheck_gpu(mode):
+    q, k, v, mask = gpu_inputs(gcase(sq=33, sk=47, hkv=1, group=2, mask="bool_key", layout="fused_qkv"))
+    torch.library.opcheck(torch.ops.fused_attn.attention.default, (q, k, v, mask, None),
+                          {"causal": True, "algo": mode, "return_lse": True})
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=q.device)
+    torch.library.opcheck(torch.ops.fused_attn.attention_out.default, (q, k, v, mask, 0.3),
+                          {"causal": False, "algo": mode, "out": out, "lse": lse})
+
+
+@pytest.mark.gpu
+def test_compile_fullgraph_gpu():
+    q, k, v, mask = gpu_inputs(gcase(sq=70, sk=70, mask="additive_key"))
+    f = torch.compile(lambda q, k, v, m: attention(q, k, v, causal=True, attn_mask=m) * 2, fullgraph=True)
+    want = attention(q, k, v, causal=True, attn_mask=mask)
+    torch.testing.assert_close(f(q, k, v, mask), want * 2)
+    out = torch.full_like(q, math.nan)
+    g = torch.compile(lambda q, k, v, m, o: attention(q, k, v, causal=True, attn_mask=m, out=o), fullgraph=True)
+    g(q, k, v, mask, out)
+    torch.testing.assert_close(out, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["flash", "naive", "tiled"])
+def test_cuda_graph_gpu(mode):
+    q, k, v, mask = gpu_inputs(gcase(sq=100, sk=150, mask="bool_key", group=2))
+    out = torch.empty_like(q)
+    attention(q, k, v, attn_mask=mask, causal=True, mode=mode, out=out)  # warm-up (build, first launch)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attention(q, k, v, attn_mask=mask, causal=True, mode=mode, out=out)
+    for seed in (1, 2):
+        q2, k2, v2, _ = gpu_inputs(gcase(sq=100, sk=150, group=2, seed=seed))
+        q.copy_(q2), k.copy_(k2), v.copy_(v2)
+        out.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, attention(q, k, v, attn_mask=mask, causal=True, mode=mode))
+
+
+@pytest.mark.gpu
+def test_flash_allocates_no_score_matrix_gpu():
+    """mode='flash' at S = 4096: the peak allocation above the inputs is the output (and lse), nowhere
+    near the 4096 x 4096 score matrix that mode='naive' allocates."""
+    q, k, v, _ = gpu_inputs(gcase(sq=4096, sk=4096, hkv=4, d=128, use_out=False))
+    attention(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    attention(q, k, v, causal=True, return_lse=True)
+    extra = torch.cuda.max_memory_allocated() - base
+    assert extra <= q.numel() * q.element_size() + q.shape[0] * q.shape[1] * q.shape[2] * 4 + (1 << 20), extra
+
+
+@pytest.mark.gpu
+def test_gradient_through_the_op_gpu():
+    q, k, v, _ = gpu_inputs(gcase(sq=40, sk=50, group=2, dtype=torch.float32, mode="naive"))
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    attention(q, k, v, causal=True).square().sum().backward()
+    q2, k2, v2 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    reference.attention(q2, k2, v2, causal=True)[0].square().sum().backward()
+    for a, b_ in ((q, q2), (k, k2), (v, v2)):
+        torch.testing.assert_close(a.grad, b_.grad.float(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_cuda_errors_gpu():
+    q, k, v, _ = gpu_inputs(gcase(sq=8, sk=8))
+    with pytest.raises(ValueError, match=r"k must be on the same device as q \(cuda:0\), got cpu"):
+        attention(q, k.cpu(), v)
+    with pytest.raises(ValueError, match=r"q must have dtype float16 or bfloat16 for mode='flash', got torch.float32"):
+        attention(q.float(), k.float(), v.float(), mode="flash")
+    with pytest.raises(ValueError, match=r"q must have a contiguous last dim and 16-byte aligned rows"):
+        torch.ops.fused_attn.attention(q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v, None, None,
+                                       algo="flash")
+    with pytest.raises(ValueError, match=r"attn_mask must be broadcastable to \(1, 2, 8, 8\), got \(3, 8\)"):
+        torch.ops.fused_attn.attention(q, k, v, torch.ones(3, 8, dtype=torch.bool, device="cuda"), None)
