@@ -61,6 +61,11 @@ _define(
     "Tensor(c!) out) -> ()"
 )
 
+# y = act(x @ weight^T + bias) + residual: x [..., in_features], weight [out_features, in_features]
+# (nn.Linear's layout), bias [out_features], residual [..., out]. activation: 0 none, 1 gelu_tanh,
+# 2 swiglu (weight = gate rows over up rows; out = silu(gate) * up has out_features / 2 columns).
+_define("linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None, *, int activation=0) -> Tensor")
+
 _loaded = False
 
 

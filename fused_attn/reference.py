@@ -182,3 +182,51 @@ def decode_attention(
     total = e.sum(dim=-1, keepdim=True)
     p = e / total.where(total > 0, torch.ones_like(total))  # no visible key: e = 0, total = 0
     return (p @ v).to(q.dtype), k_all, v_all
+
+
+def _linear_compute(x, weight, bias, activation, residual, compute_dtype):
+    y = x.to(compute_dtype) @ weight.to(compute_dtype).t()
+    if bias is not None:
+        y = y + bias.to(compute_dtype)
+    if activation == "gelu_tanh":
+        y = torch.nn.functional.gelu(y, approximate="tanh")
+    elif activation == "swiglu":
+        gate, up = y.chunk(2, dim=-1)
+        y = torch.nn.functional.silu(gate) * up
+    elif activation is not None:
+        raise ValueError(f"activation must be None, 'gelu_tanh' or 'swiglu', got {activation!r}")
+    if residual is not None:
+        y = y + residual.to(compute_dtype)
+    return y
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """``act(x @ weight^T + bias) + residual`` in ``compute_dtype``, cast to x's dtype. x ``[..., K]``,
+    weight ``[N, K]``; activation None, ``"gelu_tanh"`` (F.gelu(approximate="tanh")) or ``"swiglu"``
+    (weight = gate rows over up rows: ``silu(gate) * up``, N / 2 columns)."""
+    return _linear_compute(x, weight, bias, activation, residual, compute_dtype).to(x.dtype)
+
+
+def mlp(
+    x: torch.Tensor,
+    w_fc: torch.Tensor,
+    b_fc: torch.Tensor | None,
+    w_proj: torch.Tensor,
+    b_proj: torch.Tensor | None,
+    *,
+    activation: str = "gelu_tanh",
+    residual: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """``proj(act(fc(x))) + residual`` in ``compute_dtype`` throughout (no rounding of the hidden
+    activations), cast to x's dtype."""
+    h = _linear_compute(x, w_fc, b_fc, activation, None, compute_dtype)
+    return _linear_compute(h, w_proj, b_proj, None, residual, compute_dtype).to(x.dtype)
