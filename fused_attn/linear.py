@@ -144,13 +144,16 @@ def _setup_context(ctx, inputs, keyword_only_inputs, output):
 def _backward(ctx, grad):
     saved = ctx.saved_tensors
     need = ctx.needs_input_grad
+    # Grad mode is on here only when the caller asked for a differentiable backward (create_graph):
+    # then the recompute stays on the saved inputs' graph, so double backward is correct too.
+    double = torch.is_grad_enabled()
+    wants = [t is not None and i < len(need) and need[i] for i, t in enumerate(saved)]
     with torch.enable_grad():
-        leaves = [None if t is None else t.detach().requires_grad_(bool(i < len(need) and need[i]))
-                  for i, t in enumerate(saved)]
+        leaves = [t if double or t is None else t.detach().requires_grad_(w) for t, w in zip(saved, wants)]
         y = _reference(*leaves, ctx.activation)
-        wanted = [t for t in leaves if t is not None and t.requires_grad]
-        grads = iter(torch.autograd.grad(y, wanted, grad) if wanted else ())
-    out = tuple(next(grads) if t is not None and t.requires_grad else None for t in leaves)
+        wanted = [t for t, w in zip(leaves, wants) if w]
+        grads = iter(torch.autograd.grad(y, wanted, grad, create_graph=double) if wanted else ())
+    out = tuple(next(grads) if w else None for w in wants)
     return out[:len(need)]
 
 

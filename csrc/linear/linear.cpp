@@ -59,7 +59,8 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const std::option
     FA_CHECK_CUDA(bias);
     FA_CHECK_SAME_DEVICE(bias, x);
     FA_CHECK_SAME_DTYPE(bias, x);
-    FA_CHECK_SHAPE(bias, {weight.size(0)});
+    FA_CHECK_ARG(bias.dim() == 1 && bias.size(0) == weight.size(0), bias,
+                 "have shape (" + std::to_string(weight.size(0)) + ",)", shape_str(bias.sizes()));
   }
   if (residual_opt.has_value()) {
     const at::Tensor& residual = *residual_opt;
@@ -68,7 +69,8 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const std::option
     FA_CHECK_CUDA(residual);
     FA_CHECK_SAME_DEVICE(residual, x);
     FA_CHECK_SAME_DTYPE(residual, x);
-    FA_CHECK_SHAPE(residual, want);
+    FA_CHECK_ARG(residual.sizes() == at::IntArrayRef(want), residual, "have shape " + shape_str(want),
+                 shape_str(residual.sizes()));
   }
 }
 
@@ -125,7 +127,7 @@ at::Tensor linear_cublas(const at::Tensor& x2, const at::Tensor& weight, const s
                          const std::optional<at::Tensor>& residual2, int64_t activation) {
   at::Tensor y = bias.has_value() ? at::addmm(*bias, x2, weight.t()) : at::mm(x2, weight.t());
   if (activation == kActGeluTanh) {
-    y.gelu_("tanh");
+    at::gelu_(y, "tanh");
   } else if (activation == kActSwiglu) {
     const int64_t n_out = weight.size(0) / 2;
     y = at::silu(y.narrow(1, 0, n_out)).mul_(y.narrow(1, n_out, n_out));
