@@ -184,3 +184,19 @@ def measure_ceilings(nbytes: int = 1 << 30, reps: int = 15) -> dict[str, float]:
             times.append(start.elapsed_time(end) * 1e-3)
         out[name] = moved / statistics.median(times) / 1e9
     return out
+
+
+def measure_matmul_tflops(dtype: torch.dtype, n: int = 8192, reps: int = 10) -> float:
+    """Dense matmul ceiling in TFLOP/s (1e12 FLOP/s): median of ``reps`` [n, n] @ [n, n] products in
+    ``dtype`` (cuBLAS, warm L2 irrelevant at this size), timed with CUDA events. Large-M linear cases
+    are compared with it."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    out = torch.empty(n, n, device="cuda", dtype=dtype)
+    torch.mm(a, b, out=out)
+    times = []
+    for _ in range(reps):
+        start, end = events_around(lambda: torch.mm(a, b, out=out))
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return 2 * n**3 / statistics.median(times) / 1e12

@@ -4,7 +4,8 @@
 # Usage (on the GPU machine, repo root): OUT=/some/dir bash bench/run_gpu.sh [steps...]
 # BENCH_ARGS narrows the softmax step, e.g. BENCH_ARGS='-k backward' (backward cases only);
 # DECODE_ARGS the decode step, e.g. DECODE_ARGS='-k b1-' (batch 1 only) or DECODE_ARGS=--full (adds bfloat16).
-# steps: ab build tests bench decode sanitize bytes gpt2 gpt2bench profile (default: build tests bench decode sanitize bytes).
+# LINEAR_ARGS the linear step (bench_linear + bench_mlp), e.g. LINEAR_ARGS='-k m1-' (M = 1 only) or LINEAR_ARGS=--full (adds bfloat16).
+# steps: ab build tests bench decode linear sanitize bytes gpt2 gpt2bench profile (default: build tests bench decode sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FUSED_ATTN_CACHE=${FUSED_ATTN_CACHE:-/tmp/fused_attn_cache}
@@ -99,6 +100,17 @@ if has decode; then
   grep -E "^FAILED|^SKIPPED|Error" "$OUT/bench_decode.log" | head -20
   [ -f "$OUT/bench_decode.json" ] && python3 -m bench.report "$OUT/bench_decode.json" \
     --out /tmp/fused_attn_report_decode --no-plots > /dev/null && cat /tmp/fused_attn_report_decode/readme.md
+fi
+if has linear; then
+  log "linear (bench_linear, bench_mlp)"
+  # 6 shapes x 7 M x 3 providers (126 cases) + 2 models x 7 M x 3 (42) in float16; one compile per compiled case
+  timeout ${LINEAR_TIMEOUT:-480} python3 -m pytest bench/bench_linear.py bench/bench_mlp.py -q -rs -p no:cacheprovider \
+    --benchmark-json="$OUT/bench_linear.json" --benchmark-columns=median,iqr,rounds ${LINEAR_ARGS:-} \
+    > "$OUT/bench_linear.log" 2>&1 || rc=1
+  grep -E "passed|failed|error" "$OUT/bench_linear.log" | tail -1
+  grep -E "^FAILED|Error" "$OUT/bench_linear.log" | head -20
+  [ -f "$OUT/bench_linear.json" ] && python3 -m bench.report "$OUT/bench_linear.json" \
+    --out /tmp/fused_attn_report_linear --no-plots > /dev/null && cat /tmp/fused_attn_report_linear/readme.md
 fi
 if has bytes; then
   log bytes
