@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.bench_softmax import check_output
-from bench.harness import percentiles, roofline_us
+from bench.harness import floors_info, percentiles, speedups
 from fused_attn import reference
 from fused_attn.generate import DTYPES
 
@@ -265,19 +265,8 @@ def record(benchmark, case: dict, times: list[float], device, ceilings_gbps, tim
                 seqlen_new=SEQLEN_NEW, max_len=shape[-1], device=str(device), kv_bytes=kv_bytes(shape, dtype),
                 modeled_read_bytes=read, modeled_write_bytes=write, modeled_bytes=read + write, gbps=round(gbps, 1))
     if ceilings_gbps:
-        info.update({f"{k}_gbps": round(v, 1) for k, v in ceilings_gbps.items()})
-        info["pct_of_copy_bw"] = round(100 * gbps / ceilings_gbps["copy"], 1)
-        info["roofline_us"] = round(roofline_us(read, write, ceilings_gbps), 2)
-        info["pct_of_roofline"] = round(100 * info["roofline_us"] / stats["p50_us"], 1)
-        copy_us = timer.same_bytes_copy_us(read + write)
-        info["same_bytes_copy_us"] = round(copy_us, 2)
-        info["pct_of_same_bytes_copy"] = round(100 * copy_us / stats["p50_us"], 1)
-        info["launch_floor_us"] = round(launch_floor_us, 2)
-        info["spin_cycles"] = timer.spin_cycles
-    medians[(benchmark.group, provider)] = stats["p50_us"]
-    for base in SPEEDUP_BASES:
-        if (benchmark.group, base) in medians and provider != base:
-            info[f"speedup_vs_{base}"] = round(medians[(benchmark.group, base)] / stats["p50_us"], 3)
+        info.update(floors_info(read, write, stats["p50_us"], ceilings_gbps, timer, launch_floor_us))
+    info.update(speedups(medians, benchmark.group, provider, stats["p50_us"], SPEEDUP_BASES))
     benchmark.extra_info.update(info)
 
 

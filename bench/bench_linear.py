@@ -32,10 +32,10 @@ import gc
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+from bench.bench_decode_attention import dtypes_for
 from bench.bench_softmax import check_output
-from bench.harness import percentiles
+from bench.harness import floors_info, percentiles, speedups
 from fused_attn import reference
 from fused_attn.generate import DTYPES
 
@@ -43,8 +43,6 @@ GPT2_SHAPES = [(768, 2304), (768, 3072), (3072, 768)]
 LLAMA_SHAPES = [(4096, 11008), (11008, 4096), (4096, 4096)]
 ROWS = (1, 4, 16, 128, 512, 2048, 4096)
 CPU_CASES = [((64, 48), 1), ((64, 48), 20)]
-QUICK_DTYPES = ("float16",)
-FULL_DTYPES = ("float16", "bfloat16")
 # Below this many rows a case is memory-bound (the weight stream); from it on, compute-bound.
 MEMORY_BOUND_ROWS = 16
 
@@ -65,13 +63,6 @@ def modeled_traffic(k: int, n: int, m: int, dtype: torch.dtype) -> tuple[int, in
 
 def flops(k: int, n: int, m: int) -> int:
     return 2 * m * n * k
-
-
-def dtypes_for(config) -> list[str]:
-    names = config.getoption("--bench-dtypes")
-    if names:
-        return names.split(",")
-    return list(FULL_DTYPES if config.getoption("--full") else QUICK_DTYPES)
 
 
 def make_cases(config, cuda: bool | None = None) -> list[dict]:
@@ -103,7 +94,7 @@ def make_inputs(k: int, n: int, m: int, dtype: torch.dtype, device, seed: int = 
 
 
 def eager_chain(x, w, b, r):
-    return F.gelu(F.linear(x, w, b), approximate="tanh") + r
+    return reference.eager_linear(x, w, b, "gelu_tanh", r)
 
 
 def provider_fn(provider: str, t: dict):
@@ -146,20 +137,11 @@ def record(benchmark, case: dict, times: list[float], device, ceilings_gbps, tim
                 gbps=round(gbps, 1), flops=flop, tflops=round(tflops, 2),
                 bound="memory" if m <= MEMORY_BOUND_ROWS else "compute")
     if ceilings_gbps:
-        info.update({f"{name}_gbps": round(v, 1) for name, v in ceilings_gbps.items()})
-        info["pct_of_copy_bw"] = round(100 * gbps / ceilings_gbps["copy"], 1)
-        copy_us = timer.same_bytes_copy_us(read + write)
-        info["same_bytes_copy_us"] = round(copy_us, 2)
-        info["pct_of_same_bytes_copy"] = round(100 * copy_us / stats["p50_us"], 1)
-        info["launch_floor_us"] = round(launch_floor_us, 2)
-        info["spin_cycles"] = timer.spin_cycles
+        info.update(floors_info(read, write, stats["p50_us"], ceilings_gbps, timer, launch_floor_us))
     if peak_tflops:
         info["matmul_peak_tflops"] = round(peak_tflops, 1)
         info["pct_of_matmul_peak"] = round(100 * tflops / peak_tflops, 1)
-    medians[(benchmark.group, provider)] = stats["p50_us"]
-    for base in SPEEDUP_BASES:
-        if (benchmark.group, base) in medians and provider != base:
-            info[f"speedup_vs_{base}"] = round(medians[(benchmark.group, base)] / stats["p50_us"], 3)
+    info.update(speedups(medians, benchmark.group, provider, stats["p50_us"], SPEEDUP_BASES))
     benchmark.extra_info.update(info)
 
 

@@ -20,9 +20,9 @@ import gc
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from bench.bench_linear import GPU_ONLY, ROWS, SPEEDUP_BASES, dtypes_for, record
+from bench.bench_decode_attention import dtypes_for
+from bench.bench_linear import GPU_ONLY, ROWS, record
 from bench.bench_softmax import check_output
 from fused_attn import reference
 from fused_attn.generate import DTYPES
@@ -76,13 +76,7 @@ def make_inputs(d: int, hidden: int, activation: str, m: int, dtype: torch.dtype
 
 
 def eager_mlp(x, w_fc, b_fc, w_proj, b_proj, activation: str):
-    h = F.linear(x, w_fc, b_fc)
-    if activation == "gelu_tanh":
-        h = F.gelu(h, approximate="tanh")
-    else:
-        gate, up = h.chunk(2, dim=-1)
-        h = F.silu(gate) * up
-    return F.linear(h, w_proj, b_proj) + x
+    return reference.eager_linear(reference.eager_linear(x, w_fc, b_fc, activation), w_proj, b_proj, None, x)
 
 
 def provider_fn(provider: str, t: dict):

@@ -184,17 +184,31 @@ def decode_attention(
     return (p @ v).to(q.dtype), k_all, v_all
 
 
+def activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """linear's activations on the pre-activation ``y`` (its dtype): None, ``"gelu_tanh"`` or ``"swiglu"``
+    (``y``'s last dim holds gate then up: ``silu(gate) * up``, half as wide)."""
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(y, approximate="tanh")
+    if activation == "swiglu":
+        gate, up = y.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+    if activation is not None:
+        raise ValueError(f"activation must be None, 'gelu_tanh' or 'swiglu', got {activation!r}")
+    return y
+
+
+def eager_linear(x, weight, bias=None, activation: str | None = None, residual=None) -> torch.Tensor:
+    """The eager PyTorch chain at x's dtype (F.linear, the activation, the add: cuBLAS on CUDA, each step
+    rounded): the peer whose error bounds ours in the tests, and the benchmarks' eager provider."""
+    y = activate(torch.nn.functional.linear(x, weight, bias), activation)
+    return y if residual is None else y + residual
+
+
 def _linear_compute(x, weight, bias, activation, residual, compute_dtype):
     y = x.to(compute_dtype) @ weight.to(compute_dtype).t()
     if bias is not None:
         y = y + bias.to(compute_dtype)
-    if activation == "gelu_tanh":
-        y = torch.nn.functional.gelu(y, approximate="tanh")
-    elif activation == "swiglu":
-        gate, up = y.chunk(2, dim=-1)
-        y = torch.nn.functional.silu(gate) * up
-    elif activation is not None:
-        raise ValueError(f"activation must be None, 'gelu_tanh' or 'swiglu', got {activation!r}")
+    y = activate(y, activation)
     if residual is not None:
         y = y + residual.to(compute_dtype)
     return y

@@ -19,13 +19,9 @@ pytest.importorskip("pytest_benchmark")
 from bench import bench_linear as lin  # noqa: E402
 from bench import bench_mlp as mlp  # noqa: E402
 from bench import report  # noqa: E402
+from tests.test_bench_decode import _config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _config(full=False, dtypes=None):
-    opts = {"--full": full, "--bench-dtypes": dtypes}
-    return SimpleNamespace(getoption=opts.__getitem__)
 
 
 def test_providers_put_the_baselines_first_and_fused_last():

@@ -9,7 +9,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -82,17 +81,6 @@ def make_inputs(case, device):
     return x, w, b, r
 
 
-def eager(x, w, b, activation, r):
-    """The eager chain at x's dtype (cuBLAS on CUDA): the peer whose error bounds ours."""
-    y = F.linear(x, w, b)
-    if activation == "gelu_tanh":
-        y = F.gelu(y, approximate="tanh")
-    elif activation == "swiglu":
-        gate, up = y.chunk(2, dim=-1)
-        y = F.silu(gate) * up
-    return y if r is None else y + r
-
-
 def poison_allocator(nbytes: int, device) -> None:
     """On CUDA, free a NaN-filled block of the output's size: the caching allocator hands the op's output
     that block, so an element the kernel does not write stays NaN."""
@@ -111,7 +99,7 @@ def run_and_check(case, device):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12 * case["scale"])
         return
     want = reference._linear_compute(x, w, b, case["activation"], r, torch.float64)
-    assert_linear_close(got, eager(x, w, b, case["activation"], r), want, f"linear {case}")
+    assert_linear_close(got, reference.eager_linear(x, w, b, case["activation"], r), want, f"linear {case}")
 
 
 EDGE_EXAMPLES = [

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from hypothesis import example, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from fused_attn import reference
 from fused_attn.mlp import mlp
-from tests.test_linear import poison_allocator
+from tests.test_linear import poison_allocator, with_examples
 from tests.tolerances import assert_linear_close
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -52,17 +51,6 @@ def make_inputs(c, device):
     return x, w_fc, b_fc, w_proj, b_proj, r
 
 
-def eager_mlp(x, w_fc, b_fc, w_proj, b_proj, activation, r):
-    h = F.linear(x, w_fc, b_fc)
-    if activation == "gelu_tanh":
-        h = F.gelu(h, approximate="tanh")
-    else:
-        gate, up = h.chunk(2, dim=-1)
-        h = F.silu(gate) * up
-    y = F.linear(h, w_proj, b_proj)
-    return y if r is None else y + r
-
-
 def run_and_check(c, device):
     x, w_fc, b_fc, w_proj, b_proj, r = make_inputs(c, device)
     poison_allocator(c["m"] * max(c["hidden"], c["d_out"]) * x.element_size(), device)
@@ -75,7 +63,8 @@ def run_and_check(c, device):
         return
     h = reference._linear_compute(x, w_fc, b_fc, c["activation"], None, torch.float64)
     want = reference._linear_compute(h, w_proj, b_proj, None, r, torch.float64)
-    assert_linear_close(got, eager_mlp(x, w_fc, b_fc, w_proj, b_proj, c["activation"], r), want, f"mlp {c}")
+    eager = reference.eager_linear(reference.eager_linear(x, w_fc, b_fc, c["activation"]), w_proj, b_proj, None, r)
+    assert_linear_close(got, eager, want, f"mlp {c}")
 
 
 EDGES = [case_of(), case_of(activation="swiglu", bias=False, dtype=torch.bfloat16, m=4),
@@ -83,27 +72,19 @@ EDGES = [case_of(), case_of(activation="swiglu", bias=False, dtype=torch.bfloat1
          case_of(m=17, activation="swiglu")]
 
 
-def with_examples(cases):
-    def wrap(f):
-        for c in cases:
-            f = example(c=c)(f)
-        return f
-    return wrap
-
-
 @pytest.mark.gpu
-@given(c=mlp_case(cuda=True))
+@given(case=mlp_case(cuda=True))
 @with_examples(EDGES + [case_of(d=4096, hidden=11008, d_out=4096, activation="swiglu", bias=False, m=m,
                                 dtype=torch.bfloat16) for m in (1, 16)])
-def test_matches_reference_gpu(c):
-    run_and_check(c, "cuda")
+def test_matches_reference_gpu(case):
+    run_and_check(case, "cuda")
 
 
-@given(c=mlp_case(cuda=False))
+@given(case=mlp_case(cuda=False))
 @with_examples([e for e in EDGES if e["d"] * e["hidden"] <= 1 << 14]
                + [case_of(dtype=torch.float64, activation="swiglu", m=2, d=9, hidden=5, d_out=9)])
-def test_matches_reference_cpu(c):
-    run_and_check(c, "cpu")
+def test_matches_reference_cpu(case):
+    run_and_check(case, "cpu")
 
 
 @pytest.mark.parametrize("activation", ["gelu_tanh", "swiglu"])

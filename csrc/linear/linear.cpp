@@ -34,7 +34,8 @@ bool vector_ready(const at::Tensor& t, int64_t vec) {
   return t.stride(0) % vec == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
-// The locals are named after the arguments: the check macros stringify them into the message.
+// The locals are named after the arguments: the check macros stringify them into the message. x is a CUDA
+// tensor, so the same-device checks make the others CUDA tensors too.
 void check_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias_opt,
                 const std::optional<at::Tensor>& residual_opt, int64_t activation) {
   FA_CHECK_CUDA(x);
@@ -42,7 +43,6 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const std::option
                x, "have dtype float32, float16 or bfloat16", dtype_str(x.scalar_type()));
   FA_CHECK_ARG(x.dim() >= 1, x, "have at least 1 dim [..., in_features]", shape_str(x.sizes()));
   FA_CHECK_DIM(weight, 2, "[out_features, in_features]");
-  FA_CHECK_CUDA(weight);
   FA_CHECK_SAME_DEVICE(weight, x);
   FA_CHECK_SAME_DTYPE(weight, x);
   FA_CHECK_LAST_DIM_CONTIGUOUS(weight);
@@ -56,7 +56,6 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const std::option
                weight, "have fewer than 2**31 rows and columns", shape_str(weight.sizes()));
   if (bias_opt.has_value()) {
     const at::Tensor& bias = *bias_opt;
-    FA_CHECK_CUDA(bias);
     FA_CHECK_SAME_DEVICE(bias, x);
     FA_CHECK_SAME_DTYPE(bias, x);
     FA_CHECK_ARG(bias.dim() == 1 && bias.size(0) == weight.size(0), bias,
@@ -66,7 +65,6 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const std::option
     const at::Tensor& residual = *residual_opt;
     std::vector<int64_t> want(x.sizes().begin(), x.sizes().end());
     want.back() = activation == kActSwiglu ? weight.size(0) / 2 : weight.size(0);
-    FA_CHECK_CUDA(residual);
     FA_CHECK_SAME_DEVICE(residual, x);
     FA_CHECK_SAME_DTYPE(residual, x);
     FA_CHECK_ARG(residual.sizes() == at::IntArrayRef(want), residual, "have shape " + shape_str(want),
