@@ -1,7 +1,8 @@
 """A small GPU subset for compute-sanitizer (memcheck, racecheck): odd sizes, every
 launch-shape class, long rows, fully masked rows, masks, both versions, and the backward; and
 decode_attention: appends, GQA / MQA, forced splits (more than keys too), left padding, head dims
-32 to 256, float32, and out-of-bounds device lengths (which must read and write nothing).
+32 to 256, float32, and out-of-bounds device lengths (which must read and write nothing); and linear:
+every rows-of-x class, weight rows per block and epilogue, the element-wise path (odd K, misaligned rows).
 
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py
     compute-sanitizer --tool racecheck python tests/sanitizer_cases.py --quick
@@ -57,6 +58,7 @@ def main(argv: list[str]) -> int:
     x = torch.randn(4, 7, 5, device="cuda")[..., 1:]  # misaligned, scalar path
     scaled_masked_softmax(x, causal=True)
     cases += decode_cases(quick)
+    cases += linear_cases(quick)
     torch.cuda.synchronize()
     print(f"sanitizer cases: {cases} passed")
     return 0
@@ -98,6 +100,26 @@ def decode_cases(quick: bool) -> int:
     out = decode_attention(q, k, v, seqlens, k_new=kn, v_new=kn.clone(), cache_leftpad=leftpad, num_splits=4)
     assert out.isnan().all() and torch.equal(k, k0), "out-of-bounds lengths"
     return cases + 1
+
+
+# linear (tests/test_linear.py's run_and_check: poisoned output, against the float64 reference and cuBLAS):
+# K with a partial last loop step, N that gives 4 / 2 / 1 weight rows per block, odd K, misaligned rows.
+LINEAR_CASES = [
+    dict(m=1, k=768, n=2304, activation="gelu_tanh", dtype=torch.float16),
+    dict(m=3, k=3080, n=768, activation="swiglu", dtype=torch.bfloat16, layout="misaligned"),
+    dict(m=16, k=1000, n=96, activation=None, dtype=torch.float32),
+    dict(m=9, k=37, n=5, activation="gelu_tanh", dtype=torch.float16, layout="strided"),
+    dict(m=5, k=64, n=200, activation="swiglu", dtype=torch.float16, lead="3d"),
+]
+
+
+def linear_cases(quick: bool) -> int:
+    from tests.test_linear import case_of as linear_case_of
+    from tests.test_linear import run_and_check as linear_run_and_check
+
+    for i, kw in enumerate(LINEAR_CASES[:2] if quick else LINEAR_CASES):
+        linear_run_and_check(linear_case_of(seed=i, **kw), "cuda")
+    return len(LINEAR_CASES[:2] if quick else LINEAR_CASES)
 
 
 if __name__ == "__main__":
