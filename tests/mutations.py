@@ -34,6 +34,8 @@ T_SOFTMAX = "tests/test_softmax.py"
 T_HF = "tests/test_hf.py"
 T_GPT2 = "tests/test_gpt2.py"
 T_DECODE = "tests/test_decode_attention.py"
+T_LINEAR = "tests/test_linear.py"
+T_MLP = "tests/test_mlp.py"
 
 
 @dataclass(frozen=True)
@@ -273,6 +275,24 @@ MUTATIONS: list[Mutation] = [
                 f"{T_SOFTMAX}::test_cuda_graph_capture_and_replay_gpu"), gpu=True,
              why="the sleep test alone let it survive on the H100 (the legacy default stream waited for s); "
                  "a launch on the legacy stream during graph capture is an error"),
+    # ------------------------------------------------------------ linear / mlp
+    Mutation("linear-backward-drops-residual", "fused_attn/linear.py",
+             "ctx.save_for_backward(x, weight, bias, residual)", "ctx.save_for_backward(x, weight, bias, None)",
+             _t(f"{T_LINEAR}::test_gradcheck_float64_cpu"), why="residual's gradient silently missing"),
+    Mutation("mlp-residual-dropped", "fused_attn/mlp.py",
+             "return linear(h, w_proj, b_proj, residual=residual)", "return linear(h, w_proj, b_proj)",
+             _t(f"{T_MLP}::test_matches_reference_cpu")),
+    Mutation("kernel-linear-swiglu-up-bias-of-gate", "csrc/linear/linear_kernel.cuh",
+             "up += to_float(bias[p.n_out + col]);", "up += to_float(bias[col]);",
+             _t(f"{T_LINEAR}::test_every_row_count_and_epilogue_gpu"), gpu=True),
+    Mutation("kernel-linear-vector-loads-on-odd-k", "csrc/linear/linear.cpp",
+             "p.vec = p.k % vec == 0 && ", "p.vec = ",
+             _t(f"{T_LINEAR}::test_matches_reference_gpu"), gpu=True,
+             why="16-byte loads of rows that are not 16-byte aligned (K not a multiple of the vector width)"),
+    Mutation("kernel-linear-writes-nothing", "csrc/linear/linear_kernel.cuh",
+             "constexpr int U = 8 / NB;  // pieces per row in flight per thread",
+             "constexpr int U = 8 / NB;  // pieces per row in flight per thread\n  if (blockDim.x > 0) return;",
+             _t(f"{T_LINEAR}::test_every_row_count_and_epilogue_gpu"), gpu=True, why="no output written: poisoned"),
 ]
 
 
