@@ -153,6 +153,21 @@ def test_every_row_count_and_epilogue_gpu(m, activation, dtype):
                                   residual=residual, seed=m), "cuda")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [5, 8, 9, 16])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tensor_core_path_gpu(m, activation, dtype):
+    """The tensor-core kernel (float16 / bfloat16, 5-16 rows, 16-byte rows, >= 2112 output columns on an
+    H100): a K with a partial last chunk of 32 and a partial last tile of output columns, and Llama's
+    widths; beside it the CUDA-core kernel at N = 768 (too few tiles for the tensor-core one)."""
+    swiglu = activation == "swiglu"
+    for k, n_out in ((776, 2305), (4096, 4096), (3072, 768)):
+        for extras in (False, True):
+            run_and_check(case_of(m=m, k=k, n=2 * n_out if swiglu else n_out, dtype=dtype, activation=activation,
+                                  bias=extras, residual=extras, seed=m + k), "cuda")
+
+
 # --------------------------------------------------------------------------- gradients
 
 

@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include "../common/math.cuh"
+#include "../common/mma.cuh"
 #include "../common/vec_dtypes.cuh"
 #include "decode_attention_launch.h"
 
@@ -454,25 +455,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                        uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 #endif
 
 // Two floats as one 32-bit pair of T (lo in the low half), for an A fragment.
@@ -619,8 +601,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
       uint32_t kf[4];
       const int key = warp * 16 + (lane / 16) * 8 + lane % 8, c = kk * 2 + lane / 8 % 2;
       decode::ldmatrix_x4(kf, decode::smem_addr(ks + decode::swizzled<HD>(key, c)));
-      decode::mma16816<T>(s[0], qa[kk], kf[0], kf[1]);
-      decode::mma16816<T>(s[1], qa[kk], kf[2], kf[3]);
+      mma16816<T>(s[0], qa[kk], kf[0], kf[1]);
+      mma16816<T>(s[1], qa[kk], kf[2], kf[3]);
     }
     // Scale into the log2 domain; -inf where a key is outside the split, masked, or causally hidden.
 #pragma unroll
@@ -665,8 +647,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
       uint32_t vf[4];
       const int key = warp * 16 + (lane / 8 % 2) * 8 + lane % 8, c = nc * 2 + lane / 16;
       decode::ldmatrix_x4_trans(vf, decode::smem_addr(vs + decode::swizzled<HD>(key, c)));
-      decode::mma16816<T>(o[2 * nc], pa, vf[0], vf[1]);
-      decode::mma16816<T>(o[2 * nc + 1], pa, vf[2], vf[3]);
+      mma16816<T>(o[2 * nc], pa, vf[0], vf[1]);
+      mma16816<T>(o[2 * nc + 1], pa, vf[2], vf[3]);
     }
   }
   decode::cp_async_wait<0>();

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "../common/checks.h"
@@ -28,7 +29,12 @@ namespace {
 // types is about what the SM's FP32 units can do at the copy bandwidth.
 constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 
-std::string strides_str(const at::Tensor& t) { return shape_str(t.strides()); }
+// Rows of x from which float16 / bfloat16 run the tensor-core kernel (16-byte rows, and at least one
+// block of 16 weight rows per SM; else the CUDA-core kernel, whose 1-4 rows per block fill the GPU at
+// N = 768): from 5 rows the CUDA-core kernel's FMAs and conversions per weight byte approach what the
+// SM issues at the copy bandwidth. To be confirmed on the GPU (bench/bench_linear.py at M = 4 and 16).
+constexpr int kMmaMinRows = 5;
+
 
 bool vector_ready(const at::Tensor& t, int64_t vec) {
   return t.stride(0) % vec == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
@@ -108,7 +114,17 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
     rows /= 2;
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t mma_blocks = (p.n_out + (swiglu ? 8 : 16) - 1) / (swiglu ? 8 : 16);
   FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
+    if constexpr (!std::is_same_v<scalar_t, float>) {
+      if (p.m >= kMmaMinRows && p.vec && mma_blocks >= sm_count(x2)) {
+        const bool wide = p.m > 8;
+        if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
+          wide ? launch_linear_mma<scalar_t, 16>(p, stream) : launch_linear_mma<scalar_t, 8>(p, stream);
+          return;
+        }
+      }
+    }
     if (p.m <= 1) launch_linear_gemv<scalar_t, 1>(p, rows, threads, stream);
     else if (p.m <= 2) launch_linear_gemv<scalar_t, 2>(p, rows, threads, stream);
     else if (p.m <= 4) launch_linear_gemv<scalar_t, 4>(p, rows, threads, stream);

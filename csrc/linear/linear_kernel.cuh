@@ -17,11 +17,24 @@
 // The element-wise path (p.vec false: K not a multiple of the vector width, or misaligned
 // rows) loads the same pieces one element at a time, with the tail of K masked.
 //
+// linear_mma_kernel (float16 / bfloat16, 5 to 16 rows of x, 16-byte rows): the same stream on
+// tensor cores, where the CUDA-core kernel's M FMAs per weight element (plus the conversions)
+// would limit it. outᵀ = W · xᵀ: a block owns 16 weight rows (with SwiGLU 8 gate rows over their
+// 8 up rows), the m16 A operand of mma.sync m16n8k16, and x's rows are the n8 B operand (one or
+// two n-tiles). Both operands come straight from global memory as 16-byte loads: lane l reads 8
+// consecutive k of weight rows l / 4 and l / 4 + 8 and of x row l / 4, and the 16 k slots of a
+// fragment are a fixed permutation of the 32 k the lane quad read (slot 2q + {0, 1}, 8 + 2q + {0, 1}
+// of the first MMA = k 8q + {0..3}, of the second = 8q + {4..7}); A and B share the permutation, so
+// the dot products are exact sums over k. 8 warps split K, U = 4 chunks of 32 k in flight per warp
+// (128 bytes of weight per lane), and sum their fragments through shared memory; with SwiGLU a
+// lane holds the gate and up sums of the same output, so the epilogue needs no exchange.
+//
 // Tests: tests/test_linear.py, tests/test_mlp.py; benchmark: bench/bench_linear.py.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include "../common/mma.cuh"
 #include "../common/vec_dtypes.cuh"
 #include "linear_launch.h"
 
@@ -177,6 +190,114 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
   }
 }
 
+constexpr int kMmaWarps = kLinearMmaThreads / 32;
+constexpr int kMmaChunks = 4;  // chunks of 32 k per warp in flight
+
+// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16).
+template <typename T, int NT>
+__global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const LinearParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const bool swiglu = p.activation == kActSwiglu;
+  const T* x = static_cast<const T*>(p.x);
+  const T* w = static_cast<const T*>(p.w);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int64_t col0 = int64_t(blockIdx.x) * (swiglu ? 8 : 16);
+
+  // The two weight rows of this lane: tile rows g and g + 8.
+  const T* wrow[2];
+  bool wlive[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t col = swiglu ? col0 + g : col0 + g + 8 * h;
+    wlive[h] = col < p.n_out;
+    const int64_t row = swiglu && h ? p.n_out + col : col;
+    wrow[h] = w + (wlive[h] ? row : 0) * p.w_stride + q * 8;
+  }
+  const T* xrow[NT];
+  bool xlive[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    xlive[t] = 8 * t + g < p.m;
+    xrow[t] = x + (xlive[t] ? 8 * t + g : 0) * p.x_stride + q * 8;
+  }
+
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+
+  const int chunks = (p.k + 31) / 32;
+  for (int c0 = warp; c0 < chunks; c0 += kMmaWarps * kMmaChunks) {
+    uint4 wa[kMmaChunks][2], xb[kMmaChunks][NT];
+#pragma unroll
+    for (int u = 0; u < kMmaChunks; ++u) {
+      const int c = c0 + u * kMmaWarps;
+      const bool in = c < chunks && c * 32 + q * 8 < p.k;  // k is a multiple of 8: whole pieces
+#pragma unroll
+      for (int h = 0; h < 2; ++h) wa[u][h] = in && wlive[h] ? load_stream(wrow[h] + c * 32) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        xb[u][t] = in && xlive[t] ? __ldg(reinterpret_cast<const uint4*>(xrow[t] + c * 32)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kMmaChunks; ++u) {
+      const uint32_t a_lo[4] = {wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y};
+      const uint32_t a_hi[4] = {wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w};
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        mma16816<T>(acc[t], a_lo, xb[u][t].x, xb[u][t].y);
+        mma16816<T>(acc[t], a_hi, xb[u][t].z, xb[u][t].w);
+      }
+    }
+  }
+
+  // The warps' fragments summed through shared memory, then the epilogue from the summed fragment:
+  // acc[t][i] is tile row g + 8 (i / 2) and x row 8 t + 2 q + i % 2.
+  __shared__ float partial[kMmaWarps][NT][4][32];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[warp][t][i][lane] = acc[t][i];
+  __syncthreads();
+  if (warp >= NT) return;
+  const int t = warp;
+  float s[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    s[i] = 0.f;
+    for (int v = 0; v < kMmaWarps; ++v) s[i] += partial[v][t][i][lane];
+  }
+  const T* bias = static_cast<const T*>(p.bias);
+  const T* residual = static_cast<const T*>(p.residual);
+  T* out = static_cast<T*>(p.out);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (swiglu && i >= 2) break;
+    const int m = 8 * t + 2 * q + i % 2;
+    const int64_t col = swiglu ? col0 + g : col0 + g + 8 * (i / 2);
+    if (m >= p.m || col >= p.n_out) continue;
+    float y;
+    if (swiglu) {
+      float gate = s[i], up = s[i + 2];
+      if (bias != nullptr) {
+        gate += to_float(bias[col]);
+        up += to_float(bias[p.n_out + col]);
+      }
+      y = silu(gate) * up;
+    } else {
+      y = s[i];
+      if (bias != nullptr) y += to_float(bias[col]);
+      if (p.activation == kActGeluTanh) y = gelu_tanh(y);
+    }
+    if (residual != nullptr) y += to_float(residual[m * p.r_stride + col]);
+    out[m * p.o_stride + col] = from_float<T>(y);
+  }
+#else
+  __trap();  // launched only where linear_mma_arch says it was compiled (sm_80 and later)
+#endif
+}
+
 template <typename T, int MT, int NB>
 void launch_nb(const LinearParams& p, int threads, cudaStream_t stream) {
   const int64_t cols_per_block = p.activation == kActSwiglu ? NB / 2 : NB;
@@ -189,6 +310,20 @@ void launch_nb(const LinearParams& p, int threads, cudaStream_t stream) {
 }
 
 }  // namespace linear
+
+template <typename T, int MT>
+void launch_linear_mma(const LinearParams& p, cudaStream_t stream) {
+  static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
+  const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
+  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
+  linear::linear_mma_kernel<T, MT / 8><<<grid, kLinearMmaThreads, 0, stream>>>(p);
+}
+
+template <typename T, int MT>
+int linear_mma_arch() {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8>) == cudaSuccess ? attr.binaryVersion : 0;
+}
 
 template <typename T, int MT>
 void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, cudaStream_t stream) {

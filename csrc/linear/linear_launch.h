@@ -45,5 +45,13 @@ constexpr int kLinearMaxThreads = 256;
 // kActSwiglu, a gate row and its up row each); threads: a multiple of 32 up to kLinearMaxThreads.
 template <typename T, int MT>
 void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, cudaStream_t stream);
+// The tensor-core kernel: float16 / bfloat16, MT 8 or 16, p.vec (16-byte rows, k a multiple of 8);
+// 16 output columns per block (8 with kActSwiglu). linear_mma_arch: the SM version it was compiled
+// for (0 if none: mma.sync needs sm_80).
+constexpr int kLinearMmaThreads = 256;
+template <typename T, int MT>
+void launch_linear_mma(const LinearParams& p, cudaStream_t stream);
+template <typename T, int MT>
+int linear_mma_arch();
 
 }  // namespace fused_attn
