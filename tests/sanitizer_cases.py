@@ -120,9 +120,10 @@ def linear_cases(quick: bool) -> int:
     from tests.test_linear import case_of as linear_case_of
     from tests.test_linear import run_and_check as linear_run_and_check
 
-    for i, kw in enumerate([LINEAR_CASES[0], LINEAR_CASES[1], LINEAR_CASES[5]] if quick else LINEAR_CASES):
+    cases = [LINEAR_CASES[0], LINEAR_CASES[1], LINEAR_CASES[5]] if quick else LINEAR_CASES
+    for i, kw in enumerate(cases):
         linear_run_and_check(linear_case_of(seed=i, **kw), "cuda")
-    return len([LINEAR_CASES[0], LINEAR_CASES[1], LINEAR_CASES[5]] if quick else LINEAR_CASES)
+    return len(cases)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,26 @@ __device__ __forceinline__ float gelu_tanh(float y) {
 
 __device__ __forceinline__ float silu(float y) { return y / (1.f + expf(-y)); }
 
+// The epilogue of output (x row m, column col): `sum` is x · w_col (the gate's with SwiGLU, `up` the
+// up row's), then bias, the activation, the residual, one rounding to T.
+template <typename T>
+__device__ __forceinline__ void store_output(const LinearParams& p, int m, int64_t col, float sum, float up) {
+  const T* bias = static_cast<const T*>(p.bias);
+  float y;
+  if (p.activation == kActSwiglu) {
+    if (bias != nullptr) {
+      sum += to_float(bias[col]);
+      up += to_float(bias[p.n_out + col]);
+    }
+    y = silu(sum) * up;
+  } else {
+    y = bias != nullptr ? sum + to_float(bias[col]) : sum;
+    if (p.activation == kActGeluTanh) y = gelu_tanh(y);
+  }
+  if (p.residual != nullptr) y += to_float(static_cast<const T*>(p.residual)[m * p.r_stride + col]);
+  static_cast<T*>(p.out)[m * p.o_stride + col] = from_float<T>(y);
+}
+
 template <typename T, int MT, int NB, bool kVec>
 __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const LinearParams p) {
   constexpr int VEC = Piece<T>::VEC;
@@ -161,7 +181,6 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
   __syncthreads();
 
   // Epilogue: one thread per (output column, x row).
-  const T* bias = static_cast<const T*>(p.bias);
   const int cols = swiglu ? NB / 2 : NB;
   for (int t = threadIdx.x; t < cols * MT; t += blockDim.x) {
     const int c = t / MT, m = t % MT;
@@ -172,21 +191,11 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
       for (int i = 0; i < warps; ++i) s += partial[i][r * MT + m];
       return s;
     };
-    float y;
     if (swiglu) {
-      float gate = sum(2 * c), up = sum(2 * c + 1);
-      if (bias != nullptr) {
-        gate += to_float(bias[col]);
-        up += to_float(bias[p.n_out + col]);
-      }
-      y = silu(gate) * up;
+      store_output<T>(p, m, col, sum(2 * c), sum(2 * c + 1));
     } else {
-      y = sum(c);
-      if (bias != nullptr) y += to_float(bias[col]);
-      if (p.activation == kActGeluTanh) y = gelu_tanh(y);
+      store_output<T>(p, m, col, sum(c), 0.f);
     }
-    if (p.residual != nullptr) y += to_float(static_cast<const T*>(p.residual)[m * p.r_stride + col]);
-    static_cast<T*>(p.out)[m * p.o_stride + col] = from_float<T>(y);
   }
 }
 
@@ -268,30 +277,12 @@ __global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const Lin
     s[i] = 0.f;
     for (int v = 0; v < kMmaWarps; ++v) s[i] += partial[v][t][i][lane];
   }
-  const T* bias = static_cast<const T*>(p.bias);
-  const T* residual = static_cast<const T*>(p.residual);
-  T* out = static_cast<T*>(p.out);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     if (swiglu && i >= 2) break;
     const int m = 8 * t + 2 * q + i % 2;
     const int64_t col = swiglu ? col0 + g : col0 + g + 8 * (i / 2);
-    if (m >= p.m || col >= p.n_out) continue;
-    float y;
-    if (swiglu) {
-      float gate = s[i], up = s[i + 2];
-      if (bias != nullptr) {
-        gate += to_float(bias[col]);
-        up += to_float(bias[p.n_out + col]);
-      }
-      y = silu(gate) * up;
-    } else {
-      y = s[i];
-      if (bias != nullptr) y += to_float(bias[col]);
-      if (p.activation == kActGeluTanh) y = gelu_tanh(y);
-    }
-    if (residual != nullptr) y += to_float(residual[m * p.r_stride + col]);
-    out[m * p.o_stride + col] = from_float<T>(y);
+    if (m < p.m && col < p.n_out) store_output<T>(p, m, col, s[i], swiglu ? s[i + 2] : 0.f);
   }
 #else
   __trap();  // launched only where linear_mma_arch says it was compiled (sm_80 and later)
