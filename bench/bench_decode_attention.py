@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.bench_softmax import check_output
-from bench.harness import floors_info, percentiles, speedups
+from bench.harness import bandwidth_info, percentiles, same_run_speedups
 from fused_attn import reference
 from fused_attn.generate import DTYPES
 
@@ -260,13 +260,10 @@ def record(benchmark, case: dict, times: list[float], device, ceilings_gbps, tim
     shape, provider, dtype = case["shape"], case["provider"], DTYPES[case["dtype"]]
     read, write = modeled_traffic(shape, dtype)
     stats = percentiles(times)
-    gbps = (read + write) / (stats["p50_us"] * 1e-6) / 1e9
     info = dict(stats, provider=provider, shape=list(shape), dtype=case["dtype"], note=NOTES[provider],
-                seqlen_new=SEQLEN_NEW, max_len=shape[-1], device=str(device), kv_bytes=kv_bytes(shape, dtype),
-                modeled_read_bytes=read, modeled_write_bytes=write, modeled_bytes=read + write, gbps=round(gbps, 1))
-    if ceilings_gbps:
-        info.update(floors_info(read, write, stats["p50_us"], ceilings_gbps, timer, launch_floor_us))
-    info.update(speedups(medians, benchmark.group, provider, stats["p50_us"], SPEEDUP_BASES))
+                seqlen_new=SEQLEN_NEW, max_len=shape[-1], device=str(device), kv_bytes=kv_bytes(shape, dtype))
+    info.update(bandwidth_info(read, write, stats["p50_us"], ceilings_gbps, timer, launch_floor_us))
+    info.update(same_run_speedups(medians, benchmark.group, provider, stats["p50_us"], SPEEDUP_BASES))
     benchmark.extra_info.update(info)
 
 

@@ -1,6 +1,7 @@
 """GPT-2 end to end: tokens/s, TTFT and TBT per backend (fused_attn.generate.run_backend).
 
-Backends hf-eager, hf-sdpa, hf-static, hf-static-fused, hf-fused, graph; batch {1, 16}; prompt {128, 512};
+Backends hf-eager, hf-sdpa, hf-static, hf-static-fused, hf-fused, compile-graph, graph-softmax, graph; batch
+{1, 16}; prompt {128, 512};
 128 new tokens (greedy); float16 by default, float32 with --full. Model: GPT-2 small's
 configuration with seeded random weights (same shapes and cost as the real checkpoint),
 or FUSED_ATTN_GPT2_MODEL. Prompts: seeded random ids (tests/prompts.py), every row its own;
@@ -20,7 +21,9 @@ the rounds. GPU only.
 hf-static-fused is hf-static (transformers' StaticCache, its decode step compiled) with the
 "fused_attn" attention instead of sdpa, so its decode steps run ``decode_attention`` inside the
 compiled graph; it runs right after hf-static in every group, and extra_info ``speedup_vs_hf_static``
-is its tokens/s over hf-static's in the same run.
+is its tokens/s over hf-static's in the same run. compile-graph is the peer of our graph backends
+(the plain PyTorch decode step of fused_attn.gpt2, SDPA + addmm, through torch.compile, captured in
+one CUDA graph: gpt-fast's recipe); the cases after it carry ``speedup_vs_compile_graph``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import statistics
 import pytest
 import torch
 
-from fused_attn.generate import BACKENDS, STATIC, nearest_rank
+from fused_attn.generate import BACKENDS, COMPILED, STATIC, nearest_rank
 
 NEW_TOKENS = 128
 # How bench.report names these cases (the columns and rows come from the saved extra_info).
@@ -82,9 +85,9 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
     dtype, device = DTYPES[c["dtype"]], torch.device("cuda")
     lengths = prompt_lengths(c["batch"], c["prompt"])
     ids, mask = left_padded(hf_model.config.vocab_size, lengths, seed=0)
-    if c["backend"] in STATIC:
-        # transformers' compiled decode: one compile per case (sdpa and fused_attn models, every
-        # shape), so no case runs into dynamo's recompile limit and falls back to eager unseen.
+    if c["backend"] in STATIC + COMPILED:
+        # a compiled decode step: one compile per case (every backend and shape), so no case runs
+        # into dynamo's recompile limit and falls back to eager unseen.
         torch._dynamo.reset()
     run_backend(c["backend"], hf_model, ids, mask, NEW_TOKENS, dtype, device, cache=cache)  # warm-up
     results, paired = [], []
@@ -127,6 +130,8 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
         info["speedup_vs_hf_eager"] = round(tps / medians[(benchmark.group, "hf-eager")], 3)
     if c["backend"] == "hf-static-fused" and (benchmark.group, "hf-static") in medians:
         info["speedup_vs_hf_static"] = round(tps / medians[(benchmark.group, "hf-static")], 3)
+    if (benchmark.group, "compile-graph") in medians and c["backend"] != "compile-graph":
+        info["speedup_vs_compile_graph"] = round(tps / medians[(benchmark.group, "compile-graph")], 3)
     if benchmark.group in hf_eager_tokens:
         # Same greedy tokens as transformers' eager attention, in this run (fp16 can differ in
         # rare near-ties; the float32 equality is a test, this is what a reader of the JSON sees).

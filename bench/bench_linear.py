@@ -35,7 +35,7 @@ import torch
 
 from bench.bench_decode_attention import dtypes_for
 from bench.bench_softmax import check_output
-from bench.harness import floors_info, percentiles, speedups
+from bench.harness import bandwidth_info, percentiles, same_run_speedups
 from fused_attn import reference
 from fused_attn.generate import DTYPES
 
@@ -129,19 +129,15 @@ def record(benchmark, case: dict, times: list[float], device, ceilings_gbps, tim
     read, write = traffic or modeled_traffic(k, n, m, dtype)
     flop = flop or flops(k, n, m)
     stats = percentiles(times)
-    seconds = stats["p50_us"] * 1e-6
-    gbps = (read + write) / seconds / 1e9
-    tflops = flop / seconds / 1e12
+    tflops = flop / (stats["p50_us"] * 1e-6) / 1e12
     info = dict(stats, provider=provider, shape=[k, n, m], dtype=case["dtype"], note=note or NOTES[provider],
-                device=str(device), modeled_read_bytes=read, modeled_write_bytes=write, modeled_bytes=read + write,
-                gbps=round(gbps, 1), flops=flop, tflops=round(tflops, 2),
+                device=str(device), flops=flop, tflops=round(tflops, 2),
                 bound="memory" if m <= MEMORY_BOUND_ROWS else "compute")
-    if ceilings_gbps:
-        info.update(floors_info(read, write, stats["p50_us"], ceilings_gbps, timer, launch_floor_us))
+    info.update(bandwidth_info(read, write, stats["p50_us"], ceilings_gbps, timer, launch_floor_us))
     if peak_tflops:
         info["matmul_peak_tflops"] = round(peak_tflops, 1)
         info["pct_of_matmul_peak"] = round(100 * tflops / peak_tflops, 1)
-    info.update(speedups(medians, benchmark.group, provider, stats["p50_us"], SPEEDUP_BASES))
+    info.update(same_run_speedups(medians, benchmark.group, provider, stats["p50_us"], SPEEDUP_BASES))
     benchmark.extra_info.update(info)
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.harness import percentiles, roofline_us
+from bench.harness import bandwidth_info, percentiles, same_run_speedups
 from fused_attn import reference
 from fused_attn.generate import DTYPES
 
@@ -276,26 +276,11 @@ def record(benchmark, case: dict, times: list[float], read: int, write: int, dev
     """extra_info of one case: percentiles, modeled bytes, bandwidth, floors, speedups in this run."""
     shape, provider = case["shape"], case["provider"]
     stats = percentiles(times)
-    gbps = (read + write) / (stats["p50_us"] * 1e-6) / 1e9
     info = dict(stats, provider=provider, direction=direction, shape=list(shape), dtype=case["dtype"],
-                causal=case["causal"], device=str(device), modeled_read_bytes=read, modeled_write_bytes=write,
-                modeled_bytes=read + write, gbps=round(gbps, 1))
-    if ceilings_gbps:
-        info.update({f"{k}_gbps": round(v, 1) for k, v in ceilings_gbps.items()})
-        info["pct_of_copy_bw"] = round(100 * gbps / ceilings_gbps["copy"], 1)
-        info["roofline_us"] = round(roofline_us(read, write, ceilings_gbps), 2)
-        info["pct_of_roofline"] = round(100 * info["roofline_us"] / stats["p50_us"], 1)
-        # Small cases are bound by ramp-up, tail and DRAM latency, not bandwidth: a copy of the
-        # same bytes, timed the same way, is what they can be held to.
-        copy_us = timer.same_bytes_copy_us(read + write)
-        info["same_bytes_copy_us"] = round(copy_us, 2)
-        info["pct_of_same_bytes_copy"] = round(100 * copy_us / stats["p50_us"], 1)
-        info["launch_floor_us"] = round(launch_floor_us, 2)
-        info["spin_cycles"] = timer.spin_cycles
-    medians[(benchmark.group, provider)] = stats["p50_us"]
-    for base in ("eager", "compiled", "compiled_iota"):
-        if (benchmark.group, base) in medians and provider != base:
-            info[f"speedup_vs_{base}"] = round(medians[(benchmark.group, base)] / stats["p50_us"], 3)
+                causal=case["causal"], device=str(device))
+    info.update(bandwidth_info(read, write, stats["p50_us"], ceilings_gbps, timer, launch_floor_us))
+    info.update(same_run_speedups(medians, benchmark.group, provider, stats["p50_us"],
+                                  ("eager", "compiled", "compiled_iota")))
     benchmark.extra_info.update(info)
 
 

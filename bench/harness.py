@@ -186,6 +186,35 @@ def measure_ceilings(nbytes: int = 1 << 30, reps: int = 15) -> dict[str, float]:
     return out
 
 
+def bandwidth_info(read: int, write: int, p50_us: float, ceilings: dict[str, float] | None, timer,
+                   launch_floor_us: float | None) -> dict:
+    """The bandwidth figures of a memory-bound case's extra_info from its modeled (read, write) bytes and
+    p50: GB/s; on a GPU (``ceilings`` measured) also % of the copy bandwidth, the read/write roofline, and
+    the two floors timed like every case: a device copy of the same bytes (small cases are bound by
+    ramp-up, tail and DRAM latency, not bandwidth: the copy is what they can be held to) and an empty kernel."""
+    gbps = (read + write) / (p50_us * 1e-6) / 1e9
+    info = dict(modeled_read_bytes=read, modeled_write_bytes=write, modeled_bytes=read + write, gbps=round(gbps, 1))
+    if ceilings:
+        info.update({f"{k}_gbps": round(v, 1) for k, v in ceilings.items()})
+        info["pct_of_copy_bw"] = round(100 * gbps / ceilings["copy"], 1)
+        info["roofline_us"] = round(roofline_us(read, write, ceilings), 2)
+        info["pct_of_roofline"] = round(100 * info["roofline_us"] / p50_us, 1)
+        copy_us = timer.same_bytes_copy_us(read + write)
+        info["same_bytes_copy_us"] = round(copy_us, 2)
+        info["pct_of_same_bytes_copy"] = round(100 * copy_us / p50_us, 1)
+        info["launch_floor_us"] = round(launch_floor_us, 2)
+        info["spin_cycles"] = timer.spin_cycles
+    return info
+
+
+def same_run_speedups(medians: dict, group: str, provider: str, p50_us: float, bases) -> dict:
+    """Record this case's p50 in ``medians`` (keyed by (group, provider)) and return
+    ``speedup_vs_<base>`` for every base provider already measured in the same group."""
+    medians[(group, provider)] = p50_us
+    return {f"speedup_vs_{base}": round(medians[(group, base)] / p50_us, 3)
+            for base in bases if (group, base) in medians and provider != base}
+
+
 def measure_matmul_tflops(dtype: torch.dtype, n: int = 8192, reps: int = 10) -> float:
     """Dense matmul ceiling in TFLOP/s (1e12 FLOP/s): median of ``reps`` [n, n] @ [n, n] products in
     ``dtype`` (cuBLAS, warm L2 irrelevant at this size), timed with CUDA events. Large-M linear cases
@@ -200,25 +229,3 @@ def measure_matmul_tflops(dtype: torch.dtype, n: int = 8192, reps: int = 10) -> 
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e-3)
     return 2 * n**3 / statistics.median(times) / 1e12
-
-
-def floors_info(read: int, write: int, p50_us: float, ceilings: dict[str, float], timer: DeviceTimer,
-                launch_floor_us: float) -> dict:
-    """The memory floors of a GPU case, for its extra_info: the measured ceilings, % of the copy bandwidth,
-    the read/write roofline, a same-bytes device copy and an empty kernel timed like the case."""
-    gbps = (read + write) / (p50_us * 1e-6) / 1e9
-    roof = roofline_us(read, write, ceilings)
-    copy_us = timer.same_bytes_copy_us(read + write)
-    return {**{f"{k}_gbps": round(v, 1) for k, v in ceilings.items()},
-            "pct_of_copy_bw": round(100 * gbps / ceilings["copy"], 1), "roofline_us": round(roof, 2),
-            "pct_of_roofline": round(100 * roof / p50_us, 1), "same_bytes_copy_us": round(copy_us, 2),
-            "pct_of_same_bytes_copy": round(100 * copy_us / p50_us, 1), "launch_floor_us": round(launch_floor_us, 2),
-            "spin_cycles": timer.spin_cycles}
-
-
-def speedups(medians: dict, group: str, provider: str, p50_us: float, bases) -> dict:
-    """Records this case's p50 in ``medians`` (keyed by (group, provider)) and returns its speedups over the
-    providers of ``bases`` already measured in the same group and run."""
-    medians[(group, provider)] = p50_us
-    return {f"speedup_vs_{b}": round(medians[(group, b)] / p50_us, 3) for b in bases
-            if (group, b) in medians and provider != b}

@@ -3,9 +3,10 @@
 # Keep what lands in $OUT to 8 files (the device tool returns no more).
 # Usage (on the GPU machine, repo root): OUT=/some/dir bash bench/run_gpu.sh [steps...]
 # BENCH_ARGS narrows the softmax step, e.g. BENCH_ARGS='-k backward' (backward cases only);
-# DECODE_ARGS the decode step, e.g. DECODE_ARGS='-k b1-' (batch 1 only) or DECODE_ARGS=--full (adds bfloat16).
+# DECODE_ARGS the decode step, e.g. DECODE_ARGS='-k b1-' (batch 1 only) or DECODE_ARGS=--full (adds bfloat16);
+# NORM_ARGS the norm step, e.g. NORM_ARGS='-k layer_norm-add' (add + LayerNorm only) or NORM_ARGS=--full (adds bfloat16);
 # LINEAR_ARGS the linear step (bench_linear + bench_mlp), e.g. LINEAR_ARGS='-k m1-' (M = 1 only) or LINEAR_ARGS=--full (adds bfloat16).
-# steps: ab build tests bench decode linear sanitize bytes gpt2 gpt2bench profile (default: build tests bench decode sanitize bytes).
+# steps: ab build tests bench decode norm linear sanitize bytes gpt2 gpt2bench profile (default: build tests bench decode sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FUSED_ATTN_CACHE=${FUSED_ATTN_CACHE:-/tmp/fused_attn_cache}
@@ -100,6 +101,17 @@ if has decode; then
   grep -E "^FAILED|^SKIPPED|Error" "$OUT/bench_decode.log" | head -20
   [ -f "$OUT/bench_decode.json" ] && python3 -m bench.report "$OUT/bench_decode.json" \
     --out /tmp/fused_attn_report_decode --no-plots > /dev/null && cat /tmp/fused_attn_report_decode/readme.md
+fi
+if has norm; then
+  log "norm (bench_layer_norm)"
+  # 2 widths x 8 row counts x 2 norms x with/without residual x 3 providers in float16 (192 cases), 64 compiles
+  timeout ${NORM_TIMEOUT:-420} python3 -m pytest bench/bench_layer_norm.py -q -rs -p no:cacheprovider \
+    --benchmark-json="$OUT/bench_layer_norm.json" --benchmark-columns=median,iqr,rounds ${NORM_ARGS:-} \
+    > "$OUT/bench_layer_norm.log" 2>&1 || rc=1
+  grep -E "passed|failed|error" "$OUT/bench_layer_norm.log" | tail -1
+  grep -E "^FAILED|^SKIPPED|Error" "$OUT/bench_layer_norm.log" | head -20
+  [ -f "$OUT/bench_layer_norm.json" ] && python3 -m bench.report "$OUT/bench_layer_norm.json" \
+    --out /tmp/fused_attn_report_norm --no-plots > /dev/null && cat /tmp/fused_attn_report_norm/readme.md
 fi
 if has linear; then
   log "linear (bench_linear, bench_mlp)"

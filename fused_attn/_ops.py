@@ -61,6 +61,15 @@ _define(
     "Tensor(c!) out) -> ()"
 )
 
+# LayerNorm over the last dim of x [..., width] (rms: RMSNorm, no centering), float32 statistics;
+# weight / bias [width] (x's dtype or float32) or None. add_layer_norm first adds residual (x's shape
+# and dtype) and returns (y, h = x + residual in x's dtype): the pre-LN transformer's add + norm.
+_define("layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps, *, bool rms=False) -> Tensor")
+_define(
+    "add_layer_norm(Tensor x, Tensor residual, Tensor? weight, Tensor? bias, float eps, *, bool rms=False) "
+    "-> (Tensor, Tensor)"
+)
+
 # y = act(x @ weight^T + bias) + residual: x [..., in_features], weight [out_features, in_features]
 # (nn.Linear's layout), bias [out_features], residual [..., out]. activation: 0 none, 1 gelu_tanh,
 # 2 swiglu (weight = gate rows over up rows; out = silu(gate) * up has out_features / 2 columns).

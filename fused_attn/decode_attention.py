@@ -60,6 +60,10 @@ def _readable(t: torch.Tensor) -> bool:
     offset stands in for the base (a buffer's base is 16-byte aligned)."""
     if _has_data(t):
         return _aligned(t)
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace storage_offset() (a graph break: transformers' compiled decode step then
+        # splits at every attention and recompiles per layer). The launcher checks the base when it runs.
+        return _strides_aligned(t)
     return t.storage_offset() % (16 // t.element_size()) == 0 and _strides_aligned(t)
 
 

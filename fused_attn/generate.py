@@ -9,7 +9,9 @@ with ``cache_implementation="static"``, whose decode step transformers compiles 
 run by --compare without a GPU), graph (fused_attn.gpt2 with a CUDA-graph decode step whose attention
 is one decode_attention launch per layer; without a GPU it runs the same model without the graph
 and reports it as graph-eager), graph-softmax (the same, with the previous decode attention: two
-index_copy_ appends, Q·Kᵀ, scaled_masked_softmax, P·V; kept to measure the change). Prints the continuation,
+index_copy_ appends, Q·Kᵀ, scaled_masked_softmax, P·V; kept to measure the change), compile-graph
+(the peer: the same model's plain PyTorch decode step, SDPA + addmm, through torch.compile and
+then captured in one CUDA graph, gpt-fast's recipe; GPU only). Prints the continuation,
 TTFT (prompt in, first token out), TBT p50/p95 (each further token) and tokens/s; with
 --compare, whether the greedy tokens of all backends are identical.
 
@@ -35,13 +37,16 @@ from dataclasses import dataclass
 
 import torch
 
-BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-static-fused", "hf-fused", "graph-softmax", "graph")
+BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-static-fused", "hf-fused", "compile-graph", "graph-softmax",
+            "graph")
 # The transformers backends: attention implementation of each, and those with a StaticCache.
 HF_IMPL = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-static-fused": "fused_attn",
            "hf-fused": "fused_attn"}
 STATIC = ("hf-static", "hf-static-fused")
-# Our GPT-2's backends: the attention backend of fused_attn.gpt2 each one uses.
-GRAPH_ATTENTION = {"graph": "fused", "graph-softmax": "softmax"}
+# Our GPT-2's backends: the attention backend of fused_attn.gpt2 each one uses; COMPILED: those whose
+# decode step goes through torch.compile before its CUDA graph is captured (GPU only, as STATIC).
+GRAPH_ATTENTION = {"graph": "fused", "graph-softmax": "softmax", "compile-graph": "sdpa"}
+COMPILED = ("compile-graph",)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -140,6 +145,8 @@ def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, m
         if model is None:
             model = cache[(backend, dtype)] = GPT2.from_hf(hf_model, dtype=dtype, device=device,
                                                           backends={"attention": GRAPH_ATTENTION[backend]})
+            if backend in COMPILED:
+                model.compile_decode_step(dynamic=False)
         stamps = _StepTimes(device)
         out, wall, start, end = _timed(device, lambda: model.generate(
             ids, mask, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
@@ -263,13 +270,13 @@ def main(argv: list[str] | None = None) -> int:
              f"{prompt.numel()} + {args.batch_size - 1} + {args.max_new_tokens} = {length}")
     ids, mask = make_batch(prompt, args.batch_size)
     if args.compare:
-        backends = tuple(b for b in BACKENDS if device.type == "cuda" or b not in STATIC)
+        backends = tuple(b for b in BACKENDS if device.type == "cuda" or b not in STATIC + COMPILED)
     else:
         backends = (args.backend,)
     cache: dict = {}
     results = []
     for backend in backends:
-        if backend in STATIC:  # a clean compile per static backend: the second must not hit the first's
+        if backend in STATIC + COMPILED:  # a clean compile per compiled backend: one must not hit another's
             torch._dynamo.reset()  # recompile limit and run uncompiled (the warm-up below compiles it)
         # Warm-up with the timed lengths: graph capture, transformers' static-cache compilation.
         run_backend(backend, hf_model, ids, mask, args.max_new_tokens, dtype, device, args.temperature, args.top_k,

@@ -42,7 +42,11 @@ from fused_attn.softmax import scaled_masked_softmax
 
 RANDOM_NAME = "gpt2-random"
 # Backends per module kind; the first is the default.
-BACKENDS = {"attention": ("fused", "softmax", "eager"), "layer_norm": ("eager",), "linear": ("eager",),
+# attention: "fused" (decode steps: one decode_attention launch per layer), "softmax" (our
+# scaled_masked_softmax between two matmuls), "eager" (the float32 PyTorch reference), "sdpa" (plain
+# PyTorch: F.scaled_dot_product_attention over the cache under the key mask in decode steps, the
+# eager reference in the prompt, whose padding rows see no key; the peer torch.compile runs on).
+BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"), "layer_norm": ("eager",), "linear": ("eager",),
             "mlp": ("eager",)}
 
 _annotate = False  # profiler labels around each module (bench.profile); never inside a graph
@@ -156,6 +160,8 @@ class Attention(nn.Module):
                causal: bool) -> torch.Tensor:
         """softmax(q·kᵀ·scale, masked) · v: q ``[batch, nheads, seqlen_q, headdim]``, k and v
         ``[batch, nheads, seqlen_k, headdim]``; returns q's shape. Query rows with no visible key give 0."""
+        if self.backend == "sdpa" and not causal:  # a decode step: every query sees its own new key
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keys_ok, scale=self.scale)
         scores = q @ k.transpose(-1, -2)
         if self.backend in ("fused", "softmax"):
             probs = scaled_masked_softmax(scores, self.scale, causal=causal, attn_mask=keys_ok)
@@ -249,6 +255,15 @@ class GPT2(nn.Module):
         # One DecodeCache per (batch, max_len, temperature, top_k), with its captured graphs:
         # a later generate() of the same shape reuses both.
         self._caches: dict[tuple, DecodeCache] = {}
+        self._step: Callable[[DecodeCache], None] = self._decode_step
+
+    def compile_decode_step(self, **compile_kw) -> "GPT2":
+        """gpt-fast's recipe: the decode step through ``torch.compile`` (inductor's fused kernels;
+        ``generate()`` then captures the compiled step in its CUDA graph). Returns the model."""
+        self._step = torch.compile(self._decode_step, **compile_kw)
+        for cache in self._caches.values():  # graphs captured from the uncompiled step
+            cache.decode_graph = None
+        return self
 
     @classmethod
     def from_hf(cls, hf_model, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
@@ -342,7 +357,11 @@ class GPT2(nn.Module):
     @torch.no_grad()
     def decode_step(self, cache: DecodeCache) -> None:
         """One token for every sequence from device-side state only (capturable): embed the last
-        token, write its keys and values at the cache's slot, attend over the cache, next token."""
+        token, write its keys and values at the cache's slot, attend over the cache, next token
+        (compiled after ``compile_decode_step()``)."""
+        self._step(cache)
+
+    def _decode_step(self, cache: DecodeCache) -> None:
         fused = self.backends["attention"] == "fused"
         if not fused:  # the fused backend reads seqlens / leftpad instead of the key mask
             cache.keys_ok.index_fill_(1, cache.slot, True)

@@ -184,6 +184,95 @@ def decode_attention(
     return (p @ v).to(q.dtype), k_all, v_all
 
 
+def add_rounded(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """``x + residual`` as PyTorch stores it, in x's dtype (one rounding of the exact sum); x without a residual."""
+    if residual is None:
+        return x
+    return (x.to(torch.float64) + residual.to(torch.float64)).to(x.dtype)
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    *,
+    residual: torch.Tensor | None = None,
+    rms: bool = False,
+    compute_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """LayerNorm (or RMSNorm with ``rms``) over the last dim of ``h = x + residual`` (h rounded to x's
+    dtype; h = x without a residual), computed in ``compute_dtype``:
+
+        LayerNorm: y = (h - mean(h)) / sqrt(var(h) + eps) * weight + bias   (biased variance)
+        RMSNorm:   y = h / sqrt(mean(h^2) + eps) * weight (+ bias if given)
+
+    weight / bias ``[width]`` or None (1 / 0). Returns y in x's dtype, and ``(y, h)`` with a residual.
+    Differentiable (the rounding of h passes gradients through unchanged)."""
+    h = add_rounded(x, residual)
+    y = _normalized(h.to(compute_dtype), eps, rms)
+    if weight is not None:
+        y = y * weight.to(compute_dtype)
+    if bias is not None:
+        y = y + bias.to(compute_dtype)
+    y = y.to(x.dtype)
+    return y if residual is None else (y, h)
+
+
+def _centered(h: torch.Tensor) -> torch.Tensor:
+    """h - mean(h) over the last dim, computed on h shifted by its first element (the kernel's
+    numerics): a row of equal values is exactly 0 at any magnitude and in any compute dtype."""
+    d = h - h[..., :1].detach()
+    return d - d.mean(dim=-1, keepdim=True)
+
+
+def _rstd(h: torch.Tensor, eps: float, rms: bool) -> torch.Tensor:
+    t = h if rms else _centered(h)
+    return torch.rsqrt(t.square().mean(dim=-1, keepdim=True) + eps)
+
+
+def _normalized(h: torch.Tensor, eps: float, rms: bool) -> torch.Tensor:
+    return (h if rms else _centered(h)) * _rstd(h, eps, rms)
+
+
+def layer_norm_backward(
+    grad_y: torch.Tensor | None,
+    grad_h: torch.Tensor | None,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    *,
+    rms: bool = False,
+    compute_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Gradients ``(dx, dresidual, dweight, dbias)`` of ``layer_norm`` given the output gradients
+    (``grad_h``: of h, with a residual; None counts as 0), the closed form in ``compute_dtype``:
+    with xhat = the normalized h, rstd = 1 / sqrt(var + eps) and g = grad_y * weight,
+
+        LayerNorm: dh = rstd * (g - mean(g) - xhat * mean(g * xhat))
+        RMSNorm:   dh = rstd * (g - xhat * mean(g * xhat))
+
+    dx = dresidual = dh + grad_h; dweight = sum over rows of grad_y * xhat, dbias = sum of grad_y.
+    Each in its input's dtype (None for an absent input). Plain tensor operations, so it is
+    differentiable again."""
+    ct = compute_dtype
+    h = add_rounded(x, residual).to(ct)
+    xhat, rstd = _normalized(h, eps, rms), _rstd(h, eps, rms)
+    gy = torch.zeros_like(h) if grad_y is None else grad_y.to(ct)
+    g = gy if weight is None else gy * weight.to(ct)
+    dh = g - xhat * (g * xhat).mean(dim=-1, keepdim=True)
+    if not rms:
+        dh = dh - g.mean(dim=-1, keepdim=True)
+    dh = rstd * dh
+    if grad_h is not None:
+        dh = dh + grad_h.to(ct)
+    lead = tuple(range(h.dim() - 1))
+    dw = None if weight is None else (gy * xhat).sum(dim=lead).to(weight.dtype)
+    db = None if bias is None else gy.sum(dim=lead).to(bias.dtype)
+    dr = None if residual is None else dh.to(residual.dtype)
+    return dh.to(x.dtype), dr, dw, db
 def activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
     """linear's activations on the pre-activation ``y`` (its dtype): None, ``"gelu_tanh"`` or ``"swiglu"``
     (``y``'s last dim holds gate then up: ``silu(gate) * up``, half as wide)."""

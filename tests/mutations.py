@@ -34,6 +34,7 @@ T_SOFTMAX = "tests/test_softmax.py"
 T_HF = "tests/test_hf.py"
 T_GPT2 = "tests/test_gpt2.py"
 T_DECODE = "tests/test_decode_attention.py"
+T_NORM = "tests/test_layer_norm.py"
 T_LINEAR = "tests/test_linear.py"
 T_MLP = "tests/test_mlp.py"
 
@@ -275,6 +276,28 @@ MUTATIONS: list[Mutation] = [
                 f"{T_SOFTMAX}::test_cuda_graph_capture_and_replay_gpu"), gpu=True,
              why="the sleep test alone let it survive on the H100 (the legacy default stream waited for s); "
                  "a launch on the legacy stream during graph capture is an error"),
+    # ------------------------------------------------------------ layer_norm / rms_norm
+    Mutation("norm-cpu-eps-times-10", "fused_attn/layer_norm.py",
+             "reference.layer_norm(x, weight, bias, eps, residual=residual",
+             "reference.layer_norm(x, weight, bias, eps * 10, residual=residual",
+             _t(f"{T_NORM}::test_matches_reference_cpu"), why="rows whose variance is below eps"),
+    Mutation("norm-backward-mean-term-dropped", "fused_attn/reference.py",
+             "        dh = dh - g.mean(dim=-1, keepdim=True)\n", "        dh = dh\n",
+             _t(f"{T_NORM}::test_gradients_match_reference", f"{T_NORM}::test_gradcheck_cpu")),
+    Mutation("norm-backward-dweight-off-by-1pct", "fused_attn/reference.py",
+             "(gy * xhat).sum(dim=lead)", "(gy * xhat).sum(dim=lead) * 1.01",
+             _t(f"{T_NORM}::test_gradients_match_reference")),
+    Mutation("norm-kernel-no-shift", "csrc/layer_norm/layer_norm_kernel.cuh",
+             "if (row_ok) shift = ", "if (false) shift = ",
+             _t(f"{T_NORM}::test_matches_reference_gpu"), gpu=True,
+             why="float32 rows of equal values must give the bias exactly; 1e4 + N(0, 1) rows lose digits"),
+    Mutation("norm-kernel-variance-over-n-minus-1", "csrc/layer_norm/layer_norm_kernel.cuh",
+             "rsqrtf(sq / float(n) + p.eps)", "rsqrtf(sq / float(n - 1) + p.eps)",
+             _t(f"{T_NORM}::test_every_row_class_gpu"), gpu=True),
+    Mutation("norm-kernel-y-of-x-not-h", "csrc/layer_norm/layer_norm_kernel.cuh",
+             "      xa[it] = hp;\n", "",
+             _t(f"{T_NORM}::test_matches_reference_gpu"), gpu=True,
+             why="with a residual, y must be the norm of h = x + residual (as stored), not of x"),
     # ------------------------------------------------------------ linear / mlp
     Mutation("linear-backward-drops-residual", "fused_attn/linear.py",
              "ctx.save_for_backward(x, weight, bias, residual)", "ctx.save_for_backward(x, weight, bias, None)",

@@ -1,9 +1,10 @@
 """A small GPU subset for compute-sanitizer (memcheck, racecheck): odd sizes, every
 launch-shape class, long rows, fully masked rows, masks, both versions, and the backward; and
 decode_attention: appends, GQA / MQA, forced splits (more than keys too), left padding, head dims
-32 to 256, float32, and out-of-bounds device lengths (which must read and write nothing); and linear:
-every rows-of-x class, weight rows per block and epilogue, the element-wise path (odd K, misaligned rows)
-and the tensor-core kernel.
+32 to 256, float32, and out-of-bounds device lengths (which must read and write nothing); layer_norm /
+rms_norm: every row class, odd widths, misaligned and strided rows, with and without the residual; and
+linear: every rows-of-x class, weight rows per block and epilogue, the element-wise path (odd K,
+misaligned rows) and the tensor-core kernel.
 
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py
     compute-sanitizer --tool racecheck python tests/sanitizer_cases.py --quick
@@ -59,6 +60,7 @@ def main(argv: list[str]) -> int:
     x = torch.randn(4, 7, 5, device="cuda")[..., 1:]  # misaligned, scalar path
     scaled_masked_softmax(x, causal=True)
     cases += decode_cases(quick)
+    cases += norm_cases(quick)
     cases += linear_cases(quick)
     torch.cuda.synchronize()
     print(f"sanitizer cases: {cases} passed")
@@ -103,6 +105,23 @@ def decode_cases(quick: bool) -> int:
     return cases + 1
 
 
+def norm_cases(quick: bool) -> int:
+    """layer_norm / rms_norm against the float64 reference (tests/test_layer_norm.py's run_and_check): a width
+    per row class (the scalar path at odd widths), 37 rows (a partly filled last block of short rows)."""
+    from tests.test_layer_norm import case_of as norm_case_of
+    from tests.test_layer_norm import run_and_check as norm_run_and_check
+
+    widths = (65, 768, 4096, 16384) if quick else (64, 65, 128, 200, 256, 512, 768, 769, 1024, 2048, 4095, 4096,
+                                                     8192, 16383, 16384)
+    cases = 0
+    for i, width in enumerate(widths):
+        for rms in (False, True):
+            layout = ("contiguous", "misaligned", "strided_rows")[i % 3]
+            norm_run_and_check(norm_case_of(rows=37, width=width, rms=rms, bias=None if rms else "float32",
+                                            layout=layout, dtype=(torch.float16, torch.bfloat16, torch.float32)[i % 3],
+                                            seed=i), "cuda")
+            cases += 1
+    return cases
 # linear (tests/test_linear.py's run_and_check: poisoned output, against the float64 reference and cuBLAS):
 # K with a partial last loop step, N that gives 4 / 2 / 1 weight rows per block, odd K, misaligned rows.
 LINEAR_CASES = [

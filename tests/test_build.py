@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 import pytest
 
 
-@pytest.mark.parametrize("op", ["softmax", "decode_attention", "linear"])
+@pytest.mark.parametrize("op", ["softmax", "decode_attention", "layer_norm", "linear"])
 def test_generated_instantiation_units_are_up_to_date(op):
     script = ROOT / "csrc" / op / "generate_instantiations.py"
     r = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
@@ -27,4 +27,5 @@ def test_sources_cover_every_unit_with_unique_names():
     assert len(names) == len(set(names))
     assert {"softmax", "softmax_inst_fp16_v1_vec", "softmax_inst_bf16_bwd_scalar"} <= set(names)
     assert {"decode_attention", "decode_attention_inst_fp16_hd128", "decode_attention_inst_fp32_combine"} <= set(names)
+    assert {"layer_norm", "layer_norm_inst_fp16_ln_vec", "layer_norm_inst_bf16_rms_scalar"} <= set(names)
 

@@ -124,8 +124,9 @@ def test_eos_fills_the_rest_and_stops_early_cpu():
 
 
 # "fused": decode_attention (lengths and left padding per sequence); "softmax": the previous step
-# (index_copy_ at the slot, the key mask): each reads its own state.
-@pytest.mark.parametrize("attention", ["fused", "softmax"])
+# (index_copy_ at the slot, the key mask); "sdpa": the plain PyTorch step (index_copy_, SDPA under
+# the key mask): each reads its own state.
+@pytest.mark.parametrize("attention", ["fused", "softmax", "sdpa"])
 @pytest.mark.parametrize("lengths", [(20,), (20, 13, 6)])
 def test_decode_logits_match_teacher_forced_cpu(lengths, attention):
     m = GPT2.from_hf(hf_model(VARIED), backends={"attention": attention})
@@ -282,6 +283,20 @@ def test_graph_decode_matches_hf_eager_fp32_gpu(lengths):
                                   pad_token_id=0, eos_token_id=None)
     got = GPT2.from_hf(hf, device="cuda").generate(ids.cuda(), mask.cuda(), max_new_tokens=64, use_graph=True)
     assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lengths", [(40,), (40, 29, 13)])
+def test_compiled_sdpa_step_matches_hf_eager_fp32_gpu(lengths):
+    """compile-graph, the peer the benchmarks measure against: the plain PyTorch decode step through
+    torch.compile, captured in a CUDA graph, gives hf-eager's greedy tokens in float32."""
+    hf = hf_model(SMALL)
+    ids, mask = left_padded(SMALL["vocab_size"], lengths)
+    want = hf.to("cuda").generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=64, do_sample=False,
+                                  pad_token_id=0, eos_token_id=None)
+    torch._dynamo.reset()
+    m = GPT2.from_hf(hf, device="cuda", backends={"attention": "sdpa"}).compile_decode_step(dynamic=False)
+    assert torch.equal(m.generate(ids.cuda(), mask.cuda(), max_new_tokens=64, use_graph=True), want)
 
 
 @pytest.mark.gpu

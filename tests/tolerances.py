@@ -164,6 +164,22 @@ def assert_attention_close(ours: torch.Tensor, peer: torch.Tensor, want: torch.T
                              + "\n".join(lines))
 
 
+# LayerNorm / RMSNorm outputs (layer_norm, rms_norm): the dtype's output rounding (ATOL, RTOL) plus
+# the float32 statistics. The mean and the variance carry errors of a few tens of float32 ulps of
+# the row's spread (sums of up to 16384 terms: 32 per thread, then a tree), which move
+# y = xhat * weight + bias by up to NORM_ULPS x max|xhat| of the row x |weight| (|xhat| <= sqrt(width)).
+NORM_ULPS = 64 * 2.0**-24
+
+
+def norm_tolerance(ref: torch.Tensor, xhat: torch.Tensor, weight: torch.Tensor | None,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """Allowed |ours - ref| per element of a LayerNorm / RMSNorm output; ``ref`` and ``xhat`` (the
+    normalized row before weight and bias) are float64. float64 input (the CPU path computes in
+    float64): float64 rounding only."""
+    w = 1.0 if weight is None else weight.detach().double().abs().cpu()
+    row = xhat.abs().amax(dim=-1, keepdim=True) if xhat.numel() else xhat
+    ulps = NORM_ULPS * (2.0**-29 if dtype == torch.float64 else 1.0)
+    return ATOL.get(dtype, 0.0) + RTOL.get(dtype, 0.0) * ref.abs() + ulps * row.cpu() * w
 # Matmuls (linear, mlp): flash-attention's rule through assert_error_at_most_twice, against the eager
 # chain at the same dtype (cuBLAS on CUDA), in two norms: relative L2 over the tensor (bugs spread over
 # many elements) and max |err| (a few wrong elements). Slack: a few units of the dtype's output rounding

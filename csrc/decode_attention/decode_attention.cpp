@@ -248,7 +248,7 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       }
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       if (p.num_splits > 1 && !p.cluster) {
-        launch_decode_combine<scalar_t>(p, stream);
+        launch_decode_combine<scalar_t>(p, decode_combine_arch<scalar_t>() >= 90, stream);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
     });

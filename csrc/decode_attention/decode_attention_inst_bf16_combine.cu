@@ -2,5 +2,6 @@
 #include "decode_attention_kernel.cuh"
 
 namespace fused_attn {
-template void launch_decode_combine<__nv_bfloat16>(const DecodeParams&, cudaStream_t);
+template void launch_decode_combine<__nv_bfloat16>(const DecodeParams&, bool, cudaStream_t);
+template int decode_combine_arch<__nv_bfloat16>();
 }  // namespace fused_attn

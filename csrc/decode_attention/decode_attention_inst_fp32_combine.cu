@@ -2,5 +2,6 @@
 #include "decode_attention_kernel.cuh"
 
 namespace fused_attn {
-template void launch_decode_combine<float>(const DecodeParams&, cudaStream_t);
+template void launch_decode_combine<float>(const DecodeParams&, bool, cudaStream_t);
+template int decode_combine_arch<float>();
 }  // namespace fused_attn

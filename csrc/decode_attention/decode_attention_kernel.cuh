@@ -70,6 +70,19 @@ __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
+// Programmatic dependent launch (sm_90): the attention kernels let the combine kernel launch as
+// soon as all their blocks run, and the combine waits for their completion (and memory) before it
+// reads a partial. Both are no-ops where the launch is not programmatic.
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -195,6 +208,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
   constexpr int NT = kDecodeThreads;
   constexpr int kWords = EPT * int(sizeof(T)) / 16;
   static_assert(TX <= 32 && 32 % TX == 0, "a key's threads sit in one warp");
+  decode::launch_dependents();
   // Shared memory: first the K/V pipeline, [stage][K or V][u][word][thread] (a thread's words are
   // 16 bytes apart from its neighbours': conflict-free), then, reused after the loop, the merge
   // of the NY key slots: o [R][NY][HD], the block's merged o [R][HD], m and l [R][NY], the row's
@@ -482,6 +496,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   extern __shared__ __align__(128) unsigned char smem[];
   T* const pipe = reinterpret_cast<T*>(smem);  // [stage][K, V][TILE][HD], swizzled
   T* const sq = reinterpret_cast<T*>(smem + M::kQOffset);  // [16][HD], swizzled
+  decode::launch_dependents();
 
   const int split = blockIdx.y;
   const int chunk = blockIdx.x % p.row_chunks;
@@ -698,6 +713,7 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
     for (int e = threadIdx.x; e < p.headdim; e += blockDim.x) out[e] = from_float<T>(decode::quiet_nan());
     return;
   }
+  decode::wait_for_primary();  // the partials are the attention kernel's: complete and visible after this
   for (int s = threadIdx.x; s < p.num_splits; s += blockDim.x) sm_w[s] = p.partial_lse[s * n_rows + row];
   __syncthreads();
   if (threadIdx.x < 32) {
@@ -785,9 +801,23 @@ int decode_mma_arch() {
 }
 
 template <typename T>
-void launch_decode_combine(const DecodeParams& p, cudaStream_t stream) {
-  const int64_t rows = int64_t(p.batch) * p.nheads_q * p.seqlen_new;
-  decode_combine_kernel<T><<<unsigned(rows), 128, 0, stream>>>(p);
+void launch_decode_combine(const DecodeParams& p, bool programmatic, cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(int64_t(p.batch) * p.nheads_q * p.seqlen_new));
+  config.blockDim = dim3(128);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = programmatic ? 1 : 0;
+  cudaLaunchKernelEx(&config, decode_combine_kernel<T>, p);
+}
+
+template <typename T>
+int decode_combine_arch() {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, decode_combine_kernel<T>) == cudaSuccess ? attr.binaryVersion : 0;
 }
 
 }  // namespace fused_attn

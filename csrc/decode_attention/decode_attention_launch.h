@@ -72,8 +72,13 @@ struct DecodeTile {
 // (generate_instantiations.py). HD: padded head dim (32, 64, 128, 256); R: query rows per block.
 template <typename T, int HD, int R>
 void launch_decode(const DecodeParams& p, cudaStream_t stream);
+// programmatic: launch it as a programmatic dependent of the attention kernel (sm_90: its launch
+// overlaps the attention's tail; it waits for the partials in the kernel). Only where
+// decode_combine_arch<T>() >= 90, the combine's wait being compiled in.
 template <typename T>
-void launch_decode_combine(const DecodeParams& p, cudaStream_t stream);
+void launch_decode_combine(const DecodeParams& p, bool programmatic, cudaStream_t stream);
+template <typename T>
+int decode_combine_arch();
 // The tensor-core kernel: float16 / bfloat16, HD 64 or 128, 16 query rows per block (row_chunks
 // counted in 16s). decode_mma_arch: the SM version it was compiled for (0 if none: mma.sync
 // needs sm_80; the cluster merge, sm_90).

@@ -35,7 +35,8 @@ def units() -> dict[str, str]:
                           f"template int decode_mma_arch<{T}, {hd}>();\n")
             out[f"decode_attention_inst_{dt}_hd{hd}.cu"] = HEADER + decls + "}  // namespace fused_attn\n"
         out[f"decode_attention_inst_{dt}_combine.cu"] = (
-            HEADER + f"template void launch_decode_combine<{T}>(const DecodeParams&, cudaStream_t);\n"
+            HEADER + f"template void launch_decode_combine<{T}>(const DecodeParams&, bool, cudaStream_t);\n"
+            f"template int decode_combine_arch<{T}>();\n"
             "}  // namespace fused_attn\n")
     return out
 

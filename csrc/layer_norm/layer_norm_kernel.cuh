@@ -1,0 +1,192 @@
+// Device code of layer_norm and rms_norm, with the residual add fused in (torch-free; the launcher is
+// layer_norm.cpp, the parameter struct and launch declaration are in layer_norm_launch.h).
+//
+// Computes, for every row r of x viewed as [rows, width] (statistics in float32):
+//   h[r]  = x[r] + residual[r], rounded to x's type      (only with a residual; else h = x, not written)
+//   LayerNorm: y[r] = (h[r] - mean(h[r])) * rsqrt(var(h[r]) + eps) * weight + bias
+//   RMSNorm (RMS = true): y[r] = h[r] * rsqrt(mean(h[r]^2) + eps) * weight (+ bias if given)
+// weight / bias: x's type or float32, absent = 1 / 0. y is written in x's type.
+//
+// One kernel, a row in registers: TPR threads own a row (launch shape by width:
+// layer_norm_row_class.h), each loads its ELEMS elements once with 16-byte loads (VEC = 16 /
+// sizeof(T); VEC = 1 for widths that are not a multiple of VEC or misaligned rows), adds the
+// residual and stores h right away (its store overlaps the reductions), then reduces the mean and
+// the variance in two passes over the registers, and writes y. Traffic: x (+ residual) read once,
+// y (+ h) written once, weight / bias from L2: the same bytes as a copy of x (and residual).
+//
+// Numerics: the variance is sum((d - mean(d))^2) / width over d = h - h[0] (h shifted by the row's
+// first element, which every thread of the row reads): no E[h^2] - E[h]^2 cancellation, and a row
+// of equal values has d = 0 exactly, so var = 0 and y = bias exactly, whatever the magnitude.
+//
+// Test: pytest tests/test_layer_norm.py    Bench: pytest bench/bench_layer_norm.py
+#pragma once
+
+#include <cstdint>
+
+#include "../common/reduce.cuh"
+#include "../common/static_switch.h"
+#include "../common/vec_dtypes.cuh"
+#include "layer_norm_launch.h"
+#include "layer_norm_row_class.h"
+
+namespace fused_attn {
+
+// Rows of <= 32 threads share a block of 128 threads (several rows per block, as softmax v1).
+constexpr int kNormShortRowBlock = 128;
+template <int TPR>
+__host__ __device__ constexpr int norm_block_threads() {
+  return TPR > 32 ? TPR : kNormShortRowBlock;
+}
+
+// VEC weight or bias values at column c as float32, from a T or a float32 array (the flag is
+// uniform over the grid). float32 values are read 16 bytes at a time as well.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_affine(const void* ptr, bool fp32, int c, float (&out)[VEC]) {
+  if (fp32) {
+    const float* f = static_cast<const float*>(ptr) + c;
+    if constexpr (VEC % 4 == 0) {
+#pragma unroll
+      for (int k = 0; k < VEC / 4; ++k) {
+        const Pack<4, float> v = *reinterpret_cast<const Pack<4, float>*>(f + 4 * k);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out[4 * k + e] = v.v[e];
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) out[e] = f[e];
+    }
+  } else {
+    const Pack<VEC, T> v = *reinterpret_cast<const Pack<VEC, T>*>(static_cast<const T*>(ptr) + c);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e] = to_float(v.v[e]);
+  }
+}
+
+// x + residual rounded to T, as PyTorch stores it: the float32 sum of two T values rounded to T is
+// the exact sum rounded once (float32 has more than twice T's precision bits; for T = float it is
+// the float32 add itself).
+template <typename T>
+__device__ __forceinline__ T add_rounded(T a, T b) {
+  return from_float<T>(to_float(a) + to_float(b));
+}
+
+// TPR threads own a row; each holds ITERS packs of VEC elements: pack k = it * TPR + lane covers
+// columns [k * VEC, k * VEC + VEC), so consecutive lanes touch consecutive 16-byte chunks (coalesced).
+// The launcher guarantees width % VEC == 0, so a pack is either wholly inside the row or past it.
+template <typename T, int VEC, int ITERS, int TPR, bool RMS, bool RESIDUAL>
+__global__ void __launch_bounds__(norm_block_threads<TPR>())
+    layer_norm_kernel(const NormParams p) {
+  constexpr int kRowsPerBlock = norm_block_threads<TPR>() / TPR;
+  __shared__ float red_sum[TPR > 32 ? TPR / 32 : 1];
+  __shared__ float red_sq[TPR > 32 ? TPR / 32 : 1];
+  using P = Pack<VEC, T>;
+
+  const int lane = threadIdx.x % TPR;
+  const int64_t row_id = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / TPR;
+  // Lanes of a row past the end stay alive for the shuffles; they load and store nothing.
+  const bool row_ok = row_id < p.rows;
+  const int64_t row = row_ok ? row_id : 0;
+  const int n = p.width;
+  const T* x = static_cast<const T*>(p.x) + row * p.x_row_stride;
+  const T* r = RESIDUAL ? static_cast<const T*>(p.residual) + row * p.r_row_stride : nullptr;
+
+  P xa[ITERS], ra[ITERS];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * TPR + lane) * VEC;
+    if (row_ok && c < n) {
+      xa[it] = *reinterpret_cast<const P*>(x + c);
+      if constexpr (RESIDUAL) ra[it] = *reinterpret_cast<const P*>(r + c);
+    }
+  }
+  // The shift: h[0], read by every thread of the row (one broadcast line, already on its way).
+  float shift = 0.f;
+  if constexpr (!RMS) {
+    if (row_ok) shift = to_float(RESIDUAL ? add_rounded(x[0], r[0]) : x[0]);
+  }
+
+  float v[ITERS][VEC];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * TPR + lane) * VEC;
+    const bool ok = row_ok && c < n;
+    if constexpr (RESIDUAL) {
+      P hp;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) hp.v[e] = add_rounded(xa[it].v[e], ra[it].v[e]);
+      if (ok) *reinterpret_cast<P*>(static_cast<T*>(p.h) + row * n + c) = hp;
+      xa[it] = hp;
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) v[it][e] = ok ? to_float(xa[it].v[e]) - shift : 0.f;
+  }
+
+  float mean = 0.f;  // of the shifted values (LayerNorm); RMSNorm centers nothing
+  if constexpr (!RMS) {
+    float sum = 0.f;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) sum += v[it][e];
+    }
+    mean = group_reduce<TPR>(sum, red_sum, SumOp{}) / float(n);
+  }
+  float sq = 0.f;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * TPR + lane) * VEC;
+    if (c < n) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float t = v[it][e] - mean;
+        sq += t * t;
+      }
+    }
+  }
+  sq = group_reduce<TPR>(sq, red_sq, SumOp{});
+  const float rstd = rsqrtf(sq / float(n) + p.eps);
+  if (!row_ok) return;
+
+  T* y = static_cast<T*>(p.y) + row * n;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * TPR + lane) * VEC;
+    if (c < n) {
+      float w[VEC], b[VEC];
+      if (p.weight != nullptr) {
+        load_affine<T, VEC>(p.weight, p.w_fp32, c, w);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) w[e] = 1.f;
+      }
+      if (p.bias != nullptr) {
+        load_affine<T, VEC>(p.bias, p.b_fp32, c, b);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) b[e] = 0.f;
+      }
+      P out;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) out.v[e] = from_float<T>(fmaf((v[it][e] - mean) * rstd, w[e], b[e]));
+      *reinterpret_cast<P*>(y + c) = out;
+    }
+  }
+}
+
+// A template of its own so that only the row classes in the table are instantiated.
+template <typename T, int VEC, bool RMS, int TPR, int ELEMS>
+void launch_layer_norm_class(const NormParams& p, cudaStream_t stream) {
+  constexpr int kThreads = norm_block_threads<TPR>();
+  constexpr int kRowsPerBlock = kThreads / TPR;
+  const int64_t blocks = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  FA_BOOL_SWITCH(p.residual != nullptr, kResidual, [&] {
+    layer_norm_kernel<T, VEC, ELEMS / VEC, TPR, RMS, kResidual><<<unsigned(blocks), kThreads, 0, stream>>>(p);
+  });
+}
+
+template <typename T, int VEC, bool RMS>
+void launch_layer_norm(const NormParams& p, cudaStream_t stream) {
+  FA_NORM_ROW_CLASS(p.width, TPR, ELEMS, [&] { launch_layer_norm_class<T, VEC, RMS, TPR, ELEMS>(p, stream); });
+}
+
+}  // namespace fused_attn
