@@ -3,8 +3,9 @@
 The projections of a transformer layer. Public wrapper, argument validation, the fake (meta)
 kernel, the CPU path (``fused_attn.reference.linear`` in float32) and autograd. The CUDA kernel is in
 ``csrc/linear/``: for up to ``MAX_GEMV_ROWS`` rows of x (decode) our weight-streaming kernel, which
-reads the weight once at the copy bandwidth with bias, activation and residual in its epilogue;
-above that, cuBLAS through ATen (``addmm``, then the activation and residual in place).
+reads the weight once at the copy bandwidth with bias, activation and residual in its epilogue (on
+CUDA cores; from 5 rows in float16 / bfloat16 on tensor cores, mma.sync with the weight as the
+16-row operand); above that, cuBLAS through ATen (``addmm``, then the activation and residual in place).
 
 Gradients: a backward registered with ``torch.library.register_autograd`` that recomputes the op
 through the PyTorch reference (float32; float64 for float64 inputs) and differentiates it: correct,
