@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from bench.bench_decode_attention import dtypes_for  # the same --full / --bench-dtypes rule
 from bench.bench_softmax import check_output
-from bench.harness import matmul_peak, percentiles
+from bench.harness import percentiles
 from fused_attn import reference
 from fused_attn.generate import DTYPES
 
@@ -167,9 +167,6 @@ def group(case: dict) -> str:
     return f"attention {'x'.join(map(str, case['shape']))} {'causal' if case['causal'] else 'full'} {case['dtype']}"
 
 
-_PEAKS: dict[torch.dtype, float] = {}
-
-
 def peak_memory(fn) -> int:
     """Bytes allocated at the peak of one call, above what was allocated before it."""
     torch.cuda.synchronize()
@@ -182,7 +179,7 @@ def peak_memory(fn) -> int:
     return peak
 
 
-def bench_attention(benchmark, case, device, timer, medians):
+def bench_attention(benchmark, case, device, timer, matmul_peak_tflops, medians):
     provider, shape, dtype, causal = case["provider"], case["shape"], DTYPES[case["dtype"]], case["causal"]
     if device.type == "cpu" and provider in GPU_ONLY:
         pytest.skip(f"{provider} is measured on a GPU only (no CUDA device here)")
@@ -207,8 +204,6 @@ def bench_attention(benchmark, case, device, timer, medians):
     peak = tflops_peak = None
     if device.type == "cuda":
         peak = peak_memory(fn)
-        if dtype not in _PEAKS:
-            _PEAKS[dtype] = matmul_peak(dtype)
-        tflops_peak = _PEAKS[dtype]
+        tflops_peak = matmul_peak_tflops(dtype)
     times = timer.run(benchmark, fn)
     record(benchmark, case, times, peak, tflops_peak, medians)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.harness import DeviceTimer, measure_ceilings
+from bench.harness import DeviceTimer, matmul_peak, measure_ceilings
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -174,3 +174,19 @@ def medians() -> dict:
     """p50 of every case run so far in this session, keyed by (group, provider): the
     speedups in extra_info compare providers measured in the same run."""
     return {}
+
+
+@pytest.fixture(scope="session")
+def matmul_peak_tflops(device):
+    """dtype -> the measured dense matmul ceiling in TFLOP/s (measured once per dtype and session);
+    None without a GPU."""
+    cache: dict = {}
+
+    def peak(dtype: torch.dtype):
+        if device.type != "cuda":
+            return None
+        if dtype not in cache:
+            cache[dtype] = matmul_peak(dtype)
+        return cache[dtype]
+
+    return peak

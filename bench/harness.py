@@ -213,6 +213,8 @@ def same_run_speedups(medians: dict, group: str, provider: str, p50_us: float, b
     medians[(group, provider)] = p50_us
     return {f"speedup_vs_{base}": round(medians[(group, base)] / p50_us, 3)
             for base in bases if (group, base) in medians and provider != base}
+
+
 def matmul_peak(dtype: torch.dtype, n: int = 8192, reps: int = 20) -> float:
     """The device's measured dense-matmul ceiling in TFLOP/s (1e12 FLOP/s): the median over ``reps``
     of an n x n x n ``torch.mm`` in ``dtype`` (cuBLAS), 2 n^3 FLOPs each, CUDA events. What an

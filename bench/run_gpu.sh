@@ -6,7 +6,9 @@
 # DECODE_ARGS the decode step, e.g. DECODE_ARGS='-k b1-' (batch 1 only) or DECODE_ARGS=--full (adds bfloat16);
 # NORM_ARGS the norm step, e.g. NORM_ARGS='-k layer_norm-add' (add + LayerNorm only) or NORM_ARGS=--full (adds bfloat16).
 # ATTN_ARGS the attention step, e.g. ATTN_ARGS='-k causal' or ATTN_ARGS=--full (adds bfloat16).
-# steps: ab build tests bench decode norm attention sanitize bytes gpt2 gpt2bench profile
+# LINEAR_ARGS the linear step (bench_linear + bench_mlp), e.g. LINEAR_ARGS='-k m1-' (M = 1 only) or LINEAR_ARGS=--full (adds bfloat16).
+# LAYER_ARGS the layer step (bench_layer), e.g. LAYER_ARGS='-k gpt2'.
+# steps: ab build tests bench decode norm attention linear layer sanitize bytes gpt2 gpt2bench profile
 # (default: build tests bench decode attention sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -124,6 +126,26 @@ if has attention; then
   grep -E "^FAILED|Error" "$OUT/bench_attention.log" | head -20
   [ -f "$OUT/bench_attention.json" ] && python3 -m bench.report "$OUT/bench_attention.json" \
     --out /tmp/fused_attn_report_attention --no-plots > /dev/null && cat /tmp/fused_attn_report_attention/readme.md
+fi
+if has linear; then
+  log "linear (bench_linear, bench_mlp)"
+  # 6 shapes x 7 M x 3 providers (126 cases) + 2 models x 7 M x 3 (42) in float16; one compile per compiled case
+  timeout ${LINEAR_TIMEOUT:-480} python3 -m pytest bench/bench_linear.py bench/bench_mlp.py -q -rs -p no:cacheprovider \
+    --benchmark-json="$OUT/bench_linear.json" --benchmark-columns=median,iqr,rounds ${LINEAR_ARGS:-} \
+    > "$OUT/bench_linear.log" 2>&1 || rc=1
+  grep -E "passed|failed|error" "$OUT/bench_linear.log" | tail -1
+  grep -E "^FAILED|Error" "$OUT/bench_linear.log" | head -20
+  [ -f "$OUT/bench_linear.json" ] && python3 -m bench.report "$OUT/bench_linear.json" \
+    --out /tmp/fused_attn_report_linear --no-plots > /dev/null && cat /tmp/fused_attn_report_linear/readme.md
+fi
+if has layer; then
+  log "layer (bench_layer)"
+  # 2 models x 4 sequences x 3 providers in float16 (24 cases); one compile per compiled case
+  timeout ${LAYER_TIMEOUT:-300} python3 -m pytest bench/bench_layer.py -q -rs -p no:cacheprovider \
+    --benchmark-json="$OUT/bench_layer.json" --benchmark-columns=median,iqr,rounds ${LAYER_ARGS:-} \
+    > "$OUT/bench_layer.log" 2>&1 || rc=1
+  grep -E "passed|failed|error" "$OUT/bench_layer.log" | tail -1
+  grep -E "^FAILED|Error" "$OUT/bench_layer.log" | head -20
 fi
 if has bytes; then
   log bytes

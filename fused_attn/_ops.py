@@ -87,6 +87,10 @@ _define(
     "attention_out(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float? scale, *, bool causal, str algo, "
     "Tensor(a!) out, Tensor(b!) lse) -> ()"
 )
+# y = act(x @ weight^T + bias) + residual: x [..., in_features], weight [out_features, in_features]
+# (nn.Linear's layout), bias [out_features], residual [..., out]. activation: 0 none, 1 gelu_tanh,
+# 2 swiglu (weight = gate rows over up rows; out = silu(gate) * up has out_features / 2 columns).
+_define("linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None, *, int activation=0) -> Tensor")
 
 _loaded = False
 

@@ -395,3 +395,63 @@ def flash_attention_forward(
         lse[:, :, i0:i1] = torch.where(live, m + torch.log(torch.where(live, l, torch.ones_like(l))),
                                        neg_inf).squeeze(-1)
     return out.to(q.dtype), lse.to(lse_dtype(q.dtype))
+def activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """linear's activations on the pre-activation ``y`` (its dtype): None, ``"gelu_tanh"`` or ``"swiglu"``
+    (``y``'s last dim holds gate then up: ``silu(gate) * up``, half as wide)."""
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(y, approximate="tanh")
+    if activation == "swiglu":
+        gate, up = y.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+    if activation is not None:
+        raise ValueError(f"activation must be None, 'gelu_tanh' or 'swiglu', got {activation!r}")
+    return y
+
+
+def eager_linear(x, weight, bias=None, activation: str | None = None, residual=None) -> torch.Tensor:
+    """The eager PyTorch chain at x's dtype (F.linear, the activation, the add: cuBLAS on CUDA, each step
+    rounded): the peer whose error bounds ours in the tests, and the benchmarks' eager provider."""
+    y = activate(torch.nn.functional.linear(x, weight, bias), activation)
+    return y if residual is None else y + residual
+
+
+def _linear_compute(x, weight, bias, activation, residual, compute_dtype):
+    y = x.to(compute_dtype) @ weight.to(compute_dtype).t()
+    if bias is not None:
+        y = y + bias.to(compute_dtype)
+    y = activate(y, activation)
+    if residual is not None:
+        y = y + residual.to(compute_dtype)
+    return y
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """``act(x @ weight^T + bias) + residual`` in ``compute_dtype``, cast to x's dtype. x ``[..., K]``,
+    weight ``[N, K]``; activation None, ``"gelu_tanh"`` (F.gelu(approximate="tanh")) or ``"swiglu"``
+    (weight = gate rows over up rows: ``silu(gate) * up``, N / 2 columns)."""
+    return _linear_compute(x, weight, bias, activation, residual, compute_dtype).to(x.dtype)
+
+
+def mlp(
+    x: torch.Tensor,
+    w_fc: torch.Tensor,
+    b_fc: torch.Tensor | None,
+    w_proj: torch.Tensor,
+    b_proj: torch.Tensor | None,
+    *,
+    activation: str = "gelu_tanh",
+    residual: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """``proj(act(fc(x))) + residual`` in ``compute_dtype`` throughout (no rounding of the hidden
+    activations), cast to x's dtype."""
+    h = _linear_compute(x, w_fc, b_fc, activation, None, compute_dtype)
+    return _linear_compute(h, w_proj, b_proj, None, residual, compute_dtype).to(x.dtype)

@@ -35,6 +35,8 @@ T_HF = "tests/test_hf.py"
 T_GPT2 = "tests/test_gpt2.py"
 T_DECODE = "tests/test_decode_attention.py"
 T_NORM = "tests/test_layer_norm.py"
+T_LINEAR = "tests/test_linear.py"
+T_MLP = "tests/test_mlp.py"
 
 
 @dataclass(frozen=True)
@@ -296,6 +298,29 @@ MUTATIONS: list[Mutation] = [
              "      xa[it] = hp;\n", "",
              _t(f"{T_NORM}::test_matches_reference_gpu"), gpu=True,
              why="with a residual, y must be the norm of h = x + residual (as stored), not of x"),
+    # ------------------------------------------------------------ linear / mlp
+    Mutation("linear-backward-drops-residual", "fused_attn/linear.py",
+             "ctx.save_for_backward(x, weight, bias, residual)", "ctx.save_for_backward(x, weight, bias, None)",
+             _t(f"{T_LINEAR}::test_gradcheck_float64_cpu"), why="residual's gradient silently missing"),
+    Mutation("mlp-residual-dropped", "fused_attn/mlp.py",
+             "return linear(h, w_proj, b_proj, residual=residual)", "return linear(h, w_proj, b_proj)",
+             _t(f"{T_MLP}::test_matches_reference_cpu")),
+    Mutation("kernel-linear-swiglu-up-bias-of-gate", "csrc/linear/linear_kernel.cuh",
+             "up += to_float(bias[p.n_out + col]);", "up += to_float(bias[col]);",
+             _t(f"{T_LINEAR}::test_every_row_count_and_epilogue_gpu"), gpu=True),
+    Mutation("kernel-linear-vector-loads-on-odd-k", "csrc/linear/linear.cpp",
+             "p.vec = p.k % vec == 0 && ", "p.vec = ",
+             _t(f"{T_LINEAR}::test_matches_reference_gpu"), gpu=True,
+             why="16-byte loads of rows that are not 16-byte aligned (K not a multiple of the vector width)"),
+    Mutation("kernel-linear-mma-fragment-order", "csrc/linear/linear_kernel.cuh",
+             "const uint32_t a_hi[4] = {wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w};",
+             "const uint32_t a_hi[4] = {wa[u][0].z, wa[u][0].w, wa[u][1].z, wa[u][1].w};",
+             _t(f"{T_LINEAR}::test_tensor_core_path_gpu"), gpu=True,
+             why="the second MMA pairs weight rows g + 8 with the wrong k"),
+    Mutation("kernel-linear-writes-nothing", "csrc/linear/linear_kernel.cuh",
+             "constexpr int U = 8 / NB;  // pieces per row in flight per thread",
+             "constexpr int U = 8 / NB;  // pieces per row in flight per thread\n  if (blockDim.x > 0) return;",
+             _t(f"{T_LINEAR}::test_every_row_count_and_epilogue_gpu"), gpu=True, why="no output written: poisoned"),
 ]
 
 

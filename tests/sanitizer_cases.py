@@ -2,10 +2,10 @@
 launch-shape class, long rows, fully masked rows, masks, both versions, and the backward; and
 decode_attention: appends, GQA / MQA, forced splits (more than keys too), left padding, head dims
 32 to 256, float32, and out-of-bounds device lengths (which must read and write nothing); layer_norm /
-rms_norm: every row class, odd widths, misaligned and strided rows, with and without the residual.
-32 to 256, float32, and out-of-bounds device lengths (which must read and write nothing); and
+rms_norm: every row class, odd widths, misaligned and strided rows, with and without the residual;
 attention: the flash kernel at every padded head dim, odd lengths, Sq != Sk under causal, each
-mask form, strided q/k/v, and the naive and tiled modes.
+mask form, strided q/k/v, and the naive and tiled modes; and linear: every rows-of-x class, weight
+rows per block and epilogue, the element-wise path (odd K, misaligned rows) and the tensor-core kernel.
 
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py
     compute-sanitizer --tool racecheck python tests/sanitizer_cases.py --quick
@@ -63,6 +63,7 @@ def main(argv: list[str]) -> int:
     cases += decode_cases(quick)
     cases += norm_cases(quick)
     cases += attention_cases(quick)
+    cases += linear_cases(quick)
     torch.cuda.synchronize()
     print(f"sanitizer cases: {cases} passed")
     return 0
@@ -140,6 +141,27 @@ def attention_cases(quick: bool) -> int:
     for i, kw in enumerate(ATTENTION_CASES[:2] if quick else ATTENTION_CASES):
         check_case(gcase(seed=i, **kw))
     return len(ATTENTION_CASES[:2] if quick else ATTENTION_CASES)
+# linear (tests/test_linear.py's run_and_check: poisoned output, against the float64 reference and cuBLAS):
+# K with a partial last loop step, N that gives 4 / 2 / 1 weight rows per block, odd K, misaligned rows.
+LINEAR_CASES = [
+    dict(m=1, k=768, n=2304, activation="gelu_tanh", dtype=torch.float16),
+    dict(m=3, k=3080, n=768, activation="swiglu", dtype=torch.bfloat16, layout="misaligned"),
+    dict(m=16, k=1000, n=96, activation=None, dtype=torch.float32),
+    dict(m=9, k=37, n=5, activation="gelu_tanh", dtype=torch.float16, layout="strided"),
+    dict(m=5, k=64, n=200, activation="swiglu", dtype=torch.float16, lead="3d"),
+    dict(m=12, k=776, n=2306, activation="swiglu", dtype=torch.bfloat16),  # the tensor-core kernel
+    dict(m=7, k=776, n=2305, activation="gelu_tanh", dtype=torch.float16),
+]
+
+
+def linear_cases(quick: bool) -> int:
+    from tests.test_linear import case_of as linear_case_of
+    from tests.test_linear import run_and_check as linear_run_and_check
+
+    cases = [LINEAR_CASES[0], LINEAR_CASES[1], LINEAR_CASES[5]] if quick else LINEAR_CASES
+    for i, kw in enumerate(cases):
+        linear_run_and_check(linear_case_of(seed=i, **kw), "cuda")
+    return len(cases)
 
 
 if __name__ == "__main__":

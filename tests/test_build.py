@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 import pytest
 
 
-@pytest.mark.parametrize("op", ["softmax", "decode_attention", "layer_norm", "attention"])
+@pytest.mark.parametrize("op", ["softmax", "decode_attention", "layer_norm", "attention", "linear"])
 def test_generated_instantiation_units_are_up_to_date(op):
     script = ROOT / "csrc" / op / "generate_instantiations.py"
     r = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)

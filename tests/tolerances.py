@@ -188,3 +188,27 @@ LSE_ATOL = 1e-5
 
 def lse_tolerance(want: torch.Tensor, score_max: torch.Tensor) -> torch.Tensor:
     return LSE_ATOL + 4 * SCORE_ULPS * score_max.double().cpu() + 4 * 2.0**-24 * want.double().cpu().abs().nan_to_num(0)
+# Matmuls (linear, mlp): flash-attention's rule through assert_error_at_most_twice, against the eager
+# chain at the same dtype (cuBLAS on CUDA), in two norms: relative L2 over the tensor (bugs spread over
+# many elements) and max |err| (a few wrong elements). Slack: a few units of the dtype's output rounding
+# (relative to ||want|| / max |want|): the peer can be exact where we round once (K = 0, say).
+LINEAR_SLACK_EPS = 2
+
+
+def assert_linear_close(ours: torch.Tensor, peer: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
+    """``ours`` and ``peer`` (PyTorch at ``ours.dtype``) against the float64 ``want``."""
+    assert ours.shape == peer.shape == want.shape, f"{what}: shapes {ours.shape}, {peer.shape}, {want.shape}"
+    if want.numel() == 0:
+        return
+    bad = torch.isnan(ours.detach()).cpu() & ~torch.isnan(want.detach()).cpu()
+    assert not bad.any(), f"{what}: {int(bad.sum())} NaN outputs where the reference is finite, e.g. at " \
+                          f"{bad.nonzero()[:8].tolist()}"
+    eps = torch.finfo(ours.dtype).eps
+    w = want.detach().double().cpu()
+    o, p = ours.detach().cpu(), peer.detach().cpu()
+    if w.abs().max().item() == 0:
+        assert bool((o == 0).all()), f"{what}: the reference is all zeros, got max |out| {o.double().abs().max().item()}"
+        return
+    assert_error_at_most_twice(o, p, w, LINEAR_SLACK_EPS * eps, what + " (relative L2)", norm="rel_l2")
+    assert_error_at_most_twice(o, p, w, LINEAR_SLACK_EPS * eps * w.abs().max().item(), what + " (max |err|)",
+                               norm="max_abs")

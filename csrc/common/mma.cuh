@@ -1,8 +1,8 @@
-// Tensor-core and async-copy building blocks shared by the attention kernels (torch-free):
+// Tensor-core and async-copy building blocks shared by the kernels (torch-free):
 // cp.async 16-byte copies global -> shared, ldmatrix (plain and .trans) from XOR-swizzled
 // shared-memory tiles, mma.sync m16n8k16 with float32 accumulation, and packing two floats
-// into a 16-bit pair for an A fragment. Used by decode_attention's decode_mma_kernel and
-// attention's flash kernel; sm_80+ (cp.async degrades to a plain copy below).
+// into a 16-bit pair for an A fragment. Used by decode_attention's decode_mma_kernel, attention's
+// flash kernel and linear's tensor-core kernel; sm_80+ (cp.async degrades to a plain copy below).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,0 +1,161 @@
+"""linear microbenchmarks: y = gelu_tanh(x · Wᵀ + b) + residual at transformer projection shapes.
+
+Providers, side by side in one group per (K x N, M, dtype):
+  eager     F.linear(x, w, b) -> F.gelu(approximate="tanh") -> + residual: three PyTorch kernels
+            (cuBLAS, then two elementwise passes)
+  compiled  torch.compile of the same function (one compile per case, dynamic=False)
+  fused     fused_attn.linear(x, w, b, activation="gelu_tanh", residual=r): one launch of our
+            weight-streaming kernel for M <= 16, cuBLAS + in-place epilogue above
+
+Shapes (K x N, nn.Linear's in x out): GPT-2 small 768 x 2304 (c_attn), 768 x 3072 (c_fc),
+3072 x 768 (c_proj); Llama-2-7B 4096 x 11008 (gate / up), 11008 x 4096 (down), 4096 x 4096
+(q/k/v/o); M (rows of x: batch x new tokens) in 1, 4, 16 (decode: memory-bound), 128, 512, 2048,
+4096 (prefill: compute-bound). Every case has the full epilogue (bias, GELU, residual).
+
+Each provider's output is checked once, before timing, against the float64 reference on the first
+and last row of x (bench_softmax's relative bound).
+
+extra_info: p5/p50/p95 (us, CUDA events, cold L2: bench/harness.py), the modeled bytes (W, x, bias,
+residual read once, out written: the op's necessary traffic, the same for every provider), GB/s, %
+of the measured copy bandwidth and of a same-bytes device copy (the floor of the memory-bound small-M
+cases), FLOPs (2 M N K), TFLOP/s and % of the measured dense matmul ceiling in this dtype (the
+ceiling of the large-M cases), speedups vs eager and compiled measured in this run.
+
+Quick default: float16. --full: float16 and bfloat16 (--bench-dtypes overrides both). On a machine
+without a GPU the cases run on the CPU at a tiny shape (eager and fused: the op's CPU path), which
+exercises the harness; GPU numbers need a GPU.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from bench.bench_decode_attention import dtypes_for
+from bench.bench_softmax import check_output
+from bench.harness import bandwidth_info, percentiles, same_run_speedups
+from fused_attn import reference
+from fused_attn.generate import DTYPES
+
+GPT2_SHAPES = [(768, 2304), (768, 3072), (3072, 768)]
+LLAMA_SHAPES = [(4096, 11008), (11008, 4096), (4096, 4096)]
+ROWS = (1, 4, 16, 128, 512, 2048, 4096)
+CPU_CASES = [((64, 48), 1), ((64, 48), 20)]
+# Below this many rows a case is memory-bound (the weight stream); from it on, compute-bound.
+MEMORY_BOUND_ROWS = 16
+
+PROVIDERS = ("eager", "compiled", "fused")
+SPEEDUP_BASES = ("eager", "compiled")
+GPU_ONLY = ("compiled",)
+NOTES = {"eager": "F.linear + F.gelu(tanh) + add", "compiled": "torch.compile(F.linear + F.gelu(tanh) + add)",
+         "fused": "fused_attn.linear(activation='gelu_tanh', residual=)"}
+REPORT_LABELS = {"bench_linear": dict(title="linear (gelu_tanh(x W^T + b) + residual)", shape="K x N, M",
+                                      order=PROVIDERS)}
+
+
+def modeled_traffic(k: int, n: int, m: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(bytes read, bytes written): W, x, bias and residual read once, out written once."""
+    e = torch.empty((), dtype=dtype).element_size()
+    return (n * k + m * k + n + m * n) * e, m * n * e
+
+
+def flops(k: int, n: int, m: int) -> int:
+    return 2 * m * n * k
+
+
+def make_cases(config, cuda: bool | None = None) -> list[dict]:
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    if not cuda:
+        return [dict(shape=s, m=m, dtype="float32", provider=p) for s, m in CPU_CASES for p in PROVIDERS]
+    return [dict(shape=s, m=m, dtype=d, provider=p) for s in GPT2_SHAPES + LLAMA_SHAPES for m in ROWS
+            for d in dtypes_for(config) for p in PROVIDERS]
+
+
+def case_id(c: dict) -> str:
+    k, n = c["shape"]
+    return f"{c['provider']}-k{k}-n{n}-m{c['m']}-{c['dtype']}"
+
+
+def pytest_generate_tests(metafunc):
+    if "case" in metafunc.fixturenames:
+        cases = make_cases(metafunc.config)
+        metafunc.parametrize("case", cases, ids=[case_id(c) for c in cases])
+
+
+def make_inputs(k: int, n: int, m: int, dtype: torch.dtype, device, seed: int = 0) -> dict:
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*size, scale=1.0):
+        return (torch.randn(size, generator=gen, device=device, dtype=torch.float32) * scale).to(dtype)
+
+    return dict(x=randn(m, k), w=randn(n, k, scale=k**-0.5), b=randn(n), r=randn(m, n))
+
+
+def eager_chain(x, w, b, r):
+    return reference.eager_linear(x, w, b, "gelu_tanh", r)
+
+
+def provider_fn(provider: str, t: dict):
+    from fused_attn import linear
+
+    args = (t["x"], t["w"], t["b"], t["r"])
+    if provider == "eager":
+        return lambda: eager_chain(*args)
+    if provider == "compiled":
+        torch._dynamo.reset()  # one compile per case; no recompile limit across shapes
+        compiled = torch.compile(eager_chain, dynamic=False)
+        return lambda: compiled(*args)
+    if provider == "fused":
+        return lambda: linear(t["x"], t["w"], t["b"], activation="gelu_tanh", residual=t["r"])
+    raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
+
+
+def check(provider: str, out: torch.Tensor, t: dict) -> None:
+    """Raise unless ``out`` matches the float64 reference on the first and last row of x."""
+    m = t["x"].shape[0]
+    for i in sorted({0, m - 1}):
+        s = slice(i, i + 1)
+        ref = reference._linear_compute(t["x"][s], t["w"], t["b"], "gelu_tanh", t["r"][s], torch.float64)
+        check_output(f"{provider} (row {i})", out[s], ref)
+
+
+def record(benchmark, case: dict, times: list[float], device, ceilings_gbps, timer, launch_floor_us, peak_tflops,
+           medians, traffic: tuple[int, int] | None = None, flop: int | None = None, note: str | None = None) -> None:
+    """extra_info of one case: percentiles, modeled bytes and FLOPs (this module's model unless given:
+    bench_mlp passes its own), bandwidth, the copy and matmul floors, speedups in this run."""
+    (k, n), m, provider, dtype = case["shape"], case["m"], case["provider"], DTYPES[case["dtype"]]
+    read, write = traffic or modeled_traffic(k, n, m, dtype)
+    flop = flop or flops(k, n, m)
+    stats = percentiles(times)
+    tflops = flop / (stats["p50_us"] * 1e-6) / 1e12
+    info = dict(stats, provider=provider, shape=[k, n, m], dtype=case["dtype"], note=note or NOTES[provider],
+                device=str(device), flops=flop, tflops=round(tflops, 2),
+                bound="memory" if m <= MEMORY_BOUND_ROWS else "compute")
+    info.update(bandwidth_info(read, write, stats["p50_us"], ceilings_gbps, timer, launch_floor_us))
+    if peak_tflops:
+        info["matmul_peak_tflops"] = round(peak_tflops, 1)
+        info["pct_of_matmul_peak"] = round(100 * tflops / peak_tflops, 1)
+    info.update(same_run_speedups(medians, benchmark.group, provider, stats["p50_us"], SPEEDUP_BASES))
+    benchmark.extra_info.update(info)
+
+
+def group(case: dict) -> str:
+    k, n = case["shape"]
+    return f"linear {k}x{n} m{case['m']} {case['dtype']}"
+
+
+def bench_linear(benchmark, case, device, timer, ceilings_gbps, launch_floor_us, matmul_peak_tflops, medians):
+    (k, n), m, provider, dtype = case["shape"], case["m"], case["provider"], DTYPES[case["dtype"]]
+    if device.type == "cpu" and provider in GPU_ONLY:
+        pytest.skip(f"{provider} is measured on a GPU only (no CUDA device here)")
+    benchmark.group = group(case)
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+    t = make_inputs(k, n, m, dtype, device)
+    fn = provider_fn(provider, t)
+    check(provider, fn(), t)
+    times = timer.run(benchmark, fn)
+    record(benchmark, case, times, device, ceilings_gbps, timer, launch_floor_us, matmul_peak_tflops(dtype), medians)

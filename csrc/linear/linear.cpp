@@ -1,0 +1,184 @@
+// Launcher of linear (schema: fused_attn/_ops.py): the checks that guard memory, the choice between
+// our weight-streaming kernel (rows of x <= kMaxGemvRows) and cuBLAS through ATen (more rows), and the
+// kernel's launch shape (rows of x per launch, weight rows per block, threads). Host C++ (g++): the
+// kernels are launched through linear_launch.h.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "../common/checks.h"
+#include "../common/static_switch.h"
+#include "linear_launch.h"
+
+namespace fused_attn {
+
+namespace {
+
+// Rows of x (the product of x's leading dims) up to which our kernel runs; above it, cuBLAS.
+// Below it the op streams the weight once and is memory-bound; the kernel reads each weight row
+// once for all rows. The crossover is to be measured on the GPU (bench/bench_linear.py, M = 16
+// against 128): our CUDA-core kernel does M FMAs per weight element, which at M = 16 in 16-bit
+// types is about what the SM's FP32 units can do at the copy bandwidth.
+constexpr int64_t kMaxGemvRows = kLinearMaxRows;
+
+// Rows of x from which float16 / bfloat16 run the tensor-core kernel (16-byte rows, and at least one
+// block of 16 weight rows per SM; else the CUDA-core kernel, whose 1-4 rows per block fill the GPU at
+// N = 768): from 5 rows the CUDA-core kernel's FMAs and conversions per weight byte approach what the
+// SM issues at the copy bandwidth. To be confirmed on the GPU (bench/bench_linear.py at M = 4 and 16).
+constexpr int kMmaMinRows = 5;
+
+
+bool vector_ready(const at::Tensor& t, int64_t vec) {
+  return t.stride(0) % vec == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// The locals are named after the arguments: the check macros stringify them into the message. x is a CUDA
+// tensor, so the same-device checks make the others CUDA tensors too.
+void check_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias_opt,
+                const std::optional<at::Tensor>& residual_opt, int64_t activation) {
+  FA_CHECK_CUDA(x);
+  FA_CHECK_ARG(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
+               x, "have dtype float32, float16 or bfloat16", dtype_str(x.scalar_type()));
+  FA_CHECK_ARG(x.dim() >= 1, x, "have at least 1 dim [..., in_features]", shape_str(x.sizes()));
+  FA_CHECK_DIM(weight, 2, "[out_features, in_features]");
+  FA_CHECK_SAME_DEVICE(weight, x);
+  FA_CHECK_SAME_DTYPE(weight, x);
+  FA_CHECK_LAST_DIM_CONTIGUOUS(weight);
+  FA_CHECK_ARG(weight.size(1) == x.size(-1), weight,
+               "have in_features = x's last dim (" + std::to_string(x.size(-1)) + ")", shape_str(weight.sizes()));
+  FA_CHECK_ARG(activation >= kActNone && activation <= kActSwiglu, activation,
+               "be 0 (none), 1 (gelu_tanh) or 2 (swiglu)", num_str(activation));
+  FA_CHECK_ARG(activation != kActSwiglu || weight.size(0) % 2 == 0, weight,
+               "have an even out_features (gate rows over up rows) for swiglu", shape_str(weight.sizes()));
+  FA_CHECK_ARG(weight.size(0) < std::numeric_limits<int>::max() && weight.size(1) < std::numeric_limits<int>::max(),
+               weight, "have fewer than 2**31 rows and columns", shape_str(weight.sizes()));
+  if (bias_opt.has_value()) {
+    const at::Tensor& bias = *bias_opt;
+    FA_CHECK_SAME_DEVICE(bias, x);
+    FA_CHECK_SAME_DTYPE(bias, x);
+    FA_CHECK_ARG(bias.dim() == 1 && bias.size(0) == weight.size(0), bias,
+                 "have shape (" + std::to_string(weight.size(0)) + ",)", shape_str(bias.sizes()));
+  }
+  if (residual_opt.has_value()) {
+    const at::Tensor& residual = *residual_opt;
+    std::vector<int64_t> want(x.sizes().begin(), x.sizes().end());
+    want.back() = activation == kActSwiglu ? weight.size(0) / 2 : weight.size(0);
+    FA_CHECK_SAME_DEVICE(residual, x);
+    FA_CHECK_SAME_DTYPE(residual, x);
+    FA_CHECK_ARG(residual.sizes() == at::IntArrayRef(want), residual, "have shape " + shape_str(want),
+                 shape_str(residual.sizes()));
+  }
+}
+
+int sm_count(const at::Tensor& t) {
+  return at::cuda::getDeviceProperties(t.device().index())->multiProcessorCount;
+}
+
+// Launch shape: about the same number of 16-byte pieces of a row per thread (up to 256 threads), and
+// as many weight rows per block (4, 2 or 1) as still leave two blocks per SM.
+void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                 const std::optional<at::Tensor>& residual2, int64_t activation, const at::Tensor& out2) {
+  LinearParams p{};
+  const int64_t vec = 16 / x2.element_size();
+  p.m = int(x2.size(0));
+  p.k = int(x2.size(1));
+  p.n = int(weight.size(0));
+  p.n_out = int(out2.size(1));
+  p.activation = int(activation);
+  p.x = x2.data_ptr();
+  p.x_stride = x2.stride(0);
+  p.w = weight.data_ptr();
+  p.w_stride = weight.stride(0);
+  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  p.residual = residual2.has_value() ? residual2->data_ptr() : nullptr;
+  p.r_stride = residual2.has_value() ? residual2->stride(0) : 0;
+  p.out = out2.data_ptr();
+  p.o_stride = out2.stride(0);
+  p.vec = p.k % vec == 0 && vector_ready(x2, vec) && vector_ready(weight, vec);
+
+  const int64_t pieces = std::max<int64_t>(1, (p.k + vec - 1) / vec);
+  const int64_t per_thread = (pieces + kLinearMaxThreads - 1) / kLinearMaxThreads;
+  const int threads = int(std::min<int64_t>(kLinearMaxThreads, ((pieces + per_thread - 1) / per_thread + 31) / 32 * 32));
+  const bool swiglu = activation == kActSwiglu;
+  const int64_t min_blocks = 2 * int64_t(sm_count(x2));
+  int rows = 4;
+  while (rows > (swiglu ? 2 : 1) && (p.n_out + (swiglu ? rows / 2 : rows) - 1) / (swiglu ? rows / 2 : rows) < min_blocks)
+    rows /= 2;
+
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t mma_blocks = (p.n_out + (swiglu ? 8 : 16) - 1) / (swiglu ? 8 : 16);
+  FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
+    if constexpr (!std::is_same_v<scalar_t, float>) {
+      if (p.m >= kMmaMinRows && p.vec && mma_blocks >= sm_count(x2)) {
+        const bool wide = p.m > 8;
+        if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
+          wide ? launch_linear_mma<scalar_t, 16>(p, stream) : launch_linear_mma<scalar_t, 8>(p, stream);
+          return;
+        }
+      }
+    }
+    if (p.m <= 1) launch_linear_gemv<scalar_t, 1>(p, rows, threads, stream);
+    else if (p.m <= 2) launch_linear_gemv<scalar_t, 2>(p, rows, threads, stream);
+    else if (p.m <= 4) launch_linear_gemv<scalar_t, 4>(p, rows, threads, stream);
+    else if (p.m <= 8) launch_linear_gemv<scalar_t, 8>(p, rows, threads, stream);
+    else launch_linear_gemv<scalar_t, 16>(p, rows, threads, stream);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// More rows: cuBLAS through ATen. GELU is a separate in-place pass (gelu_(..., "tanh")):
+// at::_addmm_activation's use_gelu is erf GELU on the CPU and the cuBLASLt epilogue's own tanh
+// approximation on CUDA, neither of them exactly F.gelu(approximate="tanh").
+at::Tensor linear_cublas(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                         const std::optional<at::Tensor>& residual2, int64_t activation) {
+  at::Tensor y = bias.has_value() ? at::addmm(*bias, x2, weight.t()) : at::mm(x2, weight.t());
+  if (activation == kActGeluTanh) {
+    at::gelu_(y, "tanh");
+  } else if (activation == kActSwiglu) {
+    const int64_t n_out = weight.size(0) / 2;
+    y = at::silu(y.narrow(1, 0, n_out)).mul_(y.narrow(1, n_out, n_out));
+  }
+  if (residual2.has_value()) y.add_(*residual2);
+  return y;
+}
+
+}  // namespace
+
+// Argument order follows the schema in fused_attn/_ops.py.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                  const std::optional<at::Tensor>& residual, int64_t activation) {
+  check_args(x, weight, bias, residual, activation);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t k = weight.size(1);
+  const int64_t n_out = activation == kActSwiglu ? weight.size(0) / 2 : weight.size(0);
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = n_out;
+  const int64_t m = c10::multiply_integers(x.sizes().slice(0, x.dim() - 1));
+  at::Tensor x2 = x.reshape({m, k});
+  std::optional<at::Tensor> residual2;
+  if (residual.has_value()) residual2 = residual->reshape({m, n_out});
+  if (m > kMaxGemvRows) {
+    return linear_cublas(x2, weight, bias, residual2, activation).view(out_shape);
+  }
+  // Few rows: small copies make every row's last dim contiguous (and x's rows 16-byte aligned).
+  const int64_t vec = 16 / x.element_size();
+  if (m > 0 && (x2.stride(1) != 1 || !vector_ready(x2, vec))) x2 = x2.clone(at::MemoryFormat::Contiguous);
+  if (residual2.has_value() && residual2->stride(1) != 1) residual2 = residual2->contiguous();
+  std::optional<at::Tensor> bias_c;
+  if (bias.has_value()) bias_c = bias->contiguous();
+  at::Tensor out = at::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (out.numel() > 0) launch_gemv(x2, weight, bias_c, residual2, activation, out.view({-1, n_out}));
+  return out;
+}
+
+TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) { m.impl("linear", &linear); }
+
+}  // namespace fused_attn

@@ -1,0 +1,328 @@
+// linear_gemv_kernel: y = act(x · Wᵀ + b) + residual for few rows of x (decode: M <= 16), with
+// W in nn.Linear's [N, K] layout, float32 accumulation, one rounding to T at the end.
+//
+// At M <= 16 the op is a weight stream: K x N x sizeof(T) bytes read once, a few KB of x,
+// bias, residual and output besides. The kernel is built to read W at the copy bandwidth:
+// each block owns NB weight rows (whole rows: no split-K, no partial results, no second
+// launch) and its threads split K, each loading 16-byte pieces of its NB rows, U pieces per
+// row issued before any is used (NB x U = 8 loads, 128 bytes, in flight per thread;
+// 32-64 KB per SM with two or more blocks resident), with the L1 bypassed and L2 prefetching
+// 256-byte lines. Every x row is multiplied in while a weight piece is in registers (x, a few
+// KB, stays in L1). The block then reduces its NB x MT sums (shuffles, then shared memory
+// over warps) and applies the epilogue: bias, GELU (tanh) or SwiGLU, residual, store.
+// The launcher picks NB so that N / NB blocks cover the SMs twice (N = 768 of GPT-2's
+// c_proj gets NB = 2: 384 blocks) and the block width so that each thread owns about the
+// same number of 16-byte pieces of a row (K = 768 in bfloat16: 96 pieces, 96 threads).
+//
+// The element-wise path (p.vec false: K not a multiple of the vector width, or misaligned
+// rows) loads the same pieces one element at a time, with the tail of K masked.
+//
+// linear_mma_kernel (float16 / bfloat16, 5 to 16 rows of x, 16-byte rows): the same stream on
+// tensor cores, where the CUDA-core kernel's M FMAs per weight element (plus the conversions)
+// would limit it. outᵀ = W · xᵀ: a block owns 16 weight rows (with SwiGLU 8 gate rows over their
+// 8 up rows), the m16 A operand of mma.sync m16n8k16, and x's rows are the n8 B operand (one or
+// two n-tiles). Both operands come straight from global memory as 16-byte loads: lane l reads 8
+// consecutive k of weight rows l / 4 and l / 4 + 8 and of x row l / 4, and the 16 k slots of a
+// fragment are a fixed permutation of the 32 k the lane quad read (slot 2q + {0, 1}, 8 + 2q + {0, 1}
+// of the first MMA = k 8q + {0..3}, of the second = 8q + {4..7}); A and B share the permutation, so
+// the dot products are exact sums over k. 8 warps split K, U = 4 chunks of 32 k in flight per warp
+// (128 bytes of weight per lane), and sum their fragments through shared memory; with SwiGLU a
+// lane holds the gate and up sums of the same output, so the epilogue needs no exchange.
+//
+// Tests: tests/test_linear.py, tests/test_mlp.py; benchmark: bench/bench_linear.py.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../common/mma.cuh"
+#include "../common/vec_dtypes.cuh"
+#include "linear_launch.h"
+
+namespace fused_attn {
+
+namespace linear {
+
+// 16 bytes of W: read once, so past L1, with a 256-byte L2 prefetch (the next pieces of the row).
+__device__ __forceinline__ uint4 load_stream(const void* ptr) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(ptr));
+  return r;
+}
+
+template <typename T>
+struct Piece {
+  static constexpr int VEC = 16 / int(sizeof(T));
+  union {
+    uint4 raw;
+    T v[VEC];
+  };
+};
+
+// Piece j (elements [j * VEC, j * VEC + VEC)) of the row at `row`; elements past k are 0.
+template <typename T, bool kVec>
+__device__ __forceinline__ uint4 load_piece(const T* row, int j, int k, bool stream) {
+  constexpr int VEC = Piece<T>::VEC;
+  if constexpr (kVec) {
+    return stream ? load_stream(row + int64_t(j) * VEC) : __ldg(reinterpret_cast<const uint4*>(row) + j);
+  } else {
+    Piece<T> p;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const int c = j * VEC + e;
+      p.v[e] = c < k ? row[c] : from_float<T>(0.f);
+    }
+    return p.raw;
+  }
+}
+
+__device__ __forceinline__ float gelu_tanh(float y) {
+  // PyTorch's F.gelu(approximate="tanh"): 0.5 y (1 + tanh(sqrt(2 / pi) (y + 0.044715 y^3))).
+  constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
+  return 0.5f * y * (1.f + tanhf(kBeta * (y + kKappa * y * y * y)));
+}
+
+__device__ __forceinline__ float silu(float y) { return y / (1.f + expf(-y)); }
+
+// The epilogue of output (x row m, column col): `sum` is x · w_col (the gate's with SwiGLU, `up` the
+// up row's), then bias, the activation, the residual, one rounding to T.
+template <typename T>
+__device__ __forceinline__ void store_output(const LinearParams& p, int m, int64_t col, float sum, float up) {
+  const T* bias = static_cast<const T*>(p.bias);
+  float y;
+  if (p.activation == kActSwiglu) {
+    if (bias != nullptr) {
+      sum += to_float(bias[col]);
+      up += to_float(bias[p.n_out + col]);
+    }
+    y = silu(sum) * up;
+  } else {
+    y = bias != nullptr ? sum + to_float(bias[col]) : sum;
+    if (p.activation == kActGeluTanh) y = gelu_tanh(y);
+  }
+  if (p.residual != nullptr) y += to_float(static_cast<const T*>(p.residual)[m * p.r_stride + col]);
+  static_cast<T*>(p.out)[m * p.o_stride + col] = from_float<T>(y);
+}
+
+template <typename T, int MT, int NB, bool kVec>
+__global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const LinearParams p) {
+  constexpr int VEC = Piece<T>::VEC;
+  constexpr int U = 8 / NB;  // pieces per row in flight per thread
+  const bool swiglu = p.activation == kActSwiglu;
+  const T* x = static_cast<const T*>(p.x);
+  const T* w = static_cast<const T*>(p.w);
+
+  // Tile row r reads weight row rows[r]; with SwiGLU, even r are gate rows, odd r their up rows.
+  const int64_t col0 = int64_t(blockIdx.x) * (swiglu ? NB / 2 : NB);  // first output column
+  const T* wrow[NB];
+  bool live[NB];
+#pragma unroll
+  for (int r = 0; r < NB; ++r) {
+    const int64_t col = swiglu ? col0 + r / 2 : col0 + r;
+    live[r] = col < p.n_out;
+    const int64_t row = swiglu && (r % 2) ? p.n_out + col : col;
+    wrow[r] = w + (live[r] ? row : 0) * p.w_stride;
+  }
+
+  float acc[NB][MT];
+#pragma unroll
+  for (int r = 0; r < NB; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
+
+  const int pieces = (p.k + VEC - 1) / VEC;
+  for (int j0 = threadIdx.x; j0 < pieces; j0 += blockDim.x * U) {
+    Piece<T> wp[NB][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * blockDim.x;
+#pragma unroll
+      for (int r = 0; r < NB; ++r) {
+        wp[r][u].raw = live[r] && j < pieces ? load_piece<T, kVec>(wrow[r], j, p.k, true) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * blockDim.x;
+      if (j >= pieces) break;
+      float wf[NB][VEC];
+#pragma unroll
+      for (int r = 0; r < NB; ++r)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) wf[r][e] = to_float(wp[r][u].v[e]);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        if (m >= p.m) break;
+        Piece<T> xp;
+        xp.raw = load_piece<T, kVec>(x + m * p.x_stride, j, p.k, false);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float xv = to_float(xp.v[e]);
+#pragma unroll
+          for (int r = 0; r < NB; ++r) acc[r][m] = fmaf(wf[r][e], xv, acc[r][m]);
+        }
+      }
+    }
+  }
+
+  // Block sums: shuffles within each warp, then the warps' partials through shared memory.
+  __shared__ float partial[kLinearMaxThreads / 32][NB * MT];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+#pragma unroll
+  for (int r = 0; r < NB; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      float v = acc[r][m];
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) partial[warp][r * MT + m] = v;
+    }
+  __syncthreads();
+
+  // Epilogue: one thread per (output column, x row).
+  const int cols = swiglu ? NB / 2 : NB;
+  for (int t = threadIdx.x; t < cols * MT; t += blockDim.x) {
+    const int c = t / MT, m = t % MT;
+    const int64_t col = col0 + c;
+    if (m >= p.m || col >= p.n_out) continue;
+    auto sum = [&](int r) {
+      float s = 0.f;
+      for (int i = 0; i < warps; ++i) s += partial[i][r * MT + m];
+      return s;
+    };
+    if (swiglu) {
+      store_output<T>(p, m, col, sum(2 * c), sum(2 * c + 1));
+    } else {
+      store_output<T>(p, m, col, sum(c), 0.f);
+    }
+  }
+}
+
+constexpr int kMmaWarps = kLinearMmaThreads / 32;
+constexpr int kMmaChunks = 4;  // chunks of 32 k per warp in flight
+
+// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16).
+template <typename T, int NT>
+__global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const LinearParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const bool swiglu = p.activation == kActSwiglu;
+  const T* x = static_cast<const T*>(p.x);
+  const T* w = static_cast<const T*>(p.w);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int64_t col0 = int64_t(blockIdx.x) * (swiglu ? 8 : 16);
+
+  // The two weight rows of this lane: tile rows g and g + 8.
+  const T* wrow[2];
+  bool wlive[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t col = swiglu ? col0 + g : col0 + g + 8 * h;
+    wlive[h] = col < p.n_out;
+    const int64_t row = swiglu && h ? p.n_out + col : col;
+    wrow[h] = w + (wlive[h] ? row : 0) * p.w_stride + q * 8;
+  }
+  const T* xrow[NT];
+  bool xlive[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    xlive[t] = 8 * t + g < p.m;
+    xrow[t] = x + (xlive[t] ? 8 * t + g : 0) * p.x_stride + q * 8;
+  }
+
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+
+  const int chunks = (p.k + 31) / 32;
+  for (int c0 = warp; c0 < chunks; c0 += kMmaWarps * kMmaChunks) {
+    uint4 wa[kMmaChunks][2], xb[kMmaChunks][NT];
+#pragma unroll
+    for (int u = 0; u < kMmaChunks; ++u) {
+      const int c = c0 + u * kMmaWarps;
+      const bool in = c < chunks && c * 32 + q * 8 < p.k;  // k is a multiple of 8: whole pieces
+#pragma unroll
+      for (int h = 0; h < 2; ++h) wa[u][h] = in && wlive[h] ? load_stream(wrow[h] + c * 32) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        xb[u][t] = in && xlive[t] ? __ldg(reinterpret_cast<const uint4*>(xrow[t] + c * 32)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kMmaChunks; ++u) {
+      const uint32_t a_lo[4] = {wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y};
+      const uint32_t a_hi[4] = {wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w};
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        mma16816<T>(acc[t], a_lo, xb[u][t].x, xb[u][t].y);
+        mma16816<T>(acc[t], a_hi, xb[u][t].z, xb[u][t].w);
+      }
+    }
+  }
+
+  // The warps' fragments summed through shared memory, then the epilogue from the summed fragment:
+  // acc[t][i] is tile row g + 8 (i / 2) and x row 8 t + 2 q + i % 2.
+  __shared__ float partial[kMmaWarps][NT][4][32];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[warp][t][i][lane] = acc[t][i];
+  __syncthreads();
+  if (warp >= NT) return;
+  const int t = warp;
+  float s[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    s[i] = 0.f;
+    for (int v = 0; v < kMmaWarps; ++v) s[i] += partial[v][t][i][lane];
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (swiglu && i >= 2) break;
+    const int m = 8 * t + 2 * q + i % 2;
+    const int64_t col = swiglu ? col0 + g : col0 + g + 8 * (i / 2);
+    if (m < p.m && col < p.n_out) store_output<T>(p, m, col, s[i], swiglu ? s[i + 2] : 0.f);
+  }
+#else
+  __trap();  // launched only where linear_mma_arch says it was compiled (sm_80 and later)
+#endif
+}
+
+template <typename T, int MT, int NB>
+void launch_nb(const LinearParams& p, int threads, cudaStream_t stream) {
+  const int64_t cols_per_block = p.activation == kActSwiglu ? NB / 2 : NB;
+  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
+  if (p.vec) {
+    linear_gemv_kernel<T, MT, NB, true><<<grid, threads, 0, stream>>>(p);
+  } else {
+    linear_gemv_kernel<T, MT, NB, false><<<grid, threads, 0, stream>>>(p);
+  }
+}
+
+}  // namespace linear
+
+template <typename T, int MT>
+void launch_linear_mma(const LinearParams& p, cudaStream_t stream) {
+  static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
+  const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
+  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
+  linear::linear_mma_kernel<T, MT / 8><<<grid, kLinearMmaThreads, 0, stream>>>(p);
+}
+
+template <typename T, int MT>
+int linear_mma_arch() {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8>) == cudaSuccess ? attr.binaryVersion : 0;
+}
+
+template <typename T, int MT>
+void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, cudaStream_t stream) {
+  switch (rows_per_block) {
+    case 1: linear::launch_nb<T, MT, 1>(p, threads, stream); break;
+    case 2: linear::launch_nb<T, MT, 2>(p, threads, stream); break;
+    default: linear::launch_nb<T, MT, 4>(p, threads, stream); break;
+  }
+}
+
+}  // namespace fused_attn

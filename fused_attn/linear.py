@@ -1,0 +1,177 @@
+"""``linear``: y = act(x · weightᵀ + bias) + residual, the epilogue fused into the matmul.
+
+The projections of a transformer layer. Public wrapper, argument validation, the fake (meta)
+kernel, the CPU path (``fused_attn.reference.linear`` in float32) and autograd. The CUDA kernel is in
+``csrc/linear/``: for up to ``MAX_GEMV_ROWS`` rows of x (decode) our weight-streaming kernel, which
+reads the weight once at the copy bandwidth with bias, activation and residual in its epilogue (on
+CUDA cores; from 5 rows in float16 / bfloat16 on tensor cores, mma.sync with the weight as the
+16-row operand); above that, cuBLAS through ATen (``addmm``, then the activation and residual in place).
+
+Gradients: a backward registered with ``torch.library.register_autograd`` that recomputes the op
+through the PyTorch reference (float32; float64 for float64 inputs) and differentiates it: correct,
+not fast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fused_attn import _ops, reference
+from fused_attn.softmax import _shape
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_CPU_DTYPES = _DTYPES + (torch.float64,)
+# The schema's int codes (csrc/linear/linear_launch.h, LinearActivation).
+ACTIVATIONS = {None: 0, "gelu_tanh": 1, "swiglu": 2}
+_NAMES = {code: name for name, code in ACTIVATIONS.items()}
+# Rows of x (the product of its leading dims) up to which our CUDA kernel runs (kMaxGemvRows in
+# csrc/linear/linear.cpp); above it, cuBLAS.
+MAX_GEMV_ROWS = 16
+
+
+def activation_code(activation) -> int:
+    if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be None, 'gelu_tanh' or 'swiglu', got {activation!r}")
+    return ACTIVATIONS[activation]
+
+
+def _check_param(t, name: str, x: torch.Tensor, xn: str, shape: tuple) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if t.device != x.device:
+        raise ValueError(f"{name} must be on the same device as {xn} ({x.device}), got {t.device}")
+    if t.dtype != x.dtype:
+        raise ValueError(f"{name} must have {xn}'s dtype ({x.dtype}), got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {_shape(t)}")
+
+
+def check_args(x, weight, bias, residual, activation: int, names=("x", "weight", "bias", "residual")) -> int:
+    """Raise TypeError / ValueError naming the bad argument (the C++ launcher repeats the checks that
+    guard memory); return the number of output features. ``names``: what the caller calls the four
+    tensors (``fused_attn.mlp``'s second projection reads its hidden activations as x)."""
+    xn, wn, bn, rn = names
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{xn} must be a torch.Tensor, got {type(x).__name__}")
+    cpu = x.device.type == "cpu"
+    if x.dtype not in (_CPU_DTYPES if cpu else _DTYPES):
+        allowed = "float32, float16, bfloat16 or float64 (CPU)" if cpu else "float32, float16 or bfloat16"
+        raise ValueError(f"{xn} must have dtype {allowed}, got {x.dtype}")
+    if x.dim() < 1:
+        raise ValueError(f"{xn} must have at least 1 dim [..., in_features], got {_shape(x)}")
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{wn} must be a torch.Tensor, got {type(weight).__name__}")
+    if weight.dim() != 2:
+        raise ValueError(f"{wn} must have 2 dims [out_features, in_features], got {_shape(weight)}")
+    if weight.device != x.device:
+        raise ValueError(f"{wn} must be on the same device as {xn} ({x.device}), got {weight.device}")
+    if weight.dtype != x.dtype:
+        raise ValueError(f"{wn} must have {xn}'s dtype ({x.dtype}), got {weight.dtype}")
+    if weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"{wn} must have in_features = {xn}'s last dim ({x.shape[-1]}), got {_shape(weight)}")
+    if activation not in _NAMES:
+        raise ValueError(f"activation must be 0 (none), 1 (gelu_tanh) or 2 (swiglu), got {activation!r}")
+    n = weight.shape[0]
+    if activation == ACTIVATIONS["swiglu"] and n % 2:
+        raise ValueError(f"{wn} must have an even out_features (gate rows over up rows) for swiglu, "
+                         f"got {_shape(weight)}")
+    n_out = n // 2 if activation == ACTIVATIONS["swiglu"] else n
+    if bias is not None:
+        _check_param(bias, bn, x, xn, (n,))
+    if residual is not None:
+        _check_param(residual, rn, x, xn, (*x.shape[:-1], n_out))
+    return n_out
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``act(x @ weight.T + bias) + residual``, float32 accumulation, one rounding to x's dtype.
+
+    Args:
+        x: ``[..., in_features]`` float16, bfloat16 or float32 (float64 on the CPU), any strides.
+        weight: ``[out_features, in_features]`` (``nn.Linear.weight``'s layout), x's dtype and
+            device. A weight whose last dim is not contiguous is copied (once per call: pass a
+            contiguous one).
+        bias: optional ``[out_features]``.
+        activation: None, ``"gelu_tanh"`` (``F.gelu(approximate="tanh")``, GPT-2's) or
+            ``"swiglu"``: weight holds the gate rows over the up rows (``[2 * hidden,
+            in_features]``, bias likewise) and the output is ``silu(gate) * up``, ``[..., hidden]``.
+        residual: optional ``[..., out]`` (x's leading dims, the output's width), added after the
+            activation.
+
+    Returns ``[..., out]`` in x's dtype, where out is out_features (hidden for swiglu). On CUDA,
+    up to ``MAX_GEMV_ROWS`` rows of x (the product of its leading dims) run our kernel, one launch
+    that reads the weight once; more rows run cuBLAS (``addmm``) with the epilogue as separate
+    passes. Launches on the current stream, never synchronizes the host, works under
+    ``torch.compile(fullgraph=True)`` and CUDA-graph capture. Differentiable (the backward
+    recomputes through the PyTorch reference).
+    """
+    code = activation_code(activation)
+    check_args(x, weight, bias, residual, code)
+    if x.device.type == "cuda":
+        if weight.stride(-1) != 1 and weight.shape[-1] > 1:
+            weight = weight.contiguous()
+        _ops.ensure_loaded()
+    return torch.ops.fused_attn.linear(x, weight, bias, residual, activation=code)
+
+
+# --------------------------------------------------------------------------- CPU, fake, autograd
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _reference(x, weight, bias, residual, activation: int) -> torch.Tensor:
+    return reference.linear(x, weight, bias, activation=_NAMES[activation], residual=residual,
+                            compute_dtype=_compute_dtype(x))
+
+
+# Callers (opcheck, AOTAutograd) may leave defaulted positional arguments out: the inputs,
+# needs_input_grad and the returned gradients then have that shorter length.
+def _setup_context(ctx, inputs, keyword_only_inputs, output):
+    x, weight, bias, residual = (*inputs, None, None)[:4]
+    ctx.activation = keyword_only_inputs.get("activation", 0)
+    ctx.n_inputs = len(inputs)
+    ctx.save_for_backward(x, weight, bias, residual)
+
+
+def _backward(ctx, grad):
+    saved = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    # Grad mode is on here only when the caller asked for a differentiable backward (create_graph):
+    # then the recompute stays on the saved inputs' graph, so double backward is correct too.
+    double = torch.is_grad_enabled()
+    wants = [t is not None and i < len(need) and need[i] for i, t in enumerate(saved)]
+    with torch.enable_grad():
+        leaves = [t if double or t is None else t.detach().requires_grad_(w) for t, w in zip(saved, wants)]
+        y = _reference(*leaves, ctx.activation)
+        wanted = [t for t, w in zip(leaves, wants) if w]
+        grads = iter(torch.autograd.grad(y, wanted, grad, create_graph=double) if wanted else ())
+    out = tuple(next(grads) if w else None for w in wants)
+    return out[:len(need)]
+
+
+def _register() -> None:
+    lib = "fused_attn::linear"
+
+    @torch.library.register_fake(lib)
+    def _fake(x, weight, bias=None, residual=None, *, activation=0):
+        n_out = check_args(x, weight, bias, residual, activation)
+        return x.new_empty((*x.shape[:-1], n_out))
+
+    @torch.library.register_kernel(lib, "cpu")
+    def _cpu_kernel(x, weight, bias=None, residual=None, *, activation=0):
+        check_args(x, weight, bias, residual, activation)
+        return _reference(x, weight, bias, residual, activation)
+
+    torch.library.register_autograd(lib, _backward, setup_context=_setup_context)
+
+
+_register()

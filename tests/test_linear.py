@@ -1,0 +1,346 @@
+"""linear: the CUDA kernel (M <= 16: ours; more rows: cuBLAS) and the CPU path against the float64
+reference, every activation x bias x residual combination, odd shapes and layouts, poisoned outputs,
+gradients, CUDA graphs, torch.compile, opcheck and argument errors. The spec is the docstring of
+``fused_attn.linear.linear``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from fused_attn import reference
+from fused_attn.linear import MAX_GEMV_ROWS, linear
+from tests.tolerances import assert_linear_close
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ACTIVATIONS = [None, "gelu_tanh", "swiglu"]
+GPU_BUDGET = 1 << 22  # M x K x N per example
+CPU_BUDGET = 1 << 15
+# Input scale: x, bias and residual are this large (the weight ~ 1 / sqrt(K), outputs ~ scale).
+SCALES = {torch.float16: (2.0**-8, 1.0, 2.0**5), torch.bfloat16: (2.0**-40, 1.0, 2.0**40),
+          torch.float32: (2.0**-40, 1.0, 2.0**40), torch.float64: (1.0,)}
+
+
+@st.composite
+def linear_case(draw, budget, cuda):
+    dtype = draw(st.sampled_from(DTYPES if cuda else DTYPES + [torch.float64]))
+    k = draw(st.one_of(st.sampled_from([1, 8, 64, 768, 1000, 4096]), st.integers(0, 300)))
+    activation = draw(st.sampled_from(ACTIVATIONS))
+    n = draw(st.one_of(st.sampled_from([1, 8, 64, 768, 2304]), st.integers(1, 300)))
+    n = 2 * n if activation == "swiglu" else n
+    m_cap = max(1, budget // max(1, k * n))
+    m = draw(st.one_of(st.integers(1, MAX_GEMV_ROWS), st.sampled_from([1, 4, 5, 16, 17, 128]),
+                       st.integers(1, 4096))) if m_cap > 1 else 1
+    m = min(m, m_cap)
+    if k * n > 4 * budget:
+        n = max(2, budget // max(1, k)) // 2 * 2
+    return dict(m=m, k=k, n=n, dtype=dtype, activation=activation, bias=draw(st.booleans()),
+                residual=draw(st.booleans()), lead=draw(st.sampled_from(["2d", "3d", "1d"])),
+                layout=draw(st.sampled_from(["contiguous", "strided", "misaligned"])),
+                scale=draw(st.sampled_from(SCALES[dtype])), seed=draw(st.integers(0, 2**31 - 1)))
+
+
+def case_of(**kw):
+    base = dict(m=1, k=64, n=64, dtype=torch.float16, activation=None, bias=True, residual=True, lead="2d",
+                layout="contiguous", scale=1.0, seed=0)
+    return {**base, **kw}
+
+
+def _place(t: torch.Tensor, layout: str, gen) -> torch.Tensor:
+    """``t``'s values in the requested layout: a fresh contiguous tensor, a view of every other row/column of
+    a larger buffer (strides, no contiguous last dim), or rows at an odd element offset (not 16-byte
+    aligned, last dim contiguous)."""
+    if layout == "contiguous" or t.numel() == 0:
+        return t.clone()
+    if layout == "strided":
+        big = torch.empty((*t.shape[:-1], 2 * t.shape[-1]), dtype=t.dtype, device=t.device)
+        big[..., ::2] = t
+        return big[..., ::2]
+    big = torch.empty((*t.shape[:-1], t.shape[-1] + 1), dtype=t.dtype, device=t.device)
+    big[..., 1:] = t
+    return big[..., 1:]
+
+
+def make_inputs(case, device):
+    gen = torch.Generator().manual_seed(case["seed"])
+    m, k, n, dtype, s = case["m"], case["k"], case["n"], case["dtype"], case["scale"]
+    lead = {"2d": (m,), "1d": (), "3d": (1, m)}[case["lead"]] if case["lead"] != "1d" or m == 1 else (m,)
+    n_out = n // 2 if case["activation"] == "swiglu" else n
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(dtype).to(device)
+
+    x = _place(randn(*lead, k, scale=s), case["layout"], gen)
+    w = _place(randn(n, k, scale=1 / math.sqrt(max(k, 1))), case["layout"], gen)
+    b = randn(n, scale=s) if case["bias"] else None
+    r = _place(randn(*lead, n_out, scale=s), case["layout"], gen) if case["residual"] else None
+    return x, w, b, r
+
+
+def poison_allocator(nbytes: int, device) -> None:
+    """On CUDA, free a NaN-filled block of the output's size: the caching allocator hands the op's output
+    that block, so an element the kernel does not write stays NaN."""
+    if torch.device(device).type == "cuda":
+        torch.full((max(1, nbytes // 4),), math.nan, device=device)
+
+
+def run_and_check(case, device):
+    x, w, b, r = make_inputs(case, device)
+    n_out = case["n"] // 2 if case["activation"] == "swiglu" else case["n"]
+    poison_allocator(x[..., :1].numel() * n_out * x.element_size(), device)
+    got = linear(x, w, b, activation=case["activation"], residual=r)
+    want = reference.linear(x, w, b, activation=case["activation"], residual=r, compute_dtype=torch.float64)
+    assert got.shape == (*x.shape[:-1], n_out) and got.dtype == x.dtype and got.device == x.device
+    if x.dtype == torch.float64:
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12 * case["scale"])
+        return
+    want = reference._linear_compute(x, w, b, case["activation"], r, torch.float64)
+    assert_linear_close(got, reference.eager_linear(x, w, b, case["activation"], r), want, f"linear {case}")
+
+
+EDGE_EXAMPLES = [
+    case_of(),
+    case_of(k=0, n=8, bias=False, residual=False),  # an empty reduction: zeros
+    case_of(k=0, n=8, activation="gelu_tanh"),  # act(bias) + residual
+    case_of(k=7, n=5, m=3, dtype=torch.bfloat16, activation="gelu_tanh"),  # K not a multiple of 8: element-wise path
+    case_of(k=768, n=2304, m=1, dtype=torch.bfloat16, activation="gelu_tanh", residual=False),
+    case_of(k=3072, n=768, m=4, dtype=torch.float16, lead="3d"),
+    case_of(k=1000, n=6, m=16, dtype=torch.float32, activation="swiglu", layout="misaligned"),
+    case_of(k=64, n=10, m=17, dtype=torch.bfloat16, activation="swiglu", layout="strided"),  # cuBLAS path
+    case_of(k=33, n=9, m=5, dtype=torch.float16, layout="strided", activation="gelu_tanh"),
+    case_of(k=256, n=64, m=2, dtype=torch.float16, scale=2.0**5, activation="gelu_tanh"),
+    case_of(k=256, n=64, m=8, dtype=torch.bfloat16, scale=2.0**-40, activation="swiglu"),
+]
+
+
+def with_examples(cases):
+    def wrap(f):
+        for c in cases:
+            f = example(case=c)(f)
+        return f
+    return wrap
+
+
+@pytest.mark.gpu
+@given(case=linear_case(GPU_BUDGET, cuda=True))
+@with_examples(EDGE_EXAMPLES + [case_of(k=4096, n=1024, m=m, dtype=torch.bfloat16, activation="gelu_tanh")
+                                for m in (1, 2, 3, 4, 9, 16, 17, 512)])
+def test_matches_reference_gpu(case):
+    run_and_check(case, "cuda")
+
+
+@given(case=linear_case(CPU_BUDGET, cuda=False))
+@with_examples([c for c in EDGE_EXAMPLES if c["m"] * c["k"] * c["n"] <= 1 << 16]
+               + [case_of(k=13, n=6, m=3, dtype=torch.float64, activation="swiglu")])
+def test_matches_reference_cpu(case):
+    run_and_check(case, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", list(range(1, MAX_GEMV_ROWS + 2)))
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_row_count_and_epilogue_gpu(m, activation, dtype):
+    """Each MT class and the tail rows inside it (m < MT), at GPT-2's c_proj width (N = 768: 2 rows per
+    block) and a K with a partial last loop iteration."""
+    for bias in (False, True):
+        for residual in (False, True):
+            run_and_check(case_of(m=m, k=3072 + 8, n=768, dtype=dtype, activation=activation, bias=bias,
+                                  residual=residual, seed=m), "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [5, 8, 9, 16])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tensor_core_path_gpu(m, activation, dtype):
+    """The tensor-core kernel (float16 / bfloat16, 5-16 rows, 16-byte rows, >= 2112 output columns on an
+    H100): a K with a partial last chunk of 32 and a partial last tile of output columns, and Llama's
+    widths; beside it the CUDA-core kernel at N = 768 (too few tiles for the tensor-core one)."""
+    swiglu = activation == "swiglu"
+    for k, n_out in ((776, 2305), (4096, 4096), (3072, 768)):
+        for extras in (False, True):
+            run_and_check(case_of(m=m, k=k, n=2 * n_out if swiglu else n_out, dtype=dtype, activation=activation,
+                                  bias=extras, residual=extras, seed=m + k), "cuda")
+
+
+# --------------------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_gradcheck_float64_cpu(activation, with_bias, with_residual):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(6, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(6, generator=gen, dtype=torch.float64, requires_grad=True) if with_bias else None
+    n_out = 3 if activation == "swiglu" else 6
+    r = torch.randn(2, 3, n_out, generator=gen, dtype=torch.float64, requires_grad=True) if with_residual else None
+    inputs = tuple(t for t in (x, w, b, r) if t is not None)
+
+    def f(*ts):
+        it = iter(ts)
+        xx, ww = next(it), next(it)
+        bb = next(it) if with_bias else None
+        rr = next(it) if with_residual else None
+        return linear(xx, ww, bb, activation=activation, residual=rr)
+
+    assert torch.autograd.gradcheck(f, inputs)
+    assert torch.autograd.gradgradcheck(f, inputs)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_gradients_match_float64_autograd(device):
+    """Gradients in float32 on the device against float64 autograd through the reference."""
+    gen = torch.Generator().manual_seed(1)
+    ts = [torch.randn(s, generator=gen, dtype=torch.float64) for s in ((3, 16), (10, 16), (10,), (3, 5))]
+    x, w, b, r = (t.float().to(device).requires_grad_() for t in ts)
+    y = linear(x, w, b, activation="swiglu", residual=r)
+    g = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    y.backward(g.float().to(device))
+    leaves = [t.clone().requires_grad_() for t in ts]
+    reference.linear(*leaves[:3], activation="swiglu", residual=leaves[3]).backward(g)
+    for got, want in zip((x, w, b, r), leaves):
+        torch.testing.assert_close(got.grad.cpu().double(), want.grad, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- CUDA graphs, compile, opcheck
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays():
+    gen = torch.Generator().manual_seed(0)
+    x, w, b, r = (torch.randn(s, generator=gen).half().cuda() for s in ((4, 768), (2304, 768), (2304,), (4, 2304)))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up (loads the library) on a side stream, as torch.cuda.graphs asks
+        linear(x, w, b, activation="gelu_tanh", residual=r)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = linear(x, w, b, activation="gelu_tanh", residual=r)
+    for i in range(2):
+        x.copy_(torch.randn(x.shape, generator=gen).half())
+        g.replay()
+        torch.cuda.synchronize()
+        want = linear(x, w, b, activation="gelu_tanh", residual=r)
+        assert torch.equal(y, want), f"replay {i}"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_torch_compile_fullgraph(device):
+    def block(x, w, b, r):
+        return linear(x, w, b, activation="gelu_tanh", residual=r) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    gen = torch.Generator().manual_seed(0)
+    x, w, b, r = (torch.randn(s, generator=gen).to(device) for s in ((2, 3, 32), (48, 32), (48,), (2, 3, 48)))
+    torch.testing.assert_close(compiled(x, w, b, r), block(x, w, b, r))
+
+
+def opcheck_inputs(device):
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape, dtype=torch.float16):
+        return torch.randn(shape, generator=gen).to(dtype).to(device)
+
+    return [
+        ((randn(1, 64), randn(96, 64), randn(96), randn(1, 96)), dict(activation=1)),
+        ((randn(2, 3, 40, dtype=torch.float32), randn(16, 40, dtype=torch.float32), None, None), dict(activation=2)),
+        ((randn(20, 24, dtype=torch.bfloat16), randn(8, 24, dtype=torch.bfloat16), None,
+          randn(20, 8, dtype=torch.bfloat16)), dict(activation=0)),
+        ((randn(7, dtype=torch.float32), randn(5, 7, dtype=torch.float32)), {}),
+    ]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_opcheck(device):
+    for args, kwargs in opcheck_inputs(device):
+        torch.library.opcheck(torch.ops.fused_attn.linear.default, args, kwargs)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_opcheck_autograd(device):
+    for args, kwargs in opcheck_inputs(device):
+        args = tuple(None if t is None else t.float().requires_grad_() for t in args)
+        torch.library.opcheck(torch.ops.fused_attn.linear.default, args, kwargs,
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_meta_tensors_give_shapes():
+    x = torch.empty(2, 5, 64, device="meta", dtype=torch.bfloat16)
+    w = torch.empty(100, 64, device="meta", dtype=torch.bfloat16)
+    assert linear(x, w).shape == (2, 5, 100)
+    assert linear(x, w, activation="swiglu").shape == (2, 5, 50)
+
+
+# --------------------------------------------------------------------------- argument errors
+
+
+def _good(device="cpu"):
+    return dict(x=torch.randn(3, 8, device=device), weight=torch.randn(6, 8, device=device),
+                bias=torch.randn(6, device=device), residual=torch.randn(3, 6, device=device), activation=None)
+
+
+BAD = [
+    ("x", dict(x="not a tensor"), TypeError, "x must be a torch.Tensor, got str"),
+    ("x int", dict(x=torch.ones(3, 8, dtype=torch.int32)), ValueError,
+     r"x must have dtype float32, float16, bfloat16 or float64 \(CPU\), got torch.int32"),
+    ("x 0-d", dict(x=torch.tensor(1.0)), ValueError, r"x must have at least 1 dim \[..., in_features\], got \(\)"),
+    ("weight 1-d", dict(weight=torch.randn(8)), ValueError,
+     r"weight must have 2 dims \[out_features, in_features\], got \(8,\)"),
+    ("weight dtype", dict(weight=torch.randn(6, 8, dtype=torch.float64)), ValueError,
+     r"weight must have x's dtype \(torch.float32\), got torch.float64"),
+    ("shape mismatch", dict(weight=torch.randn(6, 9)), ValueError,
+     r"weight must have in_features = x's last dim \(8\), got \(6, 9\)"),
+    ("bias shape", dict(bias=torch.randn(5)), ValueError, r"bias must have shape \(6,\), got \(5,\)"),
+    ("bias dtype", dict(bias=torch.randn(6).half()), ValueError,
+     r"bias must have x's dtype \(torch.float32\), got torch.float16"),
+    ("residual shape", dict(residual=torch.randn(3, 5)), ValueError, r"residual must have shape \(3, 6\), got \(3, 5\)"),
+    ("activation", dict(activation="relu"), ValueError, r"activation must be None, 'gelu_tanh' or 'swiglu', got 'relu'"),
+    ("swiglu odd", dict(weight=torch.randn(5, 8), bias=None, residual=None, activation="swiglu"), ValueError,
+     r"weight must have an even out_features \(gate rows over up rows\) for swiglu, got \(5, 8\)"),
+    ("residual width swiglu", dict(activation="swiglu"), ValueError,
+     r"residual must have shape \(3, 3\), got \(3, 6\)"),
+]
+
+
+@pytest.mark.parametrize("name,changes,exc,match", BAD, ids=[b[0] for b in BAD])
+def test_bad_inputs_raise(name, changes, exc, match):
+    args = {**_good(), **changes}
+    with pytest.raises(exc, match=match):
+        linear(args["x"], args["weight"], args["bias"], activation=args["activation"], residual=args["residual"])
+
+
+def test_device_mismatch_raises():
+    args = _good()
+    with pytest.raises(ValueError, match=r"weight must be on the same device as x \(cpu\), got meta"):
+        linear(args["x"], args["weight"].to("meta"))
+    with pytest.raises(ValueError, match=r"bias must be on the same device as x \(cpu\), got meta"):
+        linear(args["x"], args["weight"], args["bias"].to("meta"))
+
+
+@pytest.mark.gpu
+def test_bad_inputs_through_the_op_gpu():
+    """The C++ launcher's own checks, for callers of torch.ops.fused_attn.linear who bypass the wrapper."""
+    import fused_attn
+
+    fused_attn.load()
+    op = torch.ops.fused_attn.linear
+    x, w = torch.randn(3, 8, device="cuda"), torch.randn(6, 8, device="cuda")
+    with pytest.raises(ValueError, match=r"weight must have in_features = x's last dim \(8\), got \(6, 9\)"):
+        op(x, torch.randn(6, 9, device="cuda"))
+    with pytest.raises(ValueError, match=r"weight must be on the same device as x \(cuda:0\), got cpu"):
+        op(x, w.cpu())
+    with pytest.raises(ValueError, match=r"weight must have x's dtype \(torch.float32\), got torch.float16"):
+        op(x, w.half())
+    with pytest.raises(ValueError, match=r"activation must be 0 \(none\), 1 \(gelu_tanh\) or 2 \(swiglu\), got 3"):
+        op(x, w, activation=3)
+    with pytest.raises(ValueError, match=r"weight must have a contiguous last dim \(stride 1\)"):
+        op(x, torch.randn(8, 6, device="cuda").t())

@@ -1,0 +1,154 @@
+"""mlp: the two-launch feed-forward block (GPT-2's GELU form and Llama's SwiGLU form) against the float64
+reference and the eager chain at the same dtype, gradients, torch.compile, CUDA graphs and argument errors.
+The spec is the docstring of ``fused_attn.mlp.mlp``."""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fused_attn import reference
+from fused_attn.mlp import mlp
+from tests.test_linear import poison_allocator, with_examples
+from tests.tolerances import assert_linear_close
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@st.composite
+def mlp_case(draw, cuda):
+    big = cuda and draw(st.booleans())
+    d = draw(st.sampled_from([768, 1024]) if big else st.integers(1, 96))
+    hidden = draw(st.sampled_from([3072, 2752]) if big else st.integers(1, 96))
+    return dict(m=draw(st.one_of(st.integers(1, 17), st.sampled_from([64, 300]))) if cuda else draw(st.integers(1, 20)),
+                d=d, hidden=hidden, d_out=draw(st.sampled_from([d, 7])),
+                activation=draw(st.sampled_from(["gelu_tanh", "swiglu"])), bias=draw(st.booleans()),
+                residual=draw(st.booleans()), dtype=draw(st.sampled_from(DTYPES if cuda else DTYPES + [torch.float64])),
+                seed=draw(st.integers(0, 2**31 - 1)))
+
+
+def case_of(**kw):
+    base = dict(m=1, d=64, hidden=256, d_out=64, activation="gelu_tanh", bias=True, residual=True,
+                dtype=torch.float16, seed=0)
+    return {**base, **kw}
+
+
+def make_inputs(c, device):
+    gen = torch.Generator().manual_seed(c["seed"])
+    fc_rows = 2 * c["hidden"] if c["activation"] == "swiglu" else c["hidden"]
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(c["dtype"]).to(device)
+
+    x = randn(c["m"], c["d"])
+    w_fc, w_proj = randn(fc_rows, c["d"], scale=c["d"] ** -0.5), randn(c["d_out"], c["hidden"], scale=c["hidden"] ** -0.5)
+    b_fc = randn(fc_rows) if c["bias"] else None
+    b_proj = randn(c["d_out"]) if c["bias"] else None
+    r = randn(c["m"], c["d_out"]) if c["residual"] else None
+    return x, w_fc, b_fc, w_proj, b_proj, r
+
+
+def run_and_check(c, device):
+    x, w_fc, b_fc, w_proj, b_proj, r = make_inputs(c, device)
+    poison_allocator(c["m"] * max(c["hidden"], c["d_out"]) * x.element_size(), device)
+    got = mlp(x, w_fc, b_fc, w_proj, b_proj, activation=c["activation"], residual=r)
+    assert got.shape == (c["m"], c["d_out"]) and got.dtype == x.dtype
+    want = reference.mlp(x, w_fc, b_fc, w_proj, b_proj, activation=c["activation"], residual=r,
+                         compute_dtype=torch.float64)
+    if x.dtype == torch.float64:
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        return
+    h = reference._linear_compute(x, w_fc, b_fc, c["activation"], None, torch.float64)
+    want = reference._linear_compute(h, w_proj, b_proj, None, r, torch.float64)
+    eager = reference.eager_linear(reference.eager_linear(x, w_fc, b_fc, c["activation"]), w_proj, b_proj, None, r)
+    assert_linear_close(got, eager, want, f"mlp {c}")
+
+
+EDGES = [case_of(), case_of(activation="swiglu", bias=False, dtype=torch.bfloat16, m=4),
+         case_of(d=768, hidden=3072, d_out=768, m=1), case_of(d=33, hidden=17, d_out=5, activation="swiglu", m=3),
+         case_of(m=17, activation="swiglu")]
+
+
+@pytest.mark.gpu
+@given(case=mlp_case(cuda=True))
+@with_examples(EDGES + [case_of(d=4096, hidden=11008, d_out=4096, activation="swiglu", bias=False, m=m,
+                                dtype=torch.bfloat16) for m in (1, 16)])
+def test_matches_reference_gpu(case):
+    run_and_check(case, "cuda")
+
+
+@given(case=mlp_case(cuda=False))
+@with_examples([e for e in EDGES if e["d"] * e["hidden"] <= 1 << 14]
+               + [case_of(dtype=torch.float64, activation="swiglu", m=2, d=9, hidden=5, d_out=9)])
+def test_matches_reference_cpu(case):
+    run_and_check(case, "cpu")
+
+
+@pytest.mark.parametrize("activation", ["gelu_tanh", "swiglu"])
+def test_gradcheck_float64_cpu(activation):
+    c = case_of(m=3, d=5, hidden=4, d_out=6, activation=activation, dtype=torch.float64)
+    inputs = tuple(t.requires_grad_() for t in make_inputs(c, "cpu"))
+    assert torch.autograd.gradcheck(
+        lambda x, wf, bf, wp, bp, r: mlp(x, wf, bf, wp, bp, activation=activation, residual=r), inputs)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_torch_compile_fullgraph(device):
+    def block(x, w_fc, w_proj):
+        return mlp(x, w_fc, None, w_proj, None, activation="swiglu", residual=x)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    x, w_fc, _, w_proj, _, _ = make_inputs(case_of(m=2, d=32, hidden=48, d_out=32, activation="swiglu",
+                                                   dtype=torch.float32), device)
+    torch.testing.assert_close(compiled(x, w_fc, w_proj), block(x, w_fc, w_proj))
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays():
+    x, w_fc, b_fc, w_proj, b_proj, r = make_inputs(case_of(m=4, d=768, hidden=3072, d_out=768), "cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        mlp(x, w_fc, b_fc, w_proj, b_proj, residual=r)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = mlp(x, w_fc, b_fc, w_proj, b_proj, residual=r)
+    x.copy_(torch.randn(x.shape, device="cuda").half())
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, mlp(x, w_fc, b_fc, w_proj, b_proj, residual=r))
+
+
+BAD = [
+    ("activation", dict(activation="relu"), ValueError, r"activation must be 'gelu_tanh' or 'swiglu', got 'relu'"),
+    ("w_fc width", dict(w_fc=torch.randn(16, 9)), ValueError,
+     r"w_fc must have in_features = x's last dim \(8\), got \(16, 9\)"),
+    ("w_fc dtype", dict(w_fc=torch.randn(16, 8).half()), ValueError,
+     r"w_fc must have x's dtype \(torch.float32\), got torch.float16"),
+    ("b_fc shape", dict(b_fc=torch.randn(15)), ValueError, r"b_fc must have shape \(16,\), got \(15,\)"),
+    ("swiglu odd", dict(w_fc=torch.randn(15, 8), b_fc=None, activation="swiglu"), ValueError,
+     r"w_fc must have an even out_features \(gate rows over up rows\) for swiglu, got \(15, 8\)"),
+    ("w_proj hidden", dict(w_proj=torch.randn(8, 15)), ValueError,
+     r"w_proj must have shape \[d_out, hidden\] with hidden = 16 \(from w_fc\), got \(8, 15\)"),
+    ("w_proj hidden swiglu", dict(activation="swiglu"), ValueError,
+     r"w_proj must have shape \[d_out, hidden\] with hidden = 8 \(from w_fc\), got \(8, 16\)"),
+    ("b_proj dtype", dict(b_proj=torch.randn(8).double()), ValueError,
+     r"b_proj must have x's dtype \(torch.float32\), got torch.float64"),
+    ("residual shape", dict(residual=torch.randn(3, 7)), ValueError, r"residual must have shape \(3, 8\), got \(3, 7\)"),
+    ("w_proj device", dict(w_proj=torch.randn(8, 16, device="meta")), ValueError,
+     r"w_proj must be on the same device as x \(cpu\), got meta"),
+]
+
+
+@pytest.mark.parametrize("name,changes,exc,match", BAD, ids=[b[0] for b in BAD])
+def test_bad_inputs_raise(name, changes, exc, match):
+    a = dict(x=torch.randn(3, 8), w_fc=torch.randn(16, 8), b_fc=torch.randn(16), w_proj=torch.randn(8, 16),
+             b_proj=torch.randn(8), residual=None, activation="gelu_tanh", **{})
+    a.update(changes)
+    with pytest.raises(exc, match=match):
+        mlp(a["x"], a["w_fc"], a["b_fc"], a["w_proj"], a["b_proj"], activation=a["activation"], residual=a["residual"])
