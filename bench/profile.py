@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from fused_attn.generate import BACKENDS, DTYPES, HF_IMPL, make_batch, run_backend
+from fused_attn.generate import BACKENDS, DTYPES, GRAPH_BACKENDS, HF_IMPL, make_batch, run_backend
 
 PARTS = ("embeddings", "ln_1", "attention", "residual", "ln_2", "mlp", "ln_f", "lm_head")
 HF_PARTS = {"wte": "embeddings", "wpe": "embeddings", "ln_1": "ln_1", "attn": "attention", "ln_2": "ln_2",
@@ -117,7 +117,7 @@ def profile_backend(backend: str, hf_model, ids, mask, new_tokens: int, dtype, d
     run_backend(backend.removesuffix("-eager") if backend == "graph-eager" else backend, hf_model, ids, mask,
                 new_tokens, dtype, device, cache=cache)  # warm-up, same lengths
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    if backend in ("graph", "graph-eager", "graph-softmax"):
+    if backend in GRAPH_BACKENDS or backend == "graph-eager":
         model: GPT2 = cache[(backend.removesuffix("-eager"), dtype)]
         model.annotate = backend == "graph-eager"
         try:

@@ -11,7 +11,9 @@ is one decode_attention launch per layer; without a GPU it runs the same model w
 and reports it as graph-eager), graph-softmax (the same, with the previous decode attention: two
 index_copy_ appends, Q·Kᵀ, scaled_masked_softmax, P·V; kept to measure the change), compile-graph
 (the peer: the same model's plain PyTorch decode step, SDPA + addmm, through torch.compile and
-then captured in one CUDA graph, gpt-fast's recipe; GPU only). Prints the continuation,
+then captured in one CUDA graph, gpt-fast's recipe; GPU only), graph-fused (graph with every module
+on fused_attn's ops: layer_norm, linear with bias / GELU / residual in the epilogue, mlp; the
+decode step issue 13 builds). Prints the continuation,
 TTFT (prompt in, first token out), TBT p50/p95 (each further token) and tokens/s; with
 --compare, whether the greedy tokens of all backends are identical.
 
@@ -38,14 +40,16 @@ from dataclasses import dataclass
 import torch
 
 BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-static-fused", "hf-fused", "compile-graph", "graph-softmax",
-            "graph")
+            "graph", "graph-fused")
 # The transformers backends: attention implementation of each, and those with a StaticCache.
 HF_IMPL = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-static-fused": "fused_attn",
            "hf-fused": "fused_attn"}
 STATIC = ("hf-static", "hf-static-fused")
-# Our GPT-2's backends: the attention backend of fused_attn.gpt2 each one uses; COMPILED: those whose
+# Our GPT-2's backends: the fused_attn.gpt2 module backends each one uses; COMPILED: those whose
 # decode step goes through torch.compile before its CUDA graph is captured (GPU only, as STATIC).
-GRAPH_ATTENTION = {"graph": "fused", "graph-softmax": "softmax", "compile-graph": "sdpa"}
+_FUSED = {"layer_norm": "fused", "linear": "fused", "mlp": "fused"}
+GRAPH_BACKENDS = {"graph-fused": {"attention": "fused", **_FUSED}, "graph": {"attention": "fused"},
+                  "graph-softmax": {"attention": "softmax"}, "compile-graph": {"attention": "sdpa"}}
 COMPILED = ("compile-graph",)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -138,13 +142,13 @@ def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, m
     """Generate ``max_new_tokens`` with one backend. ``cache`` keeps converted models between calls."""
     cache = {} if cache is None else cache
     ids, mask = ids.to(device), mask.to(device)
-    if backend in GRAPH_ATTENTION:
+    if backend in GRAPH_BACKENDS:
         from fused_attn.gpt2 import GPT2
 
         model = cache.get((backend, dtype))
         if model is None:
             model = cache[(backend, dtype)] = GPT2.from_hf(hf_model, dtype=dtype, device=device,
-                                                          backends={"attention": GRAPH_ATTENTION[backend]})
+                                                          backends=GRAPH_BACKENDS[backend])
             if backend in COMPILED:
                 model.compile_decode_step(dynamic=False)
         stamps = _StepTimes(device)

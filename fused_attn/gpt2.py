@@ -38,6 +38,9 @@ from torch import nn
 
 from fused_attn import reference
 from fused_attn.decode_attention import decode_attention
+from fused_attn.layer_norm import layer_norm
+from fused_attn.linear import linear
+from fused_attn.mlp import mlp
 from fused_attn.softmax import scaled_masked_softmax
 
 RANDOM_NAME = "gpt2-random"
@@ -46,8 +49,11 @@ RANDOM_NAME = "gpt2-random"
 # scaled_masked_softmax between two matmuls), "eager" (the float32 PyTorch reference), "sdpa" (plain
 # PyTorch: F.scaled_dot_product_attention over the cache under the key mask in decode steps, the
 # eager reference in the prompt, whose padding rows see no key; the peer torch.compile runs on).
-BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"), "layer_norm": ("eager",), "linear": ("eager",),
-            "mlp": ("eager",)}
+# layer_norm / linear / mlp: "eager" (PyTorch: F.layer_norm; addmm, then GELU and the residual add as
+# kernels of their own) or "fused" (fused_attn.layer_norm; fused_attn.linear with bias, GELU and the
+# residual in the epilogue, our GEMV at decode sizes; fused_attn.mlp: two such launches).
+BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"), "layer_norm": ("eager", "fused"),
+            "linear": ("eager", "fused"), "mlp": ("eager", "fused")}
 
 _annotate = False  # profiler labels around each module (bench.profile); never inside a graph
 
@@ -86,25 +92,46 @@ def load_hf_model(name_or_path: str = RANDOM_NAME, seed: int = 0):
 
 
 class Linear(nn.Module):
-    """y = x @ weight + bias with weight ``[n_in, n_out]`` (GPT-2's Conv1D layout, as checkpoints store it)."""
+    """y = act(x @ weight + bias) + residual with weight ``[n_in, n_out]`` (GPT-2's Conv1D layout, as
+    checkpoints store it). ``pack()`` stores it transposed, ``[n_out, n_in]`` contiguous (nn.Linear's
+    layout, which fused_attn.linear streams), and keeps ``weight`` as a view of that storage, so
+    both backends read the same bytes."""
 
-    def __init__(self, n_in: int, n_out: int):
+    def __init__(self, n_in: int, n_out: int, backend: str = "eager"):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(n_in, n_out))
         self.bias = nn.Parameter(torch.empty(n_out))
+        self.backend = backend
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.addmm(self.bias, x.flatten(0, -2), self.weight).view(*x.shape[:-1], -1)
+    def pack(self) -> None:
+        self.weight = nn.Parameter(self.weight.detach().t().contiguous().t(), requires_grad=False)
+
+    @property
+    def weight_nk(self) -> torch.Tensor:
+        """``[n_out, n_in]``: contiguous after ``pack()``."""
+        return self.weight.t()
+
+    def forward(self, x: torch.Tensor, *, activation: str | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        if self.backend == "fused":
+            return linear(x, self.weight_nk, self.bias, activation=activation, residual=residual)
+        y = torch.addmm(self.bias, x.flatten(0, -2), self.weight).view(*x.shape[:-1], -1)
+        if activation == "gelu_tanh":
+            y = F.gelu(y, approximate="tanh")
+        return y if residual is None else y + residual
 
 
 class LayerNorm(nn.Module):
-    def __init__(self, n: int, eps: float):
+    def __init__(self, n: int, eps: float, backend: str = "eager"):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(n))
         self.bias = nn.Parameter(torch.empty(n))
         self.eps = eps
+        self.backend = backend
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend == "fused":
+            return layer_norm(x, self.weight, self.bias, self.eps)
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
 
@@ -127,34 +154,36 @@ class KVCache(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: Config, backend: str):
+    def __init__(self, config: Config, backend: str, linear_backend: str = "eager"):
         super().__init__()
-        self.c_attn = Linear(config.n_embd, 3 * config.n_embd)
-        self.c_proj = Linear(config.n_embd, config.n_embd)
+        self.c_attn = Linear(config.n_embd, 3 * config.n_embd, linear_backend)
+        self.c_proj = Linear(config.n_embd, config.n_embd, linear_backend)
         self.n_head, self.head_dim = config.n_head, config.head_dim
         self.scale = config.head_dim ** -0.5
         self.backend = backend
 
     def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, *, causal: bool,
                 cache: KVCache | None = None, input_pos: torch.Tensor | None = None,
-                attend_cache: bool = False, lengths: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                attend_cache: bool = False, lengths: tuple[torch.Tensor, torch.Tensor] | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` ``[batch, seqlen, n_embd]``; ``keys_ok`` bool, broadcastable to the scores
         ``[batch, nheads, seqlen, keys]``. With ``cache``, the new keys and values are written at
         ``input_pos``; ``attend_cache`` attends over the whole cache instead of the new keys only.
         ``lengths`` = (cache_seqlens, cache_leftpad), int32 ``[batch]`` device tensors of a
         left-padded decode step: the "fused" backend then appends and attends in one
-        ``decode_attention`` call (``input_pos`` and ``keys_ok`` are the eager backend's)."""
+        ``decode_attention`` call (``input_pos`` and ``keys_ok`` are the eager backend's). ``residual``
+        is added to the output projection (in its epilogue with the fused linear backend)."""
         b, s, _ = x.shape
         q, k, v = self.c_attn(x).view(b, s, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if cache is not None and attend_cache and lengths is not None and self.backend == "fused":
             a = decode_attention(q, cache.k, cache.v, lengths[0], k_new=k, v_new=v, cache_leftpad=lengths[1],
                                  scale=self.scale)
-            return self.c_proj(a.transpose(1, 2).reshape(b, s, -1))
+            return self.c_proj(a.transpose(1, 2).reshape(b, s, -1), residual=residual)
         if cache is not None:
             k_all, v_all = cache.update(input_pos, k, v)
             if attend_cache:
                 k, v = k_all, v_all
-        return self.c_proj(self.attend(q, k, v, keys_ok, causal).transpose(1, 2).reshape(b, s, -1))
+        return self.c_proj(self.attend(q, k, v, keys_ok, causal).transpose(1, 2).reshape(b, s, -1), residual=residual)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys_ok: torch.Tensor,
                causal: bool) -> torch.Tensor:
@@ -172,36 +201,39 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, backend: str = "eager", linear_backend: str = "eager"):
         super().__init__()
-        self.c_fc = Linear(config.n_embd, 4 * config.n_embd)
-        self.c_proj = Linear(4 * config.n_embd, config.n_embd)
+        self.c_fc = Linear(config.n_embd, 4 * config.n_embd, linear_backend)
+        self.c_proj = Linear(4 * config.n_embd, config.n_embd, linear_backend)
+        self.backend = backend
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """c_proj(gelu_tanh(c_fc(x))) + residual."""
+        if self.backend == "fused":
+            return mlp(x, self.c_fc.weight_nk, self.c_fc.bias, self.c_proj.weight_nk, self.c_proj.bias,
+                       residual=residual)
+        return self.c_proj(self.c_fc(x, activation="gelu_tanh"), residual=residual)
 
 
 class Block(nn.Module):
     def __init__(self, config: Config, backends: dict[str, str]):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, config.eps)
-        self.attn = Attention(config, backends["attention"])
-        self.ln_2 = LayerNorm(config.n_embd, config.eps)
-        self.mlp = MLP(config)
+        self.ln_1 = LayerNorm(config.n_embd, config.eps, backends["layer_norm"])
+        self.attn = Attention(config, backends["attention"], backends["linear"])
+        self.ln_2 = LayerNorm(config.n_embd, config.eps, backends["layer_norm"])
+        self.mlp = MLP(config, backends["mlp"], backends["linear"])
 
     def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, **attn_kw) -> torch.Tensor:
+        """x + attn(ln_1(x)), then that + mlp(ln_2(that)); each residual add is the output
+        projection's (an epilogue with the fused linear backend, an add kernel with eager)."""
         with scope("ln_1"):
             h = self.ln_1(x)
-        with scope("attention"):  # QKV and output projections, cache update, scores, softmax, P·V
-            a = self.attn(h, keys_ok, **attn_kw)
-        with scope("residual"):
-            x = x + a
+        with scope("attention"):  # QKV and output projections (+ residual), cache update, attention
+            x = self.attn(h, keys_ok, residual=x, **attn_kw)
         with scope("ln_2"):
             h = self.ln_2(x)
-        with scope("mlp"):
-            h = self.mlp(h)
-        with scope("residual"):
-            return x + h
+        with scope("mlp"):  # + residual
+            return self.mlp(h, residual=x)
 
 
 class DecodeCache(nn.Module):
@@ -251,7 +283,7 @@ class GPT2(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.n_positions, config.n_embd)
         self.h = nn.ModuleList(Block(config, self.backends) for _ in range(config.n_layer))
-        self.ln_f = LayerNorm(config.n_embd, config.eps)
+        self.ln_f = LayerNorm(config.n_embd, config.eps, self.backends["layer_norm"])
         # One DecodeCache per (batch, max_len, temperature, top_k), with its captured graphs:
         # a later generate() of the same shape reuses both.
         self._caches: dict[tuple, DecodeCache] = {}
@@ -284,6 +316,10 @@ class GPT2(nn.Module):
         # Copies: the Hugging Face model keeps its own parameters (and their requires_grad).
         weights = {k: sd[k].detach().to(device=device, dtype=dtype, copy=True) for k in model.state_dict()}
         model.load_state_dict(weights, assign=True)
+        if "fused" in (model.backends["linear"], model.backends["mlp"]):
+            for m in model.modules():
+                if isinstance(m, Linear):
+                    m.pack()
         return model.requires_grad_(False).eval()
 
     @property
@@ -317,6 +353,8 @@ class GPT2(nn.Module):
         with scope("ln_f"):
             x = self.ln_f(x)
         with scope("lm_head"):
+            if self.backends["linear"] == "fused":  # wte is [vocab, n_embd]: nn.Linear's layout already
+                return linear(x, self.wte.weight)
             return x @ self.wte.weight.t()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

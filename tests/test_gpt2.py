@@ -126,10 +126,13 @@ def test_eos_fills_the_rest_and_stops_early_cpu():
 # "fused": decode_attention (lengths and left padding per sequence); "softmax": the previous step
 # (index_copy_ at the slot, the key mask); "sdpa": the plain PyTorch step (index_copy_, SDPA under
 # the key mask): each reads its own state.
-@pytest.mark.parametrize("attention", ["fused", "softmax", "sdpa"])
+# "modules": every other module kind on fused_attn's ops too (layer_norm, linear, mlp).
+@pytest.mark.parametrize("attention", ["fused", "softmax", "sdpa", "modules"])
 @pytest.mark.parametrize("lengths", [(20,), (20, 13, 6)])
 def test_decode_logits_match_teacher_forced_cpu(lengths, attention):
-    m = GPT2.from_hf(hf_model(VARIED), backends={"attention": attention})
+    backends = ({"attention": attention} if attention != "modules" else
+                {"attention": "fused", "layer_norm": "fused", "linear": "fused", "mlp": "fused"})
+    m = GPT2.from_hf(hf_model(VARIED), backends=backends)
     ids, mask = left_padded(TINY["vocab_size"], lengths)
     tokens, logits = Recorder(m, len(lengths), 20 + 32).run(ids, mask, 32)
     assert_decode_matches_teacher_forced(m, ids, mask, tokens, logits)
@@ -283,6 +286,20 @@ def test_graph_decode_matches_hf_eager_fp32_gpu(lengths):
                                   pad_token_id=0, eos_token_id=None)
     got = GPT2.from_hf(hf, device="cuda").generate(ids.cuda(), mask.cuda(), max_new_tokens=64, use_graph=True)
     assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lengths", [(40,), (40, 29, 13)])
+def test_fused_modules_decode_matches_hf_eager_fp32_gpu(lengths):
+    """graph-fused: every module on fused_attn's ops (LayerNorm, linear with its epilogues, the MLP,
+    decode_attention), decoded through the CUDA graph: hf-eager's greedy tokens in float32."""
+    hf = hf_model(SMALL)
+    ids, mask = left_padded(SMALL["vocab_size"], lengths)
+    want = hf.to("cuda").generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=64, do_sample=False,
+                                  pad_token_id=0, eos_token_id=None)
+    backends = {"attention": "fused", "layer_norm": "fused", "linear": "fused", "mlp": "fused"}
+    m = GPT2.from_hf(hf, device="cuda", backends=backends)
+    assert torch.equal(m.generate(ids.cuda(), mask.cuda(), max_new_tokens=64, use_graph=True), want)
 
 
 @pytest.mark.gpu
