@@ -99,7 +99,8 @@ def run_and_check(case, device):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12 * case["scale"])
         return
     want = reference._linear_compute(x, w, b, case["activation"], r, torch.float64)
-    assert_linear_close(got, reference.eager_linear(x, w, b, case["activation"], r), want, f"linear {case}")
+    assert_linear_close(got, reference.eager_linear(x, w, b, case["activation"], r), want, f"linear {case}",
+                        k=x.shape[-1])
 
 
 EDGE_EXAMPLES = [
