@@ -147,10 +147,12 @@ def test_matches_reference_cpu(case):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_row_count_and_epilogue_gpu(m, activation, dtype):
     """Each MT class and the tail rows inside it (m < MT), at GPT-2's c_proj width (N = 768: 2 rows per
-    block) and a K with a partial last loop iteration."""
+    block) and a K with a partial last loop iteration; from 5 rows a K below 2048, where the CUDA-core
+    kernel still runs (above it those rows go to cuBLAS: linear.cpp's gemv_wins)."""
+    k = 3072 + 8 if m <= 4 else 1536 + 8
     for bias in (False, True):
         for residual in (False, True):
-            run_and_check(case_of(m=m, k=3072 + 8, n=768, dtype=dtype, activation=activation, bias=bias,
+            run_and_check(case_of(m=m, k=k, n=768, dtype=dtype, activation=activation, bias=bias,
                                   residual=residual, seed=m), "cuda")
 
 
@@ -161,9 +163,10 @@ def test_every_row_count_and_epilogue_gpu(m, activation, dtype):
 def test_tensor_core_path_gpu(m, activation, dtype):
     """The tensor-core kernel (float16 / bfloat16, 5-16 rows, 16-byte rows, >= 2112 output columns on an
     H100): a K with a partial last chunk of 32 and a partial last tile of output columns, and Llama's
-    widths; beside it the CUDA-core kernel at N = 768 (too few tiles for the tensor-core one)."""
+    widths; beside it the CUDA-core kernel at N = 768 (too few tiles for the tensor-core one), and
+    K 11008, where these rows go to cuBLAS."""
     swiglu = activation == "swiglu"
-    for k, n_out in ((776, 2305), (4096, 4096), (3072, 768)):
+    for k, n_out in ((776, 2305), (4096, 4096), (1536, 768), (11008, 2112)):
         for extras in (False, True):
             run_and_check(case_of(m=m, k=k, n=2 * n_out if swiglu else n_out, dtype=dtype, activation=activation,
                                   bias=extras, residual=extras, seed=m + k), "cuda")

@@ -90,20 +90,25 @@ __global__ void __launch_bounds__(norm_block_threads<TPR>())
   const T* x = static_cast<const T*>(p.x) + row * p.x_row_stride;
   const T* r = RESIDUAL ? static_cast<const T*>(p.residual) + row * p.r_row_stride : nullptr;
 
-  // Weight and bias in x's type are loaded with x: the compiler may not move their loads above the
-  // stores of h (h may alias them), so loaded after the reductions they would add a second DRAM
-  // round trip to every row (~1 us of a 4 us row at decode sizes). float32 ones (twice the
-  // registers) are read at the end, as the rows are large enough there to hide it.
-  const bool w_early = p.weight != nullptr && !p.w_fp32, b_early = p.bias != nullptr && !p.b_fp32;
-  P xa[ITERS], ra[ITERS], wa[ITERS], ba[ITERS];
+  // Rows of up to a warp (widths <= 1024) load weight and bias of x's type with x: the compiler may
+  // not move their loads above the stores of h (h may alias them), so loaded after the reductions
+  // they add a second DRAM round trip to every row (M 1, width 768: 6.2 us -> 5.3 us measured). Wider
+  // rows load them at the end: there the extra registers cost more (width 4096, M 4096: 46.6 -> 51.3
+  // us with them loaded early), and float32 ones always load at the end.
+  constexpr bool kEarly = TPR <= 32;
+  const bool w_early = kEarly && p.weight != nullptr && !p.w_fp32;
+  const bool b_early = kEarly && p.bias != nullptr && !p.b_fp32;
+  P xa[ITERS], ra[ITERS], wa[kEarly ? ITERS : 1], ba[kEarly ? ITERS : 1];
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = (it * TPR + lane) * VEC;
     if (row_ok && c < n) {
       xa[it] = *reinterpret_cast<const P*>(x + c);
       if constexpr (RESIDUAL) ra[it] = *reinterpret_cast<const P*>(r + c);
-      if (w_early) wa[it] = *reinterpret_cast<const P*>(static_cast<const T*>(p.weight) + c);
-      if (b_early) ba[it] = *reinterpret_cast<const P*>(static_cast<const T*>(p.bias) + c);
+      if constexpr (kEarly) {
+        if (w_early) wa[it] = *reinterpret_cast<const P*>(static_cast<const T*>(p.weight) + c);
+        if (b_early) ba[it] = *reinterpret_cast<const P*>(static_cast<const T*>(p.bias) + c);
+      }
     }
   }
   // The shift: h[0], read by every thread of the row (one broadcast line, already on its way).
@@ -162,7 +167,7 @@ __global__ void __launch_bounds__(norm_block_threads<TPR>())
       float w[VEC], b[VEC];
       if (w_early) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) w[e] = to_float(wa[it].v[e]);
+        for (int e = 0; e < VEC; ++e) w[e] = to_float(wa[kEarly ? it : 0].v[e]);
       } else if (p.weight != nullptr) {
         load_affine<T, VEC>(p.weight, p.w_fp32, c, w);
       } else {
@@ -171,7 +176,7 @@ __global__ void __launch_bounds__(norm_block_threads<TPR>())
       }
       if (b_early) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) b[e] = to_float(ba[it].v[e]);
+        for (int e = 0; e < VEC; ++e) b[e] = to_float(ba[kEarly ? it : 0].v[e]);
       } else if (p.bias != nullptr) {
         load_affine<T, VEC>(p.bias, p.b_fp32, c, b);
       } else {

@@ -36,6 +36,16 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 constexpr int kMmaMinRows = 5;
 
 
+// At 5-16 rows our kernels do not always beat cuBLAS (plus its epilogue passes). Measured (H100,
+// float16, bench_linear, cold L2, p50, against the compiled chain): the CUDA-core kernel wins at
+// K = 768 (768x2304 M 16: 8.5 us against 10.6) and loses at K = 3072 (3072x768 M 16: 24.6 against
+// 12.9: every thread's K slice meets all 16 rows of x, and the N = 768 rows give few blocks); the
+// tensor-core kernel holds at K = 4096 (4096x4096: 21.4 against 21.9) and loses at 11008 (11008x4096:
+// 48.9 against 40.9). Up to 4 rows ours wins at every shape measured.
+bool gemv_wins(int64_t m, int64_t k, bool tensor_cores) {
+  return m <= 4 || (tensor_cores ? k <= 4096 : k < 2048);
+}
+
 bool vector_ready(const at::Tensor& t, int64_t vec) {
   return t.stride(0) % vec == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
@@ -165,7 +175,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   at::Tensor x2 = x.reshape({m, k});
   std::optional<at::Tensor> residual2;
   if (residual.has_value()) residual2 = residual->reshape({m, n_out});
-  if (m > kMaxGemvRows) {
+  const bool tensor_cores = x.scalar_type() != at::kFloat && m >= kMmaMinRows &&
+                            (n_out + 15) / 16 >= sm_count(x);
+  if (m > kMaxGemvRows || !gemv_wins(m, k, tensor_cores)) {
     return linear_cublas(x2, weight, bias, residual2, activation).view(out_shape);
   }
   // Few rows: small copies make every row's last dim contiguous (and x's rows 16-byte aligned).
