@@ -217,6 +217,7 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
                               (use_mma ? mma_arch >= 90 : cluster_capable<scalar_t, HD>(R));
       p.num_splits = num_splits > 0 ? int(num_splits) : choose_splits(work, p.max_len, sm_count(q), cluster_ok);
       p.cluster = cluster_ok && p.num_splits > 1 && p.num_splits <= kMaxClusterSplits;
+      p.programmatic = cluster_ok;  // the same condition: an sm_90 device, the kernel compiled for it
       at::Tensor partial_o, partial_lse;
       if (p.num_splits > 1 && !p.cluster) {
         const int64_t rows = int64_t(p.num_splits) * p.batch * p.nheads_q * p.seqlen_new;

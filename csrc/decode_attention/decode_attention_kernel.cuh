@@ -31,6 +31,7 @@
 
 #include "../common/math.cuh"
 #include "../common/mma.cuh"
+#include "../common/pdl.cuh"
 #include "../common/vec_dtypes.cuh"
 #include "decode_attention_launch.h"
 
@@ -53,20 +54,6 @@ struct Row {
     for (int e = 0; e < EPT; ++e) f[e] = fused_attn::to_float(v[e]);
   }
 };
-
-// Programmatic dependent launch (sm_90): the attention kernels let the combine kernel launch as
-// soon as all their blocks run, and the combine waits for their completion (and memory) before it
-// reads a partial. Both are no-ops where the launch is not programmatic.
-__device__ __forceinline__ void launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_primary() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
 
 __device__ __forceinline__ bool lengths_ok(const DecodeParams& p, int b, int& cached, int& end, int& start) {
   cached = p.seqlens != nullptr ? p.seqlens[b] : p.max_len;
@@ -186,7 +173,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
   constexpr int NT = kDecodeThreads;
   constexpr int kWords = EPT * int(sizeof(T)) / 16;
   static_assert(TX <= 32 && 32 % TX == 0, "a key's threads sit in one warp");
-  decode::launch_dependents();
+  // Launched programmatically (pdl.cuh): q, k_new / v_new and the lengths may be the previous
+  // kernel's outputs. The combine kernel (or the next op's kernel) may launch from here on.
+  wait_for_primary();
+  launch_dependents();
   // Shared memory: first the K/V pipeline, [stage][K or V][u][word][thread] (a thread's words are
   // 16 bytes apart from its neighbours': conflict-free), then, reused after the loop, the merge
   // of the NY key slots: o [R][NY][HD], the block's merged o [R][HD], m and l [R][NY], the row's
@@ -435,7 +425,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   extern __shared__ __align__(128) unsigned char smem[];
   T* const pipe = reinterpret_cast<T*>(smem);  // [stage][K, V][TILE][HD], swizzled
   T* const sq = reinterpret_cast<T*>(smem + M::kQOffset);  // [16][HD], swizzled
-  decode::launch_dependents();
+  wait_for_primary();  // as in decode_kernel
+  launch_dependents();
 
   const int split = blockIdx.y;
   const int chunk = blockIdx.x % p.row_chunks;
@@ -652,7 +643,7 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
     for (int e = threadIdx.x; e < p.headdim; e += blockDim.x) out[e] = from_float<T>(decode::quiet_nan());
     return;
   }
-  decode::wait_for_primary();  // the partials are the attention kernel's: complete and visible after this
+  wait_for_primary();  // the partials are the attention kernel's: complete and visible after this
   for (int s = threadIdx.x; s < p.num_splits; s += blockDim.x) sm_w[s] = p.partial_lse[s * n_rows + row];
   __syncthreads();
   if (threadIdx.x < 32) {
@@ -683,26 +674,40 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
   }
 }
 
+// The attention kernels' launch: a cluster of the splits when p.cluster, programmatic (pdl.cuh)
+// when p.programmatic.
+template <typename Kernel>
+void launch_attention_kernel(const DecodeParams& p, Kernel kernel, int smem, cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(p.batch) * p.nheads_kv * p.row_chunks, p.num_splits);
+  config.blockDim = dim3(kDecodeThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (p.cluster) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1;
+    attr[n].val.clusterDim.y = unsigned(p.num_splits);
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (p.programmatic) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  config.attrs = attr;
+  config.numAttrs = n;
+  cudaLaunchKernelEx(&config, kernel, p);
+}
+
 template <typename T, int HD, int R>
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
-  const dim3 grid(unsigned(p.batch) * p.nheads_kv * p.row_chunks, p.num_splits);
-  if (!p.cluster) {
-    decode_kernel<T, HD, R><<<grid, kDecodeThreads, 0, stream>>>(p);
-    return;
+  if (p.cluster && p.num_splits > 8) {
+    cudaFuncSetAttribute(decode_kernel<T, HD, R>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
-  if (p.num_splits > 8) cudaFuncSetAttribute(decode_kernel<T, HD, R>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(kDecodeThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = unsigned(p.num_splits);
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, decode_kernel<T, HD, R>, p);
+  launch_attention_kernel(p, decode_kernel<T, HD, R>, 0, stream);
 }
 
 template <typename T, int HD, int R>
@@ -718,19 +723,7 @@ void launch_decode_mma(const DecodeParams& p, cudaStream_t stream) {
   if (p.cluster && p.num_splits > 8) {
     cudaFuncSetAttribute(decode_mma_kernel<T, HD>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(p.batch) * p.nheads_kv * p.row_chunks, p.num_splits);
-  config.blockDim = dim3(kDecodeThreads);
-  config.dynamicSmemBytes = M::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = p.cluster ? unsigned(p.num_splits) : 1u;
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr;
-  config.numAttrs = p.cluster ? 1 : 0;
-  cudaLaunchKernelEx(&config, decode_mma_kernel<T, HD>, p);
+  launch_attention_kernel(p, decode_mma_kernel<T, HD>, M::kSmemBytes, stream);
 }
 
 template <typename T, int HD>
@@ -741,16 +734,8 @@ int decode_mma_arch() {
 
 template <typename T>
 void launch_decode_combine(const DecodeParams& p, bool programmatic, cudaStream_t stream) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(int64_t(p.batch) * p.nheads_q * p.seqlen_new));
-  config.blockDim = dim3(128);
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = programmatic ? 1 : 0;
-  cudaLaunchKernelEx(&config, decode_combine_kernel<T>, p);
+  launch_programmatic(programmatic, decode_combine_kernel<T>, dim3(unsigned(int64_t(p.batch) * p.nheads_q * p.seqlen_new)),
+                      dim3(128), 0, stream, p);
 }
 
 template <typename T>

@@ -39,6 +39,9 @@ struct DecodeParams {
   // The splits of one (sequence, kv head, row chunk) form a thread-block cluster and merge in
   // distributed shared memory (sm_90, num_splits <= kMaxClusterSplits): no partials, no combine.
   bool cluster;
+  // Launched as a programmatic dependent of the previous kernel (common/pdl.cuh; sm_90 with the
+  // kernels compiled for it): the next op's kernel can start its prologue under this one's tail.
+  bool programmatic;
   float scale_log2;  // scale * log2(e): scores live in the log2 domain
   // num_splits > 1: per split, the normalized partial output and its log2-sum-exp, merged by
   // the combine kernel. [num_splits, batch, nheads_q, seqlen_new, headdim] / [..., seqlen_new].

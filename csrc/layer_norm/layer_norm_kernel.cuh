@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "../common/pdl.cuh"
 #include "../common/reduce.cuh"
 #include "../common/static_switch.h"
 #include "../common/vec_dtypes.cuh"
@@ -99,16 +100,25 @@ __global__ void __launch_bounds__(norm_block_threads<TPR>())
   const bool w_early = kEarly && p.weight != nullptr && !p.w_fp32;
   const bool b_early = kEarly && p.bias != nullptr && !p.b_fp32;
   P xa[ITERS], ra[ITERS], wa[kEarly ? ITERS : 1], ba[kEarly ? ITERS : 1];
+  if constexpr (kEarly) {
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int c = (it * TPR + lane) * VEC;
+      if (row_ok && c < n) {
+        if (w_early) wa[it] = *reinterpret_cast<const P*>(static_cast<const T*>(p.weight) + c);
+        if (b_early) ba[it] = *reinterpret_cast<const P*>(static_cast<const T*>(p.bias) + c);
+      }
+    }
+  }
+  // Launched programmatically (common/pdl.cuh): x and the residual are the previous kernel's output;
+  // the weights above are already on their way.
+  wait_for_primary();
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = (it * TPR + lane) * VEC;
     if (row_ok && c < n) {
       xa[it] = *reinterpret_cast<const P*>(x + c);
       if constexpr (RESIDUAL) ra[it] = *reinterpret_cast<const P*>(r + c);
-      if constexpr (kEarly) {
-        if (w_early) wa[it] = *reinterpret_cast<const P*>(static_cast<const T*>(p.weight) + c);
-        if (b_early) ba[it] = *reinterpret_cast<const P*>(static_cast<const T*>(p.bias) + c);
-      }
     }
   }
   // The shift: h[0], read by every thread of the row (one broadcast line, already on its way).
@@ -156,6 +166,7 @@ __global__ void __launch_bounds__(norm_block_threads<TPR>())
     }
   }
   sq = group_reduce<TPR>(sq, red_sq, SumOp{});
+  launch_dependents();
   const float rstd = rsqrtf(sq / float(n) + p.eps);
   if (!row_ok) return;
 
@@ -198,7 +209,10 @@ void launch_layer_norm_class(const NormParams& p, cudaStream_t stream) {
   constexpr int kRowsPerBlock = kThreads / TPR;
   const int64_t blocks = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
   FA_BOOL_SWITCH(p.residual != nullptr, kResidual, [&] {
-    layer_norm_kernel<T, VEC, ELEMS / VEC, TPR, RMS, kResidual><<<unsigned(blocks), kThreads, 0, stream>>>(p);
+    // Programmatic where the kernel has the sm_90 code (common/pdl.cuh); checked once per kernel.
+    static const bool pdl = programmatic_capable(layer_norm_kernel<T, VEC, ELEMS / VEC, TPR, RMS, kResidual>);
+    launch_programmatic(pdl, layer_norm_kernel<T, VEC, ELEMS / VEC, TPR, RMS, kResidual>, dim3(unsigned(blocks)),
+                        dim3(kThreads), 0, stream, p);
   });
 }
 

@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 
 #include "../common/mma.cuh"
+#include "../common/pdl.cuh"
 #include "../common/vec_dtypes.cuh"
 #include "linear_launch.h"
 
@@ -142,6 +143,9 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
         wp[r][u].raw = live[r] && j < pieces ? load_piece<T, kVec>(wrow[r], j, p.k, true) : make_uint4(0, 0, 0, 0);
       }
     }
+    // Launched programmatically (common/pdl.cuh): the first weights are on their way while the
+    // previous kernel, which writes x (and the residual), drains.
+    if (j0 == int(threadIdx.x)) wait_for_primary();
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int j = j0 + u * blockDim.x;
@@ -166,6 +170,8 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
     }
   }
 
+  wait_for_primary();  // threads with no piece of K skipped the loop; they read the residual below
+  launch_dependents();
   // Block sums: shuffles within each warp, then the warps' partials through shared memory.
   __shared__ float partial[kLinearMaxThreads / 32][NB * MT];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -245,6 +251,12 @@ __global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const Lin
       const bool in = c < chunks && c * 32 + q * 8 < p.k;  // k is a multiple of 8: whole pieces
 #pragma unroll
       for (int h = 0; h < 2; ++h) wa[u][h] = in && wlive[h] ? load_stream(wrow[h] + c * 32) : make_uint4(0, 0, 0, 0);
+    }
+    if (c0 == warp) wait_for_primary();  // as in linear_gemv_kernel: x after the first weights
+#pragma unroll
+    for (int u = 0; u < kMmaChunks; ++u) {
+      const int c = c0 + u * kMmaWarps;
+      const bool in = c < chunks && c * 32 + q * 8 < p.k;
 #pragma unroll
       for (int t = 0; t < NT; ++t)
         xb[u][t] = in && xlive[t] ? __ldg(reinterpret_cast<const uint4*>(xrow[t] + c * 32)) : make_uint4(0, 0, 0, 0);
@@ -261,6 +273,8 @@ __global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const Lin
     }
   }
 
+  wait_for_primary();  // warps with no chunk of K skipped the loop; the epilogue reads the residual
+  launch_dependents();
   // The warps' fragments summed through shared memory, then the epilogue from the summed fragment:
   // acc[t][i] is tile row g + 8 (i / 2) and x row 8 t + 2 q + i % 2.
   __shared__ float partial[kMmaWarps][NT][4][32];
@@ -293,10 +307,13 @@ template <typename T, int MT, int NB>
 void launch_nb(const LinearParams& p, int threads, cudaStream_t stream) {
   const int64_t cols_per_block = p.activation == kActSwiglu ? NB / 2 : NB;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
+  // Programmatic where the kernel has the sm_90 code (common/pdl.cuh); checked once per kernel.
   if (p.vec) {
-    linear_gemv_kernel<T, MT, NB, true><<<grid, threads, 0, stream>>>(p);
+    static const bool pdl = programmatic_capable(linear_gemv_kernel<T, MT, NB, true>);
+    launch_programmatic(pdl, linear_gemv_kernel<T, MT, NB, true>, grid, dim3(threads), 0, stream, p);
   } else {
-    linear_gemv_kernel<T, MT, NB, false><<<grid, threads, 0, stream>>>(p);
+    static const bool pdl = programmatic_capable(linear_gemv_kernel<T, MT, NB, false>);
+    launch_programmatic(pdl, linear_gemv_kernel<T, MT, NB, false>, grid, dim3(threads), 0, stream, p);
   }
 }
 
@@ -307,7 +324,8 @@ void launch_linear_mma(const LinearParams& p, cudaStream_t stream) {
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  linear::linear_mma_kernel<T, MT / 8><<<grid, kLinearMmaThreads, 0, stream>>>(p);
+  static const bool pdl = programmatic_capable(linear::linear_mma_kernel<T, MT / 8>);
+  launch_programmatic(pdl, linear::linear_mma_kernel<T, MT / 8>, grid, dim3(kLinearMmaThreads), 0, stream, p);
 }
 
 template <typename T, int MT>
