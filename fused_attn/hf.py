@@ -41,9 +41,13 @@ tests against 4.57.6 and the current 5.x. ``register()`` raises with the install
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 from fused_attn.decode_attention import _CPU_DTYPES, _DTYPES, MAX_HEADDIM, _readable, decode_attention
+from fused_attn.layer_norm import layer_norm
+from fused_attn.mlp import mlp
 from fused_attn.softmax import scaled_masked_softmax
 
 NAME = "fused_attn"
@@ -155,19 +159,57 @@ def register() -> None:
     AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
-def apply_to_gpt2(model: torch.nn.Module, *, attention: bool = True) -> torch.nn.Module:
+def _layer_norm_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """nn.LayerNorm.forward through fused_attn.layer_norm (one pass, float32 statistics)."""
+    return layer_norm(x, self.weight, self.bias, self.eps)
+
+
+def _mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """GPT2MLP.forward as fused_attn.mlp (c_fc + GELU(tanh) in one launch's epilogue, then c_proj);
+    with dropout active (training, resid_pdrop > 0) the module's own forward, which applies it."""
+    if self.training and self.dropout.p > 0:
+        return type(self).forward(self, hidden_states)
+    return mlp(hidden_states, self.c_fc.weight.t(), self.c_fc.bias, self.c_proj.weight.t(), self.c_proj.bias)
+
+
+def _pack_conv1d(conv: torch.nn.Module) -> None:
+    """transformers' Conv1D keeps its weight [in, out]; fused_attn.linear streams [out, in] rows. The
+    same values are stored transposed, and the parameter stays an [in, out] view of them (Conv1D's
+    addmm reads either layout), so both paths and the optimizer see one tensor."""
+    w = conv.weight
+    if w.stride(0) == 1 and w.dim() == 2:  # already packed
+        return
+    conv.weight = torch.nn.Parameter(w.detach().t().contiguous().t(), requires_grad=w.requires_grad)
+
+
+def apply_to_gpt2(model: torch.nn.Module, *, attention: bool = True, layer_norm: bool = True,
+                  mlp: bool = True) -> torch.nn.Module:
     """Swap fused_attn's kernels into a Hugging Face GPT-2 model in place, one flag per module kind
     (Liger's ``apply_liger_kernel_to_*`` idea); returns the model.
 
     attention: the "fused_attn" attention implementation (``register()`` + ``set_attn_implementation``).
-    Later kernels (LayerNorm, the MLP) get their own flags here; each defaults to on once it exists.
+    layer_norm: every LayerNorm (ln_1, ln_2, ln_f) through ``fused_attn.layer_norm``.
+    mlp: every GPT2MLP through ``fused_attn.mlp`` (its Conv1D weights are stored transposed, values
+    unchanged: see ``_pack_conv1d``; with dropout active in training the module's own forward runs).
     """
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) != "gpt2":
         raise ValueError(
             f"model must be a transformers GPT-2 model (config.model_type 'gpt2'), got {type(model).__name__}"
             + (f" with model_type {config.model_type!r}" if config is not None else ""))
+    if mlp and config.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError("model.config.activation_function must be gelu_new or gelu_pytorch_tanh (GELU's tanh form) "
+                         f"for mlp=True, got {config.activation_function!r}")
     if attention:
         register()
         model.set_attn_implementation(NAME)
+    from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+
+    for module in model.modules():
+        if layer_norm and isinstance(module, torch.nn.LayerNorm):
+            module.forward = types.MethodType(_layer_norm_forward, module)
+        elif mlp and isinstance(module, GPT2MLP):
+            _pack_conv1d(module.c_fc)
+            _pack_conv1d(module.c_proj)
+            module.forward = types.MethodType(_mlp_forward, module)
     return model

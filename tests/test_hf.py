@@ -446,6 +446,62 @@ def test_apply_to_gpt2_switches_attention_and_rejects_other_models():
         fhf.apply_to_gpt2(torch.nn.Linear(2, 2))
 
 
+def check_apply_layer_norm_and_mlp(device):
+    """apply_to_gpt2's layer_norm and mlp flags: each LayerNorm and GPT2MLP runs our op (counted), the
+    parameters keep their values (the MLP's stored transposed), and greedy tokens equal eager's over
+    64 new tokens in float32 (left-padded batch); in training with dropout the MLP runs its own forward."""
+    import fused_attn.hf as hf_module
+
+    ms = models(VARIED, device, impls=("eager",))
+    eager = ms["eager"]
+    ours = copy.deepcopy(eager)
+    before = {k: v.clone() for k, v in ours.state_dict().items()}
+    calls = {"layer_norm": 0, "mlp": 0}
+    originals = {name: getattr(hf_module, name) for name in calls}
+    for name in calls:
+        real = getattr(hf_module, name)
+
+        def spy(*a, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*a, **kw)
+        setattr(hf_module, name, spy)
+    try:
+        fhf.apply_to_gpt2(ours, attention=False, layer_norm=True, mlp=True)
+        for k, v in ours.state_dict().items():
+            assert torch.equal(v, before[k]), k
+        ids, mask = left_padded(VARIED["vocab_size"], (24, 17, 9), device)
+        kw = dict(attention_mask=mask, max_new_tokens=64, do_sample=False, pad_token_id=0, eos_token_id=None)
+        want = eager.generate(ids, **kw)
+        got = ours.generate(ids, **kw)
+        layers = VARIED["n_layer"]
+        assert calls["layer_norm"] >= 64 * (2 * layers + 1) and calls["mlp"] >= 64 * layers, calls
+        assert torch.equal(got, want)
+        ours.train()
+        calls["mlp"] = 0
+        ours(ids, attention_mask=mask)
+        assert calls["mlp"] == (0 if ours.config.resid_pdrop > 0 else layers)
+    finally:
+        for name, fn in originals.items():
+            setattr(hf_module, name, fn)
+
+
+def test_apply_to_gpt2_layer_norm_and_mlp_cpu():
+    check_apply_layer_norm_and_mlp("cpu")
+
+
+@pytest.mark.gpu
+def test_apply_to_gpt2_layer_norm_and_mlp_gpu():
+    check_apply_layer_norm_and_mlp("cuda")
+
+
+def test_apply_to_gpt2_mlp_needs_tanh_gelu():
+    m = models(dict(TINY, activation_function="gelu"), "cpu", impls=("eager",))["eager"]
+    with pytest.raises(ValueError, match=r"model.config.activation_function must be gelu_new or gelu_pytorch_tanh "
+                                         r"\(GELU's tanh form\) for mlp=True, got 'gelu'"):
+        fhf.apply_to_gpt2(m)
+    fhf.apply_to_gpt2(m, mlp=False)
+
+
 @pytest.mark.parametrize("name", ["softcap", "s_aux"])
 def test_unsupported_score_transforms_raise(name):
     """Gemma-2's softcap, attention sinks: refused, never silently ignored."""
