@@ -94,58 +94,42 @@ if has bench; then
   [ -f "$OUT/bench_softmax.json" ] && python3 -m bench.report "$OUT/bench_softmax.json" \
     --out /tmp/fused_attn_report_softmax --no-plots > /dev/null && cat /tmp/fused_attn_report_softmax/micro.txt
 fi
+# One op's benchmark step: bench_step NAME TIMEOUT "ARGS" FILE... writes $OUT/bench_NAME.json and .log,
+# prints the pass/fail line, the failures and bench.report's README table.
+bench_step() {
+  local name=$1 limit=$2 args=$3; shift 3
+  timeout "$limit" python3 -m pytest "$@" -q -rs -p no:cacheprovider \
+    --benchmark-json="$OUT/bench_$name.json" --benchmark-columns=median,iqr,rounds $args \
+    > "$OUT/bench_$name.log" 2>&1 || rc=1
+  grep -E "passed|failed|error" "$OUT/bench_$name.log" | tail -1
+  grep -E "^FAILED|^SKIPPED|Error" "$OUT/bench_$name.log" | head -20
+  [ -f "$OUT/bench_$name.json" ] && python3 -m bench.report "$OUT/bench_$name.json" \
+    --out "/tmp/fused_attn_report_$name" --no-plots > /dev/null && cat "/tmp/fused_attn_report_$name/readme.md"
+}
 if has decode; then
   log "decode (bench_decode_attention)"
   # 16 shapes x 7-8 providers in float16 (124 cases), 16 compiles; K + V up to 8.6 GB per case (B16 H32 L32k D128)
-  timeout ${DECODE_TIMEOUT:-420} python3 -m pytest bench/bench_decode_attention.py -q -rs -p no:cacheprovider \
-    --benchmark-json="$OUT/bench_decode.json" --benchmark-columns=median,iqr,rounds ${DECODE_ARGS:-} \
-    > "$OUT/bench_decode.log" 2>&1 || rc=1
-  grep -E "passed|failed|error" "$OUT/bench_decode.log" | tail -1
-  grep -E "^FAILED|^SKIPPED|Error" "$OUT/bench_decode.log" | head -20
-  [ -f "$OUT/bench_decode.json" ] && python3 -m bench.report "$OUT/bench_decode.json" \
-    --out /tmp/fused_attn_report_decode --no-plots > /dev/null && cat /tmp/fused_attn_report_decode/readme.md
+  bench_step decode "${DECODE_TIMEOUT:-420}" "${DECODE_ARGS:-}" bench/bench_decode_attention.py
 fi
 if has norm; then
   log "norm (bench_layer_norm)"
   # 2 widths x 8 row counts x 2 norms x with/without residual x 3 providers in float16 (192 cases), 64 compiles
-  timeout ${NORM_TIMEOUT:-420} python3 -m pytest bench/bench_layer_norm.py -q -rs -p no:cacheprovider \
-    --benchmark-json="$OUT/bench_layer_norm.json" --benchmark-columns=median,iqr,rounds ${NORM_ARGS:-} \
-    > "$OUT/bench_layer_norm.log" 2>&1 || rc=1
-  grep -E "passed|failed|error" "$OUT/bench_layer_norm.log" | tail -1
-  grep -E "^FAILED|^SKIPPED|Error" "$OUT/bench_layer_norm.log" | head -20
-  [ -f "$OUT/bench_layer_norm.json" ] && python3 -m bench.report "$OUT/bench_layer_norm.json" \
-    --out /tmp/fused_attn_report_norm --no-plots > /dev/null && cat /tmp/fused_attn_report_norm/readme.md
+  bench_step layer_norm "${NORM_TIMEOUT:-420}" "${NORM_ARGS:-}" bench/bench_layer_norm.py
 fi
 if has attention; then
   log "attention (bench_attention)"
   # 12 shapes x 2 causal x 7 providers in float16 (168 cases); the materializing providers skip S = 16384
-  timeout ${ATTN_TIMEOUT:-420} python3 -m pytest bench/bench_attention.py -q -rs -p no:cacheprovider \
-    --benchmark-json="$OUT/bench_attention.json" --benchmark-columns=median,iqr,rounds ${ATTN_ARGS:-} \
-    > "$OUT/bench_attention.log" 2>&1 || rc=1
-  grep -E "passed|failed|error" "$OUT/bench_attention.log" | tail -1
-  grep -E "^FAILED|Error" "$OUT/bench_attention.log" | head -20
-  [ -f "$OUT/bench_attention.json" ] && python3 -m bench.report "$OUT/bench_attention.json" \
-    --out /tmp/fused_attn_report_attention --no-plots > /dev/null && cat /tmp/fused_attn_report_attention/readme.md
+  bench_step attention "${ATTN_TIMEOUT:-420}" "${ATTN_ARGS:-}" bench/bench_attention.py
 fi
 if has linear; then
   log "linear (bench_linear, bench_mlp)"
   # 6 shapes x 7 M x 3 providers (126 cases) + 2 models x 7 M x 3 (42) in float16; one compile per compiled case
-  timeout ${LINEAR_TIMEOUT:-480} python3 -m pytest bench/bench_linear.py bench/bench_mlp.py -q -rs -p no:cacheprovider \
-    --benchmark-json="$OUT/bench_linear.json" --benchmark-columns=median,iqr,rounds ${LINEAR_ARGS:-} \
-    > "$OUT/bench_linear.log" 2>&1 || rc=1
-  grep -E "passed|failed|error" "$OUT/bench_linear.log" | tail -1
-  grep -E "^FAILED|Error" "$OUT/bench_linear.log" | head -20
-  [ -f "$OUT/bench_linear.json" ] && python3 -m bench.report "$OUT/bench_linear.json" \
-    --out /tmp/fused_attn_report_linear --no-plots > /dev/null && cat /tmp/fused_attn_report_linear/readme.md
+  bench_step linear "${LINEAR_TIMEOUT:-480}" "${LINEAR_ARGS:-}" bench/bench_linear.py bench/bench_mlp.py
 fi
 if has layer; then
   log "layer (bench_layer)"
   # 2 models x 4 sequences x 3 providers in float16 (24 cases); one compile per compiled case
-  timeout ${LAYER_TIMEOUT:-300} python3 -m pytest bench/bench_layer.py -q -rs -p no:cacheprovider \
-    --benchmark-json="$OUT/bench_layer.json" --benchmark-columns=median,iqr,rounds ${LAYER_ARGS:-} \
-    > "$OUT/bench_layer.log" 2>&1 || rc=1
-  grep -E "passed|failed|error" "$OUT/bench_layer.log" | tail -1
-  grep -E "^FAILED|Error" "$OUT/bench_layer.log" | head -20
+  bench_step layer "${LAYER_TIMEOUT:-300}" "${LAYER_ARGS:-}" bench/bench_layer.py
 fi
 if has bytes; then
   log bytes
