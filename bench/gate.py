@@ -9,9 +9,10 @@ HOST_BOUND backends, ~6.5 ms of Python per token) measure the host more than our
 same case drifted by 15% between sequential runs on an H200 and by up to 38% between runs on an
 H100 host (bench/NOTES.md), so they have their own threshold, wide enough for that drift and
 still failing on a 2x regression (e.g. a sync per layer). Cases new in this run (no baseline
-case of the same name) are listed, not gated. Without --baseline, the baseline is the newest run
-under --storage (by its datetime) on the same GPU model, other than NEW itself and its
-autosaved copy.
+case of the same name) are listed, not gated. Without --baseline, each case's baseline is the
+newest run under --storage (by its datetime) on the same GPU model that holds that case, other
+than NEW itself and its autosaved copy: stored runs may hold part of the suite (one op's cases,
+the GPT-2 cases), and each case is held to the last run that measured it.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ def gpu_name(run: dict) -> str | None:
     return run.get("machine_info", {}).get("fused_attn", {}).get("gpu_name")
 
 
-def newest_baseline(new: dict, storage: Path) -> Path | None:
-    """The stored run with the latest datetime on new's GPU model, other than new itself."""
-    best = None
+def stored_runs(new: dict, storage: Path) -> list[tuple[str, Path, dict]]:
+    """(datetime, path, run) of every stored run on new's GPU model other than new itself, newest first."""
+    runs = []
     for path in storage.rglob("*.json"):
         try:
             run = load_run(path)
@@ -39,9 +40,22 @@ def newest_baseline(new: dict, storage: Path) -> Path | None:
             continue
         if gpu_name(run) != gpu_name(new) or run.get("datetime") == new.get("datetime"):
             continue
-        if best is None or run.get("datetime", "") > best[0]:
-            best = (run.get("datetime", ""), path)
-    return None if best is None else best[1]
+        runs.append((run.get("datetime", ""), path, run))
+    return sorted(runs, key=lambda r: r[0], reverse=True)
+
+
+def per_case_baseline(new: dict, storage: Path) -> tuple[dict, list[Path]]:
+    """A baseline run whose every case is the newest stored measurement of it; and the files used."""
+    cases, used = {}, []
+    for _, path, run in stored_runs(new, storage):
+        took = False
+        for b in run["benchmarks"]:
+            if b["fullname"] not in cases:
+                cases[b["fullname"]] = b
+                took = True
+        if took:
+            used.append(path)
+    return {"benchmarks": list(cases.values())}, used
 
 
 def is_host_bound(bench: dict) -> bool:
@@ -78,13 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         new = load_run(args.new)
-        baseline = args.baseline or newest_baseline(new, args.storage)
-        if baseline is None:
+        if args.baseline:
+            base, used = load_run(args.baseline), [args.baseline]
+        else:
+            base, used = per_case_baseline(new, args.storage)
+        if not used:
             print(f"no stored run on {gpu_name(new)} under {args.storage}: nothing to compare with")
             return 0
-        base = load_run(baseline)
     except (OSError, ValueError) as e:
         ap.exit(2, f"{ap.prog}: error: {_file_error(e)}\n")
+    baseline = ", ".join(str(p) for p in used)
     regressions, added = compare(new, base, args.threshold, args.host_bound_threshold)
     print(f"{args.new} against {baseline}: {len(new['benchmarks']) - len(added)} cases compared, "
           f"{len(added)} new, {len(regressions)} regressed (limits {args.threshold:g}%, host-bound "

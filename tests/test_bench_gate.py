@@ -54,6 +54,24 @@ def test_baseline_is_the_newest_other_run_on_the_same_gpu(tmp_path, capsys):
     assert "0002_last.json" in capsys.readouterr().out
 
 
+def test_each_case_against_the_newest_run_that_has_it(tmp_path, capsys):
+    """Stored runs may hold part of the suite: a newer GPT-2-only run does not hide the softmax cases
+    of an older full run, and a case is held to the newest run that measured it."""
+    store = tmp_path / "results" / "NVIDIA-H200" / "machine"
+    store.mkdir(parents=True)
+    _run(store, "0001_full.json", {}, "2026-11-21T00:00:00")
+    gpt2_only = json.loads(_run(tmp_path, "tmp.json", {"graph": 0.5}).read_text())
+    gpt2_only["benchmarks"] = [b for b in gpt2_only["benchmarks"] if "bench_gpt2" in b["fullname"]]
+    gpt2_only["datetime"] = "2026-11-22T00:00:00"
+    (store / "0002_gpt2.json").write_text(json.dumps(gpt2_only))
+    assert main([str(_run(tmp_path, "slow_softmax.json", {"fused_v1": 1.2})), "--storage", str(tmp_path / "results")]) == 1
+    out = capsys.readouterr().out
+    assert "0001_full.json" in out and "0002_gpt2.json" in out and "bench_scaled_masked_softmax[fused_v1-" in out
+    # graph was 2x faster in the newer GPT-2 run: the unchanged full-suite speed is now a regression
+    assert main([str(_run(tmp_path, "same.json", {})), "--storage", str(tmp_path / "results")]) == 1
+    assert "bench_gpt2[graph-" in capsys.readouterr().out
+
+
 def test_new_cases_are_listed_not_gated(tmp_path, capsys):
     base = _run(tmp_path, "base.json", {}, "2026-11-22T00:00:00")
     data = json.loads(base.read_text())

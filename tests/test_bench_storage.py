@@ -66,10 +66,16 @@ def test_gpu_runs_are_stored_under_the_gpu_model(monkeypatch):
 
 
 def test_the_gate_finds_the_stored_baseline():
+    """Every case of every stored run is in the gate's baseline, from the newest run that holds it."""
     for folder in GPU_FOLDERS:
-        newest = sorted(folder.glob("[0-9][0-9][0-9][0-9]_*.json"))[-1]
+        stored = sorted(folder.glob("[0-9][0-9][0-9][0-9]_*.json"))
+        newest = stored[-1]
         run = load_run(newest)
-        assert gate.newest_baseline(run | {"datetime": "later"}, RESULTS) == newest
+        base, used = gate.per_case_baseline(run | {"datetime": "later"}, RESULTS)
+        assert newest in used
+        names = {b["fullname"] for b in base["benchmarks"]}
+        for path in stored:
+            assert {b["fullname"] for b in load_run(path)["benchmarks"]} <= names, path
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="what the benchmark command does without a GPU")
