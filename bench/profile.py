@@ -5,7 +5,8 @@
 
 For each backend, profiles one warm generate() (prefill + decode) and writes into --out:
 ``layers_<backend>.txt`` (embeddings, ln_1, attention, residual adds, ln_2, mlp, ln_f, lm_head:
-device time and share of the total), ``kernels_<backend>.txt`` (top kernels by device time,
+device time and share of the total; our GPT-2 adds the residuals in the output projections, so its
+residual row is 0 and attention / mlp include them), ``kernels_<backend>.txt`` (top kernels by device time,
 launches per generated token), ``trace_<backend>.json`` (Chrome trace) and ``profile.md``
 with the backends side by side. --out defaults to a folder under the system's temporary
 directory (a tool writes into the checkout only when told to); the summary worth keeping goes
