@@ -11,7 +11,9 @@ at batch > 1 left padded to lengths spread evenly from the prompt length down to
 One clock (fused_attn.generate): tokens/s, TTFT and TBT of every backend come from CUDA events
 on the stream at the call's start, at each token and after the call, with no sync per token;
 each round checks that their total agrees with the host wall time around the call within 1%
-(extra_info ``max_clock_vs_wall_pct``). extra_info: tokens/s, TTFT (ms), TBT p50/p95 (ms), speedup vs
+(extra_info ``max_clock_vs_wall_pct``). extra_info: tokens/s, TTFT (ms), TBT p50/p95 (ms), the
+weight-bandwidth floor (every parameter read once at the measured copy bandwidth: ``weight_floor_ms``)
+and ``pct_of_weight_floor`` (floor / TBT p50), speedup vs
 hf-eager in the same run (for hf-fused: against hf-eager rounds interleaved with its own,
 --bench-gpt2-paired-rounds of each, since the two differ by less than the drift between
 cases; 5 rounds left one of four cases at 0.98x on host jitter, 12 settled all four). Each round is one whole
@@ -75,7 +77,14 @@ def hf_eager_tokens() -> dict:
     return {}
 
 
-def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, request):
+def weight_floor_ms(hf_model, dtype: torch.dtype, copy_gbps: float) -> tuple[int, float]:
+    """(bytes, ms): every parameter read once per decode step (the tied lm_head reads wte, the
+    embeddings a row each: counted whole, a slight overestimate) at the measured copy bandwidth."""
+    nbytes = sum(p.numel() for p in hf_model.parameters()) * torch.empty((), dtype=dtype).element_size()
+    return nbytes, nbytes / (copy_gbps * 1e9) * 1e3
+
+
+def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, request, ceilings_gbps):
     from fused_attn.generate import DTYPES, run_backend
     from tests.prompts import left_padded
 
@@ -117,6 +126,10 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
                 new_tokens=NEW_TOKENS, dtype=c["dtype"], **stats(results), gpu=torch.cuda.get_device_name(),
                 clock="cuda events at each token (no per-token sync); totals checked against host wall time",
                 max_clock_vs_wall_pct=round(clock_vs_wall, 3))
+    if ceilings_gbps:  # % of the weight-bandwidth floor: what a decode step at copy speed would take
+        nbytes, floor_ms = weight_floor_ms(hf_model, dtype, ceilings_gbps["copy"])
+        info.update(weight_bytes=nbytes, weight_floor_ms=round(floor_ms, 4),
+                    pct_of_weight_floor=round(100 * floor_ms / info["tbt_p50_ms"], 1))
     tps = info["tokens_per_s"]
     medians[(benchmark.group, c["backend"])] = tps
     if c["backend"] == "hf-eager":

@@ -55,3 +55,11 @@ def test_hf_static_fused_sits_beside_hf_static_with_the_same_tokens():
             for b in ("hf-static", "hf-static-fused")}
     assert torch.equal(runs["hf-static-fused"].tokens, runs["hf-static"].tokens)
     assert cache[("fused_attn", torch.float32)].config._attn_implementation == "fused_attn"
+
+
+def test_weight_floor_counts_every_parameter_once():
+    from bench.bench_gpt2 import weight_floor_ms
+
+    model = torch.nn.Linear(1000, 500)  # 500500 parameters
+    nbytes, ms = weight_floor_ms(model, torch.float16, copy_gbps=1000.0)
+    assert nbytes == 2 * 500_500 and ms == pytest.approx(2 * 500_500 / 1e12 * 1e3)
