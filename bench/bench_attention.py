@@ -33,15 +33,13 @@ op's CPU path), which exercises the harness; GPU numbers need a GPU.
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from bench.bench_decode_attention import dtypes_for  # the same --full / --bench-dtypes rule
 from bench.bench_softmax import check_output
-from bench.harness import percentiles
+from bench.harness import percentiles, start_case
 from fused_attn import reference
 from fused_attn.generate import DTYPES
 
@@ -181,16 +179,10 @@ def peak_memory(fn) -> int:
 
 def bench_attention(benchmark, case, device, timer, matmul_peak_tflops, medians):
     provider, shape, dtype, causal = case["provider"], case["shape"], DTYPES[case["dtype"]], case["causal"]
-    if device.type == "cpu" and provider in GPU_ONLY:
-        pytest.skip(f"{provider} is measured on a GPU only (no CUDA device here)")
-    benchmark.group = group(case)
-    if device.type == "cuda":
-        gc.collect()
-        torch.cuda.empty_cache()
-        free = torch.cuda.mem_get_info()[0]
-        if provider in MATERIALIZES_SCORES and scores_bytes(shape) > MAX_SCORES_FRACTION * free:
-            pytest.skip(f"{provider}: the {scores_bytes(shape) / 1e9:.1f} GB score matrix exceeds "
-                        f"{MAX_SCORES_FRACTION:.0%} of the free device memory ({free / 1e9:.1f} GB)")
+    free = start_case(benchmark, group(case), provider, device, GPU_ONLY)
+    if free is not None and provider in MATERIALIZES_SCORES and scores_bytes(shape) > MAX_SCORES_FRACTION * free:
+        pytest.skip(f"{provider}: the {scores_bytes(shape) / 1e9:.1f} GB score matrix exceeds "
+                    f"{MAX_SCORES_FRACTION:.0%} of the free device memory ({free / 1e9:.1f} GB)")
     t = make_inputs(shape, dtype, device)
     fn = provider_fn(provider, t, causal)
     try:

@@ -53,14 +53,12 @@ need a GPU.
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from bench.bench_softmax import check_output
-from bench.harness import bandwidth_info, percentiles, same_run_speedups
+from bench.harness import bandwidth_info, percentiles, same_run_speedups, start_case
 from fused_attn import reference
 from fused_attn.generate import DTYPES
 
@@ -273,16 +271,10 @@ def group(case: dict) -> str:
 
 def bench_decode_attention(benchmark, case, device, timer, ceilings_gbps, launch_floor_us, medians):
     provider, shape, dtype = case["provider"], case["shape"], DTYPES[case["dtype"]]
-    if device.type == "cpu" and provider in GPU_ONLY:
-        pytest.skip(f"{provider} is measured on a GPU only (no CUDA device here)")
-    benchmark.group = group(case)
-    if device.type == "cuda":
-        gc.collect()
-        torch.cuda.empty_cache()
-        free = torch.cuda.mem_get_info()[0]
-        if kv_bytes(shape, dtype) > MAX_KV_FRACTION_OF_FREE * free:
-            pytest.skip(f"K + V of {kv_bytes(shape, dtype) / 1e9:.1f} GB exceed {MAX_KV_FRACTION_OF_FREE:.0%} of the "
-                        f"free device memory ({free / 1e9:.1f} GB)")
+    free = start_case(benchmark, group(case), provider, device, GPU_ONLY)
+    if free is not None and kv_bytes(shape, dtype) > MAX_KV_FRACTION_OF_FREE * free:
+        pytest.skip(f"K + V of {kv_bytes(shape, dtype) / 1e9:.1f} GB exceed {MAX_KV_FRACTION_OF_FREE:.0%} of the "
+                    f"free device memory ({free / 1e9:.1f} GB)")
     t = make_inputs(shape, dtype, device)
     fn = provider_fn(provider, t)
     try:

@@ -28,14 +28,12 @@ exercises the harness; GPU numbers need a GPU.
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 
 from bench.bench_decode_attention import dtypes_for
 from bench.bench_softmax import check_output
-from bench.harness import bandwidth_info, percentiles, same_run_speedups
+from bench.harness import bandwidth_info, percentiles, same_run_speedups, start_case
 from fused_attn import reference
 from fused_attn.generate import DTYPES
 
@@ -148,12 +146,7 @@ def group(case: dict) -> str:
 
 def bench_linear(benchmark, case, device, timer, ceilings_gbps, launch_floor_us, matmul_peak_tflops, medians):
     (k, n), m, provider, dtype = case["shape"], case["m"], case["provider"], DTYPES[case["dtype"]]
-    if device.type == "cpu" and provider in GPU_ONLY:
-        pytest.skip(f"{provider} is measured on a GPU only (no CUDA device here)")
-    benchmark.group = group(case)
-    if device.type == "cuda":
-        gc.collect()
-        torch.cuda.empty_cache()
+    start_case(benchmark, group(case), provider, device, GPU_ONLY)
     t = make_inputs(k, n, m, dtype, device)
     fn = provider_fn(provider, t)
     check(provider, fn(), t)

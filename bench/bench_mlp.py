@@ -16,14 +16,12 @@ On a machine without a GPU: a tiny model on the CPU (eager and fused), exercisin
 
 from __future__ import annotations
 
-import gc
-
-import pytest
 import torch
 
 from bench.bench_decode_attention import dtypes_for
 from bench.bench_linear import GPU_ONLY, ROWS, record
 from bench.bench_softmax import check_output
+from bench.harness import start_case
 from fused_attn import reference
 from fused_attn.generate import DTYPES
 
@@ -112,13 +110,8 @@ def check(provider: str, out: torch.Tensor, t: dict) -> None:
 
 def bench_mlp(benchmark, case, device, timer, ceilings_gbps, launch_floor_us, matmul_peak_tflops, medians):
     provider, m, dtype = case["provider"], case["m"], DTYPES[case["dtype"]]
-    if device.type == "cpu" and provider in GPU_ONLY:
-        pytest.skip(f"{provider} is measured on a GPU only (no CUDA device here)")
     (d, hidden), (name, activation) = case["shape"], model_of(case["shape"])
-    benchmark.group = f"mlp {name} m{m} {case['dtype']}"
-    if device.type == "cuda":
-        gc.collect()
-        torch.cuda.empty_cache()
+    start_case(benchmark, f"mlp {name} m{m} {case['dtype']}", provider, device, GPU_ONLY)
     t = make_inputs(d, hidden, activation, m, dtype, device)
     fn = provider_fn(provider, t)
     check(provider, fn(), t)

@@ -13,9 +13,11 @@ timed window) is timed again with a spin twice as long; the spin length used is 
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 
+import pytest
 import torch
 
 L2_FLUSH_BYTES = 256 << 20
@@ -229,3 +231,17 @@ def matmul_peak(dtype: torch.dtype, n: int = 8192, reps: int = 20) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e-3)
     return 2 * n**3 / statistics.median(times) / 1e12
+
+
+def start_case(benchmark, group: str, provider: str, device: torch.device, gpu_only) -> int | None:
+    """The opening of a large-input case: skip a GPU-only provider without a GPU, name the group (before
+    the run: it is stored then), and on a GPU release the previous cases' memory; returns the free
+    device memory in bytes (None on the CPU) for the case's own size check."""
+    if device.type == "cpu" and provider in gpu_only:
+        pytest.skip(f"{provider} is measured on a GPU only (no CUDA device here)")
+    benchmark.group = group
+    if device.type != "cuda":
+        return None
+    gc.collect()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info()[0]
