@@ -39,7 +39,7 @@ from torch import nn
 from fused_attn import reference
 from fused_attn.decode_attention import decode_attention
 from fused_attn.layer_norm import layer_norm
-from fused_attn.linear import linear
+from fused_attn.linear import linear, packed_in_out
 from fused_attn.mlp import mlp
 from fused_attn.softmax import scaled_masked_softmax
 
@@ -104,7 +104,7 @@ class Linear(nn.Module):
         self.backend = backend
 
     def pack(self) -> None:
-        self.weight = nn.Parameter(self.weight.detach().t().contiguous().t(), requires_grad=False)
+        self.weight = packed_in_out(self.weight)
 
     @property
     def weight_nk(self) -> torch.Tensor:

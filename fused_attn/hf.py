@@ -47,6 +47,7 @@ import torch
 
 from fused_attn.decode_attention import _CPU_DTYPES, _DTYPES, MAX_HEADDIM, _readable, decode_attention
 from fused_attn.layer_norm import layer_norm
+from fused_attn.linear import packed_in_out
 from fused_attn.mlp import mlp
 from fused_attn.softmax import scaled_masked_softmax
 
@@ -172,16 +173,6 @@ def _mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return mlp(hidden_states, self.c_fc.weight.t(), self.c_fc.bias, self.c_proj.weight.t(), self.c_proj.bias)
 
 
-def _pack_conv1d(conv: torch.nn.Module) -> None:
-    """transformers' Conv1D keeps its weight [in, out]; fused_attn.linear streams [out, in] rows. The
-    same values are stored transposed, and the parameter stays an [in, out] view of them (Conv1D's
-    addmm reads either layout), so both paths and the optimizer see one tensor."""
-    w = conv.weight
-    if w.stride(0) == 1 and w.dim() == 2:  # already packed
-        return
-    conv.weight = torch.nn.Parameter(w.detach().t().contiguous().t(), requires_grad=w.requires_grad)
-
-
 def apply_to_gpt2(model: torch.nn.Module, *, attention: bool = True, layer_norm: bool = True,
                   mlp: bool = True) -> torch.nn.Module:
     """Swap fused_attn's kernels into a Hugging Face GPT-2 model in place, one flag per module kind
@@ -190,7 +181,8 @@ def apply_to_gpt2(model: torch.nn.Module, *, attention: bool = True, layer_norm:
     attention: the "fused_attn" attention implementation (``register()`` + ``set_attn_implementation``).
     layer_norm: every LayerNorm (ln_1, ln_2, ln_f) through ``fused_attn.layer_norm``.
     mlp: every GPT2MLP through ``fused_attn.mlp`` (its Conv1D weights are stored transposed, values
-    unchanged: see ``_pack_conv1d``; with dropout active in training the module's own forward runs).
+    unchanged: ``fused_attn.linear.packed_in_out``; with dropout active in training the module's own
+    forward runs).
     """
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) != "gpt2":
@@ -209,7 +201,7 @@ def apply_to_gpt2(model: torch.nn.Module, *, attention: bool = True, layer_norm:
         if layer_norm and isinstance(module, torch.nn.LayerNorm):
             module.forward = types.MethodType(_layer_norm_forward, module)
         elif mlp and isinstance(module, GPT2MLP):
-            _pack_conv1d(module.c_fc)
-            _pack_conv1d(module.c_proj)
+            module.c_fc.weight = packed_in_out(module.c_fc.weight)  # values unchanged, stored [out, in]
+            module.c_proj.weight = packed_in_out(module.c_proj.weight)
             module.forward = types.MethodType(_mlp_forward, module)
     return model

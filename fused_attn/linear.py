@@ -83,6 +83,16 @@ def check_args(x, weight, bias, residual, activation: int, names=("x", "weight",
     return n_out
 
 
+def packed_in_out(weight: torch.Tensor) -> torch.nn.Parameter:
+    """An ``[in, out]`` weight (GPT-2's Conv1D layout) stored transposed: ``[out, in]`` contiguous, the
+    rows ``linear`` streams, with the returned parameter an ``[in, out]`` view of that storage (so an
+    ``addmm(bias, x, weight)`` reads the same values, and ``weight.t()`` is what ``linear`` takes).
+    Values and ``requires_grad`` are kept; an already packed weight is returned as it is."""
+    if isinstance(weight, torch.nn.Parameter) and weight.dim() == 2 and weight.stride(0) == 1:
+        return weight
+    return torch.nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=weight.requires_grad)
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
