@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -81,8 +82,13 @@ void launch(const at::Tensor& logits, double temperature, int64_t seed, int64_t 
     // is programmatic); elsewhere one block per row.
     const bool sm90 = at::cuda::getDeviceProperties(logits.device().index())->major >= 9 &&
                       sample_sm90_capable<scalar_t>();
-    const int64_t want = (p.vocab + kColumnsPerBlock - 1) / kColumnsPerBlock;
-    p.blocks_per_row = sm90 ? int(std::min<int64_t>(want, kSampleMaxBlocksPerRow)) : 1;
+    // Enough blocks per row to spread it (kColumnsPerBlock each), up to the cluster limit, and no more
+    // than one wave in all (two blocks per SM: the kernel's launch bounds).
+    const auto* prop = at::cuda::getDeviceProperties(logits.device().index());
+    const int64_t want = std::min<int64_t>({(p.vocab + kColumnsPerBlock - 1) / kColumnsPerBlock,
+                                            kSampleMaxBlocksPerRow,
+                                            std::max<int64_t>(1, 2 * prop->multiProcessorCount / p.rows)});
+    p.blocks_per_row = sm90 ? int(want) : 1;
     p.cluster = p.blocks_per_row > 1;
     p.programmatic = sm90;
     // Chunks of whole 16-byte pieces where the rows allow it.

@@ -9,8 +9,8 @@
 // The decode step's last reduction: GPT-2's 50257 logits are 100 KB in float16, read once. One block
 // reading a row alone is latency-bound (~100 KB per SM in flight takes several L2 round trips), so on
 // sm_90 a row is split over up to 8 blocks of a thread-block cluster, each reducing a chunk of columns
-// with 16-byte loads, and the cluster's rank 0 merges the 8 results through distributed shared memory:
-// one launch, no workspace, deterministic. Elsewhere one block per row.
+// with 16-byte loads; each block stores its result into rank 0's shared memory and, after one cluster
+// barrier, rank 0 merges them: one launch, no workspace, deterministic. Elsewhere one block per row.
 //
 // The reduction key: each column's score (float32: the logit, or logit / temperature + G) becomes an
 // order-preserving 32-bit key (NaN above +inf, -0 equal to +0), packed over the complement of the column
@@ -83,7 +83,7 @@ __device__ __forceinline__ uint32_t word(const uint4& w, int i) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kSampleThreads) sample_kernel(const SampleParams p) {
+__global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleParams p) {
   constexpr int VEC = 16 / int(sizeof(T));  // columns per 16-byte piece
   const int64_t row = blockIdx.y;
   const int part = blockIdx.x;
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const SamplePara
   const int64_t pieces = (c1 - a0) / VEC;
   const int64_t a1 = a0 + pieces * VEC;
   unsigned long long best = 0;  // below every packed key
-  constexpr int U = 4;  // pieces in flight per thread before any is used
+  constexpr int U = 2;  // pieces in flight per thread before any is used
   for (int64_t j0 = threadIdx.x; j0 < pieces; j0 += int64_t(blockDim.x) * U) {
     union {
       uint4 raw;
@@ -158,38 +158,36 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const SamplePara
     best = other > best ? other : best;
   }
   __shared__ unsigned long long warp_best[kSampleThreads / 32];
-  __shared__ unsigned long long block_best;
+  __shared__ unsigned long long cluster_best[kSampleMaxBlocksPerRow];  // rank 0's: one slot per block
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warp_best[warp] = best;
   __syncthreads();
-  if (warp == 0) {
-    best = lane < int(blockDim.x / 32) ? warp_best[lane] : 0ull;
+  if (warp != 0) return;
+  best = lane < int(blockDim.x / 32) ? warp_best[lane] : 0ull;
 #pragma unroll
-    for (int o = 16; o > 0; o /= 2) {
-      const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
-      best = other > best ? other : best;
-    }
-    if (lane == 0) block_best = best;
+  for (int o = 16; o > 0; o /= 2) {
+    const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+    best = other > best ? other : best;
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.cluster) {
-    // Rank 0 reads the other blocks' maxima from their shared memory; the second sync keeps that
-    // memory alive until it has.
+    // Every block stores its maximum into rank 0's shared memory (a remote store, no round trip);
+    // the cluster barrier (release / acquire) makes the stores visible to rank 0, which merges them.
+    // Warp 0 alone arrives for its block: the other warps have returned, and a returned thread
+    // counts as arrived.
     cg::cluster_group cluster = cg::this_cluster();
+    const unsigned rank = cluster.block_rank();
+    if (lane == 0) *cluster.map_shared_rank(&cluster_best[rank], 0) = best;
     cluster.sync();
-    if (cluster.block_rank() == 0 && threadIdx.x == 0) {
-      unsigned long long m = block_best;
-      for (unsigned r = 1; r < cluster.num_blocks(); ++r) {
-        const unsigned long long other = *cluster.map_shared_rank(&block_best, r);
-        m = other > m ? other : m;
-      }
+    if (rank == 0 && lane == 0) {
+      unsigned long long m = cluster_best[0];
+      for (unsigned r = 1; r < cluster.num_blocks(); ++r) m = cluster_best[r] > m ? cluster_best[r] : m;
       p.out[row * p.out_stride] = unpack_col(m);
     }
-    cluster.sync();
     return;
   }
 #endif
-  if (threadIdx.x == 0) p.out[row * p.out_stride] = unpack_col(block_best);
+  if (lane == 0) p.out[row * p.out_stride] = unpack_col(best);
 }
 
 }  // namespace sample
