@@ -5,11 +5,12 @@ Providers, side by side in one group per (K x N, M, dtype):
             (cuBLAS, then two elementwise passes)
   compiled  torch.compile of the same function (one compile per case, dynamic=False)
   fused     fused_attn.linear(x, w, b, activation="gelu_tanh", residual=r): one launch of our
-            weight-streaming kernel for M <= 16, cuBLAS + in-place epilogue above
+            weight-streaming kernel for M <= 16 (at N = 768 and M 5-16 the split-K tensor-core kernel),
+            cuBLAS + in-place epilogue above
 
 Shapes (K x N, nn.Linear's in x out): GPT-2 small 768 x 2304 (c_attn), 768 x 3072 (c_fc),
-3072 x 768 (c_proj); Llama-2-7B 4096 x 11008 (gate / up), 11008 x 4096 (down), 4096 x 4096
-(q/k/v/o); M (rows of x: batch x new tokens) in 1, 4, 16 (decode: memory-bound), 128, 512, 2048,
+3072 x 768 (the MLP's c_proj), 768 x 768 (the attention's c_proj); Llama-2-7B 4096 x 11008 (gate /
+up), 11008 x 4096 (down), 4096 x 4096 (q/k/v/o); M (rows of x: batch x new tokens) in 1, 4, 16 (decode: memory-bound), 128, 512, 2048,
 4096 (prefill: compute-bound). Every case has the full epilogue (bias, GELU, residual).
 
 Each provider's output is checked once, before timing, against the float64 reference on the first
@@ -37,7 +38,7 @@ from bench.harness import bandwidth_info, percentiles, same_run_speedups, start_
 from fused_attn import reference
 from fused_attn.generate import DTYPES
 
-GPT2_SHAPES = [(768, 2304), (768, 3072), (3072, 768)]
+GPT2_SHAPES = [(768, 2304), (768, 3072), (3072, 768), (768, 768)]
 LLAMA_SHAPES = [(4096, 11008), (11008, 4096), (4096, 4096)]
 ROWS = (1, 4, 16, 128, 512, 2048, 4096)
 CPU_CASES = [((64, 48), 1), ((64, 48), 20)]

@@ -5,7 +5,9 @@ kernel, the CPU path (``fused_attn.reference.linear`` in float32) and autograd. 
 ``csrc/linear/``: for up to ``MAX_GEMV_ROWS`` rows of x (decode) our weight-streaming kernel, which
 reads the weight once at the copy bandwidth with bias, activation and residual in its epilogue (on
 CUDA cores; from 5 rows in float16 / bfloat16 on tensor cores, mma.sync with the weight as the
-16-row operand); above that, cuBLAS through ATen (``addmm``, then the activation and residual in place).
+16-row operand, K split over the blocks of a thread-block cluster where the weight has fewer 16-row
+tiles than the GPU has SMs, e.g. GPT-2's 768 outputs); above that, cuBLAS through ATen (``addmm``,
+then the activation and residual in place).
 
 Gradients: a backward registered with ``torch.library.register_autograd`` that recomputes the op
 through the PyTorch reference (float32; float64 for float64 inputs) and differentiates it: correct,

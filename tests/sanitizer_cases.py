@@ -5,8 +5,9 @@ decode_attention: appends, GQA / MQA, forced splits (more than keys too), left p
 rms_norm: every row class, odd widths, misaligned and strided rows, with and without the residual;
 attention: the flash kernel at every padded head dim, odd lengths, Sq != Sk under causal, each
 mask form, strided q/k/v, and the naive and tiled modes; and linear: every rows-of-x class, weight
-rows per block and epilogue, the element-wise path (odd K, misaligned rows) and the tensor-core kernel;
-sample: greedy and sampled, one block and a cluster per row, misaligned and strided rows.
+rows per block and epilogue, the element-wise path (odd K, misaligned rows) and the tensor-core kernels
+(one block per 16 weight rows, and split-K in clusters); sample: greedy and sampled, one block and a
+cluster per row, misaligned and strided rows.
 
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py
     compute-sanitizer --tool racecheck python tests/sanitizer_cases.py --quick
@@ -153,6 +154,9 @@ LINEAR_CASES = [
     dict(m=5, k=64, n=200, activation="swiglu", dtype=torch.float16, lead="3d"),
     dict(m=12, k=776, n=2306, activation="swiglu", dtype=torch.bfloat16),  # the tensor-core kernel
     dict(m=7, k=776, n=2305, activation="gelu_tanh", dtype=torch.float16),
+    # the split-K kernel (sm_90): clusters along K, rank 0 reading the others' sums from their shared memory
+    dict(m=16, k=3080, n=776, activation="gelu_tanh", dtype=torch.float16),
+    dict(m=6, k=72, n=400, activation="swiglu", dtype=torch.bfloat16, lead="3d"),
 ]
 
 
@@ -160,7 +164,7 @@ def linear_cases(quick: bool) -> int:
     from tests.test_linear import case_of as linear_case_of
     from tests.test_linear import run_and_check as linear_run_and_check
 
-    cases = [LINEAR_CASES[0], LINEAR_CASES[1], LINEAR_CASES[5]] if quick else LINEAR_CASES
+    cases = [LINEAR_CASES[0], LINEAR_CASES[1], LINEAR_CASES[5], LINEAR_CASES[7]] if quick else LINEAR_CASES
     for i, kw in enumerate(cases):
         linear_run_and_check(linear_case_of(seed=i, **kw), "cuda")
     return len(cases)

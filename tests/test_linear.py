@@ -129,7 +129,9 @@ def with_examples(cases):
 @pytest.mark.gpu
 @given(case=linear_case(GPU_BUDGET, cuda=True))
 @with_examples(EDGE_EXAMPLES + [case_of(k=4096, n=1024, m=m, dtype=torch.bfloat16, activation="gelu_tanh")
-                                for m in (1, 2, 3, 4, 9, 16, 17, 512)])
+                                for m in (1, 2, 3, 4, 9, 16, 17, 512)]
+               + [case_of(k=3072, n=768, m=16, dtype=torch.float16, activation="gelu_tanh"),  # split-K
+                  case_of(k=3072, n=1536, m=13, dtype=torch.bfloat16, activation="swiglu", layout="misaligned")])
 def test_matches_reference_gpu(case):
     run_and_check(case, "cuda")
 
@@ -147,8 +149,9 @@ def test_matches_reference_cpu(case):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_row_count_and_epilogue_gpu(m, activation, dtype):
     """Each MT class and the tail rows inside it (m < MT), at GPT-2's c_proj width (N = 768: 2 rows per
-    block) and a K with a partial last loop iteration; from 5 rows a K below 2048, where the CUDA-core
-    kernel still runs (above it those rows go to cuBLAS: linear.cpp's gemv_wins)."""
+    block) and a K with a partial last loop iteration; from 5 rows a K below 2048, where float32's
+    CUDA-core kernel still runs (above it those rows go to cuBLAS: linear.cpp's gemv_wins) and float16 /
+    bfloat16 take the split-K kernel."""
     k = 3072 + 8 if m <= 4 else 1536 + 8
     for bias in (False, True):
         for residual in (False, True):
@@ -163,13 +166,64 @@ def test_every_row_count_and_epilogue_gpu(m, activation, dtype):
 def test_tensor_core_path_gpu(m, activation, dtype):
     """The tensor-core kernel (float16 / bfloat16, 5-16 rows, 16-byte rows, >= 2112 output columns on an
     H100): a K with a partial last chunk of 32 and a partial last tile of output columns, and Llama's
-    widths; beside it the CUDA-core kernel at N = 768 (too few tiles for the tensor-core one), and
+    widths; beside it the split-K kernel at N = 768 (too few tiles for the tensor-core one: on sm_90), and
     K 11008, where these rows go to cuBLAS."""
     swiglu = activation == "swiglu"
     for k, n_out in ((776, 2305), (4096, 4096), (1536, 768), (11008, 2112)):
         for extras in (False, True):
             run_and_check(case_of(m=m, k=k, n=2 * n_out if swiglu else n_out, dtype=dtype, activation=activation,
                                   bias=extras, residual=extras, seed=m + k), "cuda")
+
+
+# (K, output columns) of the split-K kernel (float16 / bfloat16, 5-16 rows, fewer 16-row tiles than SMs,
+# sm_90): GPT-2's c_proj (3072 -> 768) and attention c_proj (768 -> 768), Llama's down K over few
+# columns, odd tile counts with a partial last tile (776: 49 tiles, 200: 13; on an H100 3080 x 776 runs
+# 6 splits, the last one short), a K with a partial last chunk of 32 over 3 splits, one chunk (a
+# cluster of one block) and 9 chunks over 5 splits (the last one a single chunk).
+SPLIT_K_SHAPES = [(3072, 768), (768, 768), (11008, 200), (3080, 776), (72, 200), (8, 768), (288, 776)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", list(range(5, MAX_GEMV_ROWS + 1)))
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_split_k_path_gpu(m, activation, dtype):
+    """The split-K kernel at every row count it takes (one or two n-tiles, tail rows), each epilogue, with
+    and without bias and residual, each output poisoned."""
+    for i, (k, n_out) in enumerate(SPLIT_K_SHAPES):
+        n = 2 * n_out if activation == "swiglu" else n_out
+        extras = i % 2 == m % 2
+        run_and_check(case_of(m=m, k=k, n=n, dtype=dtype, activation=activation, bias=extras, residual=not extras,
+                              lead="3d" if i == 0 else "2d", seed=m * 100 + i), "cuda")
+
+
+def _kernels_run(fn) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n,kernel", [(16, 3072, 768, "linear_splitk_kernel"),
+                                          (5, 768, 768, "linear_splitk_kernel"),
+                                          (16, 4096, 4096, "linear_mma_kernel"),
+                                          (4, 3072, 768, "linear_gemv_kernel")])
+def test_kernel_choice_gpu(m, k, n, kernel):
+    """linear.cpp's dispatch at GPT-2 / Llama decode shapes, read from the kernel names torch.profiler
+    records: 5-16 rows over fewer 16-row tiles than SMs take the split-K kernel (sm_90), one tile per SM
+    or more the tensor-core kernel, up to 4 rows the CUDA-core kernel."""
+    props = torch.cuda.get_device_properties(0)
+    if kernel == "linear_splitk_kernel" and props.major < 9:
+        pytest.skip("the split-K kernel needs sm_90 (thread-block clusters)")
+    if kernel == "linear_mma_kernel" and n // 16 < props.multi_processor_count:
+        pytest.skip(f"{n} output columns give fewer 16-row tiles than this GPU's SMs")
+    x, w, b, r = make_inputs(case_of(m=m, k=k, n=n, activation="gelu_tanh"), "cuda")
+    linear(x, w, b, activation="gelu_tanh", residual=r)  # loads the library outside the profile
+    names = _kernels_run(lambda: linear(x, w, b, activation="gelu_tanh", residual=r))
+    assert any(kernel in name for name in names), names
 
 
 # --------------------------------------------------------------------------- gradients

@@ -26,21 +26,41 @@ __device__ __forceinline__ void wait_for_primary() {
 }
 
 // Launch `kernel` with the programmatic-serialization attribute where `programmatic` (the kernel
-// compiled for sm_90 or later: its wait_for_primary() is real), else as a plain launch.
+// compiled for sm_90 or later: its wait_for_primary() is real), and its blocks grouped in thread-block
+// clusters of `cluster` blocks where that is more than one (sm_90; sizes above 8 need the kernel's
+// cudaFuncAttributeNonPortableClusterSizeAllowed).
 template <typename... Args>
-cudaError_t launch_programmatic(bool programmatic, void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem,
-                                cudaStream_t stream, Args... args) {
+cudaError_t launch_clustered(bool programmatic, dim3 cluster, void (*kernel)(Args...), dim3 grid, dim3 block,
+                             size_t smem, cudaStream_t stream, Args... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster.x;
+    attr[n].val.clusterDim.y = cluster.y;
+    attr[n].val.clusterDim.z = cluster.z;
+    ++n;
+  }
+  if (programmatic) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   config.attrs = attr;
-  config.numAttrs = programmatic ? 1 : 0;
+  config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
+// launch_clustered without clusters.
+template <typename... Args>
+cudaError_t launch_programmatic(bool programmatic, void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem,
+                                cudaStream_t stream, Args... args) {
+  return launch_clustered(programmatic, dim3(1, 1, 1), kernel, grid, block, smem, stream, args...);
 }
 
 // Whether `kernel` was compiled for sm_90 or later (its griddepcontrol instructions are there).

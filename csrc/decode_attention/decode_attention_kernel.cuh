@@ -678,28 +678,9 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
 // when p.programmatic.
 template <typename Kernel>
 void launch_attention_kernel(const DecodeParams& p, Kernel kernel, int smem, cudaStream_t stream) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(p.batch) * p.nheads_kv * p.row_chunks, p.num_splits);
-  config.blockDim = dim3(kDecodeThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attr[2];
-  int n = 0;
-  if (p.cluster) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = 1;
-    attr[n].val.clusterDim.y = unsigned(p.num_splits);
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (p.programmatic) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  config.attrs = attr;
-  config.numAttrs = n;
-  cudaLaunchKernelEx(&config, kernel, p);
+  launch_clustered(p.programmatic, dim3(1, p.cluster ? unsigned(p.num_splits) : 1u, 1), kernel,
+                   dim3(unsigned(p.batch) * p.nheads_kv * p.row_chunks, p.num_splits), dim3(kDecodeThreads), smem,
+                   stream, p);
 }
 
 template <typename T, int HD, int R>

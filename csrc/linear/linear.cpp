@@ -29,21 +29,50 @@ namespace {
 // types is about what the SM's FP32 units can do at the copy bandwidth.
 constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 
-// Rows of x from which float16 / bfloat16 run the tensor-core kernel (16-byte rows, and at least one
-// block of 16 weight rows per SM; else the CUDA-core kernel, whose 1-4 rows per block fill the GPU at
-// N = 768): from 5 rows the CUDA-core kernel's FMAs and conversions per weight byte approach what the
-// SM issues at the copy bandwidth. To be confirmed on the GPU (bench/bench_linear.py at M = 4 and 16).
+// Rows of x from which float16 / bfloat16 run a tensor-core kernel (16-byte rows): linear_mma_kernel
+// where the weight has at least one block of 16 rows per SM, else the split-K kernel (sm_90: clusters),
+// else the CUDA-core kernel, whose 1-4 rows per block fill the GPU at N = 768. From 5 rows the
+// CUDA-core kernel's FMAs and conversions per weight byte approach what the SM issues at the copy
+// bandwidth. To be confirmed on the GPU (bench/bench_linear.py at M = 4 and 16).
 constexpr int kMmaMinRows = 5;
 
+
+// Which of our kernels runs at 5-16 rows (m <= 4: the CUDA-core kernel; float32: always it).
+enum class GemvPath { kCudaCores, kTensorCores, kSplitK };
 
 // At 5-16 rows our kernels do not always beat cuBLAS (plus its epilogue passes). Measured (H100,
 // float16, bench_linear, cold L2, p50, against the compiled chain): the CUDA-core kernel wins at
 // K = 768 (768x2304 M 16: 8.5 us against 10.6) and loses at K = 3072 (3072x768 M 16: 24.6 against
 // 12.9: every thread's K slice meets all 16 rows of x, and the N = 768 rows give few blocks); the
 // tensor-core kernel holds at K = 4096 (4096x4096: 21.4 against 21.9) and loses at 11008 (11008x4096:
-// 48.9 against 40.9). Up to 4 rows ours wins at every shape measured.
-bool gemv_wins(int64_t m, int64_t k, bool tensor_cores) {
-  return m <= 4 || (tensor_cores ? k <= 4096 : k < 2048);
+// 48.9 against 40.9). Up to 4 rows ours wins at every shape measured. Predicted, not yet measured
+// (session 7): the split-K kernel, which takes the tensor-core rows with fewer 16-row tiles than SMs
+// (N < 2112 on an H100: GPT-2's 768-wide outputs), wins at every K: its clusters spread each tile's K
+// over up to 8 blocks, so the weight stream is split over tiles x splits >= 2 x SMs blocks (3072x768
+// M 16 7-8 us, 768x768 5-6 us: about the M = 1 CUDA-core kernel's time at GPT-2 shapes; bench/NOTES.md).
+bool gemv_wins(int64_t m, int64_t k, GemvPath path) {
+  if (m <= 4) return true;
+  switch (path) {
+    case GemvPath::kSplitK: return true;
+    case GemvPath::kTensorCores: return k <= 4096;
+    default: return k < 2048;
+  }
+}
+
+// 16-row tiles of the weight in the tensor-core kernels (8 gate over 8 up rows with SwiGLU).
+int64_t mma_tiles(int64_t n_out, int64_t activation) {
+  const int64_t cols = activation == kActSwiglu ? 8 : 16;
+  return (n_out + cols - 1) / cols;
+}
+
+// Blocks of the split-K kernel per tile: enough that tiles x splits covers the SMs twice, at most a
+// portable cluster, and no split without a chunk of 32 k (the count recomputed from the chunks per
+// split, so the last split is the short one).
+int splitk_splits(int64_t tiles, int64_t k, int sms) {
+  const int64_t chunks = std::max<int64_t>(1, (k + 31) / 32);
+  const int64_t want = std::min<int64_t>({kLinearMaxSplits, (2 * sms + tiles - 1) / tiles, chunks});
+  const int64_t per = (chunks + want - 1) / want;
+  return int((chunks + per - 1) / per);
 }
 
 bool vector_ready(const at::Tensor& t, int64_t vec) {
@@ -124,13 +153,20 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
     rows /= 2;
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int64_t mma_blocks = (p.n_out + (swiglu ? 8 : 16) - 1) / (swiglu ? 8 : 16);
+  const int64_t mma_blocks = mma_tiles(p.n_out, activation);
   FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
+      const bool wide = p.m > 8;
       if (p.m >= kMmaMinRows && p.vec && mma_blocks >= sm_count(x2)) {
-        const bool wide = p.m > 8;
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
           wide ? launch_linear_mma<scalar_t, 16>(p, stream) : launch_linear_mma<scalar_t, 8>(p, stream);
+          return;
+        }
+      } else if (p.m >= kMmaMinRows && p.vec) {
+        if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
+          const int splits = splitk_splits(mma_blocks, p.k, sm_count(x2));
+          wide ? launch_linear_splitk<scalar_t, 16>(p, splits, stream)
+               : launch_linear_splitk<scalar_t, 8>(p, splits, stream);
           return;
         }
       }
@@ -175,9 +211,18 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   at::Tensor x2 = x.reshape({m, k});
   std::optional<at::Tensor> residual2;
   if (residual.has_value()) residual2 = residual->reshape({m, n_out});
-  const bool tensor_cores = x.scalar_type() != at::kFloat && m >= kMmaMinRows &&
-                            (n_out + 15) / 16 >= sm_count(x);
-  if (m > kMaxGemvRows || !gemv_wins(m, k, tensor_cores)) {
+  // The path launch_gemv will take (the split-K kernel: 16-byte weight rows and an sm_90 device; x is
+  // made 16-byte ready below).
+  GemvPath path = GemvPath::kCudaCores;
+  if (x.scalar_type() != at::kFloat && m >= kMmaMinRows) {
+    if (mma_tiles(n_out, activation) >= sm_count(x)) {
+      path = GemvPath::kTensorCores;
+    } else if (k % 8 == 0 && vector_ready(weight, 8) &&
+               at::cuda::getDeviceProperties(x.device().index())->major >= 9) {
+      path = GemvPath::kSplitK;
+    }
+  }
+  if (m > kMaxGemvRows || !gemv_wins(m, k, path)) {
     return linear_cublas(x2, weight, bias, residual2, activation).view(out_shape);
   }
   // Few rows: small copies make every row's last dim contiguous (and x's rows 16-byte aligned).

@@ -208,58 +208,64 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
 constexpr int kMmaWarps = kLinearMmaThreads / 32;
 constexpr int kMmaChunks = 4;  // chunks of 32 k per warp in flight
 
-// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16).
+// One lane's operands in the tensor-core kernels (linear_mma_kernel, linear_splitk.cuh) for the tile
+// of weight rows from output column col0: its two weight rows (tile rows g and g + 8) and its x row
+// of each of the NT n-tiles, each pointer at the lane's 8 k of a chunk of 32.
 template <typename T, int NT>
-__global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const LinearParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const bool swiglu = p.activation == kActSwiglu;
-  const T* x = static_cast<const T*>(p.x);
-  const T* w = static_cast<const T*>(p.w);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  const int64_t col0 = int64_t(blockIdx.x) * (swiglu ? 8 : 16);
-
-  // The two weight rows of this lane: tile rows g and g + 8.
+struct MmaLane {
   const T* wrow[2];
   bool wlive[2];
+  const T* xrow[NT];
+  bool xlive[NT];
+};
+
+template <typename T, int NT>
+__device__ __forceinline__ MmaLane<T, NT> mma_lane(const LinearParams& p, int64_t col0, int lane) {
+  const bool swiglu = p.activation == kActSwiglu;
+  const int g = lane / 4, q = lane % 4;
+  MmaLane<T, NT> L;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t col = swiglu ? col0 + g : col0 + g + 8 * h;
-    wlive[h] = col < p.n_out;
+    L.wlive[h] = col < p.n_out;
     const int64_t row = swiglu && h ? p.n_out + col : col;
-    wrow[h] = w + (wlive[h] ? row : 0) * p.w_stride + q * 8;
+    L.wrow[h] = static_cast<const T*>(p.w) + (L.wlive[h] ? row : 0) * p.w_stride + q * 8;
   }
-  const T* xrow[NT];
-  bool xlive[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    xlive[t] = 8 * t + g < p.m;
-    xrow[t] = x + (xlive[t] ? 8 * t + g : 0) * p.x_stride + q * 8;
+    L.xlive[t] = 8 * t + g < p.m;
+    L.xrow[t] = static_cast<const T*>(p.x) + (L.xlive[t] ? 8 * t + g : 0) * p.x_stride + q * 8;
   }
+  return L;
+}
 
-  float acc[NT][4];
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
-
-  const int chunks = (p.k + 31) / 32;
-  for (int c0 = warp; c0 < chunks; c0 += kMmaWarps * kMmaChunks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // mma.sync
+// acc += the lane's share of the products over the chunks of 32 k first, first + stride, ... below
+// end, kMmaChunks of them in flight. Waits for the primary kernel (pdl.cuh) after issuing the first
+// weight loads, before reading x; a warp with no chunk returns without waiting.
+template <typename T, int NT>
+__device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaLane<T, NT>& L, int first, int end,
+                                               int stride, float (&acc)[NT][4]) {
+  const int q = (threadIdx.x % 32) % 4;
+  for (int c0 = first; c0 < end; c0 += stride * kMmaChunks) {
     uint4 wa[kMmaChunks][2], xb[kMmaChunks][NT];
 #pragma unroll
     for (int u = 0; u < kMmaChunks; ++u) {
-      const int c = c0 + u * kMmaWarps;
-      const bool in = c < chunks && c * 32 + q * 8 < p.k;  // k is a multiple of 8: whole pieces
+      const int c = c0 + u * stride;
+      const bool in = c < end && c * 32 + q * 8 < p.k;  // k is a multiple of 8: whole pieces
 #pragma unroll
-      for (int h = 0; h < 2; ++h) wa[u][h] = in && wlive[h] ? load_stream(wrow[h] + c * 32) : make_uint4(0, 0, 0, 0);
+      for (int h = 0; h < 2; ++h)
+        wa[u][h] = in && L.wlive[h] ? load_stream(L.wrow[h] + c * 32) : make_uint4(0, 0, 0, 0);
     }
-    if (c0 == warp) wait_for_primary();  // as in linear_gemv_kernel: x after the first weights
+    if (c0 == first) wait_for_primary();  // as in linear_gemv_kernel: x after the first weights
 #pragma unroll
     for (int u = 0; u < kMmaChunks; ++u) {
-      const int c = c0 + u * kMmaWarps;
-      const bool in = c < chunks && c * 32 + q * 8 < p.k;
+      const int c = c0 + u * stride;
+      const bool in = c < end && c * 32 + q * 8 < p.k;
 #pragma unroll
       for (int t = 0; t < NT; ++t)
-        xb[u][t] = in && xlive[t] ? __ldg(reinterpret_cast<const uint4*>(xrow[t] + c * 32)) : make_uint4(0, 0, 0, 0);
+        xb[u][t] =
+            in && L.xlive[t] ? __ldg(reinterpret_cast<const uint4*>(L.xrow[t] + c * 32)) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kMmaChunks; ++u) {
@@ -272,25 +278,35 @@ __global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const Lin
       }
     }
   }
+}
+#endif
 
-  wait_for_primary();  // warps with no chunk of K skipped the loop; the epilogue reads the residual
-  launch_dependents();
-  // The warps' fragments summed through shared memory, then the epilogue from the summed fragment:
-  // acc[t][i] is tile row g + 8 (i / 2) and x row 8 t + 2 q + i % 2.
+// The block's warps' fragments summed through shared memory: warp t < NT returns true with the sum
+// of n-tile t in s (s[i]: tile row g + 8 (i / 2), x row 8 t + 2 q + i % 2); the other warps false.
+template <int NT>
+__device__ __forceinline__ bool mma_block_sum(const float (&acc)[NT][4], float (&s)[4]) {
   __shared__ float partial[kMmaWarps][NT][4][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int t = 0; t < NT; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) partial[warp][t][i][lane] = acc[t][i];
   __syncthreads();
-  if (warp >= NT) return;
-  const int t = warp;
-  float s[4];
+  if (warp >= NT) return false;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     s[i] = 0.f;
-    for (int v = 0; v < kMmaWarps; ++v) s[i] += partial[v][t][i][lane];
+    for (int v = 0; v < kMmaWarps; ++v) s[i] += partial[v][warp][i][lane];
   }
+  return true;
+}
+
+// The epilogue of n-tile t from its summed fragment s (as mma_block_sum leaves it); with SwiGLU s[0..1]
+// are gate sums and s[2..3] the up sums of the same outputs.
+template <typename T>
+__device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, int t, const float (&s)[4]) {
+  const bool swiglu = p.activation == kActSwiglu;
+  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     if (swiglu && i >= 2) break;
@@ -298,6 +314,26 @@ __global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const Lin
     const int64_t col = swiglu ? col0 + g : col0 + g + 8 * (i / 2);
     if (m < p.m && col < p.n_out) store_output<T>(p, m, col, s[i], swiglu ? s[i + 2] : 0.f);
   }
+}
+
+// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16).
+template <typename T, int NT>
+__global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const LinearParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int warp = threadIdx.x / 32;
+  const int64_t col0 = int64_t(blockIdx.x) * (p.activation == kActSwiglu ? 8 : 16);
+  const MmaLane<T, NT> L = mma_lane<T, NT>(p, col0, threadIdx.x % 32);
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+  mma_accumulate<T, NT>(p, L, warp, (p.k + 31) / 32, kMmaWarps, acc);
+
+  wait_for_primary();  // warps with no chunk of K skipped the loop; the epilogue reads the residual
+  launch_dependents();
+  float s[4];
+  if (mma_block_sum<NT>(acc, s)) mma_store<T>(p, col0, warp, s);
 #else
   __trap();  // launched only where linear_mma_arch says it was compiled (sm_80 and later)
 #endif

@@ -1,6 +1,6 @@
-// What the launcher (linear.cpp, host C++ with ATen) and the kernels (linear_kernel.cuh, built in
-// the generated linear_inst_*.cu units) share: the parameter struct, the activation codes and the
-// launch function. Torch-free and host-compilable.
+// What the launcher (linear.cpp, host C++ with ATen) and the kernels (linear_kernel.cuh and
+// linear_splitk.cuh, built in the generated linear_inst_*.cu units) share: the parameter struct, the
+// activation codes and the launch functions. Torch-free and host-compilable.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -53,5 +53,14 @@ template <typename T, int MT>
 void launch_linear_mma(const LinearParams& p, cudaStream_t stream);
 template <typename T, int MT>
 int linear_mma_arch();
+// The split-K tensor-core kernel (linear_splitk.cuh), for fewer 16-row tiles of W than SMs: the same
+// conditions as launch_linear_mma; `splits` blocks (1 to kLinearMaxSplits, none without a chunk of 32
+// k) per tile form a cluster along K. linear_splitk_arch: the SM version it was compiled for (0 if
+// none; clusters need sm_90).
+constexpr int kLinearMaxSplits = 8;
+template <typename T, int MT>
+void launch_linear_splitk(const LinearParams& p, int splits, cudaStream_t stream);
+template <typename T, int MT>
+int linear_splitk_arch();
 
 }  // namespace fused_attn

@@ -1,0 +1,111 @@
+// linear_splitk_kernel: y = act(x · Wᵀ + b) + residual for 5 to 16 rows of x in float16 / bfloat16,
+// on tensor cores, where W has too few rows for linear_mma_kernel's one block per 16 weight rows to
+// fill the GPU (GPT-2's c_proj: N = 768 gives 48 tiles for 132 SMs).
+//
+// The same weight stream as linear_mma_kernel (linear_kernel.cuh): K x N x sizeof(T) bytes read once
+// (4.7 MB at 3072 x 768 in 16-bit types, ~1.6 us at the copy bandwidth), x (a few KB) from L1. The
+// tile of 16 weight rows (8 gate over 8 up rows with SwiGLU) is split along K over the blocks of a
+// thread-block cluster (grid: tiles x splits, cluster 1 x splits; the launcher picks splits so that
+// tiles x splits covers the SMs twice, at most 8, the portable cluster size): each block computes the
+// mma.sync partial sums of its slice of K with linear_mma_kernel's lane operands, loop and block sum
+// (mma_lane, mma_accumulate, mma_block_sum), and the cluster's rank-0 block adds the other blocks'
+// sums, read from their shared memory (distributed shared memory, cluster.map_shared_rank) in rank
+// order, and applies the epilogue (mma_store: bias, GELU tanh or SwiGLU, residual, one rounding).
+// One launch, no workspace, no atomics: the result is the same from run to run. Launched
+// programmatically (common/pdl.cuh): the first weight loads are issued before wait_for_primary().
+// Needs sm_90 (clusters); the launcher checks linear_splitk_arch.
+//
+// Tests: tests/test_linear.py (test_split_k_path_gpu), tests/sanitizer_cases.py; benchmark:
+// bench/bench_linear.py (3072 x 768 and 768 x 768 at M = 16).
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include "linear_kernel.cuh"
+
+namespace fused_attn {
+
+namespace linear {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The two phases of the cluster barrier (cooperative_groups' cluster.sync() is both, back to back):
+// the release orders this block's shared-memory accesses before what the other blocks do after
+// their wait (it compiles to a MEMBAR.GPU, which waits for the block's outstanding global stores).
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+#endif
+
+// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); blockIdx.x the tile, the cluster
+// (blockIdx.y) the split of K.
+template <typename T, int NT>
+__global__ void __launch_bounds__(kLinearMmaThreads) linear_splitk_kernel(const LinearParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  // Whole chunks of 32 k per split (the launcher leaves no split empty).
+  const int chunks = (p.k + 31) / 32, per = (chunks + splits - 1) / splits;
+  const int begin = rank * per, end = min(chunks, begin + per);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t col0 = int64_t(blockIdx.x) * (p.activation == kActSwiglu ? 8 : 16);
+  const MmaLane<T, NT> L = mma_lane<T, NT>(p, col0, lane);
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+  mma_accumulate<T, NT>(p, L, begin + warp, end, kMmaWarps, acc);
+
+  wait_for_primary();  // warps with no chunk of K skipped the loop; rank 0's epilogue reads the residual
+  launch_dependents();
+  __shared__ float split_sum[NT][4][32];
+  float s[4];
+  const bool owner = mma_block_sum<NT>(acc, s);  // warp t < NT holds n-tile t of this split
+  if (owner && rank != 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) split_sum[warp][i][lane] = s[i];
+  }
+  cluster_arrive_release();  // every split's sums written and visible across the cluster
+  cluster_wait();
+  if (owner && rank == 0) {
+    for (int r = 1; r < splits; ++r) {
+      const float* other = cluster.map_shared_rank(&split_sum[0][0][0], r);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[i] += other[(warp * 4 + i) * 32 + lane];
+    }
+  }
+  // The other blocks' shared memory stays alive until rank 0 has read it. Rank 0 arrives before its
+  // output stores (no store for the fence to wait for) and stores while the barrier completes.
+  cluster_arrive_release();
+  if (owner && rank == 0) mma_store<T>(p, col0, warp, s);
+  cluster_wait();
+#else
+  __trap();  // launched only where linear_splitk_arch says it was compiled (sm_90 and later)
+#endif
+}
+
+}  // namespace linear
+
+template <typename T, int MT>
+void launch_linear_splitk(const LinearParams& p, int splits, cudaStream_t stream) {
+  static_assert(MT == 8 || MT == 16, "the tensor-core kernels take one or two n-tiles of 8 rows of x");
+  const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
+  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block), unsigned(splits));
+  launch_clustered(true, dim3(1, unsigned(splits), 1), linear::linear_splitk_kernel<T, MT / 8>, grid,
+                   dim3(kLinearMmaThreads), 0, stream, p);
+}
+
+template <typename T, int MT>
+int linear_splitk_arch() {
+  static const int arch = [] {
+    cudaFuncAttributes attr{};
+    return cudaFuncGetAttributes(&attr, linear::linear_splitk_kernel<T, MT / 8>) == cudaSuccess ? attr.binaryVersion
+                                                                                                : 0;
+  }();
+  return arch;
+}
+
+}  // namespace fused_attn
