@@ -80,11 +80,10 @@ void launch(const at::Tensor& logits, double temperature, int64_t seed, int64_t 
   FA_DISPATCH_FLOAT(logits.scalar_type(), logits, [&] {
     // Where the kernel has sm_90 code on an sm_90 device, a row's blocks form a cluster (and the launch
     // is programmatic); elsewhere one block per row.
-    const bool sm90 = at::cuda::getDeviceProperties(logits.device().index())->major >= 9 &&
-                      sample_sm90_capable<scalar_t>();
+    const auto* prop = at::cuda::getDeviceProperties(logits.device().index());
+    const bool sm90 = prop->major >= 9 && sample_sm90_capable<scalar_t>();
     // Enough blocks per row to spread it (kColumnsPerBlock each), up to the cluster limit, and no more
     // than one wave in all (two blocks per SM: the kernel's launch bounds).
-    const auto* prop = at::cuda::getDeviceProperties(logits.device().index());
     const int64_t want = std::min<int64_t>({(p.vocab + kColumnsPerBlock - 1) / kColumnsPerBlock,
                                             kSampleMaxBlocksPerRow,
                                             std::max<int64_t>(1, 2 * prop->multiProcessorCount / p.rows)});
