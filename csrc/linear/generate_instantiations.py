@@ -3,10 +3,10 @@
     python csrc/linear/generate_instantiations.py          # rewrite the files
     python csrc/linear/generate_instantiations.py --check  # exit 1 if a file is missing or stale
 
-Each (dtype, MT) unit instantiates launch_linear_gemv, whose kernels cover the three weight rows
-per block (1, 2, 4) and both load paths (16-byte, element-wise): 6 kernels per unit, 90 in 15
-units that ninja compiles side by side; the float16 / bfloat16 units of MT 8 and 16 also the
-tensor-core kernel. The files are committed; the build does not run this
+Each (dtype, MT, norm) unit instantiates launch_linear_gemv, whose kernels cover the three weight
+rows per block (1, 2, 4) and both load paths (16-byte, element-wise): 6 kernels per unit, 180 in 30
+units that ninja compiles side by side (``_norm``: with the LayerNorm / RMSNorm prologue); the
+float16 / bfloat16 units of MT 8 and 16 also the tensor-core kernel. The files are committed; the build does not run this
 script (tests/test_build.py checks they are current).
 """
 
@@ -27,11 +27,16 @@ def units() -> dict[str, str]:
     out = {}
     for dt, T in DTYPES.items():
         for mt in ROWS:
-            decls = f"template void launch_linear_gemv<{T}, {mt}>(const LinearParams&, int, int, cudaStream_t);\n"
-            if dt != "fp32" and mt in MMA_ROWS:
-                decls += (f"template void launch_linear_mma<{T}, {mt}>(const LinearParams&, cudaStream_t);\n"
-                          f"template int linear_mma_arch<{T}, {mt}>();\n")
-            out[f"linear_inst_{dt}_m{mt}.cu"] = HEADER + decls + "}  // namespace fused_attn\n"
+            for norm in (False, True):
+                flag = str(norm).lower()
+                decls = (f"template void launch_linear_gemv<{T}, {mt}, {flag}>(const LinearParams&, int, int, "
+                         f"cudaStream_t);\n")
+                if dt != "fp32" and mt in MMA_ROWS:
+                    decls += f"template void launch_linear_mma<{T}, {mt}, {flag}>(const LinearParams&, cudaStream_t);\n"
+                    if not norm:
+                        decls += f"template int linear_mma_arch<{T}, {mt}>();\n"
+                name = f"linear_inst_{dt}_m{mt}{'_norm' if norm else ''}.cu"
+                out[name] = HEADER + decls + "}  // namespace fused_attn\n"
     return out
 
 

@@ -2,7 +2,7 @@
 #include "linear_kernel.cuh"
 
 namespace fused_attn {
-template void launch_linear_gemv<__half, 8>(const LinearParams&, int, int, cudaStream_t);
-template void launch_linear_mma<__half, 8>(const LinearParams&, cudaStream_t);
+template void launch_linear_gemv<__half, 8, false>(const LinearParams&, int, int, cudaStream_t);
+template void launch_linear_mma<__half, 8, false>(const LinearParams&, cudaStream_t);
 template int linear_mma_arch<__half, 8>();
 }  // namespace fused_attn
