@@ -96,6 +96,13 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Element c of the norm's weight or bias (T or float32), `absent` without one.
+template <typename T>
+__device__ __forceinline__ float norm_affine(const void* ptr, bool fp32, int c, float absent) {
+  if (ptr == nullptr) return absent;
+  return fp32 ? static_cast<const float*>(ptr)[c] : to_float(static_cast<const T*>(ptr)[c]);
+}
+
 // The prologue of kNorm: rows [0, p.m) of x normalized (LayerNorm or RMSNorm over k, float32
 // statistics) and rounded to T into xs (rows xs_pitch elements apart, zeros from k to the next
 // 16-byte piece), one warp per row. The numerics are csrc/layer_norm's: LayerNorm shifts the row by its
@@ -106,8 +113,6 @@ template <typename T>
 __device__ void normalize_rows(const LinearParams& p, T* xs) {
   constexpr int VEC = Piece<T>::VEC;
   const T* x = static_cast<const T*>(p.x);
-  const T* nw = static_cast<const T*>(p.norm_weight);
-  const T* nb = static_cast<const T*>(p.norm_bias);
   const bool rms = p.norm == kNormRms;
   const int n = p.k, pieces = (n + VEC - 1) / VEC;
   // Whole 16-byte pieces of x: the launcher copies x so that its rows are aligned when k allows.
@@ -146,8 +151,8 @@ __device__ void normalize_rows(const LinearParams& p, T* xs) {
       for (int e = 0; e < VEC; ++e) {
         const int c = j * VEC + e;
         if (c < n) {
-          const float w = nw == nullptr ? 1.f : p.nw_fp32 ? static_cast<const float*>(p.norm_weight)[c] : to_float(nw[c]);
-          const float b = nb == nullptr ? 0.f : p.nb_fp32 ? static_cast<const float*>(p.norm_bias)[c] : to_float(nb[c]);
+          const float w = norm_affine<T>(p.norm_weight, p.nw_fp32, c, 1.f);
+          const float b = norm_affine<T>(p.norm_bias, p.nb_fp32, c, 0.f);
           xp.v[e] = from_float<T>(fmaf(((to_float(xp.v[e]) - shift) - mean) * rstd, w, b));
         }
       }
