@@ -260,6 +260,13 @@ def opcheck_inputs(device):
         ((randn(20, 24, dtype=torch.bfloat16), randn(8, 24, dtype=torch.bfloat16), None,
           randn(20, 8, dtype=torch.bfloat16)), dict(activation=0)),
         ((randn(7, dtype=torch.float32), randn(5, 7, dtype=torch.float32)), {}),
+        # norm=: norm_weight / norm_bias are the 5th and 6th positional arguments
+        ((randn(1, 64), randn(96, 64), randn(96), randn(1, 96), randn(64), randn(64, dtype=torch.float32)),
+         dict(activation=1, norm=1, eps=1e-5)),
+        ((randn(2, 3, 40, dtype=torch.float32), randn(16, 40, dtype=torch.float32), None, None,
+          randn(40, dtype=torch.float32), None), dict(activation=2, norm=2, eps=1e-6)),
+        ((randn(20, 72, dtype=torch.bfloat16), randn(8, 72, dtype=torch.bfloat16), None, None, None, None),
+         dict(norm=1)),
     ]
 
 
@@ -578,36 +585,6 @@ def test_norm_torch_compile_fullgraph(device):
     gen = torch.Generator().manual_seed(0)
     args = [torch.randn(s, generator=gen).to(device) for s in ((1, 1, 64), (48, 64), (48,), (64,), (64,))]
     torch.testing.assert_close(compiled(*args), block(*args))
-
-
-def norm_opcheck_inputs(device):
-    gen = torch.Generator().manual_seed(0)
-
-    def randn(*shape, dtype=torch.float16):
-        return torch.randn(shape, generator=gen).to(dtype).to(device)
-
-    return [
-        ((randn(1, 64), randn(96, 64), randn(96), randn(1, 96), randn(64), randn(64, dtype=torch.float32)),
-         dict(activation=1, norm=1, eps=1e-5)),
-        ((randn(2, 3, 40, dtype=torch.float32), randn(16, 40, dtype=torch.float32), None, None,
-          randn(40, dtype=torch.float32), None), dict(activation=2, norm=2, eps=1e-6)),
-        ((randn(20, 72, dtype=torch.bfloat16), randn(8, 72, dtype=torch.bfloat16), None, None, None, None),
-         dict(norm=1)),
-    ]
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_norm_opcheck(device):
-    for args, kwargs in norm_opcheck_inputs(device):
-        torch.library.opcheck(torch.ops.fused_attn.linear.default, args, kwargs)
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_norm_opcheck_autograd(device):
-    for args, kwargs in norm_opcheck_inputs(device):
-        args = tuple(None if t is None else t.float().requires_grad_() for t in args)
-        torch.library.opcheck(torch.ops.fused_attn.linear.default, args, kwargs,
-                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
 NORM_BAD = [
