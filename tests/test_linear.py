@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from fused_attn import reference
 from fused_attn.linear import MAX_GEMV_ROWS, linear
-from tests.tolerances import assert_linear_close
+from tests.tolerances import NORM_ULPS, assert_linear_close
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ACTIVATIONS = [None, "gelu_tanh", "swiglu"]
@@ -453,22 +453,17 @@ def test_norm_matches_reference_cpu(case):
     run_and_check_norm(case, "cpu")
 
 
-def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """|a - b| in units of b's dtype at b (0 where equal, NaN-free inputs)."""
-    a64, b64 = a.double(), b.double()
-    ulp = torch.finfo(b.dtype).eps * torch.maximum(b64.abs(), torch.full_like(b64, torch.finfo(b.dtype).tiny))
-    return ((a64 - b64).abs() / ulp).cpu()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 2, 4, 5, 8, 9, 16, 17])
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_norm_rows_match_layer_norm_gpu(m, norm, dtype):
-    """The normalized rows the kernels multiply are layer_norm's / rms_norm's, to the bit but for a
-    rounding flip where the float32 sums' order differs: with the weight's first K rows the identity,
-    the first K output columns are the normalized rows themselves (exact float32 sums of one
-    product). N = 2304: the tensor-core kernel from 5 rows in float16 / bfloat16."""
+    """The normalized rows the kernels multiply are layer_norm's / rms_norm's: with the weight's first K
+    rows the identity, the first K output columns are those rows themselves (float32 sums of one exact
+    product). The float32 statistics are the same formulas summed in another order, so an element may
+    differ by one rounding of x's dtype, or (near 0, where that rounding is finer) by the statistics'
+    float32 error (tolerances.NORM_ULPS); in float16 / bfloat16, 99% of them are bit for bit equal.
+    N = 2304: the tensor-core kernel from 5 rows in float16 / bfloat16; 17 rows: layer_norm's kernel."""
     from fused_attn.layer_norm import layer_norm, rms_norm
 
     gen = torch.Generator().manual_seed(m)
@@ -479,11 +474,13 @@ def test_norm_rows_match_layer_norm_gpu(m, norm, dtype):
     nb = (0.5 * torch.randn(k, generator=gen)).to(dtype).cuda() if norm == "layer_norm" else None
     got = linear(x, w, norm=norm, norm_weight=nw, norm_bias=nb)
     xn = layer_norm(x, nw, nb) if norm == "layer_norm" else rms_norm(x, nw, eps=1e-5)
-    apart = _ulps_apart(got[:, :k], xn)
-    assert apart.max().item() <= 1, f"{int((apart > 1).sum())} rows elements more than 1 ulp apart"
-    assert (apart == 0).double().mean().item() >= 0.99
-    two = linear(xn, w)
-    assert (got[:, k:] == two[:, k:]).double().mean().item() >= 0.95
+    xhat = reference.layer_norm(x.double(), None, None, 1e-5, rms=norm == "rms_norm").abs().amax(-1, keepdim=True)
+    diff = (got[:, :k].double() - xn.double()).abs()
+    allowed = torch.finfo(dtype).eps * xn.double().abs() + NORM_ULPS * xhat * nw.double().abs()
+    assert bool((diff <= allowed).all()), f"{int((diff > allowed).sum())} elements apart by more, max {diff.max()}"
+    if dtype != torch.float32:  # float32 rows differ in the last bit wherever the statistics do
+        assert (diff == 0).double().mean().item() >= 0.99
+        assert (got[:, k:] == linear(xn, w)[:, k:]).double().mean().item() >= 0.95
 
 
 @pytest.mark.gpu
