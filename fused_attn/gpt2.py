@@ -51,7 +51,9 @@ RANDOM_NAME = "gpt2-random"
 # eager reference in the prompt, whose padding rows see no key; the peer torch.compile runs on).
 # layer_norm / linear / mlp: "eager" (PyTorch: F.layer_norm; addmm, then GELU and the residual add as
 # kernels of their own) or "fused" (fused_attn.layer_norm; fused_attn.linear with bias, GELU and the
-# residual in the epilogue, our GEMV at decode sizes; fused_attn.mlp: two such launches).
+# residual in the epilogue, our GEMV at decode sizes; fused_attn.mlp: two such launches). With
+# layer_norm and linear both "fused", ln_1, ln_2 and ln_f run in the prologue of the linear after them
+# (c_attn, c_fc, the lm_head: linear's norm= arguments), one launch each instead of two.
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"), "layer_norm": ("eager", "fused"),
             "linear": ("eager", "fused"), "mlp": ("eager", "fused")}
 
