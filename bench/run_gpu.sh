@@ -8,7 +8,8 @@
 # ATTN_ARGS the attention step, e.g. ATTN_ARGS='-k causal' or ATTN_ARGS=--full (adds bfloat16).
 # LINEAR_ARGS the linear step (bench_linear + bench_mlp), e.g. LINEAR_ARGS='-k m1-' (M = 1 only) or LINEAR_ARGS=--full (adds bfloat16).
 # LAYER_ARGS the layer step (bench_layer), e.g. LAYER_ARGS='-k gpt2'.
-# steps: ab build tests bench decode norm attention linear layer sanitize bytes gpt2 gpt2bench profile
+# SAMPLE_ARGS the sample step (bench_sample), e.g. SAMPLE_ARGS='-k r1-'.
+# steps: ab build tests bench decode norm attention linear sample layer sanitize bytes gpt2 gpt2bench profile
 # (default: build tests bench decode attention sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -35,10 +36,25 @@ import fused_attn; fused_attn.load(); t2 = time.perf_counter()
 print(f'warm: import torch {t1 - t0:.2f} s, import fused_attn + load cached library {t2 - t1:.2f} s')" 2>&1 | tee -a "$OUT/gpu.txt"
 fi
 if has tests; then
-  log tests
-  FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu} timeout ${TESTS_TIMEOUT:-300} python3 -m pytest tests -q \
-    -p no:cacheprovider --hypothesis-show-statistics -rs > "$OUT/tests.log" 2>&1 || rc=1
-  grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
+  # The suite no longer fits one serial run in a device call: TESTS_JOBS pytest processes share the GPU,
+  # each on a group of test files (dealt largest first), each with its own log; tests.log joins them.
+  # TESTS_FILES narrows the files (default: all of tests/test_*.py).
+  jobs=${TESTS_JOBS:-4}
+  log "tests ($jobs processes)"
+  files=$(ls -S ${TESTS_FILES:-tests/test_*.py})
+  pids=()
+  for j in $(seq 0 $((jobs - 1))); do
+    group=$(echo $files | tr ' ' '\n' | awk -v j=$j -v n=$jobs 'NR % n == j')
+    [ -z "$group" ] && continue
+    FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu} timeout ${TESTS_TIMEOUT:-300} \
+      python3 -m pytest $group -q -p no:cacheprovider -rs --durations=5 > "/tmp/tests_$j.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait $pid || rc=1; done
+  for j in $(seq 0 $((jobs - 1))); do
+    [ -f "/tmp/tests_$j.log" ] && { echo "=== group $j"; cat "/tmp/tests_$j.log"; rm -f "/tmp/tests_$j.log"; }
+  done > "$OUT/tests.log"
+  grep -E "^=== group|passed|failed|error" "$OUT/tests.log" | grep -v "^E " | tail -12
   grep -E "^FAILED|Error" "$OUT/tests.log" | head -20
 fi
 if has gpt2; then
@@ -126,6 +142,11 @@ if has linear; then
   # 6 shapes x 7 M x 3 providers (126 cases) + layer_norm + linear 3 shapes x 3 M x 3 (27) + 2 models x 7 M x 3 (42)
   # in float16; one compile per compiled case
   bench_step linear "${LINEAR_TIMEOUT:-480}" "${LINEAR_ARGS:-}" bench/bench_linear.py bench/bench_mlp.py
+fi
+if has sample; then
+  log "sample (bench_sample)"
+  # 6 shapes x 2 temperatures x 3 providers in float16 (36 cases), 12 compiles
+  bench_step sample "${SAMPLE_TIMEOUT:-240}" "${SAMPLE_ARGS:-}" bench/bench_sample.py
 fi
 if has layer; then
   log "layer (bench_layer)"

@@ -15,8 +15,9 @@ from fused_attn.decode_attention import decode_attention
 from fused_attn.layer_norm import layer_norm, rms_norm
 from fused_attn.linear import linear
 from fused_attn.mlp import mlp
+from fused_attn.sample import sample
 from fused_attn.softmax import scaled_masked_softmax, scaled_masked_softmax_backward
 
 __all__ = ["Attention", "attention", "decode_attention", "layer_norm", "linear", "load", "mlp", "rms_norm",
-           "scaled_masked_softmax", "scaled_masked_softmax_backward"]
+           "sample", "scaled_masked_softmax", "scaled_masked_softmax_backward"]
 __version__ = "0.1.0"

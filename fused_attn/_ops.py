@@ -87,6 +87,11 @@ _define(
     "attention_out(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float? scale, *, bool causal, str algo, "
     "Tensor(a!) out, Tensor(b!) lse) -> ()"
 )
+# The next token of each row of logits [..., vocab] (returns int64 [...]): the argmax at temperature 0,
+# else a sample of softmax(logits / temperature) by the Gumbel-max trick with Philox4x32-10 uniforms of
+# (seed, offset + offsets[row], row, column): offsets None, or int32 / int64 with 1 element or one per row.
+_define("sample(Tensor logits, float temperature, int seed, int offset, Tensor? offsets) -> Tensor")
+_define("sample_out(Tensor logits, float temperature, int seed, int offset, Tensor? offsets, *, Tensor(a!) out) -> ()")
 # y = act(x @ weight^T + bias) + residual: x [..., in_features], weight [out_features, in_features]
 # (nn.Linear's layout), bias [out_features], residual [..., out]. activation: 0 none, 1 gelu_tanh,
 # 2 swiglu (weight = gate rows over up rows; out = silu(gate) * up has out_features / 2 columns).

@@ -41,6 +41,7 @@ from fused_attn.decode_attention import decode_attention
 from fused_attn.layer_norm import layer_norm
 from fused_attn.linear import linear, packed_in_out
 from fused_attn.mlp import mlp
+from fused_attn.sample import sample
 from fused_attn.softmax import scaled_masked_softmax
 
 RANDOM_NAME = "gpt2-random"
@@ -51,7 +52,8 @@ RANDOM_NAME = "gpt2-random"
 # eager reference in the prompt, whose padding rows see no key; the peer torch.compile runs on).
 # layer_norm / linear / mlp: "eager" (PyTorch: F.layer_norm; addmm, then GELU and the residual add as
 # kernels of their own) or "fused" (fused_attn.layer_norm; fused_attn.linear with bias, GELU and the
-# residual in the epilogue, our GEMV at decode sizes; fused_attn.mlp: two such launches). With
+# residual in the epilogue, our GEMV at decode sizes; fused_attn.mlp: two such launches). The linear
+# backend "fused" also draws the next token with fused_attn.sample (greedy or sampled, one launch). With
 # layer_norm and linear both "fused", ln_1, ln_2 and ln_f run in the prologue of the linear after them
 # (c_attn, c_fc, the lm_head: linear's norm= arguments), one launch each instead of two.
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"), "layer_norm": ("eager", "fused"),
@@ -258,24 +260,42 @@ class Block(nn.Module):
 class DecodeCache(nn.Module):
     """Device-side state of one generation shape: a KVCache per layer, which keys hold a real token
     (``keys_ok [batch, max_len]``), the cache slot of the next token, its position id, and the last
-    token. Everything a decode step reads or writes, so that step can be a replayed CUDA graph."""
+    token. Everything a decode step reads or writes, so that step can be a replayed CUDA graph.
+    ``fused_sampler``: the next token from ``fused_attn.sample`` (one launch, written in place; its
+    Philox offset ``rng`` drawn at the prefill from the seeded default generator), else from PyTorch ops."""
 
     def __init__(self, config: Config, batch: int, max_len: int, temperature: float, top_k: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, fused_sampler: bool = False):
         super().__init__()
         self.batch, self.max_len = batch, max_len
         self.temperature, self.top_k = temperature, top_k
+        self.fused_sampler = fused_sampler
         self.layers = nn.ModuleList(
             KVCache(batch, config.n_head, max_len, config.head_dim, dtype, device) for _ in range(config.n_layer))
         self.register_buffer("keys_ok", torch.zeros(batch, max_len, dtype=torch.bool, device=device), persistent=False)
         self.register_buffer("slot", torch.zeros(1, dtype=torch.long, device=device), persistent=False)
-        # decode_attention's view of the same state: valid slots and first real slot per sequence.
-        self.register_buffer("seqlens", torch.zeros(batch, dtype=torch.int32, device=device), persistent=False)
+        # The per-token counters in one int32 buffer, so one add advances them all: decode_attention's
+        # valid slots per sequence (seqlens), the position ids (pos) and the sampler's offset (rng).
+        self.register_buffer("counters", torch.zeros(2 * batch + 1, dtype=torch.int32, device=device),
+                             persistent=False)
+        self.seqlens, self.pos, self.rng = self.counters[:batch], self.counters[batch:2 * batch], self.counters[2 * batch:]
+        # decode_attention's first real slot per sequence.
         self.register_buffer("leftpad", torch.zeros(batch, dtype=torch.int32, device=device), persistent=False)
-        self.register_buffer("pos", torch.zeros(batch, dtype=torch.long, device=device), persistent=False)
         self.register_buffer("token", torch.zeros(batch, dtype=torch.long, device=device), persistent=False)
         self.prefill_graphs: dict[int, _PrefillGraph] = {}  # by prompt length
         self.decode_graph: _DecodeGraph | None = None
+
+    def set_next_token(self, logits: torch.Tensor) -> None:
+        """``token`` = the next token of ``logits [batch, vocab]`` (``next_token``, or the fused sampler in place)."""
+        if self.fused_sampler:
+            sample(logits, self.temperature, top_k=self.top_k, offset=self.rng, out=self.token)
+        else:
+            self.token.copy_(self.next_token(logits))
+
+    def advance(self) -> None:
+        """After a decode step: one more valid slot, position and sampler offset per sequence."""
+        self.counters.add_(1)
+        self.slot.add_(1)
 
     def next_token(self, logits: torch.Tensor) -> torch.Tensor:
         """Greedy at temperature 0; else a sample of softmax(top-k(logits) / temperature)."""
@@ -409,7 +429,9 @@ class GPT2(nn.Module):
         cache.keys_ok.zero_()
         cache.keys_ok[:, :s] = attention_mask.bool()
         last = self.hidden(input_ids, attention_mask, cache=cache)[:, -1]
-        cache.token.copy_(cache.next_token(self.logits(last)))
+        if cache.fused_sampler and cache.temperature > 0:  # seeded: generate() calls torch.manual_seed(seed)
+            cache.rng.copy_(torch.randint(0, 2**31 - 1, (1,), device=cache.rng.device))
+        cache.set_next_token(self.logits(last))
         cache.slot.fill_(s)
         cache.seqlens.fill_(s)
         cache.leftpad.copy_(s - attention_mask.sum(-1))
@@ -433,16 +455,18 @@ class GPT2(nn.Module):
         for i, block in enumerate(self.h):
             x = block(x, keys_ok, causal=False, cache=cache.layers[i], input_pos=cache.slot, attend_cache=True,
                       lengths=lengths)
-        cache.token.copy_(cache.next_token(self.logits(x[:, 0])))
-        cache.slot.add_(1)
-        cache.seqlens.add_(1)
-        cache.pos.add_(1)
+        cache.set_next_token(self.logits(x[:, 0]))
+        if fused:
+            cache.counters.add_(1)  # the fused backend reads no slot
+        else:
+            cache.advance()
 
     def decode_cache(self, batch: int, max_len: int, temperature: float = 0.0, top_k: int = 0) -> DecodeCache:
         """The DecodeCache of this shape and sampling setting (created on first use, then reused)."""
         key = (batch, max_len, float(temperature), int(top_k))
         if key not in self._caches:
-            self._caches[key] = DecodeCache(self.config, batch, max_len, temperature, top_k, self.dtype, self.device)
+            self._caches[key] = DecodeCache(self.config, batch, max_len, temperature, top_k, self.dtype, self.device,
+                                            fused_sampler=self.backends["linear"] == "fused")
         return self._caches[key]
 
     def generate(

@@ -455,3 +455,60 @@ def mlp(
     activations), cast to x's dtype."""
     h = _linear_compute(x, w_fc, b_fc, activation, None, compute_dtype)
     return _linear_compute(h, w_proj, b_proj, None, residual, compute_dtype).to(x.dtype)
+
+
+# --------------------------------------------------------------------------- sampling
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mulhilo32(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit words of a * b, a a 32-bit constant, b int64 holding 32-bit values: the
+    product split over b's 16-bit halves so no intermediate leaves int64's range."""
+    p_lo = a * (b & 0xFFFF)  # < 2**48
+    p_hi = a * (b >> 16)  # < 2**48; weighs 2**16
+    low_sum = p_lo + ((p_hi & 0xFFFF) << 16)  # < 2**49
+    return (p_hi >> 16) + (low_sum >> 32), low_sum & _MASK32
+
+
+def philox4x32_10(c: list[torch.Tensor], key: tuple[int, int]) -> list[torch.Tensor]:
+    """Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011) on int64
+    tensors holding 32-bit words: counters ``c`` (4 tensors), key (2 ints); returns the 4 output words.
+    The generator of csrc/sample/sample_kernel.cuh, word for word."""
+    c0, c1, c2, c3 = (t & _MASK32 for t in c)
+    k0, k1 = key[0] & _MASK32, key[1] & _MASK32
+    for _ in range(10):
+        hi0, lo0 = _mulhilo32(0xD2511F53, c0)
+        hi1, lo1 = _mulhilo32(0xCD9E8D57, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = (k0 + 0x9E3779B9) & _MASK32, (k1 + 0xBB67AE85) & _MASK32
+    return [c0, c1, c2, c3]
+
+
+def gumbel_noise(rows: int, vocab: int, seed: int, offsets: torch.Tensor) -> torch.Tensor:
+    """float32 [rows, vocab]: G = -log(-log U) with U = (top 24 bits + 0.5) / 2**24 of the Philox word
+    ``col % 4`` of counter (col // 4, row, offset low, offset high), key (seed low, seed high);
+    ``offsets`` int64 [rows] (each row's offset, wrapped to 64 bits)."""
+    col = torch.arange(vocab, dtype=torch.int64).repeat(rows)
+    row = torch.arange(rows, dtype=torch.int64).repeat_interleave(vocab)
+    off = offsets.to(torch.int64).repeat_interleave(vocab)
+    words = philox4x32_10([col >> 2, row, off & _MASK32, (off >> 32) & _MASK32], (seed, seed >> 32))
+    pick = col & 3
+    bits = torch.where(pick == 0, words[0], torch.where(pick == 1, words[1], torch.where(pick == 2, words[2], words[3])))
+    bits = bits.view(rows, vocab)
+    u = ((bits >> 8).to(torch.float32) + 0.5) * 2.0 ** -24
+    return -torch.log(-torch.log(u))
+
+
+def sample(logits: torch.Tensor, temperature: float, seed: int = 0, offsets: torch.Tensor | None = None) -> torch.Tensor:
+    """The next token per row of ``logits [..., vocab]`` (int64 ``[...]``): ``argmax(logits)`` at
+    temperature 0; else ``argmax(float32(logits) / temperature + G)`` with ``gumbel_noise`` (the
+    Gumbel-max trick: a sample of softmax(logits / temperature)). ``offsets``: int64, one per row (0 if
+    None). NaN counts as the maximum and the first of equal maxima wins, as in torch.argmax."""
+    shape = logits.shape[:-1]
+    x = logits.reshape(-1, logits.shape[-1]).to(torch.float32)
+    if temperature > 0:
+        rows, vocab = x.shape
+        off = torch.zeros(rows, dtype=torch.int64) if offsets is None else offsets.cpu().to(torch.int64)
+        x = x / temperature + gumbel_noise(rows, vocab, seed, off)
+    return x.argmax(-1).reshape(shape).to(logits.device)

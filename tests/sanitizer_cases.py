@@ -6,7 +6,8 @@ rms_norm: every row class, odd widths, misaligned and strided rows, with and wit
 attention: the flash kernel at every padded head dim, odd lengths, Sq != Sk under causal, each
 mask form, strided q/k/v, and the naive and tiled modes; and linear: every rows-of-x class, weight
 rows per block and epilogue, the element-wise path (odd K, misaligned rows) and the tensor-core kernel,
-each also with the LayerNorm / RMSNorm prologue (norm=: the normalized rows in shared memory).
+each also with the LayerNorm / RMSNorm prologue (norm=: the normalized rows in shared memory);
+sample: greedy and sampled, one block and a cluster per row, misaligned and strided rows.
 
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py
     compute-sanitizer --tool racecheck python tests/sanitizer_cases.py --quick
@@ -65,6 +66,7 @@ def main(argv: list[str]) -> int:
     cases += norm_cases(quick)
     cases += attention_cases(quick)
     cases += linear_cases(quick)
+    cases += sample_cases(quick)
     torch.cuda.synchronize()
     print(f"sanitizer cases: {cases} passed")
     return 0
@@ -181,6 +183,27 @@ def linear_cases(quick: bool) -> int:
     for i, kw in enumerate(norm_cases):
         run_and_check_norm(norm_case_of(seed=i, **kw), "cuda")
     return len(cases) + len(norm_cases)
+
+
+# sample: (rows, vocab, dtype, layout, temperature, offsets): one block per row (vocab <= 4096), clusters of
+# 2 and 8 blocks, a misaligned head and a tail in every block, rows read through a stride, per-row offsets.
+SAMPLE_CASES = [
+    dict(rows=3, vocab=7, dtype=torch.float32, layout="contiguous", temperature=0.0),
+    dict(rows=16, vocab=50257, dtype=torch.float16, layout="contiguous", temperature=1.0, offsets="per_row"),
+    dict(rows=5, vocab=4097, dtype=torch.bfloat16, layout="misaligned", temperature=0.0, kind="ties"),
+    dict(rows=4, vocab=33000, dtype=torch.float32, layout="strided_rows", temperature=0.7, offsets="one"),
+    dict(rows=2, vocab=128256, dtype=torch.float16, layout="transposed", temperature=0.0, kind="nan"),
+]
+
+
+def sample_cases(quick: bool) -> int:
+    from tests.test_sample import case_of as sample_case_of
+    from tests.test_sample import check_case
+
+    cases = SAMPLE_CASES[:2] if quick else SAMPLE_CASES
+    for i, kw in enumerate(cases):
+        check_case(sample_case_of(data_seed=i, seed=i, offset=3 * i, **kw), "cuda")
+    return len(cases)
 
 
 if __name__ == "__main__":

@@ -101,8 +101,9 @@ def test_greedy_tokens_match_hf_generate_cpu(lengths):
     assert torch.equal(got, want)
 
 
-def test_sampling_is_seeded_and_top_k_1_is_greedy_cpu():
-    m = GPT2.from_hf(hf_model())
+@pytest.mark.parametrize("linear", ["eager", "fused"])  # PyTorch's sampler, or fused_attn.sample
+def test_sampling_is_seeded_and_top_k_1_is_greedy_cpu(linear):
+    m = GPT2.from_hf(hf_model(), backends=dict(linear=linear))
     ids, mask = left_padded(TINY["vocab_size"], (20, 13, 6))
     a = m.generate(ids, mask, max_new_tokens=12, temperature=0.9, top_k=50, seed=7)
     b = m.generate(ids, mask, max_new_tokens=12, temperature=0.9, top_k=50, seed=7)

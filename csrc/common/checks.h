@@ -72,10 +72,10 @@ inline bool rows_aligned(const at::Tensor& t) {
   FA_CHECK_ARG((arg).dim() == (n), arg, "have " #n " dims " layout,                           \
                ::fused_attn::shape_str((arg).sizes()))
 
-// `arg` has the shape `sizes` (an at::IntArrayRef or a braced list of int64_t).
-#define FA_CHECK_SHAPE(arg, sizes)                                                            \
-  FA_CHECK_ARG((arg).sizes() == at::IntArrayRef(sizes), arg,                                  \
-               "have shape " + ::fused_attn::shape_str(at::IntArrayRef(sizes)),               \
+// `arg` has the shape `want` (an at::IntArrayRef or a braced list of int64_t).
+#define FA_CHECK_SHAPE(arg, want)                                                             \
+  FA_CHECK_ARG((arg).sizes() == at::IntArrayRef(want), arg,                                   \
+               "have shape " + ::fused_attn::shape_str(at::IntArrayRef(want)),                \
                ::fused_attn::shape_str((arg).sizes()))
 
 // `arg` has `ref`'s dtype / is on `ref`'s device; the message names ref.

@@ -1,0 +1,124 @@
+// Launcher of sample and sample_out (schemas: fused_attn/_ops.py): the checks that guard memory, the
+// [rows, vocab] view of the logits, and the split of a row over a cluster's blocks. Host C++ (g++): the
+// kernel is launched through sample_launch.h. top_k is applied in Python (fused_attn/sample.py) before
+// the op.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "../common/checks.h"
+#include "../common/static_switch.h"
+#include "sample_launch.h"
+
+namespace fused_attn {
+
+namespace {
+
+// Columns one block reduces before the row is worth splitting over another (a cluster's blocks).
+constexpr int64_t kColumnsPerBlock = 4096;
+
+// The locals are named after the arguments: the check macros stringify them into the message.
+void check_args(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
+                const std::optional<at::Tensor>& offsets_opt) {
+  FA_CHECK_CUDA(logits);
+  FA_CHECK_ARG(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kHalf ||
+                   logits.scalar_type() == at::kBFloat16,
+               logits, "have dtype float32, float16 or bfloat16", dtype_str(logits.scalar_type()));
+  FA_CHECK_ARG(logits.dim() >= 1 && logits.size(-1) >= 1, logits, "have at least 1 dim [..., vocab], vocab >= 1",
+               shape_str(logits.sizes()));
+  FA_CHECK_ARG(logits.size(-1) < (int64_t(1) << 31), logits, "have a vocab (last dim) below 2**31",
+               shape_str(logits.sizes()));
+  FA_CHECK_ARG(logits.numel() / logits.size(-1) <= 65535, logits,
+               "have at most 65535 rows (product of all dims but the last)", shape_str(logits.sizes()));
+  FA_CHECK_ARG(std::isfinite(temperature) && temperature >= 0, temperature, "be a finite number >= 0",
+               num_str(temperature));
+  FA_CHECK_ARG(seed >= 0, seed, "be >= 0", num_str(seed));
+  FA_CHECK_ARG(offset >= 0, offset, "be >= 0", num_str(offset));
+  if (offsets_opt.has_value()) {
+    const at::Tensor& offsets = *offsets_opt;
+    FA_CHECK_SAME_DEVICE(offsets, logits);
+    FA_CHECK_ARG(offsets.scalar_type() == at::kInt || offsets.scalar_type() == at::kLong, offsets,
+                 "have dtype int32 or int64", dtype_str(offsets.scalar_type()));
+    const int64_t rows = logits.numel() / logits.size(-1);
+    FA_CHECK_ARG(offsets.numel() == 1 || offsets.numel() == rows, offsets,
+                 "have 1 element or one per row (" + std::to_string(rows) + ")", shape_str(offsets.sizes()));
+  }
+}
+
+void launch(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
+            const std::optional<at::Tensor>& offsets_opt, const at::Tensor& out) {
+  if (out.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(logits.device());
+  at::Tensor l2 = logits.reshape({-1, logits.size(-1)});
+  if (l2.size(1) > 1 && l2.stride(1) != 1) l2 = l2.contiguous();  // rows read with a contiguous last dim
+  const at::Tensor o1 = out.view({-1});
+  // One element or one per row, read with a stride (0 or 1) of a contiguous copy: a few bytes.
+  const at::Tensor offsets = offsets_opt.has_value() ? offsets_opt->reshape({-1}).contiguous() : at::Tensor();
+
+  SampleParams p{};
+  p.logits = l2.data_ptr();
+  p.out = o1.data_ptr<int64_t>();
+  p.rows = l2.size(0);
+  p.vocab = l2.size(1);
+  p.row_stride = l2.stride(0);
+  p.out_stride = o1.stride(0);
+  p.offsets = offsets.defined() ? offsets.data_ptr() : nullptr;
+  p.offsets_stride = offsets.defined() && offsets.numel() > 1 ? 1 : 0;
+  p.offsets64 = offsets.defined() && offsets.scalar_type() == at::kLong;
+  p.offset = static_cast<uint64_t>(offset);
+  p.seed = static_cast<uint64_t>(seed);
+  p.temperature = float(temperature);
+
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  FA_DISPATCH_FLOAT(logits.scalar_type(), logits, [&] {
+    // Where the kernel has sm_90 code on an sm_90 device, a row's blocks form a cluster (and the launch
+    // is programmatic); elsewhere one block per row.
+    const bool sm90 = at::cuda::getDeviceProperties(logits.device().index())->major >= 9 &&
+                      sample_sm90_capable<scalar_t>();
+    const int64_t want = (p.vocab + kColumnsPerBlock - 1) / kColumnsPerBlock;
+    p.blocks_per_row = sm90 ? int(std::min<int64_t>(want, kSampleMaxBlocksPerRow)) : 1;
+    p.cluster = p.blocks_per_row > 1;
+    p.programmatic = sm90;
+    // Chunks of whole 16-byte pieces where the rows allow it.
+    const int64_t per_block = (p.vocab + p.blocks_per_row - 1) / p.blocks_per_row;
+    p.chunk = (per_block + 7) / 8 * 8;
+    launch_sample<scalar_t>(p, stream);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::IntArrayRef row_shape(const at::Tensor& logits) { return logits.sizes().slice(0, logits.dim() - 1); }
+
+}  // namespace
+
+// Argument order follows the schemas in fused_attn/_ops.py (the only place schemas are defined).
+at::Tensor sample(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
+                  const std::optional<at::Tensor>& offsets) {
+  check_args(logits, temperature, seed, offset, offsets);
+  at::Tensor out = at::empty(row_shape(logits), logits.options().dtype(at::kLong));
+  launch(logits, temperature, seed, offset, offsets, out);
+  return out;
+}
+
+void sample_out(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
+                const std::optional<at::Tensor>& offsets, const at::Tensor& out) {
+  check_args(logits, temperature, seed, offset, offsets);
+  FA_CHECK_SAME_DEVICE(out, logits);
+  FA_CHECK_ARG(out.scalar_type() == at::kLong, out, "have dtype int64", dtype_str(out.scalar_type()));
+  FA_CHECK_SHAPE(out, row_shape(logits));
+  FA_CHECK_CONTIGUOUS(out);
+  launch(logits, temperature, seed, offset, offsets, out);
+}
+
+TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) {
+  m.impl("sample", &sample);
+  m.impl("sample_out", &sample_out);
+}
+
+}  // namespace fused_attn

@@ -1,0 +1,228 @@
+// sample_kernel: the next token of each row of logits [rows, vocab]: greedy (temperature 0, the
+// argmax) or a sample of softmax(logits / temperature), by the Gumbel-max trick: the argmax over
+// columns of logits / temperature + G, G = -log(-log U) with U uniform in (0, 1), is distributed as
+// softmax(logits / temperature). U comes from Philox4x32-10 (Salmon et al., SC 2011), a counter-based
+// generator: the uniform of (row, column) is a pure function of (seed, offset, row, column), so the
+// kernel needs no generator state, a CUDA graph replays it with the offset it reads from device memory,
+// and the CPU reference (fused_attn/reference.py, sample) draws the same numbers.
+//
+// The decode step's last reduction: GPT-2's 50257 logits are 100 KB in float16, read once. One block
+// reading a row alone is latency-bound (~100 KB per SM in flight takes several L2 round trips), so on
+// sm_90 a row is split over up to 8 blocks of a thread-block cluster, each reducing a chunk of columns
+// with 16-byte loads, and the cluster's rank 0 merges the 8 results through distributed shared memory:
+// one launch, no workspace, deterministic. Elsewhere one block per row.
+//
+// The reduction key: each column's score (float32: the logit, or logit / temperature + G) becomes an
+// order-preserving 32-bit key (NaN above +inf, -0 equal to +0), packed over the complement of the column
+// index into 64 bits, so one unsigned max picks the largest score and, among equal scores, the lowest
+// column: torch.argmax's rule (NaN counts as the maximum, the first of equal maxima wins).
+//
+// Tests: tests/test_sample.py; benchmark: bench/bench_sample.py.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include "../common/pdl.cuh"
+#include "../common/vec_dtypes.cuh"
+#include "sample_launch.h"
+
+namespace fused_attn {
+
+namespace sample {
+
+namespace cg = cooperative_groups;
+
+// Philox4x32-10: 10 rounds of two 32 x 32 -> 64-bit multiplies, the key bumped by the Weyl constants.
+__device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint32_t k0, uint32_t k1) {
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    const uint32_t lo0 = 0xD2511F53u * c.x, hi0 = __umulhi(0xD2511F53u, c.x);
+    const uint32_t lo1 = 0xCD9E8D57u * c.z, hi1 = __umulhi(0xCD9E8D57u, c.z);
+    c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return c;
+}
+
+// The Gumbel noise of a 32-bit draw: U = (top 24 bits + 0.5) / 2^24, exact in float32 and inside (0, 1).
+__device__ __forceinline__ float gumbel(uint32_t bits) {
+  const float u = (float(bits >> 8) + 0.5f) * 5.9604644775390625e-8f;
+  return -logf(-logf(u));
+}
+
+// The 64-bit reduction key of (score, column): larger is better.
+__device__ __forceinline__ unsigned long long pack(float score, int64_t col) {
+  uint32_t key;
+  if (score != score) {
+    key = 0xFFFFFFFFu;  // NaN: above everything
+  } else {
+    const uint32_t bits = __float_as_uint(score == 0.f ? 0.f : score);  // -0 as +0
+    key = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  }
+  return (static_cast<unsigned long long>(key) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(col));
+}
+
+__device__ __forceinline__ int64_t unpack_col(unsigned long long best) {
+  return int64_t(0xFFFFFFFFu - static_cast<uint32_t>(best & 0xFFFFFFFFu));
+}
+
+struct Rng {
+  bool on;
+  uint32_t k0, k1, row;
+  uint64_t offset;
+  // The four uniforms of columns [4 g, 4 g + 4).
+  __device__ __forceinline__ uint4 draw(int64_t g) const {
+    return philox4x32_10(make_uint4(uint32_t(g), row, uint32_t(offset), uint32_t(offset >> 32)), k0, k1);
+  }
+};
+
+__device__ __forceinline__ uint32_t word(const uint4& w, int i) {
+  return i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kSampleThreads) sample_kernel(const SampleParams p) {
+  constexpr int VEC = 16 / int(sizeof(T));  // columns per 16-byte piece
+  const int64_t row = blockIdx.y;
+  const int part = blockIdx.x;
+  const T* logits = static_cast<const T*>(p.logits) + row * p.row_stride;
+
+  wait_for_primary();  // the logits are the previous kernel's output
+  launch_dependents();
+
+  Rng rng{};
+  rng.on = p.temperature > 0.f;
+  if (rng.on) {
+    uint64_t off = p.offset;
+    if (p.offsets != nullptr) {
+      const int64_t i = row * p.offsets_stride;
+      off += p.offsets64 ? static_cast<uint64_t>(static_cast<const int64_t*>(p.offsets)[i])
+                         : static_cast<uint64_t>(static_cast<int64_t>(static_cast<const int32_t*>(p.offsets)[i]));
+    }
+    rng.k0 = uint32_t(p.seed);
+    rng.k1 = uint32_t(p.seed >> 32);
+    rng.row = uint32_t(row);
+    rng.offset = off;
+  }
+  auto score = [&](float v, uint32_t bits) { return rng.on ? v / p.temperature + gumbel(bits) : v; };
+
+  // This block's columns [c0, c1): a scalar head up to the first 16-byte boundary (rows need not
+  // start on one: GPT-2's 50257 columns), whole 16-byte pieces, a scalar tail.
+  const int64_t c0 = int64_t(part) * p.chunk;
+  const int64_t c1 = c0 + p.chunk < p.vocab ? c0 + p.chunk : p.vocab;
+  const int64_t mis = int64_t(reinterpret_cast<uintptr_t>(logits + c0) / sizeof(T)) % VEC;
+  const int64_t a0 = c0 + (VEC - mis) % VEC < c1 ? c0 + (VEC - mis) % VEC : c1;
+  const int64_t pieces = (c1 - a0) / VEC;
+  const int64_t a1 = a0 + pieces * VEC;
+  unsigned long long best = 0;  // below every packed key
+  constexpr int U = 4;  // pieces in flight per thread before any is used
+  for (int64_t j0 = threadIdx.x; j0 < pieces; j0 += int64_t(blockDim.x) * U) {
+    union {
+      uint4 raw;
+      T v[VEC];
+    } piece[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t j = j0 + int64_t(u) * blockDim.x;
+      if (j < pieces) piece[u].raw = __ldg(reinterpret_cast<const uint4*>(logits + a0) + j);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t j = j0 + int64_t(u) * blockDim.x;
+      if (j >= pieces) break;
+      const int64_t col = a0 + j * VEC;
+      uint4 w = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int64_t c = col + e;
+        if (rng.on && (e == 0 || c % 4 == 0)) w = rng.draw(c / 4);  // a new Philox group
+        const unsigned long long key = pack(score(to_float(piece[u].v[e]), word(w, int(c % 4))), c);
+        best = key > best ? key : best;
+      }
+    }
+  }
+  const int64_t head = a0 - c0, scalars = head + (c1 - a1);
+  for (int64_t i = threadIdx.x; i < scalars; i += blockDim.x) {
+    const int64_t c = i < head ? c0 + i : a1 + (i - head);
+    const uint32_t bits = rng.on ? word(rng.draw(c / 4), int(c % 4)) : 0u;
+    const unsigned long long key = pack(score(to_float(logits[c]), bits), c);
+    best = key > best ? key : best;
+  }
+
+  // Block maximum: shuffles, then the warps' maxima through shared memory.
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+    best = other > best ? other : best;
+  }
+  __shared__ unsigned long long warp_best[kSampleThreads / 32];
+  __shared__ unsigned long long block_best;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_best[warp] = best;
+  __syncthreads();
+  if (warp == 0) {
+    best = lane < int(blockDim.x / 32) ? warp_best[lane] : 0ull;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+      best = other > best ? other : best;
+    }
+    if (lane == 0) block_best = best;
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.cluster) {
+    // Rank 0 reads the other blocks' maxima from their shared memory; the second sync keeps that
+    // memory alive until it has.
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    if (cluster.block_rank() == 0 && threadIdx.x == 0) {
+      unsigned long long m = block_best;
+      for (unsigned r = 1; r < cluster.num_blocks(); ++r) {
+        const unsigned long long other = *cluster.map_shared_rank(&block_best, r);
+        m = other > m ? other : m;
+      }
+      p.out[row * p.out_stride] = unpack_col(m);
+    }
+    cluster.sync();
+    return;
+  }
+#endif
+  if (threadIdx.x == 0) p.out[row * p.out_stride] = unpack_col(block_best);
+}
+
+}  // namespace sample
+
+template <typename T>
+void launch_sample(const SampleParams& p, cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(p.blocks_per_row), unsigned(p.rows));
+  config.blockDim = dim3(kSampleThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (p.cluster) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = unsigned(p.blocks_per_row);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (p.programmatic) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  config.attrs = attr;
+  config.numAttrs = unsigned(n);
+  cudaLaunchKernelEx(&config, sample::sample_kernel<T>, p);
+}
+
+template <typename T>
+bool sample_sm90_capable() {
+  static const bool capable = programmatic_capable(sample::sample_kernel<T>);
+  return capable;
+}
+
+}  // namespace fused_attn

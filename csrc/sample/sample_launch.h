@@ -1,0 +1,41 @@
+// Parameters and launch declarations of sample (csrc/sample/sample_kernel.cuh), torch-free: the
+// launcher (sample.cpp, g++) fills SampleParams, the instantiation units (nvcc) hold the kernels.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace fused_attn {
+
+constexpr int kSampleThreads = 512;
+// Blocks per row when they merge in a thread-block cluster (the portable cluster size limit).
+constexpr int kSampleMaxBlocksPerRow = 8;
+
+struct SampleParams {
+  const void* logits;     // [rows, vocab], row stride row_stride elements, last dim contiguous
+  int64_t* out;           // [rows] int64, stride out_stride
+  const void* offsets;    // int32 or int64, 1 element (shared) or one per row; nullptr: none
+  int64_t rows;
+  int64_t vocab;
+  int64_t row_stride;
+  int64_t out_stride;
+  int64_t offsets_stride;  // 0: one offset for every row
+  bool offsets64;
+  uint64_t offset;         // added to offsets[row]
+  uint64_t seed;
+  float temperature;       // 0: greedy (argmax); > 0: a sample of softmax(logits / temperature)
+  int64_t chunk;           // columns per block
+  int blocks_per_row;      // > 1 only with cluster
+  bool cluster;            // a row's blocks merge through distributed shared memory
+  bool programmatic;       // launched as a programmatic dependent (common/pdl.cuh)
+};
+
+template <typename T>
+void launch_sample(const SampleParams& p, cudaStream_t stream);
+
+// Whether the kernel for T was compiled for sm_90 or later: clusters and PDL are then available.
+template <typename T>
+bool sample_sm90_capable();
+
+}  // namespace fused_attn

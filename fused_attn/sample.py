@@ -1,0 +1,172 @@
+"""``sample``: the next token of each row of logits, greedy or sampled, in one launch.
+
+A decode step ends in a reduction over the vocabulary: ``argmax`` (greedy) or a draw from
+``softmax(logits / temperature)``, often restricted to the top k. PyTorch's argmax over GPT-2's 50257
+logits is one block per row (~13 µs on an H100 at batch 1); sampling is several kernels (scale, rand,
+log, argmax). Here both are one kernel (``csrc/sample/``) that splits each row over a cluster of blocks
+and draws the sample by the Gumbel-max trick, ``argmax(logits / temperature - log(-log U))``, with U
+from a counter-based generator (Philox4x32-10) keyed by ``seed`` and indexed by ``(offset, row,
+column)``: no generator state, so the same call replayed in a CUDA graph draws fresh numbers when the
+caller advances a device-side ``offset`` tensor, and the CPU path (``fused_attn.reference.sample``)
+draws the same numbers as the GPU.
+
+Op (schemas in ``fused_attn/_ops.py``): ``sample(logits, temperature, seed, offset, offsets)`` and
+``sample_out(..., *, out)``. ``top_k`` is applied here, before the op, as PyTorch ops (topk, then the
+logits below the k-th largest set to -inf: ties with the k-th are kept, as in Hugging Face's
+``TopKLogitsWarper``).
+
+Gradients: none; the result is an integer index (as ``torch.argmax``'s).
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+
+import torch
+
+from fused_attn import _ops, reference
+from fused_attn.softmax import _shape
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_CPU_DTYPES = _DTYPES + (torch.float64,)
+MAX_ROWS = 65535  # the kernel's grid: one row per grid row
+_INT63 = 2 ** 63
+
+
+def check_args(logits, temperature, top_k, seed, offset, offsets) -> tuple[float, int, int, int]:
+    """Raise TypeError (wrong type) / ValueError (bad value) naming the bad argument (the messages of
+    csrc/sample/sample.cpp); return (temperature, top_k, seed, offset) as Python numbers."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    cpu = logits.device.type == "cpu"
+    if logits.dtype not in (_CPU_DTYPES if cpu else _DTYPES):
+        names = "float32, float16, bfloat16 or float64 (CPU)" if cpu else "float32, float16 or bfloat16"
+        raise ValueError(f"logits must have dtype {names}, got {logits.dtype}")
+    if logits.dim() < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"logits must have at least 1 dim [..., vocab], vocab >= 1, got {_shape(logits)}")
+    if logits.shape[-1] >= 2 ** 31:
+        raise ValueError(f"logits must have a vocab (last dim) below 2**31, got {_shape(logits)}")
+    if not cpu and logits.numel() // logits.shape[-1] > MAX_ROWS:
+        raise ValueError(f"logits must have at most {MAX_ROWS} rows (product of all dims but the last) on CUDA, "
+                         f"got {_shape(logits)}")
+    if isinstance(temperature, bool) or not isinstance(temperature, Real):
+        raise TypeError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    for name, v, hi in (("top_k", top_k, 2 ** 31), ("seed", seed, _INT63), ("offset", offset, _INT63)):
+        if isinstance(v, bool) or not isinstance(v, Integral):
+            raise TypeError(f"{name} must be an int in [0, {hi}), got {v!r}")
+        if not 0 <= v < hi:
+            raise ValueError(f"{name} must be an int in [0, {hi}), got {v!r}")
+    if offsets is not None:
+        if not isinstance(offsets, torch.Tensor):
+            raise TypeError(f"offsets must be a torch.Tensor or None, got {type(offsets).__name__}")
+        if offsets.device != logits.device:
+            raise ValueError(f"offsets must be on the same device as logits ({logits.device}), got {offsets.device}")
+        if offsets.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"offsets must have dtype int32 or int64, got {offsets.dtype}")
+        rows = logits.numel() // logits.shape[-1]
+        if offsets.numel() not in (1, rows):
+            raise ValueError(f"offsets must have 1 element or one per row ({rows}), got {_shape(offsets)}")
+    return float(temperature), int(top_k), int(seed), int(offset)
+
+
+def _check_out(out, logits) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    if out.device != logits.device:
+        raise ValueError(f"out must be on the same device as logits ({logits.device}), got {out.device}")
+    if out.dtype != torch.int64:
+        raise ValueError(f"out must have dtype int64, got {out.dtype}")
+    if tuple(out.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"out must have shape {tuple(logits.shape[:-1])} (logits' without the last dim), "
+                         f"got {_shape(out)}")
+    if not out.is_contiguous():
+        raise ValueError(f"out must be contiguous, got strides {tuple(out.stride())}")
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: float = 0.0,
+    *,
+    top_k: int = 0,
+    seed: int = 0,
+    offset: int | torch.Tensor = 0,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The next token of each row of ``logits``: ``argmax`` at temperature 0, else a sample of
+    ``softmax(logits / temperature)`` over the ``top_k`` largest logits (all with top_k 0).
+
+    Args:
+        logits: ``[..., vocab]`` float32, float16 or bfloat16 (float64 on the CPU), any strides (a layout
+            without a contiguous last dim is copied once); at most 65535 rows on CUDA.
+        temperature: finite, >= 0; 0 is greedy (top_k then changes nothing).
+        top_k: 0 (every token) or keep the k largest logits of each row (and any tied with the k-th);
+            k >= vocab keeps all.
+        seed, offset: the generator's key and counter, ints in [0, 2**63). ``offset`` may instead be an
+            int32 / int64 tensor on logits' device with 1 element or one per row, read when the kernel
+            runs: a CUDA graph that replays this call draws new numbers when the caller advances it.
+            The same (seed, offset, row) gives the same token on the CPU and the GPU (up to the last ulp
+            of the logarithms, which can flip a draw between two near-equal perturbed scores).
+        out: None, or an int64 contiguous tensor of shape ``logits.shape[:-1]`` written in place.
+
+    Returns int64 ``logits.shape[:-1]`` (``out`` when given). NaN counts as the largest logit and the
+    first of equal maxima wins (torch.argmax's rule); a row of -inf gives 0. Launches on the current
+    stream, never synchronizes the host, works under CUDA-graph capture and
+    ``torch.compile(fullgraph=True)``.
+    """
+    offsets = offset if isinstance(offset, torch.Tensor) else None
+    temperature, top_k, seed, offset = check_args(logits, temperature, top_k, seed, 0 if offsets is not None
+                                                  else offset, offsets)
+    if out is not None:
+        _check_out(out, logits)
+    if temperature > 0 and 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if logits.device.type == "cuda":  # meta tensors (and torch.compile's tracing) run the fake kernel: no build
+        _ops.ensure_loaded()
+    if out is None:
+        return torch.ops.fused_attn.sample(logits, temperature, seed, offset, offsets)
+    torch.ops.fused_attn.sample_out(logits, temperature, seed, offset, offsets, out=out)
+    return out
+
+
+# --------------------------------------------------------------------------- CPU, fake
+
+
+def _row_offsets(logits, offset: int, offsets) -> torch.Tensor:
+    rows = logits.numel() // logits.shape[-1]
+    base = torch.full((rows,), offset, dtype=torch.int64)
+    return base if offsets is None else base + offsets.reshape(-1).to(torch.int64).expand(rows)
+
+
+def _cpu(logits, temperature, seed, offset, offsets) -> torch.Tensor:
+    check_args(logits, temperature, 0, seed, offset, offsets)
+    return reference.sample(logits, temperature, seed, _row_offsets(logits, offset, offsets))
+
+
+def _register() -> None:
+    """CPU and fake kernels of the two ops (schemas: fused_attn/_ops.py), at import: CPU and meta
+    tensors never need the CUDA library."""
+
+    @torch.library.register_fake("fused_attn::sample")
+    def _fake(logits, temperature, seed, offset, offsets):
+        check_args(logits, temperature, 0, seed, offset, offsets)
+        return torch.empty(logits.shape[:-1], dtype=torch.int64, device=logits.device)
+
+    @torch.library.register_fake("fused_attn::sample_out")
+    def _fake_out(logits, temperature, seed, offset, offsets, *, out):
+        check_args(logits, temperature, 0, seed, offset, offsets)
+
+    @torch.library.register_kernel("fused_attn::sample", "cpu")
+    def _cpu_kernel(logits, temperature, seed, offset, offsets):
+        return _cpu(logits, temperature, seed, offset, offsets)
+
+    @torch.library.register_kernel("fused_attn::sample_out", "cpu")
+    def _cpu_kernel_out(logits, temperature, seed, offset, offsets, *, out):
+        _check_out(out, logits)
+        out.copy_(_cpu(logits, temperature, seed, offset, offsets))
+
+
+_register()

@@ -1,0 +1,366 @@
+"""sample: greedy against torch.argmax (ties, NaN, -inf rows, -0 / +0, layouts), the Philox generator
+against Random123's published answers, the GPU's draws against the CPU reference's (same seed and
+offsets), the sampled frequencies against softmax(logits / temperature) (chi-square), top_k, offsets read
+from device memory under CUDA-graph replay, torch.compile, opcheck and argument errors. The spec is the
+docstring of ``fused_attn.sample.sample``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fused_attn import reference
+from fused_attn.sample import sample
+from tests.test_decode_attention import with_examples
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+GPU_VOCABS = [1, 2, 7, 8, 9, 255, 4096, 4097, 32000, 50257, 128256]
+LAYOUTS = ["contiguous", "strided_rows", "transposed", "misaligned"]
+# kind of logits: N(0, 1); N(0, 1) rounded to 1 / 4 (many exact ties); with NaNs; whole rows of -inf;
+# signed zeros only; N(0, 1e4)
+KINDS = ["randn", "ties", "nan", "neg_inf_rows", "zeros", "large"]
+
+
+@st.composite
+def sample_case(draw, cuda):
+    vocab = draw(st.one_of(st.sampled_from(GPU_VOCABS if cuda else [1, 2, 7, 9, 100]),
+                           st.integers(1, 70000 if cuda else 3000)))
+    rows = draw(st.one_of(st.sampled_from([0, 1, 2, 16]), st.integers(0, max(1, min(64, (1 << 18) // vocab)))))
+    return dict(rows=rows, vocab=vocab, lead=draw(st.sampled_from(["1d", "2d", "3d"])),
+                dtype=draw(st.sampled_from(DTYPES if cuda else DTYPES + [torch.float64])),
+                kind=draw(st.sampled_from(KINDS)), layout=draw(st.sampled_from(LAYOUTS)),
+                temperature=draw(st.sampled_from([0.0, 0.0, 1.0, 0.7, 1e-3, 5.0])),
+                seed=draw(st.integers(0, 2**63 - 1)), offset=draw(st.integers(0, 2**63 - 1)),
+                offsets=draw(st.sampled_from([None, "one", "per_row"])),
+                offsets_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+                data_seed=draw(st.integers(0, 2**31 - 1)))
+
+
+def case_of(**kw):
+    base = dict(rows=4, vocab=50257, lead="2d", dtype=torch.float16, kind="randn", layout="contiguous",
+                temperature=0.0, seed=0, offset=0, offsets=None, offsets_dtype=torch.int64, data_seed=0)
+    base.update(kw)
+    return base
+
+
+EDGE_EXAMPLES = [
+    case_of(),
+    case_of(rows=16, temperature=1.0, seed=123, offset=7),
+    case_of(rows=3, vocab=50257, kind="ties", layout="misaligned"),
+    case_of(rows=5, vocab=9, kind="nan"),
+    case_of(rows=5, vocab=4097, kind="neg_inf_rows", temperature=0.8, offsets="per_row"),
+    case_of(rows=2, vocab=1, kind="randn", temperature=2.0),
+    case_of(rows=6, vocab=1000, kind="zeros"),
+    case_of(rows=0, vocab=100),
+    case_of(rows=7, vocab=32000, dtype=torch.bfloat16, layout="transposed", temperature=1.0, offsets="one",
+            offsets_dtype=torch.int32),
+]
+
+
+def lead_shape(case) -> tuple[int, ...]:
+    rows = case["rows"]
+    if case["lead"] == "1d":
+        return (rows,)
+    if case["lead"] == "2d":
+        return (2, rows // 2) if rows % 2 == 0 else (1, rows)
+    return (1, rows, 1)
+
+
+def make_logits(case, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(case["data_seed"])
+    rows, vocab = case["rows"], case["vocab"]
+    x = torch.randn(rows, vocab, generator=g, dtype=torch.float64)
+    kind = case["kind"]
+    if kind == "ties":
+        x = (x * 4).round() / 4
+    elif kind == "nan":
+        x[torch.rand(rows, vocab, generator=g) < 0.01] = math.nan
+    elif kind == "neg_inf_rows":
+        x[::2] = -math.inf
+        x[1::2, torch.rand(vocab, generator=g) < 0.5] = -math.inf
+    elif kind == "zeros":
+        x = torch.where(torch.rand(rows, vocab, generator=g) < 0.5, -0.0, 0.0).to(torch.float64)
+    elif kind == "large":
+        x = x * 1e4
+    x = x.to(case["dtype"])
+    layout = case["layout"]
+    if layout == "strided_rows":
+        x = torch.cat([x, torch.zeros(rows, 3, dtype=x.dtype)], 1)[:, :vocab]
+    elif layout == "transposed":
+        x = x.t().contiguous().t()
+    elif layout == "misaligned":
+        x = torch.cat([torch.zeros(1, dtype=x.dtype), x.flatten()])[1:].view(rows, vocab)
+    x = x.to(device)
+    if layout == "misaligned" and device != "cpu":  # the copy above is aligned again on the GPU
+        x = torch.cat([torch.zeros(1, dtype=x.dtype, device=device), x.flatten()])[1:].view(rows, vocab)
+    return x.view(*lead_shape(case), vocab) if x.is_contiguous() or rows == 0 else x
+
+
+def make_offsets(case, device):
+    rows = case["rows"]
+    g = torch.Generator().manual_seed(case["data_seed"] + 1)
+    if case["offsets"] is None:
+        return None, case["offset"]
+    n = 1 if case["offsets"] == "one" else rows
+    hi = 2**31 - 1 if case["offsets_dtype"] == torch.int32 else 2**62
+    return torch.randint(-hi, hi, (n,), generator=g, dtype=torch.int64).to(case["offsets_dtype"]).to(device), 0
+
+
+def perturbed_scores(logits: torch.Tensor, case, offsets: torch.Tensor | None, offset: int) -> torch.Tensor:
+    """float32 [rows, vocab]: what the kernel maximizes (the CPU reference's scores)."""
+    x = logits.reshape(-1, logits.shape[-1]).cpu().to(torch.float32)
+    if case["temperature"] == 0:
+        return x
+    rows = x.shape[0]
+    base = torch.full((rows,), offset, dtype=torch.int64)
+    if offsets is not None:
+        base = base + offsets.cpu().reshape(-1).to(torch.int64).expand(rows)
+    return x / case["temperature"] + reference.gumbel_noise(rows, x.shape[1], case["seed"], base)
+
+
+def check_case(case, device):
+    logits = make_logits(case, device)
+    offsets, offset = make_offsets(case, device)
+    off = offsets if offsets is not None else offset
+    out = torch.full(logits.shape[:-1], -7, dtype=torch.int64, device=device)  # poisoned: -7 is never a token
+    got = sample(logits, case["temperature"], seed=case["seed"], offset=off, out=out)
+    assert got is out
+    also = sample(logits, case["temperature"], seed=case["seed"], offset=off)
+    assert torch.equal(also, out), "sample and sample_out differ"
+    assert got.shape == logits.shape[:-1] and got.dtype == torch.int64
+    got = got.reshape(-1).cpu()
+    if got.numel() == 0:
+        return
+    assert bool(((got >= 0) & (got < case["vocab"])).all()), f"an index outside [0, vocab): {got}"
+    scores = perturbed_scores(logits, case, offsets, offset)
+    want = scores.argmax(-1)
+    if case["temperature"] == 0:
+        assert torch.equal(got, want), "greedy must be torch.argmax's index (first of equal maxima, NaN largest)"
+        return
+    # Sampling: the GPU's logarithms may differ from the CPU's in the last ulp, which can only flip a
+    # draw between two perturbed scores within a few ulp of each other.
+    diff = got != want
+    if device != "cpu" and bool(diff.any()):
+        rows = diff.nonzero()[:, 0]
+        a, b = scores[rows, got[rows]], scores[rows, want[rows]]
+        assert bool(((a - b).abs() <= 1e-5 * b.abs().clamp_min(1.0)).all()), \
+            f"draws differ from the reference beyond rounding: rows {rows.tolist()}"
+    elif device == "cpu":
+        assert not bool(diff.any())
+
+
+@pytest.mark.gpu
+@given(case=sample_case(cuda=True))
+@with_examples(EDGE_EXAMPLES)
+def test_matches_reference_gpu(case):
+    check_case(case, "cuda")
+
+
+@given(case=sample_case(cuda=False))
+@with_examples([c | dict(vocab=min(c["vocab"], 3000)) for c in EDGE_EXAMPLES])
+def test_matches_reference_cpu(case):
+    check_case(case, "cpu")
+
+
+def test_philox_matches_random123_known_answers():
+    """Random123's kat_vectors for philox4x32_10: counter and key all zeros, and all ones."""
+    zero = torch.zeros(1, dtype=torch.int64)
+    ones = torch.full((1,), 0xFFFFFFFF, dtype=torch.int64)
+    assert [int(w) for w in reference.philox4x32_10([zero] * 4, (0, 0))] == \
+        [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    assert [int(w) for w in reference.philox4x32_10([ones] * 4, (0xFFFFFFFF, 0xFFFFFFFF))] == \
+        [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+
+
+def test_gumbel_noise_moments():
+    g = reference.gumbel_noise(4, 50000, 5, torch.arange(4))
+    assert abs(g.mean().item() - 0.5772156649) < 0.01  # Euler-Mascheroni
+    assert abs(g.std().item() - math.pi / math.sqrt(6)) < 0.01
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.5, 0), (2.0, 3)])
+def test_frequencies_follow_softmax(device, temperature, top_k):
+    """8000 draws (8000 offsets, one row) of a 6-token vocabulary against softmax(top_k(logits) / T):
+    a chi-square statistic below the 0.999 quantile (df 5: 20.5), fixed seed, so deterministic."""
+    logits = torch.tensor([1.0, 0.0, -1.0, 2.0, 0.5, -3.0], device=device)
+    rows = 8000
+    x = logits.expand(rows, -1)
+    # one row per draw: each row gets its own offset, which is what a decode loop advances
+    got = sample(x, temperature, top_k=top_k, seed=99, offset=torch.arange(rows, device=device)).cpu()
+    z = logits.double().cpu() / temperature
+    if top_k:
+        z = z.masked_fill(z < z.topk(top_k).values[-1], -math.inf)
+    p = torch.softmax(z, 0)
+    counts = torch.bincount(got, minlength=6).double()
+    assert bool((counts[p == 0] == 0).all()), "a token outside the top k was drawn"
+    keep = p > 0
+    expected = p[keep] * rows
+    chi2 = ((counts[keep] - expected) ** 2 / expected).sum().item()
+    assert chi2 < 20.5, f"chi-square {chi2:.1f} for counts {counts.tolist()} against {expected.tolist()}"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_seed_offset_and_rows_select_the_stream(device):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 1000, generator=g).to(device)
+    a = sample(x, 1.0, seed=1, offset=5)
+    assert torch.equal(a, sample(x, 1.0, seed=1, offset=5)), "same seed and offset, different draws"
+    assert torch.equal(a, sample(x, 1.0, seed=1, offset=torch.tensor([5], device=device)))
+    assert not torch.equal(a, sample(x, 1.0, seed=2, offset=5))
+    assert not torch.equal(a, sample(x, 1.0, seed=1, offset=6))
+    per_row = torch.tensor([5, 9, 5, 9], device=device, dtype=torch.int32)
+    b = sample(x, 1.0, seed=1, offset=per_row)
+    assert torch.equal(b[0::2], a[0::2])
+    assert torch.equal(b[1::2], sample(x, 1.0, seed=1, offset=9)[1::2])
+    # top_k = 1 is greedy; temperature 0 ignores top_k
+    assert torch.equal(sample(x, 1.3, top_k=1, seed=3), x.argmax(-1))
+    assert torch.equal(sample(x, 0.0, top_k=5, seed=3), x.argmax(-1))
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_reads_the_offset_gpu():
+    """Captured once; each replay after the offset advances draws what the reference draws at that offset."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(16, 50257, generator=gen, device="cuda", dtype=torch.float16)
+    offset = torch.zeros(1, dtype=torch.int64, device="cuda")
+    out = torch.empty(16, dtype=torch.int64, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        sample(x, 0.9, seed=4, offset=offset, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        sample(x, 0.9, seed=4, offset=offset, out=out)
+        offset.add_(1)
+    draws = []
+    for step in range(3):
+        out.fill_(-1)
+        g.replay()
+        draws.append(out.clone())
+        case = dict(temperature=0.9, seed=4)
+        want = perturbed_scores(x, case, None, step).argmax(-1)
+        assert torch.equal(out.cpu(), want), f"replay {step}"
+    assert not torch.equal(draws[0], draws[1])
+
+
+@pytest.mark.gpu
+def test_does_not_sync_and_uses_the_current_stream_gpu():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    src = torch.randn(8, 50257, generator=gen, device="cuda")
+    x = torch.zeros_like(src)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            torch.cuda._sleep(50_000_000)
+            x.copy_(src)
+            got = sample(x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    s.synchronize()
+    assert torch.equal(got, src.argmax(-1))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_torch_compile_fullgraph(device):
+    def step(logits, offset, out):
+        sample(logits * 2, 0.7, top_k=10, seed=1, offset=offset, out=out)
+        return sample(logits), out
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(3, 1000, generator=gen, device=device)
+    offset = torch.tensor([3], device=device)
+    a = compiled(x, offset, torch.empty(3, dtype=torch.int64, device=device))
+    b = step(x, offset, torch.empty(3, dtype=torch.int64, device=device))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_meta_tensors_give_shapes():
+    x = torch.empty(2, 3, 50257, device="meta", dtype=torch.float16)
+    assert torch.ops.fused_attn.sample(x, 1.0, 0, 0, None).shape == (2, 3)
+    assert sample(x).dtype == torch.int64
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_opcheck(device):
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(4, 3000, generator=g, device=device)
+    offs = torch.arange(4, device=device, dtype=torch.int32)
+    for args in [(x, 0.0, 0, 0, None), (x.half(), 1.0, 5, 7, None), (x.bfloat16(), 0.5, 1, 0, offs)]:
+        torch.library.opcheck(torch.ops.fused_attn.sample.default, args)
+    torch.library.opcheck(torch.ops.fused_attn.sample_out.default, (x, 1.0, 2, 3, offs),
+                          dict(out=torch.empty(4, dtype=torch.int64, device=device)))
+
+
+def test_logits_requiring_grad_give_an_index_without_grad():
+    x = torch.randn(2, 50, requires_grad=True)
+    got = sample(x, 1.0)
+    assert got.dtype == torch.int64 and not got.requires_grad
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+
+def _x(*shape, dtype=torch.float16, device="cpu"):
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+BAD_INPUTS = [
+    ("not a tensor", lambda d: dict(logits=[1.0, 2.0]), TypeError, r"logits must be a torch.Tensor, got list"),
+    ("int logits", lambda d: dict(logits=_x(2, 5, dtype=torch.int32, device=d)), ValueError,
+     r"logits must have dtype float32, float16,? (or )?bfloat16.*, got torch.int32"),
+    ("0-d logits", lambda d: dict(logits=_x(device=d)), ValueError, r"logits must have at least 1 dim"),
+    ("empty vocab", lambda d: dict(logits=_x(3, 0, device=d)), ValueError, r"vocab >= 1, got \(3, 0\)"),
+    ("negative temperature", lambda d: dict(logits=_x(2, 5, device=d), temperature=-1.0), ValueError,
+     r"temperature must be a finite number >= 0, got -1.0"),
+    ("nan temperature", lambda d: dict(logits=_x(2, 5, device=d), temperature=math.nan), ValueError,
+     r"temperature must be a finite number >= 0, got nan"),
+    ("bool temperature", lambda d: dict(logits=_x(2, 5, device=d), temperature=True), TypeError,
+     r"temperature must be a finite number >= 0, got True"),
+    ("negative top_k", lambda d: dict(logits=_x(2, 5, device=d), top_k=-1), ValueError,
+     r"top_k must be an int in \[0, 2147483648\), got -1"),
+    ("float seed", lambda d: dict(logits=_x(2, 5, device=d), seed=1.5), TypeError,
+     r"seed must be an int in \[0, 9223372036854775808\), got 1.5"),
+    ("huge offset", lambda d: dict(logits=_x(2, 5, device=d), offset=2**63), ValueError,
+     r"offset must be an int in \[0, 9223372036854775808\), got 9223372036854775808"),
+    ("float offsets", lambda d: dict(logits=_x(2, 5, device=d), offset=torch.zeros(1, device=d)), ValueError,
+     r"offsets must have dtype int32 or int64, got torch.float32"),
+    ("offsets count", lambda d: dict(logits=_x(3, 5, device=d), offset=torch.zeros(2, dtype=torch.long, device=d)),
+     ValueError, r"offsets must have 1 element or one per row \(3\), got \(2,\)"),
+    ("out dtype", lambda d: dict(logits=_x(3, 5, device=d), out=torch.zeros(3, dtype=torch.int32, device=d)),
+     ValueError, r"out must have dtype int64, got torch.int32"),
+    ("out shape", lambda d: dict(logits=_x(3, 5, device=d), out=torch.zeros(5, dtype=torch.long, device=d)),
+     ValueError, r"out must have shape \(3,\) \(logits' without the last dim\), got \(5,\)"),
+    ("out strided", lambda d: dict(logits=_x(3, 5, device=d), out=torch.zeros(6, dtype=torch.long, device=d)[::2]),
+     ValueError, r"out must be contiguous, got strides \(2,\)"),
+]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("name,make,exc,match", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_inputs_raise(device, name, make, exc, match):
+    with pytest.raises(exc, match=match):
+        sample(**make(device))
+
+
+@pytest.mark.gpu
+def test_bad_inputs_through_the_op_gpu():
+    """The C++ checks (the same messages) for calls that skip the Python wrapper."""
+    x = _x(3, 5, device="cuda")
+    with pytest.raises(ValueError, match=r"temperature must be a finite number >= 0, got -1"):
+        torch.ops.fused_attn.sample(x, -1.0, 0, 0, None)
+    with pytest.raises(ValueError, match=r"offsets must have 1 element or one per row \(3\), got \(2,\)"):
+        torch.ops.fused_attn.sample(x, 1.0, 0, 0, torch.zeros(2, dtype=torch.long, device="cuda"))
+    with pytest.raises(ValueError, match=r"out must have dtype int64, got torch.int32"):
+        torch.ops.fused_attn.sample_out(x, 1.0, 0, 0, None, out=torch.zeros(3, dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match=r"logits must have at most 65535 rows"):
+        torch.ops.fused_attn.sample(_x(65536, 2, device="cuda"), 0.0, 0, 0, None)
