@@ -13,6 +13,12 @@ Shapes (K x N, nn.Linear's in x out): GPT-2 small 768 x 2304 (c_attn), 768 x 307
 up), 11008 x 4096 (down), 4096 x 4096 (q/k/v/o); M (rows of x: batch x new tokens) in 1, 4, 16 (decode: memory-bound), 128, 512, 2048,
 4096 (prefill: compute-bound). Every case has the full epilogue (bias, GELU, residual).
 
+"layer_norm + linear" cases (group "ln+linear ..."): a pre-LN block's norm and the projection after
+it, y = layer_norm(x) · Wᵀ + b, at GPT-2's 768 x 2304 (ln_1 + c_attn), 768 x 3072 (ln_2 + c_fc) and
+768 x 50257 (ln_f + lm_head), M 1, 4, 16: eager F.layer_norm + F.linear (two kernels), compiled
+(torch.compile of that chain), fused (fused_attn.linear(norm="layer_norm"): one launch, the norm in
+the kernel's prologue). Modeled bytes add the norm's weight and bias.
+
 Each provider's output is checked once, before timing, against the float64 reference on the first
 and last row of x (bench_softmax's relative bound).
 
@@ -42,6 +48,11 @@ GPT2_SHAPES = [(768, 2304), (768, 3072), (3072, 768), (768, 768)]
 LLAMA_SHAPES = [(4096, 11008), (11008, 4096), (4096, 4096)]
 ROWS = (1, 4, 16, 128, 512, 2048, 4096)
 CPU_CASES = [((64, 48), 1), ((64, 48), 20)]
+# layer_norm + linear (op "ln_linear"): GPT-2's ln_1 + c_attn, ln_2 + c_fc, ln_f + lm_head in decode.
+LN_SHAPES = [(768, 2304), (768, 3072), (768, 50257)]
+LN_ROWS = (1, 4, 16)
+LN_CPU_CASES = [((64, 48), 1)]
+LN_EPS = 1e-5
 # Below this many rows a case is memory-bound (the weight stream); from it on, compute-bound.
 MEMORY_BOUND_ROWS = 16
 
@@ -50,6 +61,8 @@ SPEEDUP_BASES = ("eager", "compiled")
 GPU_ONLY = ("compiled",)
 NOTES = {"eager": "F.linear + F.gelu(tanh) + add", "compiled": "torch.compile(F.linear + F.gelu(tanh) + add)",
          "fused": "fused_attn.linear(activation='gelu_tanh', residual=)"}
+LN_NOTES = {"eager": "F.layer_norm + F.linear", "compiled": "torch.compile(F.layer_norm + F.linear)",
+            "fused": "fused_attn.linear(norm='layer_norm')"}
 REPORT_LABELS = {"bench_linear": dict(title="linear (gelu_tanh(x W^T + b) + residual)", shape="K x N, M",
                                       order=PROVIDERS)}
 
@@ -60,6 +73,13 @@ def modeled_traffic(k: int, n: int, m: int, dtype: torch.dtype) -> tuple[int, in
     return (n * k + m * k + n + m * n) * e, m * n * e
 
 
+def ln_modeled_traffic(k: int, n: int, m: int, dtype: torch.dtype) -> tuple[int, int]:
+    """layer_norm + linear: W, x, bias, the norm's weight and bias read once, out written once (no
+    residual; the normalized x is the fused op's own, not traffic)."""
+    e = torch.empty((), dtype=dtype).element_size()
+    return (n * k + m * k + n + 2 * k) * e, m * n * e
+
+
 def flops(k: int, n: int, m: int) -> int:
     return 2 * m * n * k
 
@@ -67,14 +87,20 @@ def flops(k: int, n: int, m: int) -> int:
 def make_cases(config, cuda: bool | None = None) -> list[dict]:
     cuda = torch.cuda.is_available() if cuda is None else cuda
     if not cuda:
-        return [dict(shape=s, m=m, dtype="float32", provider=p) for s, m in CPU_CASES for p in PROVIDERS]
-    return [dict(shape=s, m=m, dtype=d, provider=p) for s in GPT2_SHAPES + LLAMA_SHAPES for m in ROWS
-            for d in dtypes_for(config) for p in PROVIDERS]
+        return ([dict(shape=s, m=m, dtype="float32", provider=p, op="linear") for s, m in CPU_CASES for p in PROVIDERS]
+                + [dict(shape=s, m=m, dtype="float32", provider=p, op="ln_linear") for s, m in LN_CPU_CASES
+                   for p in PROVIDERS])
+    dts = dtypes_for(config)
+    return ([dict(shape=s, m=m, dtype=d, provider=p, op="linear") for s in GPT2_SHAPES + LLAMA_SHAPES for m in ROWS
+             for d in dts for p in PROVIDERS]
+            + [dict(shape=s, m=m, dtype=d, provider=p, op="ln_linear") for s in LN_SHAPES for m in LN_ROWS
+               for d in dts for p in PROVIDERS])
 
 
 def case_id(c: dict) -> str:
     k, n = c["shape"]
-    return f"{c['provider']}-k{k}-n{n}-m{c['m']}-{c['dtype']}"
+    ln = "ln-" if c.get("op") == "ln_linear" else ""
+    return f"{c['provider']}-{ln}k{k}-n{n}-m{c['m']}-{c['dtype']}"
 
 
 def pytest_generate_tests(metafunc):
@@ -89,11 +115,42 @@ def make_inputs(k: int, n: int, m: int, dtype: torch.dtype, device, seed: int = 
     def randn(*size, scale=1.0):
         return (torch.randn(size, generator=gen, device=device, dtype=torch.float32) * scale).to(dtype)
 
-    return dict(x=randn(m, k), w=randn(n, k, scale=k**-0.5), b=randn(n), r=randn(m, n))
+    return dict(x=randn(m, k), w=randn(n, k, scale=k**-0.5), b=randn(n), r=randn(m, n),
+                nw=1 + 0.1 * randn(k), nb=0.1 * randn(k))
 
 
 def eager_chain(x, w, b, r):
     return reference.eager_linear(x, w, b, "gelu_tanh", r)
+
+
+def ln_eager_chain(x, w, b, nw, nb):
+    return torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (x.shape[-1],), nw, nb, LN_EPS), w, b)
+
+
+def ln_provider_fn(provider: str, t: dict):
+    from fused_attn import linear
+
+    args = (t["x"], t["w"], t["b"], t["nw"], t["nb"])
+    if provider == "eager":
+        return lambda: ln_eager_chain(*args)
+    if provider == "compiled":
+        torch._dynamo.reset()
+        compiled = torch.compile(ln_eager_chain, dynamic=False)
+        return lambda: compiled(*args)
+    if provider == "fused":
+        return lambda: linear(t["x"], t["w"], t["b"], norm="layer_norm", norm_weight=t["nw"], norm_bias=t["nb"],
+                              eps=LN_EPS)
+    raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
+
+
+def ln_check(provider: str, out: torch.Tensor, t: dict) -> None:
+    """As ``check``, against the float64 layer_norm + linear."""
+    m = t["x"].shape[0]
+    for i in sorted({0, m - 1}):
+        s = slice(i, i + 1)
+        xn = reference.layer_norm(t["x"][s], t["nw"], t["nb"], LN_EPS, compute_dtype=torch.float64)
+        ref = reference._linear_compute(xn, t["w"], t["b"], None, None, torch.float64)
+        check_output(f"{provider} (row {i})", out[s], ref)
 
 
 def provider_fn(provider: str, t: dict):
@@ -142,14 +199,17 @@ def record(benchmark, case: dict, times: list[float], device, ceilings_gbps, tim
 
 def group(case: dict) -> str:
     k, n = case["shape"]
-    return f"linear {k}x{n} m{case['m']} {case['dtype']}"
+    op = "ln+linear" if case.get("op") == "ln_linear" else "linear"
+    return f"{op} {k}x{n} m{case['m']} {case['dtype']}"
 
 
 def bench_linear(benchmark, case, device, timer, ceilings_gbps, launch_floor_us, matmul_peak_tflops, medians):
     (k, n), m, provider, dtype = case["shape"], case["m"], case["provider"], DTYPES[case["dtype"]]
     start_case(benchmark, group(case), provider, device, GPU_ONLY)
     t = make_inputs(k, n, m, dtype, device)
-    fn = provider_fn(provider, t)
-    check(provider, fn(), t)
+    ln = case.get("op") == "ln_linear"
+    fn = (ln_provider_fn if ln else provider_fn)(provider, t)
+    (ln_check if ln else check)(provider, fn(), t)
     times = timer.run(benchmark, fn)
-    record(benchmark, case, times, device, ceilings_gbps, timer, launch_floor_us, matmul_peak_tflops(dtype), medians)
+    record(benchmark, case, times, device, ceilings_gbps, timer, launch_floor_us, matmul_peak_tflops(dtype), medians,
+           traffic=ln_modeled_traffic(k, n, m, dtype) if ln else None, note=LN_NOTES[provider] if ln else None)

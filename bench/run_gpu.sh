@@ -139,7 +139,8 @@ if has attention; then
 fi
 if has linear; then
   log "linear (bench_linear, bench_mlp)"
-  # 6 shapes x 7 M x 3 providers (126 cases) + 2 models x 7 M x 3 (42) in float16; one compile per compiled case
+  # 6 shapes x 7 M x 3 providers (126 cases) + layer_norm + linear 3 shapes x 3 M x 3 (27) + 2 models x 7 M x 3 (42)
+  # in float16; one compile per compiled case
   bench_step linear "${LINEAR_TIMEOUT:-480}" "${LINEAR_ARGS:-}" bench/bench_linear.py bench/bench_mlp.py
 fi
 if has sample; then

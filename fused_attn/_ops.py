@@ -95,7 +95,11 @@ _define("sample_out(Tensor logits, float temperature, int seed, int offset, Tens
 # y = act(x @ weight^T + bias) + residual: x [..., in_features], weight [out_features, in_features]
 # (nn.Linear's layout), bias [out_features], residual [..., out]. activation: 0 none, 1 gelu_tanh,
 # 2 swiglu (weight = gate rows over up rows; out = silu(gate) * up has out_features / 2 columns).
-_define("linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None, *, int activation=0) -> Tensor")
+# norm: 0 none, 1 layer_norm, 2 rms_norm of x's rows first (norm_weight / norm_bias [in_features], x's
+# dtype or float32, eps), as layer_norm / rms_norm compute it. norm_weight and norm_bias are positional:
+# register_autograd differentiates positional tensors only.
+_define("linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None, Tensor? norm_weight=None, "
+        "Tensor? norm_bias=None, *, int activation=0, int norm=0, float eps=1e-05) -> Tensor")
 
 _loaded = False
 

@@ -53,7 +53,9 @@ RANDOM_NAME = "gpt2-random"
 # layer_norm / linear / mlp: "eager" (PyTorch: F.layer_norm; addmm, then GELU and the residual add as
 # kernels of their own) or "fused" (fused_attn.layer_norm; fused_attn.linear with bias, GELU and the
 # residual in the epilogue, our GEMV at decode sizes; fused_attn.mlp: two such launches). The linear
-# backend "fused" also draws the next token with fused_attn.sample (greedy or sampled, one launch).
+# backend "fused" also draws the next token with fused_attn.sample (greedy or sampled, one launch). With
+# layer_norm and linear both "fused", ln_1, ln_2 and ln_f run in the prologue of the linear after them
+# (c_attn, c_fc, the lm_head: linear's norm= arguments), one launch each instead of two.
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"), "layer_norm": ("eager", "fused"),
             "linear": ("eager", "fused"), "mlp": ("eager", "fused")}
 
@@ -114,9 +116,13 @@ class Linear(nn.Module):
         return self.weight.t()
 
     def forward(self, x: torch.Tensor, *, activation: str | None = None,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None, ln: "LayerNorm | None" = None) -> torch.Tensor:
+        """``ln``: a LayerNorm applied to x first, in the launch's prologue with the fused backend."""
         if self.backend == "fused":
-            return linear(x, self.weight_nk, self.bias, activation=activation, residual=residual)
+            return linear(x, self.weight_nk, self.bias, activation=activation, residual=residual,
+                          **({} if ln is None else ln.fold_args()))
+        if ln is not None:
+            x = ln(x)
         y = torch.addmm(self.bias, x.flatten(0, -2), self.weight).view(*x.shape[:-1], -1)
         if activation == "gelu_tanh":
             y = F.gelu(y, approximate="tanh")
@@ -130,6 +136,10 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.empty(n))
         self.eps = eps
         self.backend = backend
+
+    def fold_args(self) -> dict:
+        """This norm as fused_attn.linear's (and mlp's) pre-normalization arguments."""
+        return dict(norm="layer_norm", norm_weight=self.weight, norm_bias=self.bias, eps=self.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "fused":
@@ -167,16 +177,17 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, *, causal: bool,
                 cache: KVCache | None = None, input_pos: torch.Tensor | None = None,
                 attend_cache: bool = False, lengths: tuple[torch.Tensor, torch.Tensor] | None = None,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None, ln: LayerNorm | None = None) -> torch.Tensor:
         """``x`` ``[batch, seqlen, n_embd]``; ``keys_ok`` bool, broadcastable to the scores
         ``[batch, nheads, seqlen, keys]``. With ``cache``, the new keys and values are written at
         ``input_pos``; ``attend_cache`` attends over the whole cache instead of the new keys only.
         ``lengths`` = (cache_seqlens, cache_leftpad), int32 ``[batch]`` device tensors of a
         left-padded decode step: the "fused" backend then appends and attends in one
         ``decode_attention`` call (``input_pos`` and ``keys_ok`` are the eager backend's). ``residual``
-        is added to the output projection (in its epilogue with the fused linear backend)."""
+        is added to the output projection (in its epilogue with the fused linear backend); ``ln`` is
+        applied to x first (in c_attn's prologue with the fused linear backend)."""
         b, s, _ = x.shape
-        q, k, v = self.c_attn(x).view(b, s, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = self.c_attn(x, ln=ln).view(b, s, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if cache is not None and attend_cache and lengths is not None and self.backend == "fused":
             a = decode_attention(q, cache.k, cache.v, lengths[0], k_new=k, v_new=v, cache_leftpad=lengths[1],
                                  scale=self.scale)
@@ -209,12 +220,13 @@ class MLP(nn.Module):
         self.c_proj = Linear(4 * config.n_embd, config.n_embd, linear_backend)
         self.backend = backend
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """c_proj(gelu_tanh(c_fc(x))) + residual."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                ln: LayerNorm | None = None) -> torch.Tensor:
+        """c_proj(gelu_tanh(c_fc(ln(x)))) + residual (x itself without ``ln``)."""
         if self.backend == "fused":
             return mlp(x, self.c_fc.weight_nk, self.c_fc.bias, self.c_proj.weight_nk, self.c_proj.bias,
-                       residual=residual)
-        return self.c_proj(self.c_fc(x, activation="gelu_tanh"), residual=residual)
+                       residual=residual, **({} if ln is None else ln.fold_args()))
+        return self.c_proj(self.c_fc(x, activation="gelu_tanh", ln=ln), residual=residual)
 
 
 class Block(nn.Module):
@@ -224,10 +236,17 @@ class Block(nn.Module):
         self.attn = Attention(config, backends["attention"], backends["linear"])
         self.ln_2 = LayerNorm(config.n_embd, config.eps, backends["layer_norm"])
         self.mlp = MLP(config, backends["mlp"], backends["linear"])
+        # LayerNorm and Linear both fused: ln_1 runs in c_attn's launch, ln_2 in c_fc's (their prologue).
+        self.fold_norms = backends["layer_norm"] == "fused" and backends["linear"] == "fused"
 
     def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, **attn_kw) -> torch.Tensor:
         """x + attn(ln_1(x)), then that + mlp(ln_2(that)); each residual add is the output
         projection's (an epilogue with the fused linear backend, an add kernel with eager)."""
+        if self.fold_norms:
+            with scope("attention"):  # ln_1 + QKV projection, cache update, attention, output projection + residual
+                x = self.attn(x, keys_ok, residual=x, ln=self.ln_1, **attn_kw)
+            with scope("mlp"):  # ln_2 + c_fc, c_proj + residual
+                return self.mlp(x, residual=x, ln=self.ln_2)
         with scope("ln_1"):
             h = self.ln_1(x)
         with scope("attention"):  # QKV and output projections (+ residual), cache update, attention
@@ -304,6 +323,8 @@ class GPT2(nn.Module):
         self.wpe = nn.Embedding(config.n_positions, config.n_embd)
         self.h = nn.ModuleList(Block(config, self.backends) for _ in range(config.n_layer))
         self.ln_f = LayerNorm(config.n_embd, config.eps, self.backends["layer_norm"])
+        # LayerNorm and Linear both fused: ln_f runs in the lm_head launch's prologue (as the blocks' norms).
+        self.fold_norms = self.backends["layer_norm"] == "fused" and self.backends["linear"] == "fused"
         # One DecodeCache per (batch, max_len, temperature, top_k), with its captured graphs:
         # a later generate() of the same shape reuses both.
         self._caches: dict[tuple, DecodeCache] = {}
@@ -370,6 +391,9 @@ class GPT2(nn.Module):
             return self.wte(ids) + self.wpe(pos)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fold_norms:
+            with scope("lm_head"):  # ln_f in the lm_head launch's prologue
+                return linear(x, self.wte.weight, **self.ln_f.fold_args())
         with scope("ln_f"):
             x = self.ln_f(x)
         with scope("lm_head"):

@@ -1,4 +1,5 @@
-"""``linear``: y = act(x · weightᵀ + bias) + residual, the epilogue fused into the matmul.
+"""``linear``: y = act(norm(x) · weightᵀ + bias) + residual, the epilogue (and optionally the
+LayerNorm / RMSNorm of x) fused into the matmul.
 
 The projections of a transformer layer. Public wrapper, argument validation, the fake (meta)
 kernel, the CPU path (``fused_attn.reference.linear`` in float32) and autograd. The CUDA kernel is in
@@ -7,7 +8,10 @@ reads the weight once at the copy bandwidth with bias, activation and residual i
 CUDA cores; from 5 rows in float16 / bfloat16 on tensor cores, mma.sync with the weight as the
 16-row operand, K split over the blocks of a thread-block cluster where the weight has fewer 16-row
 tiles than the GPU has SMs, e.g. GPT-2's 768 outputs); above that, cuBLAS through ATen (``addmm``,
-then the activation and residual in place).
+then the activation and residual in place). With ``norm``, our kernels normalize x's rows in their
+prologue (a pre-LN transformer's norm and the projection after it in one launch; not the split-K
+kernel); where they do not run, x is normalized by ``fused_attn.layer_norm``'s kernel first (the same
+result, one launch more).
 
 Gradients: a backward registered with ``torch.library.register_autograd`` that recomputes the op
 through the PyTorch reference (float32; float64 for float64 inputs) and differentiates it: correct,
@@ -15,6 +19,9 @@ not fast.
 """
 
 from __future__ import annotations
+
+import math
+from numbers import Real
 
 import torch
 
@@ -26,6 +33,9 @@ _CPU_DTYPES = _DTYPES + (torch.float64,)
 # The schema's int codes (csrc/linear/linear_launch.h, LinearActivation).
 ACTIVATIONS = {None: 0, "gelu_tanh": 1, "swiglu": 2}
 _NAMES = {code: name for name, code in ACTIVATIONS.items()}
+# The pre-normalization's codes (LinearNorm in csrc/linear/linear_launch.h).
+NORMS = {None: 0, "layer_norm": 1, "rms_norm": 2}
+_NORM_NAMES = {code: name for name, code in NORMS.items()}
 # Rows of x (the product of its leading dims) up to which our CUDA kernel runs (kMaxGemvRows in
 # csrc/linear/linear.cpp); above it, cuBLAS.
 MAX_GEMV_ROWS = 16
@@ -35,6 +45,39 @@ def activation_code(activation) -> int:
     if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
         raise ValueError(f"activation must be None, 'gelu_tanh' or 'swiglu', got {activation!r}")
     return ACTIVATIONS[activation]
+
+
+def norm_code(norm) -> int:
+    if not isinstance(norm, (str, type(None))) or norm not in NORMS:
+        raise ValueError(f"norm must be None, 'layer_norm' or 'rms_norm', got {norm!r}")
+    return NORMS[norm]
+
+
+def check_norm(x: torch.Tensor, norm: int, norm_weight, norm_bias, eps) -> float:
+    """Raise TypeError / ValueError naming the bad pre-normalization argument (after ``check_args`` has
+    checked x); return ``eps`` as a float. The messages of csrc/linear/linear.cpp."""
+    if norm not in _NORM_NAMES:
+        raise ValueError(f"norm must be 0 (none), 1 (layer_norm) or 2 (rms_norm), got {norm!r}")
+    if isinstance(eps, bool) or not isinstance(eps, Real):
+        raise TypeError(f"eps must be a finite number >= 0, got {eps!r}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    for t, name in ((norm_weight, "norm_weight"), (norm_bias, "norm_bias")):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if norm == 0:
+            raise ValueError(f"{name} must be None without a norm, got a tensor")
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on the same device as x ({x.device}), got {t.device}")
+        if t.dtype not in (x.dtype, torch.float32):
+            raise ValueError(f"{name} must have x's dtype ({x.dtype}) or torch.float32, got {t.dtype}")
+        if tuple(t.shape) != (x.shape[-1],):
+            raise ValueError(f"{name} must have shape (in_features,) = ({x.shape[-1]},), got {_shape(t)}")
+    if norm == NORMS["rms_norm"] and norm_bias is not None:
+        raise ValueError("norm_bias must be None with rms_norm, got a tensor")
+    return float(eps)
 
 
 def _check_param(t, name: str, x: torch.Tensor, xn: str, shape: tuple) -> None:
@@ -102,8 +145,12 @@ def linear(
     *,
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    norm: str | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
 ) -> torch.Tensor:
-    """``act(x @ weight.T + bias) + residual``, float32 accumulation, one rounding to x's dtype.
+    """``act(norm(x) @ weight.T + bias) + residual``, float32 accumulation, one rounding to x's dtype.
 
     Args:
         x: ``[..., in_features]`` float16, bfloat16 or float32 (float64 on the CPU), any strides.
@@ -116,21 +163,34 @@ def linear(
             in_features]``, bias likewise) and the output is ``silu(gate) * up``, ``[..., hidden]``.
         residual: optional ``[..., out]`` (x's leading dims, the output's width), added after the
             activation.
+        norm: None, ``"layer_norm"`` or ``"rms_norm"``: x's rows are first normalized exactly as
+            ``fused_attn.layer_norm(x, norm_weight, norm_bias, eps)`` / ``rms_norm(x, norm_weight,
+            eps)`` return them (float32 statistics, the normalized row rounded to x's dtype), then
+            multiplied. A pre-LN transformer's norm and the projection after it in one launch.
+        norm_weight, norm_bias: optional ``[in_features]``, x's dtype or float32 (absent: 1 / 0);
+            ``norm_bias`` with ``"layer_norm"`` only. eps: finite, >= 0, added to the variance.
 
     Returns ``[..., out]`` in x's dtype, where out is out_features (hidden for swiglu). On CUDA,
     up to ``MAX_GEMV_ROWS`` rows of x (the product of its leading dims) run our kernel, one launch
     that reads the weight once; more rows run cuBLAS (``addmm``) with the epilogue as separate
     passes. Launches on the current stream, never synchronizes the host, works under
     ``torch.compile(fullgraph=True)`` and CUDA-graph capture. Differentiable (the backward
-    recomputes through the PyTorch reference).
+    recomputes through the PyTorch reference), also with respect to norm_weight and norm_bias.
+    With ``norm``, up to ``MAX_GEMV_ROWS`` rows whose normalized copy fits 64 KB of shared memory
+    normalize in the kernel's prologue; other shapes run ``layer_norm``'s kernel first (same result).
     """
     code = activation_code(activation)
+    ncode = norm_code(norm)
     check_args(x, weight, bias, residual, code)
+    eps = check_norm(x, ncode, norm_weight, norm_bias, eps)
     if x.device.type == "cuda":
         if weight.stride(-1) != 1 and weight.shape[-1] > 1:
             weight = weight.contiguous()
         _ops.ensure_loaded()
-    return torch.ops.fused_attn.linear(x, weight, bias, residual, activation=code)
+    if ncode == 0:  # the schema's defaults: graphs and traces of the plain op stay as they were
+        return torch.ops.fused_attn.linear(x, weight, bias, residual, activation=code)
+    return torch.ops.fused_attn.linear(x, weight, bias, residual, norm_weight, norm_bias, activation=code,
+                                       norm=ncode, eps=eps)
 
 
 # --------------------------------------------------------------------------- CPU, fake, autograd
@@ -140,18 +200,25 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _reference(x, weight, bias, residual, activation: int) -> torch.Tensor:
-    return reference.linear(x, weight, bias, activation=_NAMES[activation], residual=residual,
-                            compute_dtype=_compute_dtype(x))
+def _reference(x, weight, bias, residual, norm_weight, norm_bias, activation: int, norm: int,
+               eps: float) -> torch.Tensor:
+    """The op on the CPU and its backward's recompute: ``fused_attn.layer_norm``'s CPU path (its float32
+    statistics, the row rounded to x's dtype), then linear's reference."""
+    ct = _compute_dtype(x)
+    if norm:
+        x = reference.layer_norm(x, norm_weight, norm_bias, eps, rms=norm == NORMS["rms_norm"], compute_dtype=ct)
+    return reference.linear(x, weight, bias, activation=_NAMES[activation], residual=residual, compute_dtype=ct)
 
 
 # Callers (opcheck, AOTAutograd) may leave defaulted positional arguments out: the inputs,
 # needs_input_grad and the returned gradients then have that shorter length.
 def _setup_context(ctx, inputs, keyword_only_inputs, output):
-    x, weight, bias, residual = (*inputs, None, None)[:4]
+    x, weight, bias, residual, norm_weight, norm_bias = (*inputs, None, None, None, None)[:6]
     ctx.activation = keyword_only_inputs.get("activation", 0)
+    ctx.norm = keyword_only_inputs.get("norm", 0)
+    ctx.eps = keyword_only_inputs.get("eps", 1e-5)
     ctx.n_inputs = len(inputs)
-    ctx.save_for_backward(x, weight, bias, residual)
+    ctx.save_for_backward(x, weight, bias, residual, norm_weight, norm_bias)
 
 
 def _backward(ctx, grad):
@@ -163,7 +230,7 @@ def _backward(ctx, grad):
     wants = [t is not None and i < len(need) and need[i] for i, t in enumerate(saved)]
     with torch.enable_grad():
         leaves = [t if double or t is None else t.detach().requires_grad_(w) for t, w in zip(saved, wants)]
-        y = _reference(*leaves, ctx.activation)
+        y = _reference(*leaves, ctx.activation, ctx.norm, ctx.eps)
         wanted = [t for t, w in zip(leaves, wants) if w]
         grads = iter(torch.autograd.grad(y, wanted, grad, create_graph=double) if wanted else ())
     out = tuple(next(grads) if w else None for w in wants)
@@ -174,14 +241,18 @@ def _register() -> None:
     lib = "fused_attn::linear"
 
     @torch.library.register_fake(lib)
-    def _fake(x, weight, bias=None, residual=None, *, activation=0):
+    def _fake(x, weight, bias=None, residual=None, norm_weight=None, norm_bias=None, *, activation=0, norm=0,
+              eps=1e-5):
         n_out = check_args(x, weight, bias, residual, activation)
+        check_norm(x, norm, norm_weight, norm_bias, eps)
         return x.new_empty((*x.shape[:-1], n_out))
 
     @torch.library.register_kernel(lib, "cpu")
-    def _cpu_kernel(x, weight, bias=None, residual=None, *, activation=0):
+    def _cpu_kernel(x, weight, bias=None, residual=None, norm_weight=None, norm_bias=None, *, activation=0, norm=0,
+                    eps=1e-5):
         check_args(x, weight, bias, residual, activation)
-        return _reference(x, weight, bias, residual, activation)
+        eps = check_norm(x, norm, norm_weight, norm_bias, eps)
+        return _reference(x, weight, bias, residual, norm_weight, norm_bias, activation, norm, eps)
 
     torch.library.register_autograd(lib, _backward, setup_context=_setup_context)
 

@@ -29,8 +29,12 @@ def mlp(
     *,
     activation: str = "gelu_tanh",
     residual: torch.Tensor | None = None,
+    norm: str | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
 ) -> torch.Tensor:
-    """``linear(act(linear(x, w_fc, b_fc)), w_proj, b_proj) + residual``.
+    """``linear(act(linear(norm(x), w_fc, b_fc)), w_proj, b_proj) + residual``.
 
     Args:
         x: ``[..., d_model]`` float16, bfloat16 or float32 (float64 on the CPU).
@@ -40,6 +44,8 @@ def mlp(
         activation: ``"gelu_tanh"`` (GPT-2: ``F.gelu(approximate="tanh")``) or ``"swiglu"``
             (Llama: ``silu(gate) * up``).
         residual: optional ``[..., d_out]``, added to the output (the block's skip connection).
+        norm, norm_weight, norm_bias, eps: the pre-normalization of x (a pre-LN block's ln_2), in the
+            first launch's prologue: ``fused_attn.linear``'s arguments of those names.
 
     Returns ``[..., d_out]`` in x's dtype. The hidden activations are rounded to x's dtype between
     the two launches (as an eager chain in that dtype does); each launch accumulates in float32.
@@ -52,6 +58,6 @@ def mlp(
     if w_proj.dim() != 2 or w_proj.shape[1] != hidden:
         raise ValueError(f"w_proj must have shape [d_out, hidden] with hidden = {hidden} (from w_fc), "
                          f"got {tuple(w_proj.shape)}")
-    h = linear(x, w_fc, b_fc, activation=activation)
+    h = linear(x, w_fc, b_fc, activation=activation, norm=norm, norm_weight=norm_weight, norm_bias=norm_bias, eps=eps)
     check_args(h, w_proj, b_proj, residual, 0, names=("x", "w_proj", "b_proj", "residual"))
     return linear(h, w_proj, b_proj, residual=residual)

@@ -6,8 +6,9 @@ rms_norm: every row class, odd widths, misaligned and strided rows, with and wit
 attention: the flash kernel at every padded head dim, odd lengths, Sq != Sk under causal, each
 mask form, strided q/k/v, and the naive and tiled modes; and linear: every rows-of-x class, weight
 rows per block and epilogue, the element-wise path (odd K, misaligned rows) and the tensor-core kernels
-(one block per 16 weight rows, and split-K in clusters); sample: greedy and sampled, one block and a
-cluster per row, misaligned and strided rows.
+(one block per 16 weight rows, and split-K in clusters), the first two also with the LayerNorm /
+RMSNorm prologue (norm=: the normalized rows in shared memory); sample: greedy and sampled, one block
+and a cluster per row, misaligned and strided rows.
 
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py
     compute-sanitizer --tool racecheck python tests/sanitizer_cases.py --quick
@@ -160,14 +161,32 @@ LINEAR_CASES = [
 ]
 
 
+# linear with norm= (test_linear.py's run_and_check_norm): the same launch classes with the prologue,
+# float32 rows of 48 KB (16 x 768), a zero-variance row, and the fallback above 64 KB of rows.
+LINEAR_NORM_CASES = [
+    dict(m=1, k=768, n=2304, dtype=torch.float16),  # GPT-2's ln_1 + c_attn at B1
+    dict(m=3, k=3080, n=768, activation="swiglu", dtype=torch.bfloat16, layout="misaligned", norm="rms_norm",
+         norm_bias=False),
+    dict(m=16, k=768, n=96, dtype=torch.float32, affine_fp32=True),
+    dict(m=9, k=37, n=5, activation="gelu_tanh", dtype=torch.float16, layout="strided", magnitude="constant"),
+    dict(m=12, k=776, n=2306, activation="swiglu", dtype=torch.bfloat16),  # the tensor-core kernel
+    dict(m=7, k=776, n=2305, dtype=torch.float16, magnitude="offset"),
+    dict(m=16, k=2048, n=64, dtype=torch.float32),  # 128 KB of rows: layer_norm's kernel, then the plain one
+]
+
+
 def linear_cases(quick: bool) -> int:
     from tests.test_linear import case_of as linear_case_of
+    from tests.test_linear import norm_case_of, run_and_check_norm
     from tests.test_linear import run_and_check as linear_run_and_check
 
     cases = [LINEAR_CASES[0], LINEAR_CASES[1], LINEAR_CASES[5], LINEAR_CASES[7]] if quick else LINEAR_CASES
     for i, kw in enumerate(cases):
         linear_run_and_check(linear_case_of(seed=i, **kw), "cuda")
-    return len(cases)
+    norm_cases = [LINEAR_NORM_CASES[0], LINEAR_NORM_CASES[4]] if quick else LINEAR_NORM_CASES
+    for i, kw in enumerate(norm_cases):
+        run_and_check_norm(norm_case_of(seed=i, **kw), "cuda")
+    return len(cases) + len(norm_cases)
 
 
 # sample: (rows, vocab, dtype, layout, temperature, offsets): one block per row (vocab <= 4096), clusters of

@@ -124,6 +124,24 @@ def test_eos_fills_the_rest_and_stops_early_cpu():
     assert out.shape[1] < 20 + 40  # stopped at the first check after every row had EOS
 
 
+@pytest.mark.parametrize("mlp", ["fused", "eager"])
+def test_folded_norms_match_separate_norms_cpu(mlp):
+    """With the layer_norm and linear backends fused, ln_1, ln_2 and ln_f run inside c_attn's, c_fc's
+    and the lm_head's linear (their norm= prologue; through mlp's norm arguments with the fused MLP):
+    on the CPU the same logits, bit for bit, as each norm by layer_norm and then the linear."""
+    backends = {"attention": "fused", "layer_norm": "fused", "linear": "fused", "mlp": mlp}
+    m = GPT2.from_hf(hf_model(VARIED), backends=backends)
+    assert m.fold_norms and all(b.fold_norms for b in m.h)
+    ids, mask = left_padded(TINY["vocab_size"], (20, 13, 6))
+    with torch.no_grad():
+        folded = m(ids, mask)
+        m.fold_norms = False
+        for b in m.h:
+            b.fold_norms = False
+        separate = m(ids, mask)
+    assert torch.equal(folded, separate)
+
+
 # "fused": decode_attention (lengths and left padding per sequence); "softmax": the previous step
 # (index_copy_ at the slot, the key mask); "sdpa": the plain PyTorch step (index_copy_, SDPA under
 # the key mask): each reads its own state.

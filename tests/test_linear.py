@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from fused_attn import reference
 from fused_attn.linear import MAX_GEMV_ROWS, linear
-from tests.tolerances import assert_linear_close
+from tests.tolerances import NORM_ULPS, assert_linear_close
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ACTIVATIONS = [None, "gelu_tanh", "swiglu"]
@@ -314,6 +314,13 @@ def opcheck_inputs(device):
         ((randn(20, 24, dtype=torch.bfloat16), randn(8, 24, dtype=torch.bfloat16), None,
           randn(20, 8, dtype=torch.bfloat16)), dict(activation=0)),
         ((randn(7, dtype=torch.float32), randn(5, 7, dtype=torch.float32)), {}),
+        # norm=: norm_weight / norm_bias are the 5th and 6th positional arguments
+        ((randn(1, 64), randn(96, 64), randn(96), randn(1, 96), randn(64), randn(64, dtype=torch.float32)),
+         dict(activation=1, norm=1, eps=1e-5)),
+        ((randn(2, 3, 40, dtype=torch.float32), randn(16, 40, dtype=torch.float32), None, None,
+          randn(40, dtype=torch.float32), None), dict(activation=2, norm=2, eps=1e-6)),
+        ((randn(20, 72, dtype=torch.bfloat16), randn(8, 72, dtype=torch.bfloat16), None, None, None, None),
+         dict(norm=1)),
     ]
 
 
@@ -402,3 +409,291 @@ def test_bad_inputs_through_the_op_gpu():
         op(x, w, activation=3)
     with pytest.raises(ValueError, match=r"weight must have a contiguous last dim \(stride 1\)"):
         op(x, torch.randn(8, 6, device="cuda").t())
+
+
+# --------------------------------------------------------------------------- pre-normalization (norm=)
+
+NORMS = ["layer_norm", "rms_norm"]
+# Rows of x: "normal" (randn x scale), "offset" (1e4 plus a spread of a few units of the dtype's
+# precision at 1e4: the mean's cancellation), "constant" (all-equal rows: zero variance).
+MAGNITUDES = ["normal", "offset", "constant"]
+
+
+@st.composite
+def norm_case(draw, budget, cuda):
+    case = draw(linear_case(budget, cuda))
+    if case["k"] == 0:
+        case["k"] = draw(st.sampled_from([1, 7, 768]))
+        if case["m"] * case["k"] * case["n"] > 4 * budget:
+            case["m"] = 1
+    norm = draw(st.sampled_from(NORMS))
+    return {**case, "norm": norm, "norm_weight": draw(st.booleans()),
+            "norm_bias": norm == "layer_norm" and draw(st.booleans()),
+            "affine_fp32": draw(st.booleans()), "magnitude": draw(st.sampled_from(MAGNITUDES)),
+            "eps": draw(st.sampled_from([1e-5, 1e-6, 0.1]))}
+
+
+def norm_case_of(**kw):
+    base = dict(norm="layer_norm", norm_weight=True, norm_bias=True, affine_fp32=False, magnitude="normal", eps=1e-5)
+    return case_of(**{**base, **kw})
+
+
+def make_norm_inputs(case, device):
+    x, w, b, r = make_inputs(case, device)
+    gen = torch.Generator().manual_seed(case["seed"] + 1)
+    k, dtype = case["k"], case["dtype"]
+    if case["magnitude"] != "normal":
+        spread = 0.0 if case["magnitude"] == "constant" else 1e4 * 4 * torch.finfo(dtype).eps
+        rows = 1e4 + spread * torch.randn((*x.shape[:-1], k), generator=gen, dtype=torch.float64)
+        x = _place(rows.to(dtype).to(device), case["layout"], gen)
+    adt = torch.float32 if case["affine_fp32"] else dtype
+
+    def affine(mean):
+        return (mean + 0.5 * torch.randn(k, generator=gen, dtype=torch.float64)).to(adt).to(device)
+
+    nw = affine(1.0) if case["norm_weight"] else None
+    nb = affine(0.0) if case["norm_bias"] else None
+    return x, w, b, r, nw, nb
+
+
+def run_and_check_norm(case, device):
+    x, w, b, r, nw, nb = make_norm_inputs(case, device)
+    rms, act, eps = case["norm"] == "rms_norm", case["activation"], case["eps"]
+    n_out = case["n"] // 2 if act == "swiglu" else case["n"]
+    poison_allocator(x[..., :1].numel() * n_out * x.element_size(), device)
+    got = linear(x, w, b, activation=act, residual=r, norm=case["norm"], norm_weight=nw, norm_bias=nb, eps=eps)
+    assert got.shape == (*x.shape[:-1], n_out) and got.dtype == x.dtype and got.device == x.device
+    # The float64 composition (the normalized rows not rounded), and PyTorch's at x's dtype: the norm
+    # in float32 rounded to x's dtype (F.layer_norm's arithmetic), then the eager chain.
+    xn64 = reference.layer_norm(x.double(), nw, nb, eps, rms=rms, compute_dtype=torch.float64)
+    want = reference._linear_compute(xn64, w, b, act, r, torch.float64)
+    if x.dtype == torch.float64:
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10 * max(1.0, want.abs().max().item()))
+        return
+    xn = reference.layer_norm(x, nw, nb, eps, rms=rms, compute_dtype=torch.float32)
+    assert_linear_close(got, reference.eager_linear(xn, w, b, act, r), want, f"linear norm {case}", k=x.shape[-1])
+
+
+NORM_EXAMPLES = [
+    norm_case_of(),
+    norm_case_of(norm="rms_norm", norm_bias=False, activation="gelu_tanh"),
+    norm_case_of(k=768, n=2304, m=1, dtype=torch.bfloat16),  # GPT-2's ln_1 + c_attn at B1
+    norm_case_of(k=768, n=3072, m=4, dtype=torch.float16, activation="gelu_tanh", residual=False),  # ln_2 + c_fc
+    norm_case_of(k=768, n=2304, m=16, dtype=torch.float16, affine_fp32=True),  # tensor-core kernel (N >= 2112)
+    norm_case_of(k=768, n=96, m=16, dtype=torch.float32, magnitude="offset"),  # fp32: 16 x 768 x 4 = 48 KB of rows
+    norm_case_of(k=2048, n=64, m=16, dtype=torch.float32),  # 128 KB of rows: normalized in a launch of its own
+    norm_case_of(k=7, n=5, m=3, dtype=torch.bfloat16, magnitude="constant"),  # element-wise path, zero variance
+    norm_case_of(k=33, n=9, m=5, dtype=torch.float16, layout="strided", norm="rms_norm", norm_bias=False),
+    norm_case_of(k=1000, n=6, m=16, dtype=torch.float32, activation="swiglu", layout="misaligned"),
+    norm_case_of(k=64, n=10, m=17, dtype=torch.bfloat16, activation="swiglu", magnitude="offset"),  # cuBLAS path
+    norm_case_of(k=40, n=10, m=20, dtype=torch.float16),  # cuBLAS path, a width layer_norm's kernel does not take
+    norm_case_of(k=256, n=64, m=2, dtype=torch.float16, magnitude="constant", norm_weight=False, norm_bias=False),
+    norm_case_of(k=256, n=64, m=8, dtype=torch.bfloat16, magnitude="constant", norm="rms_norm", norm_bias=False),
+]
+
+
+@pytest.mark.gpu
+@given(case=norm_case(GPU_BUDGET, cuda=True))
+@with_examples(NORM_EXAMPLES + [norm_case_of(k=4096, n=1024, m=m, dtype=torch.bfloat16, activation="gelu_tanh")
+                                for m in (1, 3, 9, 17)])
+def test_norm_matches_reference_gpu(case):
+    run_and_check_norm(case, "cuda")
+
+
+@given(case=norm_case(CPU_BUDGET, cuda=False))
+@with_examples([c for c in NORM_EXAMPLES if c["m"] * c["k"] * c["n"] <= 1 << 16]
+               + [norm_case_of(k=13, n=6, m=3, dtype=torch.float64, activation="swiglu")])
+def test_norm_matches_reference_cpu(case):
+    run_and_check_norm(case, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 4, 5, 8, 9, 16, 17])
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_rows_match_layer_norm_gpu(m, norm, dtype):
+    """The normalized rows the kernels multiply are layer_norm's / rms_norm's: with the weight's first K
+    rows the identity, the first K output columns are those rows themselves (float32 sums of one exact
+    product). The float32 statistics are the same formulas summed in another order, so an element may
+    differ by one rounding of x's dtype, or (near 0, where that rounding is finer) by the statistics'
+    float32 error (tolerances.NORM_ULPS); in float16 / bfloat16, 99% of them are bit for bit equal.
+    N = 2304: the tensor-core kernel from 5 rows in float16 / bfloat16; 17 rows: layer_norm's kernel."""
+    from fused_attn.layer_norm import layer_norm, rms_norm
+
+    gen = torch.Generator().manual_seed(m)
+    k, n = 768, 2304
+    x = (3 + torch.randn(m, k, generator=gen)).to(dtype).cuda()
+    w = torch.cat([torch.eye(k), torch.randn(n - k, k, generator=gen) / math.sqrt(k)]).to(dtype).cuda()
+    nw = (1 + 0.5 * torch.randn(k, generator=gen)).to(dtype).cuda()
+    nb = (0.5 * torch.randn(k, generator=gen)).to(dtype).cuda() if norm == "layer_norm" else None
+    got = linear(x, w, norm=norm, norm_weight=nw, norm_bias=nb)
+    xn = layer_norm(x, nw, nb) if norm == "layer_norm" else rms_norm(x, nw, eps=1e-5)
+    xhat = reference.layer_norm(x.double(), None, None, 1e-5, rms=norm == "rms_norm").abs().amax(-1, keepdim=True)
+    diff = (got[:, :k].double() - xn.double()).abs()
+    allowed = torch.finfo(dtype).eps * xn.double().abs() + NORM_ULPS * xhat * nw.double().abs()
+    assert bool((diff <= allowed).all()), f"{int((diff > allowed).sum())} elements apart by more, max {diff.max()}"
+    if dtype != torch.float32:  # float32 rows differ in the last bit wherever the statistics do
+        assert (diff == 0).double().mean().item() >= 0.99
+        assert (got[:, k:] == linear(xn, w)[:, k:]).double().mean().item() >= 0.95
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [64, 768, 1000, 2048, 4096])
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_norm_smem_budget_gpu(k, m):
+    """Normalized rows of more than 64 KB (float32, 16 x 2048 and up) fall back to layer_norm's kernel
+    and the plain kernels: the same result as those two launches, bit for bit."""
+    from fused_attn.layer_norm import layer_norm
+
+    gen = torch.Generator().manual_seed(k + m)
+    x, w = torch.randn(m, k, generator=gen).cuda(), (torch.randn(512, k, generator=gen) / math.sqrt(k)).cuda()
+    got = linear(x, w, norm="layer_norm")
+    want = linear(layer_norm(x), w)
+    if m * k * 4 > 64 * 1024:
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("with_norm_weight", [False, True])
+def test_norm_gradcheck_float64_cpu(norm, with_norm_weight):
+    gen = torch.Generator().manual_seed(0)
+
+    def t(*shape):
+        return torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+
+    x, w, b, r = t(2, 3, 5), t(6, 5), t(6), t(2, 3, 6)
+    nw = t(5) if with_norm_weight else None
+    nb = t(5) if norm == "layer_norm" else None
+    inputs = tuple(v for v in (x, w, b, r, nw, nb) if v is not None)
+
+    def f(*ts):
+        it = iter(ts)
+        xx, ww, bb, rr = next(it), next(it), next(it), next(it)
+        nnw = next(it) if with_norm_weight else None
+        nnb = next(it) if norm == "layer_norm" else None
+        return linear(xx, ww, bb, activation="gelu_tanh", residual=rr, norm=norm, norm_weight=nnw, norm_bias=nnb,
+                      eps=1e-3)
+
+    assert torch.autograd.gradcheck(f, inputs)
+    assert torch.autograd.gradgradcheck(f, inputs)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_norm_gradients_match_float64_autograd(device):
+    gen = torch.Generator().manual_seed(2)
+    ts = [torch.randn(s, generator=gen, dtype=torch.float64) for s in ((3, 64), (10, 64), (10,), (3, 10), (64,),
+                                                                       (64,))]
+    leaves = [v.float().to(device).requires_grad_() for v in ts]
+    x, w, b, r, nw, nb = leaves
+    y = linear(x, w, b, residual=r, norm="layer_norm", norm_weight=nw, norm_bias=nb)
+    g = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    y.backward(g.float().to(device))
+    ref = [v.clone().requires_grad_() for v in ts]
+    xn = reference.layer_norm(ref[0], ref[4], ref[5], 1e-5)
+    reference.linear(xn, ref[1], ref[2], residual=ref[3]).backward(g)
+    for got, want in zip(leaves, ref):
+        torch.testing.assert_close(got.grad.cpu().double(), want.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_norm_meta_shapes_and_default_eps():
+    x = torch.empty(2, 5, 64, device="meta", dtype=torch.bfloat16)
+    w = torch.empty(100, 64, device="meta", dtype=torch.bfloat16)
+    nw = torch.empty(64, device="meta", dtype=torch.float32)
+    assert linear(x, w, norm="rms_norm", norm_weight=nw).shape == (2, 5, 100)
+    assert linear(x, w, activation="swiglu", norm="layer_norm").shape == (2, 5, 50)
+
+
+@pytest.mark.gpu
+def test_norm_cuda_graph_replays():
+    gen = torch.Generator().manual_seed(0)
+    x, w, b, nw, nb = (torch.randn(s, generator=gen).half().cuda() for s in ((1, 768), (2304, 768), (2304,), (768,),
+                                                                             (768,)))
+    kw = dict(norm="layer_norm", norm_weight=nw, norm_bias=nb)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        linear(x, w, b, **kw)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = linear(x, w, b, **kw)
+    for i in range(2):
+        x.copy_(torch.randn(x.shape, generator=gen).half())
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, linear(x, w, b, **kw)), f"replay {i}"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_norm_torch_compile_fullgraph(device):
+    def block(x, w, b, nw, nb):
+        return linear(x, w, b, activation="gelu_tanh", norm="layer_norm", norm_weight=nw, norm_bias=nb, eps=1e-6) + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    gen = torch.Generator().manual_seed(0)
+    args = [torch.randn(s, generator=gen).to(device) for s in ((1, 1, 64), (48, 64), (48,), (64,), (64,))]
+    torch.testing.assert_close(compiled(*args), block(*args))
+
+
+NORM_BAD = [
+    ("norm name", dict(norm="batch_norm"), ValueError,
+     r"norm must be None, 'layer_norm' or 'rms_norm', got 'batch_norm'"),
+    ("norm type", dict(norm=1), ValueError, r"norm must be None, 'layer_norm' or 'rms_norm', got 1"),
+    ("norm_weight type", dict(norm_weight=[1.0] * 8), TypeError,
+     r"norm_weight must be a torch.Tensor or None, got list"),
+    ("norm_weight shape", dict(norm_weight=torch.randn(7)), ValueError,
+     r"norm_weight must have shape \(in_features,\) = \(8,\), got \(7,\)"),
+    ("norm_weight dtype", dict(norm_weight=torch.randn(8, dtype=torch.float64)), ValueError,
+     r"norm_weight must have x's dtype \(torch.float32\) or torch.float32, got torch.float64"),
+    ("norm_weight device", dict(norm_weight=torch.randn(8, device="meta")), ValueError,
+     r"norm_weight must be on the same device as x \(cpu\), got meta"),
+    ("norm_bias shape", dict(norm_bias=torch.randn(8, 1)), ValueError,
+     r"norm_bias must have shape \(in_features,\) = \(8,\), got \(8, 1\)"),
+    ("norm_bias with rms", dict(norm="rms_norm", norm_bias=torch.randn(8)), ValueError,
+     r"norm_bias must be None with rms_norm, got a tensor"),
+    ("norm_weight without norm", dict(norm=None, norm_weight=torch.randn(8)), ValueError,
+     r"norm_weight must be None without a norm, got a tensor"),
+    ("eps negative", dict(eps=-1e-5), ValueError, r"eps must be a finite number >= 0, got -1e-05"),
+    ("eps nan", dict(eps=math.nan), ValueError, r"eps must be a finite number >= 0, got nan"),
+    ("eps type", dict(eps="small"), TypeError, r"eps must be a finite number >= 0, got 'small'"),
+]
+
+
+@pytest.mark.parametrize("name,changes,exc,match", NORM_BAD, ids=[b[0] for b in NORM_BAD])
+def test_norm_bad_inputs_raise(name, changes, exc, match):
+    args = {**_good(), "norm": "layer_norm", "norm_weight": None, "norm_bias": None, "eps": 1e-5, **changes}
+    with pytest.raises(exc, match=match):
+        linear(args["x"], args["weight"], args["bias"], activation=args["activation"], residual=args["residual"],
+               norm=args["norm"], norm_weight=args["norm_weight"], norm_bias=args["norm_bias"], eps=args["eps"])
+
+
+def test_norm_bad_code_through_the_op_cpu():
+    x, w = torch.randn(3, 8), torch.randn(6, 8)
+    with pytest.raises(ValueError, match=r"norm must be 0 \(none\), 1 \(layer_norm\) or 2 \(rms_norm\), got 3"):
+        torch.ops.fused_attn.linear(x, w, norm=3)
+
+
+@pytest.mark.gpu
+def test_norm_bad_inputs_through_the_op_gpu():
+    """The C++ launcher's own checks of the norm arguments."""
+    import fused_attn
+
+    fused_attn.load()
+    op = torch.ops.fused_attn.linear
+    x, w = torch.randn(3, 8, device="cuda"), torch.randn(6, 8, device="cuda")
+    with pytest.raises(ValueError, match=r"norm must be 0 \(none\), 1 \(layer_norm\) or 2 \(rms_norm\), got 3"):
+        op(x, w, norm=3)
+    with pytest.raises(ValueError, match=r"eps must be a finite number >= 0, got -1"):
+        op(x, w, norm=1, eps=-1.0)
+    with pytest.raises(ValueError, match=r"norm_weight must have shape \(in_features,\) = \(8,\), got \(7,\)"):
+        op(x, w, None, None, torch.randn(7, device="cuda"), norm=1)
+    with pytest.raises(ValueError, match=r"norm_weight must be None without a norm, got a tensor"):
+        op(x, w, None, None, torch.randn(8, device="cuda"))
+    with pytest.raises(ValueError, match=r"norm_bias must be None with rms_norm, got a tensor"):
+        op(x, w, None, None, None, torch.randn(8, device="cuda"), norm=2)
+    with pytest.raises(ValueError, match=r"norm_bias must have x's dtype \(torch.float32\) or torch.float32, got "
+                                         r"torch.float16"):
+        op(x, w, None, None, None, torch.randn(8, device="cuda").half(), norm=1)

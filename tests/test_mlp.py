@@ -152,3 +152,28 @@ def test_bad_inputs_raise(name, changes, exc, match):
     a.update(changes)
     with pytest.raises(exc, match=match):
         mlp(a["x"], a["w_fc"], a["b_fc"], a["w_proj"], a["b_proj"], activation=a["activation"], residual=a["residual"])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("m", [1, 4, 17])
+def test_norm_is_the_first_projections(device, norm, m):
+    """mlp's norm arguments go to the first projection: the same as normalizing x first (layer_norm's
+    result), bit for bit on the CPU, within the linear tolerances on CUDA."""
+    from fused_attn.layer_norm import layer_norm, rms_norm
+
+    c = case_of(m=m, d=768 if device == "cuda" else 64, hidden=3072 if device == "cuda" else 96, d_out=7)
+    x, w_fc, b_fc, w_proj, b_proj, r = make_inputs(c, device)
+    gen = torch.Generator().manual_seed(m)
+    nw = (1 + torch.randn(x.shape[-1], generator=gen)).to(x.dtype).to(device)
+    nb = torch.randn(x.shape[-1], generator=gen).to(x.dtype).to(device) if norm == "layer_norm" else None
+    got = mlp(x, w_fc, b_fc, w_proj, b_proj, residual=r, norm=norm, norm_weight=nw, norm_bias=nb, eps=1e-5)
+    xn = layer_norm(x, nw, nb, 1e-5) if norm == "layer_norm" else rms_norm(x, nw, 1e-5)
+    two = mlp(xn, w_fc, b_fc, w_proj, b_proj, residual=r)
+    if device == "cpu":
+        assert torch.equal(got, two)
+    else:
+        xn64 = reference.layer_norm(x, nw, nb, 1e-5, rms=norm == "rms_norm", compute_dtype=torch.float64).double()
+        h = reference._linear_compute(xn64, w_fc, b_fc, "gelu_tanh", None, torch.float64)
+        want = reference._linear_compute(h, w_proj, b_proj, None, r, torch.float64)
+        assert_linear_close(got, two, want, f"mlp norm {c}", k=w_proj.shape[-1])

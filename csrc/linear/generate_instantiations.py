@@ -3,11 +3,12 @@
     python csrc/linear/generate_instantiations.py          # rewrite the files
     python csrc/linear/generate_instantiations.py --check  # exit 1 if a file is missing or stale
 
-Each (dtype, MT) unit instantiates launch_linear_gemv, whose kernels cover the three weight rows
-per block (1, 2, 4) and both load paths (16-byte, element-wise): 6 kernels per unit, 90 in 15
-units that ninja compiles side by side; the float16 / bfloat16 units of MT 8 and 16 also the
-tensor-core kernels (linear_mma_kernel, and linear_splitk.cuh's split-K kernel). The files are
-committed; the build does not run this script (tests/test_build.py checks they are current).
+Each (dtype, MT, norm) unit instantiates launch_linear_gemv, whose kernels cover the three weight
+rows per block (1, 2, 4) and both load paths (16-byte, element-wise): 6 kernels per unit, 180 in 30
+units that ninja compiles side by side (``_norm``: with the LayerNorm / RMSNorm prologue); the
+float16 / bfloat16 units of MT 8 and 16 also the tensor-core kernels (linear_mma_kernel, and without
+the norm linear_splitk.cuh's split-K kernel). The files are committed; the build does not run this
+script (tests/test_build.py checks they are current).
 """
 
 from __future__ import annotations
@@ -27,15 +28,21 @@ def units() -> dict[str, str]:
     out = {}
     for dt, T in DTYPES.items():
         for mt in ROWS:
-            decls = f"template void launch_linear_gemv<{T}, {mt}>(const LinearParams&, int, int, cudaStream_t);\n"
-            mma = dt != "fp32" and mt in MMA_ROWS
-            if mma:
-                decls += (f"template void launch_linear_mma<{T}, {mt}>(const LinearParams&, cudaStream_t);\n"
-                          f"template int linear_mma_arch<{T}, {mt}>();\n"
-                          f"template void launch_linear_splitk<{T}, {mt}>(const LinearParams&, int, cudaStream_t);\n"
-                          f"template int linear_splitk_arch<{T}, {mt}>();\n")
-            header = HEADER.format(header="linear_splitk.cuh" if mma else "linear_kernel.cuh")
-            out[f"linear_inst_{dt}_m{mt}.cu"] = header + decls + "}  // namespace fused_attn\n"
+            for norm in (False, True):
+                flag = str(norm).lower()
+                decls = (f"template void launch_linear_gemv<{T}, {mt}, {flag}>(const LinearParams&, int, int, "
+                         f"cudaStream_t);\n")
+                mma = dt != "fp32" and mt in MMA_ROWS
+                if mma:
+                    decls += f"template void launch_linear_mma<{T}, {mt}, {flag}>(const LinearParams&, cudaStream_t);\n"
+                    if not norm:
+                        decls += (f"template int linear_mma_arch<{T}, {mt}>();\n"
+                                  f"template void launch_linear_splitk<{T}, {mt}>(const LinearParams&, int, "
+                                  f"cudaStream_t);\n"
+                                  f"template int linear_splitk_arch<{T}, {mt}>();\n")
+                header = HEADER.format(header="linear_splitk.cuh" if mma and not norm else "linear_kernel.cuh")
+                name = f"linear_inst_{dt}_m{mt}{'_norm' if norm else ''}.cu"
+                out[name] = header + decls + "}  // namespace fused_attn\n"
     return out
 
 

@@ -1,14 +1,18 @@
 // Launcher of linear (schema: fused_attn/_ops.py): the checks that guard memory, the choice between
 // our weight-streaming kernel (rows of x <= kMaxGemvRows) and cuBLAS through ATen (more rows), and the
-// kernel's launch shape (rows of x per launch, weight rows per block, threads). Host C++ (g++): the
-// kernels are launched through linear_launch.h.
+// kernel's launch shape (rows of x per launch, weight rows per block, threads). With a pre-normalization
+// (norm), our kernels normalize x in their prologue; where they do not run, or the normalized rows do
+// not fit kLinearNormSmemBytes of shared memory, x is normalized first by our layer_norm op (the same
+// result, one launch more). Host C++ (g++): the kernels are launched through linear_launch.h.
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -35,6 +39,11 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 // CUDA-core kernel's FMAs and conversions per weight byte approach what the SM issues at the copy
 // bandwidth. To be confirmed on the GPU (bench/bench_linear.py at M = 4 and 16).
 constexpr int kMmaMinRows = 5;
+
+// The widths our layer_norm op takes on CUDA (csrc/layer_norm/layer_norm.cpp): the separate
+// normalization where the kernels' prologue does not run.
+constexpr int64_t kNormOpMinWidth = 64;
+constexpr int64_t kNormOpMaxWidth = 16384;
 
 
 // Which of our kernels runs at 5-16 rows (m <= 4: the CUDA-core kernel; float32: always it).
@@ -81,6 +90,32 @@ bool vector_ready(const at::Tensor& t, int64_t vec) {
 
 // The locals are named after the arguments: the check macros stringify them into the message. x is a CUDA
 // tensor, so the same-device checks make the others CUDA tensors too.
+// norm_weight / norm_bias: [in_features] on x's device, x's dtype or float32, only with a norm.
+#define FA_CHECK_NORM_AFFINE(t)                                                                             \
+  FA_CHECK_ARG(norm != kNormNone, t, "be None without a norm", "a tensor");                                 \
+  FA_CHECK_SAME_DEVICE(t, x);                                                                               \
+  FA_CHECK_ARG((t).scalar_type() == x.scalar_type() || (t).scalar_type() == at::kFloat, t,                  \
+               "have x's dtype (" + dtype_str(x.scalar_type()) + ") or torch.float32",                     \
+               dtype_str((t).scalar_type()));                                                               \
+  FA_CHECK_ARG((t).dim() == 1 && (t).size(0) == x.size(-1), t,                                              \
+               "have shape (in_features,) = (" + std::to_string(x.size(-1)) + ",)", shape_str((t).sizes()))
+
+void check_norm_args(const at::Tensor& x, const std::optional<at::Tensor>& norm_weight_opt,
+                     const std::optional<at::Tensor>& norm_bias_opt, int64_t norm, double eps) {
+  FA_CHECK_ARG(norm >= kNormNone && norm <= kNormRms, norm, "be 0 (none), 1 (layer_norm) or 2 (rms_norm)",
+               num_str(norm));
+  FA_CHECK_ARG(std::isfinite(eps) && eps >= 0, eps, "be a finite number >= 0", num_str(eps));
+  if (norm_weight_opt.has_value()) {
+    const at::Tensor& norm_weight = *norm_weight_opt;
+    FA_CHECK_NORM_AFFINE(norm_weight);
+  }
+  if (norm_bias_opt.has_value()) {
+    const at::Tensor& norm_bias = *norm_bias_opt;
+    FA_CHECK_NORM_AFFINE(norm_bias);
+    FA_CHECK_ARG(norm != kNormRms, norm_bias, "be None with rms_norm", "a tensor");
+  }
+}
+
 void check_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias_opt,
                 const std::optional<at::Tensor>& residual_opt, int64_t activation) {
   FA_CHECK_CUDA(x);
@@ -123,8 +158,16 @@ int sm_count(const at::Tensor& t) {
 
 // Launch shape: about the same number of 16-byte pieces of a row per thread (up to 256 threads), and
 // as many weight rows per block (4, 2 or 1) as still leave two blocks per SM.
+// The pre-normalization of a launch: norm code, its weight and bias (contiguous, or undefined), eps.
+struct Norm {
+  int64_t norm = kNormNone;
+  at::Tensor weight, bias;
+  double eps = 0;
+};
+
 void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                 const std::optional<at::Tensor>& residual2, int64_t activation, const at::Tensor& out2) {
+                 const std::optional<at::Tensor>& residual2, int64_t activation, const Norm& norm,
+                 const at::Tensor& out2) {
   LinearParams p{};
   const int64_t vec = 16 / x2.element_size();
   p.m = int(x2.size(0));
@@ -142,6 +185,14 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   p.out = out2.data_ptr();
   p.o_stride = out2.stride(0);
   p.vec = p.k % vec == 0 && vector_ready(x2, vec) && vector_ready(weight, vec);
+  p.norm = int(norm.norm);
+  p.norm_weight = norm.weight.defined() ? norm.weight.data_ptr() : nullptr;
+  p.norm_bias = norm.bias.defined() ? norm.bias.data_ptr() : nullptr;
+  p.nw_fp32 = norm.weight.defined() && norm.weight.scalar_type() == at::kFloat;
+  p.nb_fp32 = norm.bias.defined() && norm.bias.scalar_type() == at::kFloat;
+  p.eps = float(norm.eps);
+  p.xs_pitch = linear_xs_pitch(p.k, int(x2.element_size()));
+  const bool normed = p.norm != kNormNone;
 
   const int64_t pieces = std::max<int64_t>(1, (p.k + vec - 1) / vec);
   const int64_t per_thread = (pieces + kLinearMaxThreads - 1) / kLinearMaxThreads;
@@ -159,10 +210,12 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
       const bool wide = p.m > 8;
       if (p.m >= kMmaMinRows && p.vec && mma_blocks >= sm_count(x2)) {
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
-          wide ? launch_linear_mma<scalar_t, 16>(p, stream) : launch_linear_mma<scalar_t, 8>(p, stream);
+          FA_BOOL_SWITCH(normed, kNorm, [&] {
+            wide ? launch_linear_mma<scalar_t, 16, kNorm>(p, stream) : launch_linear_mma<scalar_t, 8, kNorm>(p, stream);
+          });
           return;
         }
-      } else if (p.m >= kMmaMinRows && p.vec) {
+      } else if (p.m >= kMmaMinRows && p.vec && !normed) {  // (the split-K kernel has no norm prologue)
         if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
           const int splits = splitk_splits(mma_blocks, p.k, sm_count(x2));
           wide ? launch_linear_splitk<scalar_t, 16>(p, splits, stream)
@@ -171,11 +224,13 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
         }
       }
     }
-    if (p.m <= 1) launch_linear_gemv<scalar_t, 1>(p, rows, threads, stream);
-    else if (p.m <= 2) launch_linear_gemv<scalar_t, 2>(p, rows, threads, stream);
-    else if (p.m <= 4) launch_linear_gemv<scalar_t, 4>(p, rows, threads, stream);
-    else if (p.m <= 8) launch_linear_gemv<scalar_t, 8>(p, rows, threads, stream);
-    else launch_linear_gemv<scalar_t, 16>(p, rows, threads, stream);
+    FA_BOOL_SWITCH(normed, kNorm, [&] {
+      if (p.m <= 1) launch_linear_gemv<scalar_t, 1, kNorm>(p, rows, threads, stream);
+      else if (p.m <= 2) launch_linear_gemv<scalar_t, 2, kNorm>(p, rows, threads, stream);
+      else if (p.m <= 4) launch_linear_gemv<scalar_t, 4, kNorm>(p, rows, threads, stream);
+      else if (p.m <= 8) launch_linear_gemv<scalar_t, 8, kNorm>(p, rows, threads, stream);
+      else launch_linear_gemv<scalar_t, 16, kNorm>(p, rows, threads, stream);
+    });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -196,12 +251,44 @@ at::Tensor linear_cublas(const at::Tensor& x2, const at::Tensor& weight, const s
   return y;
 }
 
+// x2 [m, k] normalized in a launch of its own (where the kernels' prologue does not run): our layer_norm
+// op for the widths it takes, else the same float32 arithmetic in ATen (a handful of launches).
+at::Tensor normalized(const at::Tensor& x2, const Norm& norm) {
+  const int64_t k = x2.size(1);
+  const bool rms = norm.norm == kNormRms;
+  const std::optional<at::Tensor> w = norm.weight.defined() ? std::optional<at::Tensor>(norm.weight) : std::nullopt;
+  const std::optional<at::Tensor> b = norm.bias.defined() ? std::optional<at::Tensor>(norm.bias) : std::nullopt;
+  if (k >= kNormOpMinWidth && k <= kNormOpMaxWidth) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("fused_attn::layer_norm", "")
+                               .typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&,
+                                                 const std::optional<at::Tensor>&, double, bool)>();
+    return op.call(x2, w, b, norm.eps, rms);
+  }
+  if (k == 0 || x2.size(0) == 0) return x2;
+  const at::Tensor xf = x2.to(at::kFloat);
+  // LayerNorm: the row shifted by its first element, as the kernels do (exact zeros for equal values).
+  const at::Tensor d = rms ? xf : xf - xf.narrow(1, 0, 1);
+  const at::Tensor c = rms ? d : d - d.mean(1, true);
+  at::Tensor y = c * (c.square().mean(1, true) + norm.eps).rsqrt();
+  if (w.has_value()) y = y * w->to(at::kFloat);
+  if (b.has_value()) y = y + b->to(at::kFloat);
+  return y.to(x2.scalar_type());
+}
+
 }  // namespace
 
 // Argument order follows the schema in fused_attn/_ops.py.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                  const std::optional<at::Tensor>& residual, int64_t activation) {
+                  const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
+                  const std::optional<at::Tensor>& norm_bias, int64_t activation, int64_t norm_code, double eps) {
   check_args(x, weight, bias, residual, activation);
+  check_norm_args(x, norm_weight, norm_bias, norm_code, eps);
+  Norm norm;
+  norm.norm = norm_code;
+  norm.eps = eps;
+  if (norm_weight.has_value()) norm.weight = norm_weight->contiguous();
+  if (norm_bias.has_value()) norm.bias = norm_bias->contiguous();
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t k = weight.size(1);
   const int64_t n_out = activation == kActSwiglu ? weight.size(0) / 2 : weight.size(0);
@@ -211,28 +298,34 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   at::Tensor x2 = x.reshape({m, k});
   std::optional<at::Tensor> residual2;
   if (residual.has_value()) residual2 = residual->reshape({m, n_out});
-  // The path launch_gemv will take (the split-K kernel: 16-byte weight rows and an sm_90 device; x is
-  // made 16-byte ready below).
+  // The path launch_gemv will take (the split-K kernel: no norm, 16-byte weight rows and an sm_90
+  // device; x is made 16-byte ready below).
   GemvPath path = GemvPath::kCudaCores;
   if (x.scalar_type() != at::kFloat && m >= kMmaMinRows) {
     if (mma_tiles(n_out, activation) >= sm_count(x)) {
       path = GemvPath::kTensorCores;
-    } else if (k % 8 == 0 && vector_ready(weight, 8) &&
+    } else if (norm.norm == kNormNone && k % 8 == 0 && vector_ready(weight, 8) &&
                at::cuda::getDeviceProperties(x.device().index())->major >= 9) {
       path = GemvPath::kSplitK;
     }
   }
   if (m > kMaxGemvRows || !gemv_wins(m, k, path)) {
+    if (norm.norm != kNormNone) x2 = normalized(x2, norm);
     return linear_cublas(x2, weight, bias, residual2, activation).view(out_shape);
   }
   // Few rows: small copies make every row's last dim contiguous (and x's rows 16-byte aligned).
   const int64_t vec = 16 / x.element_size();
   if (m > 0 && (x2.stride(1) != 1 || !vector_ready(x2, vec))) x2 = x2.clone(at::MemoryFormat::Contiguous);
+  if (norm.norm != kNormNone &&
+      m * linear_xs_pitch(int(k), int(x.element_size())) * x.element_size() > kLinearNormSmemBytes) {
+    x2 = normalized(x2, norm);  // the rows do not fit the prologue's shared memory
+    norm = Norm{};
+  }
   if (residual2.has_value() && residual2->stride(1) != 1) residual2 = residual2->contiguous();
   std::optional<at::Tensor> bias_c;
   if (bias.has_value()) bias_c = bias->contiguous();
   at::Tensor out = at::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
-  if (out.numel() > 0) launch_gemv(x2, weight, bias_c, residual2, activation, out.view({-1, n_out}));
+  if (out.numel() > 0) launch_gemv(x2, weight, bias_c, residual2, activation, norm, out.view({-1, n_out}));
   return out;
 }
 

@@ -29,6 +29,15 @@
 // (128 bytes of weight per lane), and sum their fragments through shared memory; with SwiGLU a
 // lane holds the gate and up sums of the same output, so the epilogue needs no exchange.
 //
+// Pre-normalization (kNorm, both kernels): y = act(norm(x) · Wᵀ + b) + residual with norm LayerNorm or
+// RMSNorm (p.norm), what fused_attn.layer_norm / rms_norm compute: float32 statistics, two passes (the
+// LayerNorm variance of the row shifted by its first element, as csrc/layer_norm does), the normalized
+// row rounded to T. After wait_for_primary(), each warp normalizes whole rows of x (<= 16 rows x K,
+// read once from L2: the bytes the plain kernels read of x per block anyway) into shared memory, and
+// the main loop reads x from there. It saves the norm's own launch (~2.5 us at B1 on an H100, for ~3
+// KB moved); the weight's first pieces are prefetched into L2 before the wait, so the stream starts
+// while the previous kernel drains, as without the norm.
+//
 // Tests: tests/test_linear.py, tests/test_mlp.py; benchmark: bench/bench_linear.py.
 #pragma once
 
@@ -78,6 +87,81 @@ __device__ __forceinline__ uint4 load_piece(const T* row, int j, int k, bool str
   }
 }
 
+// The 128-byte line at ptr into L2 (a weight: readable before wait_for_primary()).
+__device__ __forceinline__ void prefetch_l2(const void* ptr) { asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Element c of the norm's weight or bias (T or float32), `absent` without one.
+template <typename T>
+__device__ __forceinline__ float norm_affine(const void* ptr, bool fp32, int c, float absent) {
+  if (ptr == nullptr) return absent;
+  return fp32 ? static_cast<const float*>(ptr)[c] : to_float(static_cast<const T*>(ptr)[c]);
+}
+
+// The prologue of kNorm: rows [0, p.m) of x normalized (LayerNorm or RMSNorm over k, float32
+// statistics) and rounded to T into xs (rows xs_pitch elements apart, zeros from k to the next
+// 16-byte piece), one warp per row. The numerics are csrc/layer_norm's: LayerNorm shifts the row by its
+// first element, sums the shifted values (mean), then the squares of their distances to the mean
+// (variance), and writes fma((v - mean) * rstd, weight, bias); only the order of the float32 sums
+// differs. Ends with __syncthreads(): every thread of the block must call it.
+template <typename T>
+__device__ void normalize_rows(const LinearParams& p, T* xs) {
+  constexpr int VEC = Piece<T>::VEC;
+  const T* x = static_cast<const T*>(p.x);
+  const bool rms = p.norm == kNormRms;
+  const int n = p.k, pieces = (n + VEC - 1) / VEC;
+  // Whole 16-byte pieces of x: the launcher copies x so that its rows are aligned when k allows.
+  const bool vec = n % VEC == 0;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int m = warp; m < p.m; m += warps) {
+    const T* row = x + m * p.x_stride;
+    T* srow = xs + m * p.xs_pitch;
+    const float shift = !rms && n > 0 ? to_float(row[0]) : 0.f;
+    float sum = 0.f;
+    for (int j = lane; j < pieces; j += 32) {
+      Piece<T> xp;
+      xp.raw = vec ? load_piece<T, true>(row, j, n, false) : load_piece<T, false>(row, j, n, false);
+      reinterpret_cast<uint4*>(srow)[j] = xp.raw;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        if (j * VEC + e < n) sum += to_float(xp.v[e]) - shift;
+      }
+    }
+    const float mean = rms ? 0.f : warp_sum(sum) / float(n);
+    float sq = 0.f;
+    for (int j = lane; j < pieces; j += 32) {
+      Piece<T> xp;
+      xp.raw = reinterpret_cast<const uint4*>(srow)[j];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float t = (to_float(xp.v[e]) - shift) - mean;
+        if (j * VEC + e < n) sq += t * t;
+      }
+    }
+    const float rstd = rsqrtf(warp_sum(sq) / float(n) + p.eps);
+    for (int j = lane; j < pieces; j += 32) {
+      Piece<T> xp;
+      xp.raw = reinterpret_cast<const uint4*>(srow)[j];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int c = j * VEC + e;
+        if (c < n) {
+          const float w = norm_affine<T>(p.norm_weight, p.nw_fp32, c, 1.f);
+          const float b = norm_affine<T>(p.norm_bias, p.nb_fp32, c, 0.f);
+          xp.v[e] = from_float<T>(fmaf(((to_float(xp.v[e]) - shift) - mean) * rstd, w, b));
+        }
+      }
+      reinterpret_cast<uint4*>(srow)[j] = xp.raw;
+    }
+  }
+  __syncthreads();
+}
+
 __device__ __forceinline__ float gelu_tanh(float y) {
   // PyTorch's F.gelu(approximate="tanh"): 0.5 y (1 + tanh(sqrt(2 / pi) (y + 0.044715 y^3))).
   constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
@@ -106,9 +190,10 @@ __device__ __forceinline__ void store_output(const LinearParams& p, int m, int64
   static_cast<T*>(p.out)[m * p.o_stride + col] = from_float<T>(y);
 }
 
-template <typename T, int MT, int NB, bool kVec>
+template <typename T, int MT, int NB, bool kVec, bool kNorm>
 __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const LinearParams p) {
   constexpr int VEC = Piece<T>::VEC;
+  extern __shared__ uint4 xs_raw[];  // kNorm: the normalized rows of x
   constexpr int U = 8 / NB;  // pieces per row in flight per thread
   const bool swiglu = p.activation == kActSwiglu;
   const T* x = static_cast<const T*>(p.x);
@@ -133,6 +218,21 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
     for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
 
   const int pieces = (p.k + VEC - 1) / VEC;
+  const T* xs = reinterpret_cast<const T*>(xs_raw);
+  if constexpr (kNorm) {
+    // The first weight pieces on their way into L2 while the previous kernel drains; then x is
+    // readable and the block normalizes it.
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = threadIdx.x + u * blockDim.x;
+#pragma unroll
+      for (int r = 0; r < NB; ++r) {
+        if (live[r] && j < pieces) prefetch_l2(wrow[r] + int64_t(j) * VEC);
+      }
+    }
+    wait_for_primary();
+    normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
+  }
   for (int j0 = threadIdx.x; j0 < pieces; j0 += blockDim.x * U) {
     Piece<T> wp[NB][U];
 #pragma unroll
@@ -145,7 +245,7 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
     }
     // Launched programmatically (common/pdl.cuh): the first weights are on their way while the
     // previous kernel, which writes x (and the residual), drains.
-    if (j0 == int(threadIdx.x)) wait_for_primary();
+    if (!kNorm && j0 == int(threadIdx.x)) wait_for_primary();
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int j = j0 + u * blockDim.x;
@@ -159,7 +259,8 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
       for (int m = 0; m < MT; ++m) {
         if (m >= p.m) break;
         Piece<T> xp;
-        xp.raw = load_piece<T, kVec>(x + m * p.x_stride, j, p.k, false);
+        xp.raw = kNorm ? reinterpret_cast<const uint4*>(xs + m * p.xs_pitch)[j]
+                       : load_piece<T, kVec>(x + m * p.x_stride, j, p.k, false);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           const float xv = to_float(xp.v[e]);
@@ -210,7 +311,8 @@ constexpr int kMmaChunks = 4;  // chunks of 32 k per warp in flight
 
 // One lane's operands in the tensor-core kernels (linear_mma_kernel, linear_splitk.cuh) for the tile
 // of weight rows from output column col0: its two weight rows (tile rows g and g + 8) and its x row
-// of each of the NT n-tiles, each pointer at the lane's 8 k of a chunk of 32.
+// of each of the NT n-tiles, each pointer at the lane's 8 k of a chunk of 32. With xs (the kNorm
+// kernels) the x rows are the normalized rows in shared memory, xs_pitch apart.
 template <typename T, int NT>
 struct MmaLane {
   const T* wrow[2];
@@ -220,7 +322,8 @@ struct MmaLane {
 };
 
 template <typename T, int NT>
-__device__ __forceinline__ MmaLane<T, NT> mma_lane(const LinearParams& p, int64_t col0, int lane) {
+__device__ __forceinline__ MmaLane<T, NT> mma_lane(const LinearParams& p, int64_t col0, int lane,
+                                                   const T* xs = nullptr) {
   const bool swiglu = p.activation == kActSwiglu;
   const int g = lane / 4, q = lane % 4;
   MmaLane<T, NT> L;
@@ -234,16 +337,18 @@ __device__ __forceinline__ MmaLane<T, NT> mma_lane(const LinearParams& p, int64_
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     L.xlive[t] = 8 * t + g < p.m;
-    L.xrow[t] = static_cast<const T*>(p.x) + (L.xlive[t] ? 8 * t + g : 0) * p.x_stride + q * 8;
+    const int m = L.xlive[t] ? 8 * t + g : 0;
+    L.xrow[t] = xs != nullptr ? xs + m * p.xs_pitch + q * 8 : static_cast<const T*>(p.x) + m * p.x_stride + q * 8;
   }
   return L;
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // mma.sync
 // acc += the lane's share of the products over the chunks of 32 k first, first + stride, ... below
-// end, kMmaChunks of them in flight. Waits for the primary kernel (pdl.cuh) after issuing the first
-// weight loads, before reading x; a warp with no chunk returns without waiting.
-template <typename T, int NT>
+// end, kMmaChunks of them in flight. Without kNorm, waits for the primary kernel (pdl.cuh) after
+// issuing the first weight loads, before reading x (a warp with no chunk returns without waiting);
+// with kNorm the caller has waited and x is the normalized rows in shared memory.
+template <typename T, int NT, bool kNorm = false>
 __device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaLane<T, NT>& L, int first, int end,
                                                int stride, float (&acc)[NT][4]) {
   const int q = (threadIdx.x % 32) % 4;
@@ -257,15 +362,16 @@ __device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaL
       for (int h = 0; h < 2; ++h)
         wa[u][h] = in && L.wlive[h] ? load_stream(L.wrow[h] + c * 32) : make_uint4(0, 0, 0, 0);
     }
-    if (c0 == first) wait_for_primary();  // as in linear_gemv_kernel: x after the first weights
+    if (!kNorm && c0 == first) wait_for_primary();  // as in linear_gemv_kernel: x after the first weights
 #pragma unroll
     for (int u = 0; u < kMmaChunks; ++u) {
       const int c = c0 + u * stride;
       const bool in = c < end && c * 32 + q * 8 < p.k;
 #pragma unroll
-      for (int t = 0; t < NT; ++t)
-        xb[u][t] =
-            in && L.xlive[t] ? __ldg(reinterpret_cast<const uint4*>(L.xrow[t] + c * 32)) : make_uint4(0, 0, 0, 0);
+      for (int t = 0; t < NT; ++t) {
+        const uint4* xp = reinterpret_cast<const uint4*>(L.xrow[t] + c * 32);
+        xb[u][t] = in && L.xlive[t] ? (kNorm ? *xp : __ldg(xp)) : make_uint4(0, 0, 0, 0);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kMmaChunks; ++u) {
@@ -316,19 +422,35 @@ __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, i
   }
 }
 
-// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16).
-template <typename T, int NT>
+// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); kNorm: x's rows normalized first.
+template <typename T, int NT, bool kNorm>
 __global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const LinearParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ uint4 xs_raw[];  // kNorm: the normalized rows of x
   const int warp = threadIdx.x / 32;
   const int64_t col0 = int64_t(blockIdx.x) * (p.activation == kActSwiglu ? 8 : 16);
-  const MmaLane<T, NT> L = mma_lane<T, NT>(p, col0, threadIdx.x % 32);
+  const MmaLane<T, NT> L =
+      mma_lane<T, NT>(p, col0, threadIdx.x % 32, kNorm ? reinterpret_cast<const T*>(xs_raw) : nullptr);
   float acc[NT][4];
 #pragma unroll
   for (int t = 0; t < NT; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
-  mma_accumulate<T, NT>(p, L, warp, (p.k + 31) / 32, kMmaWarps, acc);
+  const int chunks = (p.k + 31) / 32;
+  if constexpr (kNorm) {  // as in linear_gemv_kernel: the first weights into L2, then x normalized
+    const int q = (threadIdx.x % 32) % 4;
+#pragma unroll
+    for (int u = 0; u < kMmaChunks; ++u) {
+      const int c = warp + u * kMmaWarps;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (c < chunks && c * 32 + q * 8 < p.k && L.wlive[h]) prefetch_l2(L.wrow[h] + c * 32);
+      }
+    }
+    wait_for_primary();
+    normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
+  }
+  mma_accumulate<T, NT, kNorm>(p, L, warp, chunks, kMmaWarps, acc);
 
   wait_for_primary();  // warps with no chunk of K skipped the loop; the epilogue reads the residual
   launch_dependents();
@@ -339,43 +461,62 @@ __global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const Lin
 #endif
 }
 
-template <typename T, int MT, int NB>
+// The dynamic shared memory of a kNorm launch (0 without): p.m rows of xs_pitch elements.
+template <typename T, bool kNorm>
+size_t norm_smem(const LinearParams& p) {
+  return kNorm ? size_t(p.m) * p.xs_pitch * sizeof(T) : 0;
+}
+
+// A kNorm kernel may take up to kLinearNormSmemBytes of dynamic shared memory (the launcher never asks
+// for more); called once per kernel, from a function-local static of its launch.
+template <bool kNorm, typename Kernel>
+bool allow_norm_smem(Kernel kernel) {
+  return !kNorm ||
+         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kLinearNormSmemBytes) == cudaSuccess;
+}
+
+template <typename T, int MT, int NB, bool kNorm>
 void launch_nb(const LinearParams& p, int threads, cudaStream_t stream) {
   const int64_t cols_per_block = p.activation == kActSwiglu ? NB / 2 : NB;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  // Programmatic where the kernel has the sm_90 code (common/pdl.cuh); checked once per kernel.
+  // Programmatic where the kernel has the sm_90 code (common/pdl.cuh); checked once per kernel, with
+  // the shared-memory limit raised (an && that always evaluates its left side first).
   if (p.vec) {
-    static const bool pdl = programmatic_capable(linear_gemv_kernel<T, MT, NB, true>);
-    launch_programmatic(pdl, linear_gemv_kernel<T, MT, NB, true>, grid, dim3(threads), 0, stream, p);
+    constexpr auto kernel = linear_gemv_kernel<T, MT, NB, true, kNorm>;
+    static const bool pdl = allow_norm_smem<kNorm>(kernel) && programmatic_capable(kernel);
+    launch_programmatic(pdl, kernel, grid, dim3(threads), norm_smem<T, kNorm>(p), stream, p);
   } else {
-    static const bool pdl = programmatic_capable(linear_gemv_kernel<T, MT, NB, false>);
-    launch_programmatic(pdl, linear_gemv_kernel<T, MT, NB, false>, grid, dim3(threads), 0, stream, p);
+    constexpr auto kernel = linear_gemv_kernel<T, MT, NB, false, kNorm>;
+    static const bool pdl = allow_norm_smem<kNorm>(kernel) && programmatic_capable(kernel);
+    launch_programmatic(pdl, kernel, grid, dim3(threads), norm_smem<T, kNorm>(p), stream, p);
   }
 }
 
 }  // namespace linear
 
-template <typename T, int MT>
+template <typename T, int MT, bool kNorm>
 void launch_linear_mma(const LinearParams& p, cudaStream_t stream) {
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  static const bool pdl = programmatic_capable(linear::linear_mma_kernel<T, MT / 8>);
-  launch_programmatic(pdl, linear::linear_mma_kernel<T, MT / 8>, grid, dim3(kLinearMmaThreads), 0, stream, p);
+  constexpr auto kernel = linear::linear_mma_kernel<T, MT / 8, kNorm>;
+  static const bool pdl = linear::allow_norm_smem<kNorm>(kernel) && programmatic_capable(kernel);
+  launch_programmatic(pdl, kernel, grid, dim3(kLinearMmaThreads), linear::norm_smem<T, kNorm>(p), stream, p);
 }
 
 template <typename T, int MT>
 int linear_mma_arch() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8>) == cudaSuccess ? attr.binaryVersion : 0;
+  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, false>) == cudaSuccess ? attr.binaryVersion
+                                                                                                  : 0;
 }
 
-template <typename T, int MT>
+template <typename T, int MT, bool kNorm>
 void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, cudaStream_t stream) {
   switch (rows_per_block) {
-    case 1: linear::launch_nb<T, MT, 1>(p, threads, stream); break;
-    case 2: linear::launch_nb<T, MT, 2>(p, threads, stream); break;
-    default: linear::launch_nb<T, MT, 4>(p, threads, stream); break;
+    case 1: linear::launch_nb<T, MT, 1, kNorm>(p, threads, stream); break;
+    case 2: linear::launch_nb<T, MT, 2, kNorm>(p, threads, stream); break;
+    default: linear::launch_nb<T, MT, 4, kNorm>(p, threads, stream); break;
   }
 }
 

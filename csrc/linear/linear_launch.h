@@ -16,6 +16,9 @@ namespace fused_attn {
 // silu(gate) * up.
 enum LinearActivation : int { kActNone = 0, kActGeluTanh = 1, kActSwiglu = 2 };
 
+// The pre-normalization, as the schema's `int norm` (fused_attn/linear.py names them).
+enum LinearNorm : int { kNormNone = 0, kNormLayer = 1, kNormRms = 2 };
+
 struct LinearParams {
   // Strides in elements; every last dim is contiguous. x: [m, k]; w: [n, k] (nn.Linear's layout);
   // bias: [n] contiguous or nullptr; residual, out: [m, n_out].
@@ -30,6 +33,15 @@ struct LinearParams {
   int64_t o_stride;
   int m, k, n, n_out;  // n_out = n, or n / 2 with kActSwiglu
   int activation;
+  // The pre-normalization of x's rows (kernels instantiated with kNorm): LayerNorm or RMSNorm with
+  // float32 statistics, the normalized rows rounded to T into shared memory (xs_pitch elements apart)
+  // before the matmul. norm_weight / norm_bias: [k], T or float32 (the *_fp32 flags), or nullptr (1 / 0).
+  int norm;
+  const void* norm_weight;
+  const void* norm_bias;
+  bool nw_fp32, nb_fp32;
+  float eps;
+  int xs_pitch;
   // 16-byte loads of w and x: k, both row strides multiples of the vector width and both bases
   // 16-byte aligned. Otherwise the element-wise path (any k, any alignment).
   bool vec;
@@ -39,17 +51,30 @@ struct LinearParams {
 // is read once for all of them.
 constexpr int kLinearMaxRows = 16;
 constexpr int kLinearMaxThreads = 256;
+// The shared memory the normalized rows of x may take (p.m x xs_pitch x sizeof(T)); a launch that
+// needs more normalizes in a separate launch first (linear.cpp). 64 KB keeps three blocks per SM.
+constexpr int kLinearNormSmemBytes = 64 * 1024;
+
+// The row pitch in elements of the normalized rows in shared memory: k rounded up to 16-byte pieces,
+// and an odd multiple of 64 bytes, so that the tensor-core kernel's 8 lanes of a load phase (two x
+// rows, 64 bytes each) hit distinct banks.
+inline int linear_xs_pitch(int k, int elem_bytes) {
+  int bytes = (k * elem_bytes + 63) / 64 * 64;
+  if (bytes % 128 == 0) bytes += 64;
+  return bytes / elem_bytes;
+}
 
 // Defined in linear_kernel.cuh, instantiated in linear_inst_*.cu (generate_instantiations.py).
 // MT: x rows per launch (p.m <= MT); rows_per_block: weight rows per block (1, 2 or 4; 2 or 4 with
 // kActSwiglu, a gate row and its up row each); threads: a multiple of 32 up to kLinearMaxThreads.
-template <typename T, int MT>
+// kNorm: x's rows normalized first (p.norm, the shared memory of linear_xs_pitch).
+template <typename T, int MT, bool kNorm>
 void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, cudaStream_t stream);
 // The tensor-core kernel: float16 / bfloat16, MT 8 or 16, p.vec (16-byte rows, k a multiple of 8);
 // 16 output columns per block (8 with kActSwiglu). linear_mma_arch: the SM version it was compiled
 // for (0 if none: mma.sync needs sm_80).
 constexpr int kLinearMmaThreads = 256;
-template <typename T, int MT>
+template <typename T, int MT, bool kNorm>
 void launch_linear_mma(const LinearParams& p, cudaStream_t stream);
 template <typename T, int MT>
 int linear_mma_arch();
