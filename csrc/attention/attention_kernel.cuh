@@ -59,6 +59,130 @@ struct FlashConfig {
 // stays uniform, as in PyTorch. -inf itself stays -inf (masked).
 constexpr float kMinScore = -1e38f;
 
+// The flash kernels' shared steps, on one thread's share of a score tile: an m16n8 accumulator
+// fragment per 8 keys (mma.sync's tiles, and each warp's 16-row slice of a wgmma m64nN tile):
+// s[n][e] holds row g + 8 (e / 2), key 8 n + 2 t4 + (e % 2) of the warp's rows (g = lane / 4,
+// t4 = lane % 4); rows are reduced over the lane quad. O's fragments have the same shape over
+// head-dim columns.
+
+// attn_mask through its broadcast strides, from (batch b, head h): bool or additive in T.
+template <typename T>
+struct FlashMask {
+  const unsigned char* b = nullptr;
+  const T* t = nullptr;
+  __device__ FlashMask(const AttentionParams& p, int batch, int head) {
+    if (p.mask == nullptr) return;
+    const int64_t base = batch * p.m_stride_b + head * p.m_stride_h;
+    if (p.mask_is_bool) b = static_cast<const unsigned char*>(p.mask) + base;
+    else t = static_cast<const T*>(p.mask) + base;
+  }
+};
+
+// Scores into the log2 domain; -inf where a key is past seqlen_k, causally hidden or masked.
+// row: the thread's row g, col: its first key 2 t4 (absolute indices). Only a tile that crosses
+// the end of the keys or the diagonal (`edge`), or a masked call, pays for the per-element path.
+template <typename T, int NS>
+__device__ __forceinline__ void flash_scale_mask(float (&s)[NS][4], const AttentionParams& p, const FlashMask<T>& mask,
+                                                 int row, int col, bool edge) {
+  if (p.mask == nullptr && !edge) {
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
+    }
+    return;
+  }
+  const int diag = p.seqlen_k - p.seqlen_q;
+#pragma unroll
+  for (int n = 0; n < NS; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = row + 8 * (e / 2), j = col + n * 8 + (e & 1);
+      bool on = j < p.seqlen_k && (!p.causal || j <= i + diag);
+      float x = s[n][e] * p.scale_log2;
+      if (on && i < p.seqlen_q) {
+        const int64_t at = int64_t(i) * p.m_stride_q + int64_t(j) * p.m_stride_k;
+        if (mask.b != nullptr) {
+          on = mask.b[at] != 0;
+        } else if (mask.t != nullptr) {
+          float y = s[n][e] * p.scale + to_float(mask.t[at]);  // the mask adds after the scale
+          if (y != kNegInf) y = max_nan(y, kMinScore);
+          x = y * kLog2e;
+        }
+      }
+      s[n][e] = on ? x : kNegInf;
+    }
+  }
+}
+
+// Online softmax per row: new running max m, rescale O and the running sum l (summed per lane,
+// reduced at the end), P = 2^(S - max) in place of S.
+template <int NS, int NO>
+__device__ __forceinline__ void flash_online_softmax(float (&s)[NS][4], float (&o)[NO][4], float (&m)[2],
+                                                     float (&l)[2]) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {  // rows g (hh = 0) and g + 8 (hh = 1)
+    float mx = kNegInf;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) mx = max_nan(mx, max_nan(s[n][2 * hh], s[n][2 * hh + 1]));
+    mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = max_nan(m[hh], mx);
+    const float base = mn == kNegInf ? 0.f : mn;  // nothing visible yet: every p is 0
+    const float corr = fast_exp2(m[hh] - base);   // 1 when the max stays, 0 from -inf
+    m[hh] = mn;
+    l[hh] *= corr;
+#pragma unroll
+    for (int n = 0; n < NO; ++n) {
+      o[n][2 * hh] *= corr;
+      o[n][2 * hh + 1] *= corr;
+    }
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      s[n][2 * hh] = fast_exp2(s[n][2 * hh] - base);
+      s[n][2 * hh + 1] = fast_exp2(s[n][2 * hh + 1] - base);
+      l[hh] += s[n][2 * hh] + s[n][2 * hh + 1];
+    }
+  }
+}
+
+// P's tiles 2 kb and 2 kb + 1 (keys 16 kb .. 16 kb + 15) as the A fragment of a k16 MMA step.
+template <typename T, int NS>
+__device__ __forceinline__ void flash_p_fragment(uint32_t (&a)[4], const float (&s)[NS][4], int kb) {
+  a[0] = pack2<T>(s[2 * kb][0], s[2 * kb][1]);
+  a[1] = pack2<T>(s[2 * kb][2], s[2 * kb][3]);
+  a[2] = pack2<T>(s[2 * kb + 1][0], s[2 * kb + 1][1]);
+  a[3] = pack2<T>(s[2 * kb + 1][2], s[2 * kb + 1][3]);
+}
+
+// out = O / l (0 on a row with no visible key), lse = (max + log2 l) · ln 2, for the thread's
+// rows `row` (its g) and row + 8 of (batch b, head h); t4 = lane % 4.
+template <typename T, int NO>
+__device__ __forceinline__ void flash_store(const AttentionParams& p, const float (&o)[NO][4], const float (&m)[2],
+                                            float (&l)[2], int b, int h, int row, int t4) {
+  T* const og = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
+    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
+    const int i = row + 8 * hh;
+    if (i >= p.seqlen_q) continue;
+    const float inv = l[hh] > 0.f ? 1.f / l[hh] : (l[hh] == 0.f ? 0.f : l[hh]);  // NaN stays NaN
+    T* orow = og + int64_t(i) * p.o_stride_s;
+#pragma unroll
+    for (int n = 0; n < NO; ++n) {
+      if (n * 8 < p.headdim) {
+        *reinterpret_cast<uint32_t*>(orow + n * 8 + 2 * t4) = pack2<T>(o[n][2 * hh] * inv, o[n][2 * hh + 1] * inv);
+      }
+    }
+    if (p.lse != nullptr && t4 == 0) {
+      const float lse = l[hh] > 0.f ? (m[hh] + __log2f(l[hh])) * 0.6931471805599453f
+                                    : (l[hh] == 0.f ? kNegInf : l[hh]);
+      p.lse[(int64_t(b) * p.nheads_q + h) * p.seqlen_q + i] = lse;
+    }
+  }
+}
+
 template <typename T, int HD>
 __global__ void __launch_bounds__(FlashConfig<T, HD>::kThreads, FlashConfig<T, HD>::kMinBlocks)
     attention_flash_kernel(const AttentionParams p) {
@@ -125,13 +249,7 @@ __global__ void __launch_bounds__(FlashConfig<T, HD>::kThreads, FlashConfig<T, H
     const int row = warp * 16 + (lane / 8 % 2) * 8 + lane % 8, c = kk * 2 + lane / 16;
     ldmatrix_x4(a, smem_addr(sq + swizzled<HD>(row, c)));
   };
-  const unsigned char* mask_b = nullptr;
-  const T* mask_t = nullptr;
-  if (p.mask != nullptr) {
-    const int64_t base = b * p.m_stride_b + h * p.m_stride_h;
-    if (p.mask_is_bool) mask_b = static_cast<const unsigned char*>(p.mask) + base;
-    else mask_t = static_cast<const T*>(p.mask) + base;
-  }
+  const FlashMask<T> mask(p, b, h);
 
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait<STAGES - 2>();
@@ -171,70 +289,15 @@ __global__ void __launch_bounds__(FlashConfig<T, HD>::kThreads, FlashConfig<T, H
       }
     }
 
-    // Into the log2 domain; -inf where a key is past seqlen_k, causally hidden or masked. Only a
-    // tile that crosses the end of the keys or this warp's diagonal, or a masked call, pays for it.
     const bool edge = j0 + BC > p.seqlen_k || (p.causal && j0 + BC - 1 > row_w + diag);
-    if (p.mask == nullptr && !edge) {
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
-      }
-    } else {
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = row_w + g + 8 * (e / 2), j = j0 + n * 8 + 2 * t4 + (e & 1);
-          bool on = j < p.seqlen_k && (!p.causal || j <= i + diag);
-          float x = s[n][e] * p.scale_log2;
-          if (on && i < p.seqlen_q) {
-            const int64_t at = int64_t(i) * p.m_stride_q + int64_t(j) * p.m_stride_k;
-            if (mask_b != nullptr) {
-              on = mask_b[at] != 0;
-            } else if (mask_t != nullptr) {
-              float y = s[n][e] * p.scale + to_float(mask_t[at]);  // the mask adds after the scale
-              if (y != kNegInf) y = max_nan(y, kMinScore);
-              x = y * kLog2e;
-            }
-          }
-          s[n][e] = on ? x : kNegInf;
-        }
-      }
-    }
-
-    // Online softmax per row: new running max, rescale what is summed, P = 2^(S - max).
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {  // rows g (hh = 0) and g + 8 (hh = 1)
-      float mx = kNegInf;
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) mx = max_nan(mx, max_nan(s[n][2 * hh], s[n][2 * hh + 1]));
-      mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mn = max_nan(m[hh], mx);
-      const float base = mn == kNegInf ? 0.f : mn;  // nothing visible yet: every p is 0
-      const float corr = fast_exp2(m[hh] - base);   // 1 when the max stays, 0 from -inf
-      m[hh] = mn;
-      l[hh] *= corr;
-#pragma unroll
-      for (int n = 0; n < HD / 8; ++n) {
-        o[n][2 * hh] *= corr;
-        o[n][2 * hh + 1] *= corr;
-      }
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) {
-        s[n][2 * hh] = fast_exp2(s[n][2 * hh] - base);
-        s[n][2 * hh + 1] = fast_exp2(s[n][2 * hh + 1] - base);
-        l[hh] += s[n][2 * hh] + s[n][2 * hh + 1];
-      }
-    }
+    flash_scale_mask<T>(s, p, mask, row_w + g, j0 + 2 * t4, edge);
+    flash_online_softmax(s, o, m, l);
 
     // O += P·V: P's accumulator tiles 2 kb, 2 kb + 1 are the A fragment of keys kb·16 .. +15.
 #pragma unroll
     for (int kb = 0; kb < BC / 16; ++kb) {
-      const uint32_t pa[4] = {pack2<T>(s[2 * kb][0], s[2 * kb][1]), pack2<T>(s[2 * kb][2], s[2 * kb][3]),
-                              pack2<T>(s[2 * kb + 1][0], s[2 * kb + 1][1]),
-                              pack2<T>(s[2 * kb + 1][2], s[2 * kb + 1][3])};
+      uint32_t pa[4];
+      flash_p_fragment<T>(pa, s, kb);
 #pragma unroll
       for (int nc = 0; nc < HD / 16; ++nc) {
         uint32_t vf[4];
@@ -247,28 +310,7 @@ __global__ void __launch_bounds__(FlashConfig<T, HD>::kThreads, FlashConfig<T, H
   }
   cp_async_wait<0>();
 
-  // out = O / l (0 on a row with no visible key), lse = (max + log2 l) · ln 2.
-  T* const og = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
-    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
-    const int i = row_w + g + 8 * hh;
-    if (i >= p.seqlen_q) continue;
-    const float inv = l[hh] > 0.f ? 1.f / l[hh] : (l[hh] == 0.f ? 0.f : l[hh]);  // NaN stays NaN
-    T* orow = og + int64_t(i) * p.o_stride_s;
-#pragma unroll
-    for (int n = 0; n < HD / 8; ++n) {
-      if (n * 8 < p.headdim) {
-        *reinterpret_cast<uint32_t*>(orow + n * 8 + 2 * t4) = pack2<T>(o[n][2 * hh] * inv, o[n][2 * hh + 1] * inv);
-      }
-    }
-    if (p.lse != nullptr && t4 == 0) {
-      const float lse = l[hh] > 0.f ? (m[hh] + __log2f(l[hh])) * 0.6931471805599453f
-                                    : (l[hh] == 0.f ? kNegInf : l[hh]);
-      p.lse[(int64_t(b) * p.nheads_q + h) * p.seqlen_q + i] = lse;
-    }
-  }
+  flash_store<T>(p, o, m, l, b, h, row_w + g, t4);
 #endif
 }
 
