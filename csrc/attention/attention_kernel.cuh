@@ -65,6 +65,43 @@ constexpr float kMinScore = -1e38f;
 // t4 = lane % 4); rows are reduced over the lane quad. O's fragments have the same shape over
 // head-dim columns.
 
+// A block's place: its tile of BR query rows (the last tiles, with the most keys under causal,
+// start first), head, batch, the key tiles of BC it reads, and its q / k / v (kv head h / group).
+template <typename T>
+struct FlashBlock {
+  int h, b, i0, n_tiles;
+  const T* q;
+  const T* k;
+  const T* v;
+  __device__ FlashBlock(const AttentionParams& p, int br, int bc) {
+    h = blockIdx.y, b = blockIdx.z;
+    i0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * br;
+    int n_end = p.seqlen_k;  // key j is visible to query i iff j <= i + seqlen_k - seqlen_q (causal)
+    if (p.causal) n_end = min(n_end, min(i0 + br, p.seqlen_q) + p.seqlen_k - p.seqlen_q);
+    n_tiles = n_end > 0 ? (n_end + bc - 1) / bc : 0;
+    const int hkv = h / p.group;
+    q = static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
+    k = static_cast<const T*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
+    v = static_cast<const T*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
+  }
+};
+
+// Rows first .. first + ROWS - 1 of a [seqlen][headdim] matrix (row stride `stride`) into a tile of
+// shared memory, 16-byte chunk c of tile row r at element offset(r, c), by NT threads with
+// cp.async; rows past `limit` and columns past headdim land as zeros (cp.async reads nothing).
+template <int ROWS, int HD, int NT, typename T, typename Offset>
+__device__ __forceinline__ void flash_load_rows(T* dst, Offset offset, const T* src, int64_t stride, int first,
+                                                int limit, int headdim) {
+  constexpr int CH = HD / 8, kVec = 8;
+  static_assert((ROWS * CH) % NT == 0, "whole copy rounds per thread");
+#pragma unroll
+  for (int n = 0; n < ROWS * CH / NT; ++n) {
+    const int i = threadIdx.x + n * NT, r = i / CH, c = i % CH, row = first + r;
+    const bool on = row < limit && c * kVec < headdim;
+    cp_async16(reinterpret_cast<uint4*>(dst + offset(r, c)), on ? src + int64_t(row) * stride + c * kVec : src, on);
+  }
+}
+
 // attn_mask through its broadcast strides, from (batch b, head h): bool or additive in T.
 template <typename T>
 struct FlashMask {
@@ -115,11 +152,12 @@ __device__ __forceinline__ void flash_scale_mask(float (&s)[NS][4], const Attent
   }
 }
 
-// Online softmax per row: new running max m, rescale O and the running sum l (summed per lane,
-// reduced at the end), P = 2^(S - max) in place of S.
-template <int NS, int NO>
-__device__ __forceinline__ void flash_online_softmax(float (&s)[NS][4], float (&o)[NO][4], float (&m)[2],
-                                                     float (&l)[2]) {
+// Online softmax per row: new running max m, P = 2^(S - max) in place of S, the running sum l
+// (summed per lane, reduced at the end) rescaled and grown; corr: the factor O must be rescaled by
+// (flash_rescale) before this tile's P·V is added.
+template <int NS>
+__device__ __forceinline__ void flash_online_softmax(float (&s)[NS][4], float (&m)[2], float (&l)[2],
+                                                     float (&corr)[2]) {
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {  // rows g (hh = 0) and g + 8 (hh = 1)
     float mx = kNegInf;
@@ -129,20 +167,26 @@ __device__ __forceinline__ void flash_online_softmax(float (&s)[NS][4], float (&
     mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float mn = max_nan(m[hh], mx);
     const float base = mn == kNegInf ? 0.f : mn;  // nothing visible yet: every p is 0
-    const float corr = fast_exp2(m[hh] - base);   // 1 when the max stays, 0 from -inf
+    corr[hh] = fast_exp2(m[hh] - base);           // 1 when the max stays, 0 from -inf
     m[hh] = mn;
-    l[hh] *= corr;
-#pragma unroll
-    for (int n = 0; n < NO; ++n) {
-      o[n][2 * hh] *= corr;
-      o[n][2 * hh + 1] *= corr;
-    }
+    l[hh] *= corr[hh];
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
       s[n][2 * hh] = fast_exp2(s[n][2 * hh] - base);
       s[n][2 * hh + 1] = fast_exp2(s[n][2 * hh + 1] - base);
       l[hh] += s[n][2 * hh] + s[n][2 * hh + 1];
     }
+  }
+}
+
+template <int NO>
+__device__ __forceinline__ void flash_rescale(float (&o)[NO][4], const float (&corr)[2]) {
+#pragma unroll
+  for (int n = 0; n < NO; ++n) {
+    o[n][0] *= corr[0];
+    o[n][1] *= corr[0];
+    o[n][2] *= corr[1];
+    o[n][3] *= corr[1];
   }
 }
 
@@ -188,48 +232,23 @@ __global__ void __launch_bounds__(FlashConfig<T, HD>::kThreads, FlashConfig<T, H
     attention_flash_kernel(const AttentionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using C = FlashConfig<T, HD>;
-  constexpr int BR = C::BR, BC = C::BC, CH = C::CH, STAGES = C::STAGES, NT = C::kThreads;
-  constexpr int kVec = 8;  // elements per 16-byte chunk
+  constexpr int BR = C::BR, BC = C::BC, STAGES = C::STAGES, NT = C::kThreads;
   extern __shared__ __align__(128) unsigned char smem[];
   T* const sq = reinterpret_cast<T*>(smem);  // [BR][HD], swizzled
   T* const pipe = sq + BR * HD;              // [stage][K, V][BC][HD], swizzled
 
-  // The last query tiles have the most keys under causal: they start first.
-  const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);
-  const int h = blockIdx.y, b = blockIdx.z, hkv = h / p.group;
+  const FlashBlock<T> blk(p, BR, BC);
+  const int h = blk.h, b = blk.b, i0 = blk.i0, n_tiles = blk.n_tiles;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
-  const int i0 = m_block * BR;
   const int diag = p.seqlen_k - p.seqlen_q;  // key j is visible to query i iff j <= i + diag (causal)
-  int n_end = p.seqlen_k;
-  if (p.causal) n_end = min(n_end, min(i0 + BR, p.seqlen_q) + diag);
-  const int n_tiles = n_end > 0 ? (n_end + BC - 1) / BC : 0;
 
-  const T* qg = static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
-  const T* kg = static_cast<const T*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
-  const T* vg = static_cast<const T*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
-
-  // Rows past seqlen_q or seqlen_k and columns past headdim land as zeros (cp.async reads nothing).
-  static_assert((BR * CH) % NT == 0 && (BC * CH) % NT == 0, "whole copy rounds per thread");
-#pragma unroll
-  for (int n = 0; n < BR * CH / NT; ++n) {
-    const int i = threadIdx.x + n * NT, r = i / CH, c = i % CH, row = i0 + r;
-    const bool on = row < p.seqlen_q && c * kVec < p.headdim;
-    cp_async16(reinterpret_cast<uint4*>(sq + swizzled<HD>(r, c)), on ? qg + int64_t(row) * p.q_stride_s + c * kVec : qg,
-               on);
-  }
+  const auto offset = [](int r, int c) { return swizzled<HD>(r, c); };
+  flash_load_rows<BR, HD, NT>(sq, offset, blk.q, p.q_stride_s, i0, p.seqlen_q, p.headdim);
   auto issue = [&](int t) {
     T* ks = pipe + (t % STAGES) * 2 * BC * HD;
-    T* vs = ks + BC * HD;
-#pragma unroll
-    for (int n = 0; n < BC * CH / NT; ++n) {
-      const int i = threadIdx.x + n * NT, r = i / CH, c = i % CH, j = t * BC + r;
-      const bool on = j < p.seqlen_k && c * kVec < p.headdim;
-      cp_async16(reinterpret_cast<uint4*>(ks + swizzled<HD>(r, c)), on ? kg + int64_t(j) * p.k_stride_s + c * kVec : kg,
-                 on);
-      cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(r, c)), on ? vg + int64_t(j) * p.v_stride_s + c * kVec : vg,
-                 on);
-    }
+    flash_load_rows<BC, HD, NT>(ks, offset, blk.k, p.k_stride_s, t * BC, p.seqlen_k, p.headdim);
+    flash_load_rows<BC, HD, NT>(ks + BC * HD, offset, blk.v, p.v_stride_s, t * BC, p.seqlen_k, p.headdim);
   };
   if (n_tiles > 0) issue(0);
   cp_async_commit();  // group 0: Q and the first K/V tile
@@ -291,7 +310,9 @@ __global__ void __launch_bounds__(FlashConfig<T, HD>::kThreads, FlashConfig<T, H
 
     const bool edge = j0 + BC > p.seqlen_k || (p.causal && j0 + BC - 1 > row_w + diag);
     flash_scale_mask<T>(s, p, mask, row_w + g, j0 + 2 * t4, edge);
-    flash_online_softmax(s, o, m, l);
+    float corr[2];
+    flash_online_softmax(s, m, l, corr);
+    flash_rescale(o, corr);
 
     // O += P·V: P's accumulator tiles 2 kb, 2 kb + 1 are the A fragment of keys kb·16 .. +15.
 #pragma unroll
