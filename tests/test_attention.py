@@ -454,6 +454,15 @@ def test_flash_is_the_wgmma_kernel_on_hopper_gpu(d):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(HOPPER, reason="the wgmma kernel runs here")
+def test_flash_wgmma_refuses_other_devices_gpu():
+    q, k, v, _ = gpu_inputs(gcase(d=64))
+    with pytest.raises(ValueError, match=r"q must be on an sm_90 device with the library built for sm_90a "
+                                         r"\(TORCH_CUDA_ARCH_LIST=9.0a\) for mode='flash_wgmma', got cuda:0"):
+        attention(q, k, v, mode="flash_wgmma")
+
+
+@pytest.mark.gpu
 @given(case=gpu_case())
 def test_matches_reference_gpu(case):
     check_case(case)
