@@ -89,16 +89,20 @@ struct FlashBlock {
 // Rows first .. first + ROWS - 1 of a [seqlen][headdim] matrix (row stride `stride`) into a tile of
 // shared memory, 16-byte chunk c of tile row r at element offset(r, c), by NT threads with
 // cp.async; rows past `limit` and columns past headdim land as zeros (cp.async reads nothing).
-template <int ROWS, int HD, int NT, typename T, typename Offset>
+// Each thread keeps one chunk column and walks rows NT / CH apart. UNROLL: copies unrolled per
+// loop step (a loader warpgroup with few registers keeps it small).
+template <int ROWS, int HD, int NT, int UNROLL = ROWS * HD / 8 / NT, typename T, typename Offset>
 __device__ __forceinline__ void flash_load_rows(T* dst, Offset offset, const T* src, int64_t stride, int first,
                                                 int limit, int headdim) {
-  constexpr int CH = HD / 8, kVec = 8;
-  static_assert((ROWS * CH) % NT == 0, "whole copy rounds per thread");
-#pragma unroll
-  for (int n = 0; n < ROWS * CH / NT; ++n) {
-    const int i = threadIdx.x + n * NT, r = i / CH, c = i % CH, row = first + r;
-    const bool on = row < limit && c * kVec < headdim;
-    cp_async16(reinterpret_cast<uint4*>(dst + offset(r, c)), on ? src + int64_t(row) * stride + c * kVec : src, on);
+  constexpr int CH = HD / 8, kVec = 8, kStep = NT / CH;  // rows apart
+  static_assert(NT % CH == 0 && ROWS % kStep == 0, "whole copy rounds per thread");
+  const int c = threadIdx.x % CH, r0 = threadIdx.x % NT / CH;
+  const bool col_on = c * kVec < headdim;
+#pragma unroll UNROLL
+  for (int r = r0; r < ROWS; r += kStep) {
+    const bool on = col_on && first + r < limit;
+    cp_async16(reinterpret_cast<uint4*>(dst + offset(r, c)), on ? src + int64_t(first + r) * stride + c * kVec : src,
+               on);
   }
 }
 

@@ -3,18 +3,21 @@
 // (attention_kernel.cuh: same semantics, masks, GQA, lse, strided views) with its two GEMMs on
 // the warpgroup MMA (wgmma), which mma.sync cannot reach on Hopper (FlashAttention-3's first step).
 //
-// One block = 2 warpgroups x 64 query rows (BR 128); keys in tiles of BC 128. Q, and two K and two
-// V tiles filled by cp.async, sit in shared memory in the 128-byte-swizzled panel layout wgmma
-// reads through descriptors (csrc/common/wgmma.cuh). Per key tile t and warpgroup: S_t (64 x 128)
-// = Q·K_tᵀ as HD / 16 wgmma m64n128k16 from shared memory (both K-major), and behind it on the
-// tensor cores the previous tile's O += P_{t-1}·V_{t-1} (BC / 16 wgmma m64nHDk16, P from
-// registers as the A operand, V [keys][HD] read MN-major: the transpose bit); the online softmax
-// of S_t (the helpers the mma.sync kernel uses: per warp, a wgmma m64nN accumulator is its 16
-// rows' m16n8 fragments) runs while that P·V does, and O is rescaled once it is done
-// (FlashAttention-3's intra-warpgroup overlap of softmax and MMA; not its producer warp, TMA or
-// warpgroup ping-pong: one barrier per tile keeps both warpgroups in step). V_t is loaded one tile
-// later than K_t, so each tile's copies have one tile of compute to land. Under causal, key tiles
-// past a block's last visible key are never loaded and a warpgroup skips the tiles past its own.
+// One block = a loader warpgroup and 2 consumer warpgroups x 64 query rows (BR 128); keys in
+// tiles of BC 128 (FlashAttention-3's warp specialization, with cp.async in place of TMA). The
+// loader (32 registers after setmaxnreg) copies Q, then K and V of each tile into a ring of 3
+// stages in the 128-byte-swizzled panel layout wgmma reads through descriptors
+// (csrc/common/wgmma.cuh), announcing each stage on an mbarrier (`full`) and refilling it once
+// both consumers handed it back (`empty`); no block barrier after the start, so the consumers do
+// not run in step. Per key tile t a consumer (240 registers) issues S_t (64 x 128) = Q·K_tᵀ as
+// HD / 16 wgmma m64n128k16 from shared memory (both K-major), and behind it on the tensor cores
+// the previous tile's O += P_{t-1}·V_{t-1} (BC / 16 wgmma m64nHDk16, P from registers as the A
+// operand, V [keys][HD] read MN-major: the transpose bit); the online softmax of S_t (the helpers
+// the mma.sync kernel uses: per warp, a wgmma m64nN accumulator is its 16 rows' m16n8 fragments)
+// runs while that P·V does (FA3's intra-warpgroup overlap); O is rescaled once it is done and
+// stage t - 1 handed back. Not done: TMA, explicit ping-pong of the two consumers. Under causal,
+// key tiles past a block's last visible key are never loaded and a consumer skips the tiles past
+// its own rows' last visible key.
 //
 // Traffic as attention_flash_kernel: Q and O once, K and V once per 128-row query tile (from L2
 // after the first), so the kernel is tensor-core bound at seqlen >= ~512; the target is 4 · Sq ·
@@ -32,46 +35,65 @@ namespace fused_attn {
 template <typename T, int HD>
 struct FlashWgmmaConfig {
   static_assert(HD == 64 || HD == 128, "the wgmma kernel is built for head dims 64 and 128");
-  static constexpr int kWarpgroups = 2;
-  static constexpr int kThreads = 128 * kWarpgroups;
-  static constexpr int BR = 64 * kWarpgroups;
+  static constexpr int kConsumers = 2;                  // warpgroups of 64 query rows
+  static constexpr int kThreads = 128 * (1 + kConsumers);  // warpgroup 0 loads
+  static constexpr int BR = 64 * kConsumers;
   static constexpr int BC = 128;
-  // Q, then two K tiles and two V tiles (HD 128: 32 + 64 + 64 KB). +1024: the tiles start at the
-  // first 1024-byte boundary of the dynamic shared memory (the 128-byte swizzle is computed from
-  // address bits 4-9).
-  static constexpr int kSmemBytes = (BR * HD + 4 * BC * HD) * int(sizeof(T)) + 1024;
+  static constexpr int STAGES = 3;  // K + V tiles: 3 x 64 KB at HD 128, with Q 224 KB
+  // Registers per thread: 168 at launch (65536 / 384); the loader gives most back.
+  static constexpr int kLoaderRegs = 32, kConsumerRegs = 240;
+  static_assert(128 * (kLoaderRegs + kConsumers * kConsumerRegs) <= 65536, "the register file");
+  // +1024: the tiles start at the first 1024-byte boundary of the dynamic shared memory (the
+  // 128-byte swizzle is computed from address bits 4-9).
+  static constexpr int kSmemBytes = (BR * HD + STAGES * 2 * BC * HD) * int(sizeof(T)) + 1024;
 };
 
-template <typename T, int HD>
-__global__ void __launch_bounds__(FlashWgmmaConfig<T, HD>::kThreads, 1)
-    attention_flash_wgmma_kernel(const AttentionParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The loader warpgroup: Q with tile 0, then K_t and V_t into stage t % STAGES once both consumer
+// warpgroups are done with the tile that was there. One copy group stays in flight: tile t is
+// announced (wait, proxy fence, arrive on full) after tile t + 1 is issued.
+template <typename T, int HD>
+__device__ __forceinline__ void flash_wgmma_load(const AttentionParams& p, const FlashBlock<T>& blk, T* sq,
+                                                 T* stages, uint64_t* full, uint64_t* empty) {
   using C = FlashWgmmaConfig<T, HD>;
-  constexpr int BR = C::BR, BC = C::BC, NT = C::kThreads;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t raw = smem_addr(smem_raw);
-  T* const sq = reinterpret_cast<T*>(smem_raw + (((raw + 1023) & ~1023u) - raw));  // [BR][HD], SW128 panels
-  T* const sk = sq + BR * HD;      // [2][BC][HD]: K of tile t in sk[t % 2]
-  T* const sv = sk + 2 * BC * HD;  // [2][BC][HD]: V of tile t in sv[t % 2]
+  constexpr int BR = C::BR, BC = C::BC, STAGES = C::STAGES;
+  const auto q_offset = [](int r, int c) { return sw128_offset<BR>(r, c); };
+  const auto kv_offset = [](int r, int c) { return sw128_offset<BC>(r, c); };
+  for (int t = 0; t < blk.n_tiles; ++t) {
+    const int st = t % STAGES;
+    mbarrier_wait(&empty[st], ((t / STAGES) & 1) ^ 1);
+    if (t == 0) flash_load_rows<BR, HD, 128, 4>(sq, q_offset, blk.q, p.q_stride_s, blk.i0, p.seqlen_q, p.headdim);
+    T* const ks = stages + st * 2 * BC * HD;
+    flash_load_rows<BC, HD, 128, 4>(ks, kv_offset, blk.k, p.k_stride_s, t * BC, p.seqlen_k, p.headdim);
+    flash_load_rows<BC, HD, 128, 4>(ks + BC * HD, kv_offset, blk.v, p.v_stride_s, t * BC, p.seqlen_k, p.headdim);
+    cp_async_commit();
+    if (t > 0) {
+      cp_async_wait<1>();
+      fence_proxy_async_shared();  // the copies, visible to the tensor cores
+      mbarrier_arrive(&full[(t - 1) % STAGES]);
+    }
+  }
+  if (blk.n_tiles > 0) {
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    mbarrier_arrive(&full[(blk.n_tiles - 1) % STAGES]);
+  }
+}
 
-  const FlashBlock<T> blk(p, BR, BC);
-  const int h = blk.h, b = blk.b, i0 = blk.i0, n_tiles = blk.n_tiles;
-  const int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+// A consumer warpgroup (wg 0 or 1): 64 query rows through every key tile, then the output.
+template <typename T, int HD>
+__device__ __forceinline__ void flash_wgmma_consume(const AttentionParams& p, const FlashBlock<T>& blk, int wg,
+                                                    const T* sq, const T* stages, uint64_t* full, uint64_t* empty) {
+  using C = FlashWgmmaConfig<T, HD>;
+  constexpr int BR = C::BR, BC = C::BC, STAGES = C::STAGES;
+  const int h = blk.h, b = blk.b, n_tiles = blk.n_tiles;
+  const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
   const int diag = p.seqlen_k - p.seqlen_q;  // key j is visible to query i iff j <= i + diag (causal)
-  const int row_wg = i0 + wg * 64;       // this warpgroup's first query row
+  const int row_wg = blk.i0 + wg * 64;   // this warpgroup's first query row
   const int row_w = row_wg + warp * 16;  // this warp's
   // Under causal, the key tiles from wg_end on are hidden from every row of this warpgroup.
   const int wg_end = p.causal ? min(p.seqlen_k, min(row_wg + 64, p.seqlen_q) + diag) : p.seqlen_k;
-
-  flash_load_rows<BR, HD, NT>(sq, [](int r, int c) { return sw128_offset<BR>(r, c); }, blk.q, p.q_stride_s, i0,
-                              p.seqlen_q, p.headdim);
-  auto load_tile = [&](T* dst, const T* src, int64_t stride, int t) {
-    flash_load_rows<BC, HD, NT>(dst, [](int r, int c) { return sw128_offset<BC>(r, c); }, src, stride, t * BC,
-                                p.seqlen_k, p.headdim);
-  };
-  if (n_tiles > 0) load_tile(sk, blk.k, p.k_stride_s, 0);
-  cp_async_commit();  // Q and K of tile 0
 
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};  // rows g and g + 8; l summed per lane
   float o[HD / 8][4];
@@ -90,7 +112,7 @@ __global__ void __launch_bounds__(FlashWgmmaConfig<T, HD>::kThreads, 1)
   // O += P·V of tile t (issued, not waited for): P from registers, keys 16 kb .. +15 per step; V
   // MN-major: 16 key rows = 2048 bytes, the HD / 64 panels BC rows apart (the LBO).
   auto issue_pv = [&](int t) {
-    const uint32_t v_base = smem_addr(sv + (t % 2) * BC * HD);
+    const uint32_t v_base = smem_addr(stages + (t % STAGES) * 2 * BC * HD + BC * HD);
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < BC / 16; ++kb) {
@@ -100,27 +122,25 @@ __global__ void __launch_bounds__(FlashWgmmaConfig<T, HD>::kThreads, 1)
   };
 
   // Per tile t: S_t = Q·K_tᵀ, then P_{t-1}·V_{t-1} queued behind it on the tensor cores; the
-  // softmax of S_t runs while that P·V does; O is rescaled once it is done.
+  // softmax of S_t runs while that P·V does; O is rescaled once it is done, and stage t - 1 is
+  // handed back to the loader.
   for (int t = 0; t < n_tiles; ++t) {
-    cp_async_wait<0>();
-    fence_proxy_async_shared();  // this thread's cp.async writes, visible to the tensor cores
-    // K_t and V_{t-1} landed for every thread; S_{t-1} and P_{t-2}·V_{t-2} of both warpgroups are
-    // done, so sk[(t + 1) % 2] and sv[t % 2] are free.
-    __syncthreads();
-    if (t + 1 < n_tiles) load_tile(sk + ((t + 1) % 2) * BC * HD, blk.k, p.k_stride_s, t + 1);
-    load_tile(sv + (t % 2) * BC * HD, blk.v, p.v_stride_s, t);
-    cp_async_commit();
+    // Even a tile this warpgroup skips is waited for before it is handed back: an early arrival
+    // could complete a later phase of the stage's empty barrier.
+    mbarrier_wait(&full[t % STAGES], (t / STAGES) & 1);
     const int j0 = t * BC;
     if (j0 >= wg_end) {  // warpgroup-uniform: this tile and every later one are hidden from its rows
       if (pending) {
         issue_pv(t - 1);
         wgmma_wait<0>();
         wgmma_fence_operands(o_flat);
+        mbarrier_arrive(&empty[(t - 1) % STAGES]);
         pending = false;
       }
+      mbarrier_arrive(&empty[t % STAGES]);
       continue;
     }
-    const uint32_t k_base = smem_addr(sk + (t % 2) * BC * HD);
+    const uint32_t k_base = smem_addr(stages + (t % STAGES) * 2 * BC * HD);
 
     // S = Q·Kᵀ: 64 rows x BC keys, HD / 16 steps of K = 16.
     wgmma_fence();
@@ -144,23 +164,55 @@ __global__ void __launch_bounds__(FlashWgmmaConfig<T, HD>::kThreads, 1)
     flash_scale_mask<T>(s, p, mask, row_w + g, j0 + 2 * t4, edge);
     float corr[2];
     flash_online_softmax(s, m, l, corr);
-    wgmma_wait<0>();  // P_{t-1}·V_{t-1} added: O and pa are free
+    wgmma_wait<0>();  // P_{t-1}·V_{t-1} added: O and pa are free, and so is stage t - 1
     wgmma_fence_operands(o_flat);
+    if (pending) mbarrier_arrive(&empty[(t - 1) % STAGES]);
     flash_rescale(o, corr);
 #pragma unroll
     for (int kb = 0; kb < BC / 16; ++kb) flash_p_fragment<T>(pa[kb], s, kb);
     pending = true;
   }
-  cp_async_wait<0>();
-  fence_proxy_async_shared();
-  __syncthreads();  // V of the last tile landed for every thread
-  if (pending) {
+  if (pending) {  // the last tile's P·V (its stage is not handed back: nothing is loaded after it)
     issue_pv(n_tiles - 1);
     wgmma_wait<0>();
     wgmma_fence_operands(o_flat);
   }
 
   flash_store<T>(p, o, m, l, b, h, row_w + g, t4);
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(FlashWgmmaConfig<T, HD>::kThreads, 1)
+    attention_flash_wgmma_kernel(const AttentionParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = FlashWgmmaConfig<T, HD>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // full[s]: stage s landed (the loader's 128 threads arrive); empty[s]: both consumer warpgroups
+  // are done with it (their 256 threads arrive).
+  __shared__ uint64_t full[C::STAGES], empty[C::STAGES];
+  const uint32_t raw = smem_addr(smem_raw);
+  T* const sq = reinterpret_cast<T*>(smem_raw + (((raw + 1023) & ~1023u) - raw));  // [BR][HD], SW128 panels
+  T* const stages = sq + C::BR * HD;  // [stage][K, V][BC][HD], SW128 panels: tile t in stage t % STAGES
+  const FlashBlock<T> blk(p, C::BR, C::BC);
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int st = 0; st < C::STAGES; ++st) {
+      mbarrier_init(&full[st], 128);
+      mbarrier_init(&empty[st], 128 * C::kConsumers);
+    }
+  }
+  __syncthreads();
+  // The warpgroup index as a warp-uniform value (a shuffle from lane 0), so the compiler sees each
+  // role as one warpgroup-uniform branch and budgets its registers by its setmaxnreg.
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
+  if (wg == 0) {
+    setmaxnreg_dec<C::kLoaderRegs>();
+    flash_wgmma_load<T, HD>(p, blk, sq, stages, full, empty);
+  } else {
+    setmaxnreg_inc<C::kConsumerRegs>();
+    flash_wgmma_consume<T, HD>(p, blk, wg - 1, sq, stages, full, empty);
+  }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built without sm_90a: the launcher never selects this kernel (attention_flash_wgmma_arch)
 #endif

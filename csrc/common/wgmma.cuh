@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "mma.cuh"
+
 namespace fused_attn {
 
 // Element offset of 16-byte chunk c (8 elements) of row r in a SW128-panel tile of `rows` rows.
@@ -55,6 +57,33 @@ __device__ __forceinline__ void wgmma_wait() {
 // async proxy the tensor cores read through; then a barrier publishes them to the warpgroup.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Shared-memory mbarriers (CTA scope) for a producer / consumer ring: init by one thread (then a
+// block barrier), arrive (release), and wait for the phase of parity `phase` to complete (acquire).
+// A fresh barrier is in phase 0: waiting on parity 1 returns at once (a stage starts empty).
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, int phase) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(phase)
+      : "memory");
+}
+// Register budget of this warpgroup's warps from here on (sm_90a; the kernel needs a register cap
+// at entry, __launch_bounds__(threads, 1)): the producer gives registers back, the consumers take them.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 // Keeps the compiler from moving reads or writes of an accumulator register across an async
 // wgmma: the asm "defines" the value where it stands (no instruction is emitted).
