@@ -15,7 +15,8 @@
 // operand, V [keys][HD] read MN-major: the transpose bit); the online softmax of S_t (the helpers
 // the mma.sync kernel uses: per warp, a wgmma m64nN accumulator is its 16 rows' m16n8 fragments)
 // runs while that P·V does (FA3's intra-warpgroup overlap); O is rescaled once it is done and
-// stage t - 1 handed back. Not done: TMA, explicit ping-pong of the two consumers. Under causal,
+// stage t - 1 handed back. The consumers take turns issuing their MMAs (named barriers: FA3's
+// ping-pong), so one's softmax runs under the other's MMAs. Not done: TMA. Under causal,
 // key tiles past a block's last visible key are never loaded and a consumer skips the tiles past
 // its own rows' last visible key.
 //
@@ -121,6 +122,17 @@ __device__ __forceinline__ void flash_wgmma_consume(const AttentionParams& p, co
     wgmma_commit();
   };
 
+  // Ping-pong: the two consumers take turns issuing a tile's MMAs (named barrier 1 + wg is this
+  // one's turn, given by the other after it issued), so one's softmax runs under the other's
+  // MMAs. Consumer 0 starts; each gives the turn once per tile, except consumer 1 after its last
+  // (nobody waits for it), skipped tiles included, so both pass the same number of turns.
+  constexpr int kPair = 256;
+  const int my_turn = 1 + wg, other_turn = 2 - wg;
+  auto pass_turn = [&](int t) {
+    if (wg == 0 || t + 1 < n_tiles) named_barrier_arrive(other_turn, kPair);
+  };
+  if (wg == 1 && n_tiles > 0) named_barrier_arrive(other_turn, kPair);
+
   // Per tile t: S_t = Q·K_tᵀ, then P_{t-1}·V_{t-1} queued behind it on the tensor cores; the
   // softmax of S_t runs while that P·V does; O is rescaled once it is done, and stage t - 1 is
   // handed back to the loader.
@@ -128,14 +140,18 @@ __device__ __forceinline__ void flash_wgmma_consume(const AttentionParams& p, co
     // Even a tile this warpgroup skips is waited for before it is handed back: an early arrival
     // could complete a later phase of the stage's empty barrier.
     mbarrier_wait(&full[t % STAGES], (t / STAGES) & 1);
+    named_barrier_sync(my_turn, kPair);
     const int j0 = t * BC;
     if (j0 >= wg_end) {  // warpgroup-uniform: this tile and every later one are hidden from its rows
       if (pending) {
         issue_pv(t - 1);
+        pass_turn(t);
         wgmma_wait<0>();
         wgmma_fence_operands(o_flat);
         mbarrier_arrive(&empty[(t - 1) % STAGES]);
         pending = false;
+      } else {
+        pass_turn(t);
       }
       mbarrier_arrive(&empty[t % STAGES]);
       continue;
@@ -154,8 +170,10 @@ __device__ __forceinline__ void flash_wgmma_consume(const AttentionParams& p, co
     wgmma_commit();
     if (pending) {
       issue_pv(t - 1);
+      pass_turn(t);
       wgmma_wait<1>();  // S_t done; P_{t-1}·V_{t-1} may still run
     } else {
+      pass_turn(t);
       wgmma_wait<0>();
     }
     wgmma_fence_operands(s_flat);

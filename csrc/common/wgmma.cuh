@@ -75,6 +75,14 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, int phase) {
       "r"(phase)
       : "memory");
 }
+// Named barriers (ids 1..15; 0 is __syncthreads) between some warps of the block: arrive does not
+// wait, sync waits until `threads` threads arrived or synced on the id.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // Register budget of this warpgroup's warps from here on (sm_90a; the kernel needs a register cap
 // at entry, __launch_bounds__(threads, 1)): the producer gives registers back, the consumers take them.
 template <int N>
