@@ -36,11 +36,11 @@ namespace fused_attn {
 template <typename T, int HD>
 struct FlashWgmmaConfig {
   static_assert(HD == 64 || HD == 128, "the wgmma kernel is built for head dims 64 and 128");
-  static constexpr int kConsumers = 2;                  // warpgroups of 64 query rows
+  static constexpr int kConsumers = 2;                     // warpgroups of 64 query rows
   static constexpr int kThreads = 128 * (1 + kConsumers);  // warpgroup 0 loads
   static constexpr int BR = 64 * kConsumers;
   static constexpr int BC = 128;
-  static constexpr int STAGES = 3;  // K + V tiles: 3 x 64 KB at HD 128, with Q 224 KB
+  static constexpr int STAGES = 3;  // K + V tiles: 3 x 64 KB at HD 128 (224 KB with Q)
   // Registers per thread: 168 at launch (65536 / 384); the loader gives most back.
   static constexpr int kLoaderRegs = 32, kConsumerRegs = 240;
   static_assert(128 * (kLoaderRegs + kConsumers * kConsumerRegs) <= 65536, "the register file");
