@@ -5,7 +5,7 @@
 //
 // One block = a loader warpgroup and 2 consumer warpgroups x 64 query rows (BR 128); keys in
 // tiles of BC 128 (FlashAttention-3's warp specialization, with cp.async in place of TMA). The
-// loader (32 registers after setmaxnreg) copies Q, then K and V of each tile into a ring of 3
+// loader (24 registers after setmaxnreg) copies Q, then K and V of each tile into a ring of 3
 // stages in the 128-byte-swizzled panel layout wgmma reads through descriptors
 // (csrc/common/wgmma.cuh), announcing each stage on an mbarrier (`full`) and refilling it once
 // both consumers handed it back (`empty`); no block barrier after the start, so the consumers do
@@ -41,9 +41,13 @@ struct FlashWgmmaConfig {
   static constexpr int BR = 64 * kConsumers;
   static constexpr int BC = 128;
   static constexpr int STAGES = 3;  // K + V tiles: 3 x 64 KB at HD 128 (224 KB with Q)
-  // Registers per thread: 168 at launch (65536 / 384); the loader gives most back.
-  static constexpr int kLoaderRegs = 32, kConsumerRegs = 240;
-  static_assert(128 * (kLoaderRegs + kConsumers * kConsumerRegs) <= 65536, "the register file");
+  // Registers per thread: 168 at launch (65536 / 384, in steps of 8); the consumers' setmaxnreg.inc
+  // can only take what the loader's setmaxnreg.dec gave back to the block's pool (else it waits
+  // forever).
+  static constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kLoaderRegs = 24, kConsumerRegs = 240;
+  static_assert(kLoaderRegs * 128 + kConsumerRegs * 128 * kConsumers <= kEntryRegs * kThreads,
+                "the registers the loader gives back");
   // +1024: the tiles start at the first 1024-byte boundary of the dynamic shared memory (the
   // 128-byte swizzle is computed from address bits 4-9).
   static constexpr int kSmemBytes = (BR * HD + STAGES * 2 * BC * HD) * int(sizeof(T)) + 1024;
