@@ -73,7 +73,7 @@ _define(
 # Full attention softmax(q·kᵀ·scale + mask)·v: q [batch, nheads_q, seqlen_q, headdim], k / v [batch,
 # nheads_kv, seqlen_k, headdim] (nheads_q a multiple of nheads_kv); causal bottom-right aligned as in
 # scaled_masked_softmax; attn_mask bool (True = attend) or additive, broadcastable to [batch, nheads_q,
-# seqlen_q, seqlen_k]. algo: the Python API's mode, "auto", "naive", "tiled" or "flash" (neither
+# seqlen_q, seqlen_k]. algo: the Python API's mode ("auto", "naive", "tiled", "flash", "flash_mma", "flash_wgmma"; neither
 # `mode` nor `kernel` here: torch.compile's auto_functionalize and Inductor's fallback take those
 # names positionally, and a keyword of the same name collides with them). Returns (out, lse): lse float32 [batch,
 # nheads_q, seqlen_q] (natural log, -inf on rows with no visible key) when return_lse, else an empty

@@ -9,7 +9,9 @@ kernels are in ``csrc/attention/``:
   are handled there), a tiled GEMM P·V. Any dtype.
 - ``flash``: FlashAttention-2's forward in one kernel (float16 / bfloat16): a tile of query rows per
   block, K/V tiles streamed through shared memory, online softmax in registers, tensor-core MMAs.
-  Never allocates anything of size seqlen_q x seqlen_k.
+  Never allocates anything of size seqlen_q x seqlen_k. Two versions: on Hopper with an sm_90a build
+  and headdim in (32, 128], warpgroup MMAs (wgmma); elsewhere mma.sync. ``flash_wgmma`` and
+  ``flash_mma`` pin one (tests and benchmarks; ``flash_wgmma`` raises where it cannot run).
 - ``tiled``: the same three steps with register-blocked GEMMs (a 64 x 64 tile per block, 4 x 4
   outputs per thread). Any dtype.
 - ``auto``: ``flash`` where it applies (float16 / bfloat16, headdim a multiple of 8 up to 256), else
@@ -30,7 +32,8 @@ from fused_attn.softmax import _check_like, _scale_value, _shape
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = _DTYPES + (torch.float64,)
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
-MODES = ("auto", "naive", "tiled", "flash")
+MODES = ("auto", "naive", "tiled", "flash", "flash_mma", "flash_wgmma")
+FLASH_MODES = ("flash", "flash_mma", "flash_wgmma")
 MAX_HEADDIM = 256  # the flash kernel's largest head dim (multiples of 8; the naive kernels take any)
 
 
@@ -48,10 +51,15 @@ def flash_supports(dtype: torch.dtype, headdim: int) -> bool:
 
 def resolve_mode(mode: str, dtype: torch.dtype, headdim: int) -> str:
     """The kernel ``mode`` runs: ``auto`` is ``flash`` where it applies, else ``naive`` (the C++
-    launcher also falls back to naive on a GPU the flash kernel was not built for)."""
+    launcher also falls back to naive on a GPU the flash kernel was not built for, and picks the flash
+    kernel's version)."""
     if mode == "auto":
         return "flash" if flash_supports(dtype, headdim) else "naive"
     return mode
+
+
+def _is_flash(mode: str, dtype: torch.dtype, headdim: int) -> bool:
+    return resolve_mode(mode, dtype, headdim) in FLASH_MODES
 
 
 def check_args(q, k, v, attn_mask, scale, causal, mode, out=None, lse=None) -> float:
@@ -82,12 +90,15 @@ def check_args(q, k, v, attn_mask, scale, causal, mode, out=None, lse=None) -> f
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     if mode not in MODES:
-        raise ValueError(f"mode must be 'auto', 'naive', 'tiled' or 'flash', got {mode!r}")
-    if not cpu and resolve_mode(mode, q.dtype, headdim) == "flash":
+        raise ValueError(f"mode must be 'auto', 'naive', 'tiled', 'flash', 'flash_mma' or 'flash_wgmma', got {mode!r}")
+    if not cpu and _is_flash(mode, q.dtype, headdim):
         if q.dtype not in _FLASH_DTYPES:
             raise ValueError(f"q must have dtype float16 or bfloat16 for mode='flash', got {q.dtype}")
         if headdim % 8 != 0 or not 8 <= headdim <= MAX_HEADDIM:
             raise ValueError(f"q must have a headdim that is a multiple of 8 in [8, {MAX_HEADDIM}] for mode='flash', "
+                             f"got {headdim}")
+        if mode == "flash_wgmma" and not 32 < headdim <= 128:
+            raise ValueError(f"q must have a headdim that is a multiple of 8 in [40, 128] for mode='flash_wgmma', "
                              f"got {headdim}")
     full = (batch, nheads_q, seqlen_q, seqlen_k)
     if attn_mask is not None:
@@ -102,7 +113,7 @@ def check_args(q, k, v, attn_mask, scale, causal, mode, out=None, lse=None) -> f
     scale = headdim ** -0.5 if scale is None else _scale_value(scale)
     if out is not None:
         _check_like(out, "out", q, "q", "a torch.Tensor or None")
-        if not cpu and resolve_mode(mode, q.dtype, headdim) == "flash":
+        if not cpu and _is_flash(mode, q.dtype, headdim):
             _check_aligned(out, "out")
     if lse is not None and lse.numel() > 0:
         if lse.dtype != reference.lse_dtype(q.dtype) or lse.device != q.device or tuple(lse.shape) != full[:3]:
@@ -147,7 +158,9 @@ def attention(
         mode: ``"auto"`` (``flash`` where it applies, else ``naive``), ``"naive"`` (three
             kernels through a float32 score matrix: O(seqlen_q x seqlen_k) memory), ``"tiled"`` (the
             same with register-blocked GEMMs) or ``"flash"`` (one kernel, float16 / bfloat16, headdim
-            a multiple of 8 up to 256). On the CPU every mode runs the reference.
+            a multiple of 8 up to 256: wgmma on Hopper with an sm_90a build at headdim 40..128, else
+            mma.sync; ``"flash_wgmma"`` / ``"flash_mma"`` pin one version, for tests and benchmarks).
+            On the CPU every mode runs the reference.
         return_lse: also return the log-sum-exp of each row's scores (natural log).
         out: optional preallocated ``[batch, nheads_q, seqlen_q, headdim]`` output (q's dtype; for
             ``flash`` last dim contiguous and 16-byte aligned rows), returned. Records no gradient.
@@ -167,7 +180,7 @@ def attention(
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
     scale = check_args(q, k, v, attn_mask, scale, causal, mode, out)
-    if resolve_mode(mode, q.dtype, q.shape[-1]) == "flash":  # the flash kernel reads rows with 16-byte copies
+    if _is_flash(mode, q.dtype, q.shape[-1]):  # the flash kernels read rows with 16-byte copies
         q, k, v = (_aligned_copy(t) for t in (q, k, v))
     if q.device.type == "cuda":
         _ops.ensure_loaded()

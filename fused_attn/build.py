@@ -165,8 +165,17 @@ def _build_key(cuda_flags: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
+def arch_defines(archs: list[str]) -> list[str]:
+    """``-DFUSED_ATTN_SM90A`` when the only 9.0 target is the arch-specific ``9.0a``: an sm_90 device then
+    runs that build, so the launchers may pick the kernels that need it (wgmma; their plain sm_90 pass is
+    empty). With a plain ``9.0`` beside it the device might load either, so none are picked."""
+    bases = {a.removesuffix("+PTX") for a in archs}
+    return ["-DFUSED_ATTN_SM90A"] if "9.0a" in bases and "9.0" not in bases else []
+
+
 def cuda_flags() -> list[str]:
-    flags = CUDA_CFLAGS + gencode_flags(target_archs())
+    archs = target_archs()
+    flags = CUDA_CFLAGS + gencode_flags(archs) + arch_defines(archs)
     if os.environ.get("FUSED_ATTN_DEBUG", "") not in ("", "0"):
         flags = [f for f in flags if f != "-O3"] + ["-G"]
     return flags + os.environ.get("FUSED_ATTN_NVCC_FLAGS", "").split()

@@ -3,12 +3,12 @@ launch-shape class, long rows, fully masked rows, masks, both versions, and the 
 decode_attention: appends, GQA / MQA, forced splits (more than keys too), left padding, head dims
 32 to 256, float32, and out-of-bounds device lengths (which must read and write nothing); layer_norm /
 rms_norm: every row class, odd widths, misaligned and strided rows, with and without the residual;
-attention: the flash kernel at every padded head dim, odd lengths, Sq != Sk under causal, each
-mask form, strided q/k/v, and the naive and tiled modes; and linear: every rows-of-x class, weight
-rows per block and epilogue, the element-wise path (odd K, misaligned rows) and the tensor-core kernels
-(one block per 16 weight rows, and split-K in clusters), the first two also with the LayerNorm /
-RMSNorm prologue (norm=: the normalized rows in shared memory); sample: greedy and sampled, one block
-and a cluster per row, misaligned and strided rows.
+attention: the flash kernel at every padded head dim (both versions at 128 on Hopper), odd lengths,
+Sq != Sk under causal, each mask form, strided q/k/v, and the naive and tiled modes; and linear: every
+rows-of-x class, weight rows per block and epilogue, the element-wise path (odd K, misaligned rows) and
+the tensor-core kernels (one block per 16 weight rows, and split-K in clusters), the first two also
+with the LayerNorm / RMSNorm prologue (norm=: the normalized rows in shared memory); sample: greedy and
+sampled, one block and a cluster per row, misaligned and strided rows.
 
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py
     compute-sanitizer --tool racecheck python tests/sanitizer_cases.py --quick
@@ -134,6 +134,9 @@ ATTENTION_CASES = [
     dict(sq=130, sk=61, d=64, causal=True, mask="additive_full", group=4, hkv=1, layout="fused_qkv"),
     dict(sq=65, sk=200, d=128, mask="bool_head", share=1.0, dtype=torch.bfloat16),
     dict(sq=33, sk=70, d=256, causal=True, mask="additive_query"),
+    # mode "flash" is the wgmma kernel on Hopper at d 64 / 128; the mma.sync one stays covered there
+    dict(sq=300, sk=457, d=128, causal=True, mode="flash_mma", group=2),
+    dict(sq=300, sk=457, d=128, causal=True, group=2, dtype=torch.bfloat16),
     dict(sq=31, sk=47, d=40, mode="naive", mask="bool_full", dtype=torch.float32, causal=True),
     dict(sq=70, sk=33, d=24, mode="tiled", mask="additive_key", dtype=torch.float16, layout="fused_qkv"),
 ]

@@ -1,8 +1,9 @@
 """attention: the float64 definition and the FlashAttention-2 algorithm in PyTorch
 (``fused_attn.reference``), the public op's CPU path, fake kernel, gradients and argument errors, and on
-a GPU the ``flash``, ``naive`` and ``tiled`` kernels against the float64 definition (flash-attention's rule: our
-error at most twice PyTorch's own at the same dtype), poisoned outputs, opcheck, torch.compile and CUDA
-graphs. The spec is the docstring of ``fused_attn.attention.attention``."""
+a GPU the ``flash`` (both versions: ``flash_mma``, and ``flash_wgmma`` on Hopper), ``naive`` and ``tiled``
+kernels against the float64 definition (flash-attention's rule: our error at most twice PyTorch's own at the
+same dtype), poisoned outputs, opcheck, torch.compile and CUDA graphs. The spec is the docstring of
+``fused_attn.attention.attention``."""
 
 from __future__ import annotations
 
@@ -225,7 +226,7 @@ def _qkv(hq=4, hkv=2, sq=5, sk=6, d=8, dtype=torch.float32):
     (lambda q, k, v: attention(q, k, v, attn_mask=torch.ones(5, 6, dtype=torch.float16)), ValueError,
      r"attn_mask must have dtype bool or q's dtype \(torch.float32\), got torch.float16"),
     (lambda q, k, v: attention(q, k, v, attn_mask=[1]), TypeError, r"attn_mask must be a torch.Tensor or None, got list"),
-    (lambda q, k, v: attention(q, k, v, mode="fast"), ValueError, r"mode must be 'auto', 'naive', 'tiled' or 'flash', got 'fast'"),
+    (lambda q, k, v: attention(q, k, v, mode="fast"), ValueError, r"mode must be 'auto', 'naive', 'tiled', 'flash', 'flash_mma' or 'flash_wgmma', got 'fast'"),
     (lambda q, k, v: attention(q, k, v, causal=1), TypeError, r"causal must be a bool, got 1"),
     (lambda q, k, v: attention(q, k, v, scale=float("nan")), ValueError, r"scale must be a finite number, got nan"),
     (lambda q, k, v: attention(q, k, v, return_lse=None), TypeError, r"return_lse must be a bool, got None"),
@@ -251,12 +252,27 @@ def test_flash_rules_on_meta_tensors():
         attention(q, k, v, mode="flash")
     assert attention(q, k, v, mode="naive").shape == q.shape  # naive and tiled take any head dim
     assert attention(q, k, v, mode="tiled").shape == q.shape
+    q, k, v = (torch.empty(1, 2, 4, 32, device="meta", dtype=torch.float16) for _ in range(3))
+    with pytest.raises(ValueError, match=r"q must have a headdim that is a multiple of 8 in \[40, 128\] for "
+                                         r"mode='flash_wgmma', got 32"):
+        attention(q, k, v, mode="flash_wgmma")
+    assert attention(q, k, v, mode="flash_mma").shape == q.shape
+
+
+@pytest.mark.parametrize("mode", ["flash_mma", "flash_wgmma"])
+def test_pinned_flash_versions_run_the_reference_on_cpu(mode):
+    q, k, v = _qkv()
+    torch.testing.assert_close(attention(q, k, v, causal=True, mode=mode), attention(q, k, v, causal=True))
 
 
 # --------------------------------------------------------------------------- the CUDA kernels
 
 from tests.tolerances import assert_attention_close, assert_close, lse_tolerance  # noqa: E402
 
+# The wgmma version of the flash kernel runs on sm_90 (the build targets sm_90a there by default).
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+needs_wgmma = pytest.mark.skipif(not HOPPER, reason="mode='flash_wgmma' runs on sm_90 devices only")
+WGMMA_HEADDIMS = list(range(40, 129, 8))  # padded to 64 or 128
 GPU_BUDGET = 1 << 22  # batch x nheads_q x seqlen_q x seqlen_k per example (the float64 reference's scores)
 PRIMES = [1, 2, 3, 7, 13, 31, 61, 127, 251, 509, 1021]
 
@@ -264,12 +280,15 @@ PRIMES = [1, 2, 3, 7, 13, 31, 61, 127, 251, 509, 1021]
 @st.composite
 def gpu_case(draw):
     dtype = draw(st.sampled_from([torch.float16, torch.bfloat16, torch.float32]))
-    mode = draw(st.sampled_from(["auto", "flash", "naive", "tiled"] if dtype != torch.float32 else ["naive", "tiled"]))
+    flash = ["auto", "flash", "flash_mma"] + (["flash_wgmma", "flash_wgmma"] if HOPPER else [])
+    mode = draw(st.sampled_from(flash + ["naive", "tiled"] if dtype != torch.float32 else ["naive", "tiled"]))
     hkv = draw(st.integers(1, 3))
     group = draw(st.sampled_from([1, 2, 4, 8]))
     b = draw(st.integers(1, 2))
     if mode in ("naive", "tiled"):
         d = draw(st.one_of(st.sampled_from([64, 128]), st.integers(1, 160)))
+    elif mode == "flash_wgmma":
+        d = draw(st.one_of(st.sampled_from([64, 128]), st.sampled_from(WGMMA_HEADDIMS)))
     else:
         d = draw(st.one_of(st.sampled_from([64, 128]), st.sampled_from(list(range(8, 257, 8)))))
     seqlen = st.one_of(st.integers(1, 80), st.sampled_from(PRIMES), st.integers(1, 1024))
@@ -390,6 +409,59 @@ GPU_EXAMPLES = [
 ]
 
 
+# The wgmma kernel's edges: BR 128 query rows in 2 warpgroups of 64, BC 128 keys, 64-column panels.
+WGMMA_EXAMPLES = [
+    gcase(mode="flash_wgmma"),
+    gcase(mode="flash_wgmma", sq=1, sk=1, causal=True),
+    gcase(mode="flash_wgmma", sq=128, sk=128, d=128, causal=True),
+    gcase(mode="flash_wgmma", sq=129, sk=257, d=128, dtype=torch.bfloat16, causal=True),  # Sq < Sk: bottom-right
+    gcase(mode="flash_wgmma", sq=1021, sk=509, causal=True, group=4, hkv=2, d=128),  # Sq > Sk: leading rows empty
+    gcase(mode="flash_wgmma", sq=300, sk=300, d=64, causal=True, hkv=1, group=8, dtype=torch.bfloat16),  # MQA
+    gcase(mode="flash_wgmma", sq=65, sk=1000, d=64, mask="bool_key", use_out=False),
+    gcase(mode="flash_wgmma", sq=200, sk=200, d=128, causal=True, mask="additive_full", layout="fused_qkv"),
+    gcase(mode="flash_wgmma", sq=333, sk=77, d=80, mask="bool_head", share=1.0),  # every key masked: zeros
+    gcase(mode="flash_wgmma", sq=256, sk=256, d=128, mag=70.0, v_mag=1e3, scale=-1.0, causal=True),
+    gcase(mode="flash_wgmma", sq=129, sk=65, d=64, mask="additive_query", dtype=torch.bfloat16, mag=8.0,
+          layout="fused_qkv"),
+    gcase(mode="flash_wgmma", sq=97, sk=131, d=40, causal=True, return_lse=False),
+    gcase(mode="flash_wgmma", sq=1024, sk=1024, d=128, hkv=1, group=8, causal=True, use_out=False),
+    gcase(mode="flash_wgmma", sq=1024, sk=1024, d=64, b=2, hkv=1, causal=True, seed=3),
+]
+
+
+@pytest.mark.gpu
+@needs_wgmma
+@pytest.mark.parametrize("case", WGMMA_EXAMPLES, ids=lambda c: f"{c['dtype']}-d{c['d']}-{c['sq']}x{c['sk']}-"
+                                                               f"{'causal' if c['causal'] else 'full'}-{c['mask']}")
+def test_wgmma_cases_gpu(case):
+    check_case(case)
+
+
+@pytest.mark.gpu
+@needs_wgmma
+@pytest.mark.parametrize("d", [64, 128])
+def test_flash_is_the_wgmma_kernel_on_hopper_gpu(d):
+    """On an sm_90 device mode='flash' (and 'auto') run the wgmma kernel: bit for bit its output. Where it
+    does not apply it says so."""
+    q, k, v, mask = gpu_inputs(gcase(sq=300, sk=300, d=d, mask="bool_key", group=2))
+    want = attention(q, k, v, causal=True, attn_mask=mask, mode="flash_wgmma")
+    assert torch.equal(attention(q, k, v, causal=True, attn_mask=mask, mode="flash"), want)
+    assert torch.equal(attention(q, k, v, causal=True, attn_mask=mask), want)
+    q, k, v, _ = gpu_inputs(gcase(d=32))
+    with pytest.raises(ValueError, match=r"q must have a headdim that is a multiple of 8 in \[40, 128\] for "
+                                         r"mode='flash_wgmma', got 32"):
+        attention(q, k, v, mode="flash_wgmma")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(HOPPER, reason="the wgmma kernel runs here")
+def test_flash_wgmma_refuses_other_devices_gpu():
+    q, k, v, _ = gpu_inputs(gcase(d=64))
+    with pytest.raises(ValueError, match=r"q must be on an sm_90 device with the library built for sm_90a "
+                                         r"\(TORCH_CUDA_ARCH_LIST=9.0a\) for mode='flash_wgmma', got cuda:0"):
+        attention(q, k, v, mode="flash_wgmma")
+
+
 @pytest.mark.gpu
 @given(case=gpu_case())
 def test_matches_reference_gpu(case):
@@ -403,15 +475,19 @@ def test_pinned_cases_gpu(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["flash", "flash_mma"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", list(range(8, 257, 8)))
-def test_every_flash_headdim_gpu(dtype, d):
+def test_every_flash_headdim_gpu(dtype, d, mode):
     check_case(gcase(d=d, dtype=dtype, sq=97, sk=131, causal=d % 16 == 0, mask="bool_key" if d % 24 == 0 else None,
-                     seed=d))
+                     seed=d, mode=mode))
+
+
+FLASH_VERSIONS = ["flash", "flash_mma", pytest.param("flash_wgmma", marks=needs_wgmma)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["flash", "naive", "tiled"])
+@pytest.mark.parametrize("mode", [*FLASH_VERSIONS, "naive", "tiled"])
 def test_opcheck_gpu(mode):
     q, k, v, mask = gpu_inputs(gcase(sq=33, sk=47, hkv=1, group=2, mask="bool_key", layout="fused_qkv"))
     torch.library.opcheck(torch.ops.fused_attn.attention.default, (q, k, v, mask, None),
@@ -434,7 +510,7 @@ def test_compile_fullgraph_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["flash", "naive", "tiled"])
+@pytest.mark.parametrize("mode", [*FLASH_VERSIONS, "naive", "tiled"])
 def test_cuda_graph_gpu(mode):
     q, k, v, mask = gpu_inputs(gcase(sq=100, sk=150, mask="bool_key", group=2))
     out = torch.empty_like(q)

@@ -56,7 +56,7 @@ def test_flops_count_causal_as_half():
     assert att.scores_bytes((1, 32, 32, 128, 16384)) == 4 * 32 * 16384**2  # 34 GB: skipped for math / naive
 
 
-@pytest.mark.parametrize("provider", ["sdpa_math", "fused_naive", "fused_tiled", "fused_flash"])
+@pytest.mark.parametrize("provider", ["sdpa_math", "fused_naive", "fused_tiled", "fused_flash_mma", "fused_flash"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_each_provider_matches_the_reference(provider, causal):
     t = att.make_inputs((1, 4, 2, 16, 24), torch.float32, torch.device("cpu"), seed=1)
@@ -78,7 +78,7 @@ def test_cpu_smoke_run_and_its_report(tmp_path):
                            "-p", "no:cacheprovider", "--bench-rounds", "3", f"--benchmark-json={run}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "16 passed, 12 skipped" in proc.stdout
+    assert "20 passed, 12 skipped" in proc.stdout
     cases = {(tuple(b["extra_info"]["shape"]), b["extra_info"]["causal"], b["extra_info"]["provider"]): b["extra_info"]
              for b in json.loads(run.read_text())["benchmarks"]}
     shape = att.CPU_SHAPES[0]

@@ -30,3 +30,13 @@ def test_sources_cover_every_unit_with_unique_names():
     assert {"layer_norm", "layer_norm_inst_fp16_ln_vec", "layer_norm_inst_bf16_rms_scalar"} <= set(names)
     assert {"attention", "attention_inst_fp16_hd128", "attention_inst_fp32_naive"} <= set(names)
 
+
+
+@pytest.mark.parametrize("archs, defined", [
+    (["9.0a"], True), (["8.0", "9.0a"], True), (["9.0a+PTX"], True),
+    (["9.0"], False), (["9.0", "9.0a"], False), (["8.0"], False),
+])
+def test_sm90a_kernels_are_enabled_only_when_sm90_devices_run_the_9_0a_build(archs, defined):
+    """The wgmma flash kernel is selected only where an sm_90 device cannot load a plain sm_90 pass (whose
+    version of it is empty)."""
+    assert (build.arch_defines(archs) == ["-DFUSED_ATTN_SM90A"]) == defined

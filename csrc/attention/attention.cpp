@@ -1,7 +1,9 @@
 // Launcher of attention (schema: fused_attn/_ops.py): the checks that guard memory, the mode
 // choice (auto: flash for float16 / bfloat16 when its kernel was built for this device, else
-// naive), dtype / head-dim dispatch of the flash kernel, and the naive and tiled modes' three
-// steps (GEMM, scaled_masked_softmax through the dispatcher, GEMM). Host C++ (g++): the kernels are launched
+// naive; flash: the wgmma kernel where it was built for this device, else the mma.sync one;
+// flash_mma / flash_wgmma pin one of the two), dtype / head-dim dispatch of the flash kernels,
+// and the naive and tiled modes' three steps (GEMM, scaled_masked_softmax through the
+// dispatcher, GEMM). Host C++ (g++): the kernels are launched
 // through attention_launch.h.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -44,12 +46,32 @@ int flash_arch(at::ScalarType dtype, int64_t headdim) {
   return arch;
 }
 
-// The kernel `mode` runs on q: "flash", "tiled" or "naive".
+// 90 where the Hopper (wgmma) version of the flash kernel runs on the current device for this
+// dtype and head dim (padded to 64 or 128), else 0.
+int flash_wgmma_arch(at::ScalarType dtype, int64_t headdim) {
+  if (!is_flash_dtype(dtype) || headdim % 8 != 0 || headdim <= 32 || headdim > 128) return 0;
+  int arch = 0;
+  FA_DISPATCH_FLOAT(dtype, q, [&] {
+    if constexpr (!std::is_same_v<scalar_t, float>) {
+      FA_DECODE_HEADDIM_SWITCH(headdim, HD, [&] {
+        if constexpr (HD == 64 || HD == 128) arch = attention_flash_wgmma_arch<scalar_t, HD>();
+      });
+    }
+  });
+  return arch;
+}
+
+bool is_flash(const std::string& mode) { return mode == "flash" || mode == "flash_mma" || mode == "flash_wgmma"; }
+
+// The kernel `mode` runs on q: "flash_wgmma", "flash_mma", "tiled" or "naive".
 std::string resolve_mode(const std::string& mode, const at::Tensor& q) {
-  FA_CHECK_ARG(mode == "auto" || mode == "naive" || mode == "tiled" || mode == "flash", mode,
-               "be 'auto', 'naive', 'tiled' or 'flash'", "'" + mode + "'");
-  if (mode != "auto") return mode;
-  return flash_arch(q.scalar_type(), q.size(3)) >= 80 ? "flash" : "naive";
+  FA_CHECK_ARG(mode == "auto" || mode == "naive" || mode == "tiled" || is_flash(mode), mode,
+               "be 'auto', 'naive', 'tiled', 'flash', 'flash_mma' or 'flash_wgmma'", "'" + mode + "'");
+  if (mode == "auto" && flash_arch(q.scalar_type(), q.size(3)) < 80) return "naive";
+  if (mode == "auto" || mode == "flash") {
+    return flash_wgmma_arch(q.scalar_type(), q.size(3)) == 90 ? "flash_wgmma" : "flash_mma";
+  }
+  return mode;
 }
 
 // The locals are named after the arguments: the check macros stringify them into the message.
@@ -97,7 +119,7 @@ double check_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
   const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(double(q.size(3)));
   FA_CHECK_ARG(std::isfinite(s), scale, "be a finite number", num_str(s));
-  if (resolve_mode(mode, q) == "flash") {
+  if (is_flash(resolve_mode(mode, q))) {
     FA_CHECK_ARG(is_flash_dtype(q.scalar_type()), q, "have dtype float16 or bfloat16 for mode='flash'",
                  dtype_str(q.scalar_type()));
     const int64_t headdim = q.size(3);
@@ -106,6 +128,15 @@ double check_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     FA_CHECK_ARG(flash_arch(q.scalar_type(), headdim) >= 80, q,
                  "be on a device the flash kernel was built for (sm_80 or later) for mode='flash'",
                  device_str(q.device()));
+    if (mode == "flash_wgmma") {
+      FA_CHECK_ARG(headdim > 32 && headdim <= 128, q,
+                   "have a headdim that is a multiple of 8 in [40, 128] for mode='flash_wgmma'",
+                   std::to_string(headdim));
+      FA_CHECK_ARG(flash_wgmma_arch(q.scalar_type(), headdim) == 90, q,
+                   "be on an sm_90 device with the library built for sm_90a (TORCH_CUDA_ARCH_LIST=9.0a) for "
+                   "mode='flash_wgmma'",
+                   device_str(q.device()));
+    }
     FA_CHECK_ROWS_ALIGNED(q);
     FA_CHECK_ROWS_ALIGNED(k);
     FA_CHECK_ROWS_ALIGNED(v);
@@ -118,7 +149,7 @@ void check_out(const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse
   FA_CHECK_SAME_DEVICE(out, q);
   FA_CHECK_SAME_DTYPE(out, q);
   FA_CHECK_ARG(out.sizes() == q.sizes(), out, "have q's shape " + shape_str(q.sizes()), shape_str(out.sizes()));
-  if (resolve_mode(mode, q) == "flash") FA_CHECK_ROWS_ALIGNED(out);
+  if (is_flash(resolve_mode(mode, q))) FA_CHECK_ROWS_ALIGNED(out);
   if (lse.numel() > 0) {
     FA_CHECK_CUDA(lse);
     FA_CHECK_SAME_DEVICE(lse, q);
@@ -129,9 +160,10 @@ void check_out(const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse
   }
 }
 
+// wgmma: the Hopper version (resolve_mode chose it only where it runs, at head dims <= 128).
 void launch_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const std::optional<at::Tensor>& attn_mask, double scale, bool causal, const at::Tensor& out,
-                  const at::Tensor& lse) {
+                  const std::optional<at::Tensor>& attn_mask, double scale, bool causal, bool wgmma,
+                  const at::Tensor& out, const at::Tensor& lse) {
   AttentionParams p{};
   p.q = q.data_ptr();
   p.k = k.data_ptr();
@@ -159,7 +191,12 @@ void launch_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   FA_DISPATCH_FLOAT(q.scalar_type(), q, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
-      FA_DECODE_HEADDIM_SWITCH(p.headdim, HD, [&] { launch_attention_flash<scalar_t, HD>(p, stream); });
+      FA_DECODE_HEADDIM_SWITCH(p.headdim, HD, [&] {
+        if constexpr (HD == 64 || HD == 128) {
+          if (wgmma) return launch_attention_flash_wgmma<scalar_t, HD>(p, stream);
+        }
+        launch_attention_flash<scalar_t, HD>(p, stream);
+      });
     }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -226,8 +263,8 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const st
   if (out.numel() == 0 && lse.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(q.device());
   const std::string m = resolve_mode(mode, q);
-  if (m == "flash") {
-    launch_flash(q, k, v, attn_mask, scale, causal, out, lse);
+  if (is_flash(m)) {
+    launch_flash(q, k, v, attn_mask, scale, causal, m == "flash_wgmma", out, lse);
   } else {
     launch_unfused(q, k, v, attn_mask, scale, causal, m == "tiled", out, lse);
   }

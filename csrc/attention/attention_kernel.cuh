@@ -59,53 +59,200 @@ struct FlashConfig {
 // stays uniform, as in PyTorch. -inf itself stays -inf (masked).
 constexpr float kMinScore = -1e38f;
 
+// The flash kernels' shared steps, on one thread's share of a score tile: an m16n8 accumulator
+// fragment per 8 keys (mma.sync's tiles, and each warp's 16-row slice of a wgmma m64nN tile):
+// s[n][e] holds row g + 8 (e / 2), key 8 n + 2 t4 + (e % 2) of the warp's rows (g = lane / 4,
+// t4 = lane % 4); rows are reduced over the lane quad. O's fragments have the same shape over
+// head-dim columns.
+
+// A block's place: its tile of BR query rows (the last tiles, with the most keys under causal,
+// start first), head, batch, the key tiles of BC it reads, and its q / k / v (kv head h / group).
+template <typename T>
+struct FlashBlock {
+  int h, b, i0, n_tiles;
+  const T* q;
+  const T* k;
+  const T* v;
+  __device__ FlashBlock(const AttentionParams& p, int br, int bc) {
+    h = blockIdx.y, b = blockIdx.z;
+    i0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * br;
+    int n_end = p.seqlen_k;  // key j is visible to query i iff j <= i + seqlen_k - seqlen_q (causal)
+    if (p.causal) n_end = min(n_end, min(i0 + br, p.seqlen_q) + p.seqlen_k - p.seqlen_q);
+    n_tiles = n_end > 0 ? (n_end + bc - 1) / bc : 0;
+    const int hkv = h / p.group;
+    q = static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
+    k = static_cast<const T*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
+    v = static_cast<const T*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
+  }
+};
+
+// Rows first .. first + ROWS - 1 of a [seqlen][headdim] matrix (row stride `stride`) into a tile of
+// shared memory, 16-byte chunk c of tile row r at element offset(r, c), by NT threads with
+// cp.async; rows past `limit` and columns past headdim land as zeros (cp.async reads nothing).
+// Each thread keeps one chunk column and walks rows NT / CH apart. UNROLL: copies unrolled per
+// loop step (a loader warpgroup with few registers keeps it small).
+template <int ROWS, int HD, int NT, int UNROLL = ROWS * HD / 8 / NT, typename T, typename Offset>
+__device__ __forceinline__ void flash_load_rows(T* dst, Offset offset, const T* src, int64_t stride, int first,
+                                                int limit, int headdim) {
+  constexpr int CH = HD / 8, kVec = 8, kStep = NT / CH;  // rows apart
+  static_assert(NT % CH == 0 && ROWS % kStep == 0, "whole copy rounds per thread");
+  const int c = threadIdx.x % CH, r0 = threadIdx.x % NT / CH;
+  const bool col_on = c * kVec < headdim;
+#pragma unroll UNROLL
+  for (int r = r0; r < ROWS; r += kStep) {
+    const bool on = col_on && first + r < limit;
+    cp_async16(reinterpret_cast<uint4*>(dst + offset(r, c)), on ? src + int64_t(first + r) * stride + c * kVec : src,
+               on);
+  }
+}
+
+// attn_mask through its broadcast strides, from (batch b, head h): bool or additive in T.
+template <typename T>
+struct FlashMask {
+  const unsigned char* b = nullptr;
+  const T* t = nullptr;
+  __device__ FlashMask(const AttentionParams& p, int batch, int head) {
+    if (p.mask == nullptr) return;
+    const int64_t base = batch * p.m_stride_b + head * p.m_stride_h;
+    if (p.mask_is_bool) b = static_cast<const unsigned char*>(p.mask) + base;
+    else t = static_cast<const T*>(p.mask) + base;
+  }
+};
+
+// Scores into the log2 domain; -inf where a key is past seqlen_k, causally hidden or masked.
+// row: the thread's row g, col: its first key 2 t4 (absolute indices). Only a tile that crosses
+// the end of the keys or the diagonal (`edge`), or a masked call, pays for the per-element path.
+template <typename T, int NS>
+__device__ __forceinline__ void flash_scale_mask(float (&s)[NS][4], const AttentionParams& p, const FlashMask<T>& mask,
+                                                 int row, int col, bool edge) {
+  if (p.mask == nullptr && !edge) {
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
+    }
+    return;
+  }
+  const int diag = p.seqlen_k - p.seqlen_q;
+#pragma unroll
+  for (int n = 0; n < NS; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = row + 8 * (e / 2), j = col + n * 8 + (e & 1);
+      bool on = j < p.seqlen_k && (!p.causal || j <= i + diag);
+      float x = s[n][e] * p.scale_log2;
+      if (on && i < p.seqlen_q) {
+        const int64_t at = int64_t(i) * p.m_stride_q + int64_t(j) * p.m_stride_k;
+        if (mask.b != nullptr) {
+          on = mask.b[at] != 0;
+        } else if (mask.t != nullptr) {
+          float y = s[n][e] * p.scale + to_float(mask.t[at]);  // the mask adds after the scale
+          if (y != kNegInf) y = max_nan(y, kMinScore);
+          x = y * kLog2e;
+        }
+      }
+      s[n][e] = on ? x : kNegInf;
+    }
+  }
+}
+
+// Online softmax per row: new running max m, P = 2^(S - max) in place of S, the running sum l
+// (summed per lane, reduced at the end) rescaled and grown; corr: the factor O must be rescaled by
+// (flash_rescale) before this tile's P·V is added.
+template <int NS>
+__device__ __forceinline__ void flash_online_softmax(float (&s)[NS][4], float (&m)[2], float (&l)[2],
+                                                     float (&corr)[2]) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {  // rows g (hh = 0) and g + 8 (hh = 1)
+    float mx = kNegInf;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) mx = max_nan(mx, max_nan(s[n][2 * hh], s[n][2 * hh + 1]));
+    mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = max_nan(m[hh], mx);
+    const float base = mn == kNegInf ? 0.f : mn;  // nothing visible yet: every p is 0
+    corr[hh] = fast_exp2(m[hh] - base);           // 1 when the max stays, 0 from -inf
+    m[hh] = mn;
+    l[hh] *= corr[hh];
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      s[n][2 * hh] = fast_exp2(s[n][2 * hh] - base);
+      s[n][2 * hh + 1] = fast_exp2(s[n][2 * hh + 1] - base);
+      l[hh] += s[n][2 * hh] + s[n][2 * hh + 1];
+    }
+  }
+}
+
+template <int NO>
+__device__ __forceinline__ void flash_rescale(float (&o)[NO][4], const float (&corr)[2]) {
+#pragma unroll
+  for (int n = 0; n < NO; ++n) {
+    o[n][0] *= corr[0];
+    o[n][1] *= corr[0];
+    o[n][2] *= corr[1];
+    o[n][3] *= corr[1];
+  }
+}
+
+// P's tiles 2 kb and 2 kb + 1 (keys 16 kb .. 16 kb + 15) as the A fragment of a k16 MMA step.
+template <typename T, int NS>
+__device__ __forceinline__ void flash_p_fragment(uint32_t (&a)[4], const float (&s)[NS][4], int kb) {
+  a[0] = pack2<T>(s[2 * kb][0], s[2 * kb][1]);
+  a[1] = pack2<T>(s[2 * kb][2], s[2 * kb][3]);
+  a[2] = pack2<T>(s[2 * kb + 1][0], s[2 * kb + 1][1]);
+  a[3] = pack2<T>(s[2 * kb + 1][2], s[2 * kb + 1][3]);
+}
+
+// out = O / l (0 on a row with no visible key), lse = (max + log2 l) · ln 2, for the thread's
+// rows `row` (its g) and row + 8 of (batch b, head h); t4 = lane % 4.
+template <typename T, int NO>
+__device__ __forceinline__ void flash_store(const AttentionParams& p, const float (&o)[NO][4], const float (&m)[2],
+                                            float (&l)[2], int b, int h, int row, int t4) {
+  T* const og = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
+    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
+    const int i = row + 8 * hh;
+    if (i >= p.seqlen_q) continue;
+    const float inv = l[hh] > 0.f ? 1.f / l[hh] : (l[hh] == 0.f ? 0.f : l[hh]);  // NaN stays NaN
+    T* orow = og + int64_t(i) * p.o_stride_s;
+#pragma unroll
+    for (int n = 0; n < NO; ++n) {
+      if (n * 8 < p.headdim) {
+        *reinterpret_cast<uint32_t*>(orow + n * 8 + 2 * t4) = pack2<T>(o[n][2 * hh] * inv, o[n][2 * hh + 1] * inv);
+      }
+    }
+    if (p.lse != nullptr && t4 == 0) {
+      const float lse = l[hh] > 0.f ? (m[hh] + __log2f(l[hh])) * 0.6931471805599453f
+                                    : (l[hh] == 0.f ? kNegInf : l[hh]);
+      p.lse[(int64_t(b) * p.nheads_q + h) * p.seqlen_q + i] = lse;
+    }
+  }
+}
+
 template <typename T, int HD>
 __global__ void __launch_bounds__(FlashConfig<T, HD>::kThreads, FlashConfig<T, HD>::kMinBlocks)
     attention_flash_kernel(const AttentionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using C = FlashConfig<T, HD>;
-  constexpr int BR = C::BR, BC = C::BC, CH = C::CH, STAGES = C::STAGES, NT = C::kThreads;
-  constexpr int kVec = 8;  // elements per 16-byte chunk
+  constexpr int BR = C::BR, BC = C::BC, STAGES = C::STAGES, NT = C::kThreads;
   extern __shared__ __align__(128) unsigned char smem[];
   T* const sq = reinterpret_cast<T*>(smem);  // [BR][HD], swizzled
   T* const pipe = sq + BR * HD;              // [stage][K, V][BC][HD], swizzled
 
-  // The last query tiles have the most keys under causal: they start first.
-  const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);
-  const int h = blockIdx.y, b = blockIdx.z, hkv = h / p.group;
+  const FlashBlock<T> blk(p, BR, BC);
+  const int h = blk.h, b = blk.b, i0 = blk.i0, n_tiles = blk.n_tiles;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
-  const int i0 = m_block * BR;
   const int diag = p.seqlen_k - p.seqlen_q;  // key j is visible to query i iff j <= i + diag (causal)
-  int n_end = p.seqlen_k;
-  if (p.causal) n_end = min(n_end, min(i0 + BR, p.seqlen_q) + diag);
-  const int n_tiles = n_end > 0 ? (n_end + BC - 1) / BC : 0;
 
-  const T* qg = static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
-  const T* kg = static_cast<const T*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
-  const T* vg = static_cast<const T*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
-
-  // Rows past seqlen_q or seqlen_k and columns past headdim land as zeros (cp.async reads nothing).
-  static_assert((BR * CH) % NT == 0 && (BC * CH) % NT == 0, "whole copy rounds per thread");
-#pragma unroll
-  for (int n = 0; n < BR * CH / NT; ++n) {
-    const int i = threadIdx.x + n * NT, r = i / CH, c = i % CH, row = i0 + r;
-    const bool on = row < p.seqlen_q && c * kVec < p.headdim;
-    cp_async16(reinterpret_cast<uint4*>(sq + swizzled<HD>(r, c)), on ? qg + int64_t(row) * p.q_stride_s + c * kVec : qg,
-               on);
-  }
+  const auto offset = [](int r, int c) { return swizzled<HD>(r, c); };
+  flash_load_rows<BR, HD, NT>(sq, offset, blk.q, p.q_stride_s, i0, p.seqlen_q, p.headdim);
   auto issue = [&](int t) {
     T* ks = pipe + (t % STAGES) * 2 * BC * HD;
-    T* vs = ks + BC * HD;
-#pragma unroll
-    for (int n = 0; n < BC * CH / NT; ++n) {
-      const int i = threadIdx.x + n * NT, r = i / CH, c = i % CH, j = t * BC + r;
-      const bool on = j < p.seqlen_k && c * kVec < p.headdim;
-      cp_async16(reinterpret_cast<uint4*>(ks + swizzled<HD>(r, c)), on ? kg + int64_t(j) * p.k_stride_s + c * kVec : kg,
-                 on);
-      cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(r, c)), on ? vg + int64_t(j) * p.v_stride_s + c * kVec : vg,
-                 on);
-    }
+    flash_load_rows<BC, HD, NT>(ks, offset, blk.k, p.k_stride_s, t * BC, p.seqlen_k, p.headdim);
+    flash_load_rows<BC, HD, NT>(ks + BC * HD, offset, blk.v, p.v_stride_s, t * BC, p.seqlen_k, p.headdim);
   };
   if (n_tiles > 0) issue(0);
   cp_async_commit();  // group 0: Q and the first K/V tile
@@ -125,13 +272,7 @@ __global__ void __launch_bounds__(FlashConfig<T, HD>::kThreads, FlashConfig<T, H
     const int row = warp * 16 + (lane / 8 % 2) * 8 + lane % 8, c = kk * 2 + lane / 16;
     ldmatrix_x4(a, smem_addr(sq + swizzled<HD>(row, c)));
   };
-  const unsigned char* mask_b = nullptr;
-  const T* mask_t = nullptr;
-  if (p.mask != nullptr) {
-    const int64_t base = b * p.m_stride_b + h * p.m_stride_h;
-    if (p.mask_is_bool) mask_b = static_cast<const unsigned char*>(p.mask) + base;
-    else mask_t = static_cast<const T*>(p.mask) + base;
-  }
+  const FlashMask<T> mask(p, b, h);
 
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait<STAGES - 2>();
@@ -171,70 +312,17 @@ __global__ void __launch_bounds__(FlashConfig<T, HD>::kThreads, FlashConfig<T, H
       }
     }
 
-    // Into the log2 domain; -inf where a key is past seqlen_k, causally hidden or masked. Only a
-    // tile that crosses the end of the keys or this warp's diagonal, or a masked call, pays for it.
     const bool edge = j0 + BC > p.seqlen_k || (p.causal && j0 + BC - 1 > row_w + diag);
-    if (p.mask == nullptr && !edge) {
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
-      }
-    } else {
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = row_w + g + 8 * (e / 2), j = j0 + n * 8 + 2 * t4 + (e & 1);
-          bool on = j < p.seqlen_k && (!p.causal || j <= i + diag);
-          float x = s[n][e] * p.scale_log2;
-          if (on && i < p.seqlen_q) {
-            const int64_t at = int64_t(i) * p.m_stride_q + int64_t(j) * p.m_stride_k;
-            if (mask_b != nullptr) {
-              on = mask_b[at] != 0;
-            } else if (mask_t != nullptr) {
-              float y = s[n][e] * p.scale + to_float(mask_t[at]);  // the mask adds after the scale
-              if (y != kNegInf) y = max_nan(y, kMinScore);
-              x = y * kLog2e;
-            }
-          }
-          s[n][e] = on ? x : kNegInf;
-        }
-      }
-    }
-
-    // Online softmax per row: new running max, rescale what is summed, P = 2^(S - max).
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {  // rows g (hh = 0) and g + 8 (hh = 1)
-      float mx = kNegInf;
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) mx = max_nan(mx, max_nan(s[n][2 * hh], s[n][2 * hh + 1]));
-      mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mn = max_nan(m[hh], mx);
-      const float base = mn == kNegInf ? 0.f : mn;  // nothing visible yet: every p is 0
-      const float corr = fast_exp2(m[hh] - base);   // 1 when the max stays, 0 from -inf
-      m[hh] = mn;
-      l[hh] *= corr;
-#pragma unroll
-      for (int n = 0; n < HD / 8; ++n) {
-        o[n][2 * hh] *= corr;
-        o[n][2 * hh + 1] *= corr;
-      }
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) {
-        s[n][2 * hh] = fast_exp2(s[n][2 * hh] - base);
-        s[n][2 * hh + 1] = fast_exp2(s[n][2 * hh + 1] - base);
-        l[hh] += s[n][2 * hh] + s[n][2 * hh + 1];
-      }
-    }
+    flash_scale_mask<T>(s, p, mask, row_w + g, j0 + 2 * t4, edge);
+    float corr[2];
+    flash_online_softmax(s, m, l, corr);
+    flash_rescale(o, corr);
 
     // O += P·V: P's accumulator tiles 2 kb, 2 kb + 1 are the A fragment of keys kb·16 .. +15.
 #pragma unroll
     for (int kb = 0; kb < BC / 16; ++kb) {
-      const uint32_t pa[4] = {pack2<T>(s[2 * kb][0], s[2 * kb][1]), pack2<T>(s[2 * kb][2], s[2 * kb][3]),
-                              pack2<T>(s[2 * kb + 1][0], s[2 * kb + 1][1]),
-                              pack2<T>(s[2 * kb + 1][2], s[2 * kb + 1][3])};
+      uint32_t pa[4];
+      flash_p_fragment<T>(pa, s, kb);
 #pragma unroll
       for (int nc = 0; nc < HD / 16; ++nc) {
         uint32_t vf[4];
@@ -247,28 +335,7 @@ __global__ void __launch_bounds__(FlashConfig<T, HD>::kThreads, FlashConfig<T, H
   }
   cp_async_wait<0>();
 
-  // out = O / l (0 on a row with no visible key), lse = (max + log2 l) · ln 2.
-  T* const og = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
-    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
-    const int i = row_w + g + 8 * hh;
-    if (i >= p.seqlen_q) continue;
-    const float inv = l[hh] > 0.f ? 1.f / l[hh] : (l[hh] == 0.f ? 0.f : l[hh]);  // NaN stays NaN
-    T* orow = og + int64_t(i) * p.o_stride_s;
-#pragma unroll
-    for (int n = 0; n < HD / 8; ++n) {
-      if (n * 8 < p.headdim) {
-        *reinterpret_cast<uint32_t*>(orow + n * 8 + 2 * t4) = pack2<T>(o[n][2 * hh] * inv, o[n][2 * hh + 1] * inv);
-      }
-    }
-    if (p.lse != nullptr && t4 == 0) {
-      const float lse = l[hh] > 0.f ? (m[hh] + __log2f(l[hh])) * 0.6931471805599453f
-                                    : (l[hh] == 0.f ? kNegInf : l[hh]);
-      p.lse[(int64_t(b) * p.nheads_q + h) * p.seqlen_q + i] = lse;
-    }
-  }
+  flash_store<T>(p, o, m, l, b, h, row_w + g, t4);
 #endif
 }
 

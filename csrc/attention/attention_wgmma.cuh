@@ -1,0 +1,265 @@
+// attention_flash_wgmma_kernel: mode "flash" on Hopper (sm_90a builds, float16 / bfloat16, padded
+// head dim 64 or 128): the same FlashAttention-2 forward as attention_flash_kernel
+// (attention_kernel.cuh: same semantics, masks, GQA, lse, strided views) with its two GEMMs on
+// the warpgroup MMA (wgmma), which mma.sync cannot reach on Hopper (FlashAttention-3's first step).
+//
+// One block = a loader warpgroup and 2 consumer warpgroups x 64 query rows (BR 128); keys in
+// tiles of BC 128 (FlashAttention-3's warp specialization, with cp.async in place of TMA). The
+// loader (24 registers after setmaxnreg) copies Q, then K and V of each tile into a ring of 3
+// stages in the 128-byte-swizzled panel layout wgmma reads through descriptors
+// (csrc/common/wgmma.cuh), announcing each stage on an mbarrier (`full`) and refilling it once
+// both consumers handed it back (`empty`); no block barrier after the start, so the consumers do
+// not run in step. Per key tile t a consumer (240 registers) issues S_t (64 x 128) = Q·K_tᵀ as
+// HD / 16 wgmma m64n128k16 from shared memory (both K-major), and behind it on the tensor cores
+// the previous tile's O += P_{t-1}·V_{t-1} (BC / 16 wgmma m64nHDk16, P from registers as the A
+// operand, V [keys][HD] read MN-major: the transpose bit); the online softmax of S_t (the helpers
+// the mma.sync kernel uses: per warp, a wgmma m64nN accumulator is its 16 rows' m16n8 fragments)
+// runs while that P·V does (FA3's intra-warpgroup overlap); O is rescaled once it is done and
+// stage t - 1 handed back. The consumers take turns issuing their MMAs (named barriers: FA3's
+// ping-pong), so one's softmax runs under the other's MMAs. Not done: TMA. Under causal,
+// key tiles past a block's last visible key are never loaded and a consumer skips the tiles past
+// its own rows' last visible key.
+//
+// Traffic as attention_flash_kernel: Q and O once, K and V once per 128-row query tile (from L2
+// after the first), so the kernel is tensor-core bound at seqlen >= ~512; the target is 4 · Sq ·
+// Sk · D FLOPs (half under causal) at >= 0.8x cuDNN (~420 TFLOP/s on an H100 at D 128).
+//
+// Tests: tests/test_attention.py (mode "flash_wgmma" pins this kernel, "flash_mma" the other);
+// quick check and timing: bench/check_flash_wgmma.py; benchmark: bench/bench_attention.py.
+#pragma once
+
+#include "../common/wgmma.cuh"
+#include "attention_kernel.cuh"
+
+namespace fused_attn {
+
+template <typename T, int HD>
+struct FlashWgmmaConfig {
+  static_assert(HD == 64 || HD == 128, "the wgmma kernel is built for head dims 64 and 128");
+  static constexpr int kConsumers = 2;                     // warpgroups of 64 query rows
+  static constexpr int kThreads = 128 * (1 + kConsumers);  // warpgroup 0 loads
+  static constexpr int BR = 64 * kConsumers;
+  static constexpr int BC = 128;
+  static constexpr int STAGES = 3;  // K + V tiles: 3 x 64 KB at HD 128 (224 KB with Q)
+  // Registers per thread: 168 at launch (65536 / 384, in steps of 8); the consumers' setmaxnreg.inc
+  // can only take what the loader's setmaxnreg.dec gave back to the block's pool (else it waits
+  // forever).
+  static constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kLoaderRegs = 24, kConsumerRegs = 240;
+  static_assert(kLoaderRegs * 128 + kConsumerRegs * 128 * kConsumers <= kEntryRegs * kThreads,
+                "the registers the loader gives back");
+  // +1024: the tiles start at the first 1024-byte boundary of the dynamic shared memory (the
+  // 128-byte swizzle is computed from address bits 4-9).
+  static constexpr int kSmemBytes = (BR * HD + STAGES * 2 * BC * HD) * int(sizeof(T)) + 1024;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The loader warpgroup: Q with tile 0, then K_t and V_t into stage t % STAGES once both consumer
+// warpgroups are done with the tile that was there. One copy group stays in flight: tile t is
+// announced (wait, proxy fence, arrive on full) after tile t + 1 is issued.
+template <typename T, int HD>
+__device__ __forceinline__ void flash_wgmma_load(const AttentionParams& p, const FlashBlock<T>& blk, T* sq,
+                                                 T* stages, uint64_t* full, uint64_t* empty) {
+  using C = FlashWgmmaConfig<T, HD>;
+  constexpr int BR = C::BR, BC = C::BC, STAGES = C::STAGES;
+  const auto q_offset = [](int r, int c) { return sw128_offset<BR>(r, c); };
+  const auto kv_offset = [](int r, int c) { return sw128_offset<BC>(r, c); };
+  for (int t = 0; t < blk.n_tiles; ++t) {
+    const int st = t % STAGES;
+    mbarrier_wait(&empty[st], ((t / STAGES) & 1) ^ 1);
+    if (t == 0) flash_load_rows<BR, HD, 128, 4>(sq, q_offset, blk.q, p.q_stride_s, blk.i0, p.seqlen_q, p.headdim);
+    T* const ks = stages + st * 2 * BC * HD;
+    flash_load_rows<BC, HD, 128, 4>(ks, kv_offset, blk.k, p.k_stride_s, t * BC, p.seqlen_k, p.headdim);
+    flash_load_rows<BC, HD, 128, 4>(ks + BC * HD, kv_offset, blk.v, p.v_stride_s, t * BC, p.seqlen_k, p.headdim);
+    cp_async_commit();
+    if (t > 0) {
+      cp_async_wait<1>();
+      fence_proxy_async_shared();  // the copies, visible to the tensor cores
+      mbarrier_arrive(&full[(t - 1) % STAGES]);
+    }
+  }
+  if (blk.n_tiles > 0) {
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    mbarrier_arrive(&full[(blk.n_tiles - 1) % STAGES]);
+  }
+}
+
+// A consumer warpgroup (wg 0 or 1): 64 query rows through every key tile, then the output.
+template <typename T, int HD>
+__device__ __forceinline__ void flash_wgmma_consume(const AttentionParams& p, const FlashBlock<T>& blk, int wg,
+                                                    const T* sq, const T* stages, uint64_t* full, uint64_t* empty) {
+  using C = FlashWgmmaConfig<T, HD>;
+  constexpr int BR = C::BR, BC = C::BC, STAGES = C::STAGES;
+  const int h = blk.h, b = blk.b, n_tiles = blk.n_tiles;
+  const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int diag = p.seqlen_k - p.seqlen_q;  // key j is visible to query i iff j <= i + diag (causal)
+  const int row_wg = blk.i0 + wg * 64;   // this warpgroup's first query row
+  const int row_w = row_wg + warp * 16;  // this warp's
+  // Under causal, the key tiles from wg_end on are hidden from every row of this warpgroup.
+  const int wg_end = p.causal ? min(p.seqlen_k, min(row_wg + 64, p.seqlen_q) + diag) : p.seqlen_k;
+
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};  // rows g and g + 8; l summed per lane
+  float o[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float s[BC / 8][4];
+  // wgmma takes the accumulators as one flat array: m16n8 fragment n is elements 4n .. 4n + 3.
+  float(&s_flat)[BC / 2] = reinterpret_cast<float(&)[BC / 2]>(s);
+  float(&o_flat)[HD / 2] = reinterpret_cast<float(&)[HD / 2]>(o);
+  uint32_t pa[BC / 16][4];  // P of the previous tile (A fragments), while its P·V is pending
+  bool pending = false;
+  const FlashMask<T> mask(p, b, h);
+  // Q: this warpgroup's 64 rows; K-major, a K step of 16 is +32 bytes, a panel of 64 is BR rows.
+  const uint32_t q_base = smem_addr(sq) + wg * 64 * 128;
+
+  // O += P·V of tile t (issued, not waited for): P from registers, keys 16 kb .. +15 per step; V
+  // MN-major: 16 key rows = 2048 bytes, the HD / 64 panels BC rows apart (the LBO).
+  auto issue_pv = [&](int t) {
+    const uint32_t v_base = smem_addr(stages + (t % STAGES) * 2 * BC * HD + BC * HD);
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < BC / 16; ++kb) {
+      Wgmma<T, HD>::rs(o_flat, pa[kb], sw128_desc(v_base + kb * 16 * 128, BC * 128), 1);
+    }
+    wgmma_commit();
+  };
+
+  // Ping-pong: the two consumers take turns issuing a tile's MMAs (named barrier 1 + wg is this
+  // one's turn, given by the other after it issued), so one's softmax runs under the other's
+  // MMAs. Consumer 0 starts; each gives the turn once per tile, except consumer 1 after its last
+  // (nobody waits for it), skipped tiles included, so both pass the same number of turns.
+  constexpr int kPair = 256;
+  const int my_turn = 1 + wg, other_turn = 2 - wg;
+  auto pass_turn = [&](int t) {
+    if (wg == 0 || t + 1 < n_tiles) named_barrier_arrive(other_turn, kPair);
+  };
+  if (wg == 1 && n_tiles > 0) named_barrier_arrive(other_turn, kPair);
+
+  // Per tile t: S_t = Q·K_tᵀ, then P_{t-1}·V_{t-1} queued behind it on the tensor cores; the
+  // softmax of S_t runs while that P·V does; O is rescaled once it is done, and stage t - 1 is
+  // handed back to the loader.
+  for (int t = 0; t < n_tiles; ++t) {
+    // Even a tile this warpgroup skips is waited for before it is handed back: an early arrival
+    // could complete a later phase of the stage's empty barrier.
+    mbarrier_wait(&full[t % STAGES], (t / STAGES) & 1);
+    named_barrier_sync(my_turn, kPair);
+    const int j0 = t * BC;
+    if (j0 >= wg_end) {  // warpgroup-uniform: this tile and every later one are hidden from its rows
+      if (pending) {
+        issue_pv(t - 1);
+        pass_turn(t);
+        wgmma_wait<0>();
+        wgmma_fence_operands(o_flat);
+        mbarrier_arrive(&empty[(t - 1) % STAGES]);
+        pending = false;
+      } else {
+        pass_turn(t);
+      }
+      mbarrier_arrive(&empty[t % STAGES]);
+      continue;
+    }
+    const uint32_t k_base = smem_addr(stages + (t % STAGES) * 2 * BC * HD);
+
+    // S = Q·Kᵀ: 64 rows x BC keys, HD / 16 steps of K = 16.
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const uint32_t koff = (kk % 4) * 32;  // bytes inside the panel's 128-byte rows
+      const uint64_t da = sw128_desc(q_base + (kk / 4) * (BR * 128) + koff, 16);
+      const uint64_t db = sw128_desc(k_base + (kk / 4) * (BC * 128) + koff, 16);
+      Wgmma<T, BC>::ss(s_flat, da, db, kk > 0);
+    }
+    wgmma_commit();
+    if (pending) {
+      issue_pv(t - 1);
+      pass_turn(t);
+      wgmma_wait<1>();  // S_t done; P_{t-1}·V_{t-1} may still run
+    } else {
+      pass_turn(t);
+      wgmma_wait<0>();
+    }
+    wgmma_fence_operands(s_flat);
+
+    const bool edge = j0 + BC > p.seqlen_k || (p.causal && j0 + BC - 1 > row_w + diag);
+    flash_scale_mask<T>(s, p, mask, row_w + g, j0 + 2 * t4, edge);
+    float corr[2];
+    flash_online_softmax(s, m, l, corr);
+    wgmma_wait<0>();  // P_{t-1}·V_{t-1} added: O and pa are free, and so is stage t - 1
+    wgmma_fence_operands(o_flat);
+    if (pending) mbarrier_arrive(&empty[(t - 1) % STAGES]);
+    flash_rescale(o, corr);
+#pragma unroll
+    for (int kb = 0; kb < BC / 16; ++kb) flash_p_fragment<T>(pa[kb], s, kb);
+    pending = true;
+  }
+  if (pending) {  // the last tile's P·V (its stage is not handed back: nothing is loaded after it)
+    issue_pv(n_tiles - 1);
+    wgmma_wait<0>();
+    wgmma_fence_operands(o_flat);
+  }
+
+  flash_store<T>(p, o, m, l, b, h, row_w + g, t4);
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(FlashWgmmaConfig<T, HD>::kThreads, 1)
+    attention_flash_wgmma_kernel(const AttentionParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = FlashWgmmaConfig<T, HD>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // full[s]: stage s landed (the loader's 128 threads arrive); empty[s]: both consumer warpgroups
+  // are done with it (their 256 threads arrive).
+  __shared__ uint64_t full[C::STAGES], empty[C::STAGES];
+  const uint32_t raw = smem_addr(smem_raw);
+  T* const sq = reinterpret_cast<T*>(smem_raw + (((raw + 1023) & ~1023u) - raw));  // [BR][HD], SW128 panels
+  T* const stages = sq + C::BR * HD;  // [stage][K, V][BC][HD], SW128 panels: tile t in stage t % STAGES
+  const FlashBlock<T> blk(p, C::BR, C::BC);
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int st = 0; st < C::STAGES; ++st) {
+      mbarrier_init(&full[st], 128);
+      mbarrier_init(&empty[st], 128 * C::kConsumers);
+    }
+  }
+  __syncthreads();
+  // The warpgroup index as a warp-uniform value (a shuffle from lane 0), so the compiler sees each
+  // role as one warpgroup-uniform branch and budgets its registers by its setmaxnreg.
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
+  if (wg == 0) {
+    setmaxnreg_dec<C::kLoaderRegs>();
+    flash_wgmma_load<T, HD>(p, blk, sq, stages, full, empty);
+  } else {
+    setmaxnreg_inc<C::kConsumerRegs>();
+    flash_wgmma_consume<T, HD>(p, blk, wg - 1, sq, stages, full, empty);
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built without sm_90a: the launcher never selects this kernel (attention_flash_wgmma_arch)
+#endif
+}
+
+template <typename T, int HD>
+void launch_attention_flash_wgmma(const AttentionParams& p, cudaStream_t stream) {
+  using C = FlashWgmmaConfig<T, HD>;
+  cudaFuncSetAttribute(attention_flash_wgmma_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       C::kSmemBytes);
+  const dim3 grid(unsigned((p.seqlen_q + C::BR - 1) / C::BR), unsigned(p.nheads_q), unsigned(p.batch));
+  attention_flash_wgmma_kernel<T, HD><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+}
+
+// 90 when the library was built for sm_90a only among the 9.x targets (FUSED_ATTN_SM90A, set by
+// fused_attn/build.py) and the current device runs that build's kernel; else 0.
+template <typename T, int HD>
+int attention_flash_wgmma_arch() {
+#if defined(FUSED_ATTN_SM90A)
+  cudaFuncAttributes attr{};
+  const bool ok = cudaFuncGetAttributes(&attr, attention_flash_wgmma_kernel<T, HD>) == cudaSuccess;
+  return ok && attr.binaryVersion == 90 ? 90 : 0;
+#else
+  return 0;
+#endif
+}
+
+}  // namespace fused_attn
