@@ -22,21 +22,13 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include "../common/cluster.cuh"
 #include "linear_kernel.cuh"
 
 namespace fused_attn {
 
 namespace linear {
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The two phases of the cluster barrier (cooperative_groups' cluster.sync() is both, back to back):
-// the release orders this block's shared-memory accesses before what the other blocks do after
-// their wait (it compiles to a MEMBAR.GPU, which waits for the block's outstanding global stores).
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
-#endif
 
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); blockIdx.x the tile, the cluster
 // (blockIdx.y) the split of K.

@@ -23,6 +23,7 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include "../common/cluster.cuh"
 #include "../common/pdl.cuh"
 #include "../common/vec_dtypes.cuh"
 #include "sample_launch.h"
@@ -89,6 +90,9 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
   const int part = blockIdx.x;
   const T* logits = static_cast<const T*>(p.logits) + row * p.row_stride;
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.cluster) cluster_arrive_relaxed();  // this block has started (waited for before the merge)
+#endif
   wait_for_primary();  // the logits are the previous kernel's output
   launch_dependents();
 
@@ -171,14 +175,16 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.cluster) {
-    // Every block stores its maximum into rank 0's shared memory (a remote store, no round trip);
-    // the cluster barrier (release / acquire) makes the stores visible to rank 0, which merges them.
-    // Warp 0 alone arrives for its block: the other warps have returned, and a returned thread
-    // counts as arrived.
+    // Every block stores its maximum into rank 0's shared memory (a remote store, no round trip) once
+    // the whole cluster has started (the first barrier phase, arrived at the kernel's start); the second
+    // phase (release / acquire) makes the stores visible to rank 0, which merges them. Warp 0 alone
+    // waits for its block: the other warps have returned, and a returned thread counts as arrived.
     cg::cluster_group cluster = cg::this_cluster();
     const unsigned rank = cluster.block_rank();
+    cluster_wait();
     if (lane == 0) *cluster.map_shared_rank(&cluster_best[rank], 0) = best;
-    cluster.sync();
+    cluster_arrive_release();
+    cluster_wait();
     if (rank == 0 && lane == 0) {
       unsigned long long m = cluster_best[0];
       for (unsigned r = 1; r < cluster.num_blocks(); ++r) m = cluster_best[r] > m ? cluster_best[r] : m;
