@@ -92,10 +92,7 @@ if has sanitize; then
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool" >> "$OUT/sanitize.log"
     quick=$([ $tool = racecheck ] && echo --quick)
-    # racecheck skips cuBLAS's own kernels (nvjet_*, reached by linear above 16 rows): it reports hazards
-    # inside them that are not ours to fix.
-    skip=$([ $tool = racecheck ] && echo "--kernel-name-exclude kns=nvjet")
-    timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 1 --print-limit 20 $skip \
+    timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 1 --print-limit 20 \
       python3 tests/sanitizer_cases.py $quick >> "$OUT/sanitize.log" 2>&1 || rc=1
     tail -2 "$OUT/sanitize.log"
   done

@@ -183,7 +183,9 @@ def linear_cases(quick: bool) -> int:
     from tests.test_linear import norm_case_of, run_and_check_norm
     from tests.test_linear import run_and_check as linear_run_and_check
 
-    cases = [LINEAR_CASES[0], LINEAR_CASES[1], LINEAR_CASES[5], LINEAR_CASES[7]] if quick else LINEAR_CASES
+    # racecheck (quick) takes the small split-K case: the 16-row one's cuBLAS peer (the test's error
+    # reference) runs a cuBLAS split-K kernel in which racecheck reports hazards that are not ours.
+    cases = [LINEAR_CASES[0], LINEAR_CASES[1], LINEAR_CASES[5], LINEAR_CASES[8]] if quick else LINEAR_CASES
     for i, kw in enumerate(cases):
         linear_run_and_check(linear_case_of(seed=i, **kw), "cuda")
     norm_cases = [LINEAR_NORM_CASES[0], LINEAR_NORM_CASES[4]] if quick else LINEAR_NORM_CASES
