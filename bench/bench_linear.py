@@ -57,14 +57,18 @@ LN_EPS = 1e-5
 MEMORY_BOUND_ROWS = 16
 
 PROVIDERS = ("eager", "compiled", "fused")
-SPEEDUP_BASES = ("eager", "compiled")
+SPEEDUP_BASES = ("eager", "compiled", "unfolded")
 GPU_ONLY = ("compiled",)
 NOTES = {"eager": "F.linear + F.gelu(tanh) + add", "compiled": "torch.compile(F.linear + F.gelu(tanh) + add)",
          "fused": "fused_attn.linear(activation='gelu_tanh', residual=)"}
+# The ln+linear groups add "unfolded": our two ops, fused_attn.layer_norm then fused_attn.linear (two
+# launches), the A/B of folding the norm into the linear's prologue.
+LN_PROVIDERS = ("eager", "compiled", "unfolded", "fused")
 LN_NOTES = {"eager": "F.layer_norm + F.linear", "compiled": "torch.compile(F.layer_norm + F.linear)",
+            "unfolded": "fused_attn.layer_norm + fused_attn.linear (2 launches)",
             "fused": "fused_attn.linear(norm='layer_norm')"}
 REPORT_LABELS = {"bench_linear": dict(title="linear (gelu_tanh(x W^T + b) + residual)", shape="K x N, M",
-                                      order=PROVIDERS)}
+                                      order=("eager", "compiled", "unfolded", "fused"))}
 
 
 def modeled_traffic(k: int, n: int, m: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -89,12 +93,12 @@ def make_cases(config, cuda: bool | None = None) -> list[dict]:
     if not cuda:
         return ([dict(shape=s, m=m, dtype="float32", provider=p, op="linear") for s, m in CPU_CASES for p in PROVIDERS]
                 + [dict(shape=s, m=m, dtype="float32", provider=p, op="ln_linear") for s, m in LN_CPU_CASES
-                   for p in PROVIDERS])
+                   for p in LN_PROVIDERS])
     dts = dtypes_for(config)
     return ([dict(shape=s, m=m, dtype=d, provider=p, op="linear") for s in GPT2_SHAPES + LLAMA_SHAPES for m in ROWS
              for d in dts for p in PROVIDERS]
             + [dict(shape=s, m=m, dtype=d, provider=p, op="ln_linear") for s in LN_SHAPES for m in LN_ROWS
-               for d in dts for p in PROVIDERS])
+               for d in dts for p in LN_PROVIDERS])
 
 
 def case_id(c: dict) -> str:
@@ -128,7 +132,7 @@ def ln_eager_chain(x, w, b, nw, nb):
 
 
 def ln_provider_fn(provider: str, t: dict):
-    from fused_attn import linear
+    from fused_attn import layer_norm, linear
 
     args = (t["x"], t["w"], t["b"], t["nw"], t["nb"])
     if provider == "eager":
@@ -137,10 +141,12 @@ def ln_provider_fn(provider: str, t: dict):
         torch._dynamo.reset()
         compiled = torch.compile(ln_eager_chain, dynamic=False)
         return lambda: compiled(*args)
+    if provider == "unfolded":
+        return lambda: linear(layer_norm(t["x"], t["nw"], t["nb"], LN_EPS), t["w"], t["b"])
     if provider == "fused":
         return lambda: linear(t["x"], t["w"], t["b"], norm="layer_norm", norm_weight=t["nw"], norm_bias=t["nb"],
                               eps=LN_EPS)
-    raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
+    raise ValueError(f"provider must be one of {LN_PROVIDERS}, got {provider!r}")
 
 
 def ln_check(provider: str, out: torch.Tensor, t: dict) -> None:

@@ -28,14 +28,15 @@ def test_providers_put_the_baselines_first_and_fused_last():
     for mod in (lin, mlp):
         assert mod.PROVIDERS == ("eager", "compiled", "fused")
         assert set(mod.NOTES) == set(mod.PROVIDERS)
-    assert lin.REPORT_LABELS["bench_linear"]["order"] == lin.PROVIDERS
+    assert lin.REPORT_LABELS["bench_linear"]["order"] == lin.LN_PROVIDERS
+    assert lin.LN_PROVIDERS[:2] + lin.LN_PROVIDERS[-1:] == lin.PROVIDERS
 
 
 def test_gpu_cases_are_the_issues():
     all_cases = lin.make_cases(_config(), cuda=True)
     cases = [c for c in all_cases if c["op"] == "linear"]
     ln = [c for c in all_cases if c["op"] == "ln_linear"]
-    assert {c["shape"] for c in ln} == {(768, 2304), (768, 3072), (768, 50257)} and len(ln) == 3 * 3 * 3
+    assert {c["shape"] for c in ln} == {(768, 2304), (768, 3072), (768, 50257)} and len(ln) == 3 * 3 * 4
     assert {c["m"] for c in ln} == {1, 4, 16} and lin.case_id(ln[0]) == "eager-ln-k768-n2304-m1-float16"
     assert lin.group(ln[0]) == "ln+linear 768x2304 m1 float16"
     assert {c["shape"] for c in cases} == {(768, 2304), (768, 3072), (3072, 768), (768, 768), (4096, 11008),
@@ -105,10 +106,10 @@ def test_cpu_smoke_run_and_its_report(tmp_path):
                            "-p", "no:cacheprovider", "--bench-rounds", "3", f"--benchmark-json={run}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "14 passed, 7 skipped" in proc.stdout
+    assert "15 passed, 7 skipped" in proc.stdout
     benches = json.loads(run.read_text())["benchmarks"]
-    assert {b["extra_info"]["provider"] for b in benches} == {"eager", "fused"}
+    assert {b["extra_info"]["provider"] for b in benches} == {"eager", "unfolded", "fused"}
     assert report.main([str(run), "--out", str(tmp_path / "r"), "--no-plots"]) == 0
     readme = (tmp_path / "r" / "readme.md").read_text()
-    assert "| K x N, M | dtype | eager us | fused us | x eager |" in readme
+    assert "| K x N, M | dtype | eager us | unfolded us | fused us | x eager | x unfolded |" in readme
     assert "| d_model x hidden x M | dtype | eager us | fused us | x eager |" in readme

@@ -32,11 +32,14 @@
 // Pre-normalization (kNorm, both kernels): y = act(norm(x) · Wᵀ + b) + residual with norm LayerNorm or
 // RMSNorm (p.norm), what fused_attn.layer_norm / rms_norm compute: float32 statistics, two passes (the
 // LayerNorm variance of the row shifted by its first element, as csrc/layer_norm does), the normalized
-// row rounded to T. After wait_for_primary(), each warp normalizes whole rows of x (<= 16 rows x K,
-// read once from L2: the bytes the plain kernels read of x per block anyway) into shared memory, and
-// the main loop reads x from there. It saves the norm's own launch (~2.5 us at B1 on an H100, for ~3
-// KB moved); the weight's first pieces are prefetched into L2 before the wait, so the stream starts
-// while the previous kernel drains, as without the norm.
+// row rounded to T. After wait_for_primary(), the block copies x's rows (<= 16 rows x K, read once
+// from L2: the bytes the plain kernels read of x per block anyway) into shared memory, a warp per row
+// takes the statistics there, the block normalizes in place, and the main loop reads x from there. It
+// saves the norm's own launch (~2.5 us at B1 on an H100, for ~3 KB moved). The CUDA-core kernel holds
+// its first weight pieces in registers across the wait and the prologue, as without the norm; the
+// tensor-core kernel prefetches them into L2. Each block normalizes the rows again, so the prologue
+// costs once per wave of blocks: a weight of tens of thousands of rows (an lm_head) is better served
+// by the norm's own launch.
 //
 // Tests: tests/test_linear.py, tests/test_mlp.py; benchmark: bench/bench_linear.py.
 #pragma once
@@ -105,28 +108,36 @@ __device__ __forceinline__ float norm_affine(const void* ptr, bool fp32, int c, 
 
 // The prologue of kNorm: rows [0, p.m) of x normalized (LayerNorm or RMSNorm over k, float32
 // statistics) and rounded to T into xs (rows xs_pitch elements apart, zeros from k to the next
-// 16-byte piece), one warp per row. The numerics are csrc/layer_norm's: LayerNorm shifts the row by its
-// first element, sums the shifted values (mean), then the squares of their distances to the mean
-// (variance), and writes fma((v - mean) * rstd, weight, bias); only the order of the float32 sums
-// differs. Ends with __syncthreads(): every thread of the block must call it.
+// 16-byte piece). Three phases, each one short latency: every thread copies pieces of x into xs (the
+// block's loads all in flight at once: one L2 round trip), one warp per row sums the row from shared
+// memory, every thread normalizes pieces in place. The numerics are csrc/layer_norm's: LayerNorm
+// shifts the row by its first element, sums the shifted values (mean), then the squares of their
+// distances to the mean (variance), and writes fma((v - mean) * rstd, weight, bias); only the order of
+// the float32 sums differs. Every thread of the block must call it (it synchronizes the block).
 template <typename T>
 __device__ void normalize_rows(const LinearParams& p, T* xs) {
   constexpr int VEC = Piece<T>::VEC;
   const T* x = static_cast<const T*>(p.x);
   const bool rms = p.norm == kNormRms;
-  const int n = p.k, pieces = (n + VEC - 1) / VEC;
+  const int n = p.k, pieces = (n + VEC - 1) / VEC, total = p.m * pieces;
   // Whole 16-byte pieces of x: the launcher copies x so that its rows are aligned when k allows.
   const bool vec = n % VEC == 0;
+  __shared__ float4 stats[kLinearMaxRows];  // (shift, mean, rstd) per row
+  for (int t = threadIdx.x; t < total; t += blockDim.x) {
+    const int m = t / pieces, j = t % pieces;
+    const T* row = x + m * p.x_stride;
+    reinterpret_cast<uint4*>(xs + m * p.xs_pitch)[j] =
+        vec ? load_piece<T, true>(row, j, n, false) : load_piece<T, false>(row, j, n, false);
+  }
+  __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   for (int m = warp; m < p.m; m += warps) {
-    const T* row = x + m * p.x_stride;
-    T* srow = xs + m * p.xs_pitch;
-    const float shift = !rms && n > 0 ? to_float(row[0]) : 0.f;
+    const T* srow = xs + m * p.xs_pitch;
+    const float shift = !rms && n > 0 ? to_float(srow[0]) : 0.f;
     float sum = 0.f;
-    for (int j = lane; j < pieces; j += 32) {
+    for (int j = lane; j < pieces && !rms; j += 32) {
       Piece<T> xp;
-      xp.raw = vec ? load_piece<T, true>(row, j, n, false) : load_piece<T, false>(row, j, n, false);
-      reinterpret_cast<uint4*>(srow)[j] = xp.raw;
+      xp.raw = reinterpret_cast<const uint4*>(srow)[j];
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         if (j * VEC + e < n) sum += to_float(xp.v[e]) - shift;
@@ -144,20 +155,28 @@ __device__ void normalize_rows(const LinearParams& p, T* xs) {
       }
     }
     const float rstd = rsqrtf(warp_sum(sq) / float(n) + p.eps);
-    for (int j = lane; j < pieces; j += 32) {
-      Piece<T> xp;
-      xp.raw = reinterpret_cast<const uint4*>(srow)[j];
+    if (lane == 0) stats[m] = make_float4(shift, mean, rstd, 0.f);
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < total; t += blockDim.x) {
+    const int m = t / pieces, j = t % pieces;
+    uint4* piece = reinterpret_cast<uint4*>(xs + m * p.xs_pitch) + j;
+    const float4 st = stats[m];
+    const float shift = st.x, mean = st.y, rstd = st.z;
+    float w[VEC], b[VEC];  // all of the piece's affine loads issued before any is used
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const int c = j * VEC + e;
-        if (c < n) {
-          const float w = norm_affine<T>(p.norm_weight, p.nw_fp32, c, 1.f);
-          const float b = norm_affine<T>(p.norm_bias, p.nb_fp32, c, 0.f);
-          xp.v[e] = from_float<T>(fmaf(((to_float(xp.v[e]) - shift) - mean) * rstd, w, b));
-        }
-      }
-      reinterpret_cast<uint4*>(srow)[j] = xp.raw;
+    for (int e = 0; e < VEC; ++e) {
+      const int c = min(j * VEC + e, n - 1);
+      w[e] = norm_affine<T>(p.norm_weight, p.nw_fp32, c, 1.f);
+      b[e] = norm_affine<T>(p.norm_bias, p.nb_fp32, c, 0.f);
     }
+    Piece<T> xp;
+    xp.raw = *piece;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      if (j * VEC + e < n) xp.v[e] = from_float<T>(fmaf(((to_float(xp.v[e]) - shift) - mean) * rstd, w[e], b[e]));
+    }
+    *piece = xp.raw;
   }
   __syncthreads();
 }
@@ -219,22 +238,8 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
 
   const int pieces = (p.k + VEC - 1) / VEC;
   const T* xs = reinterpret_cast<const T*>(xs_raw);
-  if constexpr (kNorm) {
-    // The first weight pieces on their way into L2 while the previous kernel drains; then x is
-    // readable and the block normalizes it.
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = threadIdx.x + u * blockDim.x;
-#pragma unroll
-      for (int r = 0; r < NB; ++r) {
-        if (live[r] && j < pieces) prefetch_l2(wrow[r] + int64_t(j) * VEC);
-      }
-    }
-    wait_for_primary();
-    normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
-  }
-  for (int j0 = threadIdx.x; j0 < pieces; j0 += blockDim.x * U) {
-    Piece<T> wp[NB][U];
+  Piece<T> wp[NB][U];
+  auto load_weights = [&](int j0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int j = j0 + u * blockDim.x;
@@ -243,9 +248,15 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
         wp[r][u].raw = live[r] && j < pieces ? load_piece<T, kVec>(wrow[r], j, p.k, true) : make_uint4(0, 0, 0, 0);
       }
     }
-    // Launched programmatically (common/pdl.cuh): the first weights are on their way while the
-    // previous kernel, which writes x (and the residual), drains.
-    if (!kNorm && j0 == int(threadIdx.x)) wait_for_primary();
+  };
+  // Launched programmatically (common/pdl.cuh): the first weights are on their way into registers
+  // while the previous kernel, which writes x (and the residual), drains; then x is readable (and with
+  // kNorm the block normalizes it: every thread takes part).
+  if (int(threadIdx.x) < pieces) load_weights(threadIdx.x);
+  wait_for_primary();
+  if constexpr (kNorm) normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
+  for (int j0 = threadIdx.x; j0 < pieces; j0 += blockDim.x * U) {
+    if (j0 != int(threadIdx.x)) load_weights(j0);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int j = j0 + u * blockDim.x;
@@ -271,7 +282,6 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
     }
   }
 
-  wait_for_primary();  // threads with no piece of K skipped the loop; they read the residual below
   launch_dependents();
   // Block sums: shuffles within each warp, then the warps' partials through shared memory.
   __shared__ float partial[kLinearMaxThreads / 32][NB * MT];
