@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-static-fused", "hf-fused", "compile-graph", "graph-softmax",
-            "graph", "graph-fused")
+            "graph", "graph-fused", "graph-folded")
 # The transformers backends: attention implementation of each, and those with a StaticCache.
 HF_IMPL = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-static-fused": "fused_attn",
            "hf-fused": "fused_attn"}
@@ -48,8 +48,10 @@ STATIC = ("hf-static", "hf-static-fused")
 # Our GPT-2's backends: the fused_attn.gpt2 module backends each one uses; COMPILED: those whose
 # decode step goes through torch.compile before its CUDA graph is captured (GPU only, as STATIC).
 _FUSED = {"layer_norm": "fused", "linear": "fused", "mlp": "fused"}
+# graph-folded: graph-fused with ln_1 / ln_2 in the prologue of c_attn / c_fc (the fold's A/B).
 GRAPH_BACKENDS = {"graph-fused": {"attention": "fused", **_FUSED}, "graph": {"attention": "fused"},
-                  "graph-softmax": {"attention": "softmax"}, "compile-graph": {"attention": "sdpa"}}
+                  "graph-softmax": {"attention": "softmax"}, "compile-graph": {"attention": "sdpa"},
+                  "graph-folded": {"attention": "fused", **_FUSED, "layer_norm": "folded"}}
 COMPILED = ("compile-graph",)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -53,10 +53,12 @@ RANDOM_NAME = "gpt2-random"
 # layer_norm / linear / mlp: "eager" (PyTorch: F.layer_norm; addmm, then GELU and the residual add as
 # kernels of their own) or "fused" (fused_attn.layer_norm; fused_attn.linear with bias, GELU and the
 # residual in the epilogue, our GEMV at decode sizes; fused_attn.mlp: two such launches). The linear
-# backend "fused" also draws the next token with fused_attn.sample (greedy or sampled, one launch). With
-# layer_norm and linear both "fused", ln_1, ln_2 and ln_f run in the prologue of the linear after them
-# (c_attn, c_fc, the lm_head: linear's norm= arguments), one launch each instead of two.
-BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"), "layer_norm": ("eager", "fused"),
+# backend "fused" also draws the next token with fused_attn.sample (greedy or sampled, one launch).
+# layer_norm "folded" (with linear "fused"): ln_1 and ln_2 run in the prologue of the linear after them
+# (c_attn, c_fc: linear's norm= arguments), one launch each instead of two; ln_f stays its own launch
+# (fused_attn.layer_norm), since the lm_head's 12.5k blocks would each repeat the prologue (bench_linear,
+# H100 fp16 M 1: 53.7 us folded against 31.5 unfolded, bench/NOTES.md).
+BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"), "layer_norm": ("eager", "fused", "folded"),
             "linear": ("eager", "fused"), "mlp": ("eager", "fused")}
 
 _annotate = False  # profiler labels around each module (bench.profile); never inside a graph
@@ -142,7 +144,7 @@ class LayerNorm(nn.Module):
         return dict(norm="layer_norm", norm_weight=self.weight, norm_bias=self.bias, eps=self.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.backend == "fused":
+        if self.backend in ("fused", "folded"):  # called on its own, a folded norm is our kernel's launch
             return layer_norm(x, self.weight, self.bias, self.eps)
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
@@ -236,8 +238,8 @@ class Block(nn.Module):
         self.attn = Attention(config, backends["attention"], backends["linear"])
         self.ln_2 = LayerNorm(config.n_embd, config.eps, backends["layer_norm"])
         self.mlp = MLP(config, backends["mlp"], backends["linear"])
-        # LayerNorm and Linear both fused: ln_1 runs in c_attn's launch, ln_2 in c_fc's (their prologue).
-        self.fold_norms = backends["layer_norm"] == "fused" and backends["linear"] == "fused"
+        # layer_norm "folded": ln_1 runs in c_attn's launch, ln_2 in c_fc's (their prologue).
+        self.fold_norms = backends["layer_norm"] == "folded"
 
     def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, **attn_kw) -> torch.Tensor:
         """x + attn(ln_1(x)), then that + mlp(ln_2(that)); each residual add is the output
@@ -323,8 +325,6 @@ class GPT2(nn.Module):
         self.wpe = nn.Embedding(config.n_positions, config.n_embd)
         self.h = nn.ModuleList(Block(config, self.backends) for _ in range(config.n_layer))
         self.ln_f = LayerNorm(config.n_embd, config.eps, self.backends["layer_norm"])
-        # LayerNorm and Linear both fused: ln_f runs in the lm_head launch's prologue (as the blocks' norms).
-        self.fold_norms = self.backends["layer_norm"] == "fused" and self.backends["linear"] == "fused"
         # One DecodeCache per (batch, max_len, temperature, top_k), with its captured graphs:
         # a later generate() of the same shape reuses both.
         self._caches: dict[tuple, DecodeCache] = {}
@@ -391,9 +391,6 @@ class GPT2(nn.Module):
             return self.wte(ids) + self.wpe(pos)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fold_norms:
-            with scope("lm_head"):  # ln_f in the lm_head launch's prologue
-                return linear(x, self.wte.weight, **self.ln_f.fold_args())
         with scope("ln_f"):
             x = self.ln_f(x)
         with scope("lm_head"):
@@ -557,6 +554,9 @@ def check_backends(backends: dict[str, str] | None) -> dict[str, str]:
         if backend not in BACKENDS[kind]:
             raise ValueError(f"backends[{kind!r}] must be one of {BACKENDS[kind]}, got {backend!r}")
         chosen[kind] = backend
+    if chosen["layer_norm"] == "folded" and chosen["linear"] != "fused":
+        raise ValueError(f"backends['layer_norm'] 'folded' must come with backends['linear'] 'fused' (the norm runs "
+                         f"in fused_attn.linear's prologue), got {chosen['linear']!r}")
     return chosen
 
 

@@ -126,31 +126,35 @@ def test_eos_fills_the_rest_and_stops_early_cpu():
 
 @pytest.mark.parametrize("mlp", ["fused", "eager"])
 def test_folded_norms_match_separate_norms_cpu(mlp):
-    """With the layer_norm and linear backends fused, ln_1, ln_2 and ln_f run inside c_attn's, c_fc's
-    and the lm_head's linear (their norm= prologue; through mlp's norm arguments with the fused MLP):
-    on the CPU the same logits, bit for bit, as each norm by layer_norm and then the linear."""
-    backends = {"attention": "fused", "layer_norm": "fused", "linear": "fused", "mlp": mlp}
+    """With layer_norm "folded", ln_1 and ln_2 run inside c_attn's and c_fc's linear (their norm=
+    prologue; through mlp's norm arguments with the fused MLP) and ln_f as fused_attn.layer_norm: on the
+    CPU the same logits, bit for bit, as the "fused" layer_norm backend (each norm its own launch)."""
+    backends = {"attention": "fused", "layer_norm": "folded", "linear": "fused", "mlp": mlp}
     m = GPT2.from_hf(hf_model(VARIED), backends=backends)
-    assert m.fold_norms and all(b.fold_norms for b in m.h)
+    assert all(b.fold_norms for b in m.h)
+    separate = GPT2.from_hf(hf_model(VARIED), backends=dict(backends, layer_norm="fused"))
+    assert not any(b.fold_norms for b in separate.h)
     ids, mask = left_padded(TINY["vocab_size"], (20, 13, 6))
     with torch.no_grad():
-        folded = m(ids, mask)
-        m.fold_norms = False
-        for b in m.h:
-            b.fold_norms = False
-        separate = m(ids, mask)
-    assert torch.equal(folded, separate)
+        assert torch.equal(m(ids, mask), separate(ids, mask))
+
+
+def test_folded_norms_need_the_fused_linear():
+    with pytest.raises(ValueError, match=r"backends\['layer_norm'\] 'folded' must come with backends\['linear'\] "
+                                         r"'fused' .*, got 'eager'"):
+        GPT2.from_hf(hf_model(), backends={"layer_norm": "folded"})
 
 
 # "fused": decode_attention (lengths and left padding per sequence); "softmax": the previous step
 # (index_copy_ at the slot, the key mask); "sdpa": the plain PyTorch step (index_copy_, SDPA under
 # the key mask): each reads its own state.
 # "modules": every other module kind on fused_attn's ops too (layer_norm, linear, mlp).
-@pytest.mark.parametrize("attention", ["fused", "softmax", "sdpa", "modules"])
+@pytest.mark.parametrize("attention", ["fused", "softmax", "sdpa", "modules", "folded"])
 @pytest.mark.parametrize("lengths", [(20,), (20, 13, 6)])
 def test_decode_logits_match_teacher_forced_cpu(lengths, attention):
-    backends = ({"attention": attention} if attention != "modules" else
-                {"attention": "fused", "layer_norm": "fused", "linear": "fused", "mlp": "fused"})
+    backends = ({"attention": attention} if attention not in ("modules", "folded") else
+                {"attention": "fused", "layer_norm": "fused" if attention == "modules" else "folded",
+                 "linear": "fused", "mlp": "fused"})
     m = GPT2.from_hf(hf_model(VARIED), backends=backends)
     ids, mask = left_padded(TINY["vocab_size"], lengths)
     tokens, logits = Recorder(m, len(lengths), 20 + 32).run(ids, mask, 32)
@@ -316,9 +320,10 @@ def test_fused_modules_decode_matches_hf_eager_fp32_gpu(lengths):
     ids, mask = left_padded(SMALL["vocab_size"], lengths)
     want = hf.to("cuda").generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=64, do_sample=False,
                                   pad_token_id=0, eos_token_id=None)
-    backends = {"attention": "fused", "layer_norm": "fused", "linear": "fused", "mlp": "fused"}
-    m = GPT2.from_hf(hf, device="cuda", backends=backends)
-    assert torch.equal(m.generate(ids.cuda(), mask.cuda(), max_new_tokens=64, use_graph=True), want)
+    for layer_norm in ("fused", "folded"):
+        backends = {"attention": "fused", "layer_norm": layer_norm, "linear": "fused", "mlp": "fused"}
+        m = GPT2.from_hf(hf, device="cuda", backends=backends)
+        assert torch.equal(m.generate(ids.cuda(), mask.cuda(), max_new_tokens=64, use_graph=True), want), layer_norm
 
 
 @pytest.mark.gpu
