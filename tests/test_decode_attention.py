@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from fused_attn import reference
 from fused_attn.decode_attention import VALIDATE_ENV, decode_attention
+from tests.streams import on_side_stream_without_sync
 from tests.tolerances import assert_attention_close
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -376,17 +377,8 @@ def test_does_not_sync_and_uses_the_current_stream_gpu():
     lens = seqlens.cuda()
     q_src, q_dst = q.clone(), torch.zeros_like(q)
     out = torch.empty_like(q)
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            torch.cuda._sleep(50_000_000)
-            q_dst.copy_(q_src)
-            decode_attention(q_dst, k, v, lens, k_new=kn, v_new=vn, out=out, num_splits=3)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    s.synchronize()
+    on_side_stream_without_sync(q_dst, q_src,
+                                lambda: decode_attention(q_dst, k, v, lens, k_new=kn, v_new=vn, out=out, num_splits=3))
     want, magnitude = want_and_magnitude(q, k0, v0, lens, kn, vn, None, None)
     k_all, v_all = appended_copy(k0, kn, case["seqlens"]), appended_copy(v0, vn, case["seqlens"])
     assert torch.equal(bits(k), bits(k_all)) and torch.equal(bits(v), bits(v_all))

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from fused_attn import reference
 from fused_attn.layer_norm import layer_norm, rms_norm
+from tests.streams import on_side_stream_without_sync
 from tests.test_decode_attention import with_examples
 from tests.tolerances import assert_close, norm_tolerance
 
@@ -239,17 +240,7 @@ def test_does_not_sync_and_uses_the_current_stream_gpu():
     src = torch.randn(512, 4096, generator=gen, device="cuda", dtype=torch.bfloat16)
     r = torch.randn(512, 4096, generator=gen, device="cuda", dtype=torch.bfloat16)
     x = torch.zeros_like(src)
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            torch.cuda._sleep(50_000_000)
-            x.copy_(src)
-            y, h = layer_norm(x, None, None, residual=r)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    s.synchronize()
+    y, h = on_side_stream_without_sync(x, src, lambda: layer_norm(x, None, None, residual=r))
     want, xhat, h_want = expected(dict(eps=1e-5, rms=False), src, r, None, None)
     assert torch.equal(h.cpu(), h_want)
     assert_close(y.cpu(), want, norm_tolerance(want, xhat, None, y.dtype), "on a side stream")

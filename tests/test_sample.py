@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from fused_attn import reference
 from fused_attn.sample import sample
+from tests.streams import on_side_stream_without_sync
 from tests.test_decode_attention import with_examples
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -254,17 +255,7 @@ def test_does_not_sync_and_uses_the_current_stream_gpu():
     gen = torch.Generator(device="cuda").manual_seed(0)
     src = torch.randn(8, 50257, generator=gen, device="cuda")
     x = torch.zeros_like(src)
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            torch.cuda._sleep(50_000_000)
-            x.copy_(src)
-            got = sample(x)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    s.synchronize()
+    got = on_side_stream_without_sync(x, src, lambda: sample(x))
     assert torch.equal(got, src.argmax(-1))
 
 
