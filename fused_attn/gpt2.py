@@ -294,10 +294,12 @@ class DecodeCache(nn.Module):
         else:
             self.token.copy_(self.next_token(logits))
 
-    def advance(self) -> None:
-        """After a decode step: one more valid slot, position and sampler offset per sequence."""
+    def advance(self, slot: bool = True) -> None:
+        """After a decode step: one more valid slot, position and sampler offset per sequence, and the
+        next cache slot (``slot=False``: the fused attention backend reads no slot)."""
         self.counters.add_(1)
-        self.slot.add_(1)
+        if slot:
+            self.slot.add_(1)
 
     def next_token(self, logits: torch.Tensor) -> torch.Tensor:
         """Greedy at temperature 0; else a sample of softmax(top-k(logits) / temperature)."""
@@ -453,10 +455,7 @@ class GPT2(nn.Module):
             x = block(x, keys_ok, causal=False, cache=cache.layers[i], input_pos=cache.slot, attend_cache=True,
                       lengths=lengths)
         cache.set_next_token(self.logits(x[:, 0]))
-        if fused:
-            cache.counters.add_(1)  # the fused backend reads no slot
-        else:
-            cache.advance()
+        cache.advance(slot=not fused)
 
     def decode_cache(self, batch: int, max_len: int, temperature: float = 0.0, top_k: int = 0) -> DecodeCache:
         """The DecodeCache of this shape and sampling setting (created on first use, then reused)."""
