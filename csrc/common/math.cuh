@@ -1,5 +1,5 @@
-// Scalar math shared by the softmax-like kernels (torch-free): NaN-propagating max, the
-// all-masked-safe shifted exponential, and single-instruction exp2 / reciprocal.
+// Scalar math shared by the kernels (torch-free): NaN-propagating max, the all-masked-safe shifted
+// exponential, single-instruction exp2 / reciprocal, and the tanh GELU.
 #pragma once
 
 namespace fused_attn {
@@ -42,6 +42,12 @@ __device__ __forceinline__ float fast_rcp(float x) {
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
   return r;
+}
+
+// PyTorch's F.gelu(approximate="tanh"): 0.5 y (1 + tanh(sqrt(2 / pi) (y + 0.044715 y^3))).
+__device__ __forceinline__ float gelu_tanh(float y) {
+  constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
+  return 0.5f * y * (1.f + tanhf(kBeta * (y + kKappa * y * y * y)));
 }
 
 }  // namespace fused_attn

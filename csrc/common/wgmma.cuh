@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "mbarrier.cuh"
 #include "mma.cuh"
 
 namespace fused_attn {
@@ -57,31 +58,6 @@ __device__ __forceinline__ void wgmma_wait() {
 // async proxy the tensor cores read through; then a barrier publishes them to the warpgroup.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// Shared-memory mbarriers (CTA scope) for a producer / consumer ring: init by one thread (then a
-// block barrier), arrive (release), and wait for the phase of parity `phase` to complete (acquire).
-// A fresh barrier is in phase 0: waiting on parity 1 returns at once (a stage starts empty).
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, int phase) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(phase)
-      : "memory");
-}
-// Named barriers (ids 1..15; 0 is __syncthreads) between some warps of the block: arrive does not
-// wait, sync waits until `threads` threads arrived or synced on the id.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 // Register budget of this warpgroup's warps from here on (sm_90a; the kernel needs a register cap
 // at entry, __launch_bounds__(threads, 1)): the producer gives registers back, the consumers take them.

@@ -46,6 +46,7 @@
 
 #include <cuda_runtime.h>
 
+#include "../common/math.cuh"
 #include "../common/mma.cuh"
 #include "../common/pdl.cuh"
 #include "../common/vec_dtypes.cuh"
@@ -179,12 +180,6 @@ __device__ void normalize_rows(const LinearParams& p, T* xs) {
     *piece = xp.raw;
   }
   __syncthreads();
-}
-
-__device__ __forceinline__ float gelu_tanh(float y) {
-  // PyTorch's F.gelu(approximate="tanh"): 0.5 y (1 + tanh(sqrt(2 / pi) (y + 0.044715 y^3))).
-  constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
-  return 0.5f * y * (1.f + tanhf(kBeta * (y + kKappa * y * y * y)));
 }
 
 __device__ __forceinline__ float silu(float y) { return y / (1.f + expf(-y)); }

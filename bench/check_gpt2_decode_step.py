@@ -1,0 +1,166 @@
+"""Quick GPU check of gpt2_decode_step (the one-launch GPT-2 decode step) against our module-per-launch
+step (graph-fused's kernels), at GPT-2 small's shapes with seeded random weights (~1 min):
+
+    python -m bench.check_gpt2_decode_step
+    python -m bench.check_gpt2_decode_step --cases fp16:1,fp16:16 --steps 8 --replays 200
+
+Per case (dtype, batch): a left-padded batch of a random 128-token prompt is prefilled by the model;
+then `--steps` teacher-forced steps run both ways from the same cache state: the model's decode step
+(fused_attn.linear / layer_norm / decode_attention, eager) and the op. Printed: the largest logit
+difference between the two, the share of rows whose argmax agrees, and the largest difference of
+the cache slots the steps wrote. Timing (a quick look, bench/bench_gpt2.py is the measurement): a CUDA
+graph of [op, fused_attn.sample into the token, counters + 1] against the model's captured decode
+step (graph-fused), each replayed `--replays` times from the same lengths; ms per step from CUDA
+events around all replays. Exits 1 when an argmax disagrees in float32 or a difference is not finite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from fused_attn.generate import make_batch
+from fused_attn.gpt2 import GPT2, _DecodeGraph, load_hf_model
+from fused_attn.sample import sample
+
+FUSED = dict(attention="fused", layer_norm="fused", linear="fused", mlp="fused")
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def stacked_weights(m: GPT2) -> dict[str, torch.Tensor]:
+    """The op's weight arguments, stacked from the model's modules (copies)."""
+    h = m.h
+    norms = [torch.stack([ln.weight, ln.bias]) for b in h for ln in (b.ln_1, b.ln_2)]
+    norms.append(torch.stack([m.ln_f.weight, m.ln_f.bias]))
+    return dict(
+        wte=m.wte.weight.contiguous(), wpe=m.wpe.weight.contiguous(), norms=torch.stack(norms).contiguous(),
+        w_qkv=torch.stack([b.attn.c_attn.weight_nk for b in h]).contiguous(),
+        b_qkv=torch.stack([b.attn.c_attn.bias for b in h]).contiguous(),
+        w_o=torch.stack([b.attn.c_proj.weight_nk for b in h]).contiguous(),
+        b_o=torch.stack([b.attn.c_proj.bias for b in h]).contiguous(),
+        w_fc=torch.stack([b.mlp.c_fc.weight_nk for b in h]).contiguous(),
+        b_fc=torch.stack([b.mlp.c_fc.bias for b in h]).contiguous(),
+        w_proj=torch.stack([b.mlp.c_proj.weight_nk for b in h]).contiguous(),
+        b_proj=torch.stack([b.mlp.c_proj.bias for b in h]).contiguous(),
+    )
+
+
+def step(state, w, eps):
+    return torch.ops.fused_attn.gpt2_decode_step(
+        state["token"], state["pos"], state["seqlens"], state["leftpad"], state["k"], state["v"], w["wte"], w["wpe"],
+        w["norms"], w["w_qkv"], w["b_qkv"], w["w_o"], w["b_o"], w["w_fc"], w["b_fc"], w["w_proj"], w["b_proj"],
+        state["workspace"], eps)
+
+
+def time_replays(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / replays
+
+
+def run_case(hf, dtype: torch.dtype, batch: int, steps: int, replays: int, prompt_len: int) -> dict:
+    m = GPT2.from_hf(hf, dtype=dtype, device="cuda", backends=FUSED)
+    c = m.config
+    gen = torch.Generator().manual_seed(0)
+    ids, mask = make_batch(torch.randint(0, c.vocab_size, (prompt_len,), generator=gen), batch)
+    ids, mask = ids.cuda(), mask.cuda()
+    max_len = ids.shape[1] + steps + replays + 8
+    cache = m.decode_cache(batch, max_len)
+    with torch.no_grad():
+        m.prefill(cache, ids, mask)
+    w = stacked_weights(m)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    ws_bytes = (256 + batch * (4 * c.n_embd + 3 * c.n_embd) * itemsize + 15) // 16 * 16
+    counters = cache.counters.clone()
+    state = dict(token=cache.token.clone(), seqlens=counters[:batch], pos=counters[batch:2 * batch],
+                 leftpad=cache.leftpad.clone(), k=torch.stack([x.k for x in cache.layers]).contiguous(),
+                 v=torch.stack([x.v for x in cache.layers]).contiguous(),
+                 workspace=torch.zeros(ws_bytes, dtype=torch.uint8, device="cuda"))
+    start_slot = int(counters[0])
+    # The model's own steps, their logits recorded.
+    seen, tokens = [], []
+    real = m.logits
+    m.logits = lambda x: seen.append(real(x)) or seen[-1]
+    with torch.no_grad():
+        for _ in range(steps):
+            tokens.append(cache.token.clone())
+            m.decode_step(cache)
+    del m.logits
+    out = dict(dtype=str(dtype).removeprefix("torch."), batch=batch)
+    diff, agree = 0.0, 1.0
+    for t in range(steps):
+        state["token"].copy_(tokens[t])
+        logits = step(state, w, c.eps)
+        counters.add_(1)
+        ref = seen[t]
+        diff = max(diff, (logits.float() - ref.float()).abs().max().item())
+        agree = min(agree, (logits.argmax(-1) == ref.argmax(-1)).float().mean().item())
+    out["logit_diff"] = diff
+    out["logit_scale"] = max(s.float().abs().max().item() for s in seen)
+    out["argmax_agree"] = agree
+    k_ref = torch.stack([x.k for x in cache.layers])[:, :, :, start_slot:start_slot + steps]
+    v_ref = torch.stack([x.v for x in cache.layers])[:, :, :, start_slot:start_slot + steps]
+    kd = (state["k"][:, :, :, start_slot:start_slot + steps].float() - k_ref.float()).abs()
+    vd = (state["v"][:, :, :, start_slot:start_slot + steps].float() - v_ref.float()).abs()
+    # Left-padded rows whose leftpad > their slot never exist; every row's new slots are real here.
+    out["cache_diff"] = max(kd.max().item(), vd.max().item())
+
+    # Timing: both graphs replayed from the lengths the steps above reached.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    saved = counters.clone()
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            logits = step(state, w, c.eps)
+            sample(logits, out=state["token"])
+            counters.add_(1)
+    torch.cuda.current_stream().wait_stream(side)
+    counters.copy_(saved)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        logits = step(state, w, c.eps)
+        sample(logits, out=state["token"])
+        counters.add_(1)
+    out["persistent_ms"] = time_replays(g, replays)
+    counters.copy_(saved)
+    cache.decode_graph = _DecodeGraph(m, cache)
+    out["graph_fused_ms"] = time_replays(cache.decode_graph.graph, replays)
+    out["speedup"] = out["graph_fused_ms"] / out["persistent_ms"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", default="fp32:1,fp32:3,fp16:1,fp16:4,fp16:16,bf16:1,bf16:16",
+                    help="comma list of dtype:batch")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--replays", type=int, default=100)
+    ap.add_argument("--prompt", type=int, default=128)
+    args = ap.parse_args(argv)
+    hf = load_hf_model()
+    print(torch.cuda.get_device_name(), torch.__version__)
+    bad = False
+    for case in args.cases.split(","):
+        name, batch = case.split(":")
+        try:
+            r = run_case(hf, DTYPES[name], int(batch), args.steps, args.replays, args.prompt)
+        except (ValueError, RuntimeError) as e:
+            print(f"{case}: {type(e).__name__}: {e}")
+            bad = True
+            continue
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()), flush=True)
+        finite = all(torch.isfinite(torch.tensor(r[k])) for k in ("logit_diff", "cache_diff"))
+        bad |= not finite or (name == "fp32" and r["argmax_agree"] < 1.0)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+// Shared-memory mbarriers, named barriers and TMA bulk copies (torch-free, sm_90): the producer /
+// consumer rings of attention_flash_wgmma_kernel (csrc/attention/attention_wgmma.cuh) and of
+// gpt2_decode_step_kernel (csrc/gpt2_decode_step/gpt2_decode_step_kernel.cuh).
+#pragma once
+
+#include <cstdint>
+
+#include "mma.cuh"
+
+namespace fused_attn {
+
+// Shared-memory mbarriers (CTA scope) for a producer / consumer ring: init by one thread (then a
+// block barrier), arrive (release), and wait for the phase of parity `phase` to complete (acquire).
+// A fresh barrier is in phase 0: waiting on parity 1 returns at once (a stage starts empty).
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, int phase) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(phase)
+      : "memory");
+}
+// One probe of mbarrier_wait: whether the phase of parity `phase` has completed (the instruction may
+// suspend the thread a while before answering no).
+__device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, int phase) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(phase)
+      : "memory");
+  return done != 0;
+}
+// Named barriers (ids 1..15; 0 is __syncthreads) between some warps of the block: arrive does not
+// wait, sync waits until `threads` threads arrived or synced on the id.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// The arrival of a producer that will make `bytes` land on `bar` through the async proxy (TMA): the
+// phase completes when the arrival count and those bytes are both in.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+// One TMA bulk copy global -> shared memory (both 16-byte aligned, a multiple of 16 bytes), its
+// bytes counted on `bar` (mbarrier_arrive_expect_tx).
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
+}  // namespace fused_attn

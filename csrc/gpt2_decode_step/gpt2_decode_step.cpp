@@ -1,0 +1,237 @@
+// Launcher of gpt2_decode_step (schema: fused_attn/_ops.py): the checks that guard memory, the
+// shared-memory plan (ring slot size and depth for the batch, width and dtype) and the cooperative
+// launch of one block per SM. Host C++ (g++); the kernel is in gpt2_decode_step_kernel.cuh.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "../common/checks.h"
+#include "../common/static_switch.h"
+#include "gpt2_decode_step_launch.h"
+
+namespace fused_attn {
+
+namespace {
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// The locals are named after the arguments: the check macros stringify them into the message.
+void check_args(const at::Tensor& token, const at::Tensor& pos, const at::Tensor& seqlens, const at::Tensor& leftpad,
+                const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& wte, const at::Tensor& wpe,
+                const at::Tensor& norms, const at::Tensor& w_qkv, const at::Tensor& b_qkv, const at::Tensor& w_o,
+                const at::Tensor& b_o, const at::Tensor& w_fc, const at::Tensor& b_fc, const at::Tensor& w_proj,
+                const at::Tensor& b_proj, const at::Tensor& workspace) {
+  FA_CHECK_CUDA(wte);
+  FA_CHECK_ARG(wte.scalar_type() == at::kFloat || wte.scalar_type() == at::kHalf ||
+                   wte.scalar_type() == at::kBFloat16,
+               wte, "have dtype float32, float16 or bfloat16", dtype_str(wte.scalar_type()));
+  FA_CHECK_DIM(wte, 2, "[vocab, n_embd]");
+  FA_CHECK_DIM(k_cache, 5, "[n_layer, batch, nheads, max_len, headdim]");
+  const int64_t V = wte.size(0), C = wte.size(1);
+  const int64_t L = k_cache.size(0), B = k_cache.size(1), H = k_cache.size(2), S = k_cache.size(3);
+  FA_CHECK_ARG(k_cache.size(4) == kStepHeadDim, k_cache, "have headdim (last dim) 64", shape_str(k_cache.sizes()));
+  FA_CHECK_ARG(H * kStepHeadDim == C, k_cache, "have nheads * headdim == n_embd (" + std::to_string(C) + ")",
+               shape_str(k_cache.sizes()));
+  FA_CHECK_ARG(C % 8 == 0 && C <= kStepMaxWidth, wte,
+               "have n_embd (last dim) a multiple of 8, at most " + std::to_string(kStepMaxWidth),
+               shape_str(wte.sizes()));
+  FA_CHECK_ARG(L >= 1 && B >= 1 && S >= 1 && V >= 1, k_cache, "have n_layer, batch, max_len >= 1",
+               shape_str(k_cache.sizes()));
+  FA_CHECK_DIM(w_fc, 3, "[n_layer, n_inner, n_embd]");
+  const int64_t I = w_fc.size(1);
+  FA_CHECK_ARG(I % 8 == 0 && I >= 8, w_fc, "have n_inner (dim 1) a positive multiple of 8", shape_str(w_fc.sizes()));
+  FA_CHECK_SHAPE(v_cache, k_cache.sizes());
+  FA_CHECK_DIM(wpe, 2, "[n_positions, n_embd]");
+  FA_CHECK_ARG(wpe.size(1) == C, wpe, "have n_embd (" + std::to_string(C) + ") columns", shape_str(wpe.sizes()));
+  FA_CHECK_SHAPE(norms, (at::IntArrayRef{2 * L + 1, 2, C}));
+  FA_CHECK_SHAPE(w_qkv, (at::IntArrayRef{L, 3 * C, C}));
+  FA_CHECK_SHAPE(b_qkv, (at::IntArrayRef{L, 3 * C}));
+  FA_CHECK_SHAPE(w_o, (at::IntArrayRef{L, C, C}));
+  FA_CHECK_SHAPE(b_o, (at::IntArrayRef{L, C}));
+  FA_CHECK_SHAPE(w_fc, (at::IntArrayRef{L, I, C}));
+  FA_CHECK_SHAPE(b_fc, (at::IntArrayRef{L, I}));
+  FA_CHECK_SHAPE(w_proj, (at::IntArrayRef{L, C, I}));
+  FA_CHECK_SHAPE(b_proj, (at::IntArrayRef{L, C}));
+// Per argument (the macros name it): on wte's device, [batch], contiguous, of one integer dtype.
+#define FA_STEP_CHECK_LENGTHS(arg, dtype, name)                                           \
+  FA_CHECK_SAME_DEVICE(arg, wte);                                                         \
+  FA_CHECK_SHAPE(arg, (at::IntArrayRef{B}));                                              \
+  FA_CHECK_CONTIGUOUS(arg);                                                               \
+  FA_CHECK_ARG(arg.scalar_type() == dtype, arg, "have dtype " name, dtype_str(arg.scalar_type()))
+  FA_STEP_CHECK_LENGTHS(token, at::kLong, "int64");
+  FA_STEP_CHECK_LENGTHS(pos, at::kInt, "int32");
+  FA_STEP_CHECK_LENGTHS(seqlens, at::kInt, "int32");
+  FA_STEP_CHECK_LENGTHS(leftpad, at::kInt, "int32");
+#undef FA_STEP_CHECK_LENGTHS
+// On wte's device, of its dtype, contiguous, 16-byte aligned (TMA bulk copies and 16-byte loads).
+#define FA_STEP_CHECK_WEIGHT(arg)                                                         \
+  FA_CHECK_SAME_DEVICE(arg, wte);                                                         \
+  FA_CHECK_SAME_DTYPE(arg, wte);                                                          \
+  FA_CHECK_CONTIGUOUS(arg);                                                               \
+  FA_CHECK_ARG(aligned16(arg), arg, "start 16-byte aligned",                              \
+               "a data pointer offset by " +                                              \
+                   std::to_string(reinterpret_cast<uintptr_t>(arg.data_ptr()) % 16) + " bytes")
+  FA_STEP_CHECK_WEIGHT(wte);
+  FA_STEP_CHECK_WEIGHT(k_cache);
+  FA_STEP_CHECK_WEIGHT(v_cache);
+  FA_STEP_CHECK_WEIGHT(wpe);
+  FA_STEP_CHECK_WEIGHT(norms);
+  FA_STEP_CHECK_WEIGHT(w_qkv);
+  FA_STEP_CHECK_WEIGHT(b_qkv);
+  FA_STEP_CHECK_WEIGHT(w_o);
+  FA_STEP_CHECK_WEIGHT(b_o);
+  FA_STEP_CHECK_WEIGHT(w_fc);
+  FA_STEP_CHECK_WEIGHT(b_fc);
+  FA_STEP_CHECK_WEIGHT(w_proj);
+  FA_STEP_CHECK_WEIGHT(b_proj);
+#undef FA_STEP_CHECK_WEIGHT
+  FA_CHECK_SAME_DEVICE(workspace, wte);
+  FA_CHECK_ARG(workspace.scalar_type() == at::kByte && workspace.dim() == 1 && workspace.is_contiguous(), workspace,
+               "be a contiguous 1-D uint8 tensor", dtype_str(workspace.scalar_type()) + " " +
+               shape_str(workspace.sizes()));
+  const int64_t need = round_up(kStepWorkspaceHeader + B * (3 * C + I) * int64_t(wte.element_size()), 16);
+  FA_CHECK_ARG(workspace.numel() >= need, workspace, "have at least " + std::to_string(need) + " bytes",
+               std::to_string(workspace.numel()));
+  FA_CHECK_ARG(aligned16(workspace), workspace, "start 16-byte aligned", "a data pointer offset by " +
+               std::to_string(reinterpret_cast<uintptr_t>(workspace.data_ptr()) % 16) + " bytes");
+}
+
+// Shared memory for `batch` sequences: one ring slot holds a block's slice of the widest layer weight
+// (one chunk per stage) where the budget allows at least 3 slots, else fewer rows per chunk (not below
+// one row of the widest K); fails (ring 0) when not even 2 slots fit.
+void plan(Gpt2StepParams& p, int64_t batch, int64_t elem, int64_t blocks, int64_t budget) {
+  const int64_t C = p.n_embd, I = p.n_inner;
+  auto slice = [&](int64_t rows, int64_t k) { return (rows + blocks - 1) / blocks * k * elem; };
+  int64_t slot = round_up(std::max({slice(3 * C, C), slice(C, C), slice(I, C), slice(C, I)}), 128);
+  const int64_t min_slot = round_up(std::max(C, I) * elem, 128);
+  const int64_t act = round_up(batch * std::max(C, I) * elem, 128);
+  for (;;) {
+    const int64_t rmax = slot / (C * elem);  // the most rows a chunk has (at the narrowest K)
+    const int64_t red = round_up(std::max<int64_t>(640, (rmax + 2 * kStepConsumerWarps) * batch), 32);
+    p.slot_bytes = int(slot);
+    p.act_bytes = int(act);
+    p.red_floats = int(red);
+    p.ring = 0;
+    const int64_t fixed = int64_t(step_smem(p).total);
+    const int64_t ring = std::min<int64_t>(kStepMaxRing, (budget - fixed) / slot);
+    if (ring >= 3 || (slot == min_slot && ring >= 2)) {
+      p.ring = int(ring);
+      return;
+    }
+    if (slot == min_slot) return;
+    slot = std::max(min_slot, round_up(slot / 2, 128));
+  }
+}
+
+template <typename T>
+cudaError_t launch_bucket(const Gpt2StepParams& p, int grid, cudaStream_t stream) {
+  if (p.batch <= 1) return launch_gpt2_decode_step<T, 1>(p, grid, stream);
+  if (p.batch <= 2) return launch_gpt2_decode_step<T, 2>(p, grid, stream);
+  if (p.batch <= 4) return launch_gpt2_decode_step<T, 4>(p, grid, stream);
+  if (p.batch <= 8) return launch_gpt2_decode_step<T, 8>(p, grid, stream);
+  return launch_gpt2_decode_step<T, 16>(p, grid, stream);
+}
+
+template <typename T>
+int blocks_per_sm(int batch, size_t smem) {
+  if (batch <= 1) return gpt2_decode_step_blocks_per_sm<T, 1>(smem);
+  if (batch <= 2) return gpt2_decode_step_blocks_per_sm<T, 2>(smem);
+  if (batch <= 4) return gpt2_decode_step_blocks_per_sm<T, 4>(smem);
+  if (batch <= 8) return gpt2_decode_step_blocks_per_sm<T, 8>(smem);
+  return gpt2_decode_step_blocks_per_sm<T, 16>(smem);
+}
+
+}  // namespace
+
+// Argument order follows the schema in fused_attn/_ops.py (the only place schemas are defined).
+at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, const at::Tensor& seqlens,
+                            const at::Tensor& leftpad, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& wte, const at::Tensor& wpe, const at::Tensor& norms,
+                            const at::Tensor& w_qkv, const at::Tensor& b_qkv, const at::Tensor& w_o,
+                            const at::Tensor& b_o, const at::Tensor& w_fc, const at::Tensor& b_fc,
+                            const at::Tensor& w_proj, const at::Tensor& b_proj, const at::Tensor& workspace,
+                            double eps) {
+  check_args(token, pos, seqlens, leftpad, k_cache, v_cache, wte, wpe, norms, w_qkv, b_qkv, w_o, b_o, w_fc, b_fc,
+             w_proj, b_proj, workspace);
+  const c10::cuda::CUDAGuard guard(wte.device());
+  const int64_t L = k_cache.size(0), B = k_cache.size(1), C = wte.size(1), I = w_fc.size(1);
+  FA_CHECK_ARG(B <= kStepMaxBatch, token, "have at most " + std::to_string(kStepMaxBatch) + " elements (batch)",
+               std::to_string(B));
+  at::Tensor logits = at::empty({B, wte.size(0)}, wte.options());
+  const auto* prop = at::cuda::getDeviceProperties(wte.device().index());
+  const std::string arch = "sm_" + std::to_string(prop->major) + std::to_string(prop->minor);
+  FA_CHECK_ARG(prop->major == 9, wte, "be on an sm_90 (Hopper) GPU for gpt2_decode_step", arch);
+
+  Gpt2StepParams p{};
+  p.token = token.data_ptr<int64_t>();
+  p.pos = pos.data_ptr<int>();
+  p.seqlens = seqlens.data_ptr<int>();
+  p.leftpad = leftpad.data_ptr<int>();
+  p.k_cache = k_cache.data_ptr();
+  p.v_cache = v_cache.data_ptr();
+  p.wte = wte.data_ptr();
+  p.wpe = wpe.data_ptr();
+  p.norms = norms.data_ptr();
+  p.w_qkv = w_qkv.data_ptr();
+  p.b_qkv = b_qkv.data_ptr();
+  p.w_o = w_o.data_ptr();
+  p.b_o = b_o.data_ptr();
+  p.w_fc = w_fc.data_ptr();
+  p.b_fc = b_fc.data_ptr();
+  p.w_proj = w_proj.data_ptr();
+  p.b_proj = b_proj.data_ptr();
+  const int64_t elem = wte.element_size();
+  auto* ws = static_cast<unsigned char*>(workspace.data_ptr());
+  p.barrier = reinterpret_cast<unsigned*>(ws);
+  p.x = ws + kStepWorkspaceHeader;
+  p.q = ws + kStepWorkspaceHeader + B * C * elem;
+  p.a = ws + kStepWorkspaceHeader + 2 * B * C * elem;
+  p.f = ws + kStepWorkspaceHeader + 3 * B * C * elem;
+  p.logits = logits.data_ptr();
+  p.batch = int(B);
+  p.n_layer = int(L);
+  p.nheads = int(k_cache.size(2));
+  p.n_embd = int(C);
+  p.n_inner = int(I);
+  p.vocab = int(wte.size(0));
+  p.n_positions = int(wpe.size(0));
+  p.max_len = int(k_cache.size(3));
+  p.eps = float(eps);
+  p.scale_log2 = float(1.4426950408889634 / 8.0);  // headdim 64: 64 ** -0.5 = 1 / 8
+
+  const int blocks = prop->multiProcessorCount;
+  const int64_t budget = int64_t(prop->sharedMemPerBlockOptin);
+  plan(p, B, elem, blocks, budget);
+  if (p.ring == 0) {
+    int64_t fits = 0;  // the largest batch that would fit, for the message
+    for (int64_t b = B - 1; b >= 1 && fits == 0; --b) {
+      Gpt2StepParams q = p;
+      plan(q, b, elem, blocks, budget);
+      if (q.ring > 0) fits = b;
+    }
+    FA_CHECK_ARG(false, token,
+                 "have at most " + std::to_string(fits) + " elements (batch) for this model's width and dtype",
+                 std::to_string(B));
+  }
+  const size_t smem = step_smem(p).total;
+  cudaError_t err = cudaSuccess;
+  FA_DISPATCH_FLOAT(wte.scalar_type(), wte, [&] {
+    FA_CHECK_ARG(blocks_per_sm<scalar_t>(p.batch, smem) >= 1, wte,
+                 "be on a GPU the library was compiled for (sm_90 code of gpt2_decode_step)", arch);
+    err = launch_bucket<scalar_t>(p, blocks, at::cuda::getCurrentCUDAStream());
+  });
+  C10_CUDA_CHECK(err);
+  return logits;
+}
+
+TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) { m.impl("gpt2_decode_step", &gpt2_decode_step); }
+
+}  // namespace fused_attn

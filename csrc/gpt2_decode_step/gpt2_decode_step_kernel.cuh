@@ -1,0 +1,659 @@
+// gpt2_decode_step_kernel: one whole GPT-2 decode step in one persistent launch (sm_90).
+//
+// What it computes (fused_attn.reference.gpt2_decode_step is the definition): for each sequence b,
+// x = wte[token] + wpe[pos]; per layer, ln_1 -> c_attn (+ bias; q to the workspace, k and v into the
+// cache at slot seqlens[b]) -> attention over slots leftpad[b] .. seqlens[b] -> c_proj (+ bias +
+// residual) -> ln_2 -> c_fc (+ bias, GELU tanh) -> c_proj (+ bias + residual); then ln_f and the
+// lm_head (wte) into logits [batch, vocab]. Every linear rounds once to T after bias, activation
+// and residual in float32, every norm rounds its output to T: the numerics of our module-per-launch
+// step (fused_attn.linear, fused_attn.layer_norm, fused_attn.decode_attention).
+//
+// Why one launch: at batch 1 GPT-2 small's decode step is ~95 launches of a few microseconds each
+// that move 249 MB of weights in all (83 us at copy bandwidth on an H100); launch and drain gaps,
+// not bytes, set the time. Here the grid is one block per SM, resident for the whole step
+// (cooperative launch), and the 61 data dependencies of the step (5 per layer, then the lm_head)
+// are grid barriers: one atomic per block and a spin on a generation word in global memory.
+//
+// The weights never wait for a barrier. A block owns a fixed slice of rows of every weight matrix
+// (rows n * g / G .. n * (g + 1) / G of block g of G); its producer warp streams those slices, in
+// step order, with TMA bulk copies (cp.async.bulk, one per chunk of whole rows) into a ring of
+// shared-memory slots guarded by full / empty mbarriers, running as far ahead as the ring allows,
+// across the barriers. The eight consumer warps, at each stage: prefetch the stage's constants
+// (norm weights, bias, residual) into registers, wait at the grid barrier, stage the stage's input
+// rows into shared memory (normalized in place for ln_1 / ln_2 / ln_f), then per chunk: dot
+// products from shared memory (a warp per (row, part of K), float32, the partials summed in a fixed
+// order: the result does not depend on timing), and the epilogue. Attention: a block per (sequence,
+// head), a warp per 32 keys, online softmax, merged over warps in shared memory.
+//
+// Invalid lengths (seqlens[b] outside [0, max_len), leftpad[b] outside [0, seqlens[b]], pos[b]
+// outside [0, n_positions), token[b] outside [0, vocab)): that sequence's logits are NaN and its
+// cache is not written; nothing is read out of bounds.
+//
+// Tests: tests/test_gpt2_decode_step.py; benchmark: bench/bench_gpt2.py (backend graph-persistent).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../common/math.cuh"
+#include "../common/mbarrier.cuh"
+#include "../common/pdl.cuh"
+#include "../common/vec_dtypes.cuh"
+#include "gpt2_decode_step_launch.h"
+
+namespace fused_attn {
+namespace step {
+
+constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads)
+// Stages of weights in step order: per layer c_attn, attn.c_proj, c_fc, mlp.c_proj; then the lm_head.
+enum Kind { kQkv = 0, kOut = 1, kFc = 2, kProj = 3, kHead = 4 };
+
+__device__ __forceinline__ void consumers_sync() { named_barrier_sync(kConsumerBarrier, kStepConsumers); }
+
+// ------------------------------------------------------------------------------------------ loads
+// Data written by other blocks of this launch is read through L2 only (.cg): L1 is not coherent.
+__device__ __forceinline__ float raw_cg(const float* ptr) { return __ldcg(ptr); }
+__device__ __forceinline__ __half raw_cg(const __half* ptr) {
+  return __ushort_as_half(__ldcg(reinterpret_cast<const unsigned short*>(ptr)));
+}
+__device__ __forceinline__ __nv_bfloat16 raw_cg(const __nv_bfloat16* ptr) {
+  return __ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(ptr)));
+}
+template <typename T>
+__device__ __forceinline__ float load_cg(const T* ptr) {
+  return to_float(raw_cg(ptr));
+}
+// Two consecutive elements (4- or 8-byte aligned) in one load.
+__device__ __forceinline__ void load2_cg(const float* ptr, float& a, float& b) {
+  const float2 v = __ldcg(reinterpret_cast<const float2*>(ptr));
+  a = v.x;
+  b = v.y;
+}
+__device__ __forceinline__ void load2_cg(const __half* ptr, float& a, float& b) {
+  const unsigned u = __ldcg(reinterpret_cast<const unsigned*>(ptr));
+  const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&u));
+  a = v.x;
+  b = v.y;
+}
+__device__ __forceinline__ void load2_cg(const __nv_bfloat16* ptr, float& a, float& b) {
+  const unsigned u = __ldcg(reinterpret_cast<const unsigned*>(ptr));
+  const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+  a = v.x;
+  b = v.y;
+}
+
+// 8 consecutive elements (16 bytes of a 16-bit type, 32 of float32) as floats.
+template <typename T>
+__device__ __forceinline__ void unpack8(const Pack<8, T>& v, float (&out)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = to_float(v.v[i]);
+}
+template <typename T>
+__device__ __forceinline__ Pack<8, T> load8_cg(const T* ptr) {
+  Pack<8, T> v;
+  uint4* dst = reinterpret_cast<uint4*>(&v);
+  const uint4* src = reinterpret_cast<const uint4*>(ptr);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(v) / 16); ++i) dst[i] = __ldcg(src + i);
+  return v;
+}
+template <typename T>
+__device__ __forceinline__ Pack<8, T> load8_ldg(const T* ptr) {
+  Pack<8, T> v;
+  uint4* dst = reinterpret_cast<uint4*>(&v);
+  const uint4* src = reinterpret_cast<const uint4*>(ptr);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(v) / 16); ++i) dst[i] = __ldg(src + i);
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// ------------------------------------------------------------------------------ the grid barrier
+__device__ __forceinline__ unsigned load_acquire(const unsigned* ptr) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
+// A wait of this kernel (grid barrier, ring slot) that outlasts 10 s can only be a bug (a block that
+// never arrives, a chunk never sent): trap, so the launch fails instead of hanging the GPU.
+constexpr uint64_t kHangNs = 10000000000ull;
+__device__ __forceinline__ void wait_slot(uint64_t* bar, int phase) {
+  if (mbarrier_try_wait(bar, phase)) return;
+  const uint64_t t0 = global_ns();
+  while (!mbarrier_try_wait(bar, phase)) {
+    if (global_ns() - t0 > kHangNs) __trap();
+  }
+}
+
+// The grid barrier, in two halves, called by every consumer thread of every block: the writes of
+// this block's consumers before grid_arrive are visible to every block's reads after grid_wait. In
+// between a block may issue loads that do not depend on the barrier (the next stage's constants):
+// they are in flight while thread 0 spins, and they do not delay this block's arrival. Sense by
+// generation: bar[0] counts arrivals and is back at 0 after each barrier (the last arriver resets
+// it, then bumps the generation bar[1] the others spin on), so the next launch needs no reset.
+struct GridBarrier {
+  unsigned* bar;
+  unsigned gen;  // thread 0's copy of the generation
+  bool last;     // thread 0: this block arrived last (and released the others)
+
+  __device__ void arrive() {
+    consumers_sync();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      last = atomicAdd(bar, 1u) + 1 == gridDim.x;
+      if (last) {
+        atomicExch(bar, 0u);
+        __threadfence();
+        atomicAdd(bar + 1, 1u);
+      }
+    }
+  }
+  __device__ void wait() {
+    if (threadIdx.x == 0) {
+      if (!last) {
+        const uint64_t t0 = global_ns();
+        while (load_acquire(bar + 1) == gen) {
+          if (global_ns() - t0 > kHangNs) __trap();
+        }
+      }
+      __threadfence();
+      ++gen;
+    }
+    consumers_sync();
+  }
+};
+
+// --------------------------------------------------------------------------- the weight stream
+template <typename T>
+struct Stage {
+  const T* w;     // [rows, k]
+  const T* bias;  // [rows] or nullptr
+  int rows, k, layer, kind;
+};
+template <typename T>
+__device__ __forceinline__ Stage<T> stage_of(const Gpt2StepParams& p, int s) {
+  const int64_t C = p.n_embd, I = p.n_inner;
+  const int l = s / 4;
+  switch (s == 4 * p.n_layer ? int(kHead) : s % 4) {
+    case kQkv:
+      return {static_cast<const T*>(p.w_qkv) + l * 3 * C * C, static_cast<const T*>(p.b_qkv) + l * 3 * C,
+              int(3 * C), int(C), l, kQkv};
+    case kOut:
+      return {static_cast<const T*>(p.w_o) + l * C * C, static_cast<const T*>(p.b_o) + l * C, int(C), int(C), l,
+              kOut};
+    case kFc:
+      return {static_cast<const T*>(p.w_fc) + l * I * C, static_cast<const T*>(p.b_fc) + l * I, int(I), int(C), l,
+              kFc};
+    case kProj:
+      return {static_cast<const T*>(p.w_proj) + l * C * I, static_cast<const T*>(p.b_proj) + l * C, int(C), int(I),
+              l, kProj};
+    default:
+      return {static_cast<const T*>(p.wte), nullptr, p.vocab, int(C), p.n_layer, kHead};
+  }
+}
+// This block's rows of a stage's weight: [n0, n1).
+__device__ __forceinline__ void block_rows(int rows, int& n0, int& n1) {
+  n0 = int(int64_t(rows) * blockIdx.x / gridDim.x);
+  n1 = int(int64_t(rows) * (blockIdx.x + 1) / gridDim.x);
+}
+template <typename T>
+__device__ __forceinline__ int chunk_rows(const Gpt2StepParams& p, int k) {
+  return p.slot_bytes / (k * int(sizeof(T)));
+}
+
+// The producer (one thread): every chunk of this block's rows, in step order, into the ring.
+template <typename T>
+__device__ void produce(const Gpt2StepParams& p, unsigned char* ring, uint64_t* full, uint64_t* empty) {
+  int c = 0;
+  for (int s = 0; s <= 4 * p.n_layer; ++s) {
+    const Stage<T> st = stage_of<T>(p, s);
+    int n0, n1;
+    block_rows(st.rows, n0, n1);
+    const int rmax = chunk_rows<T>(p, st.k);
+    for (int r = n0; r < n1; r += rmax, ++c) {
+      const int slot = c % p.ring, use = c / p.ring;
+      if (use > 0) wait_slot(empty + slot, (use - 1) & 1);
+      const uint32_t bytes = uint32_t(min(rmax, n1 - r)) * st.k * uint32_t(sizeof(T));
+      mbarrier_arrive_expect_tx(full + slot, bytes);
+      bulk_copy_to_shared(ring + size_t(slot) * p.slot_bytes, st.w + int64_t(r) * st.k, bytes, full + slot);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------- consumers
+template <typename T, int BB>
+struct Consumer {
+  const Gpt2StepParams& p;
+  unsigned char* ring;
+  T* act;         // [batch, width] the stage's input rows
+  float* red;     // partial sums; the attention's scratch
+  float* mean;    // [kStepMaxBatch] each: per sequence
+  float* rstd;
+  int* valid;
+  int* start;     // leftpad
+  int* slot;      // seqlens: this token's cache slot
+  uint64_t* full;
+  uint64_t* empty;
+  int tid, warp, lane;
+  int chunk = 0;  // chunks consumed (the ring position)
+  GridBarrier grid{nullptr, 0, false};
+  // Registers loaded between grid.arrive() and grid.wait(), converted after it: a conversion before
+  // the wait would stall the thread on the load there.
+  T norm_w[kStepMaxWidth / kStepConsumers], norm_b[kStepMaxWidth / kStepConsumers];
+  T bias_r[kStepPrefetch], res_r[kStepPrefetch];
+
+  __device__ T* x() const { return static_cast<T*>(p.x); }
+
+  __device__ void prefetch_norm(int index) {
+    const T* w = static_cast<const T*>(p.norms) + int64_t(index) * 2 * p.n_embd;
+#pragma unroll
+    for (int i = 0; i < kStepMaxWidth / kStepConsumers; ++i) {
+      const int k = tid + i * kStepConsumers;
+      if (k < p.n_embd) {
+        norm_w[i] = w[k];
+        norm_b[i] = w[p.n_embd + k];
+      }
+    }
+  }
+  // Output pairs e = (row - n0) * batch + b this thread owns (e = tid + 256 j): bias, and the
+  // residual x[b, row] where the stage adds one (x is final two barriers before its use).
+  __device__ void prefetch_pairs(const Stage<T>& st, bool residual) {
+    int n0, n1;
+    block_rows(st.rows, n0, n1);
+#pragma unroll
+    for (int j = 0; j < kStepPrefetch; ++j) {
+      const int e = tid + j * kStepConsumers;
+      if (e < (n1 - n0) * p.batch) {
+        const int n = n0 + e / p.batch, b = e % p.batch;
+        bias_r[j] = st.bias[n];
+        if (residual) res_r[j] = raw_cg(x() + int64_t(b) * p.n_embd + n);
+      }
+    }
+  }
+
+  // act = x (layer 0: wte[token] + wpe[pos], which block 0 also writes to the workspace), each row
+  // then normalized in place with the prefetched norm: float32 statistics, rounded to T.
+  __device__ void stage_norm(bool embed) {
+    const int C = p.n_embd, vecs = C / 8;
+    for (int i = tid; i < p.batch * vecs; i += kStepConsumers) {
+      const int b = i / vecs, k = (i % vecs) * 8;
+      Pack<8, T> v;
+      if (!embed) {
+        v = load8_cg(x() + int64_t(b) * C + k);
+      } else if (valid[b]) {
+        float e[8], w[8];
+        unpack8(load8_ldg(static_cast<const T*>(p.wte) + p.token[b] * C + k), e);
+        unpack8(load8_ldg(static_cast<const T*>(p.wpe) + int64_t(p.pos[b]) * C + k), w);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v.v[j] = from_float<T>(e[j] + w[j]);
+        if (blockIdx.x == 0) *reinterpret_cast<Pack<8, T>*>(x() + int64_t(b) * C + k) = v;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v.v[j] = from_float<T>(__int_as_float(0x7fc00000));
+        if (blockIdx.x == 0) *reinterpret_cast<Pack<8, T>*>(x() + int64_t(b) * C + k) = v;
+      }
+      *reinterpret_cast<Pack<8, T>*>(act + b * C + k) = v;
+    }
+    consumers_sync();
+    for (int b = warp; b < p.batch; b += kStepConsumerWarps) {
+      const T* row = act + b * C;
+      float s = 0.f;
+      for (int k = lane; k < C; k += 32) s += to_float(row[k]);
+      const float mu = warp_sum(s) / C;
+      float q = 0.f;
+      for (int k = lane; k < C; k += 32) {
+        const float d = to_float(row[k]) - mu;
+        q += d * d;
+      }
+      const float var = warp_sum(q) / C;
+      if (lane == 0) {
+        mean[b] = mu;
+        rstd[b] = rsqrtf(var + p.eps);
+      }
+    }
+    consumers_sync();
+    for (int b = 0; b < p.batch; ++b) {
+      const float mu = mean[b], rs = rstd[b];
+#pragma unroll
+      for (int i = 0; i < kStepMaxWidth / kStepConsumers; ++i) {
+        const int k = tid + i * kStepConsumers;
+        if (k < C) act[b * C + k] = from_float<T>((to_float(act[b * C + k]) - mu) * rs * to_float(norm_w[i]) + to_float(norm_b[i]));
+      }
+    }
+    consumers_sync();
+  }
+
+  // act = src [batch, width] (written by other blocks in the stage before).
+  __device__ void stage_copy(const T* src, int width) {
+    const int vecs = width / 8;
+    for (int i = tid; i < p.batch * vecs; i += kStepConsumers) {
+      const int b = i / vecs, k = (i % vecs) * 8;
+      *reinterpret_cast<Pack<8, T>*>(act + b * width + k) = load8_cg(src + int64_t(b) * width + k);
+    }
+    consumers_sync();
+  }
+
+  // The epilogue of output (row n, sequence b), y = x_b · w_n; e its pair index (see prefetch_pairs).
+  __device__ void epilogue(const Stage<T>& st, int n, int b, int e, float y) {
+    const int j = e / kStepConsumers;
+    if (st.kind != kHead) y += to_float(j == 0 ? bias_r[0] : j == 1 ? bias_r[1] : st.bias[n]);
+    const int64_t C = p.n_embd;
+    switch (st.kind) {
+      case kQkv:
+        if (n < C) {
+          static_cast<T*>(p.q)[b * C + n] = from_float<T>(y);
+        } else if (valid[b]) {
+          const int c = (n - int(C)) % int(C), h = c / kStepHeadDim, d = c % kStepHeadDim;
+          T* cache = static_cast<T*>(n < 2 * C ? p.k_cache : p.v_cache);
+          const int64_t row = (int64_t(st.layer) * p.batch + b) * p.nheads + h;
+          cache[(row * p.max_len + slot[b]) * kStepHeadDim + d] = from_float<T>(y);
+        }
+        break;
+      case kOut:
+      case kProj: {
+        const float r = to_float(j == 0 ? res_r[0] : j == 1 ? res_r[1] : raw_cg(x() + b * C + n));
+        x()[b * C + n] = from_float<T>(y + r);
+        break;
+      }
+      case kFc:
+        static_cast<T*>(p.f)[int64_t(b) * p.n_inner + n] = from_float<T>(gelu_tanh(y));
+        break;
+      default:
+        static_cast<T*>(p.logits)[int64_t(b) * p.vocab + n] = from_float<T>(y);
+    }
+  }
+
+  // This block's rows of stage s, chunk by chunk from the ring: y = act_b · w_n for each row n and
+  // sequence b, then the epilogue.
+  __device__ void gemv(const Stage<T>& st) {
+    int n0, n1;
+    block_rows(st.rows, n0, n1);
+    const int rmax = chunk_rows<T>(p, st.k), K = st.k, nv = K / 8, nseg = (nv + 31) / 32, B = p.batch;
+    for (int r0 = n0; r0 < n1; r0 += rmax, ++chunk) {
+      const int R = min(rmax, n1 - r0), s = chunk % p.ring;
+      // Parts of K per row, so that the rows of a small chunk still spread over all warps.
+      const int P = min(nseg, max(1, (2 * kStepConsumerWarps + R - 1) / R));
+      wait_slot(full + s, (chunk / p.ring) & 1);
+      const T* w = reinterpret_cast<const T*>(ring + size_t(s) * p.slot_bytes);
+      for (int it = warp; it < R * P; it += kStepConsumerWarps) {
+        const int r = it / P, kp = it % P;
+        float acc[BB];
+#pragma unroll
+        for (int b = 0; b < BB; ++b) acc[b] = 0.f;
+        for (int sg = kp; sg < nseg; sg += P) {
+          const int v = sg * 32 + lane;
+          if (v < nv) {
+            float wv[8];
+            unpack8(*reinterpret_cast<const Pack<8, T>*>(w + r * K + 8 * v), wv);
+#pragma unroll
+            for (int b = 0; b < BB; ++b) {
+              if (b < B) {
+                float xv[8];
+                unpack8(*reinterpret_cast<const Pack<8, T>*>(act + b * K + 8 * v), xv);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[b] = fmaf(wv[i], xv[i], acc[b]);
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < BB; ++b) {
+          if (b < B) {
+            const float t = warp_sum(acc[b]);
+            if (lane == 0) red[(kp * R + r) * B + b] = t;
+          }
+        }
+      }
+      consumers_sync();
+      if (tid == 0) mbarrier_arrive(empty + s);  // every consumer is done reading the slot
+      const int e0 = (r0 - n0) * B, e1 = e0 + R * B;
+      for (int e = e0 + ((tid - e0) % kStepConsumers + kStepConsumers) % kStepConsumers; e < e1;
+           e += kStepConsumers) {
+        const int r = e / B - (r0 - n0), b = e % B;
+        float y = 0.f;
+        for (int kp = 0; kp < P; ++kp) y += red[(kp * R + r) * B + b];
+        epilogue(st, r0 + r, b, e, y);
+      }
+      consumers_sync();
+    }
+  }
+
+  // softmax(q k^T / sqrt(64)) v of each (sequence, head) over its slots start .. slot: a block per
+  // pair, a warp per 32 keys (a lane per key for the scores, a lane per 2 dims for P V), merged over
+  // the warps in shared memory.
+  __device__ void attention(int layer) {
+    float* qs = red;               // [64] q * scale * log2(e)
+    float* wm = red + 64;          // [8] per warp: running max
+    float* wl = wm + 8;            // [8] sum of exps
+    float* wo = wl + 8;            // [8][64] unnormalized output
+    const int H = p.nheads, C = p.n_embd;
+    for (int task = blockIdx.x; task < p.batch * H; task += gridDim.x) {
+      const int b = task / H, h = task % H;
+      const bool ok = valid[b];
+      if (tid < kStepHeadDim) qs[tid] = ok ? load_cg(static_cast<const T*>(p.q) + b * C + h * kStepHeadDim + tid) *
+                                                 p.scale_log2
+                                           : 0.f;
+      consumers_sync();
+      if (ok) {
+        const int first = start[b], last = slot[b], n = last - first + 1;
+        const int64_t base = ((int64_t(layer) * p.batch + b) * H + h) * p.max_len * kStepHeadDim;
+        const T* kc = static_cast<const T*>(p.k_cache) + base;
+        const T* vc = static_cast<const T*>(p.v_cache) + base;
+        float m = kNegInf, l = 0.f, o0 = 0.f, o1 = 0.f;
+        for (int t0 = warp * 32; t0 < n; t0 += 32 * kStepConsumerWarps) {
+          const int j = first + t0 + lane;
+          const bool live = t0 + lane < n;
+          float sc = kNegInf;
+          if (live) {
+            float acc = 0.f;
+#pragma unroll
+            for (int d = 0; d < kStepHeadDim; d += 8) {
+              float kv[8];
+              unpack8(load8_cg(kc + int64_t(j) * kStepHeadDim + d), kv);
+#pragma unroll
+              for (int i = 0; i < 8; ++i) acc = fmaf(qs[d + i], kv[i], acc);
+            }
+            sc = acc;
+          }
+          float v0[32], v1[32];
+#pragma unroll
+          for (int i = 0; i < 32; ++i) {
+            v0[i] = v1[i] = 0.f;
+            if (t0 + i < n) load2_cg(vc + int64_t(first + t0 + i) * kStepHeadDim + 2 * lane, v0[i], v1[i]);
+          }
+          const float mn = max_nan(m, warp_max(sc));
+          const float pr = live ? fast_exp2(sc - mn) : 0.f;
+          const float alpha = m == kNegInf ? 0.f : fast_exp2(m - mn);
+          l = l * alpha + warp_sum(pr);
+          o0 *= alpha;
+          o1 *= alpha;
+#pragma unroll
+          for (int i = 0; i < 32; ++i) {
+            const float pi = __shfl_sync(0xffffffffu, pr, i);
+            o0 = fmaf(pi, v0[i], o0);
+            o1 = fmaf(pi, v1[i], o1);
+          }
+          m = mn;
+        }
+        // Every warp writes, those with no key too (m -inf, l 0): nothing stale from the last pair.
+        if (lane == 0) {
+          wm[warp] = m;
+          wl[warp] = l;
+        }
+        wo[warp * kStepHeadDim + 2 * lane] = o0;
+        wo[warp * kStepHeadDim + 2 * lane + 1] = o1;
+      }
+      consumers_sync();
+      if (tid < kStepHeadDim) {
+        float out = __int_as_float(0x7fc00000);
+        if (ok) {
+          float mx = kNegInf;
+          for (int w = 0; w < kStepConsumerWarps; ++w) mx = max_nan(mx, wm[w]);
+          float den = 0.f, num = 0.f;
+          for (int w = 0; w < kStepConsumerWarps; ++w) {
+            if (wm[w] == kNegInf) continue;  // a warp with no key
+            const float sc = fast_exp2(wm[w] - mx);
+            den += wl[w] * sc;
+            num += wo[w * kStepHeadDim + tid] * sc;
+          }
+          out = num / den;
+        }
+        static_cast<T*>(p.a)[b * C + h * kStepHeadDim + tid] = from_float<T>(out);
+      }
+      consumers_sync();
+    }
+  }
+
+  __device__ void run() {
+    if (tid < p.batch) {
+      const int b = tid, s = p.seqlens[b], lp = p.leftpad[b], ps = p.pos[b];
+      const int64_t tk = p.token[b];
+      valid[b] = s >= 0 && s < p.max_len && lp >= 0 && lp <= s && ps >= 0 && ps < p.n_positions && tk >= 0 &&
+                 tk < p.vocab;
+      start[b] = lp;
+      slot[b] = s;
+    }
+    grid.bar = p.barrier;
+    if (tid == 0) grid.gen = *reinterpret_cast<volatile unsigned*>(p.barrier + 1);
+    const int L = p.n_layer;
+    for (int l = 0; l < L; ++l) {
+      // ln_1 -> c_attn: q to the workspace, k and v into the cache.
+      Stage<T> st = stage_of<T>(p, 4 * l + kQkv);
+      if (l > 0) grid.arrive();
+      prefetch_norm(2 * l);
+      prefetch_pairs(st, false);
+      if (l > 0) {
+        grid.wait();
+      } else {
+        consumers_sync();  // valid[] and the other per-sequence values
+      }
+      stage_norm(l == 0);
+      gemv(st);
+      grid.arrive();
+      grid.wait();
+      // Attention of each (sequence, head) over its cache.
+      attention(l);
+      // attn.c_proj + residual.
+      st = stage_of<T>(p, 4 * l + kOut);
+      grid.arrive();
+      prefetch_pairs(st, true);
+      grid.wait();
+      stage_copy(static_cast<const T*>(p.a), p.n_embd);
+      gemv(st);
+      // ln_2 -> c_fc -> GELU.
+      st = stage_of<T>(p, 4 * l + kFc);
+      grid.arrive();
+      prefetch_norm(2 * l + 1);
+      prefetch_pairs(st, false);
+      grid.wait();
+      stage_norm(false);
+      gemv(st);
+      // mlp.c_proj + residual.
+      st = stage_of<T>(p, 4 * l + kProj);
+      grid.arrive();
+      prefetch_pairs(st, true);
+      grid.wait();
+      stage_copy(static_cast<const T*>(p.f), p.n_inner);
+      gemv(st);
+    }
+    // ln_f -> lm_head.
+    grid.arrive();
+    prefetch_norm(2 * L);
+    grid.wait();
+    launch_dependents();  // the sampler's launch may start under the lm_head
+    stage_norm(false);
+    gemv(stage_of<T>(p, 4 * L));
+  }
+};
+
+}  // namespace step
+
+template <typename T, int BB>
+__global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const __grid_constant__ Gpt2StepParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const StepSmem lay = step_smem(p);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + lay.bars);
+  uint64_t* empty = full + kStepMaxRing;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.ring; ++s) {
+      mbarrier_init(full + s, 1);
+      mbarrier_init(empty + s, 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32;
+  if (warp == kStepConsumerWarps) {
+    if (threadIdx.x % 32 == 0) step::produce<T>(p, smem + lay.ring, full, empty);
+    return;
+  }
+  float* stats = reinterpret_cast<float*>(smem + lay.stats);
+  step::Consumer<T, BB> c{p,
+                          smem + lay.ring,
+                          reinterpret_cast<T*>(smem + lay.act),
+                          reinterpret_cast<float*>(smem + lay.red),
+                          stats,
+                          stats + kStepMaxBatch,
+                          reinterpret_cast<int*>(stats + 2 * kStepMaxBatch),
+                          reinterpret_cast<int*>(stats + 3 * kStepMaxBatch),
+                          reinterpret_cast<int*>(stats + 4 * kStepMaxBatch),
+                          full,
+                          empty,
+                          int(threadIdx.x),
+                          warp,
+                          int(threadIdx.x % 32)};
+  c.run();
+#endif
+}
+
+template <typename T, int BB>
+cudaError_t launch_gpt2_decode_step(const Gpt2StepParams& p, int grid, cudaStream_t stream) {
+  const size_t smem = step_smem(p).total;
+  auto kernel = gpt2_decode_step_kernel<T, BB>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(kStepThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;  // all blocks resident, or the launch fails
+  attr[0].val.cooperative = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
+template <typename T, int BB>
+int gpt2_decode_step_blocks_per_sm(size_t smem) {
+  auto kernel = gpt2_decode_step_kernel<T, BB>;
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess || attr.binaryVersion < 90) return 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess) return 0;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kStepThreads, smem) != cudaSuccess) return 0;
+  return blocks;
+}
+
+}  // namespace fused_attn
