@@ -94,7 +94,7 @@ def run_case(hf, dtype: torch.dtype, batch: int, steps: int, replays: int, promp
             tokens.append(cache.token.clone())
             m.decode_step(cache)
     del m.logits
-    out = dict(dtype=str(dtype).removeprefix("torch."), batch=batch)
+    out = dict(dtype=str(dtype).removeprefix("torch."), batch=batch, layers=c.n_layer, vocab=c.vocab_size)
     diff, agree = 0.0, 1.0
     for t in range(steps):
         state["token"].copy_(tokens[t])
@@ -144,8 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=None, help="n_layer of the random model (GPT-2 small's: 12)")
+    ap.add_argument("--vocab", type=int, default=None, help="vocab_size of the random model (50257)")
     args = ap.parse_args(argv)
-    hf = load_hf_model()
+    if args.layers is None and args.vocab is None:
+        hf = load_hf_model()
+    else:  # the same shapes but for these: how the step's time splits between layers and the lm_head
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        torch.manual_seed(0)
+        cfg = GPT2Config(n_layer=args.layers or 12, vocab_size=args.vocab or 50257)
+        hf = GPT2LMHeadModel(cfg).eval()
     print(torch.cuda.get_device_name(), torch.__version__)
     bad = False
     for case in args.cases.split(","):

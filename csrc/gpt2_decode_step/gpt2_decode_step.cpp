@@ -119,6 +119,7 @@ void plan(Gpt2StepParams& p, int64_t batch, int64_t elem, int64_t blocks, int64_
     p.slot_bytes = int(slot);
     p.act_bytes = int(act);
     p.red_floats = int(red);
+    p.norm_bytes = int(round_up(2 * C * elem, 128));
     p.ring = 0;
     const int64_t fixed = int64_t(step_smem(p).total);
     const int64_t ring = std::min<int64_t>(kStepMaxRing, (budget - fixed) / slot);

@@ -40,6 +40,7 @@
 
 #include "../common/math.cuh"
 #include "../common/mbarrier.cuh"
+#include "../common/mma.cuh"
 #include "../common/pdl.cuh"
 #include "../common/vec_dtypes.cuh"
 #include "gpt2_decode_step_launch.h"
@@ -145,40 +146,41 @@ __device__ __forceinline__ void wait_slot(uint64_t* bar, int phase) {
 }
 
 // The grid barrier, in two halves, called by every consumer thread of every block: the writes of
-// this block's consumers before grid_arrive are visible to every block's reads after grid_wait. In
-// between a block may issue loads that do not depend on the barrier (the next stage's constants):
-// they are in flight while thread 0 spins, and they do not delay this block's arrival. Sense by
-// generation: bar[0] counts arrivals and is back at 0 after each barrier (the last arriver resets
-// it, then bumps the generation bar[1] the others spin on), so the next launch needs no reset.
+// this block's consumers before arrive() are visible to every block's reads after wait(). In between
+// a block issues the loads of the next stage's constants, which do not depend on the barrier: they
+// are in flight while thread 0 spins and do not delay this block's arrival.
+// One counter per launch, in the workspace header, polled by every block: the k-th barrier is passed
+// when it reaches k * blocks. Arrival is one release reduction (no return value to wait for), so a
+// barrier costs a store's way to L2 plus the pollers' next read. The counter is not reset between
+// barriers; finish(), called once after the last wait, counts blocks out, and the last one out zeroes
+// the counter and itself for the next launch (no block polls any more by then).
 struct GridBarrier {
-  unsigned* bar;
-  unsigned gen;  // thread 0's copy of the generation
-  bool last;     // thread 0: this block arrived last (and released the others)
+  unsigned* count;  // workspace header word 0: arrivals in this launch
+  unsigned* exits;  // word 32 (another 128-byte line): blocks past their last wait
+  unsigned target;  // thread 0: arrivals that complete the next barrier
 
   __device__ void arrive() {
     consumers_sync();
     if (threadIdx.x == 0) {
-      __threadfence();
-      last = atomicAdd(bar, 1u) + 1 == gridDim.x;
-      if (last) {
-        atomicExch(bar, 0u);
-        __threadfence();
-        atomicAdd(bar + 1, 1u);
-      }
+      target += gridDim.x;
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(count) : "memory");
     }
   }
   __device__ void wait() {
+    cp_async_wait<0>();  // this thread's prefetches into shared memory (the norm's weights)
     if (threadIdx.x == 0) {
-      if (!last) {
-        const uint64_t t0 = global_ns();
-        while (load_acquire(bar + 1) == gen) {
-          if (global_ns() - t0 > kHangNs) __trap();
-        }
+      const uint64_t t0 = global_ns();
+      while (load_acquire(count) < target) {
+        if (global_ns() - t0 > kHangNs) __trap();
       }
-      __threadfence();
-      ++gen;
     }
     consumers_sync();
+  }
+  __device__ void finish() {
+    if (threadIdx.x == 0 && atomicAdd(exits, 1u) == gridDim.x - 1) {
+      atomicExch(count, 0u);
+      atomicExch(exits, 0u);
+    }
   }
 };
 
@@ -246,33 +248,29 @@ struct Consumer {
   unsigned char* ring;
   T* act;         // [batch, width] the stage's input rows
   float* red;     // partial sums; the attention's scratch
-  float* mean;    // [kStepMaxBatch] each: per sequence
-  float* rstd;
-  int* valid;
+  T* norm;        // [2, n_embd] the next norm's weight and bias
+  int* valid;     // [kStepMaxBatch] each: per sequence
   int* start;     // leftpad
   int* slot;      // seqlens: this token's cache slot
   uint64_t* full;
   uint64_t* empty;
   int tid, warp, lane;
   int chunk = 0;  // chunks consumed (the ring position)
-  GridBarrier grid{nullptr, 0, false};
+  GridBarrier grid{nullptr, nullptr, 0};
   // Registers loaded between grid.arrive() and grid.wait(), converted after it: a conversion before
   // the wait would stall the thread on the load there.
-  T norm_w[kStepMaxWidth / kStepConsumers], norm_b[kStepMaxWidth / kStepConsumers];
   T bias_r[kStepPrefetch], res_r[kStepPrefetch];
 
   __device__ T* x() const { return static_cast<T*>(p.x); }
 
+  // The norm's weight and bias into shared memory (cp.async: nothing waits until grid.wait()).
   __device__ void prefetch_norm(int index) {
-    const T* w = static_cast<const T*>(p.norms) + int64_t(index) * 2 * p.n_embd;
-#pragma unroll
-    for (int i = 0; i < kStepMaxWidth / kStepConsumers; ++i) {
-      const int k = tid + i * kStepConsumers;
-      if (k < p.n_embd) {
-        norm_w[i] = w[k];
-        norm_b[i] = w[p.n_embd + k];
-      }
+    const T* src = static_cast<const T*>(p.norms) + int64_t(index) * 2 * p.n_embd;
+    const int chunks = 2 * p.n_embd * int(sizeof(T)) / 16;
+    for (int i = tid; i < chunks; i += kStepConsumers) {
+      cp_async16(reinterpret_cast<uint4*>(norm) + i, reinterpret_cast<const uint4*>(src) + i, true);
     }
+    cp_async_commit();
   }
   // Output pairs e = (row - n0) * batch + b this thread owns (e = tid + 256 j): bias, and the
   // residual x[b, row] where the stage adds one (x is final two barriers before its use).
@@ -291,64 +289,79 @@ struct Consumer {
   }
 
   // act = x (layer 0: wte[token] + wpe[pos], which block 0 also writes to the workspace), each row
-  // then normalized in place with the prefetched norm: float32 statistics, rounded to T.
+  // normalized with the prefetched norm: float32 statistics, rounded to T. A warp per row, the row's
+  // vectors loaded into registers all at once (one L2 round trip), no block barrier until done.
   __device__ void stage_norm(bool embed) {
-    const int C = p.n_embd, vecs = C / 8;
-    for (int i = tid; i < p.batch * vecs; i += kStepConsumers) {
-      const int b = i / vecs, k = (i % vecs) * 8;
-      Pack<8, T> v;
-      if (!embed) {
-        v = load8_cg(x() + int64_t(b) * C + k);
-      } else if (valid[b]) {
-        float e[8], w[8];
-        unpack8(load8_ldg(static_cast<const T*>(p.wte) + p.token[b] * C + k), e);
-        unpack8(load8_ldg(static_cast<const T*>(p.wpe) + int64_t(p.pos[b]) * C + k), w);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v.v[j] = from_float<T>(e[j] + w[j]);
-        if (blockIdx.x == 0) *reinterpret_cast<Pack<8, T>*>(x() + int64_t(b) * C + k) = v;
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v.v[j] = from_float<T>(__int_as_float(0x7fc00000));
-        if (blockIdx.x == 0) *reinterpret_cast<Pack<8, T>*>(x() + int64_t(b) * C + k) = v;
-      }
-      *reinterpret_cast<Pack<8, T>*>(act + b * C + k) = v;
-    }
-    consumers_sync();
+    constexpr int kVecs = kStepMaxWidth / 256;  // 8-element vectors per lane at most
+    const int C = p.n_embd;
     for (int b = warp; b < p.batch; b += kStepConsumerWarps) {
-      const T* row = act + b * C;
+      Pack<8, T> xr[kVecs];
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) {
+        const int k = (lane + 32 * i) * 8;
+        if (k >= C) continue;
+        if (!embed) {
+          xr[i] = load8_cg(x() + int64_t(b) * C + k);
+        } else {
+          float e[8], w[8];
+          if (valid[b]) {
+            unpack8(load8_ldg(static_cast<const T*>(p.wte) + p.token[b] * C + k), e);
+            unpack8(load8_ldg(static_cast<const T*>(p.wpe) + int64_t(p.pos[b]) * C + k), w);
+          } else {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) e[j] = w[j] = __int_as_float(0x7fc00000);
+          }
+#pragma unroll
+          for (int j = 0; j < 8; ++j) xr[i].v[j] = from_float<T>(e[j] + w[j]);
+        }
+      }
       float s = 0.f;
-      for (int k = lane; k < C; k += 32) s += to_float(row[k]);
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) {
+        if ((lane + 32 * i) * 8 >= C) continue;
+        if (embed && blockIdx.x == 0) *reinterpret_cast<Pack<8, T>*>(x() + int64_t(b) * C + (lane + 32 * i) * 8) = xr[i];
+        float f[8];
+        unpack8(xr[i], f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s += f[j];
+      }
       const float mu = warp_sum(s) / C;
       float q = 0.f;
-      for (int k = lane; k < C; k += 32) {
-        const float d = to_float(row[k]) - mu;
-        q += d * d;
-      }
-      const float var = warp_sum(q) / C;
-      if (lane == 0) {
-        mean[b] = mu;
-        rstd[b] = rsqrtf(var + p.eps);
-      }
-    }
-    consumers_sync();
-    for (int b = 0; b < p.batch; ++b) {
-      const float mu = mean[b], rs = rstd[b];
 #pragma unroll
-      for (int i = 0; i < kStepMaxWidth / kStepConsumers; ++i) {
-        const int k = tid + i * kStepConsumers;
-        if (k < C) act[b * C + k] = from_float<T>((to_float(act[b * C + k]) - mu) * rs * to_float(norm_w[i]) + to_float(norm_b[i]));
+      for (int i = 0; i < kVecs; ++i) {
+        if ((lane + 32 * i) * 8 >= C) continue;
+        float f[8];
+        unpack8(xr[i], f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) q += (f[j] - mu) * (f[j] - mu);
+      }
+      const float rs = rsqrtf(warp_sum(q) / C + p.eps);
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) {
+        const int k = (lane + 32 * i) * 8;
+        if (k >= C) continue;
+        float f[8], w[8], bb[8];
+        unpack8(xr[i], f);
+        unpack8(*reinterpret_cast<const Pack<8, T>*>(norm + k), w);
+        unpack8(*reinterpret_cast<const Pack<8, T>*>(norm + C + k), bb);
+        Pack<8, T> y;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y.v[j] = from_float<T>((f[j] - mu) * rs * w[j] + bb[j]);
+        *reinterpret_cast<Pack<8, T>*>(act + b * C + k) = y;
       }
     }
     consumers_sync();
   }
 
-  // act = src [batch, width] (written by other blocks in the stage before).
+  // act = src [batch, width] (written by other blocks in the stage before): cp.async through L2, every
+  // thread's copies in flight at once.
   __device__ void stage_copy(const T* src, int width) {
-    const int vecs = width / 8;
-    for (int i = tid; i < p.batch * vecs; i += kStepConsumers) {
-      const int b = i / vecs, k = (i % vecs) * 8;
-      *reinterpret_cast<Pack<8, T>*>(act + b * width + k) = load8_cg(src + int64_t(b) * width + k);
+    const int chunks = p.batch * width * int(sizeof(T)) / 16;
+    for (int i = tid; i < chunks; i += kStepConsumers) {
+      cp_async16(reinterpret_cast<uint4*>(act) + i, reinterpret_cast<const uint4*>(src) + i, true);
     }
+    cp_async_commit();
+    cp_async_wait<0>();
     consumers_sync();
   }
 
@@ -532,8 +545,8 @@ struct Consumer {
       start[b] = lp;
       slot[b] = s;
     }
-    grid.bar = p.barrier;
-    if (tid == 0) grid.gen = *reinterpret_cast<volatile unsigned*>(p.barrier + 1);
+    grid.count = p.barrier;
+    grid.exits = p.barrier + 32;
     const int L = p.n_layer;
     for (int l = 0; l < L; ++l) {
       // ln_1 -> c_attn: q to the workspace, k and v into the cache.
@@ -544,7 +557,8 @@ struct Consumer {
       if (l > 0) {
         grid.wait();
       } else {
-        consumers_sync();  // valid[] and the other per-sequence values
+        cp_async_wait<0>();
+        consumers_sync();  // the norm's weights, valid[] and the other per-sequence values
       }
       stage_norm(l == 0);
       gemv(st);
@@ -579,6 +593,7 @@ struct Consumer {
     grid.arrive();
     prefetch_norm(2 * L);
     grid.wait();
+    grid.finish();
     launch_dependents();  // the sampler's launch may start under the lm_head
     stage_norm(false);
     gemv(stage_of<T>(p, 4 * L));
@@ -607,16 +622,15 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
     if (threadIdx.x % 32 == 0) step::produce<T>(p, smem + lay.ring, full, empty);
     return;
   }
-  float* stats = reinterpret_cast<float*>(smem + lay.stats);
+  int* seq = reinterpret_cast<int*>(smem + lay.seq);
   step::Consumer<T, BB> c{p,
                           smem + lay.ring,
                           reinterpret_cast<T*>(smem + lay.act),
                           reinterpret_cast<float*>(smem + lay.red),
-                          stats,
-                          stats + kStepMaxBatch,
-                          reinterpret_cast<int*>(stats + 2 * kStepMaxBatch),
-                          reinterpret_cast<int*>(stats + 3 * kStepMaxBatch),
-                          reinterpret_cast<int*>(stats + 4 * kStepMaxBatch),
+                          reinterpret_cast<T*>(smem + lay.norm),
+                          seq,
+                          seq + kStepMaxBatch,
+                          seq + 2 * kStepMaxBatch,
                           full,
                           empty,
                           int(threadIdx.x),

@@ -20,8 +20,9 @@ constexpr int kStepMaxBatch = 16;
 // n_embd: a thread keeps the norm's weight and bias of n_embd / 256 columns in registers.
 constexpr int kStepMaxWidth = 2048;
 constexpr int kStepMaxRing = 8;
-// workspace: a grid barrier {arrived, generation} in the first 8 bytes of this header, then x, q, a
-// ([batch, n_embd] each) and f ([batch, n_inner]) in the weights' dtype.
+// workspace: this header (a grid barrier's two counters, words 0 and 32: zero before the first launch,
+// and each launch leaves them zero), then x, q, a ([batch, n_embd] each) and f ([batch, n_inner]) in
+// the weights' dtype.
 constexpr int kStepWorkspaceHeader = 256;
 // Output (row, sequence) pairs a thread prefetches the bias and residual of into registers: 2 per
 // thread covers 512 pairs (GPT-2 small's widest per-block stage at batch 16 on 132 SMs is 24 x 16).
@@ -58,19 +59,21 @@ struct Gpt2StepParams {
   int ring;              // slots
   int act_bytes;         // the stage's input rows [batch, width] in shared memory
   int red_floats;        // partial dot products [k parts][rows][batch]
+  int norm_bytes;        // a norm's weight and bias [2, n_embd]
 };
 
 // Byte offsets of the dynamic shared memory regions (the ring first: 1024-byte aligned base).
 struct StepSmem {
-  size_t ring, act, red, stats, bars, total;
+  size_t ring, act, red, norm, seq, bars, total;
 };
 __host__ __device__ inline StepSmem step_smem(const Gpt2StepParams& p) {
   StepSmem s{};
   s.ring = 0;
   s.act = s.ring + size_t(p.ring) * p.slot_bytes;
   s.red = s.act + size_t(p.act_bytes);
-  s.stats = s.red + size_t(p.red_floats) * 4;
-  s.bars = s.stats + size_t(kStepMaxBatch) * 8 * 4;  // mean, rstd, valid, start, slot per sequence
+  s.norm = s.red + size_t(p.red_floats) * 4;
+  s.seq = s.norm + size_t(p.norm_bytes);
+  s.bars = s.seq + size_t(kStepMaxBatch) * 4 * 4;  // valid, start (leftpad), slot (seqlens) per sequence
   s.total = s.bars + size_t(2 * kStepMaxRing) * 8;
   return s;
 }
