@@ -571,6 +571,34 @@ def test_decode_step_is_one_decode_attention_per_layer(device, monkeypatch):
     assert calls == []
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_persistent_decode_step_is_one_op_call(device, monkeypatch):
+    """The "persistent" step is one gpt2_decode_step per token (the cache's own stacked k / v, workspace and
+    device-side lengths) and no decode_attention; its greedy tokens are the module step's."""
+    import fused_attn.gpt2 as gpt2_module
+
+    calls = []
+    real_step, real_attention = gpt2_module.gpt2_decode_step, gpt2_module.decode_attention
+
+    def spy_step(token, pos, seqlens, leftpad, k_cache, v_cache, weights, workspace, *, eps):
+        calls.append(("step", k_cache.dim(), seqlens.dtype, workspace.dtype))
+        return real_step(token, pos, seqlens, leftpad, k_cache, v_cache, weights, workspace, eps=eps)
+
+    def spy_attention(*args, **kw):
+        calls.append(("decode_attention",))
+        return real_attention(*args, **kw)
+
+    monkeypatch.setattr(gpt2_module, "gpt2_decode_step", spy_step)
+    monkeypatch.setattr(gpt2_module, "decode_attention", spy_attention)
+    hf = hf_model(HEAD64)
+    ids, mask = left_padded(TINY["vocab_size"], (9, 5, 2), device)
+    got = GPT2.from_hf(hf, device=device, backends=STEP_VARIANTS["persistent"]).generate(ids, mask, max_new_tokens=6,
+                                                                                         use_graph=False)
+    assert calls == [("step", 5, torch.int32, torch.uint8)] * 5  # the first new token comes from the prefill
+    modules = GPT2.from_hf(hf, device=device, backends=STEP_VARIANTS["modules"])
+    assert torch.equal(modules.generate(ids, mask, max_new_tokens=6, use_graph=False), got)
+
+
 def test_fused_decode_needs_left_padding():
     m = GPT2.from_hf(hf_model(TINY))
     ids = torch.ones(2, 4, dtype=torch.long)
