@@ -419,13 +419,15 @@ def _replace(case: dict, **changes) -> dict:
 def _bad(c: dict, name: str, how: str):
     """The case's tensor ``name`` (an argument or a weight) made bad in one way."""
     t = c[name] if name in c else getattr(c["weights"], name)
-    return {"float32": t.to(torch.float32), "int64": t.to(torch.int64), "shape": t[..., :-1].contiguous(),
+    return {"float16": t.to(torch.float16), "int64": t.to(torch.int64), "shape": t[..., :-1].contiguous(),
             "strided": t.transpose(-1, -2).contiguous().transpose(-1, -2) if t.dim() > 1 else t[::2],
-            "meta": t.to("meta")}[how]
+            "elsewhere": t.to("meta" if t.device.type == "cpu" else "cpu")}[how]
 
 
 L, H, I, V, P = SMALL_SHAPE
 C = 64 * H
+# The messages name the case's float dtype as DTYPE, its device as DEVICE, the other device (meta for
+# the CPU, the CPU for CUDA) as ELSEWHERE and the workspace's size as WS_BYTES: bad_case() fills them in.
 BAD_INPUTS = [  # (id, changes(case), exception, message)
     ("token_type", lambda c: dict(token=[1, 2]), TypeError, r"token must be a torch.Tensor, got list"),
     ("w_o_type", lambda c: dict(w_o=None), TypeError, r"w_o must be a torch.Tensor, got NoneType"),
@@ -436,21 +438,21 @@ BAD_INPUTS = [  # (id, changes(case), exception, message)
      r"token must have dtype torch.int64, got torch.int32"),
     ("batch_0", lambda c: dict(token=c["token"][:0]), ValueError,
      r"token must have at least 1 element \(batch\), got \(0,\)"),
-    ("device", lambda c: dict(wpe=_bad(c, "wpe", "meta")), ValueError,
-     r"wpe must be on the same device as token \(cpu\), got meta"),
+    ("device", lambda c: dict(wpe=_bad(c, "wpe", "elsewhere")), ValueError,
+     r"wpe must be on the same device as token \(DEVICE\), got ELSEWHERE"),
     ("pos_dtype", lambda c: dict(pos=c["pos"].long()), ValueError, r"pos must have dtype torch.int32, got torch.int64"),
     ("seqlens_shape", lambda c: dict(seqlens=c["seqlens"][:1]), ValueError,
      r"seqlens must have shape \(2,\), got \(1,\)"),
     ("leftpad_dtype", lambda c: dict(leftpad=c["leftpad"].float()), ValueError,
      r"leftpad must have dtype torch.int32, got torch.float32"),
     ("dtype_follows_wte", lambda c: dict(wte=c["weights"].wte.half()), ValueError,
-     r"k_cache must have wte's dtype \(torch.float16\), got torch.float64"),
+     r"k_cache must have wte's dtype \(torch.float16\), got DTYPE"),
     ("wte_int", lambda c: dict(wte=c["weights"].wte.long()), ValueError,
-     r"wte must have dtype float32, float16, bfloat16 or float64 \(CPU\), got torch.int64"),
-    ("k_dtype", lambda c: dict(k_cache=_bad(c, "k_cache", "float32")), ValueError,
-     r"k_cache must have wte's dtype \(torch.float64\), got torch.float32"),
-    ("b_fc_dtype", lambda c: dict(b_fc=_bad(c, "b_fc", "float32")), ValueError,
-     r"b_fc must have wte's dtype \(torch.float64\), got torch.float32"),
+     r"wte must have dtype float32, float16,? (or )?bfloat16( or float64 \(CPU\))?, got torch.int64"),
+    ("k_dtype", lambda c: dict(k_cache=_bad(c, "k_cache", "float16")), ValueError,
+     r"k_cache must have wte's dtype \(DTYPE\), got torch.float16"),
+    ("b_fc_dtype", lambda c: dict(b_fc=_bad(c, "b_fc", "float16")), ValueError,
+     r"b_fc must have wte's dtype \(DTYPE\), got torch.float16"),
     ("k_dims", lambda c: dict(k_cache=c["k_cache"][0], v_cache=c["v_cache"][0]), ValueError,
      r"k_cache must have 5 dims \[n_layer, batch, nheads, max_len, headdim\], got \(2, 2, 16, 64\)"),
     ("headdim", lambda c: dict(k_cache=_bad(c, "k_cache", "shape"), v_cache=_bad(c, "v_cache", "shape")), ValueError,
@@ -473,15 +475,15 @@ BAD_INPUTS = [  # (id, changes(case), exception, message)
      rf"w_qkv must be contiguous, got strides \(\d+, 1, {3 * C}\)"),
     ("k_strided", lambda c: dict(k_cache=_bad(c, "k_cache", "strided")), ValueError,
      r"k_cache must be contiguous, got strides \(\d+, \d+, \d+, 1, 16\)"),
-    ("seqlens_strided", lambda c: dict(seqlens=torch.zeros(4, dtype=torch.int32)[::2]), ValueError,
+    ("seqlens_strided", lambda c: dict(seqlens=c["seqlens"].repeat_interleave(2)[::2]), ValueError,
      r"seqlens must be contiguous, got strides \(2,\)"),
     ("workspace_dtype", lambda c: dict(workspace=c["workspace"].float()), ValueError,
      r"workspace must have dtype torch.uint8, got torch.float32"),
     ("workspace_dims", lambda c: dict(workspace=c["workspace"][None]), ValueError,
      r"workspace must have 1 dim \[bytes\], got \(1, \d+\)"),
     ("workspace_small", lambda c: dict(workspace=c["workspace"][:-16]), ValueError,
-     rf"workspace must have at least {workspace_bytes(2, C, I, torch.float64)} bytes \(workspace_bytes\(batch=2, "
-     rf"n_embd={C}, n_inner={I}, dtype=torch.float64\)\), got {workspace_bytes(2, C, I, torch.float64) - 16}"),
+     rf"workspace must have at least WS_BYTES bytes \(workspace_bytes\(batch=2, n_embd={C}, n_inner={I}, "
+     rf"dtype=DTYPE\)\), got WS_SHORT"),
     ("eps_nan", lambda c: dict(eps=math.nan), ValueError, r"eps must be a finite number >= 0, got nan"),
     ("eps_negative", lambda c: dict(eps=-1e-5), ValueError, r"eps must be a finite number >= 0, got -1e-05"),
     ("eps_type", lambda c: dict(eps="1e-5"), TypeError, r"eps must be a finite number >= 0, got '1e-5'"),
@@ -495,8 +497,20 @@ BAD_INPUTS += [(f"{name}_shape", lambda c, name=name: {name: _bad(c, name, "shap
                for name, want in WANT_SHAPES.items()]
 
 
-def bad_case() -> dict:
-    return dict(random_case(SMALL_SHAPE, 2, 16, torch.float64, "cpu", seed=0), eps=EPS)
+def bad_case(device: str) -> tuple[dict, dict]:
+    """A valid call's arguments (float64 on the CPU, float32 on CUDA) and the values of the messages'
+    placeholders."""
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    case = dict(random_case(SMALL_SHAPE, 2, 16, dtype, device, seed=0), eps=EPS)
+    ws = workspace_bytes(2, C, I, dtype)
+    return case, dict(DTYPE=str(dtype), DEVICE=str(case["token"].device),
+                      ELSEWHERE="meta" if device == "cpu" else "cpu", WS_BYTES=str(ws), WS_SHORT=str(ws - 16))
+
+
+def _message(match: str, values: dict) -> str:
+    for key, value in values.items():
+        match = match.replace(key, re.escape(value))
+    return match
 
 
 def _call_op(c: dict):
@@ -504,10 +518,15 @@ def _call_op(c: dict):
                                                  c["v_cache"], *c["weights"].tensors(), c["workspace"], c["eps"])
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("name,changes,exc,match", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
-def test_bad_arguments_raise(name, changes, exc, match):
-    """Through the wrapper and through torch.ops directly (the CPU kernel checks the same)."""
-    base = bad_case()
+def test_bad_arguments_raise(name, changes, exc, match, device, request):
+    """Through the wrapper and through torch.ops directly: on the CPU its kernel checks the same, on CUDA
+    the launcher (csrc/gpt2_decode_step) must raise the same messages."""
+    if device == "cuda":
+        request.getfixturevalue("built_library")
+    base, values = bad_case(device)
+    match = _message(match, values)
     c = _replace(base, **changes(base))
     with pytest.raises(exc, match=match):
         gpt2_decode_step(c["token"], c["pos"], c["seqlens"], c["leftpad"], c["k_cache"], c["v_cache"], c["weights"],
@@ -518,7 +537,7 @@ def test_bad_arguments_raise(name, changes, exc, match):
 
 
 def test_weights_must_be_the_dataclass():
-    c = bad_case()
+    c, _ = bad_case("cpu")
     with pytest.raises(TypeError, match=r"weights must be a GPT2StepWeights, got tuple"):
         gpt2_decode_step(c["token"], c["pos"], c["seqlens"], c["leftpad"], c["k_cache"], c["v_cache"],
                          c["weights"].tensors(), c["workspace"], eps=EPS)
