@@ -9,7 +9,8 @@
 # LINEAR_ARGS the linear step (bench_linear + bench_mlp), e.g. LINEAR_ARGS='-k m1-' (M = 1 only) or LINEAR_ARGS=--full (adds bfloat16).
 # LAYER_ARGS the layer step (bench_layer), e.g. LAYER_ARGS='-k gpt2'.
 # SAMPLE_ARGS the sample step (bench_sample), e.g. SAMPLE_ARGS='-k r1-'.
-# steps: ab build tests bench decode norm attention linear sample layer sanitize bytes gpt2 gpt2bench profile
+# STEP_ARGS the gpt2step step (bench_gpt2_decode_step), e.g. STEP_ARGS='-k b1-' or STEP_ARGS=--full (adds bfloat16).
+# steps: ab build tests bench decode norm attention linear sample layer gpt2step sanitize bytes gpt2 gpt2bench profile
 # (default: build tests bench decode attention sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -155,6 +156,11 @@ if has layer; then
   log "layer (bench_layer)"
   # 2 models x 4 sequences x 3 providers in float16 (24 cases); one compile per compiled case
   bench_step layer "${LAYER_TIMEOUT:-300}" "${LAYER_ARGS:-}" bench/bench_layer.py
+fi
+if has gpt2step; then
+  log "gpt2step (bench_gpt2_decode_step)"
+  # 2 batches x 2 lengths x 4 providers in float16 (16 cases): one decode step per CUDA-graph replay
+  bench_step gpt2_decode_step "${STEP_TIMEOUT:-300}" "${STEP_ARGS:-}" bench/bench_gpt2_decode_step.py
 fi
 if has bytes; then
   log bytes

@@ -111,6 +111,23 @@ _define(
 _define("linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None, Tensor? norm_weight=None, "
         "Tensor? norm_bias=None, *, int activation=0, int norm=0, float eps=1e-05) -> Tensor")
 
+# One whole GPT-2 decode step in one launch (a persistent kernel, grid-wide barriers between stages):
+# embedding, n_layer pre-LN blocks (their keys and values written into the caches at slot seqlens[b]),
+# ln_f, the lm_head tied to wte. token int64 [batch]; pos, seqlens, leftpad int32 [batch]; k_cache /
+# v_cache [n_layer, batch, nheads, max_len, 64]; wte [vocab, n_embd], wpe [n_positions, n_embd]; norms
+# [2 n_layer + 1, 2, n_embd] (ln_1, ln_2 of each layer, then ln_f; weight over bias); the projections
+# stacked over layers in nn.Linear's [out, in] layout: w_qkv [n_layer, 3 n_embd, n_embd], w_o
+# [n_layer, n_embd, n_embd], w_fc [n_layer, n_inner, n_embd], w_proj [n_layer, n_embd, n_inner], each
+# bias [n_layer, out]. workspace: uint8 scratch whose first 8 bytes are the grid barrier (zeros on
+# first use, left valid by each call). Returns the logits [batch, vocab]. Spec:
+# fused_attn.reference.gpt2_decode_step.
+_define(
+    "gpt2_decode_step(Tensor token, Tensor pos, Tensor seqlens, Tensor leftpad, Tensor(a!) k_cache, "
+    "Tensor(b!) v_cache, Tensor wte, Tensor wpe, Tensor norms, Tensor w_qkv, Tensor b_qkv, Tensor w_o, "
+    "Tensor b_o, Tensor w_fc, Tensor b_fc, Tensor w_proj, Tensor b_proj, Tensor(c!) workspace, float eps) "
+    "-> Tensor"
+)
+
 _loaded = False
 
 

@@ -13,7 +13,9 @@ index_copy_ appends, Q·Kᵀ, scaled_masked_softmax, P·V; kept to measure the c
 (the peer: the same model's plain PyTorch decode step, SDPA + addmm, through torch.compile and
 then captured in one CUDA graph, gpt-fast's recipe; GPU only), graph-fused (graph with every module
 on fused_attn's ops: layer_norm, linear with bias / GELU / residual in the epilogue, mlp; the
-decode step issue 13 builds). Prints the continuation,
+decode step issue 13 builds), graph-folded (graph-fused with ln_1 / ln_2 in the prologue of c_attn / c_fc),
+graph-persistent (graph-fused's prefill, then the whole decode step as one gpt2_decode_step launch: one
+persistent kernel). Prints the continuation,
 TTFT (prompt in, first token out), TBT p50/p95 (each further token) and tokens/s; with
 --compare, whether the greedy tokens of all backends are identical.
 
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-static-fused", "hf-fused", "compile-graph", "graph-softmax",
-            "graph", "graph-fused", "graph-folded")
+            "graph", "graph-fused", "graph-folded", "graph-persistent")
 # The transformers backends: attention implementation of each, and those with a StaticCache.
 HF_IMPL = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-static-fused": "fused_attn",
            "hf-fused": "fused_attn"}
@@ -51,7 +53,8 @@ _FUSED = {"layer_norm": "fused", "linear": "fused", "mlp": "fused"}
 # graph-folded: graph-fused with ln_1 / ln_2 in the prologue of c_attn / c_fc (the fold's A/B).
 GRAPH_BACKENDS = {"graph-fused": {"attention": "fused", **_FUSED}, "graph": {"attention": "fused"},
                   "graph-softmax": {"attention": "softmax"}, "compile-graph": {"attention": "sdpa"},
-                  "graph-folded": {"attention": "fused", **_FUSED, "layer_norm": "folded"}}
+                  "graph-folded": {"attention": "fused", **_FUSED, "layer_norm": "folded"},
+                  "graph-persistent": {"attention": "fused", **_FUSED, "step": "persistent"}}
 COMPILED = ("compile-graph",)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -240,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
              "(e.g. --prompt-ids 464,2068,7586) or a --model with a tokenizer (e.g. gpt2)")
 
     from fused_attn.gpt2 import load_hf_model
+    from fused_attn.gpt2_decode_step import is_batch_too_large
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[args.dtype]
@@ -285,8 +289,14 @@ def main(argv: list[str] | None = None) -> int:
         if backend in STATIC + COMPILED:  # a clean compile per compiled backend: one must not hit another's
             torch._dynamo.reset()  # recompile limit and run uncompiled (the warm-up below compiles it)
         # Warm-up with the timed lengths: graph capture, transformers' static-cache compilation.
-        run_backend(backend, hf_model, ids, mask, args.max_new_tokens, dtype, device, args.temperature, args.top_k,
-                    args.seed, cache)
+        try:
+            run_backend(backend, hf_model, ids, mask, args.max_new_tokens, dtype, device, args.temperature,
+                        args.top_k, args.seed, cache)
+        except ValueError as e:  # graph-persistent: a batch too large for the kernel's shared memory
+            if not (args.compare and is_batch_too_large(e)):
+                raise
+            print(f"{backend}: skipped ({e})")
+            continue
         results.append(run_backend(backend, hf_model, ids, mask, args.max_new_tokens, dtype, device,
                                    args.temperature, args.top_k, args.seed, cache))
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"

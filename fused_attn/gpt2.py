@@ -12,8 +12,10 @@ x @ W + b), ``ln_2``, ``mlp`` (``MLP``: ``c_fc`` → tanh GELU → ``c_proj``). 
 (prefill: Q·Kᵀ → ``scaled_masked_softmax`` → P·V; decode step: ``decode_attention``, the cache
 append and the attention in one call), "softmax" (the fused softmax chain in the decode step too,
 with ``index_copy_`` appends and a key mask: the decode step before ``decode_attention``, kept for
-comparison) or "eager" (that chain with PyTorch ops: the reference softmax); LayerNorm, Linear and MLP "eager" until their fused kernels land. A later
-kernel plugs into one module.
+comparison) or "eager" (that chain with PyTorch ops: the reference softmax); LayerNorm, Linear and MLP
+"eager" (PyTorch) or "fused" (our kernels). A later kernel plugs into one module. The step backend
+"persistent" runs the whole decode step as one ``gpt2_decode_step`` launch on weights packed once
+(``GPT2.pack_step``); the prefill keeps the modules.
 
 Generation state lives in a ``DecodeCache`` (one ``KVCache`` per layer, whose ``update()`` writes new
 keys and values at device-side positions, plus the key mask, the next slot, positions and the last
@@ -38,6 +40,7 @@ from torch import nn
 
 from fused_attn import reference
 from fused_attn.decode_attention import decode_attention
+from fused_attn.gpt2_decode_step import GPT2StepWeights, gpt2_decode_step, new_workspace
 from fused_attn.layer_norm import layer_norm
 from fused_attn.linear import linear, packed_in_out
 from fused_attn.mlp import mlp
@@ -58,8 +61,11 @@ RANDOM_NAME = "gpt2-random"
 # (c_attn, c_fc: linear's norm= arguments), one launch each instead of two; ln_f stays its own launch
 # (fused_attn.layer_norm), since the lm_head's 12.5k blocks would each repeat the prologue (bench_linear,
 # H100 fp16 M 1: 53.7 us folded against 31.5 unfolded, bench/NOTES.md).
+# step: "modules" (the decode step through the modules above) or "persistent" (the whole decode step in
+# one fused_attn.gpt2_decode_step launch: one persistent kernel, issue 13; with every other kind "fused",
+# whose modules run the prefill on the same weights, packed in the op's stacked layout).
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"), "layer_norm": ("eager", "fused", "folded"),
-            "linear": ("eager", "fused"), "mlp": ("eager", "fused")}
+            "linear": ("eager", "fused"), "mlp": ("eager", "fused"), "step": ("modules", "persistent")}
 
 _annotate = False  # profiler labels around each module (bench.profile); never inside a graph
 
@@ -150,14 +156,13 @@ class LayerNorm(nn.Module):
 
 
 class KVCache(nn.Module):
-    """One layer's keys and values ``[batch, nheads, max_len, headdim]``, preallocated (zeros)."""
+    """One layer's keys and values ``[batch, nheads, max_len, headdim]``, preallocated: views of the
+    DecodeCache's storage of every layer."""
 
-    def __init__(self, batch: int, nheads: int, max_len: int, headdim: int, dtype: torch.dtype,
-                 device: torch.device):
+    def __init__(self, k: torch.Tensor, v: torch.Tensor):
         super().__init__()
-        shape = (batch, nheads, max_len, headdim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("k", k, persistent=False)
+        self.register_buffer("v", v, persistent=False)
 
     def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k``, ``v`` ``[batch, nheads, len(input_pos), headdim]`` at cache slots ``input_pos``
@@ -272,8 +277,16 @@ class DecodeCache(nn.Module):
         self.batch, self.max_len = batch, max_len
         self.temperature, self.top_k = temperature, top_k
         self.fused_sampler = fused_sampler
-        self.layers = nn.ModuleList(
-            KVCache(batch, config.n_head, max_len, config.head_dim, dtype, device) for _ in range(config.n_layer))
+        # Every layer's keys and values in one tensor each, [n_layer, batch, nheads, max_len, headdim] (the
+        # layout gpt2_decode_step reads), zeros; each layer's KVCache holds views of its slice. Plain
+        # attributes, not buffers: buffers() (what a graph capture saves and restores) lists each element once.
+        shape = (config.n_layer, batch, config.n_head, max_len, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(KVCache(k, v) for k, v in zip(self.k, self.v))
+        # gpt2_decode_step's scratch (its grid barrier starts at 0); a few hundred KB at most.
+        self.register_buffer("workspace", new_workspace(batch, config.n_embd, 4 * config.n_embd, dtype, device),
+                             persistent=False)
         self.register_buffer("keys_ok", torch.zeros(batch, max_len, dtype=torch.bool, device=device), persistent=False)
         self.register_buffer("slot", torch.zeros(1, dtype=torch.long, device=device), persistent=False)
         # The per-token counters in one int32 buffer, so one add advances them all: decode_attention's
@@ -331,6 +344,7 @@ class GPT2(nn.Module):
         # a later generate() of the same shape reuses both.
         self._caches: dict[tuple, DecodeCache] = {}
         self._step: Callable[[DecodeCache], None] = self._decode_step
+        self.step_weights: GPT2StepWeights | None = None  # pack_step(): the "persistent" step's weights
 
     def compile_decode_step(self, **compile_kw) -> "GPT2":
         """gpt-fast's recipe: the decode step through ``torch.compile`` (inductor's fused kernels;
@@ -359,11 +373,41 @@ class GPT2(nn.Module):
         # Copies: the Hugging Face model keeps its own parameters (and their requires_grad).
         weights = {k: sd[k].detach().to(device=device, dtype=dtype, copy=True) for k in model.state_dict()}
         model.load_state_dict(weights, assign=True)
-        if "fused" in (model.backends["linear"], model.backends["mlp"]):
+        if model.backends["step"] == "persistent":
+            model.pack_step()
+        elif "fused" in (model.backends["linear"], model.backends["mlp"]):
             for m in model.modules():
                 if isinstance(m, Linear):
                     m.pack()
         return model.requires_grad_(False).eval()
+
+    @torch.no_grad()
+    def pack_step(self) -> GPT2StepWeights:
+        """Store the weights in gpt2_decode_step's layout and keep ``step_weights``: each kind of Linear
+        stacked over the layers ``[n_layer, out, in]`` (what ``Linear.pack`` stores, one tensor for all
+        layers), the LayerNorms in one ``[2 n_layer + 1, 2, n_embd]``; every module's parameters become
+        views of these, so the modules (the prefill) and the op read the same bytes, held once."""
+        blocks = list(self.h)
+
+        def stack_linears(linears: list[Linear]) -> tuple[torch.Tensor, torch.Tensor]:
+            w = torch.stack([m.weight.t() for m in linears])  # [n_layer, out, in], contiguous
+            b = torch.stack([m.bias for m in linears])
+            for i, m in enumerate(linears):
+                m.weight, m.bias = nn.Parameter(w[i].t(), requires_grad=False), nn.Parameter(b[i], requires_grad=False)
+            return w, b
+
+        norms_of = [n for blk in blocks for n in (blk.ln_1, blk.ln_2)] + [self.ln_f]
+        norms = torch.stack([torch.stack([n.weight, n.bias]) for n in norms_of])
+        for i, n in enumerate(norms_of):
+            n.weight = nn.Parameter(norms[i, 0], requires_grad=False)
+            n.bias = nn.Parameter(norms[i, 1], requires_grad=False)
+        w_qkv, b_qkv = stack_linears([blk.attn.c_attn for blk in blocks])
+        w_o, b_o = stack_linears([blk.attn.c_proj for blk in blocks])
+        w_fc, b_fc = stack_linears([blk.mlp.c_fc for blk in blocks])
+        w_proj, b_proj = stack_linears([blk.mlp.c_proj for blk in blocks])
+        self.step_weights = GPT2StepWeights(self.wte.weight, self.wpe.weight, norms, w_qkv, b_qkv, w_o, b_o, w_fc,
+                                            b_fc, w_proj, b_proj)
+        return self.step_weights
 
     @property
     def dtype(self) -> torch.dtype:
@@ -445,6 +489,15 @@ class GPT2(nn.Module):
         self._step(cache)
 
     def _decode_step(self, cache: DecodeCache) -> None:
+        if self.backends["step"] == "persistent":
+            if self.step_weights is None:
+                raise ValueError("step_weights must be packed (GPT2.pack_step(); GPT2.from_hf does it) for "
+                                 "backends['step'] 'persistent', got None")
+            logits = gpt2_decode_step(cache.token, cache.pos, cache.seqlens, cache.leftpad, cache.k, cache.v,
+                                      self.step_weights, cache.workspace, eps=self.config.eps)
+            cache.set_next_token(logits)
+            cache.advance(slot=False)
+            return
         fused = self.backends["attention"] == "fused"
         if not fused:  # the fused backend reads seqlens / leftpad instead of the key mask
             cache.keys_ok.index_fill_(1, cache.slot, True)
@@ -556,6 +609,12 @@ def check_backends(backends: dict[str, str] | None) -> dict[str, str]:
     if chosen["layer_norm"] == "folded" and chosen["linear"] != "fused":
         raise ValueError(f"backends['layer_norm'] 'folded' must come with backends['linear'] 'fused' (the norm runs "
                          f"in fused_attn.linear's prologue), got {chosen['linear']!r}")
+    if chosen["step"] == "persistent":
+        for kind in ("attention", "layer_norm", "linear", "mlp"):
+            if chosen[kind] != "fused":
+                raise ValueError(f"backends['step'] 'persistent' must come with backends[{kind!r}] 'fused' (the "
+                                 f"prefill's modules on the step's packed weights and device-side lengths), got "
+                                 f"{chosen[kind]!r}")
     return chosen
 
 

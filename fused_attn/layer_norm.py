@@ -43,6 +43,16 @@ def _check_affine(t, name: str, x: torch.Tensor) -> None:
         raise ValueError(f"{name} must have shape (width,) = ({width},), got {_shape(t)}")
 
 
+def eps_value(eps) -> float:
+    """A norm's epsilon as a float: TypeError / ValueError unless a finite number >= 0 (the message every
+    op with an ``eps`` raises)."""
+    if isinstance(eps, bool) or not isinstance(eps, Real):
+        raise TypeError(f"eps must be a finite number >= 0, got {eps!r}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    return float(eps)
+
+
 def check_args(x, residual, weight, bias, eps) -> float:
     """Raise TypeError (wrong type) / ValueError (bad value) naming the bad argument (the messages of
     csrc/layer_norm/layer_norm.cpp); return ``eps`` as a float. The wrapper, the CPU and the fake
@@ -57,10 +67,7 @@ def check_args(x, residual, weight, bias, eps) -> float:
         raise ValueError(f"x must have at least 1 dim [..., width], got {_shape(x)}")
     if not cpu and not MIN_WIDTH <= x.shape[-1] <= MAX_WIDTH:
         raise ValueError(f"x must have a width (last dim) in [{MIN_WIDTH}, {MAX_WIDTH}] on CUDA, got {x.shape[-1]}")
-    if isinstance(eps, bool) or not isinstance(eps, Real):
-        raise TypeError(f"eps must be a finite number >= 0, got {eps!r}")
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    eps = eps_value(eps)
     if residual is not None:
         _check_like(residual, "residual", x, "x", "a torch.Tensor or None")
     _check_affine(weight, "weight", x)

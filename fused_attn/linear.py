@@ -20,12 +20,10 @@ not fast.
 
 from __future__ import annotations
 
-import math
-from numbers import Real
-
 import torch
 
 from fused_attn import _ops, reference
+from fused_attn.layer_norm import eps_value
 from fused_attn.softmax import _shape
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -58,10 +56,7 @@ def check_norm(x: torch.Tensor, norm: int, norm_weight, norm_bias, eps) -> float
     checked x); return ``eps`` as a float. The messages of csrc/linear/linear.cpp."""
     if norm not in _NORM_NAMES:
         raise ValueError(f"norm must be 0 (none), 1 (layer_norm) or 2 (rms_norm), got {norm!r}")
-    if isinstance(eps, bool) or not isinstance(eps, Real):
-        raise TypeError(f"eps must be a finite number >= 0, got {eps!r}")
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    eps = eps_value(eps)
     for t, name in ((norm_weight, "norm_weight"), (norm_bias, "norm_bias")):
         if t is None:
             continue

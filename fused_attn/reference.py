@@ -512,3 +512,61 @@ def sample(logits: torch.Tensor, temperature: float, seed: int = 0, offsets: tor
         off = torch.zeros(rows, dtype=torch.int64) if offsets is None else offsets.cpu().to(torch.int64)
         x = x / temperature + gumbel_noise(rows, vocab, seed, off)
     return x.argmax(-1).reshape(shape).to(logits.device)
+
+
+# --------------------------------------------------------------------------- GPT-2 decode step
+
+
+def gpt2_step_rows_valid(token: torch.Tensor, pos: torch.Tensor, seqlens: torch.Tensor, leftpad: torch.Tensor,
+                         vocab: int, n_positions: int, max_len: int) -> torch.Tensor:
+    """bool ``[batch]``: the rows ``gpt2_decode_step`` computes, those with ``0 <= seqlens[b] < max_len``,
+    ``0 <= leftpad[b] <= seqlens[b]``, ``0 <= pos[b] < n_positions`` and ``0 <= token[b] < vocab``."""
+    s, lp = seqlens.to(torch.int64), leftpad.to(torch.int64)
+    p, t = pos.to(torch.int64), token.to(torch.int64)
+    return (s >= 0) & (s < max_len) & (lp >= 0) & (lp <= s) & (p >= 0) & (p < n_positions) & (t >= 0) & (t < vocab)
+
+
+def gpt2_decode_step(token, pos, seqlens, leftpad, k_cache, v_cache, wte, wpe, norms, w_qkv, b_qkv, w_o, b_o,
+                     w_fc, b_fc, w_proj, b_proj, eps: float) -> torch.Tensor:
+    """One GPT-2 decode step (``fused_attn.gpt2_decode_step``'s definition; the op's CPU kernel): the
+    logits ``[batch, vocab]`` of the next token of every sequence, and this step's keys and values written
+    into ``k_cache`` / ``v_cache`` in place, at slot ``seqlens[b]`` of every layer. Shapes: the op's
+    docstring. Computes in the tensors' dtype T with float32 internals where PyTorch has them (float64
+    for float64 input): each step below is one rounding to T.
+
+        x = wte[token] + wpe[pos]
+        per layer l:  h = ln_1(x);  q, k, v = h @ w_qkv[l]^T + b_qkv[l]  (heads of 64)
+                      cache[l, b, :, seqlens[b]] = k, v
+                      a = softmax(q . K^T / 8) . V  over slots leftpad[b] .. seqlens[b]
+                      x = x + a @ w_o[l]^T + b_o[l]              (the add before the rounding)
+                      f = gelu_tanh(ln_2(x) @ w_fc[l]^T + b_fc[l])
+                      x = x + f @ w_proj[l]^T + b_proj[l]
+        logits = ln_f(x) @ wte^T
+
+    A row outside ``gpt2_step_rows_valid`` gets NaN logits and writes nothing; the others are
+    unaffected. Does not advance seqlens or pos (the caller does)."""
+    ct = torch.float64 if wte.dtype == torch.float64 else torch.float32
+    n_layer, batch, nheads, max_len, headdim = k_cache.shape
+    logits = wte.new_full((batch, wte.shape[0]), float("nan"))
+    ok = gpt2_step_rows_valid(token, pos, seqlens, leftpad, wte.shape[0], wpe.shape[0], max_len).to(token.device)
+    rows = ok.nonzero().flatten()
+    if rows.numel() == 0:
+        return logits
+    lens, pad = seqlens[rows], leftpad[rows]
+    x = wte[token[rows]] + wpe[pos[rows].to(torch.int64)]  # [rows, n_embd]
+
+    def norm(x, i):
+        return layer_norm(x, norms[i, 0], norms[i, 1], eps, compute_dtype=ct)
+
+    for layer in range(n_layer):
+        qkv = linear(norm(x, 2 * layer), w_qkv[layer], b_qkv[layer], compute_dtype=ct)
+        q, k, v = qkv.view(-1, 3, nheads, 1, headdim).unbind(1)  # [rows, nheads, 1, headdim] each
+        a, k_all, v_all = decode_attention(q, k_cache[layer, rows], v_cache[layer, rows], lens, k, v, pad,
+                                           compute_dtype=ct)
+        k_cache[layer, rows] = k_all
+        v_cache[layer, rows] = v_all
+        x = linear(a.flatten(1), w_o[layer], b_o[layer], residual=x, compute_dtype=ct)
+        f = linear(norm(x, 2 * layer + 1), w_fc[layer], b_fc[layer], activation="gelu_tanh", compute_dtype=ct)
+        x = linear(f, w_proj[layer], b_proj[layer], residual=x, compute_dtype=ct)
+    logits[rows] = linear(norm(x, 2 * n_layer), wte, compute_dtype=ct)
+    return logits
