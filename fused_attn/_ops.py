@@ -97,16 +97,6 @@ _define("sample_out(Tensor logits, float temperature, int seed, int offset, Tens
 # 2 swiglu (weight = gate rows over up rows; out = silu(gate) * up has out_features / 2 columns).
 # norm: 0 none, 1 layer_norm, 2 rms_norm of x's rows first (norm_weight / norm_bias [in_features], x's
 # dtype or float32, eps), as layer_norm / rms_norm compute it. norm_weight and norm_bias are positional:
-# One GPT-2 decode step (embedding, every layer, ln_f, lm_head) for token [batch] at positions pos, each
-# layer's key and value written into k_cache / v_cache [n_layer, batch, nheads, max_len, 64] at slot
-# seqlens[b], attention over slots leftpad[b] .. seqlens[b]; returns logits [batch, vocab]. Weights
-# stacked per layer (fused_attn/gpt2_decode_step.py); workspace: uint8 scratch, its first 8 bytes a grid
-# barrier that starts at zero.
-_define(
-    "gpt2_decode_step(Tensor token, Tensor pos, Tensor seqlens, Tensor leftpad, Tensor(a!) k_cache, "
-    "Tensor(b!) v_cache, Tensor wte, Tensor wpe, Tensor norms, Tensor w_qkv, Tensor b_qkv, Tensor w_o, Tensor b_o, "
-    "Tensor w_fc, Tensor b_fc, Tensor w_proj, Tensor b_proj, Tensor(c!) workspace, float eps) -> Tensor"
-)
 # register_autograd differentiates positional tensors only.
 _define("linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None, Tensor? norm_weight=None, "
         "Tensor? norm_bias=None, *, int activation=0, int norm=0, float eps=1e-05) -> Tensor")
@@ -118,8 +108,8 @@ _define("linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=Non
 # [2 n_layer + 1, 2, n_embd] (ln_1, ln_2 of each layer, then ln_f; weight over bias); the projections
 # stacked over layers in nn.Linear's [out, in] layout: w_qkv [n_layer, 3 n_embd, n_embd], w_o
 # [n_layer, n_embd, n_embd], w_fc [n_layer, n_inner, n_embd], w_proj [n_layer, n_embd, n_inner], each
-# bias [n_layer, out]. workspace: uint8 scratch whose first 8 bytes are the grid barrier (zeros on
-# first use, left valid by each call). Returns the logits [batch, vocab]. Spec:
+# bias [n_layer, out]. workspace: uint8 scratch whose first 256 bytes hold the grid barrier's counters
+# (zeros on first use; each call leaves them zero). Returns the logits [batch, vocab]. Spec:
 # fused_attn.reference.gpt2_decode_step.
 _define(
     "gpt2_decode_step(Tensor token, Tensor pos, Tensor seqlens, Tensor leftpad, Tensor(a!) k_cache, "

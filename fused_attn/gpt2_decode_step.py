@@ -31,7 +31,7 @@ from fused_attn.softmax import _shape
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = _DTYPES + (torch.float64,)
 HEADDIM = 64  # the kernel's one head size (GPT-2's)
-BARRIER_BYTES = 256  # the workspace's head: the grid barrier (first 8 bytes), padded to a line of its own
+BARRIER_BYTES = 256  # the workspace's head: the grid barrier's two counters (bytes 0 and 128)
 
 
 @dataclass(frozen=True)

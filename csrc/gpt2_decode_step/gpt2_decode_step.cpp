@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -23,34 +24,52 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-// The locals are named after the arguments: the check macros stringify them into the message.
+// The locals are named after the arguments: the check macros stringify them into the message. The
+// order and the messages are fused_attn/gpt2_decode_step.py's check_args (tests pin both); then what
+// only the kernel needs (16-byte aligned data, n_embd <= kStepMaxWidth, eps).
+#define FA_STEP_FOR_EACH_TENSOR(X)                                                                       \
+  X(token) X(pos) X(seqlens) X(leftpad) X(k_cache) X(v_cache) X(wte) X(wpe) X(norms) X(w_qkv) X(b_qkv) \
+  X(w_o) X(b_o) X(w_fc) X(b_fc) X(w_proj) X(b_proj) X(workspace)
+#define FA_STEP_FOR_EACH_FLOAT(X) \
+  X(k_cache) X(v_cache) X(wpe) X(norms) X(w_qkv) X(b_qkv) X(w_o) X(b_o) X(w_fc) X(b_fc) X(w_proj) X(b_proj)
 void check_args(const at::Tensor& token, const at::Tensor& pos, const at::Tensor& seqlens, const at::Tensor& leftpad,
                 const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& wte, const at::Tensor& wpe,
                 const at::Tensor& norms, const at::Tensor& w_qkv, const at::Tensor& b_qkv, const at::Tensor& w_o,
                 const at::Tensor& b_o, const at::Tensor& w_fc, const at::Tensor& b_fc, const at::Tensor& w_proj,
-                const at::Tensor& b_proj, const at::Tensor& workspace) {
-  FA_CHECK_CUDA(wte);
+                const at::Tensor& b_proj, const at::Tensor& workspace, double eps) {
+  FA_CHECK_ARG(token.dim() == 1, token, "have 1 dim [batch]", shape_str(token.sizes()));
+  FA_CHECK_ARG(token.scalar_type() == at::kLong, token, "have dtype torch.int64", dtype_str(token.scalar_type()));
+  const int64_t B = token.size(0);
+  FA_CHECK_ARG(B >= 1, token, "have at least 1 element (batch)", shape_str(token.sizes()));
+#define FA_STEP_SAME_DEVICE(arg) FA_CHECK_SAME_DEVICE(arg, token);
+  FA_STEP_FOR_EACH_TENSOR(FA_STEP_SAME_DEVICE)
+#undef FA_STEP_SAME_DEVICE
+  FA_CHECK_CUDA(token);
+#define FA_STEP_LENGTHS(arg)                                                                              \
+  FA_CHECK_ARG(arg.scalar_type() == at::kInt, arg, "have dtype torch.int32", dtype_str(arg.scalar_type())); \
+  FA_CHECK_SHAPE(arg, (at::IntArrayRef{B}));
+  FA_STEP_LENGTHS(pos) FA_STEP_LENGTHS(seqlens) FA_STEP_LENGTHS(leftpad)
+#undef FA_STEP_LENGTHS
   FA_CHECK_ARG(wte.scalar_type() == at::kFloat || wte.scalar_type() == at::kHalf ||
                    wte.scalar_type() == at::kBFloat16,
                wte, "have dtype float32, float16 or bfloat16", dtype_str(wte.scalar_type()));
-  FA_CHECK_DIM(wte, 2, "[vocab, n_embd]");
+#define FA_STEP_SAME_DTYPE(arg) FA_CHECK_SAME_DTYPE(arg, wte);
+  FA_STEP_FOR_EACH_FLOAT(FA_STEP_SAME_DTYPE)
+#undef FA_STEP_SAME_DTYPE
   FA_CHECK_DIM(k_cache, 5, "[n_layer, batch, nheads, max_len, headdim]");
-  const int64_t V = wte.size(0), C = wte.size(1);
-  const int64_t L = k_cache.size(0), B = k_cache.size(1), H = k_cache.size(2), S = k_cache.size(3);
+  const int64_t L = k_cache.size(0), H = k_cache.size(2);
   FA_CHECK_ARG(k_cache.size(4) == kStepHeadDim, k_cache, "have headdim (last dim) 64", shape_str(k_cache.sizes()));
-  FA_CHECK_ARG(H * kStepHeadDim == C, k_cache, "have nheads * headdim == n_embd (" + std::to_string(C) + ")",
+  FA_CHECK_ARG(k_cache.size(1) == B, k_cache, "have token's batch size (" + std::to_string(B) + ") in dim 1",
                shape_str(k_cache.sizes()));
-  FA_CHECK_ARG(C % 8 == 0 && C <= kStepMaxWidth, wte,
-               "have n_embd (last dim) a multiple of 8, at most " + std::to_string(kStepMaxWidth),
-               shape_str(wte.sizes()));
-  FA_CHECK_ARG(L >= 1 && B >= 1 && S >= 1 && V >= 1, k_cache, "have n_layer, batch, max_len >= 1",
-               shape_str(k_cache.sizes()));
+  FA_CHECK_SHAPE(v_cache, k_cache.sizes());
+  const int64_t C = H * kStepHeadDim;
+  FA_CHECK_DIM(wte, 2, "[vocab, n_embd]");
+  FA_CHECK_SHAPE(wte, (at::IntArrayRef{wte.size(0), C}));
+  FA_CHECK_DIM(wpe, 2, "[n_positions, n_embd]");
+  FA_CHECK_SHAPE(wpe, (at::IntArrayRef{wpe.size(0), C}));
   FA_CHECK_DIM(w_fc, 3, "[n_layer, n_inner, n_embd]");
   const int64_t I = w_fc.size(1);
-  FA_CHECK_ARG(I % 8 == 0 && I >= 8, w_fc, "have n_inner (dim 1) a positive multiple of 8", shape_str(w_fc.sizes()));
-  FA_CHECK_SHAPE(v_cache, k_cache.sizes());
-  FA_CHECK_DIM(wpe, 2, "[n_positions, n_embd]");
-  FA_CHECK_ARG(wpe.size(1) == C, wpe, "have n_embd (" + std::to_string(C) + ") columns", shape_str(wpe.sizes()));
+  FA_CHECK_ARG(I % 8 == 0, w_fc, "have n_inner (dim 1) a multiple of 8", shape_str(w_fc.sizes()));
   FA_CHECK_SHAPE(norms, (at::IntArrayRef{2 * L + 1, 2, C}));
   FA_CHECK_SHAPE(w_qkv, (at::IntArrayRef{L, 3 * C, C}));
   FA_CHECK_SHAPE(b_qkv, (at::IntArrayRef{L, 3 * C}));
@@ -60,49 +79,35 @@ void check_args(const at::Tensor& token, const at::Tensor& pos, const at::Tensor
   FA_CHECK_SHAPE(b_fc, (at::IntArrayRef{L, I}));
   FA_CHECK_SHAPE(w_proj, (at::IntArrayRef{L, C, I}));
   FA_CHECK_SHAPE(b_proj, (at::IntArrayRef{L, C}));
-// Per argument (the macros name it): on wte's device, [batch], contiguous, of one integer dtype.
-#define FA_STEP_CHECK_LENGTHS(arg, dtype, name)                                           \
-  FA_CHECK_SAME_DEVICE(arg, wte);                                                         \
-  FA_CHECK_SHAPE(arg, (at::IntArrayRef{B}));                                              \
-  FA_CHECK_CONTIGUOUS(arg);                                                               \
-  FA_CHECK_ARG(arg.scalar_type() == dtype, arg, "have dtype " name, dtype_str(arg.scalar_type()))
-  FA_STEP_CHECK_LENGTHS(token, at::kLong, "int64");
-  FA_STEP_CHECK_LENGTHS(pos, at::kInt, "int32");
-  FA_STEP_CHECK_LENGTHS(seqlens, at::kInt, "int32");
-  FA_STEP_CHECK_LENGTHS(leftpad, at::kInt, "int32");
-#undef FA_STEP_CHECK_LENGTHS
-// On wte's device, of its dtype, contiguous, 16-byte aligned (TMA bulk copies and 16-byte loads).
-#define FA_STEP_CHECK_WEIGHT(arg)                                                         \
-  FA_CHECK_SAME_DEVICE(arg, wte);                                                         \
-  FA_CHECK_SAME_DTYPE(arg, wte);                                                          \
-  FA_CHECK_CONTIGUOUS(arg);                                                               \
-  FA_CHECK_ARG(aligned16(arg), arg, "start 16-byte aligned",                              \
-               "a data pointer offset by " +                                              \
-                   std::to_string(reinterpret_cast<uintptr_t>(arg.data_ptr()) % 16) + " bytes")
-  FA_STEP_CHECK_WEIGHT(wte);
-  FA_STEP_CHECK_WEIGHT(k_cache);
-  FA_STEP_CHECK_WEIGHT(v_cache);
-  FA_STEP_CHECK_WEIGHT(wpe);
-  FA_STEP_CHECK_WEIGHT(norms);
-  FA_STEP_CHECK_WEIGHT(w_qkv);
-  FA_STEP_CHECK_WEIGHT(b_qkv);
-  FA_STEP_CHECK_WEIGHT(w_o);
-  FA_STEP_CHECK_WEIGHT(b_o);
-  FA_STEP_CHECK_WEIGHT(w_fc);
-  FA_STEP_CHECK_WEIGHT(b_fc);
-  FA_STEP_CHECK_WEIGHT(w_proj);
-  FA_STEP_CHECK_WEIGHT(b_proj);
-#undef FA_STEP_CHECK_WEIGHT
-  FA_CHECK_SAME_DEVICE(workspace, wte);
-  FA_CHECK_ARG(workspace.scalar_type() == at::kByte && workspace.dim() == 1 && workspace.is_contiguous(), workspace,
-               "be a contiguous 1-D uint8 tensor", dtype_str(workspace.scalar_type()) + " " +
-               shape_str(workspace.sizes()));
+#define FA_STEP_CONTIGUOUS(arg) FA_CHECK_CONTIGUOUS(arg);
+  FA_STEP_FOR_EACH_TENSOR(FA_STEP_CONTIGUOUS)
+#undef FA_STEP_CONTIGUOUS
+  FA_CHECK_ARG(workspace.scalar_type() == at::kByte, workspace, "have dtype torch.uint8",
+               dtype_str(workspace.scalar_type()));
+  FA_CHECK_ARG(workspace.dim() == 1, workspace, "have 1 dim [bytes]", shape_str(workspace.sizes()));
   const int64_t need = round_up(kStepWorkspaceHeader + B * (3 * C + I) * int64_t(wte.element_size()), 16);
-  FA_CHECK_ARG(workspace.numel() >= need, workspace, "have at least " + std::to_string(need) + " bytes",
+  FA_CHECK_ARG(workspace.numel() >= need, workspace,
+               "have at least " + std::to_string(need) + " bytes (workspace_bytes(batch=" + std::to_string(B) +
+                   ", n_embd=" + std::to_string(C) + ", n_inner=" + std::to_string(I) +
+                   ", dtype=" + dtype_str(wte.scalar_type()) + "))",
                std::to_string(workspace.numel()));
-  FA_CHECK_ARG(aligned16(workspace), workspace, "start 16-byte aligned", "a data pointer offset by " +
-               std::to_string(reinterpret_cast<uintptr_t>(workspace.data_ptr()) % 16) + " bytes");
+  FA_CHECK_ARG(std::isfinite(eps) && eps >= 0, eps, "be a finite number >= 0", num_str(eps));
+  // The kernel's own limits.
+  FA_CHECK_ARG(L >= 1 && k_cache.size(3) >= 1 && wte.size(0) >= 1 && wpe.size(0) >= 1 && I >= 8, k_cache,
+               "have n_layer, max_len >= 1 (and the model a vocab, positions and n_inner >= 8)",
+               shape_str(k_cache.sizes()));
+  FA_CHECK_ARG(C <= kStepMaxWidth, k_cache,
+               "have nheads * 64 (n_embd) at most " + std::to_string(kStepMaxWidth) + " for the CUDA kernel",
+               shape_str(k_cache.sizes()));
+#define FA_STEP_ALIGNED(arg)                                                                            \
+  FA_CHECK_ARG(aligned16(arg), arg, "start 16-byte aligned",                                           \
+               "a data pointer offset by " + std::to_string(reinterpret_cast<uintptr_t>(arg.data_ptr()) % 16) + \
+                   " bytes");
+  FA_STEP_FOR_EACH_TENSOR(FA_STEP_ALIGNED)
+#undef FA_STEP_ALIGNED
 }
+#undef FA_STEP_FOR_EACH_FLOAT
+#undef FA_STEP_FOR_EACH_TENSOR
 
 // Shared memory for `batch` sequences: one ring slot holds a block's slice of the widest layer weight
 // (one chunk per stage) where the budget allows at least 3 slots, else fewer rows per chunk (not below
@@ -161,7 +166,7 @@ at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, cons
                             const at::Tensor& w_proj, const at::Tensor& b_proj, const at::Tensor& workspace,
                             double eps) {
   check_args(token, pos, seqlens, leftpad, k_cache, v_cache, wte, wpe, norms, w_qkv, b_qkv, w_o, b_o, w_fc, b_fc,
-             w_proj, b_proj, workspace);
+             w_proj, b_proj, workspace, eps);
   const c10::cuda::CUDAGuard guard(wte.device());
   const int64_t L = k_cache.size(0), B = k_cache.size(1), C = wte.size(1), I = w_fc.size(1);
   FA_CHECK_ARG(B <= kStepMaxBatch, token, "have at most " + std::to_string(kStepMaxBatch) + " elements (batch)",
