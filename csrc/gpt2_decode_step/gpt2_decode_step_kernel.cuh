@@ -17,7 +17,8 @@
 // The weights never wait for a barrier. A block owns a fixed slice of rows of every weight matrix
 // (rows n * g / G .. n * (g + 1) / G of block g of G); its producer warp streams those slices, in
 // step order, with TMA bulk copies (cp.async.bulk, one per chunk of whole rows) into a ring of
-// shared-memory slots guarded by full / empty mbarriers, running as far ahead as the ring allows,
+// shared-memory slots guarded by full / empty mbarriers, running as far ahead as the ring allows
+// with at most `inflight` chunks in flight (more only queues in front of the barriers' accesses),
 // across the barriers. The eight consumer warps, at each stage: prefetch the stage's constants
 // (norm weights, bias, residual) into registers, wait at the grid barrier, stage the stage's input
 // rows into shared memory (normalized in place for ln_1 / ln_2 / ln_f), then per chunk: dot
@@ -234,6 +235,10 @@ __device__ void produce(const Gpt2StepParams& p, unsigned char* ring, uint64_t* 
     for (int r = n0; r < n1; r += rmax, ++c) {
       const int slot = c % p.ring, use = c / p.ring;
       if (use > 0) wait_slot(empty + slot, (use - 1) & 1);
+      if (c >= p.inflight) {  // chunk c - inflight has landed (its slot is not refilled before chunk c + ...)
+        const int old = c - p.inflight;
+        wait_slot(full + old % p.ring, (old / p.ring) & 1);
+      }
       const uint32_t bytes = uint32_t(min(rmax, n1 - r)) * st.k * uint32_t(sizeof(T));
       mbarrier_arrive_expect_tx(full + slot, bytes);
       bulk_copy_to_shared(ring + size_t(slot) * p.slot_bytes, st.w + int64_t(r) * st.k, bytes, full + slot);
@@ -407,6 +412,8 @@ struct Consumer {
       const int P = min(nseg, max(1, (2 * kStepConsumerWarps + R - 1) / R));
       wait_slot(full + s, (chunk / p.ring) & 1);
       const T* w = reinterpret_cast<const T*>(ring + size_t(s) * p.slot_bytes);
+      // Partial sums in alternate halves of red: the next chunk's writes never meet this one's reads.
+      float* part = red + (chunk & 1) * (p.red_floats / 2);
       for (int it = warp; it < R * P; it += kStepConsumerWarps) {
         const int r = it / P, kp = it % P;
         float acc[BB];
@@ -432,7 +439,7 @@ struct Consumer {
         for (int b = 0; b < BB; ++b) {
           if (b < B) {
             const float t = warp_sum(acc[b]);
-            if (lane == 0) red[(kp * R + r) * B + b] = t;
+            if (lane == 0) part[(kp * R + r) * B + b] = t;
           }
         }
       }
@@ -443,10 +450,9 @@ struct Consumer {
            e += kStepConsumers) {
         const int r = e / B - (r0 - n0), b = e % B;
         float y = 0.f;
-        for (int kp = 0; kp < P; ++kp) y += red[(kp * R + r) * B + b];
+        for (int kp = 0; kp < P; ++kp) y += part[(kp * R + r) * B + b];
         epilogue(st, r0 + r, b, e, y);
       }
-      consumers_sync();
     }
   }
 
