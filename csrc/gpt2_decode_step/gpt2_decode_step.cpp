@@ -28,7 +28,8 @@ bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_
 
 // The locals are named after the arguments: the check macros stringify them into the message. The
 // order and the messages are fused_attn/gpt2_decode_step.py's check_args (tests pin both); then what
-// only the kernel needs (16-byte aligned data, n_embd <= kStepMaxWidth, eps).
+// only the kernel needs (n_embd <= kStepMaxWidth; float tensors and the workspace 16-byte aligned for
+// TMA and 16-byte loads: the integer [batch] tensors may be views at any offset).
 #define FA_STEP_FOR_EACH_TENSOR(X)                                                                       \
   X(token) X(pos) X(seqlens) X(leftpad) X(k_cache) X(v_cache) X(wte) X(wpe) X(norms) X(w_qkv) X(b_qkv) \
   X(w_o) X(b_o) X(w_fc) X(b_fc) X(w_proj) X(b_proj) X(workspace)
@@ -105,7 +106,9 @@ void check_args(const at::Tensor& token, const at::Tensor& pos, const at::Tensor
   FA_CHECK_ARG(aligned16(arg), arg, "start 16-byte aligned",                                           \
                "a data pointer offset by " + std::to_string(reinterpret_cast<uintptr_t>(arg.data_ptr()) % 16) + \
                    " bytes");
-  FA_STEP_FOR_EACH_TENSOR(FA_STEP_ALIGNED)
+  FA_STEP_ALIGNED(wte)
+  FA_STEP_FOR_EACH_FLOAT(FA_STEP_ALIGNED)
+  FA_STEP_ALIGNED(workspace)
 #undef FA_STEP_ALIGNED
 }
 #undef FA_STEP_FOR_EACH_FLOAT
