@@ -114,39 +114,43 @@ void check_args(const at::Tensor& token, const at::Tensor& pos, const at::Tensor
 #undef FA_STEP_FOR_EACH_FLOAT
 #undef FA_STEP_FOR_EACH_TENSOR
 
-// The stream's slot size and bytes in flight: kStepSlotBytes / kStepInflightBytes, or the
-// FUSED_ATTN_STEP_STREAM="slot_kb,inflight_kb" override (sweeps).
-void stream_shape(int64_t& slot, int64_t& inflight) {
-  slot = kStepSlotBytes;
-  inflight = kStepInflightBytes;
+// Shared memory for `batch` sequences. By default a ring slot holds a block's slice of the widest
+// layer weight (one chunk per stage: a chunk costs the consumers a wait, a barrier and an epilogue,
+// ~1 us at batch 1), as many slots as fit up to kStepMaxRing, all allowed in flight; the slot is halved
+// (down to one row of the widest weight) until 3 fit. FUSED_ATTN_STEP_STREAM="slot_kb,inflight_kb"
+// sets the slot and the bytes in flight instead (bench/NOTES.md, session 8: smaller slots and fewer
+// bytes in flight measured slower, 0.55 -> 0.62-0.76 ms at batch 1). Ring 0: the batch does not fit.
+void plan(Gpt2StepParams& p, int64_t batch, int64_t elem, int64_t blocks, int64_t budget) {
+  const int64_t C = p.n_embd, I = p.n_inner;
+  auto slice = [&](int64_t rows, int64_t k) { return (rows + blocks - 1) / blocks * k * elem; };
+  const int64_t min_slot = round_up(std::max(C, I) * elem, 128);
+  int64_t slot = round_up(std::max({slice(3 * C, C), slice(C, C), slice(I, C), slice(C, I)}), 128);
+  int64_t inflight = 0;  // bytes; 0: the whole ring
+  bool fixed_slot = false;
   if (const char* env = std::getenv("FUSED_ATTN_STEP_STREAM")) {
     long a = 0, b = 0;
     if (std::sscanf(env, "%ld,%ld", &a, &b) == 2 && a > 0 && b > 0) {
-      slot = int64_t(a) * 1024;
+      slot = std::max(min_slot, round_up(int64_t(a) * 1024, 128));
       inflight = int64_t(b) * 1024;
+      fixed_slot = true;
     }
   }
-}
-
-// Shared memory for `batch` sequences: ring slots of the stream's slot size (at least one row of the
-// widest weight), as many as fit up to kStepMaxRing, at least 2 (else ring 0: the batch does not fit).
-void plan(Gpt2StepParams& p, int64_t batch, int64_t elem, int64_t budget) {
-  const int64_t C = p.n_embd, I = p.n_inner;
-  int64_t want = 0, inflight = 0;
-  stream_shape(want, inflight);
-  const int64_t slot = round_up(std::max(want, std::max(C, I) * elem), 128);
-  const int64_t rmax = slot / (C * elem);  // the most rows a chunk has (at the narrowest K)
-  p.slot_bytes = int(slot);
   p.act_bytes = int(round_up(batch * std::max(C, I) * elem, 128));
-  // Two halves of (k parts x rows x batch) partial sums; the attention's scratch fits too.
-  p.red_floats = int(2 * round_up(std::max<int64_t>(640, (rmax + 2 * kStepConsumerWarps) * batch), 32));
   p.norm_bytes = int(round_up(2 * C * elem, 128));
-  p.ring = 0;
-  const int64_t fixed = int64_t(step_smem(p).total);
-  const int64_t ring = std::min<int64_t>(kStepMaxRing, (budget - fixed) / slot);
-  if (ring >= 2) {
-    p.ring = int(ring);
-    p.inflight = int(std::max<int64_t>(1, std::min<int64_t>(ring - 1, inflight / slot)));
+  for (;;) {
+    const int64_t rmax = slot / (C * elem);  // the most rows a chunk has (at the narrowest K)
+    p.slot_bytes = int(slot);
+    // Two halves of (k parts x rows x batch) partial sums; the attention's scratch fits too.
+    p.red_floats = int(2 * round_up(std::max<int64_t>(640, (rmax + 2 * kStepConsumerWarps) * batch), 32));
+    p.ring = 0;
+    const int64_t ring = std::min<int64_t>(kStepMaxRing, (budget - int64_t(step_smem(p).total)) / slot);
+    if (ring >= 3 || (ring >= 2 && (slot == min_slot || fixed_slot))) {
+      p.ring = int(ring);
+      p.inflight = inflight > 0 ? int(std::max<int64_t>(1, std::min<int64_t>(ring - 1, inflight / slot))) : int(ring);
+      return;
+    }
+    if (slot == min_slot || fixed_slot) return;
+    slot = std::max(min_slot, round_up(slot / 2, 128));
   }
 }
 
@@ -228,12 +232,12 @@ at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, cons
 
   const int blocks = prop->multiProcessorCount;
   const int64_t budget = int64_t(prop->sharedMemPerBlockOptin);
-  plan(p, B, elem, budget);
+  plan(p, B, elem, blocks, budget);
   if (p.ring == 0) {
     int64_t fits = 0;  // the largest batch that would fit, for the message
     for (int64_t b = B - 1; b >= 1 && fits == 0; --b) {
       Gpt2StepParams q = p;
-      plan(q, b, elem, budget);
+      plan(q, b, elem, blocks, budget);
       if (q.ring > 0) fits = b;
     }
     FA_CHECK_ARG(false, token,

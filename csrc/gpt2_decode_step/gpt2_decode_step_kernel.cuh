@@ -18,7 +18,7 @@
 // (rows n * g / G .. n * (g + 1) / G of block g of G); its producer warp streams those slices, in
 // step order, with TMA bulk copies (cp.async.bulk, one per chunk of whole rows) into a ring of
 // shared-memory slots guarded by full / empty mbarriers, running as far ahead as the ring allows
-// with at most `inflight` chunks in flight (more only queues in front of the barriers' accesses),
+// (at most `inflight` chunks in flight when the launcher limits them),
 // across the barriers. The eight consumer warps, at each stage: prefetch the stage's constants
 // (norm weights, bias, residual) into registers, wait at the grid barrier, stage the stage's input
 // rows into shared memory (normalized in place for ln_1 / ln_2 / ln_f), then per chunk: dot
@@ -235,7 +235,9 @@ __device__ void produce(const Gpt2StepParams& p, unsigned char* ring, uint64_t* 
     for (int r = n0; r < n1; r += rmax, ++c) {
       const int slot = c % p.ring, use = c / p.ring;
       if (use > 0) wait_slot(empty + slot, (use - 1) & 1);
-      if (c >= p.inflight) {  // chunk c - inflight has landed (its slot is not refilled before chunk c + ...)
+      // A limit on chunks in flight: wait until chunk c - inflight has landed (its slot is refilled
+      // only by chunk c - inflight + ring, after this one, so the parity is unambiguous).
+      if (c >= p.inflight && p.inflight < p.ring) {
         const int old = c - p.inflight;
         wait_slot(full + old % p.ring, (old / p.ring) & 1);
       }

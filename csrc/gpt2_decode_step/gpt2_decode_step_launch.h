@@ -20,14 +20,7 @@ constexpr int kStepMaxBatch = 16;
 // n_embd: a thread keeps the norm's weight and bias of n_embd / 256 columns in registers.
 constexpr int kStepMaxWidth = 2048;
 constexpr int kStepMaxRing = 32;
-// The weight stream's shape: ring slots of about kStepSlotBytes (at least one row of the widest
-// weight), at most kStepInflightBytes of them in flight per SM. Bytes in flight beyond what covers the
-// memory latency at the SM's share of bandwidth (~3 TB/s x ~1 us / 132 SMs ~ 23 KB) buy no bandwidth
-// and queue in front of every other access: bench/probe_grid_barrier.py measured a grid barrier at
-// 1.0 us alone and 13.4 us with 128 KB per SM in flight (H100). FUSED_ATTN_STEP_STREAM="slot_kb,
-// inflight_kb" overrides both (bench/check_gpt2_decode_step.py sweeps it).
-constexpr int kStepSlotBytes = 16 * 1024;
-constexpr int kStepInflightBytes = 32 * 1024;
+
 // workspace: this header (a grid barrier's two counters, words 0 and 32: zero before the first launch,
 // and each launch leaves them zero), then x, q, a ([batch, n_embd] each) and f ([batch, n_inner]) in
 // the weights' dtype.
@@ -65,7 +58,7 @@ struct Gpt2StepParams {
   float scale_log2;      // headdim ** -0.5 * log2(e)
   int slot_bytes;        // one ring slot: a chunk of whole weight rows
   int ring;              // slots
-  int inflight;          // slots the producer lets be in flight at once
+  int inflight;          // slots the producer lets be in flight at once (ring: no limit)
   int act_bytes;         // the stage's input rows [batch, width] in shared memory
   int red_floats;        // partial dot products [k parts][rows][batch]
   int norm_bytes;        // a norm's weight and bias [2, n_embd]
