@@ -437,6 +437,26 @@ def test_graph_and_eager_decode_identical_gpu(dtype):
     assert torch.equal(a, b) and torch.equal(a, c)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["graph-fused", "graph-persistent"])
+@pytest.mark.parametrize("batch", [4, 8, 16])
+def test_graph_replay_logits_equal_eager_steps_16bit_gpu(backend, batch):
+    """Every step's logits bit for bit the same replayed from the CUDA graph as from the eager loop, in
+    float16 at GPT-2 small's shapes and 4-16 sequences: the GEMV paths of 5-16 rows (tensor cores,
+    split-K over a cluster) and the persistent step. Our kernels launch as programmatic dependents; a
+    replayed graph overlaps a kernel's start with the previous one's tail far more than an eager loop,
+    so a read of the previous kernel's output before griddepcontrol.wait shows here first."""
+    m = GPT2.from_hf(hf_model(SMALL), dtype=torch.float16, device="cuda", backends=GRAPH_BACKENDS[backend])
+    ids, mask = left_padded(SMALL["vocab_size"], [40 - 2 * i for i in range(batch)], "cuda")
+    tokens_e, eager = Recorder(m, batch, 40 + 24, use_graph=False).run(ids, mask, 24)
+    tokens_g, graph = Recorder(m, batch, 40 + 24, use_graph=True).run(ids, mask, 24)
+    diff = (graph - eager).abs()
+    worst = divmod(int(diff.flatten(1).max(1).values.argmax()), 1)[0]
+    assert torch.equal(graph, eager), (f"max |graph - eager| {diff.max().item():.3g} (first differing step "
+                                       f"{int((diff.amax((0, 2)) > 0).nonzero()[0])}, worst row {worst})")
+    assert torch.equal(tokens_g, tokens_e)
+
+
 def check_half_precision_attention_per_layer(device, dtype, config, monkeypatch):
     """A half-precision forward of our GPT-2; every layer's attention output, on the q, k, v that
     layer computed, against float64; our error at most twice the unfused chain's at the same dtype
