@@ -11,6 +11,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
+
 namespace fused_attn {
 
 __device__ __forceinline__ void launch_dependents() {
@@ -23,6 +26,16 @@ __device__ __forceinline__ void wait_for_primary() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+}
+
+// FUSED_ATTN_PDL=0 in the environment launches every kernel without the attribute (each waits for the
+// previous one to complete, as any launch): for telling a PDL race from other causes of a wrong result.
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("FUSED_ATTN_PDL");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return on;
 }
 
 // Launch `kernel` with the programmatic-serialization attribute where `programmatic` (the kernel
@@ -46,7 +59,7 @@ cudaError_t launch_clustered(bool programmatic, dim3 cluster, void (*kernel)(Arg
     attr[n].val.clusterDim.z = cluster.z;
     ++n;
   }
-  if (programmatic) {
+  if (programmatic && pdl_enabled()) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;

@@ -200,27 +200,9 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
 
 template <typename T>
 void launch_sample(const SampleParams& p, cudaStream_t stream) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(p.blocks_per_row), unsigned(p.rows));
-  config.blockDim = dim3(kSampleThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attr[2];
-  int n = 0;
-  if (p.cluster) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = unsigned(p.blocks_per_row);
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (p.programmatic) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  config.attrs = attr;
-  config.numAttrs = unsigned(n);
-  cudaLaunchKernelEx(&config, sample::sample_kernel<T>, p);
+  // A row's blocks form one cluster where p.cluster (launch_clustered adds the attribute above 1 block).
+  launch_clustered(p.programmatic, dim3(unsigned(p.cluster ? p.blocks_per_row : 1), 1, 1), sample::sample_kernel<T>,
+                   dim3(unsigned(p.blocks_per_row), unsigned(p.rows)), dim3(kSampleThreads), 0, stream, p);
 }
 
 template <typename T>
