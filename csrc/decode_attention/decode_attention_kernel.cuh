@@ -46,7 +46,9 @@ struct Row {
   uint4 w[kWords];
   __device__ __forceinline__ void load(const T* ptr) {
 #pragma unroll
-    for (int i = 0; i < kWords; ++i) w[i] = __ldg(reinterpret_cast<const uint4*>(ptr) + i);
+    // Plain loads: the rows are this launch's appends or the previous kernel's outputs (q) under PDL;
+    // an __ldg is an invariant load the compiler may move above wait_for_primary().
+    for (int i = 0; i < kWords; ++i) w[i] = reinterpret_cast<const uint4*>(ptr)[i];
   }
   __device__ __forceinline__ void to_float(float (&f)[EPT]) const {
     const T* v = reinterpret_cast<const T*>(w);
@@ -442,8 +444,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
     uint4 v = make_uint4(0, 0, 0, 0);
     if (rr < p.rows && c * kVec < p.headdim) {
       const int h = hkv * p.group + rr / sn, qi = rr % sn;
-      v = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h +
-                                                qi * p.q_stride_s + c * kVec));
+      v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h +
+                                           qi * p.q_stride_s + c * kVec);  // plain: see Row::load
     }
     *reinterpret_cast<uint4*>(sq + swizzled<HD>(r, c)) = v;
   }

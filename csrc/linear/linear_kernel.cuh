@@ -74,12 +74,15 @@ struct Piece {
   };
 };
 
-// Piece j (elements [j * VEC, j * VEC + VEC)) of the row at `row`; elements past k are 0.
+// Piece j (elements [j * VEC, j * VEC + VEC)) of the row at `row`; elements past k are 0. `stream`: a
+// weight (ld.global.nc, which the compiler may issue early: weights are constants); else x, the
+// previous kernel's output under PDL: a plain load, which stays after wait_for_primary() (an __ldg is
+// an invariant load the compiler may hoist above the wait's asm and read x before it is written).
 template <typename T, bool kVec>
 __device__ __forceinline__ uint4 load_piece(const T* row, int j, int k, bool stream) {
   constexpr int VEC = Piece<T>::VEC;
   if constexpr (kVec) {
-    return stream ? load_stream(row + int64_t(j) * VEC) : __ldg(reinterpret_cast<const uint4*>(row) + j);
+    return stream ? load_stream(row + int64_t(j) * VEC) : reinterpret_cast<const uint4*>(row)[j];
   } else {
     Piece<T> p;
 #pragma unroll
@@ -375,7 +378,7 @@ __device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaL
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const uint4* xp = reinterpret_cast<const uint4*>(L.xrow[t] + c * 32);
-        xb[u][t] = in && L.xlive[t] ? (kNorm ? *xp : __ldg(xp)) : make_uint4(0, 0, 0, 0);
+        xb[u][t] = in && L.xlive[t] ? *xp : make_uint4(0, 0, 0, 0);  // plain: not hoisted above the wait
       }
     }
 #pragma unroll

@@ -130,7 +130,9 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t j = j0 + int64_t(u) * blockDim.x;
-      if (j < pieces) piece[u].raw = __ldg(reinterpret_cast<const uint4*>(logits + a0) + j);
+      // A plain load: the logits are the previous kernel's output under PDL (an __ldg may be hoisted
+      // above wait_for_primary()).
+      if (j < pieces) piece[u].raw = reinterpret_cast<const uint4*>(logits + a0)[j];
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
