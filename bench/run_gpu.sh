@@ -74,7 +74,9 @@ if has gpt2bench; then
   # One pytest run per batch size, each with its own JSON: a run killed by the time limit keeps the other.
   for b in ${GPT2_BENCH_BATCHES:-1 16}; do
     log "bench_gpt2 batch $b"
-    timeout ${GPT2_BENCH_TIMEOUT:-270} python3 -m pytest bench/bench_gpt2.py -v -p no:cacheprovider -k "b$b-" \
+    k="b$b-"
+    [ -n "${GPT2_BENCH_K:-}" ] && k="b$b- and ($GPT2_BENCH_K)"
+    timeout ${GPT2_BENCH_TIMEOUT:-270} python3 -m pytest bench/bench_gpt2.py -v -p no:cacheprovider -k "$k" \
       --benchmark-json="$OUT/bench_gpt2_b$b.json" ${GPT2_BENCH_ARGS:-} >> "$OUT/bench_gpt2.log" 2>&1 || rc=1
     tail -2 "$OUT/bench_gpt2.log"
   done
@@ -113,9 +115,13 @@ if has bench; then
 fi
 # One op's benchmark step: bench_step NAME TIMEOUT "ARGS" FILE... writes $OUT/bench_NAME.json and .log,
 # prints the pass/fail line, the failures and bench.report's README table.
+# BENCH_K (any step run through bench_step) and GPT2_BENCH_K: one -k expression, passed quoted (the
+# *_ARGS variables are split on spaces, so an expression with spaces cannot go through them).
 bench_step() {
   local name=$1 limit=$2 args=$3; shift 3
-  timeout "$limit" python3 -m pytest "$@" -q -rs -p no:cacheprovider \
+  local k=()
+  [ -n "${BENCH_K:-}" ] && k=(-k "$BENCH_K")
+  timeout "$limit" python3 -m pytest "$@" -q -rs -p no:cacheprovider "${k[@]}" \
     --benchmark-json="$OUT/bench_$name.json" --benchmark-columns=median,iqr,rounds $args \
     > "$OUT/bench_$name.log" 2>&1 || rc=1
   grep -E "passed|failed|error" "$OUT/bench_$name.log" | tail -1

@@ -63,7 +63,8 @@ RANDOM_NAME = "gpt2-random"
 # H100 fp16 M 1: 53.7 us folded against 31.5 unfolded, bench/NOTES.md).
 # step: "modules" (the decode step through the modules above) or "persistent" (the whole decode step in
 # one fused_attn.gpt2_decode_step launch: one persistent kernel, issue 13; with every other kind "fused",
-# whose modules run the prefill on the same weights, packed in the op's stacked layout).
+# whose modules run the prefill on the same weights, packed in the op's stacked layout). Measured slower
+# than "modules" with every kind "fused" (H100 fp16, B1 0.52 against 0.28 ms: bench/NOTES.md, session 8).
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"), "layer_norm": ("eager", "fused", "folded"),
             "linear": ("eager", "fused"), "mlp": ("eager", "fused"), "step": ("modules", "persistent")}
 

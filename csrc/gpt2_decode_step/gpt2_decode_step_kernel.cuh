@@ -26,6 +26,12 @@
 // order: the result does not depend on timing), and the epilogue. Attention: a block per (sequence,
 // head), a warp per 32 keys, online softmax, merged over warps in shared memory.
 //
+// Measured (H100, fp16, bench/NOTES.md session 8): correct, but 0.51-0.55 ms a step at batch 1 against
+// 0.28 for the same ops as ~95 PDL-chained kernels, and 2.0 ms at batch 16: a stage costs ~7 us
+// (35 us a layer), where bench/probe_grid_barrier.py puts an idle barrier plus a dependent read at
+// 1.5 us; the rest was not located. The attention stage walks long caches serially (L512: +200 us) and
+// the batch-16 dot products run on CUDA cores. Kept as the graph-persistent backend, not the default.
+//
 // Invalid lengths (seqlens[b] outside [0, max_len), leftpad[b] outside [0, seqlens[b]], pos[b]
 // outside [0, n_positions), token[b] outside [0, vocab)): that sequence's logits are NaN and its
 // cache is not written; nothing is read out of bounds.
