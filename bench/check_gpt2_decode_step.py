@@ -21,37 +21,16 @@ import sys
 
 import torch
 
-from fused_attn.generate import make_batch
+from fused_attn.generate import GRAPH_BACKENDS, make_batch
 from fused_attn.gpt2 import GPT2, _DecodeGraph, load_hf_model
+from fused_attn.gpt2_decode_step import gpt2_decode_step, new_workspace
 from fused_attn.sample import sample
-
-FUSED = dict(attention="fused", layer_norm="fused", linear="fused", mlp="fused")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def stacked_weights(m: GPT2) -> dict[str, torch.Tensor]:
-    """The op's weight arguments, stacked from the model's modules (copies)."""
-    h = m.h
-    norms = [torch.stack([ln.weight, ln.bias]) for b in h for ln in (b.ln_1, b.ln_2)]
-    norms.append(torch.stack([m.ln_f.weight, m.ln_f.bias]))
-    return dict(
-        wte=m.wte.weight.contiguous(), wpe=m.wpe.weight.contiguous(), norms=torch.stack(norms).contiguous(),
-        w_qkv=torch.stack([b.attn.c_attn.weight_nk for b in h]).contiguous(),
-        b_qkv=torch.stack([b.attn.c_attn.bias for b in h]).contiguous(),
-        w_o=torch.stack([b.attn.c_proj.weight_nk for b in h]).contiguous(),
-        b_o=torch.stack([b.attn.c_proj.bias for b in h]).contiguous(),
-        w_fc=torch.stack([b.mlp.c_fc.weight_nk for b in h]).contiguous(),
-        b_fc=torch.stack([b.mlp.c_fc.bias for b in h]).contiguous(),
-        w_proj=torch.stack([b.mlp.c_proj.weight_nk for b in h]).contiguous(),
-        b_proj=torch.stack([b.mlp.c_proj.bias for b in h]).contiguous(),
-    )
-
-
 def step(state, w, eps):
-    return torch.ops.fused_attn.gpt2_decode_step(
-        state["token"], state["pos"], state["seqlens"], state["leftpad"], state["k"], state["v"], w["wte"], w["wpe"],
-        w["norms"], w["w_qkv"], w["b_qkv"], w["w_o"], w["b_o"], w["w_fc"], w["b_fc"], w["w_proj"], w["b_proj"],
-        state["workspace"], eps)
+    return gpt2_decode_step(state["token"], state["pos"], state["seqlens"], state["leftpad"], state["k"], state["v"],
+                            w, state["workspace"], eps=eps)
 
 
 def time_replays(graph: torch.cuda.CUDAGraph, replays: int) -> float:
@@ -67,7 +46,7 @@ def time_replays(graph: torch.cuda.CUDAGraph, replays: int) -> float:
 
 
 def run_case(hf, dtype: torch.dtype, batch: int, steps: int, replays: int, prompt_len: int) -> dict:
-    m = GPT2.from_hf(hf, dtype=dtype, device="cuda", backends=FUSED)
+    m = GPT2.from_hf(hf, dtype=dtype, device="cuda", backends=GRAPH_BACKENDS["graph-fused"])
     c = m.config
     gen = torch.Generator().manual_seed(0)
     ids, mask = make_batch(torch.randint(0, c.vocab_size, (prompt_len,), generator=gen), batch)
@@ -76,14 +55,12 @@ def run_case(hf, dtype: torch.dtype, batch: int, steps: int, replays: int, promp
     cache = m.decode_cache(batch, max_len)
     with torch.no_grad():
         m.prefill(cache, ids, mask)
-    w = stacked_weights(m)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    ws_bytes = (256 + batch * (4 * c.n_embd + 3 * c.n_embd) * itemsize + 15) // 16 * 16
+    # The same weights packed in the op's layout (a model of the persistent backend: its step_weights).
+    w = GPT2.from_hf(hf, dtype=dtype, device="cuda", backends=GRAPH_BACKENDS["graph-persistent"]).step_weights
     counters = cache.counters.clone()
     state = dict(token=cache.token.clone(), seqlens=counters[:batch], pos=counters[batch:2 * batch],
-                 leftpad=cache.leftpad.clone(), k=torch.stack([x.k for x in cache.layers]).contiguous(),
-                 v=torch.stack([x.v for x in cache.layers]).contiguous(),
-                 workspace=torch.zeros(ws_bytes, dtype=torch.uint8, device="cuda"))
+                 leftpad=cache.leftpad.clone(), k=cache.k.clone(), v=cache.v.clone(),
+                 workspace=new_workspace(batch, c.n_embd, 4 * c.n_embd, dtype, "cuda"))
     start_slot = int(counters[0])
     # The model's own steps, their logits recorded.
     seen, tokens = [], []
@@ -106,8 +83,8 @@ def run_case(hf, dtype: torch.dtype, batch: int, steps: int, replays: int, promp
     out["logit_diff"] = diff
     out["logit_scale"] = max(s.float().abs().max().item() for s in seen)
     out["argmax_agree"] = agree
-    k_ref = torch.stack([x.k for x in cache.layers])[:, :, :, start_slot:start_slot + steps]
-    v_ref = torch.stack([x.v for x in cache.layers])[:, :, :, start_slot:start_slot + steps]
+    k_ref = cache.k[:, :, :, start_slot:start_slot + steps]
+    v_ref = cache.v[:, :, :, start_slot:start_slot + steps]
     kd = (state["k"][:, :, :, start_slot:start_slot + steps].float() - k_ref.float()).abs()
     vd = (state["v"][:, :, :, start_slot:start_slot + steps].float() - v_ref.float()).abs()
     # Left-padded rows whose leftpad > their slot never exist; every row's new slots are real here.
