@@ -1,8 +1,8 @@
 """GPT-2 end to end: tokens/s, TTFT and TBT per backend (fused_attn.generate.run_backend).
 
 Backends: fused_attn.generate.BACKENDS (hf-eager ... graph-fused, graph-folded, graph-persistent); batch
-{1, 16}; prompt {128, 512};
-128 new tokens (greedy); float16 by default, float32 with --full. Model: GPT-2 small's
+{1, 16} ({1, 4, 16, 64} with --full); prompt {128, 512}; 128 new tokens (greedy); float16 by default,
+float16, bfloat16 and float32 with --full. Model: GPT-2 small's
 configuration with seeded random weights (same shapes and cost as the real checkpoint),
 or FUSED_ATTN_GPT2_MODEL. Prompts: seeded random ids (tests/prompts.py), every row its own;
 at batch > 1 left padded to lengths spread evenly from the prompt length down to half of it
@@ -56,9 +56,10 @@ def pytest_generate_tests(metafunc):
     if "gpt2_case" not in metafunc.fixturenames:
         return
     full = metafunc.config.getoption("--full")
-    dtypes = ["float16", "float32"] if full else ["float16"]
+    dtypes = ["float16", "bfloat16", "float32"] if full else ["float16"]
+    batches = (1, 4, 16, 64) if full else (1, 16)
     cases = [dict(batch=b, prompt=p, dtype=d, backend=k)
-             for d in dtypes for b in (1, 16) for p in (128, 512) for k in BACKENDS]
+             for d in dtypes for b in batches for p in (128, 512) for k in BACKENDS]
     metafunc.parametrize("gpt2_case", cases, ids=[f"{c['backend']}-b{c['batch']}-p{c['prompt']}-{c['dtype']}"
                                                   for c in cases])
 
