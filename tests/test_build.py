@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 import pytest
 
 
-@pytest.mark.parametrize("op", ["softmax", "decode_attention", "layer_norm", "attention", "linear"])
+@pytest.mark.parametrize("op", sorted(p.parent.name for p in (ROOT / "csrc").glob("*/generate_instantiations.py")))
 def test_generated_instantiation_units_are_up_to_date(op):
     script = ROOT / "csrc" / op / "generate_instantiations.py"
     r = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
@@ -29,6 +29,20 @@ def test_sources_cover_every_unit_with_unique_names():
     assert {"decode_attention", "decode_attention_inst_fp16_hd128", "decode_attention_inst_fp32_combine"} <= set(names)
     assert {"layer_norm", "layer_norm_inst_fp16_ln_vec", "layer_norm_inst_bf16_rms_scalar"} <= set(names)
     assert {"attention", "attention_inst_fp16_hd128", "attention_inst_fp32_naive"} <= set(names)
+    assert {"gpt2_decode_step", "gpt2_decode_step_inst_fp16", "sample", "sample_inst_bf16"} <= set(names)
+
+
+def test_programmatic_kernels_read_no_input_through_ldg():
+    """A kernel that waits for its primary (griddepcontrol.wait, common/pdl.cuh) reads the previous
+    kernel's output: an __ldg there is an invariant load, which the compiler may issue before the wait
+    (session 8: graph-fused's GEMVs at 8-16 rows read x early in replayed graphs). Their weights go
+    through load_stream / prefetch_l2; nothing in such a file calls __ldg."""
+    waiting = [p for p in (ROOT / "csrc").glob("*/*.cuh") if "wait_for_primary()" in p.read_text()
+               and p.name != "pdl.cuh"]
+    assert {"linear_kernel.cuh", "decode_attention_kernel.cuh", "sample_kernel.cuh"} <= {p.name for p in waiting}
+    offenders = [f"{p.relative_to(ROOT)}:{i + 1}" for p in waiting
+                 for i, line in enumerate(p.read_text().splitlines()) if "__ldg(" in line]
+    assert not offenders, f"__ldg in kernels launched as programmatic dependents: {offenders}"
 
 
 
