@@ -8,7 +8,9 @@ Sq != Sk under causal, each mask form, strided q/k/v, and the naive and tiled mo
 rows-of-x class, weight rows per block and epilogue, the element-wise path (odd K, misaligned rows) and
 the tensor-core kernels (one block per 16 weight rows, and split-K in clusters), the first two also
 with the LayerNorm / RMSNorm prologue (norm=: the normalized rows in shared memory); sample: greedy and
-sampled, one block and a cluster per row, misaligned and strided rows.
+sampled, one block and a cluster per row, misaligned and strided rows; gpt2_decode_step: a small model
+at batch 1 and 3 (float16, float32) and every kind of invalid row (out-of-range lengths, position or
+token: nothing read or written out of bounds).
 
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py
     compute-sanitizer --tool racecheck python tests/sanitizer_cases.py --quick
@@ -68,6 +70,7 @@ def main(argv: list[str]) -> int:
     cases += attention_cases(quick)
     cases += linear_cases(quick)
     cases += sample_cases(quick)
+    cases += step_cases(quick)
     torch.cuda.synchronize()
     print(f"sanitizer cases: {cases} passed")
     return 0
@@ -213,6 +216,18 @@ def sample_cases(quick: bool) -> int:
     for i, kw in enumerate(cases):
         check_case(sample_case_of(data_seed=i, seed=i, offset=3 * i, **kw), "cuda")
     return len(cases)
+
+
+def step_cases(quick: bool) -> int:
+    from tests.test_gpt2_decode_step import INVALID, SMALL_SHAPE, check_invalid_row, check_step, random_case
+
+    runs = ((2, torch.float16),) if quick else ((1, torch.float16), (3, torch.float32))
+    for batch, dtype in runs:
+        check_step(random_case(SMALL_SHAPE, batch, 24, dtype, "cuda", seed=batch), f"sanitizer batch {batch}")
+    invalid = INVALID[::2] if quick else INVALID
+    for which, value in invalid:
+        check_invalid_row("cuda", torch.float32, which, value)
+    return len(runs) + len(invalid)
 
 
 if __name__ == "__main__":
