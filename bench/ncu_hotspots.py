@@ -8,6 +8,8 @@ Reads `ncu --page source --print-source cuda,sass --csv` (warp-state samples per
 with the CUDA line each came from: the library is built with -lineinfo), sums the samples per CUDA
 source line and prints the lines with the most, their share of all samples and the SASS opcodes
 sampled there. The stall reasons per line are the columns `ncu --page source` prints beside these.
+Written against the header ncu 2025 printed on the device (session 8); the first report it was meant
+for was lost with its machine, so the row parsing has not yet met a real report.
 """
 
 from __future__ import annotations
