@@ -285,6 +285,26 @@ def test_matches_float64_reference_gpu(shape, batch, dtype, built_library):
 
 
 @pytest.mark.gpu
+@given(batch=st.integers(1, 16), max_len=st.integers(1, 300),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+       scale=st.sampled_from([1.0, 100.0]), seed=st.integers(0, 2**31 - 1))
+@example(batch=1, max_len=1, dtype=torch.float16, scale=1.0, seed=0)  # the only key is this step's own
+@example(batch=16, max_len=300, dtype=torch.bfloat16, scale=100.0, seed=1)  # large residual stream in bf16
+@example(batch=7, max_len=129, dtype=torch.float16, scale=100.0, seed=2)  # odd batch, a key past 128
+def test_matches_float64_reference_property_gpu(batch, max_len, dtype, scale, seed):
+    """Generated batches (1-16: every accumulator bucket and odd ones), cache lengths from the step's own
+    key alone up to 300 slots (several key tiles per warp), left padding, every dtype, and embeddings
+    scaled up 100x (a residual stream of order 30 into each LayerNorm, still inside fp16's range), at the
+    small model's odd sizes (n_inner 200, vocab 97): logits and written slots against the float64
+    reference, everything else in the cache untouched."""
+    weights = random_weights(*SMALL_SHAPE, dtype, "cuda", seed)
+    if scale != 1.0:
+        weights = replace(weights, wte=weights.wte * scale, wpe=weights.wpe * scale)
+    check_step(random_case(SMALL_SHAPE, batch, max_len, dtype, "cuda", seed, weights=weights),
+               f"batch {batch} max_len {max_len} {dtype} scale {scale}")
+
+
+@pytest.mark.gpu
 def test_back_to_back_calls_reuse_the_workspace_gpu(built_library):
     """Three steps on one workspace (the grid barrier left valid by each call), each advancing the lengths
     and positions as a decode loop does: each against the float64 reference."""
