@@ -49,6 +49,7 @@
 #include "../common/mbarrier.cuh"
 #include "../common/mma.cuh"
 #include "../common/pdl.cuh"
+#include "../common/reduce.cuh"
 #include "../common/vec_dtypes.cuh"
 #include "gpt2_decode_step_launch.h"
 
@@ -118,16 +119,9 @@ __device__ __forceinline__ Pack<8, T> load8_ldg(const T* ptr) {
   return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
+// A warp's sum / NaN-propagating max: common/reduce.cuh's group reduction over 32 lanes.
+__device__ __forceinline__ float warp_sum(float v) { return group_reduce<32>(v, nullptr, SumOp{}); }
+__device__ __forceinline__ float warp_max(float v) { return group_reduce<32>(v, nullptr, MaxOp{}); }
 
 // ------------------------------------------------------------------------------ the grid barrier
 __device__ __forceinline__ unsigned load_acquire(const unsigned* ptr) {
