@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "../common/checks.h"
 #include "../common/static_switch.h"
@@ -154,22 +155,15 @@ void plan(Gpt2StepParams& p, int64_t batch, int64_t elem, int64_t blocks, int64_
   }
 }
 
-template <typename T>
-cudaError_t launch_bucket(const Gpt2StepParams& p, int grid, cudaStream_t stream) {
-  if (p.batch <= 1) return launch_gpt2_decode_step<T, 1>(p, grid, stream);
-  if (p.batch <= 2) return launch_gpt2_decode_step<T, 2>(p, grid, stream);
-  if (p.batch <= 4) return launch_gpt2_decode_step<T, 4>(p, grid, stream);
-  if (p.batch <= 8) return launch_gpt2_decode_step<T, 8>(p, grid, stream);
-  return launch_gpt2_decode_step<T, 16>(p, grid, stream);
-}
-
-template <typename T>
-int blocks_per_sm(int batch, size_t smem) {
-  if (batch <= 1) return gpt2_decode_step_blocks_per_sm<T, 1>(smem);
-  if (batch <= 2) return gpt2_decode_step_blocks_per_sm<T, 2>(smem);
-  if (batch <= 4) return gpt2_decode_step_blocks_per_sm<T, 4>(smem);
-  if (batch <= 8) return gpt2_decode_step_blocks_per_sm<T, 8>(smem);
-  return gpt2_decode_step_blocks_per_sm<T, 16>(smem);
+// f(std::integral_constant<int, BB>) for the batch's bucket BB (1, 2, 4, 8, 16: the kernel's accumulators
+// per thread), the one place a batch becomes a template argument.
+template <typename F>
+auto with_bucket(int batch, F&& f) {
+  if (batch <= 1) return f(std::integral_constant<int, 1>{});
+  if (batch <= 2) return f(std::integral_constant<int, 2>{});
+  if (batch <= 4) return f(std::integral_constant<int, 4>{});
+  if (batch <= 8) return f(std::integral_constant<int, 8>{});
+  return f(std::integral_constant<int, 16>{});
 }
 
 }  // namespace
@@ -247,9 +241,12 @@ at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, cons
   const size_t smem = step_smem(p).total;
   cudaError_t err = cudaSuccess;
   FA_DISPATCH_FLOAT(wte.scalar_type(), wte, [&] {
-    FA_CHECK_ARG(blocks_per_sm<scalar_t>(p.batch, smem) >= 1, wte,
-                 "be on a GPU the library was compiled for (sm_90 code of gpt2_decode_step)", arch);
-    err = launch_bucket<scalar_t>(p, blocks, at::cuda::getCurrentCUDAStream());
+    with_bucket(p.batch, [&](auto bucket) {
+      constexpr int BB = decltype(bucket)::value;
+      FA_CHECK_ARG((gpt2_decode_step_blocks_per_sm<scalar_t, BB>(smem) >= 1), wte,
+                   "be on a GPU the library was compiled for (sm_90 code of gpt2_decode_step)", arch);
+      err = launch_gpt2_decode_step<scalar_t, BB>(p, blocks, at::cuda::getCurrentCUDAStream());
+    });
   });
   C10_CUDA_CHECK(err);
   return logits;
