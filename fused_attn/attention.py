@@ -27,7 +27,7 @@ import torch
 
 from fused_attn import _ops, reference
 from fused_attn.decode_attention import _aligned_copy, _check_aligned
-from fused_attn.softmax import _check_like, _scale_value, _shape
+from fused_attn.softmax import _check_dims, _check_is_tensor, _check_like, _scale_value, _shape
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = _DTYPES + (torch.float64,)
@@ -38,10 +38,8 @@ MAX_HEADDIM = 256  # the flash kernel's largest head dim (multiples of 8; the na
 
 
 def _check_tensor(t, name: str, dims: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != 4:
-        raise ValueError(f"{name} must have 4 dims {dims}, got {_shape(t)}")
+    _check_is_tensor(t, name)
+    _check_dims(t, name, dims)
 
 
 def flash_supports(dtype: torch.dtype, headdim: int) -> bool:

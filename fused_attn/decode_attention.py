@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from fused_attn import _ops, reference
-from fused_attn.softmax import _check_like, _scale_value, _shape
+from fused_attn.softmax import _check_dims, _check_is_tensor, _check_like, _scale_value, _shape
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = _DTYPES + (torch.float64,)
@@ -30,10 +30,8 @@ VALIDATE_ENV = "FUSED_ATTN_VALIDATE_LENGTHS"
 
 
 def _check_tensor(t, name: str, dims: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != 4:
-        raise ValueError(f"{name} must have 4 dims {dims}, got {_shape(t)}")
+    _check_is_tensor(t, name)
+    _check_dims(t, name, dims)
 
 
 def _has_data(t: torch.Tensor) -> bool:

@@ -26,7 +26,7 @@ import torch
 
 from fused_attn import _ops, reference
 from fused_attn.layer_norm import eps_value
-from fused_attn.softmax import _shape
+from fused_attn.softmax import _check_dims, _check_is_tensor, _shape
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = _DTYPES + (torch.float64,)
@@ -94,17 +94,6 @@ _WEIGHTS = tuple(f.name for f in fields(GPT2StepWeights))
 _LENGTHS = ("pos", "seqlens", "leftpad")
 
 
-def _check_tensor(t, name: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-
-
-def _check_dims(t: torch.Tensor, name: str, layout: str) -> None:
-    n = layout.count(",") + 1
-    if t.dim() != n:
-        raise ValueError(f"{name} must have {n} dim{'s' if n > 1 else ''} {layout}, got {_shape(t)}")
-
-
 def _check_shape(t: torch.Tensor, name: str, want: tuple[int, ...]) -> None:
     if tuple(t.shape) != want:
         raise ValueError(f"{name} must have shape {want}, got {_shape(t)}")
@@ -119,7 +108,7 @@ def check_args(token, pos, seqlens, leftpad, k_cache, v_cache, wte, wpe, norms, 
     named = dict(zip(("token", *_LENGTHS, "k_cache", "v_cache", *_WEIGHTS, "workspace"),
                      (token, pos, seqlens, leftpad, k_cache, v_cache, *weights, workspace)))
     for name, t in named.items():
-        _check_tensor(t, name)
+        _check_is_tensor(t, name)
     # The sequences.
     _check_dims(token, "token", "[batch]")
     if token.dtype != torch.int64:

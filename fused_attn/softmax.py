@@ -26,6 +26,18 @@ def _shape(t: torch.Tensor | torch.Size) -> str:
     return str(tuple(t.shape if isinstance(t, torch.Tensor) else t))
 
 
+def _check_is_tensor(t, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_dims(t: torch.Tensor, name: str, layout: str) -> None:
+    """``t`` has as many dims as ``layout`` names, e.g. ``"[batch, nheads, seqlen_q, headdim]"``."""
+    n = layout.count(",") + 1
+    if t.dim() != n:
+        raise ValueError(f"{name} must have {n} dim{'s' if n > 1 else ''} {layout}, got {_shape(t)}")
+
+
 def check_args(
     x: torch.Tensor,
     scale: float | torch.Tensor,
