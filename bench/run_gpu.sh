@@ -10,7 +10,9 @@
 # LAYER_ARGS the layer step (bench_layer), e.g. LAYER_ARGS='-k gpt2'.
 # SAMPLE_ARGS the sample step (bench_sample), e.g. SAMPLE_ARGS='-k r1-'.
 # STEP_ARGS the gpt2step step (bench_gpt2_decode_step), e.g. STEP_ARGS='-k b1-' or STEP_ARGS=--full (adds bfloat16).
-# steps: ab build tests bench decode norm attention linear sample layer gpt2step sanitize bytes gpt2 gpt2bench profile
+# GRAPH_AB: ';'-separated nvcc flag sets for the graphab step (each built beside the default, e.g.
+#   GRAPH_AB='-DFUSED_ATTN_PDL_EARLY=0'), GRAPH_AB_ARGS its bench.time_decode_graph arguments.
+# steps: ab graphab build tests bench decode norm attention linear sample layer gpt2step sanitize bytes gpt2 gpt2bench profile
 # (default: build tests bench decode attention sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -27,6 +29,23 @@ if has ab; then
   log "ab (kernel variants)"
   timeout ${AB_TIMEOUT:-200} python3 -m bench.ab --rounds 40 > "$OUT/ab.txt" 2>&1 || rc=1
   cat "$OUT/ab.txt"
+fi
+if has graphab; then
+  # Our captured GPT-2 decode step, hot, under the default build, each GRAPH_AB flag set and FUSED_ATTN_PDL=0:
+  # quick same-call A/Bs of kernel variants (bench/time_decode_graph.py).
+  log "graphab"
+  python3 -m fused_attn.build 2>&1 | tail -1
+  IFS=';' read -ra variants <<< "${GRAPH_AB:-}"
+  for v in "${variants[@]}"; do FUSED_ATTN_NVCC_FLAGS="$v" python3 -m fused_attn.build 2>&1 | tail -1; done
+  for round in 1 2; do
+    timeout 120 python3 -m bench.time_decode_graph --tag "default r$round" ${GRAPH_AB_ARGS:-} 2>&1 | grep -v "^\[transformers\]" | tee -a "$OUT/graphab.txt" || rc=1
+    for v in "${variants[@]}"; do
+      FUSED_ATTN_NVCC_FLAGS="$v" timeout 120 python3 -m bench.time_decode_graph --tag "$v r$round" ${GRAPH_AB_ARGS:-} 2>&1 \
+        | grep -v "^\[transformers\]" | tee -a "$OUT/graphab.txt" || rc=1
+    done
+  done
+  FUSED_ATTN_PDL=0 timeout 120 python3 -m bench.time_decode_graph --tag "PDL=0" ${GRAPH_AB_ARGS:-} 2>&1 \
+    | grep -v "^\[transformers\]" | tee -a "$OUT/graphab.txt" || rc=1
 fi
 if has build; then
   log build

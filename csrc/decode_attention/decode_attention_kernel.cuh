@@ -67,6 +67,39 @@ __device__ __forceinline__ bool lengths_ok(const DecodeParams& p, int b, int& ca
   return ok;
 }
 
+// The key slots [kb, ke) of split `split` of a sequence whose visible slots are [start, end): whole
+// tiles of TILE slots, the same count per split (a split past the end gets an empty range).
+__device__ __forceinline__ void split_range(const DecodeParams& p, int start, int end, int split, int tile, int& kb,
+                                            int& ke) {
+  const int tiles = (end - start + tile - 1) / tile;
+  const int tiles_per_split = (tiles + p.num_splits - 1) / p.num_splits;
+  kb = start + split * tiles_per_split * tile;
+  ke = min(end, kb + tiles_per_split * tile);
+}
+
+// Before wait_for_primary(): the cached K and V rows this block will read into L2, so their DRAM
+// round trip overlaps the previous kernel (under PDL the block starts early: pdl.cuh). The slots are
+// written by earlier steps, not by the kernels this one overlaps; only the lengths might be (a caller
+// whose previous kernel writes seqlens): then the stale lengths make a wrong hint, nothing else. A
+// prefetch moves no data into the block, L2 is where every write lands, and every address is inside
+// the cache (lengths_ok bounds end by max_len).
+template <typename T>
+__device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int hkv, int split, int tile) {
+  int cached, end, start, kb, ke;
+  if (!lengths_ok(p, b, cached, end, start)) return;
+  split_range(p, start, end, split, tile, kb, ke);
+  const int hi = min(ke, cached);  // slots from `cached` on are this step's appends (k_new / v_new)
+  const int lines = (p.headdim * int(sizeof(T)) + 127) / 128, per_line = 128 / int(sizeof(T));
+  const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h;
+  const T* vc = static_cast<const T*>(p.v_cache) + b * p.v_stride_b + hkv * p.v_stride_h;
+  for (int idx = threadIdx.x; idx < (hi - kb) * lines; idx += blockDim.x) {
+    const int64_t j = kb + idx / lines;
+    const int c = idx % lines * per_line;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + j * p.k_stride_l + c));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + j * p.v_stride_l + c));
+  }
+}
+
 // Writes this step's keys and values of (b, kv head) into the cache: seqlen_new x headdim each.
 template <typename T>
 __device__ void append(const DecodeParams& p, int b, int hkv, int cached) {
@@ -175,10 +208,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
   constexpr int NT = kDecodeThreads;
   constexpr int kWords = EPT * int(sizeof(T)) / 16;
   static_assert(TX <= 32 && 32 % TX == 0, "a key's threads sit in one warp");
-  // Launched programmatically (pdl.cuh): q, k_new / v_new and the lengths may be the previous
-  // kernel's outputs. The combine kernel (or the next op's kernel) may launch from here on.
-  wait_for_primary();
-  launch_dependents();
+  launch_dependents_early();  // pdl.cuh: every block waits below before it exits
   // Shared memory: first the K/V pipeline, [stage][K or V][u][word][thread] (a thread's words are
   // 16 bytes apart from its neighbours': conflict-free), then, reused after the loop, the merge
   // of the NY key slots: o [R][NY][HD], the block's merged o [R][HD], m and l [R][NY], the row's
@@ -192,6 +222,11 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
   const int chunk = blockIdx.x % p.row_chunks;
   const int bh = blockIdx.x / p.row_chunks;
   const int hkv = bh % p.nheads_kv, b = bh / p.nheads_kv;
+  decode::prefetch_cache<T>(p, b, hkv, split, TILE);
+  // Launched programmatically (pdl.cuh): q, k_new / v_new and the lengths may be the previous
+  // kernel's outputs. The combine kernel (or the next op's kernel) may launch from here on.
+  wait_for_primary();
+  launch_dependents();
   const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
   const int e0 = tx * EPT;              // this thread's first element of a row
   const bool lane_on = e0 < p.headdim;  // headdim % 8 == 0: a slice is all in or all out
@@ -230,11 +265,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
     return;
   }
 
-  // This split's keys: whole tiles of [start, end).
-  const int tiles = (end - start + TILE - 1) / TILE;
-  const int tiles_per_split = (tiles + p.num_splits - 1) / p.num_splits;
-  const int kb = start + split * tiles_per_split * TILE;
-  const int ke = min(end, kb + tiles_per_split * TILE);
+  int kb, ke;  // this split's keys: whole tiles of [start, end)
+  decode::split_range(p, start, end, split, TILE, kb, ke);
   const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
 
   const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h + e0;
@@ -427,13 +459,15 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   extern __shared__ __align__(128) unsigned char smem[];
   T* const pipe = reinterpret_cast<T*>(smem);  // [stage][K, V][TILE][HD], swizzled
   T* const sq = reinterpret_cast<T*>(smem + M::kQOffset);  // [16][HD], swizzled
-  wait_for_primary();  // as in decode_kernel
-  launch_dependents();
+  launch_dependents_early();  // as in decode_kernel
 
   const int split = blockIdx.y;
   const int chunk = blockIdx.x % p.row_chunks;
   const int bh = blockIdx.x / p.row_chunks;
   const int hkv = bh % p.nheads_kv, b = bh / p.nheads_kv;
+  decode::prefetch_cache<T>(p, b, hkv, split, TILE);
+  wait_for_primary();
+  launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
   const int sn = p.seqlen_new;
@@ -463,10 +497,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
     }
     return;
   }
-  const int tiles = (end - start + TILE - 1) / TILE;
-  const int tiles_per_split = (tiles + p.num_splits - 1) / p.num_splits;
-  const int kb = start + split * tiles_per_split * TILE;
-  const int ke = min(end, kb + tiles_per_split * TILE);
+  int kb, ke;
+  decode::split_range(p, start, end, split, TILE, kb, ke);
   const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
 
   const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h;
@@ -634,6 +666,9 @@ template <typename T>
 __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams p) {
   __shared__ float sm_w[256];  // kMaxSplits: the weight 2^(lse_s - max) of each split
   __shared__ float sm_sum;
+  launch_dependents_early();  // pdl.cuh
+  // Before anything is read or written (the NaN rows too: under PDL nothing is written before the wait).
+  wait_for_primary();  // the partials are the attention kernel's: complete and visible after this
   const int64_t row = blockIdx.x;
   const int64_t n_rows = int64_t(p.batch) * p.nheads_q * p.seqlen_new;
   const int i = int(row % p.seqlen_new);
@@ -645,7 +680,6 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
     for (int e = threadIdx.x; e < p.headdim; e += blockDim.x) out[e] = from_float<T>(decode::quiet_nan());
     return;
   }
-  wait_for_primary();  // the partials are the attention kernel's: complete and visible after this
   for (int s = threadIdx.x; s < p.num_splits; s += blockDim.x) sm_w[s] = p.partial_lse[s * n_rows + row];
   __syncthreads();
   if (threadIdx.x < 32) {

@@ -81,6 +81,7 @@ __global__ void __launch_bounds__(norm_block_threads<TPR>())
   __shared__ float red_sum[TPR > 32 ? TPR / 32 : 1];
   __shared__ float red_sq[TPR > 32 ? TPR / 32 : 1];
   using P = Pack<VEC, T>;
+  launch_dependents_early();  // pdl.cuh: every block waits below before it exits
 
   const int lane = threadIdx.x % TPR;
   const int64_t row_id = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / TPR;

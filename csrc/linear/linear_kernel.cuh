@@ -211,6 +211,7 @@ template <typename T, int MT, int NB, bool kVec, bool kNorm>
 __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const LinearParams p) {
   constexpr int VEC = Piece<T>::VEC;
   extern __shared__ uint4 xs_raw[];  // kNorm: the normalized rows of x
+  launch_dependents_early();  // pdl.cuh: every block waits below before it exits
   constexpr int U = 8 / NB;  // pieces per row in flight per thread
   const bool swiglu = p.activation == kActSwiglu;
   const T* x = static_cast<const T*>(p.x);
@@ -435,6 +436,7 @@ template <typename T, int NT, bool kNorm>
 __global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const LinearParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ uint4 xs_raw[];  // kNorm: the normalized rows of x
+  launch_dependents_early();  // pdl.cuh: every block waits below before it exits
   const int warp = threadIdx.x / 32;
   const int64_t col0 = int64_t(blockIdx.x) * (p.activation == kActSwiglu ? 8 : 16);
   const MmaLane<T, NT> L =

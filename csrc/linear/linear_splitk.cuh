@@ -36,6 +36,7 @@ template <typename T, int NT>
 __global__ void __launch_bounds__(kLinearMmaThreads) linear_splitk_kernel(const LinearParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
+  launch_dependents_early();  // pdl.cuh: every block waits below before it exits
   const cg::cluster_group cluster = cg::this_cluster();
   const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   // Whole chunks of 32 k per split (the launcher leaves no split empty).

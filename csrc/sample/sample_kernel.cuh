@@ -89,6 +89,7 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
   const int64_t row = blockIdx.y;
   const int part = blockIdx.x;
   const T* logits = static_cast<const T*>(p.logits) + row * p.row_stride;
+  launch_dependents_early();  // pdl.cuh: every block waits below before it exits
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.cluster) cluster_arrive_relaxed();  // this block has started (waited for before the merge)

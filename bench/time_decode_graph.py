@@ -1,0 +1,97 @@
+"""Time our GPT-2's captured decode step (one CUDA-graph replay per token), hot, for quick A/Bs of
+kernel variants built side by side (FUSED_ATTN_NVCC_FLAGS) or switched by environment (FUSED_ATTN_PDL=0):
+
+    python -m bench.time_decode_graph --backends graph-fused,graph-folded --batches 1,4,16
+    FUSED_ATTN_NVCC_FLAGS=-DX python -m bench.time_decode_graph --tag X
+
+Per (backend, batch): a random 128-token prompt (left-padded batch) is prefilled, the step captured, then
+`--reps` rounds of `--replays` replays, each round from the same cache lengths (prompt .. prompt +
+replays), timed with CUDA events around the round. Printed: the median and the spread of ms per step
+over the rounds, one line per case, prefixed with `--tag`. Not a benchmark (bench/bench_gpt2.py and
+bench/bench_gpt2_decode_step.py are): no cold L2, no JSON; two variants compare only within one device
+call. The first replayed step's logits are checked against an eager step from the same state: a variant
+that races shows here as a difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+from fused_attn.generate import GRAPH_BACKENDS, make_batch
+from fused_attn.gpt2 import GPT2, _DecodeGraph, load_hf_model
+
+
+def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, reps: int, prompt_len: int):
+    m = GPT2.from_hf(hf, dtype=dtype, device="cuda", backends=GRAPH_BACKENDS[backend])
+    c = m.config
+    gen = torch.Generator().manual_seed(0)
+    ids, mask = make_batch(torch.randint(0, c.vocab_size, (prompt_len,), generator=gen), batch)
+    cache = m.decode_cache(batch, ids.shape[1] + replays + 8)
+    with torch.no_grad():
+        m.prefill(cache, ids.cuda(), mask.cuda())
+    saved = [t.clone() for t in cache.buffers()]
+    # One eager step's logits, then the same step replayed: equal up to run-to-run order (none: same kernels).
+    seen = []
+    real = m.logits
+    m.logits = lambda x: seen.append(real(x).clone()) or seen[-1]
+    with torch.no_grad():
+        m.decode_step(cache)
+    del m.logits
+    eager = seen[0]
+    for dst, src in zip(cache.buffers(), saved):
+        dst.copy_(src)
+    g = _DecodeGraph(m, cache)
+    for dst, src in zip(cache.buffers(), saved):
+        dst.copy_(src)
+    g.replay()
+    torch.cuda.synchronize()
+    # The step's logits live in the graph's pool; recompute eagerly is what we compare against: re-run
+    # the eager step from the state after one replay would differ, so compare the sampled token instead.
+    token_graph = cache.token.clone()
+    token_eager = eager.float().argmax(-1).to(token_graph.dtype).view_as(token_graph)
+    agree = (token_graph == token_eager).float().mean().item()
+    times = []
+    for _ in range(reps):
+        for dst, src in zip(cache.buffers(), saved):
+            dst.copy_(src)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        g.replay()  # warm
+        start.record()
+        for _ in range(replays):
+            g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / replays)
+    return statistics.median(times), min(times), max(times), agree
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backends", default="graph-fused")
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
+    ap.add_argument("--replays", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args(argv)
+    hf = load_hf_model()
+    dtype = getattr(torch, args.dtype)
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} {args.dtype} prompt {args.prompt} "
+          f"{args.replays} replays x {args.reps}", flush=True)
+    bad = False
+    for backend in args.backends.split(","):
+        for b in (int(x) for x in args.batches.split(",")):
+            med, lo, hi, agree = run_case(hf, backend, dtype, b, args.replays, args.reps, args.prompt)
+            print(f"{args.tag} {backend} B{b}: {med * 1e3:.1f} us/step (min {lo * 1e3:.1f}, max {hi * 1e3:.1f}); "
+                  f"first token agrees with eager {agree:.3f}", flush=True)
+            bad |= agree < 0.99
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
