@@ -29,16 +29,18 @@ __device__ __forceinline__ void wait_for_primary() {
 }
 
 // Where the decode chain's kernels (linear, layer_norm, decode_attention, sample) let their dependent
-// launch. With FUSED_ATTN_PDL_EARLY 1 (the default) every block triggers first thing, before it waits:
-// the next kernel's blocks are scheduled as soon as all of this one's have started and SM resources
-// allow, and fetch their weights while this kernel still waits for its own primary, so a chain of
-// GEMVs streams its weights a kernel or two ahead of the dependent arithmetic. It stays correct because
-// every block of these kernels executes wait_for_primary() before it exits: this grid completes only
-// after its primary has, so a dependent's wait (which is for this grid's completion) covers every
-// earlier kernel. Built with -DFUSED_ATTN_PDL_EARLY=0 (FUSED_ATTN_NVCC_FLAGS), the kernels trigger only
-// after their wait (session 8's placement), the A/B of bench/NOTES.md.
+// launch. With FUSED_ATTN_PDL_EARLY 1 every block triggers first thing, before it waits: the next
+// kernel's blocks are scheduled as soon as all of this one's have started and SM resources allow, and
+// fetch their weights while this kernel still waits for its own primary, so a chain of GEMVs streams
+// its weights a kernel or two ahead of the dependent arithmetic; decode_attention also prefetches its
+// cached K/V rows into L2 before its wait. It stays correct because every block of these kernels
+// executes wait_for_primary() before it exits: a grid completes only after its primary has, so a
+// dependent's wait (which is for this grid's completion) covers every earlier kernel. With 0 (the
+// default until measured: bench/NOTES.md, session 9) the kernels trigger only after their wait, as they
+// did when every stored result was measured; -DFUSED_ATTN_PDL_EARLY=1 in FUSED_ATTN_NVCC_FLAGS builds
+// the other variant beside it (bench/run_gpu.sh graphab).
 #ifndef FUSED_ATTN_PDL_EARLY
-#define FUSED_ATTN_PDL_EARLY 1
+#define FUSED_ATTN_PDL_EARLY 0
 #endif
 
 __device__ __forceinline__ void launch_dependents_early() {

@@ -85,6 +85,7 @@ __device__ __forceinline__ void split_range(const DecodeParams& p, int start, in
 // the cache (lengths_ok bounds end by max_len).
 template <typename T>
 __device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int hkv, int split, int tile) {
+  if (!FUSED_ATTN_PDL_EARLY) return;  // the A/B switch of pdl.cuh: both parts of the run-ahead together
   int cached, end, start, kb, ke;
   if (!lengths_ok(p, b, cached, end, start)) return;
   split_range(p, start, end, split, tile, kb, ke);
