@@ -1,7 +1,8 @@
 """GPT-2 end to end: tokens/s, TTFT and TBT per backend (fused_attn.generate.run_backend).
 
 Backends: fused_attn.generate.BACKENDS (hf-eager ... graph-fused, graph-folded, graph-persistent); batch
-{1, 16} ({1, 4, 16, 64} with --full); prompt {128, 512}; 128 new tokens (greedy); float16 by default,
+{1, 16} ({1, 4, 16, 64} with --full); prompt {128, 512}; 128 new tokens, greedy (with --full also
+sampled: temperature 0.8, top-k 50, cases named ``-sample``, their own groups); float16 by default,
 float16, bfloat16 and float32 with --full. Model: GPT-2 small's
 configuration with seeded random weights (same shapes and cost as the real checkpoint),
 or FUSED_ATTN_GPT2_MODEL. Prompts: seeded random ids (tests/prompts.py), every row its own;
@@ -40,6 +41,9 @@ from fused_attn.generate import BACKENDS, COMPILED, STATIC, nearest_rank
 from fused_attn.gpt2_decode_step import is_batch_too_large
 
 NEW_TOKENS = 128
+# The sampled cases' settings (a common chat setting): each backend's own sampler, seeded, so the tokens
+# differ between backends and are not compared; the cost of top-k and the draw is what the cases add.
+SAMPLING = dict(temperature=0.8, top_k=50)
 # How bench.report names these cases (the columns and rows come from the saved extra_info).
 REPORT_LABELS = {"bench_gpt2": dict(title="GPT-2 end to end", order=BACKENDS)}
 CLOCK_VS_WALL_PCT = 1.0
@@ -58,10 +62,11 @@ def pytest_generate_tests(metafunc):
     full = metafunc.config.getoption("--full")
     dtypes = ["float16", "bfloat16", "float32"] if full else ["float16"]
     batches = (1, 4, 16, 64) if full else (1, 16)
-    cases = [dict(batch=b, prompt=p, dtype=d, backend=k)
-             for d in dtypes for b in batches for p in (128, 512) for k in BACKENDS]
+    decoding = (False, True) if full else (False,)
+    cases = [dict(batch=b, prompt=p, dtype=d, backend=k, sample=smp)
+             for smp in decoding for d in dtypes for b in batches for p in (128, 512) for k in BACKENDS]
     metafunc.parametrize("gpt2_case", cases, ids=[f"{c['backend']}-b{c['batch']}-p{c['prompt']}-{c['dtype']}"
-                                                  for c in cases])
+                                                  + ("-sample" if c["sample"] else "") for c in cases])
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +97,8 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
 
     hf_model, cache = gpt2_models
     c = gpt2_case
-    benchmark.group = f"gpt2 b{c['batch']} p{c['prompt']} {c['dtype']}"  # before the run: it is stored then
+    benchmark.group = f"gpt2 b{c['batch']} p{c['prompt']} {c['dtype']}" + (" sample" if c["sample"] else "")
+    sampling = SAMPLING if c["sample"] else dict(temperature=0.0, top_k=0)
     dtype, device = DTYPES[c["dtype"]], torch.device("cuda")
     lengths = prompt_lengths(c["batch"], c["prompt"])
     ids, mask = left_padded(hf_model.config.vocab_size, lengths, seed=0)
@@ -101,7 +107,7 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
         # into dynamo's recompile limit and falls back to eager unseen.
         torch._dynamo.reset()
     try:
-        run_backend(c["backend"], hf_model, ids, mask, NEW_TOKENS, dtype, device, cache=cache)  # warm-up
+        run_backend(c["backend"], hf_model, ids, mask, NEW_TOKENS, dtype, device, cache=cache, **sampling)  # warm-up
     except ValueError as e:  # graph-persistent: gpt2_decode_step keeps the batch's activations in shared memory
         if not is_batch_too_large(e):
             raise
@@ -109,7 +115,8 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
     results, paired = [], []
     paired_case = c["backend"] == "hf-fused"
     rounds = request.config.getoption("--bench-gpt2-paired-rounds" if paired_case else "--bench-gpt2-rounds")
-    run = lambda backend: run_backend(backend, hf_model, ids, mask, NEW_TOKENS, dtype, device, cache=cache)  # noqa: E731
+    run = lambda backend: run_backend(backend, hf_model, ids, mask, NEW_TOKENS, dtype, device, cache=cache,  # noqa: E731
+                                      **sampling)
     # hf-fused and hf-eager are both host-bound (~6 ms of Python per token) and drift between
     # cases by more than their difference, so hf-fused's comparison interleaves them: an
     # untimed hf-eager generate (pedantic's setup) before every timed hf-fused one.
@@ -130,7 +137,7 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
                     tbt_p95_ms=round(1e3 * nearest_rank(steps, 0.95), 4))
 
     info = dict(backend=c["backend"], batch=c["batch"], prompt=c["prompt"], prompt_lengths=lengths,
-                new_tokens=NEW_TOKENS, dtype=c["dtype"], **stats(results), gpu=torch.cuda.get_device_name(),
+                new_tokens=NEW_TOKENS, dtype=c["dtype"], **sampling, **stats(results), gpu=torch.cuda.get_device_name(),
                 clock="cuda events at each token (no per-token sync); totals checked against host wall time",
                 max_clock_vs_wall_pct=round(clock_vs_wall, 3))
     if ceilings_gbps:  # % of the weight-bandwidth floor: what a decode step at copy speed would take
@@ -139,7 +146,7 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
                     pct_of_weight_floor=round(100 * floor_ms / info["tbt_p50_ms"], 1))
     tps = info["tokens_per_s"]
     medians[(benchmark.group, c["backend"])] = tps
-    if c["backend"] == "hf-eager":
+    if c["backend"] == "hf-eager" and not c["sample"]:
         hf_eager_tokens[benchmark.group] = results[0].tokens
     if paired:
         eager = stats(paired)

@@ -63,3 +63,19 @@ def test_weight_floor_counts_every_parameter_once():
     model = torch.nn.Linear(1000, 500)  # 500500 parameters
     nbytes, ms = weight_floor_ms(model, torch.float16, copy_gbps=1000.0)
     assert nbytes == 2 * 500_500 and ms == pytest.approx(2 * 500_500 / 1e12 * 1e3)
+
+
+@pytest.mark.parametrize("backend", ["hf-eager", "graph"])
+def test_sampled_cases_run_with_the_benchmarks_sampling_settings(backend):
+    """--full's ``-sample`` cases call run_backend with SAMPLING: every kind of backend takes it and
+    draws tokens (seeded: the same twice), reported on the same clock as the greedy cases."""
+    from bench.bench_gpt2 import SAMPLING
+
+    model = tiny_gpt2()
+    ids, mask = left_padded(64, prompt_lengths(3, 12), seed=0)
+    runs = [run_backend(backend, model, ids, mask, 6, torch.float32, torch.device("cpu"), **SAMPLING)
+            for _ in range(2)]
+    assert runs[0].new_tokens == 6 and torch.equal(runs[0].tokens, runs[1].tokens)
+    greedy = run_backend(backend, model, ids, mask, 6, torch.float32, torch.device("cpu"))
+    assert not torch.equal(runs[0].tokens, greedy.tokens)
+    assert abs(runs[0].total_s - runs[0].wall_s) / runs[0].wall_s * 100 <= CLOCK_VS_WALL_PCT
