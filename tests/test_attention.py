@@ -439,6 +439,46 @@ def test_wgmma_cases_gpu(case):
 
 @pytest.mark.gpu
 @needs_wgmma
+@pytest.mark.parametrize("case", WGMMA_EXAMPLES, ids=lambda c: f"{c['dtype']}-d{c['d']}-{c['sq']}x{c['sk']}-"
+                                                               f"{'causal' if c['causal'] else 'full'}-{c['mask']}")
+def test_wgmma_cases_tma_loader_gpu(case, monkeypatch):
+    """The same edges with the TMA loader (FUSED_ATTN_FLASH_TMA=require: an error, not cp.async, where it
+    cannot run), against float64; and bit for bit the cp.async loader's output: the shared-memory tiles
+    the consumers read must be the same bytes."""
+    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", "require")
+    check_case(case)
+    q, k, v, mask = gpu_inputs(case)
+    run = lambda: attention(q, k, v, causal=case["causal"], attn_mask=mask, scale=case["scale"],  # noqa: E731
+                            mode="flash_wgmma", return_lse=True)
+    tma_out, tma_lse = run()
+    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", "0")
+    cp_out, cp_lse = run()
+    assert torch.equal(tma_out, cp_out) and torch.equal(tma_lse, cp_lse)
+
+
+@pytest.mark.gpu
+@needs_wgmma
+def test_tma_loader_falls_back_or_refuses_where_tma_cannot_describe_the_tensors_gpu(monkeypatch):
+    """k and v broadcast over the batch (stride 0: no tensor map): FUSED_ATTN_FLASH_TMA=1 runs the cp.async
+    loader (the same output as with 0), =require says why it cannot; any other value is refused."""
+    q, k, v, _ = gpu_inputs(gcase(b=2, sq=200, sk=200, d=64))
+    k, v = k[:1].expand(2, -1, -1, -1), v[:1].expand(2, -1, -1, -1)
+    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", "0")
+    want = attention(q, k, v, causal=True, mode="flash_wgmma")
+    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", "1")
+    assert torch.equal(attention(q, k, v, causal=True, mode="flash_wgmma"), want)
+    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", "require")
+    with pytest.raises(ValueError, match=r"q, k and v must be 16-byte aligned with strides that are positive "
+                                         r"multiples of 16 bytes \(TMA tensor maps\) with "
+                                         r"FUSED_ATTN_FLASH_TMA=require, got strides q \(.*\), k \(0, "):
+        attention(q, k, v, causal=True, mode="flash_wgmma")
+    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", "yes")
+    with pytest.raises(ValueError, match=r"FUSED_ATTN_FLASH_TMA must be '0', '1' or 'require', got 'yes'"):
+        attention(q, k, v, causal=True, mode="flash_wgmma")
+
+
+@pytest.mark.gpu
+@needs_wgmma
 @pytest.mark.parametrize("d", [64, 128])
 def test_flash_is_the_wgmma_kernel_on_hopper_gpu(d):
     """On an sm_90 device mode='flash' (and 'auto') run the wgmma kernel: bit for bit its output. Where it

@@ -429,12 +429,14 @@ def norm_case(draw, budget, cuda):
     norm = draw(st.sampled_from(NORMS))
     return {**case, "norm": norm, "norm_weight": draw(st.booleans()),
             "norm_bias": norm == "layer_norm" and draw(st.booleans()),
-            "affine_fp32": draw(st.booleans()), "magnitude": draw(st.sampled_from(MAGNITUDES)),
+            "affine_fp32": draw(st.booleans()), "affine_misaligned": draw(st.booleans()),
+            "magnitude": draw(st.sampled_from(MAGNITUDES)),
             "eps": draw(st.sampled_from([1e-5, 1e-6, 0.1]))}
 
 
 def norm_case_of(**kw):
-    base = dict(norm="layer_norm", norm_weight=True, norm_bias=True, affine_fp32=False, magnitude="normal", eps=1e-5)
+    base = dict(norm="layer_norm", norm_weight=True, norm_bias=True, affine_fp32=False, magnitude="normal", eps=1e-5,
+                affine_misaligned=False)
     return case_of(**{**base, **kw})
 
 
@@ -449,7 +451,10 @@ def make_norm_inputs(case, device):
     adt = torch.float32 if case["affine_fp32"] else dtype
 
     def affine(mean):
-        return (mean + 0.5 * torch.randn(k, generator=gen, dtype=torch.float64)).to(adt).to(device)
+        a = (mean + 0.5 * torch.randn(k, generator=gen, dtype=torch.float64)).to(adt).to(device)
+        if case.get("affine_misaligned"):  # one element into a buffer: not 16-byte aligned (read, not staged)
+            a = torch.cat([a[:1], a])[1:]
+        return a
 
     nw = affine(1.0) if case["norm_weight"] else None
     nb = affine(0.0) if case["norm_bias"] else None
@@ -489,6 +494,12 @@ NORM_EXAMPLES = [
     norm_case_of(k=40, n=10, m=20, dtype=torch.float16),  # cuBLAS path, a width layer_norm's kernel does not take
     norm_case_of(k=256, n=64, m=2, dtype=torch.float16, magnitude="constant", norm_weight=False, norm_bias=False),
     norm_case_of(k=256, n=64, m=8, dtype=torch.bfloat16, magnitude="constant", norm="rms_norm", norm_bias=False),
+    # The prologue's weight and bias: staged in shared memory before the wait where aligned, else read
+    # from global memory after the statistics (both paths, both kernels; a bias without a weight).
+    norm_case_of(k=768, n=2304, m=1, dtype=torch.float16, affine_misaligned=True),
+    norm_case_of(k=768, n=2304, m=16, dtype=torch.bfloat16, affine_misaligned=True),
+    norm_case_of(k=768, n=2304, m=16, dtype=torch.float16, norm_weight=False, affine_fp32=True),
+    norm_case_of(k=768, n=3072, m=1, dtype=torch.bfloat16, norm_weight=False),
 ]
 
 

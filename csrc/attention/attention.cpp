@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <string>
@@ -160,6 +161,17 @@ void check_out(const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse
   }
 }
 
+// How the Hopper flash kernel loads its tiles, from FUSED_ATTN_FLASH_TMA at each call: unset or "0"
+// cp.async (the loader every stored result was measured with), "1" TMA where q, k and v allow it,
+// "require" TMA or an error (tests pin the TMA loader with it: a silent fallback would pass them).
+FlashLoader flash_loader() {
+  const char* env = std::getenv("FUSED_ATTN_FLASH_TMA");
+  const std::string v = env == nullptr ? "0" : env;
+  FA_CHECK_ARG(v == "0" || v == "1" || v == "require", FUSED_ATTN_FLASH_TMA, "be '0', '1' or 'require'",
+               "'" + v + "'");
+  return v == "0" ? FlashLoader::kCpAsync : v == "1" ? FlashLoader::kTmaWherePossible : FlashLoader::kTmaRequired;
+}
+
 // wgmma: the Hopper version (resolve_mode chose it only where it runs, at head dims <= 128).
 void launch_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const std::optional<at::Tensor>& attn_mask, double scale, bool causal, bool wgmma,
@@ -189,16 +201,25 @@ void launch_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     p.m_stride_q = mask.stride(2), p.m_stride_k = mask.stride(3);
   }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const FlashLoader loader = wgmma ? flash_loader() : FlashLoader::kCpAsync;
+  bool launched = true;
   FA_DISPATCH_FLOAT(q.scalar_type(), q, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
       FA_DECODE_HEADDIM_SWITCH(p.headdim, HD, [&] {
         if constexpr (HD == 64 || HD == 128) {
-          if (wgmma) return launch_attention_flash_wgmma<scalar_t, HD>(p, stream);
+          if (wgmma) {
+            launched = launch_attention_flash_wgmma<scalar_t, HD>(p, loader, stream);
+            return;
+          }
         }
         launch_attention_flash<scalar_t, HD>(p, stream);
       });
     }
   });
+  TORCH_CHECK_VALUE(launched,
+                    "q, k and v must be 16-byte aligned with strides that are positive multiples of 16 bytes (TMA "
+                    "tensor maps) with FUSED_ATTN_FLASH_TMA=require, got strides q ",
+                    shape_str(q.strides()), ", k ", shape_str(k.strides()), ", v ", shape_str(v.strides()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

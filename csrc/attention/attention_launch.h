@@ -55,11 +55,15 @@ void launch_attention_flash(const AttentionParams& p, cudaStream_t stream);
 // The SM version launch_attention_flash<T, HD>'s kernel was compiled for (0 if none: it needs sm_80).
 template <typename T, int HD>
 int attention_flash_arch();
+// How the Hopper version loads its tiles: cp.async by its loader warpgroup; TMA where q, k and v can
+// be described as tensor maps (common/tma.h), else cp.async; TMA or nothing (no launch).
+enum class FlashLoader { kCpAsync, kTmaWherePossible, kTmaRequired };
 // The Hopper version (attention_wgmma.cuh, instantiated at HD 64 and 128 only): the same
 // semantics on wgmma; runs only where attention_flash_wgmma_arch<T, HD>() is 90 (an sm_90a build
-// on an sm_90 device), else 0.
+// on an sm_90 device), else 0. Returns false (and launches nothing) only for kTmaRequired on tensors
+// TMA cannot describe.
 template <typename T, int HD>
-void launch_attention_flash_wgmma(const AttentionParams& p, cudaStream_t stream);
+bool launch_attention_flash_wgmma(const AttentionParams& p, FlashLoader loader, cudaStream_t stream);
 template <typename T, int HD>
 int attention_flash_wgmma_arch();
 // tiled false: the naive mode's 16 x 16 tile GEMM; true: the tiled mode's register-blocked one.

@@ -16,9 +16,18 @@
 // the mma.sync kernel uses: per warp, a wgmma m64nN accumulator is its 16 rows' m16n8 fragments)
 // runs while that P·V does (FA3's intra-warpgroup overlap); O is rescaled once it is done and
 // stage t - 1 handed back. The consumers take turns issuing their MMAs (named barriers: FA3's
-// ping-pong), so one's softmax runs under the other's MMAs. Not done: TMA. Under causal,
-// key tiles past a block's last visible key are never loaded and a consumer skips the tiles past
-// its own rows' last visible key.
+// ping-pong), so one's softmax runs under the other's MMAs. Under causal, key tiles past a block's
+// last visible key are never loaded and a consumer skips the tiles past its own rows' last visible key.
+//
+// Loads by TMA (kTma, FA3's other loader; chosen per call: attention.cpp, FUSED_ATTN_FLASH_TMA): one
+// thread of the loader warpgroup issues each tile as HD / 64 tensor copies per matrix (a box of 64
+// columns x the tile's rows of one (batch, head): common/tma.h), which land in the same 128-byte
+// swizzled panels the cp.async loader writes (TMA's SWIZZLE_128B puts 16-byte chunk j of box row r at
+// chunk j ^ (r % 8) of a 128-byte row, sw128_offset's layout for a 1024-byte aligned panel), zeros past
+// the rows and the head dim; the stage's `full` barrier counts the bytes (expect_tx) instead of 128
+// arrivals. The consumers are the same code. Against cp.async: one instruction per 16 KB panel instead
+// of 8 per thread per panel, no loader registers for addresses, no L1 round trip; the copy engine
+// runs ahead on its own.
 //
 // Traffic as attention_flash_kernel: Q and O once, K and V once per 128-row query tile (from L2
 // after the first), so the kernel is tensor-core bound at seqlen >= ~512; the target is 4 · Sq ·
@@ -28,10 +37,19 @@
 // quick check and timing: bench/check_flash_wgmma.py; benchmark: bench/bench_attention.py.
 #pragma once
 
+#include <type_traits>
+
+#include "../common/tma.h"
 #include "../common/wgmma.cuh"
 #include "attention_kernel.cuh"
 
 namespace fused_attn {
+
+// The TMA loader's tensor maps of q, k and v (boxes of 64 columns x BR rows for q, x BC rows for k and
+// v); unused (zeros) by the cp.async loader.
+struct FlashTmaMaps {
+  CUtensorMap q, k, v;
+};
 
 template <typename T, int HD>
 struct FlashWgmmaConfig {
@@ -82,6 +100,32 @@ __device__ __forceinline__ void flash_wgmma_load(const AttentionParams& p, const
     cp_async_wait<0>();
     fence_proxy_async_shared();
     mbarrier_arrive(&full[(blk.n_tiles - 1) % STAGES]);
+  }
+}
+
+// The TMA loader (one thread): per tile, once both consumers handed its stage back, the stage's full
+// barrier is told the bytes to expect (with tile 0 also Q's, on the same barrier, as the cp.async
+// loader does), then the copies are issued; the barrier's phase completes when they have landed.
+template <typename T, int HD>
+__device__ __forceinline__ void flash_wgmma_load_tma(const FlashTmaMaps& maps, const FlashBlock<T>& blk, int hkv,
+                                                     T* sq, T* stages, uint64_t* full, uint64_t* empty) {
+  using C = FlashWgmmaConfig<T, HD>;
+  constexpr int BR = C::BR, BC = C::BC, STAGES = C::STAGES, PANELS = HD / 64;
+  constexpr uint32_t kTileBytes = BC * HD * sizeof(T), kQBytes = BR * HD * sizeof(T);
+  for (int t = 0; t < blk.n_tiles; ++t) {
+    const int st = t % STAGES;
+    mbarrier_wait(&empty[st], ((t / STAGES) & 1) ^ 1);
+    mbarrier_arrive_expect_tx(&full[st], 2 * kTileBytes + (t == 0 ? kQBytes : 0));
+    if (t == 0) {
+#pragma unroll
+      for (int pn = 0; pn < PANELS; ++pn) tma_load_4d(sq + pn * BR * 64, &maps.q, 64 * pn, blk.i0, blk.h, blk.b, &full[0]);
+    }
+    T* const ks = stages + st * 2 * BC * HD;
+#pragma unroll
+    for (int pn = 0; pn < PANELS; ++pn) {
+      tma_load_4d(ks + pn * BC * 64, &maps.k, 64 * pn, t * BC, hkv, blk.b, &full[st]);
+      tma_load_4d(ks + BC * HD + pn * BC * 64, &maps.v, 64 * pn, t * BC, hkv, blk.b, &full[st]);
+    }
   }
 }
 
@@ -204,14 +248,15 @@ __device__ __forceinline__ void flash_wgmma_consume(const AttentionParams& p, co
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <typename T, int HD>
+template <typename T, int HD, bool kTma>
 __global__ void __launch_bounds__(FlashWgmmaConfig<T, HD>::kThreads, 1)
-    attention_flash_wgmma_kernel(const AttentionParams p) {
+    attention_flash_wgmma_kernel(const AttentionParams p, const __grid_constant__ FlashTmaMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = FlashWgmmaConfig<T, HD>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // full[s]: stage s landed (the loader's 128 threads arrive); empty[s]: both consumer warpgroups
-  // are done with it (their 256 threads arrive).
+  // full[s]: stage s landed (the cp.async loader's 128 threads arrive; the TMA loader's one thread
+  // arrives and the bytes complete it); empty[s]: both consumer warpgroups are done with it (their 256
+  // threads arrive).
   __shared__ uint64_t full[C::STAGES], empty[C::STAGES];
   const uint32_t raw = smem_addr(smem_raw);
   T* const sq = reinterpret_cast<T*>(smem_raw + (((raw + 1023) & ~1023u) - raw));  // [BR][HD], SW128 panels
@@ -220,7 +265,7 @@ __global__ void __launch_bounds__(FlashWgmmaConfig<T, HD>::kThreads, 1)
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int st = 0; st < C::STAGES; ++st) {
-      mbarrier_init(&full[st], 128);
+      mbarrier_init(&full[st], kTma ? 1 : 128);
       mbarrier_init(&empty[st], 128 * C::kConsumers);
     }
   }
@@ -230,7 +275,11 @@ __global__ void __launch_bounds__(FlashWgmmaConfig<T, HD>::kThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   if (wg == 0) {
     setmaxnreg_dec<C::kLoaderRegs>();
-    flash_wgmma_load<T, HD>(p, blk, sq, stages, full, empty);
+    if constexpr (kTma) {
+      if (threadIdx.x == 0) flash_wgmma_load_tma<T, HD>(maps, blk, blk.h / p.group, sq, stages, full, empty);
+    } else {
+      flash_wgmma_load<T, HD>(p, blk, sq, stages, full, empty);
+    }
   } else {
     setmaxnreg_inc<C::kConsumerRegs>();
     flash_wgmma_consume<T, HD>(p, blk, wg - 1, sq, stages, full, empty);
@@ -241,12 +290,26 @@ __global__ void __launch_bounds__(FlashWgmmaConfig<T, HD>::kThreads, 1)
 }
 
 template <typename T, int HD>
-void launch_attention_flash_wgmma(const AttentionParams& p, cudaStream_t stream) {
+bool launch_attention_flash_wgmma(const AttentionParams& p, FlashLoader loader, cudaStream_t stream) {
   using C = FlashWgmmaConfig<T, HD>;
-  cudaFuncSetAttribute(attention_flash_wgmma_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       C::kSmemBytes);
+  FlashTmaMaps maps{};
+  bool tma = false;
+  if (loader != FlashLoader::kCpAsync) {
+    const CUtensorMapDataType type =
+        std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    tma = encode_bhsd_map(&maps.q, type, p.q, p.batch, p.nheads_q, p.seqlen_q, p.headdim, p.q_stride_b,
+                          p.q_stride_h, p.q_stride_s, 64, C::BR) &&
+          encode_bhsd_map(&maps.k, type, p.k, p.batch, p.nheads_kv, p.seqlen_k, p.headdim, p.k_stride_b,
+                          p.k_stride_h, p.k_stride_s, 64, C::BC) &&
+          encode_bhsd_map(&maps.v, type, p.v, p.batch, p.nheads_kv, p.seqlen_k, p.headdim, p.v_stride_b,
+                          p.v_stride_h, p.v_stride_s, 64, C::BC);
+    if (!tma && loader == FlashLoader::kTmaRequired) return false;
+  }
+  auto* kernel = tma ? attention_flash_wgmma_kernel<T, HD, true> : attention_flash_wgmma_kernel<T, HD, false>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   const dim3 grid(unsigned((p.seqlen_q + C::BR - 1) / C::BR), unsigned(p.nheads_q), unsigned(p.batch));
-  attention_flash_wgmma_kernel<T, HD><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, maps);
+  return true;
 }
 
 // 90 when the library was built for sm_90a only among the 9.x targets (FUSED_ATTN_SM90A, set by
@@ -255,7 +318,7 @@ template <typename T, int HD>
 int attention_flash_wgmma_arch() {
 #if defined(FUSED_ATTN_SM90A)
   cudaFuncAttributes attr{};
-  const bool ok = cudaFuncGetAttributes(&attr, attention_flash_wgmma_kernel<T, HD>) == cudaSuccess;
+  const bool ok = cudaFuncGetAttributes(&attr, attention_flash_wgmma_kernel<T, HD, false>) == cudaSuccess;
   return ok && attr.binaryVersion == 90 ? 90 : 0;
 #else
   return 0;

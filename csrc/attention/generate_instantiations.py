@@ -38,7 +38,7 @@ def units() -> dict[str, str]:
             out[f"attention_inst_{dt}_hd{hd}.cu"] = header("attention_wgmma.cuh" if wgmma else "attention_kernel.cuh") + (
                 f"template void launch_attention_flash<{T}, {hd}>(const AttentionParams&, cudaStream_t);\n"
                 f"template int attention_flash_arch<{T}, {hd}>();\n") + (
-                f"template void launch_attention_flash_wgmma<{T}, {hd}>(const AttentionParams&, cudaStream_t);\n"
+                f"template bool launch_attention_flash_wgmma<{T}, {hd}>(const AttentionParams&, FlashLoader, cudaStream_t);\n"
                 f"template int attention_flash_wgmma_arch<{T}, {hd}>();\n" if wgmma else "") + FOOTER
     for dt, T in DTYPES.items():
         # Q·Kᵀ into float32 scores, then P (float32) · V into the output

@@ -1,4 +1,4 @@
-// Shared-memory mbarriers, named barriers and TMA bulk copies (torch-free, sm_90): the producer /
+// Shared-memory mbarriers, named barriers and TMA copies (torch-free, sm_90): the producer /
 // consumer rings of attention_flash_wgmma_kernel (csrc/attention/attention_wgmma.cuh) and of
 // gpt2_decode_step_kernel (csrc/gpt2_decode_step/gpt2_decode_step_kernel.cuh).
 #pragma once
@@ -60,6 +60,19 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
                    smem_addr(dst)),
                "l"(src), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
+}
+
+// One TMA tensor copy global -> shared memory: the box of the 4-D tensor map `map` (a __grid_constant__
+// kernel parameter: common/tma.h) at coordinates (c0 innermost .. c3) into dst (1024-byte aligned for
+// the 128-byte swizzle), its bytes counted on `bar`. The whole box counts, also where it leaves the
+// tensor (those elements land as zeros).
+__device__ __forceinline__ void tma_load_4d(void* dst, const void* map, int c0, int c1, int c2, int c3,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
 }
 
 }  // namespace fused_attn

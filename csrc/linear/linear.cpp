@@ -193,6 +193,16 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   p.eps = float(norm.eps);
   p.xs_pitch = linear_xs_pitch(p.k, int(x2.element_size()));
   const bool normed = p.norm != kNormNone;
+  if (normed) {  // the weight and bias staged before the wait where cp.async can copy them and they fit
+    const int w_bytes = norm.weight.defined() ? int(norm.weight.element_size()) : 0;
+    const int b_bytes = norm.bias.defined() ? int(norm.bias.element_size()) : 0;
+    const auto aligned = [&](const at::Tensor& t) {
+      return !t.defined() || (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && p.k * t.element_size() % 16 == 0);
+    };
+    p.affine_smem = aligned(norm.weight) && aligned(norm.bias) &&
+                    linear_norm_smem_bytes(p.m, p.k, int(x2.element_size()), w_bytes, b_bytes, true) <=
+                        size_t(kLinearNormSmemBytes);
+  }
 
   const int64_t pieces = std::max<int64_t>(1, (p.k + vec - 1) / vec);
   const int64_t per_thread = (pieces + kLinearMaxThreads - 1) / kLinearMaxThreads;
@@ -317,7 +327,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   const int64_t vec = 16 / x.element_size();
   if (m > 0 && (x2.stride(1) != 1 || !vector_ready(x2, vec))) x2 = x2.clone(at::MemoryFormat::Contiguous);
   if (norm.norm != kNormNone &&
-      m * linear_xs_pitch(int(k), int(x.element_size())) * x.element_size() > kLinearNormSmemBytes) {
+      linear_norm_smem_bytes(int(m), int(k), int(x.element_size()), 0, 0, false) > size_t(kLinearNormSmemBytes)) {
     x2 = normalized(x2, norm);  // the rows do not fit the prologue's shared memory
     norm = Norm{};
   }

@@ -32,12 +32,14 @@
 // Pre-normalization (kNorm, both kernels): y = act(norm(x) · Wᵀ + b) + residual with norm LayerNorm or
 // RMSNorm (p.norm), what fused_attn.layer_norm / rms_norm compute: float32 statistics, two passes (the
 // LayerNorm variance of the row shifted by its first element, as csrc/layer_norm does), the normalized
-// row rounded to T. After wait_for_primary(), the block copies x's rows (<= 16 rows x K, read once
-// from L2: the bytes the plain kernels read of x per block anyway) into shared memory, a warp per row
-// takes the statistics there, the block normalizes in place, and the main loop reads x from there. It
-// saves the norm's own launch (~2.5 us at B1 on an H100, for ~3 KB moved). The CUDA-core kernel holds
-// its first weight pieces in registers across the wait and the prologue, as without the norm; the
-// tensor-core kernel prefetches them into L2. Each block normalizes the rows again, so the prologue
+// row rounded to T. Before wait_for_primary(), the norm's weight and bias (constants) start on their
+// way into shared memory (cp.async, where aligned: p.affine_smem); after it, the block copies x's rows
+// (<= 16 rows x K, read once from L2: the bytes the plain kernels read of x per block anyway) into
+// shared memory, a warp per row takes the statistics there, the block normalizes in place, and the
+// main loop reads x from there: one global round trip after the wait, as in the norm's own kernel
+// (which loads its weight and bias early too). It saves the norm's own launch (~2.5 us at B1 on an
+// H100, for ~3 KB moved). Both kernels hold their first weight pieces in registers across the wait
+// and the prologue, as without the norm. Each block normalizes the rows again, so the prologue
 // costs once per wave of blocks: a weight of tens of thousands of rows (an lm_head) is better served
 // by the norm's own launch.
 //
@@ -103,6 +105,22 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Before wait_for_primary() in the kNorm kernels: the norm's weight, then its bias, as raw bytes into
+// `dst` (after the normalized rows) by cp.async, one commit group (normalize_rows waits for it).
+template <typename T>
+__device__ __forceinline__ void stage_affine(const LinearParams& p, unsigned char* dst) {
+  if (!p.affine_smem) return;
+  const int wb = p.norm_weight != nullptr ? p.k * (p.nw_fp32 ? 4 : int(sizeof(T))) : 0;
+  const int bb = p.norm_bias != nullptr ? p.k * (p.nb_fp32 ? 4 : int(sizeof(T))) : 0;
+  for (int i = threadIdx.x; i < (wb + bb) / 16; i += blockDim.x) {
+    const int off = i * 16;
+    const void* src = off < wb ? static_cast<const unsigned char*>(p.norm_weight) + off
+                               : static_cast<const unsigned char*>(p.norm_bias) + (off - wb);
+    cp_async16(reinterpret_cast<uint4*>(dst + off), src, true);
+  }
+  cp_async_commit();
+}
+
 // Element c of the norm's weight or bias (T or float32), `absent` without one.
 template <typename T>
 __device__ __forceinline__ float norm_affine(const void* ptr, bool fp32, int c, float absent) {
@@ -124,6 +142,12 @@ __device__ void normalize_rows(const LinearParams& p, T* xs) {
   const T* x = static_cast<const T*>(p.x);
   const bool rms = p.norm == kNormRms;
   const int n = p.k, pieces = (n + VEC - 1) / VEC, total = p.m * pieces;
+  // The weight and bias: staged by stage_affine after the rows, or in global memory.
+  const unsigned char* staged = reinterpret_cast<const unsigned char*>(xs + p.m * p.xs_pitch);
+  const void* norm_w = p.norm_weight == nullptr ? nullptr : p.affine_smem ? staged : p.norm_weight;
+  const void* norm_b = p.norm_bias == nullptr  ? nullptr
+                       : p.affine_smem         ? staged + (norm_w != nullptr ? n * (p.nw_fp32 ? 4 : int(sizeof(T))) : 0)
+                                               : p.norm_bias;
   // Whole 16-byte pieces of x: the launcher copies x so that its rows are aligned when k allows.
   const bool vec = n % VEC == 0;
   __shared__ float4 stats[kLinearMaxRows];  // (shift, mean, rstd) per row
@@ -133,6 +157,7 @@ __device__ void normalize_rows(const LinearParams& p, T* xs) {
     reinterpret_cast<uint4*>(xs + m * p.xs_pitch)[j] =
         vec ? load_piece<T, true>(row, j, n, false) : load_piece<T, false>(row, j, n, false);
   }
+  if (p.affine_smem) cp_async_wait<0>();  // this thread's staged pieces; the barrier makes them everyone's
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   for (int m = warp; m < p.m; m += warps) {
@@ -171,8 +196,8 @@ __device__ void normalize_rows(const LinearParams& p, T* xs) {
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
       const int c = min(j * VEC + e, n - 1);
-      w[e] = norm_affine<T>(p.norm_weight, p.nw_fp32, c, 1.f);
-      b[e] = norm_affine<T>(p.norm_bias, p.nb_fp32, c, 0.f);
+      w[e] = norm_affine<T>(norm_w, p.nw_fp32, c, 1.f);
+      b[e] = norm_affine<T>(norm_b, p.nb_fp32, c, 0.f);
     }
     Piece<T> xp;
     xp.raw = *piece;
@@ -252,6 +277,7 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
   // while the previous kernel, which writes x (and the residual), drains; then x is readable (and with
   // kNorm the block normalizes it: every thread takes part).
   if (int(threadIdx.x) < pieces) load_weights(threadIdx.x);
+  if constexpr (kNorm) stage_affine<T>(p, reinterpret_cast<unsigned char*>(xs_raw) + p.m * p.xs_pitch * sizeof(T));
   wait_for_primary();
   if constexpr (kNorm) normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
   for (int j0 = threadIdx.x; j0 < pieces; j0 += blockDim.x * U) {
@@ -353,25 +379,32 @@ __device__ __forceinline__ MmaLane<T, NT> mma_lane(const LinearParams& p, int64_
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // mma.sync
+// The lane's weight pieces of the kMmaChunks chunks of 32 k from c0 on, `stride` apart (zeros past end
+// and past k): constants, so a caller issues the first group before wait_for_primary().
+template <typename T, int NT>
+__device__ __forceinline__ void mma_load_weights(const LinearParams& p, const MmaLane<T, NT>& L, int c0, int end,
+                                                 int stride, uint4 (&wa)[kMmaChunks][2]) {
+  const int q = (threadIdx.x % 32) % 4;
+#pragma unroll
+  for (int u = 0; u < kMmaChunks; ++u) {
+    const int c = c0 + u * stride;
+    const bool in = c < end && c * 32 + q * 8 < p.k;  // k is a multiple of 8: whole pieces
+#pragma unroll
+    for (int h = 0; h < 2; ++h) wa[u][h] = in && L.wlive[h] ? load_stream(L.wrow[h] + c * 32) : make_uint4(0, 0, 0, 0);
+  }
+}
+
 // acc += the lane's share of the products over the chunks of 32 k first, first + stride, ... below
-// end, kMmaChunks of them in flight. Without kNorm, waits for the primary kernel (pdl.cuh) after
-// issuing the first weight loads, before reading x (a warp with no chunk returns without waiting);
-// with kNorm the caller has waited and x is the normalized rows in shared memory.
-template <typename T, int NT, bool kNorm = false>
+// end, kMmaChunks of them in flight; `wa` holds the first group's weights (mma_load_weights, issued
+// before the caller's wait_for_primary(): x, read here, is the previous kernel's output, or with kNorm
+// the normalized rows in shared memory).
+template <typename T, int NT>
 __device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaLane<T, NT>& L, int first, int end,
-                                               int stride, float (&acc)[NT][4]) {
+                                               int stride, uint4 (&wa)[kMmaChunks][2], float (&acc)[NT][4]) {
   const int q = (threadIdx.x % 32) % 4;
   for (int c0 = first; c0 < end; c0 += stride * kMmaChunks) {
-    uint4 wa[kMmaChunks][2], xb[kMmaChunks][NT];
-#pragma unroll
-    for (int u = 0; u < kMmaChunks; ++u) {
-      const int c = c0 + u * stride;
-      const bool in = c < end && c * 32 + q * 8 < p.k;  // k is a multiple of 8: whole pieces
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        wa[u][h] = in && L.wlive[h] ? load_stream(L.wrow[h] + c * 32) : make_uint4(0, 0, 0, 0);
-    }
-    if (!kNorm && c0 == first) wait_for_primary();  // as in linear_gemv_kernel: x after the first weights
+    if (c0 != first) mma_load_weights<T, NT>(p, L, c0, end, stride, wa);
+    uint4 xb[kMmaChunks][NT];
 #pragma unroll
     for (int u = 0; u < kMmaChunks; ++u) {
       const int c = c0 + u * stride;
@@ -447,23 +480,16 @@ __global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const Lin
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
   const int chunks = (p.k + 31) / 32;
-  if constexpr (kNorm) {  // as in linear_gemv_kernel: the first weights into L2, then x normalized
-    const int q = (threadIdx.x % 32) % 4;
-#pragma unroll
-    for (int u = 0; u < kMmaChunks; ++u) {
-      const int c = warp + u * kMmaWarps;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (c < chunks && c * 32 + q * 8 < p.k && L.wlive[h]) prefetch_l2(L.wrow[h] + c * 32);
-      }
-    }
-    wait_for_primary();
-    normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
-  }
-  mma_accumulate<T, NT, kNorm>(p, L, warp, chunks, kMmaWarps, acc);
-
-  wait_for_primary();  // warps with no chunk of K skipped the loop; the epilogue reads the residual
+  // As in linear_gemv_kernel: the first weights on their way into registers (and the norm's affine
+  // into shared memory) while the previous kernel drains; then x (normalized first with kNorm).
+  uint4 wa[kMmaChunks][2];
+  mma_load_weights<T, NT>(p, L, warp, chunks, kMmaWarps, wa);
+  if constexpr (kNorm) stage_affine<T>(p, reinterpret_cast<unsigned char*>(xs_raw) + p.m * p.xs_pitch * sizeof(T));
+  wait_for_primary();
+  if constexpr (kNorm) normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
+  mma_accumulate<T, NT>(p, L, warp, chunks, kMmaWarps, wa, acc);
   launch_dependents();
+
   float s[4];
   if (mma_block_sum<NT>(acc, s)) mma_store<T>(p, col0, warp, s);
 #else
@@ -471,10 +497,13 @@ __global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const Lin
 #endif
 }
 
-// The dynamic shared memory of a kNorm launch (0 without): p.m rows of xs_pitch elements.
+// The dynamic shared memory of a kNorm launch (0 without): p.m rows of xs_pitch elements, then the
+// staged weight and bias (linear_norm_smem_bytes).
 template <typename T, bool kNorm>
 size_t norm_smem(const LinearParams& p) {
-  return kNorm ? size_t(p.m) * p.xs_pitch * sizeof(T) : 0;
+  const int w_bytes = p.norm_weight != nullptr ? (p.nw_fp32 ? 4 : int(sizeof(T))) : 0;
+  const int b_bytes = p.norm_bias != nullptr ? (p.nb_fp32 ? 4 : int(sizeof(T))) : 0;
+  return kNorm ? linear_norm_smem_bytes(p.m, p.k, int(sizeof(T)), w_bytes, b_bytes, p.affine_smem) : 0;
 }
 
 // A kNorm kernel may take up to kLinearNormSmemBytes of dynamic shared memory (the launcher never asks

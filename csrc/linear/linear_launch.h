@@ -42,6 +42,10 @@ struct LinearParams {
   bool nw_fp32, nb_fp32;
   float eps;
   int xs_pitch;
+  // The norm's weight and bias staged in shared memory after the rows, by cp.async before the wait
+  // (both absent or 16-byte aligned, each k elements a whole number of 16-byte pieces); else read from
+  // global memory in the prologue's last phase.
+  bool affine_smem;
   // 16-byte loads of w and x: k, both row strides multiples of the vector width and both bases
   // 16-byte aligned. Otherwise the element-wise path (any k, any alignment).
   bool vec;
@@ -62,6 +66,13 @@ inline int linear_xs_pitch(int k, int elem_bytes) {
   int bytes = (k * elem_bytes + 63) / 64 * 64;
   if (bytes % 128 == 0) bytes += 64;
   return bytes / elem_bytes;
+}
+
+// The dynamic shared memory of a kNorm launch: the normalized rows (m x xs_pitch elements of
+// elem_bytes), then with affine_smem the norm's weight and bias (k elements of w_bytes and b_bytes, 0
+// where absent). The launcher folds the norm only where this fits kLinearNormSmemBytes.
+inline size_t linear_norm_smem_bytes(int m, int k, int elem_bytes, int w_bytes, int b_bytes, bool affine_smem) {
+  return size_t(m) * linear_xs_pitch(k, elem_bytes) * elem_bytes + (affine_smem ? size_t(k) * (w_bytes + b_bytes) : 0);
 }
 
 // Defined in linear_kernel.cuh, instantiated in linear_inst_*.cu (generate_instantiations.py).

@@ -50,10 +50,12 @@ __global__ void __launch_bounds__(kLinearMmaThreads) linear_splitk_kernel(const 
   for (int t = 0; t < NT; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
-  mma_accumulate<T, NT>(p, L, begin + warp, end, kMmaWarps, acc);
-
-  wait_for_primary();  // warps with no chunk of K skipped the loop; rank 0's epilogue reads the residual
+  uint4 wa[kMmaChunks][2];
+  mma_load_weights<T, NT>(p, L, begin + warp, end, kMmaWarps, wa);
+  wait_for_primary();  // x and (rank 0's epilogue) the residual are the previous kernel's outputs
+  mma_accumulate<T, NT>(p, L, begin + warp, end, kMmaWarps, wa, acc);
   launch_dependents();
+
   __shared__ float split_sum[NT][4][32];
   float s[4];
   const bool owner = mma_block_sum<NT>(acc, s);  // warp t < NT holds n-tile t of this split
