@@ -145,12 +145,29 @@ ATTENTION_CASES = [
 ]
 
 
+# The wgmma kernel's TMA loader (FUSED_ATTN_FLASH_TMA=require: the tensor copies or an error): a partial
+# last key tile and query tile, a padded head dim, GQA through the kv head coordinate.
+ATTENTION_TMA_CASES = [
+    dict(sq=300, sk=457, d=128, causal=True, group=2, mode="flash_wgmma"),
+    dict(sq=129, sk=65, d=80, mask="bool_key", dtype=torch.bfloat16, mode="flash_wgmma", layout="fused_qkv"),
+]
+
+
 def attention_cases(quick: bool) -> int:
-    from tests.test_attention import check_case, gcase
+    import os
+
+    from tests.test_attention import HOPPER, check_case, gcase
 
     for i, kw in enumerate(ATTENTION_CASES[:2] if quick else ATTENTION_CASES):
         check_case(gcase(seed=i, **kw))
-    return len(ATTENTION_CASES[:2] if quick else ATTENTION_CASES)
+    tma = [] if quick or not HOPPER else ATTENTION_TMA_CASES
+    os.environ["FUSED_ATTN_FLASH_TMA"] = "require"
+    try:
+        for i, kw in enumerate(tma):
+            check_case(gcase(seed=i, **kw))
+    finally:
+        del os.environ["FUSED_ATTN_FLASH_TMA"]
+    return len(ATTENTION_CASES[:2] if quick else ATTENTION_CASES) + len(tma)
 # linear (tests/test_linear.py's run_and_check: poisoned output, against the float64 reference and cuBLAS):
 # K with a partial last loop step, N that gives 4 / 2 / 1 weight rows per block, odd K, misaligned rows.
 LINEAR_CASES = [
@@ -178,6 +195,9 @@ LINEAR_NORM_CASES = [
     dict(m=12, k=776, n=2306, activation="swiglu", dtype=torch.bfloat16),  # the tensor-core kernel
     dict(m=7, k=776, n=2305, dtype=torch.float16, magnitude="offset"),
     dict(m=16, k=2048, n=64, dtype=torch.float32),  # 128 KB of rows: layer_norm's kernel, then the plain one
+    # the weight and bias read from global memory after the statistics (not 16-byte aligned: not staged)
+    dict(m=1, k=768, n=2304, dtype=torch.float16, affine_misaligned=True),
+    dict(m=16, k=768, n=2304, dtype=torch.bfloat16, affine_misaligned=True),
 ]
 
 
