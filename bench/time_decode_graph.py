@@ -34,6 +34,11 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
     with torch.no_grad():
         m.prefill(cache, ids.cuda(), mask.cuda())
     saved = [t.clone() for t in cache.buffers()]
+
+    def restore():  # the cache back at the prefilled state
+        for dst, src in zip(cache.buffers(), saved):
+            dst.copy_(src)
+
     # One eager step's logits, then the same step replayed: equal up to run-to-run order (none: same kernels).
     seen = []
     real = m.logits
@@ -42,22 +47,19 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
         m.decode_step(cache)
     del m.logits
     eager = seen[0]
-    for dst, src in zip(cache.buffers(), saved):
-        dst.copy_(src)
+    restore()
     g = _DecodeGraph(m, cache)
-    for dst, src in zip(cache.buffers(), saved):
-        dst.copy_(src)
+    restore()
     g.replay()
     torch.cuda.synchronize()
-    # The step's logits live in the graph's pool; recompute eagerly is what we compare against: re-run
-    # the eager step from the state after one replay would differ, so compare the sampled token instead.
+    # The replayed step's logits stay in the graph's pool: compare its sampled (greedy) token with the eager
+    # step's argmax from the same state.
     token_graph = cache.token.clone()
     token_eager = eager.float().argmax(-1).to(token_graph.dtype).view_as(token_graph)
     agree = (token_graph == token_eager).float().mean().item()
     times = []
     for _ in range(reps):
-        for dst, src in zip(cache.buffers(), saved):
-            dst.copy_(src)
+        restore()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         g.replay()  # warm
         start.record()
