@@ -9,6 +9,7 @@
 # LINEAR_ARGS the linear step (bench_linear + bench_mlp), e.g. LINEAR_ARGS='-k m1-' (M = 1 only) or LINEAR_ARGS=--full (adds bfloat16).
 # LAYER_ARGS the layer step (bench_layer), e.g. LAYER_ARGS='-k gpt2'.
 # SAMPLE_ARGS the sample step (bench_sample), e.g. SAMPLE_ARGS='-k r1-'.
+# SANITIZE_ONLY the sanitize step's case groups, e.g. SANITIZE_ONLY=step,attention (tests/sanitizer_cases.py --only).
 # STEP_ARGS the gpt2step step (bench_gpt2_decode_step), e.g. STEP_ARGS='-k b1-' or STEP_ARGS=--full (adds bfloat16).
 # GRAPH_AB: ';'-separated nvcc flag sets for the graphab step (each built beside the default, e.g.
 #   GRAPH_AB='-DFUSED_ATTN_PDL_EARLY=1'), GRAPH_AB_ARGS its bench.time_decode_graph arguments.
@@ -115,7 +116,7 @@ if has sanitize; then
     echo "== compute-sanitizer --tool $tool" >> "$OUT/sanitize.log"
     quick=$([ $tool = racecheck ] && echo --quick)
     timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 1 --print-limit 20 \
-      python3 tests/sanitizer_cases.py $quick >> "$OUT/sanitize.log" 2>&1 || rc=1
+      python3 tests/sanitizer_cases.py $quick ${SANITIZE_ONLY:+--only $SANITIZE_ONLY} >> "$OUT/sanitize.log" 2>&1 || rc=1
     tail -2 "$OUT/sanitize.log"
   done
 fi

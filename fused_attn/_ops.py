@@ -17,6 +17,9 @@ which no Python registration uses, and the fallback stays registered but is neve
 
 from __future__ import annotations
 
+import os
+import re
+
 import torch
 
 LIB = torch.library.Library("fused_attn", "DEF")
@@ -121,12 +124,22 @@ _define(
 _loaded = False
 
 
+def check_environment() -> None:
+    """Refuse a malformed value of an environment switch that the CUDA library reads once per process
+    (common/pdl.cuh), before it is loaded: the library itself would fall back to its default."""
+    rows = os.environ.get("FUSED_ATTN_PDL_EARLY", "")
+    if rows and not re.fullmatch(r"[0-9]{1,9}", rows):
+        raise ValueError(f"FUSED_ATTN_PDL_EARLY must be a non-negative integer (rows), got {rows!r}")
+
+
 def ensure_loaded() -> bool:
     """Build (first time on this machine) and load the CUDA library; idempotent. Only CUDA
     tensors need it: CPU and meta tensors run the kernels registered from Python."""
     global _loaded
     if not _loaded:
         from fused_attn import build
+
+        check_environment()
 
         torch.ops.load_library(str(build.library_path()))
         _loaded = True

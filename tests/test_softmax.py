@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -856,6 +857,27 @@ def test_ops_work_after_import_without_a_build(tmp_path):
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
     assert "building" not in run.stderr, run.stderr
     assert not cache.exists(), sorted(cache.rglob("*"))
+
+
+@pytest.mark.parametrize("value", ["-1", "1.5", "yes", " 4", "0x10"])
+def test_a_malformed_pdl_early_value_is_refused_before_the_library_loads(value, monkeypatch):
+    """FUSED_ATTN_PDL_EARLY (rows up to which kernels trigger their dependents early: common/pdl.cuh) is
+    read once by the CUDA library, which would fall back to its default on a malformed value: loading
+    refuses it first, naming the variable and the value."""
+    from fused_attn import _ops, build
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the library was looked for before the environment was checked")
+
+    monkeypatch.setattr(build, "library_path", no_build)
+    monkeypatch.setattr(_ops, "_loaded", False)
+    monkeypatch.setenv("FUSED_ATTN_PDL_EARLY", value)
+    with pytest.raises(ValueError, match=rf"FUSED_ATTN_PDL_EARLY must be a non-negative integer \(rows\), "
+                                         rf"got {re.escape(repr(value))}"):
+        _ops.ensure_loaded()
+    for good in ("0", "1", "16", ""):
+        monkeypatch.setenv("FUSED_ATTN_PDL_EARLY", good)
+        _ops.check_environment()
 
 
 def test_the_cuda_fallback_builds_for_cuda_tensors_only(monkeypatch):

@@ -29,25 +29,41 @@ __device__ __forceinline__ void wait_for_primary() {
 }
 
 // Where the decode chain's kernels (linear, layer_norm, decode_attention, sample) let their dependent
-// launch. With FUSED_ATTN_PDL_EARLY 1 every block triggers first thing, before it waits: the next
-// kernel's blocks are scheduled as soon as all of this one's have started and SM resources allow, and
-// fetch their weights while this kernel still waits for its own primary, so a chain of GEMVs streams
-// its weights a kernel or two ahead of the dependent arithmetic; decode_attention also prefetches its
-// cached K/V rows into L2 before its wait. It stays correct because every block of these kernels
-// executes wait_for_primary() before it exits: a grid completes only after its primary has, so a
-// dependent's wait (which is for this grid's completion) covers every earlier kernel. With 0 (the
-// default until measured: bench/NOTES.md, session 9) the kernels trigger only after their wait, as they
-// did when every stored result was measured; -DFUSED_ATTN_PDL_EARLY=1 in FUSED_ATTN_NVCC_FLAGS builds
-// the other variant beside it (bench/run_gpu.sh graphab).
-#ifndef FUSED_ATTN_PDL_EARLY
-#define FUSED_ATTN_PDL_EARLY 0
-#endif
-
-__device__ __forceinline__ void launch_dependents_early() {
-#if FUSED_ATTN_PDL_EARLY
-  launch_dependents();
-#endif
+// launch. Each launch decides (its params' pdl_early, from pdl_early() below): early, every block
+// triggers first thing, before it waits: the next kernel's blocks are scheduled as soon as all of this
+// one's have started and SM resources allow, and fetch their weights while this kernel still waits for
+// its own primary, so a chain of GEMVs streams its weights a kernel or two ahead of the dependent
+// arithmetic; decode_attention also prefetches its cached K/V rows into L2 before its wait. Late (the
+// trigger after the wait, as every kernel did until session 10), kernel N + 1 fetches only during N's
+// tail. Early stays correct because every block of these kernels executes wait_for_primary() before it
+// exits: a grid completes only after its primary has, so a dependent's wait (which is for this grid's
+// completion) covers every earlier kernel. A second launch_dependents() (the late one, always there)
+// changes nothing.
+__device__ __forceinline__ void launch_dependents_early(bool early) {
+  if (early) launch_dependents();
 }
+
+// FUSED_ATTN_PDL_EARLY=<rows> in the environment (read once per process; fused_attn.load() refuses a
+// value that is not a non-negative integer): launches of at most that many rows (a GEMV's M, a norm's
+// rows, decode attention's and the sampler's batch) trigger early, larger ones late. Measured on an H100
+// (bench/NOTES.md, session 10), our captured GPT-2 step with the early trigger against the late one:
+// -7% at batch 1, -2% at 2, -6% at 4, +8% at 8, +6% at 16. From 8 rows the blocks that run ahead
+// (several kernels deep: each triggers its own dependent at once) hold SM slots and DRAM queues that
+// the running kernel needs. Hence the default: early up to 4 rows.
+constexpr long kPdlEarlyRowsDefault = 4;
+
+inline long pdl_early_rows() {
+  static const long rows = [] {
+    const char* env = std::getenv("FUSED_ATTN_PDL_EARLY");
+    if (env == nullptr || *env == '\0') return kPdlEarlyRowsDefault;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    return *end == '\0' && v >= 0 ? v : kPdlEarlyRowsDefault;  // fused_attn.load() refuses the rest
+  }();
+  return rows;
+}
+
+inline bool pdl_early(long rows) { return rows <= pdl_early_rows(); }
 
 // FUSED_ATTN_PDL=0 in the environment launches every kernel without the attribute (each waits for the
 // previous one to complete, as any launch): for telling a PDL race from other causes of a wrong result.

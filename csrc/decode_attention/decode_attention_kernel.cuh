@@ -85,7 +85,7 @@ __device__ __forceinline__ void split_range(const DecodeParams& p, int start, in
 // the cache (lengths_ok bounds end by max_len).
 template <typename T>
 __device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int hkv, int split, int tile) {
-  if (!FUSED_ATTN_PDL_EARLY) return;  // the A/B switch of pdl.cuh: both parts of the run-ahead together
+  if (!p.pdl_early) return;  // both parts of the run-ahead together (pdl.cuh)
   int cached, end, start, kb, ke;
   if (!lengths_ok(p, b, cached, end, start)) return;
   split_range(p, start, end, split, tile, kb, ke);
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
   constexpr int NT = kDecodeThreads;
   constexpr int kWords = EPT * int(sizeof(T)) / 16;
   static_assert(TX <= 32 && 32 % TX == 0, "a key's threads sit in one warp");
-  launch_dependents_early();  // pdl.cuh: every block waits below before it exits
+  launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   // Shared memory: first the K/V pipeline, [stage][K or V][u][word][thread] (a thread's words are
   // 16 bytes apart from its neighbours': conflict-free), then, reused after the loop, the merge
   // of the NY key slots: o [R][NY][HD], the block's merged o [R][HD], m and l [R][NY], the row's
@@ -460,7 +460,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   extern __shared__ __align__(128) unsigned char smem[];
   T* const pipe = reinterpret_cast<T*>(smem);  // [stage][K, V][TILE][HD], swizzled
   T* const sq = reinterpret_cast<T*>(smem + M::kQOffset);  // [16][HD], swizzled
-  launch_dependents_early();  // as in decode_kernel
+  launch_dependents_early(p.pdl_early);  // as in decode_kernel
 
   const int split = blockIdx.y;
   const int chunk = blockIdx.x % p.row_chunks;
@@ -667,7 +667,7 @@ template <typename T>
 __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams p) {
   __shared__ float sm_w[256];  // kMaxSplits: the weight 2^(lse_s - max) of each split
   __shared__ float sm_sum;
-  launch_dependents_early();  // pdl.cuh
+  launch_dependents_early(p.pdl_early);  // pdl.cuh
   // Before anything is read or written (the NaN rows too: under PDL nothing is written before the wait).
   wait_for_primary();  // the partials are the attention kernel's: complete and visible after this
   const int64_t row = blockIdx.x;
@@ -714,7 +714,9 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
 // The attention kernels' launch: a cluster of the splits when p.cluster, programmatic (pdl.cuh)
 // when p.programmatic.
 template <typename Kernel>
-void launch_attention_kernel(const DecodeParams& p, Kernel kernel, int smem, cudaStream_t stream) {
+void launch_attention_kernel(const DecodeParams& params, Kernel kernel, int smem, cudaStream_t stream) {
+  DecodeParams p = params;
+  p.pdl_early = pdl_early(p.batch);
   launch_clustered(p.programmatic, dim3(1, p.cluster ? unsigned(p.num_splits) : 1u, 1), kernel,
                    dim3(unsigned(p.batch) * p.nheads_kv * p.row_chunks, p.num_splits), dim3(kDecodeThreads), smem,
                    stream, p);
@@ -751,7 +753,9 @@ int decode_mma_arch() {
 }
 
 template <typename T>
-void launch_decode_combine(const DecodeParams& p, bool programmatic, cudaStream_t stream) {
+void launch_decode_combine(const DecodeParams& params, bool programmatic, cudaStream_t stream) {
+  DecodeParams p = params;
+  p.pdl_early = pdl_early(p.batch);
   launch_programmatic(programmatic, decode_combine_kernel<T>, dim3(unsigned(int64_t(p.batch) * p.nheads_q * p.seqlen_new)),
                       dim3(128), 0, stream, p);
 }

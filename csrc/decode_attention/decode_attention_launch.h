@@ -42,6 +42,9 @@ struct DecodeParams {
   // Launched as a programmatic dependent of the previous kernel (common/pdl.cuh; sm_90 with the
   // kernels compiled for it): the next op's kernel can start its prologue under this one's tail.
   bool programmatic;
+  // Trigger the dependent launch before the wait, and prefetch the cached rows into L2 before it (set
+  // by the launch functions from the batch: pdl.cuh's pdl_early).
+  bool pdl_early;
   float scale_log2;  // scale * log2(e): scores live in the log2 domain
   // num_splits > 1: per split, the normalized partial output and its log2-sum-exp, merged by
   // the combine kernel. [num_splits, batch, nheads_q, seqlen_new, headdim] / [..., seqlen_new].

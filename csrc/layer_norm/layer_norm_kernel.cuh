@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(norm_block_threads<TPR>())
   __shared__ float red_sum[TPR > 32 ? TPR / 32 : 1];
   __shared__ float red_sq[TPR > 32 ? TPR / 32 : 1];
   using P = Pack<VEC, T>;
-  launch_dependents_early();  // pdl.cuh: every block waits below before it exits
+  launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
 
   const int lane = threadIdx.x % TPR;
   const int64_t row_id = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / TPR;
@@ -209,11 +209,13 @@ void launch_layer_norm_class(const NormParams& p, cudaStream_t stream) {
   constexpr int kThreads = norm_block_threads<TPR>();
   constexpr int kRowsPerBlock = kThreads / TPR;
   const int64_t blocks = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  NormParams q = p;
+  q.pdl_early = pdl_early(p.rows);
   FA_BOOL_SWITCH(p.residual != nullptr, kResidual, [&] {
     // Programmatic where the kernel has the sm_90 code (common/pdl.cuh); checked once per kernel.
     static const bool pdl = programmatic_capable(layer_norm_kernel<T, VEC, ELEMS / VEC, TPR, RMS, kResidual>);
     launch_programmatic(pdl, layer_norm_kernel<T, VEC, ELEMS / VEC, TPR, RMS, kResidual>, dim3(unsigned(blocks)),
-                        dim3(kThreads), 0, stream, p);
+                        dim3(kThreads), 0, stream, q);
   });
 }
 

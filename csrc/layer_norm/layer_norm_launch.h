@@ -25,6 +25,7 @@ struct NormParams {
   int64_t rows;
   int width;
   float eps;
+  bool pdl_early;  // trigger the dependent launch before the wait (set by the launcher: common/pdl.cuh)
 };
 
 // Defined in layer_norm_kernel.cuh, instantiated in layer_norm_inst_*.cu (generate_instantiations.py).

@@ -236,7 +236,7 @@ template <typename T, int MT, int NB, bool kVec, bool kNorm>
 __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const LinearParams p) {
   constexpr int VEC = Piece<T>::VEC;
   extern __shared__ uint4 xs_raw[];  // kNorm: the normalized rows of x
-  launch_dependents_early();  // pdl.cuh: every block waits below before it exits
+  launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   constexpr int U = 8 / NB;  // pieces per row in flight per thread
   const bool swiglu = p.activation == kActSwiglu;
   const T* x = static_cast<const T*>(p.x);
@@ -469,7 +469,7 @@ template <typename T, int NT, bool kNorm>
 __global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const LinearParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ uint4 xs_raw[];  // kNorm: the normalized rows of x
-  launch_dependents_early();  // pdl.cuh: every block waits below before it exits
+  launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const int warp = threadIdx.x / 32;
   const int64_t col0 = int64_t(blockIdx.x) * (p.activation == kActSwiglu ? 8 : 16);
   const MmaLane<T, NT> L =
@@ -515,7 +515,9 @@ bool allow_norm_smem(Kernel kernel) {
 }
 
 template <typename T, int MT, int NB, bool kNorm>
-void launch_nb(const LinearParams& p, int threads, cudaStream_t stream) {
+void launch_nb(const LinearParams& params, int threads, cudaStream_t stream) {
+  LinearParams p = params;
+  p.pdl_early = pdl_early(p.m);
   const int64_t cols_per_block = p.activation == kActSwiglu ? NB / 2 : NB;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
   // Programmatic where the kernel has the sm_90 code (common/pdl.cuh); checked once per kernel, with
@@ -534,7 +536,9 @@ void launch_nb(const LinearParams& p, int threads, cudaStream_t stream) {
 }  // namespace linear
 
 template <typename T, int MT, bool kNorm>
-void launch_linear_mma(const LinearParams& p, cudaStream_t stream) {
+void launch_linear_mma(const LinearParams& params, cudaStream_t stream) {
+  LinearParams p = params;
+  p.pdl_early = pdl_early(p.m);
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));

@@ -49,6 +49,8 @@ struct LinearParams {
   // 16-byte loads of w and x: k, both row strides multiples of the vector width and both bases
   // 16-byte aligned. Otherwise the element-wise path (any k, any alignment).
   bool vec;
+  // Trigger the dependent launch before the wait (set by the launch functions from m: common/pdl.cuh).
+  bool pdl_early;
 };
 
 // Rows of x one launch handles at once: the kernel's MT template (1, 2, 4, 8, 16); each weight row

@@ -36,7 +36,7 @@ template <typename T, int NT>
 __global__ void __launch_bounds__(kLinearMmaThreads) linear_splitk_kernel(const LinearParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
-  launch_dependents_early();  // pdl.cuh: every block waits below before it exits
+  launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const cg::cluster_group cluster = cg::this_cluster();
   const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   // Whole chunks of 32 k per split (the launcher leaves no split empty).
@@ -85,7 +85,9 @@ __global__ void __launch_bounds__(kLinearMmaThreads) linear_splitk_kernel(const 
 }  // namespace linear
 
 template <typename T, int MT>
-void launch_linear_splitk(const LinearParams& p, int splits, cudaStream_t stream) {
+void launch_linear_splitk(const LinearParams& params, int splits, cudaStream_t stream) {
+  LinearParams p = params;
+  p.pdl_early = pdl_early(p.m);
   static_assert(MT == 8 || MT == 16, "the tensor-core kernels take one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block), unsigned(splits));

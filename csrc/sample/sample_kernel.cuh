@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
   const int64_t row = blockIdx.y;
   const int part = blockIdx.x;
   const T* logits = static_cast<const T*>(p.logits) + row * p.row_stride;
-  launch_dependents_early();  // pdl.cuh: every block waits below before it exits
+  launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.cluster) cluster_arrive_relaxed();  // this block has started (waited for before the merge)
@@ -202,7 +202,9 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
 }  // namespace sample
 
 template <typename T>
-void launch_sample(const SampleParams& p, cudaStream_t stream) {
+void launch_sample(const SampleParams& params, cudaStream_t stream) {
+  SampleParams p = params;
+  p.pdl_early = pdl_early(p.rows);
   // A row's blocks form one cluster where p.cluster (launch_clustered adds the attribute above 1 block).
   launch_clustered(p.programmatic, dim3(unsigned(p.cluster ? p.blocks_per_row : 1), 1, 1), sample::sample_kernel<T>,
                    dim3(unsigned(p.blocks_per_row), unsigned(p.rows)), dim3(kSampleThreads), 0, stream, p);

@@ -29,6 +29,7 @@ struct SampleParams {
   int blocks_per_row;      // > 1 only with cluster
   bool cluster;            // a row's blocks merge through distributed shared memory
   bool programmatic;       // launched as a programmatic dependent (common/pdl.cuh)
+  bool pdl_early;          // trigger the dependent launch before the wait (set by launch_sample: pdl.cuh)
 };
 
 template <typename T>
