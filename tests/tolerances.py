@@ -181,8 +181,10 @@ def norm_tolerance(ref: torch.Tensor, xhat: torch.Tensor, weight: torch.Tensor |
     ulps = NORM_ULPS * (2.0**-29 if dtype == torch.float64 else 1.0)
     return ATOL.get(dtype, 0.0) + RTOL.get(dtype, 0.0) * ref.abs() + ulps * row.cpu() * w
 # Attention's log-sum-exp (float32, natural log) against the float64 reference: the float32 score
-# arithmetic (SCORE_ULPS of the row's largest |score| per exponent, as above) plus the float32 sum
-# and log (a few 1e-7 relative); -inf (no visible key) must match exactly.
+# arithmetic (SCORE_ULPS of score_max per exponent, as above; callers pass the row's largest sum of
+# |terms| of a score, sum_i |q_i k_i| |scale|, which bounds that rounding where cancellation makes the
+# score itself small) plus the float32 sum and log (a few 1e-7 relative); -inf (no visible key) must
+# match exactly.
 LSE_ATOL = 1e-5
 
 
