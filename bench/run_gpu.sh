@@ -13,7 +13,8 @@
 # STEP_ARGS the gpt2step step (bench_gpt2_decode_step), e.g. STEP_ARGS='-k b1-' or STEP_ARGS=--full (adds bfloat16).
 # GRAPH_AB: ';'-separated nvcc flag sets for the graphab step (each built beside the default, e.g.
 #   GRAPH_AB='-DFUSED_ATTN_PDL_EARLY=1'), GRAPH_AB_ARGS its bench.time_decode_graph arguments.
-# steps: ab graphab build tests bench decode norm attention linear sample layer gpt2step sanitize bytes gpt2 gpt2bench profile
+# PDL_TIMEOUT the pdl step's limit per trigger point (its files: PDL_TEST_FILES below).
+# steps: ab graphab build tests pdl bench decode norm attention linear sample layer gpt2step sanitize bytes gpt2 gpt2bench profile
 # (default: build tests bench decode attention sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -21,6 +22,7 @@ export PYTHONUNBUFFERED=1 FUSED_ATTN_CACHE=${FUSED_ATTN_CACHE:-/tmp/fused_attn_c
 steps=${*:-build tests bench decode attention sanitize bytes}
 rc=0
 has() { [[ " $steps " == *" $1 "* ]]; }
+PDL_TEST_FILES="tests/test_gpt2.py tests/test_decode_attention.py tests/test_sample.py tests/test_linear.py tests/test_layer_norm.py"
 log() { echo "== $* ($(date +%T))"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
@@ -67,16 +69,30 @@ if has tests; then
   for j in $(seq 0 $((jobs - 1))); do
     group=$(echo $files | tr ' ' '\n' | awk -v j=$j -v n=$jobs 'NR % n == j')
     [ -z "$group" ] && continue
-    FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu} timeout ${TESTS_TIMEOUT:-300} \
-      python3 -m pytest $group -q -p no:cacheprovider -rs --durations=5 > "/tmp/tests_$j.log" 2>&1 &
+    # SIGINT at the limit: pytest stops as on Ctrl-C and still prints its summary and the failures so far
+    # (session 10 lost a failure's traceback to a plain kill); -k 30: killed if it does not stop.
+    FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu} timeout -s INT -k 30 ${TESTS_TIMEOUT:-300} \
+      python3 -m pytest $group -q -p no:cacheprovider -rfEs --durations=5 > "/tmp/tests_$j.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait $pid || rc=1; done
   for j in $(seq 0 $((jobs - 1))); do
     [ -f "/tmp/tests_$j.log" ] && { echo "=== group $j"; cat "/tmp/tests_$j.log"; rm -f "/tmp/tests_$j.log"; }
   done > "$OUT/tests.log"
-  grep -E "^=== group|passed|failed|error" "$OUT/tests.log" | grep -v "^E " | tail -12
+  grep -E "^=== group|passed|failed|error|KeyboardInterrupt" "$OUT/tests.log" | grep -v "^E " | tail -12
   grep -E "^FAILED|Error" "$OUT/tests.log" | head -20
+fi
+if has pdl; then
+  # FUSED_ATTN_PDL_EARLY is read once per process: the PDL-chained ops' GPU tests with every launch
+  # triggering late (0) and early (64), beside the default (4 rows) that the tests step runs.
+  log "pdl (both trigger points)"
+  for rows in 0 64; do
+    echo "== FUSED_ATTN_PDL_EARLY=$rows" >> "$OUT/pdl_tests.log"
+    FUSED_ATTN_PDL_EARLY=$rows FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} \
+      timeout -s INT -k 30 ${PDL_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -rfE -m gpu $PDL_TEST_FILES \
+      >> "$OUT/pdl_tests.log" 2>&1 || rc=1
+    tail -1 "$OUT/pdl_tests.log"
+  done
 fi
 if has gpt2; then
   log "gpt2: GPU tests of the HF integration and our GPT-2, then backend comparisons"
