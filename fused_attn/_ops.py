@@ -67,10 +67,13 @@ _define(
 # LayerNorm over the last dim of x [..., width] (rms: RMSNorm, no centering), float32 statistics;
 # weight / bias [width] (x's dtype or float32) or None. add_layer_norm first adds residual (x's shape
 # and dtype) and returns (y, h = x + residual in x's dtype): the pre-LN transformer's add + norm.
+# x_index / residual_index (int32 / int64 [rows]): gathered rows, row i of x is x[x_index[i]] of a
+# [table rows, width] x (likewise the residual): an embedding's lookup, added and normalized in the
+# same pass (GPT-2's wte[token] + wpe[pos], then ln_1); an index out of range gives a NaN row.
 _define("layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps, *, bool rms=False) -> Tensor")
 _define(
-    "add_layer_norm(Tensor x, Tensor residual, Tensor? weight, Tensor? bias, float eps, *, bool rms=False) "
-    "-> (Tensor, Tensor)"
+    "add_layer_norm(Tensor x, Tensor residual, Tensor? weight, Tensor? bias, float eps, Tensor? x_index=None, "
+    "Tensor? residual_index=None, *, bool rms=False) -> (Tensor, Tensor)"
 )
 
 # Full attention softmax(q·kᵀ·scale + mask)·v: q [batch, nheads_q, seqlen_q, headdim], k / v [batch,

@@ -14,6 +14,7 @@ index_copy_ appends, Q·Kᵀ, scaled_masked_softmax, P·V; kept to measure the c
 then captured in one CUDA graph, gpt-fast's recipe; GPU only), graph-fused (graph with every module
 on fused_attn's ops: layer_norm, linear with bias / GELU / residual in the epilogue, mlp; the
 decode step issue 13 builds), graph-folded (graph-fused with ln_1 / ln_2 in the prologue of c_attn / c_fc),
+graph-embed (graph-fused with the decode step's embedding lookup and first ln_1 in one layer_norm launch),
 graph-persistent (graph-fused's prefill, then the whole decode step as one gpt2_decode_step launch: one
 persistent kernel). Prints the continuation,
 TTFT (prompt in, first token out), TBT p50/p95 (each further token) and tokens/s; with
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-static-fused", "hf-fused", "compile-graph", "graph-softmax",
-            "graph", "graph-fused", "graph-folded", "graph-persistent")
+            "graph", "graph-fused", "graph-folded", "graph-embed", "graph-persistent")
 # The transformers backends: attention implementation of each, and those with a StaticCache.
 HF_IMPL = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-static-fused": "fused_attn",
            "hf-fused": "fused_attn"}
@@ -50,10 +51,12 @@ STATIC = ("hf-static", "hf-static-fused")
 # Our GPT-2's backends: the fused_attn.gpt2 module backends each one uses; COMPILED: those whose
 # decode step goes through torch.compile before its CUDA graph is captured (GPU only, as STATIC).
 _FUSED = {"layer_norm": "fused", "linear": "fused", "mlp": "fused"}
-# graph-folded: graph-fused with ln_1 / ln_2 in the prologue of c_attn / c_fc (the fold's A/B).
+# graph-folded: graph-fused with ln_1 / ln_2 in the prologue of c_attn / c_fc (the fold's A/B);
+# graph-embed: graph-fused with the decode step's embedding and first ln_1 in one launch (its A/B).
 GRAPH_BACKENDS = {"graph-fused": {"attention": "fused", **_FUSED}, "graph": {"attention": "fused"},
                   "graph-softmax": {"attention": "softmax"}, "compile-graph": {"attention": "sdpa"},
                   "graph-folded": {"attention": "fused", **_FUSED, "layer_norm": "folded"},
+                  "graph-embed": {"attention": "fused", **_FUSED, "embed": "fused"},
                   "graph-persistent": {"attention": "fused", **_FUSED, "step": "persistent"}}
 COMPILED = ("compile-graph",)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -65,8 +65,12 @@ RANDOM_NAME = "gpt2-random"
 # one fused_attn.gpt2_decode_step launch: one persistent kernel, issue 13; with every other kind "fused",
 # whose modules run the prefill on the same weights, packed in the op's stacked layout). Measured slower
 # than "modules" with every kind "fused" (H100 fp16, B1 0.52 against 0.28 ms: bench/NOTES.md, session 8).
+# embed "fused" (with layer_norm "fused"): the decode step's embedding lookup wte[token] + wpe[pos] and
+# layer 0's ln_1 in one fused_attn.layer_norm launch (its gathered rows: x_index / residual_index), in
+# place of two index_select launches, an add and the norm's launch (bench/NOTES.md, session 10).
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"), "layer_norm": ("eager", "fused", "folded"),
-            "linear": ("eager", "fused"), "mlp": ("eager", "fused"), "step": ("modules", "persistent")}
+            "linear": ("eager", "fused"), "mlp": ("eager", "fused"), "step": ("modules", "persistent"),
+            "embed": ("eager", "fused")}
 
 _annotate = False  # profiler labels around each module (bench.profile); never inside a graph
 
@@ -247,16 +251,18 @@ class Block(nn.Module):
         # layer_norm "folded": ln_1 runs in c_attn's launch, ln_2 in c_fc's (their prologue).
         self.fold_norms = backends["layer_norm"] == "folded"
 
-    def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, **attn_kw) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, normed: torch.Tensor | None = None,
+                **attn_kw) -> torch.Tensor:
         """x + attn(ln_1(x)), then that + mlp(ln_2(that)); each residual add is the output
-        projection's (an epilogue with the fused linear backend, an add kernel with eager)."""
+        projection's (an epilogue with the fused linear backend, an add kernel with eager). ``normed``:
+        ln_1(x) already computed (the fused embedding's launch), not computed again."""
         if self.fold_norms:
             with scope("attention"):  # ln_1 + QKV projection, cache update, attention, output projection + residual
                 x = self.attn(x, keys_ok, residual=x, ln=self.ln_1, **attn_kw)
             with scope("mlp"):  # ln_2 + c_fc, c_proj + residual
                 return self.mlp(x, residual=x, ln=self.ln_2)
         with scope("ln_1"):
-            h = self.ln_1(x)
+            h = self.ln_1(x) if normed is None else normed
         with scope("attention"):  # QKV and output projections (+ residual), cache update, attention
             x = self.attn(h, keys_ok, residual=x, **attn_kw)
         with scope("ln_2"):
@@ -502,12 +508,20 @@ class GPT2(nn.Module):
         fused = self.backends["attention"] == "fused"
         if not fused:  # the fused backend reads seqlens / leftpad instead of the key mask
             cache.keys_ok.index_fill_(1, cache.slot, True)
-        x = self.embed(cache.token, cache.pos)[:, None]
+        normed = None
+        if self.backends["embed"] == "fused":  # wte[token] + wpe[pos] and ln_1 of layer 0: one launch
+            ln_1 = self.h[0].ln_1
+            with scope("embeddings"):
+                normed, x = layer_norm(self.wte.weight, ln_1.weight, ln_1.bias, ln_1.eps, residual=self.wpe.weight,
+                                       x_index=cache.token, residual_index=cache.pos)
+            normed, x = normed[:, None], x[:, None]
+        else:
+            x = self.embed(cache.token, cache.pos)[:, None]
         keys_ok = cache.keys_ok[:, None, None, :]
         lengths = (cache.seqlens, cache.leftpad) if fused else None
         for i, block in enumerate(self.h):
-            x = block(x, keys_ok, causal=False, cache=cache.layers[i], input_pos=cache.slot, attend_cache=True,
-                      lengths=lengths)
+            x = block(x, keys_ok, normed if i == 0 else None, causal=False, cache=cache.layers[i],
+                      input_pos=cache.slot, attend_cache=True, lengths=lengths)
         cache.set_next_token(self.logits(x[:, 0]))
         cache.advance(slot=not fused)
 
@@ -610,6 +624,9 @@ def check_backends(backends: dict[str, str] | None) -> dict[str, str]:
     if chosen["layer_norm"] == "folded" and chosen["linear"] != "fused":
         raise ValueError(f"backends['layer_norm'] 'folded' must come with backends['linear'] 'fused' (the norm runs "
                          f"in fused_attn.linear's prologue), got {chosen['linear']!r}")
+    if chosen["embed"] == "fused" and chosen["layer_norm"] != "fused":
+        raise ValueError(f"backends['embed'] 'fused' must come with backends['layer_norm'] 'fused' (ln_1 of the "
+                         f"first layer runs in the embedding's launch), got {chosen['layer_norm']!r}")
     if chosen["step"] == "persistent":
         for kind in ("attention", "layer_norm", "linear", "mlp"):
             if chosen[kind] != "fused":

@@ -6,7 +6,8 @@ kernels, the CPU path (``fused_attn.reference.layer_norm`` in float32; float64 i
 autograd. The CUDA kernel is in ``csrc/layer_norm/`` (one kernel; RMSNorm is a template flag of it).
 
 Ops (schemas in ``fused_attn/_ops.py``): ``layer_norm(x, weight, bias, eps, *, rms)`` -> y and
-``add_layer_norm(x, residual, weight, bias, eps, *, rms)`` -> (y, h).
+``add_layer_norm(x, residual, weight, bias, eps, x_index, residual_index, *, rms)`` -> (y, h) (the indices:
+gathered rows, an embedding lookup added and normalized in one pass).
 
 Gradients: with respect to x, residual, weight and bias, through the closed-form backward of the
 reference (``fused_attn.reference.layer_norm_backward``: plain PyTorch in float32, float64 for
@@ -53,7 +54,26 @@ def eps_value(eps) -> float:
     return float(eps)
 
 
-def check_args(x, residual, weight, bias, eps) -> float:
+def _check_index(index, name: str, table, table_name: str, x: torch.Tensor) -> None:
+    """x_index / residual_index: a 1-D int32 / int64 tensor on x's device; its table 2-D."""
+    if not isinstance(index, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(index).__name__}")
+    if index.device != x.device:
+        raise ValueError(f"{name} must be on the same device as x ({x.device}), got {index.device}")
+    if index.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must have dtype torch.int32 or torch.int64, got {index.dtype}")
+    if index.dim() != 1:
+        raise ValueError(f"{name} must have 1 dim [rows], got {_shape(index)}")
+    if table.dim() != 2:
+        raise ValueError(f"{table_name} must have 2 dims [table rows, width] with {name}, got {_shape(table)}")
+
+
+def out_shape(x: torch.Tensor, x_index: torch.Tensor | None) -> tuple[int, ...]:
+    """The shape of y (and h): ``(len(x_index), width)`` with gathered rows, else x's."""
+    return (x_index.shape[0], x.shape[-1]) if x_index is not None else tuple(x.shape)
+
+
+def check_args(x, residual, weight, bias, eps, x_index=None, residual_index=None) -> float:
     """Raise TypeError (wrong type) / ValueError (bad value) naming the bad argument (the messages of
     csrc/layer_norm/layer_norm.cpp); return ``eps`` as a float. The wrapper, the CPU and the fake
     kernels all check here, so every path takes the same arguments."""
@@ -68,20 +88,47 @@ def check_args(x, residual, weight, bias, eps) -> float:
     if not cpu and not MIN_WIDTH <= x.shape[-1] <= MAX_WIDTH:
         raise ValueError(f"x must have a width (last dim) in [{MIN_WIDTH}, {MAX_WIDTH}] on CUDA, got {x.shape[-1]}")
     eps = eps_value(eps)
-    if residual is not None:
+    if x_index is not None:
+        _check_index(x_index, "x_index", x, "x", x)
+    if residual_index is not None and x_index is None and x.dim() != 2:
+        raise ValueError(f"x must have 2 dims [rows, width] with residual_index, got {_shape(x)}")
+    if residual is not None and (x_index is not None or residual_index is not None):
+        if not isinstance(residual, torch.Tensor):
+            raise TypeError(f"residual must be a torch.Tensor or None, got {type(residual).__name__}")
+        if residual.device != x.device:
+            raise ValueError(f"residual must be on the same device as x ({x.device}), got {residual.device}")
+        if residual.dtype != x.dtype:
+            raise ValueError(f"residual must have x's dtype ({x.dtype}), got {residual.dtype}")
+        if residual_index is not None:
+            _check_index(residual_index, "residual_index", residual, "residual", x)
+            if residual.shape[1] != x.shape[-1]:
+                raise ValueError(f"residual must have x's width ({x.shape[-1]}), got {residual.shape[1]}")
+            rows = x_index.shape[0] if x_index is not None else x.shape[0]
+            if residual_index.shape[0] != rows:
+                raise ValueError(f"residual_index must have length {rows} (the rows of y), "
+                                 f"got {residual_index.shape[0]}")
+        elif tuple(residual.shape) != out_shape(x, x_index):
+            raise ValueError(f"residual must have shape (len(x_index), width) {_shape(out_shape(x, x_index))}, "
+                             f"got {_shape(residual)}")
+    elif residual is not None:
         _check_like(residual, "residual", x, "x", "a torch.Tensor or None")
     _check_affine(weight, "weight", x)
     _check_affine(bias, "bias", x)
     return float(eps)
 
 
-def _call(x, residual, weight, bias, eps, rms: bool):
-    eps = check_args(x, residual, weight, bias, eps)
+def _call(x, residual, weight, bias, eps, rms: bool, x_index=None, residual_index=None):
+    if residual is None:
+        for name, index in (("x_index", x_index), ("residual_index", residual_index)):
+            if index is not None:
+                raise ValueError(f"{name} must be None without a residual (gathered rows are added, then "
+                                 f"normalized), got a {type(index).__name__}")
+    eps = check_args(x, residual, weight, bias, eps, x_index, residual_index)
     if x.device.type == "cuda":  # meta tensors (and torch.compile's tracing) run the fake kernel: no build
         _ops.ensure_loaded()
     if residual is None:
         return torch.ops.fused_attn.layer_norm(x, weight, bias, eps, rms=rms)
-    y, h = torch.ops.fused_attn.add_layer_norm(x, residual, weight, bias, eps, rms=rms)
+    y, h = torch.ops.fused_attn.add_layer_norm(x, residual, weight, bias, eps, x_index, residual_index, rms=rms)
     return y, h
 
 
@@ -92,6 +139,8 @@ def layer_norm(
     eps: float = 1e-5,
     *,
     residual: torch.Tensor | None = None,
+    x_index: torch.Tensor | None = None,
+    residual_index: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """LayerNorm over the last dim, as ``F.layer_norm(x, (width,), weight, bias, eps)``; with
     ``residual``, first ``h = x + residual`` (the pre-LN transformer's add + norm, one pass).
@@ -103,6 +152,13 @@ def layer_norm(
         weight, bias: ``[width]``, x's dtype or float32, or None (1 / 0).
         eps: finite, >= 0, added to the variance.
         residual: None, or a tensor of x's shape, dtype and device.
+        x_index, residual_index: None, or 1-D int32 / int64 on x's device (with a residual only):
+            gathered rows, row i of x is ``x[x_index[i]]`` of a 2-D ``[table rows, width]`` x, likewise
+            of the residual; y and h are then ``[rows, width]``. GPT-2's embedding and first norm in one
+            launch: ``layer_norm(wte, w, b, residual=wpe, x_index=token, residual_index=pos)``. An index
+            outside ``[0, table rows)`` (negative ones included) makes that row of y and h NaN and reads
+            nothing (a device-side value: no error without a host sync). Gradients reach the tables at
+            the gathered rows.
 
     Returns y (x's shape and dtype), or ``(y, h)`` with a residual: ``h = x + residual`` rounded to
     x's dtype (bit for bit PyTorch's ``x + residual``) and ``y = layer_norm(h)``. Statistics are
@@ -114,7 +170,7 @@ def layer_norm(
     device). On CUDA it launches on the current stream, never synchronizes the host, works under
     CUDA-graph capture and ``torch.compile(fullgraph=True)``.
     """
-    return _call(x, residual, weight, bias, eps, rms=False)
+    return _call(x, residual, weight, bias, eps, rms=False, x_index=x_index, residual_index=residual_index)
 
 
 def rms_norm(
@@ -123,12 +179,14 @@ def rms_norm(
     eps: float = 1e-6,
     *,
     residual: torch.Tensor | None = None,
+    x_index: torch.Tensor | None = None,
+    residual_index: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm over the last dim (Llama): ``y = h * rsqrt(mean(h²) + eps) * weight`` with ``h = x``, or
     ``h = x + residual`` returned as ``(y, h)``. Same arguments, dtypes, edge cases and gradients as
     ``layer_norm`` (no bias). Computed in float32 and rounded once (Hugging Face's LlamaRMSNorm rounds
     the normalized value to x's dtype before the weight multiply: within one rounding of this)."""
-    return _call(x, residual, weight, None, eps, rms=True)
+    return _call(x, residual, weight, None, eps, rms=True, x_index=x_index, residual_index=residual_index)
 
 
 # --------------------------------------------------------------------------- CPU, fake, autograd
@@ -138,7 +196,20 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _cpu(x, residual, weight, bias, eps, rms):
+def gather_rows(table: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    """``table[index]`` with a NaN row for every index outside ``[0, len(table))`` (the kernel's rule);
+    ``table`` itself without an index. Differentiable: gradients reach the gathered rows of the table."""
+    if index is None:
+        return table
+    index = index.long()
+    ok = (index >= 0) & (index < table.shape[0])
+    rows = table[index.clamp(0, max(table.shape[0] - 1, 0))] if table.shape[0] else table.new_zeros(
+        (index.shape[0], table.shape[1]))
+    return torch.where(ok[:, None], rows, torch.full_like(rows, math.nan))
+
+
+def _cpu(x, residual, weight, bias, eps, rms, x_index=None, residual_index=None):
+    x, residual = gather_rows(x, x_index), None if residual is None else gather_rows(residual, residual_index)
     return reference.layer_norm(x, weight, bias, eps, residual=residual, rms=rms, compute_dtype=_compute_dtype(x))
 
 
@@ -149,9 +220,11 @@ def _setup_context(ctx, inputs, keyword_only_inputs, output):
 
 
 def _setup_context_add(ctx, inputs, keyword_only_inputs, output):
-    x, residual, weight, bias, eps = inputs
+    x, residual, weight, bias, eps, x_index, residual_index = inputs
     ctx.eps, ctx.rms = eps, keyword_only_inputs.get("rms", False)
-    ctx.save_for_backward(x, residual, weight, bias)
+    ctx.gathered = (x_index is not None, residual_index is not None)
+    ctx.table_shapes = (x.shape, residual.shape)
+    ctx.save_for_backward(x, residual, weight, bias, x_index, residual_index)
 
 
 def _grads(ctx, grad_y, grad_h, x, residual, weight, bias):
@@ -167,11 +240,34 @@ def _backward(ctx, grad_y):
     return (dx if need[0] else None, dw if need[1] else None, db if need[2] else None, None)
 
 
+def _in_range(index: torch.Tensor | None, rows: int) -> torch.Tensor | bool:
+    return True if index is None else (index >= 0) & (index < rows)
+
+
+def _scatter_rows(grad: torch.Tensor, index: torch.Tensor | None, shape: torch.Size, live: torch.Tensor) -> torch.Tensor:
+    """The gradients of the live rows (``live``: a mask over y's rows) back into the operand's shape: at
+    their gathered rows of the table (summed where an index repeats), or at their own rows without one."""
+    table = grad.new_zeros(shape)
+    if index is None:
+        table[live] = grad
+        return table
+    return table.index_add_(0, index.long(), grad)
+
+
 def _backward_add(ctx, grad_y, grad_h):
-    x, residual, weight, bias = ctx.saved_tensors
-    dx, dr, dw, db = _grads(ctx, grad_y, grad_h, x, residual, weight, bias)
+    x, residual, weight, bias, x_index, residual_index = ctx.saved_tensors
+    xs, rs = gather_rows(x, x_index), gather_rows(residual, residual_index)
+    if not (ctx.gathered[0] or ctx.gathered[1]):
+        dx, dr, dw, db = _grads(ctx, grad_y, grad_h, xs, rs, weight, bias)
+    else:
+        # A row with an index out of range (NaN in y and h) gives no gradient to anything.
+        live = _in_range(x_index, x.shape[0]) & _in_range(residual_index, residual.shape[0])
+        gh = None if grad_h is None else grad_h[live]
+        dxl, drl, dw, db = _grads(ctx, grad_y[live], gh, xs[live], rs[live], weight, bias)
+        dx = _scatter_rows(dxl, None if x_index is None else x_index[live], ctx.table_shapes[0], live)
+        dr = _scatter_rows(drl, None if residual_index is None else residual_index[live], ctx.table_shapes[1], live)
     need = ctx.needs_input_grad
-    return tuple(g if n else None for g, n in zip((dx, dr, dw, db), need[:4])) + (None,)
+    return tuple(g if n else None for g, n in zip((dx, dr, dw, db), need[:4])) + (None, None, None)
 
 
 def _register() -> None:
@@ -186,10 +282,10 @@ def _register() -> None:
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
     @torch.library.register_fake(add)
-    def _fake_add(x, residual, weight, bias, eps, *, rms=False):
-        check_args(x, residual, weight, bias, eps)
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype,
-                                                                                  device=x.device)
+    def _fake_add(x, residual, weight, bias, eps, x_index=None, residual_index=None, *, rms=False):
+        check_args(x, residual, weight, bias, eps, x_index, residual_index)
+        shape = out_shape(x, x_index)
+        return torch.empty(shape, dtype=x.dtype, device=x.device), torch.empty(shape, dtype=x.dtype, device=x.device)
 
     @torch.library.register_kernel(lib, "cpu")
     def _cpu_kernel(x, weight, bias, eps, *, rms=False):
@@ -197,9 +293,9 @@ def _register() -> None:
         return _cpu(x, None, weight, bias, eps, rms)
 
     @torch.library.register_kernel(add, "cpu")
-    def _cpu_kernel_add(x, residual, weight, bias, eps, *, rms=False):
-        eps = check_args(x, residual, weight, bias, eps)
-        return _cpu(x, residual, weight, bias, eps, rms)
+    def _cpu_kernel_add(x, residual, weight, bias, eps, x_index=None, residual_index=None, *, rms=False):
+        eps = check_args(x, residual, weight, bias, eps, x_index, residual_index)
+        return _cpu(x, residual, weight, bias, eps, rms, x_index, residual_index)
 
     torch.library.register_autograd(lib, _backward, setup_context=_setup_context)
     torch.library.register_autograd(add, _backward_add, setup_context=_setup_context_add)

@@ -2,7 +2,8 @@
 launch-shape class, long rows, fully masked rows, masks, both versions, and the backward; and
 decode_attention: appends, GQA / MQA, forced splits (more than keys too), left padding, head dims
 32 to 256, float32, and out-of-bounds device lengths (which must read and write nothing); layer_norm /
-rms_norm: every row class, odd widths, misaligned and strided rows, with and without the residual;
+rms_norm: every row class, odd widths, misaligned and strided rows, with and without the residual, and
+gathered rows with indices out of range;
 attention: the flash kernel at every padded head dim (both versions at 128 on Hopper), odd lengths,
 Sq != Sk under causal, each mask form, strided q/k/v, and the naive and tiled modes; and linear: every
 rows-of-x class, weight rows per block and epilogue, the element-wise path (odd K, misaligned rows) and
@@ -145,7 +146,16 @@ def norm_cases(quick: bool) -> int:
                                             layout=layout, dtype=(torch.float16, torch.bfloat16, torch.float32)[i % 3],
                                             seed=i), "cuda")
             cases += 1
+    # Gathered rows (x_index / residual_index): repeats, indices below 0 and past the tables (NaN rows that
+    # must read nothing), an empty table, int32 and int64 indices (tests/test_layer_norm.py's examples).
+    from tests.test_layer_norm import GATHER_EXAMPLES, run_and_check_gathered
+
+    for example in GATHER_EXAMPLES[:2] if quick else GATHER_EXAMPLES:
+        run_and_check_gathered(example, "cuda")
+        cases += 1
     return cases
+
+
 # attention cases (tests/test_attention.py's check_case: float64 reference, out poisoned with NaN).
 ATTENTION_CASES = [
     dict(sq=97, sk=131, d=32, causal=True, mask="bool_key"),

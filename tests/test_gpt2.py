@@ -173,6 +173,25 @@ def test_persistent_step_needs_the_fused_modules():
             GPT2.from_hf(hf_model(HEAD64), backends=backends)
 
 
+def test_fused_embedding_matches_the_separate_launches_cpu():
+    """embed "fused": the decode step's wte[token] + wpe[pos] and layer 0's ln_1 as one layer_norm call with
+    gathered rows; on the CPU the same greedy tokens and logits, bit for bit, as the separate lookups,
+    add and norm (graph-fused's step)."""
+    m = GPT2.from_hf(hf_model(VARIED), backends=STEP_VARIANTS["embed"])
+    separate = GPT2.from_hf(hf_model(VARIED), backends=STEP_VARIANTS["modules"])
+    ids, mask = left_padded(TINY["vocab_size"], (20, 13, 6))
+    ours, theirs = (Recorder(model, 3, 20 + 16).run(ids, mask, 16) for model in (m, separate))
+    assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+
+
+def test_fused_embedding_needs_the_fused_layer_norm():
+    for layer_norm in ("eager", "folded"):
+        backends = dict(STEP_VARIANTS["modules"], embed="fused", layer_norm=layer_norm)
+        with pytest.raises(ValueError, match=rf"backends\['embed'\] 'fused' must come with backends\['layer_norm'\] "
+                                             rf"'fused' \(.*\), got '{layer_norm}'"):
+            GPT2.from_hf(hf_model(), backends=backends)
+
+
 def test_folded_norms_need_the_fused_linear():
     with pytest.raises(ValueError, match=r"backends\['layer_norm'\] 'folded' must come with backends\['linear'\] "
                                          r"'fused' .*, got 'eager'"):
@@ -187,10 +206,12 @@ def test_folded_norms_need_the_fused_linear():
 # kernel here; a model with GPT-2's head size, which the op needs).
 STEP_VARIANTS = {"modules": {"attention": "fused", "layer_norm": "fused", "linear": "fused", "mlp": "fused"},
                  "folded": {"attention": "fused", "layer_norm": "folded", "linear": "fused", "mlp": "fused"},
+                 "embed": {"attention": "fused", "layer_norm": "fused", "linear": "fused", "mlp": "fused",
+                           "embed": "fused"},
                  "persistent": GRAPH_BACKENDS["graph-persistent"]}
 
 
-@pytest.mark.parametrize("attention", ["fused", "softmax", "sdpa", "modules", "folded", "persistent"])
+@pytest.mark.parametrize("attention", ["fused", "softmax", "sdpa", "modules", "folded", "embed", "persistent"])
 @pytest.mark.parametrize("lengths", [(20,), (20, 13, 6)])
 def test_decode_logits_match_teacher_forced_cpu(lengths, attention):
     backends = STEP_VARIANTS.get(attention, {"attention": attention})
@@ -359,10 +380,9 @@ def test_fused_modules_decode_matches_hf_eager_fp32_gpu(lengths):
     ids, mask = left_padded(SMALL["vocab_size"], lengths)
     want = hf.to("cuda").generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=64, do_sample=False,
                                   pad_token_id=0, eos_token_id=None)
-    for layer_norm in ("fused", "folded"):
-        backends = {"attention": "fused", "layer_norm": layer_norm, "linear": "fused", "mlp": "fused"}
-        m = GPT2.from_hf(hf, device="cuda", backends=backends)
-        assert torch.equal(m.generate(ids.cuda(), mask.cuda(), max_new_tokens=64, use_graph=True), want), layer_norm
+    for variant in ("modules", "folded", "embed"):
+        m = GPT2.from_hf(hf, device="cuda", backends=STEP_VARIANTS[variant])
+        assert torch.equal(m.generate(ids.cuda(), mask.cuda(), max_new_tokens=64, use_graph=True), want), variant
 
 
 @pytest.mark.gpu
@@ -438,7 +458,7 @@ def test_graph_and_eager_decode_identical_gpu(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["graph-fused", "graph-persistent"])
+@pytest.mark.parametrize("backend", ["graph-fused", "graph-embed", "graph-persistent"])
 @pytest.mark.parametrize("batch", [4, 8, 16])
 def test_graph_replay_logits_equal_eager_steps_16bit_gpu(backend, batch):
     """Every step's logits bit for bit the same replayed from the CUDA graph as from the eager loop, in
@@ -537,7 +557,7 @@ def teacher_forced_decode_logits(m: GPT2, ids, mask, forced: torch.Tensor) -> to
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("step", ["modules", "folded", "persistent"])
+@pytest.mark.parametrize("step", ["modules", "folded", "embed", "persistent"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_decode_logits_error_at_most_twice_plain_pytorch_gpu(dtype, step):
     """The issue's criterion for 16-bit decoding: graph-fused's decode-step logits (our GEMVs at 16 rows:

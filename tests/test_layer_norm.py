@@ -388,6 +388,11 @@ def opcheck_inputs(device, grad=False):
                             randn(256, dtype=f32), 1e-5), {}),
         ("add_layer_norm", (randn(2, 2, 4096), randn(2, 2, 4096), randn(4096), None, 1e-6), dict(rms=True)),
         ("add_layer_norm", (randn(3, 65, dtype=f32), randn(3, 65, dtype=f32), None, None, 0.0), {}),
+        ("add_layer_norm", (randn(9, 64, dtype=f32), randn(5, 64, dtype=f32), randn(64, dtype=f32), None, 1e-5,
+                            torch.tensor([8, 0, 8, 3], device=device),
+                            torch.tensor([4, 4, 0, 1], dtype=torch.int32, device=device)), {}),
+        ("add_layer_norm", (randn(4, 64, dtype=f32), randn(5, 64, dtype=f32), None, None, 1e-5, None,
+                            torch.tensor([4, 4, 0, 1], device=device)), dict(rms=True)),
     ]
 
 
@@ -397,6 +402,155 @@ def test_opcheck(device, grad):
     """Every opcheck test; with grad, the float32 inputs require grad (autograd registration, AOT dispatch)."""
     for name, args, kwargs in opcheck_inputs(device, grad):
         torch.library.opcheck(getattr(torch.ops.fused_attn, name).default, args, kwargs)
+
+
+# --------------------------------------------------------------------------- gathered rows (x_index)
+
+
+@st.composite
+def gather_case(draw, cuda):
+    width = draw(st.sampled_from([64, 768, 1000, 4096] if cuda else [1, 7, 64, 768]))
+    gathered = draw(st.sampled_from(["both", "x", "residual"]))
+    return dict(width=width, gathered=gathered, rows=draw(st.integers(0, 40)),
+                x_rows=draw(st.one_of(st.just(0), st.integers(1, 300))), r_rows=draw(st.integers(1, 300)),
+                index_dtypes=(draw(st.sampled_from([torch.int32, torch.int64])),
+                              draw(st.sampled_from([torch.int32, torch.int64]))),
+                bad=draw(st.sampled_from([0.0, 0.0, 0.2])),  # share of indices out of range (negative or past)
+                dtype=draw(st.sampled_from(DTYPES if cuda else DTYPES + [torch.float64])),
+                rms=draw(st.booleans()), weight=draw(st.sampled_from([None, "dtype", "float32"])),
+                bias=draw(st.sampled_from([None, "dtype", "float32"])), scale=draw(st.sampled_from([1.0, 1e3])),
+                seed=draw(st.integers(0, 2**31 - 1)))
+
+
+def gather_inputs(c, device):
+    gen = torch.Generator().manual_seed(c["seed"])
+    w_, rows = c["width"], c["rows"]
+
+    def index(table_rows, dtype):
+        i = torch.randint(0, max(table_rows, 1), (rows,), generator=gen)
+        bad = torch.rand(rows, generator=gen) < c["bad"]
+        wild = torch.where(torch.rand(rows, generator=gen) < 0.5, -1 - i, table_rows + i)  # below 0 or past the end
+        return torch.where(bad | (table_rows == 0), wild, i).to(dtype).to(device)
+
+    x_index = index(c["x_rows"], c["index_dtypes"][0]) if c["gathered"] in ("both", "x") else None
+    r_index = index(c["r_rows"], c["index_dtypes"][1]) if c["gathered"] in ("both", "residual") else None
+    x = (torch.randn(c["x_rows"] if x_index is not None else rows, w_, generator=gen) * c["scale"]).to(c["dtype"])
+    r = (torch.randn(c["r_rows"] if r_index is not None else rows, w_, generator=gen) * c["scale"]).to(c["dtype"])
+
+    def param(kind, mean):
+        return None if kind is None else (mean + torch.randn(w_, generator=gen)).to(
+            c["dtype"] if kind == "dtype" else torch.float32).to(device)
+
+    return x.to(device), r.to(device), x_index, r_index, param(c["weight"], 1.0), param(c["bias"], 0.0)
+
+
+def run_and_check_gathered(c, device):
+    """y and h against the float64 reference of the gathered rows; h bit for bit PyTorch's add of them;
+    rows whose index is out of range NaN in y and h (and nothing else NaN); the tables untouched."""
+    x, r, xi, ri, w, b = gather_inputs(c, device)
+    x0, r0 = x.clone(), r.clone()
+    bias = None if c["rms"] else b
+    poison_allocations((c["rows"], c["width"]), x.dtype, device, 2)
+    fn = rms_norm if c["rms"] else layer_norm
+    args = (x, w, c["rms"] and 1e-6 or 1e-5) if c["rms"] else (x, w, bias, 1e-5)
+    y, h = fn(*args, residual=r, x_index=xi, residual_index=ri)
+    where = {k: c[k] for k in ("width", "gathered", "rows", "x_rows", "r_rows", "bad", "dtype", "rms", "scale")}
+    assert y.shape == h.shape == (c["rows"], c["width"]) and y.dtype == h.dtype == x.dtype, where
+    assert torch.equal(x, x0) and torch.equal(r, r0), f"{where}: the tables changed"
+
+    def rows_of(table, index):
+        if index is None:
+            return table.cpu(), torch.ones(c["rows"], dtype=torch.bool)
+        i = index.long().cpu()
+        ok = (i >= 0) & (i < table.shape[0])
+        return table.cpu()[i.clamp(0, max(table.shape[0] - 1, 0))] if table.shape[0] else \
+            torch.zeros(c["rows"], c["width"], dtype=table.dtype), ok
+
+    xs, x_ok = rows_of(x, xi)
+    rs, r_ok = rows_of(r, ri)
+    live = x_ok & r_ok
+    assert torch.isnan(y.cpu()[~live]).all() and torch.isnan(h.cpu()[~live]).all(), f"{where}: out-of-range rows NaN"
+    h_want = (xs + rs)[live]
+    assert torch.equal(h.cpu()[live], h_want), f"{where}: h must be x[x_index] + residual[residual_index] bit for bit"
+    d = None if w is None else w.double().cpu()
+    eps = 1e-6 if c["rms"] else 1e-5
+    want = reference.layer_norm(h_want.double(), d, None if bias is None else bias.double().cpu(), eps, rms=c["rms"])
+    xhat = reference.layer_norm(h_want.double(), None, None, eps, rms=c["rms"])
+    assert_close(y.cpu()[live], want, norm_tolerance(want, xhat, w, x.dtype), str(where))
+
+
+GATHER_EXAMPLES = [
+    dict(width=768, gathered="both", rows=1, x_rows=300, r_rows=100, index_dtypes=(torch.int64, torch.int32), bad=0.0,
+         dtype=torch.float16, rms=False, weight="dtype", bias="dtype", scale=1.0, seed=0),  # GPT-2's embedding at B1
+    dict(width=64, gathered="x", rows=40, x_rows=3, r_rows=1, index_dtypes=(torch.int32, torch.int64), bad=0.2,
+         dtype=torch.bfloat16, rms=True, weight=None, bias=None, scale=1e3, seed=1),  # repeats, out of range
+    dict(width=64, gathered="residual", rows=7, x_rows=1, r_rows=2, index_dtypes=(torch.int64, torch.int64), bad=0.2,
+         dtype=torch.float32, rms=False, weight="float32", bias="float32", scale=1.0, seed=2),
+    dict(width=64, gathered="both", rows=5, x_rows=0, r_rows=9, index_dtypes=(torch.int64, torch.int64), bad=0.0,
+         dtype=torch.float16, rms=False, weight=None, bias="dtype", scale=1.0, seed=3),  # an empty table: all NaN
+    dict(width=64, gathered="both", rows=0, x_rows=5, r_rows=5, index_dtypes=(torch.int32, torch.int32), bad=0.0,
+         dtype=torch.float16, rms=False, weight=None, bias=None, scale=1.0, seed=4),  # no rows
+]
+
+
+@pytest.mark.gpu
+@given(case=gather_case(cuda=True))
+@with_examples(GATHER_EXAMPLES)
+def test_gathered_rows_match_reference_gpu(case):
+    run_and_check_gathered(case, "cuda")
+
+
+@given(case=gather_case(cuda=False))
+@with_examples(GATHER_EXAMPLES)
+def test_gathered_rows_match_reference_cpu(case):
+    run_and_check_gathered(case, "cpu")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_gathered_rows_gradients_reach_the_tables(device):
+    """Gradients of the gathered rows land at their table rows (summed over repeats; an out-of-range row
+    gives none): against autograd through PyTorch's own indexing and F.layer_norm."""
+    gen = torch.Generator().manual_seed(0)
+    wte = torch.randn(11, 64, generator=gen).to(device).requires_grad_()
+    wpe = torch.randn(6, 64, generator=gen).to(device).requires_grad_()
+    w = torch.randn(64, generator=gen).to(device).requires_grad_()
+    b = torch.randn(64, generator=gen).to(device).requires_grad_()
+    tok = torch.tensor([3, 7, 3, 10, 11], device=device)  # 11: out of range
+    pos = torch.tensor([0, 5, 1, 2, 4], dtype=torch.int32, device=device)
+    gy = torch.randn(5, 64, generator=gen).to(device)
+    gh = torch.randn(5, 64, generator=gen).to(device)
+    y, h = layer_norm(wte, w, b, 1e-5, residual=wpe, x_index=tok, residual_index=pos)
+    live = torch.tensor([True, True, True, True, False], device=device)
+    torch.autograd.backward((y[live], h[live]), (gy[live], gh[live]))
+    got = [t.grad.clone() for t in (wte, wpe, w, b)]
+    for t in (wte, wpe, w, b):
+        t.grad = None
+    hh = wte[tok[live]] + wpe[pos[live].long()]
+    yy = F.layer_norm(hh, (64,), w, b, 1e-5)
+    torch.autograd.backward((yy, hh), (gy[live], gh[live]))
+    for g, t, name in zip(got, (wte, wpe, w, b), ("wte", "wpe", "weight", "bias")):
+        torch.testing.assert_close(g, t.grad, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.gpu
+def test_gathered_rows_follow_device_side_indices_in_a_cuda_graph_gpu():
+    """The indices are read on the device at each replay (a sampled token written by the previous kernel)."""
+    gen = torch.Generator().manual_seed(0)
+    wte = torch.randn(50, 768, generator=gen).half().cuda()
+    wpe = torch.randn(20, 768, generator=gen).half().cuda()
+    tok = torch.tensor([1, 2], device="cuda")
+    pos = torch.tensor([0, 0], dtype=torch.int32, device="cuda")
+    layer_norm(wte, None, None, residual=wpe, x_index=tok, residual_index=pos)  # warm-up: build and load
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, h = layer_norm(wte, None, None, residual=wpe, x_index=tok, residual_index=pos)
+    for t, p_ in ([[4, 49], [3, 19]], [[0, 7], [1, 2]]):
+        tok.copy_(torch.tensor(t))
+        pos.copy_(torch.tensor(p_))
+        graph.replay()
+        want = F.layer_norm((wte[tok] + wpe[pos.long()]).float(), (768,)).half()
+        torch.testing.assert_close(y, want, rtol=2e-3, atol=2e-3)
+        assert torch.equal(h, wte[tok] + wpe[pos.long()])
 
 
 # --------------------------------------------------------------------------- bad arguments
@@ -435,7 +589,40 @@ BAD_INPUTS = [  # (id, call(device), exception, message); "cuda_only" ids skip o
      r"eps must be a finite number >= 0, got nan"),
     ("eps_str", lambda d: layer_norm(_t(4, 64, device=d), eps="1e-5"), TypeError,
      r"eps must be a finite number >= 0, got '1e-5'"),
+    ("x_index_type", lambda d: layer_norm(_t(9, 64, device=d), residual=_t(2, 64, device=d), x_index=[1, 2]),
+     TypeError, r"x_index must be a torch.Tensor or None, got list"),
+    ("x_index_dtype", lambda d: layer_norm(_t(9, 64, device=d), residual=_t(2, 64, device=d),
+                                           x_index=_t(2, dtype=torch.float32, device=d)),
+     ValueError, r"x_index must have dtype torch.int32 or torch.int64, got torch.float32"),
+    ("x_index_2d", lambda d: layer_norm(_t(9, 64, device=d), residual=_t(2, 64, device=d),
+                                        x_index=_t(1, 2, dtype=torch.int64, device=d)),
+     ValueError, r"x_index must have 1 dim \[rows\], got \(1, 2\)"),
+    ("x_index_table_3d", lambda d: layer_norm(_t(3, 9, 64, device=d), residual=_t(2, 64, device=d),
+                                              x_index=_t(2, dtype=torch.int64, device=d)),
+     ValueError, r"x must have 2 dims \[table rows, width\] with x_index, got \(3, 9, 64\)"),
+    ("x_index_residual_shape", lambda d: layer_norm(_t(9, 64, device=d), residual=_t(3, 64, device=d),
+                                                    x_index=_t(2, dtype=torch.int64, device=d)),
+     ValueError, r"residual must have shape \(len\(x_index\), width\) \(2, 64\), got \(3, 64\)"),
+    ("residual_index_length", lambda d: layer_norm(_t(9, 64, device=d), residual=_t(5, 64, device=d),
+                                                   x_index=_t(2, dtype=torch.int64, device=d),
+                                                   residual_index=_t(3, dtype=torch.int32, device=d)),
+     ValueError, r"residual_index must have length 2 \(the rows of y\), got 3"),
+    ("residual_index_width", lambda d: layer_norm(_t(9, 64, device=d), residual=_t(5, 65, device=d),
+                                                  residual_index=_t(9, dtype=torch.int32, device=d)),
+     ValueError, r"residual must have x's width \(64\), got 65"),
+    ("residual_index_table_1d", lambda d: layer_norm(_t(9, 64, device=d), residual=_t(64, device=d),
+                                                     residual_index=_t(9, dtype=torch.int32, device=d)),
+     ValueError, r"residual must have 2 dims \[table rows, width\] with residual_index, got \(64,\)"),
+    ("residual_index_x_3d", lambda d: layer_norm(_t(1, 9, 64, device=d), residual=_t(5, 64, device=d),
+                                                 residual_index=_t(9, dtype=torch.int32, device=d)),
+     ValueError, r"x must have 2 dims \[rows, width\] with residual_index, got \(1, 9, 64\)"),
+    ("x_index_without_residual", lambda d: layer_norm(_t(9, 64, device=d), x_index=_t(2, dtype=torch.int64, device=d)),
+     ValueError, r"x_index must be None without a residual \(gathered rows are added, then normalized\), got a "
+                 r"Tensor"),
     # CUDA only
+    ("cuda_only_x_index_device", lambda d: layer_norm(_t(9, 64, device=d), residual=_t(2, 64, device=d),
+                                                      x_index=_t(2, dtype=torch.int64)),
+     ValueError, r"x_index must be on the same device as x \(cuda:0\), got cpu"),
     ("cuda_only_width_63", lambda d: layer_norm(_t(4, 63, device=d)), ValueError,
      r"x must have a width \(last dim\) in \[64, 16384\] on CUDA, got 63"),
     ("cuda_only_width_16385", lambda d: rms_norm(_t(2, 16385, device=d)), ValueError,
@@ -475,6 +662,11 @@ def test_bad_inputs_through_the_op(device):
         ops.layer_norm(x, None, _t(768, dtype=torch.bfloat16, device=device), 1e-5)
     with pytest.raises(ValueError, match=r"eps must be a finite number >= 0, got -1"):
         ops.layer_norm(x, None, None, -1.0)
+    with pytest.raises(ValueError, match=r"x_index must have dtype torch.int32 or torch.int64, got torch.float16"):
+        ops.add_layer_norm(_t(9, 768, device=device), _t(2, 768, device=device), None, None, 1e-5, _t(2, device=device))
+    with pytest.raises(ValueError, match=r"residual_index must have length 2 \(the rows of y\), got 3"):
+        ops.add_layer_norm(_t(9, 768, device=device), _t(5, 768, device=device), None, None, 1e-5,
+                           _t(2, dtype=torch.int64, device=device), _t(3, dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match=r"x must have a width \(last dim\) in \[64, 16384\] on CUDA, got 32"):
         ops.layer_norm(_t(4, 32, device="meta"), None, None, 1e-5)  # the fake kernel, as torch.compile sees it
     if device == "cuda":

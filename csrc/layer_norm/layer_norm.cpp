@@ -12,6 +12,7 @@
 #include <limits>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "../common/checks.h"
 #include "../common/static_switch.h"
@@ -35,9 +36,27 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
   FA_CHECK_ARG((t).dim() == 1 && (t).size(0) == width, t,                                                  \
                "have shape (width,) = (" + std::to_string(width) + ",)", shape_str((t).sizes()))
 
+// An index of gathered rows (x_index / residual_index): 1-D int32 / int64 on x's device, and its table
+// ([table rows, width]) 2-D. The locals are named after the arguments (the macros stringify them).
+#define FA_CHECK_INDEX(index, table, name_table)                                                              \
+  FA_CHECK_SAME_DEVICE(index, x);                                                                             \
+  FA_CHECK_ARG((index).scalar_type() == at::kInt || (index).scalar_type() == at::kLong, index,                \
+               "have dtype torch.int32 or torch.int64", dtype_str((index).scalar_type()));                   \
+  FA_CHECK_ARG((index).dim() == 1, index, "have 1 dim [rows]", shape_str((index).sizes()));                  \
+  FA_CHECK_ARG((table).dim() == 2, table, "have 2 dims [table rows, width] with " #index,                     \
+               shape_str((table).sizes()))
+
+// The rows of y (and h): x_index's length, else those of x ([..., width]: every dim but the last).
+std::vector<int64_t> out_shape(const at::Tensor& x, const std::optional<at::Tensor>& x_index) {
+  if (x_index.has_value()) return {x_index->size(0), x.size(-1)};
+  return x.sizes().vec();
+}
+
 // The locals are named after the arguments: the check macros stringify them into the message.
 void check_args(const at::Tensor& x, const std::optional<at::Tensor>& residual_opt,
-                const std::optional<at::Tensor>& weight_opt, const std::optional<at::Tensor>& bias_opt, double eps) {
+                const std::optional<at::Tensor>& weight_opt, const std::optional<at::Tensor>& bias_opt, double eps,
+                const std::optional<at::Tensor>& x_index_opt = std::nullopt,
+                const std::optional<at::Tensor>& residual_index_opt = std::nullopt) {
   FA_CHECK_CUDA(x);
   FA_CHECK_ARG(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
                x, "have dtype float32, float16 or bfloat16", dtype_str(x.scalar_type()));
@@ -48,12 +67,32 @@ void check_args(const at::Tensor& x, const std::optional<at::Tensor>& residual_o
   FA_CHECK_ARG(x.numel() / width < (int64_t(1) << 31), x,
                "have fewer than 2**31 rows (product of all dims but the last)", shape_str(x.sizes()));
   FA_CHECK_ARG(std::isfinite(eps) && eps >= 0, eps, "be a finite number >= 0", num_str(eps));
+  if (x_index_opt.has_value()) {
+    const at::Tensor& x_index = *x_index_opt;
+    FA_CHECK_INDEX(x_index, x, x);
+  }
+  if (residual_index_opt.has_value() && !x_index_opt.has_value()) {
+    FA_CHECK_ARG(x.dim() == 2, x, "have 2 dims [rows, width] with residual_index", shape_str(x.sizes()));
+  }
   if (residual_opt.has_value()) {
     const at::Tensor& residual = *residual_opt;
     FA_CHECK_SAME_DEVICE(residual, x);
     FA_CHECK_SAME_DTYPE(residual, x);
-    FA_CHECK_ARG(residual.sizes() == x.sizes(), residual, "have x's shape " + shape_str(x.sizes()),
-                 shape_str(residual.sizes()));
+    if (residual_index_opt.has_value()) {
+      const at::Tensor& residual_index = *residual_index_opt;
+      FA_CHECK_INDEX(residual_index, residual, residual);
+      FA_CHECK_ARG(residual.size(1) == width, residual, "have x's width (" + std::to_string(width) + ")",
+                   std::to_string(residual.size(1)));
+      const int64_t rows = x_index_opt.has_value() ? x_index_opt->size(0) : x.size(0);
+      FA_CHECK_ARG(residual_index.size(0) == rows, residual_index,
+                   "have length " + std::to_string(rows) + " (the rows of y)", std::to_string(residual_index.size(0)));
+    } else {
+      const std::vector<int64_t> want = out_shape(x, x_index_opt);
+      FA_CHECK_ARG(residual.sizes() == at::IntArrayRef(want), residual,
+                   std::string(x_index_opt.has_value() ? "have shape (len(x_index), width) " : "have x's shape ") +
+                       shape_str(want),
+                   shape_str(residual.sizes()));
+    }
   }
   if (weight_opt.has_value()) {
     const at::Tensor& weight = *weight_opt;
@@ -73,11 +112,15 @@ at::Tensor rows_view(const at::Tensor& t) {
 
 void launch(const at::Tensor& x, const std::optional<at::Tensor>& residual,
             const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps, bool rms,
-            const at::Tensor& y, const at::Tensor* h) {
-  if (x.numel() == 0) return;
+            const at::Tensor& y, const at::Tensor* h, const std::optional<at::Tensor>& x_index = std::nullopt,
+            const std::optional<at::Tensor>& residual_index = std::nullopt) {
+  if (y.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor x2 = rows_view(x);
   const at::Tensor r2 = residual.has_value() ? rows_view(*residual) : at::Tensor();
+  // Indices: [rows], a strided one copied (rows elements).
+  const at::Tensor xi = x_index.has_value() ? x_index->contiguous() : at::Tensor();
+  const at::Tensor ri = residual_index.has_value() ? residual_index->contiguous() : at::Tensor();
   // Parameters are [width]: a strided one is copied (width elements).
   const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
   const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
@@ -93,8 +136,14 @@ void launch(const at::Tensor& x, const std::optional<at::Tensor>& residual,
   p.b_fp32 = b.defined() && b.scalar_type() == at::kFloat;
   p.y = y.data_ptr();
   p.h = h != nullptr ? h->data_ptr() : nullptr;
-  p.rows = x2.size(0);
+  p.rows = y.numel() / y.size(-1);
   p.width = int(x2.size(1));
+  p.x_index = xi.defined() ? xi.data_ptr() : nullptr;
+  p.r_index = ri.defined() ? ri.data_ptr() : nullptr;
+  p.x_index64 = xi.defined() && xi.scalar_type() == at::kLong;
+  p.r_index64 = ri.defined() && ri.scalar_type() == at::kLong;
+  p.x_rows = x2.size(0);
+  p.r_rows = r2.defined() ? r2.size(0) : 0;
   p.eps = float(eps);
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -112,8 +161,8 @@ void launch(const at::Tensor& x, const std::optional<at::Tensor>& residual,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-at::Tensor new_like_rows(const at::Tensor& x) {
-  return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+at::Tensor new_rows(const at::Tensor& x, const std::vector<int64_t>& shape) {
+  return at::empty(shape, x.options().memory_format(at::MemoryFormat::Contiguous));
 }
 
 }  // namespace
@@ -122,18 +171,21 @@ at::Tensor new_like_rows(const at::Tensor& x) {
 at::Tensor layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                       const std::optional<at::Tensor>& bias, double eps, bool rms) {
   check_args(x, std::nullopt, weight, bias, eps);
-  at::Tensor y = new_like_rows(x);
+  at::Tensor y = new_rows(x, x.sizes().vec());
   launch(x, std::nullopt, weight, bias, eps, rms, y, nullptr);
   return y;
 }
 
 std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::Tensor& residual,
                                                   const std::optional<at::Tensor>& weight,
-                                                  const std::optional<at::Tensor>& bias, double eps, bool rms) {
-  check_args(x, residual, weight, bias, eps);
-  at::Tensor y = new_like_rows(x);
-  at::Tensor h = new_like_rows(x);
-  launch(x, residual, weight, bias, eps, rms, y, &h);
+                                                  const std::optional<at::Tensor>& bias, double eps,
+                                                  const std::optional<at::Tensor>& x_index,
+                                                  const std::optional<at::Tensor>& residual_index, bool rms) {
+  check_args(x, residual, weight, bias, eps, x_index, residual_index);
+  const std::vector<int64_t> shape = out_shape(x, x_index);
+  at::Tensor y = new_rows(x, shape);
+  at::Tensor h = new_rows(x, shape);
+  launch(x, residual, weight, bias, eps, rms, y, &h, x_index, residual_index);
   return {y, h};
 }
 

@@ -89,8 +89,6 @@ __global__ void __launch_bounds__(norm_block_threads<TPR>())
   const bool row_ok = row_id < p.rows;
   const int64_t row = row_ok ? row_id : 0;
   const int n = p.width;
-  const T* x = static_cast<const T*>(p.x) + row * p.x_row_stride;
-  const T* r = RESIDUAL ? static_cast<const T*>(p.residual) + row * p.r_row_stride : nullptr;
 
   // Rows of up to a warp (widths <= 1024) load weight and bias of x's type with x: the compiler may
   // not move their loads above the stores of h (h may alias them), so loaded after the reductions
@@ -111,21 +109,40 @@ __global__ void __launch_bounds__(norm_block_threads<TPR>())
       }
     }
   }
-  // Launched programmatically (common/pdl.cuh): x and the residual are the previous kernel's output;
-  // the weights above are already on their way.
+  // Launched programmatically (common/pdl.cuh): x, the residual and the indices are the previous
+  // kernel's output; the weights above are already on their way.
   wait_for_primary();
+  // The table rows (gathered rows: NormParams); a row whose index is out of range reads nothing and
+  // takes NaN for x, so h, the statistics and y are NaN.
+  int64_t xrow = row, rrow = row;
+  bool gathered_ok = true;
+  if (p.x_index != nullptr && row_ok) {
+    xrow = p.x_index64 ? static_cast<const int64_t*>(p.x_index)[row] : static_cast<const int*>(p.x_index)[row];
+    gathered_ok = xrow >= 0 && xrow < p.x_rows;
+  }
+  if (RESIDUAL && p.r_index != nullptr && row_ok) {
+    rrow = p.r_index64 ? static_cast<const int64_t*>(p.r_index)[row] : static_cast<const int*>(p.r_index)[row];
+    gathered_ok = gathered_ok && rrow >= 0 && rrow < p.r_rows;
+  }
+  const bool load_ok = row_ok && gathered_ok;
+  const T* x = static_cast<const T*>(p.x) + (load_ok ? xrow : 0) * p.x_row_stride;
+  const T* r = RESIDUAL ? static_cast<const T*>(p.residual) + (load_ok ? rrow : 0) * p.r_row_stride : nullptr;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = (it * TPR + lane) * VEC;
-    if (row_ok && c < n) {
+    if (load_ok && c < n) {
       xa[it] = *reinterpret_cast<const P*>(x + c);
       if constexpr (RESIDUAL) ra[it] = *reinterpret_cast<const P*>(r + c);
+    } else if (row_ok && c < n) {  // an index out of range
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) xa[it].v[e] = ra[it].v[e] = from_float<T>(__int_as_float(0x7fc00000));
     }
   }
   // The shift: h[0], read by every thread of the row (one broadcast line, already on its way).
   float shift = 0.f;
   if constexpr (!RMS) {
-    if (row_ok) shift = to_float(RESIDUAL ? add_rounded(x[0], r[0]) : x[0]);
+    if (load_ok) shift = to_float(RESIDUAL ? add_rounded(x[0], r[0]) : x[0]);
+    else if (row_ok) shift = __int_as_float(0x7fc00000);
   }
 
   float v[ITERS][VEC];

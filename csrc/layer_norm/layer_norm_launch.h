@@ -25,6 +25,14 @@ struct NormParams {
   int64_t rows;
   int width;
   float eps;
+  // Gathered rows (add_layer_norm's x_index / residual_index: embeddings): row i of x is row
+  // x_index[i] of the [x_rows, width] table (int64 where x_index64, else int32), likewise the residual;
+  // nullptr: row i. An index outside [0, table rows) makes row i of y and h NaN and reads nothing. The
+  // indices may be the previous kernel's output (a sampled token): read after the PDL wait.
+  const void* x_index;
+  const void* r_index;
+  bool x_index64, r_index64;
+  int64_t x_rows, r_rows;
   bool pdl_early;  // trigger the dependent launch before the wait (set by the launcher: common/pdl.cuh)
 };
 
