@@ -14,7 +14,7 @@ index_copy_ appends, Q·Kᵀ, scaled_masked_softmax, P·V; kept to measure the c
 then captured in one CUDA graph, gpt-fast's recipe; GPU only), graph-fused (graph with every module
 on fused_attn's ops: layer_norm, linear with bias / GELU / residual in the epilogue, mlp; the
 decode step issue 13 builds), graph-folded (graph-fused with ln_1 / ln_2 in the prologue of c_attn / c_fc),
-graph-embed (graph-fused with the decode step's embedding lookup and first ln_1 in one layer_norm launch),
+graph-embed (graph-fused with the embedding lookup and the first ln_1 in one layer_norm launch),
 graph-persistent (graph-fused's prefill, then the whole decode step as one gpt2_decode_step launch: one
 persistent kernel). Prints the continuation,
 TTFT (prompt in, first token out), TBT p50/p95 (each further token) and tokens/s; with

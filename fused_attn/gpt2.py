@@ -65,9 +65,10 @@ RANDOM_NAME = "gpt2-random"
 # one fused_attn.gpt2_decode_step launch: one persistent kernel, issue 13; with every other kind "fused",
 # whose modules run the prefill on the same weights, packed in the op's stacked layout). Measured slower
 # than "modules" with every kind "fused" (H100 fp16, B1 0.52 against 0.28 ms: bench/NOTES.md, session 8).
-# embed "fused" (with layer_norm "fused"): the decode step's embedding lookup wte[token] + wpe[pos] and
-# layer 0's ln_1 in one fused_attn.layer_norm launch (its gathered rows: x_index / residual_index), in
-# place of two index_select launches, an add and the norm's launch (bench/NOTES.md, session 10).
+# embed "fused" (with layer_norm "fused"): the embedding lookup wte[ids] + wpe[pos] and layer 0's ln_1
+# in one fused_attn.layer_norm launch (its gathered rows: x_index / residual_index), in the prefill and
+# in each decode step, in place of two index_select launches, an add and the norm's launch
+# (bench/NOTES.md, session 10).
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"), "layer_norm": ("eager", "fused", "folded"),
             "linear": ("eager", "fused"), "mlp": ("eager", "fused"), "step": ("modules", "persistent"),
             "embed": ("eager", "fused")}
@@ -443,6 +444,19 @@ class GPT2(nn.Module):
         with scope("embeddings"):
             return self.wte(ids) + self.wpe(pos)
 
+    def embed_first_norm(self, ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(x, ln_1(x))`` of the embeddings ``x = wte[ids] + wpe[pos]`` (ids / pos of any shape; x is
+        ``[*ids.shape, n_embd]``): with embed "fused" one layer_norm launch over the gathered rows, layer
+        0's ln_1 included; else the lookups and the add, and None (layer 0 runs its ln_1 itself)."""
+        if self.backends["embed"] != "fused":
+            return self.embed(ids, pos), None
+        ln_1 = self.h[0].ln_1
+        with scope("embeddings"):
+            normed, x = layer_norm(self.wte.weight, ln_1.weight, ln_1.bias, ln_1.eps, residual=self.wpe.weight,
+                                   x_index=ids.reshape(-1), residual_index=pos.reshape(-1))
+        shape = (*ids.shape, self.config.n_embd)
+        return x.view(shape), normed.view(shape)
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         with scope("ln_f"):
             x = self.ln_f(x)
@@ -462,12 +476,12 @@ class GPT2(nn.Module):
         """Hidden states ``[batch, seqlen, n_embd]`` of a causal pass over left-padded prompts; with
         ``cache``, each layer's keys and values are also written into its first seqlen slots."""
         keys_ok = attention_mask.bool()[:, None, None, :]
-        x = self.embed(input_ids, self.positions(attention_mask))
+        x, normed = self.embed_first_norm(input_ids, self.positions(attention_mask))
         kw: dict = dict(causal=True)
         if cache is not None:
             kw["input_pos"] = torch.arange(input_ids.shape[1], device=input_ids.device)
         for i, block in enumerate(self.h):
-            x = block(x, keys_ok, cache=None if cache is None else cache.layers[i], **kw)
+            x = block(x, keys_ok, normed if i == 0 else None, cache=None if cache is None else cache.layers[i], **kw)
         return x
 
     # ------------------------------------------------------------------ generation
@@ -508,15 +522,7 @@ class GPT2(nn.Module):
         fused = self.backends["attention"] == "fused"
         if not fused:  # the fused backend reads seqlens / leftpad instead of the key mask
             cache.keys_ok.index_fill_(1, cache.slot, True)
-        normed = None
-        if self.backends["embed"] == "fused":  # wte[token] + wpe[pos] and ln_1 of layer 0: one launch
-            ln_1 = self.h[0].ln_1
-            with scope("embeddings"):
-                normed, x = layer_norm(self.wte.weight, ln_1.weight, ln_1.bias, ln_1.eps, residual=self.wpe.weight,
-                                       x_index=cache.token, residual_index=cache.pos)
-            normed, x = normed[:, None], x[:, None]
-        else:
-            x = self.embed(cache.token, cache.pos)[:, None]
+        x, normed = self.embed_first_norm(cache.token[:, None], cache.pos[:, None])
         keys_ok = cache.keys_ok[:, None, None, :]
         lengths = (cache.seqlens, cache.leftpad) if fused else None
         for i, block in enumerate(self.h):

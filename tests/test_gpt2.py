@@ -174,9 +174,9 @@ def test_persistent_step_needs_the_fused_modules():
 
 
 def test_fused_embedding_matches_the_separate_launches_cpu():
-    """embed "fused": the decode step's wte[token] + wpe[pos] and layer 0's ln_1 as one layer_norm call with
-    gathered rows; on the CPU the same greedy tokens and logits, bit for bit, as the separate lookups,
-    add and norm (graph-fused's step)."""
+    """embed "fused": wte[ids] + wpe[pos] and layer 0's ln_1 as one layer_norm call with gathered rows, in
+    the prefill and in each decode step; on the CPU the same greedy tokens and logits, bit for bit, as
+    the separate lookups, add and norm (graph-fused's modules)."""
     m = GPT2.from_hf(hf_model(VARIED), backends=STEP_VARIANTS["embed"])
     separate = GPT2.from_hf(hf_model(VARIED), backends=STEP_VARIANTS["modules"])
     ids, mask = left_padded(TINY["vocab_size"], (20, 13, 6))
