@@ -51,19 +51,35 @@ struct FlashTmaMaps {
   CUtensorMap q, k, v;
 };
 
+// Head dim 64's tile variant, for A/Bs (FUSED_ATTN_NVCC_FLAGS; the defaults are the measured kernel):
+// FUSED_ATTN_FLASH_D64_BC key rows per tile (128 or 64) and FUSED_ATTN_FLASH_D64_CTAS blocks per SM (1
+// or 2). GPT-2's causal D64 prefill trails cuDNN most where blocks own 1-8 key tiles (bench/NOTES.md,
+// session 10): there a block mostly fills and drains its pipeline, one block per SM. Two blocks per SM
+// overlap one's fill with the other's tiles, at 80 registers per thread on entry and 104 for the
+// consumers (ptxas: 32 bytes of spill at BC 64); BC 64 halves the causal diagonal's masked work.
+#ifndef FUSED_ATTN_FLASH_D64_BC
+#define FUSED_ATTN_FLASH_D64_BC 128
+#endif
+#ifndef FUSED_ATTN_FLASH_D64_CTAS
+#define FUSED_ATTN_FLASH_D64_CTAS 1
+#endif
+static_assert(FUSED_ATTN_FLASH_D64_BC == 64 || FUSED_ATTN_FLASH_D64_BC == 128, "FUSED_ATTN_FLASH_D64_BC: 64 or 128");
+static_assert(FUSED_ATTN_FLASH_D64_CTAS == 1 || FUSED_ATTN_FLASH_D64_CTAS == 2, "FUSED_ATTN_FLASH_D64_CTAS: 1 or 2");
+
 template <typename T, int HD>
 struct FlashWgmmaConfig {
   static_assert(HD == 64 || HD == 128, "the wgmma kernel is built for head dims 64 and 128");
   static constexpr int kConsumers = 2;                     // warpgroups of 64 query rows
   static constexpr int kThreads = 128 * (1 + kConsumers);  // warpgroup 0 loads
   static constexpr int BR = 64 * kConsumers;
-  static constexpr int BC = 128;
+  static constexpr int BC = HD == 64 ? FUSED_ATTN_FLASH_D64_BC : 128;
   static constexpr int STAGES = 3;  // K + V tiles: 3 x 64 KB at HD 128 (224 KB with Q)
-  // Registers per thread: 168 at launch (65536 / 384, in steps of 8); the consumers' setmaxnreg.inc
-  // can only take what the loader's setmaxnreg.dec gave back to the block's pool (else it waits
-  // forever).
-  static constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;
-  static constexpr int kLoaderRegs = 24, kConsumerRegs = 240;
+  static constexpr int kBlocksPerSm = HD == 64 ? FUSED_ATTN_FLASH_D64_CTAS : 1;
+  // Registers per thread: 168 at launch (65536 / 384, in steps of 8; 80 with two blocks per SM); the
+  // consumers' setmaxnreg.inc can only take what the loader's setmaxnreg.dec gave back to the block's
+  // pool (else it waits forever).
+  static constexpr int kEntryRegs = 65536 / kThreads / kBlocksPerSm / 8 * 8;
+  static constexpr int kLoaderRegs = 24, kConsumerRegs = kBlocksPerSm == 2 ? 104 : 240;
   static_assert(kLoaderRegs * 128 + kConsumerRegs * 128 * kConsumers <= kEntryRegs * kThreads,
                 "the registers the loader gives back");
   // +1024: the tiles start at the first 1024-byte boundary of the dynamic shared memory (the
@@ -249,7 +265,7 @@ __device__ __forceinline__ void flash_wgmma_consume(const AttentionParams& p, co
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <typename T, int HD, bool kTma>
-__global__ void __launch_bounds__(FlashWgmmaConfig<T, HD>::kThreads, 1)
+__global__ void __launch_bounds__(FlashWgmmaConfig<T, HD>::kThreads, FlashWgmmaConfig<T, HD>::kBlocksPerSm)
     attention_flash_wgmma_kernel(const AttentionParams p, const __grid_constant__ FlashTmaMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = FlashWgmmaConfig<T, HD>;
