@@ -23,6 +23,10 @@ measured copy bandwidth, the time of a device copy of the same bytes and of an e
 floors of cases too small to reach the copy bandwidth), and speedups vs eager and compiled measured in
 this run.
 
+bench_embedding_layer_norm: GPT-2's embedding lookup, add and first LayerNorm (wte [50257, 768], wpe
+[1024, 768], M in {1, 4, 16, 128, 512, 2048} tokens), the same providers, the gathered rows' bytes modeled
+as add + LayerNorm's.
+
 Quick default: float16. --full: float16 and bfloat16 (--bench-dtypes overrides both). On a machine
 without a GPU the cases run on the CPU at two tiny shapes (eager and fused: the op's CPU path), which
 exercises the harness; GPU numbers need a GPU.
@@ -80,7 +84,20 @@ def bytes_call(provider: str, shape, dtype: torch.dtype, residual: bool, backwar
 
 # How bench.report names this module's cases (columns and rows come from the saved extra_info).
 REPORT_LABELS = {"bench_layer_norm": dict(title="layer_norm / rms_norm (residual: h = x + residual fused in)",
-                                          shape="shape [width,M]", order=PROVIDERS)}
+                                          shape="shape [width,M]", order=PROVIDERS),
+                 "bench_embedding_layer_norm": dict(title="embedding + layer_norm (gathered rows: x_index, "
+                                                          "residual_index)", shape="shape [width,M]",
+                                                    order=PROVIDERS)}
+
+# The embedding benchmark (bench_embedding_layer_norm): GPT-2 small's wte [50257, 768] and wpe [1024, 768],
+# M tokens (a decode step's batch up to a prefill), h = wte[ids] + wpe[pos] and y = layer_norm(h): eager
+# is the model's chain (two lookups, the add, F.layer_norm), fused one fused_attn.layer_norm with
+# x_index / residual_index. On the CPU: tiny tables.
+EMBED_TABLES = (50257, 1024)
+EMBED_ROWS = (1, 4, 16, 128, 512, 2048)
+CPU_EMBED = [(64, 4, (11, 7))]  # (width, M, table rows)
+EMBED_NOTES = {"eager": "wte[ids] + wpe[pos], then F.layer_norm", "compiled": "torch.compile of the eager chain",
+               "fused": "fused_attn.layer_norm(wte, w, b, residual=wpe, x_index=ids, residual_index=pos)"}
 
 
 def modeled_traffic(shape, dtype: torch.dtype, norm: str, residual: bool) -> tuple[int, int]:
@@ -111,10 +128,26 @@ def case_id(c: dict) -> str:
     return f"{c['provider']}-{c['norm']}-{'add-' if c['residual'] else ''}w{width}-m{rows}-{c['dtype']}"
 
 
+def make_embed_cases(config, cuda: bool | None = None) -> list[dict]:
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    shapes = [(768, m, EMBED_TABLES) for m in EMBED_ROWS] if cuda else CPU_EMBED
+    dtypes = dtypes_for(config) if cuda else ["float32"]
+    return [dict(shape=(w, m), tables=tables, dtype=dtype, provider=provider)
+            for w, m, tables in shapes for dtype in dtypes for provider in PROVIDERS]
+
+
+def embed_case_id(c: dict) -> str:
+    width, rows = c["shape"]
+    return f"{c['provider']}-embed-w{width}-m{rows}-{c['dtype']}"
+
+
 def pytest_generate_tests(metafunc):
     if "case" in metafunc.fixturenames:
         cases = make_cases(metafunc.config)
         metafunc.parametrize("case", cases, ids=[case_id(c) for c in cases])
+    if "embed_case" in metafunc.fixturenames:
+        cases = make_embed_cases(metafunc.config)
+        metafunc.parametrize("embed_case", cases, ids=[embed_case_id(c) for c in cases])
 
 
 def make_inputs(shape, dtype: torch.dtype, device, residual: bool, seed: int = 0) -> dict:
@@ -184,13 +217,13 @@ def check_call(provider: str, norm: str, out, t: dict) -> None:
 
 
 def record(benchmark, case: dict, times: list[float], device, ceilings_gbps, timer, launch_floor_us,
-           medians) -> None:
+           medians, notes: dict = NOTES) -> None:
     """extra_info of one case: percentiles, modeled bytes, bandwidth, floors, speedups in this run."""
     shape, provider, dtype = case["shape"], case["provider"], DTYPES[case["dtype"]]
     read, write = modeled_traffic(shape, dtype, case["norm"], case["residual"])
     stats = percentiles(times)
     info = dict(stats, provider=provider, shape=list(shape), dtype=case["dtype"], norm=case["norm"],
-                residual=case["residual"], note=NOTES[provider], width=shape[0], rows=shape[1], device=str(device))
+                residual=case["residual"], note=notes[provider], width=shape[0], rows=shape[1], device=str(device))
     info.update(bandwidth_info(read, write, stats["p50_us"], ceilings_gbps, timer, launch_floor_us))
     info.update(same_run_speedups(medians, benchmark.group, provider, stats["p50_us"], SPEEDUP_BASES))
     benchmark.extra_info.update(info)
@@ -211,3 +244,50 @@ def bench_layer_norm(benchmark, case, device, timer, ceilings_gbps, launch_floor
     check_call(provider, norm, fn(), t)
     times = timer.run(benchmark, fn)
     record(benchmark, case, times, device, ceilings_gbps, timer, launch_floor_us, medians)
+
+
+def make_embed_inputs(case: dict, device) -> dict:
+    """wte, wpe (N(0, 1)), ids and pos (uniform over the tables; pos int32 as our GPT-2's counters),
+    LayerNorm weight and bias, in the case's dtype."""
+    (width, rows), (vocab, positions) = case["shape"], case["tables"]
+    dtype = DTYPES[case["dtype"]]
+    gen = torch.Generator(device=device).manual_seed(0)
+    t = make_inputs((width, 1), dtype, device, False)
+    return dict(wte=torch.randn(vocab, width, generator=gen, device=device).to(dtype),
+                wpe=torch.randn(positions, width, generator=gen, device=device).to(dtype),
+                ids=torch.randint(0, vocab, (rows,), generator=gen, device=device),
+                pos=torch.randint(0, positions, (rows,), generator=gen, device=device, dtype=torch.int32),
+                weight=t["weight"], bias=t["bias"])
+
+
+def eager_embedding_layer_norm(wte, wpe, ids, pos, weight, bias, eps: float):
+    """The model's chain: two lookups, the add, then PyTorch's LayerNorm."""
+    h = wte[ids] + wpe[pos]
+    return F.layer_norm(h, (h.shape[-1],), weight, bias, eps), h
+
+
+def bench_embedding_layer_norm(benchmark, embed_case, device, timer, ceilings_gbps, launch_floor_us, medians):
+    from fused_attn import layer_norm
+
+    case, provider = embed_case, embed_case["provider"]
+    if device.type == "cpu" and provider in GPU_ONLY:
+        pytest.skip(f"{provider} is measured on a GPU only (no CUDA device here)")
+    width, rows = case["shape"]
+    benchmark.group = f"embedding+layer_norm w{width} m{rows} {case['dtype']}"
+    t = make_embed_inputs(case, device)
+    args = (t["wte"], t["wpe"], t["ids"], t["pos"], t["weight"], t["bias"], EPS["layer_norm"])
+    if provider == "fused":
+        fn = lambda: layer_norm(t["wte"], t["weight"], t["bias"], EPS["layer_norm"], residual=t["wpe"],  # noqa: E731
+                                x_index=t["ids"], residual_index=t["pos"])
+    else:
+        chain = eager_embedding_layer_norm
+        if provider == "compiled":
+            torch._dynamo.reset()
+            chain = torch.compile(chain, dynamic=False)
+        fn = lambda: chain(*args)  # noqa: E731
+    # The gathered rows as bench_layer_norm's inputs: the same check (h bit for bit, y against float64).
+    gathered = dict(x=t["wte"][t["ids"]], residual=t["wpe"][t["pos"]], weight=t["weight"], bias=t["bias"])
+    check_call(provider, "layer_norm", fn(), gathered)
+    times = timer.run(benchmark, fn)
+    record(benchmark, dict(case, norm="layer_norm", residual=True), times, device, ceilings_gbps, timer,
+           launch_floor_us, medians, EMBED_NOTES)

@@ -172,7 +172,8 @@ if has decode; then
 fi
 if has norm; then
   log "norm (bench_layer_norm)"
-  # 2 widths x 8 row counts x 2 norms x with/without residual x 3 providers in float16 (192 cases), 64 compiles
+  # 2 widths x 8 row counts x 2 norms x with/without residual x 3 providers in float16 (192 cases), 64 compiles;
+  # then the embedding + layer_norm cases (6 row counts x 3 providers)
   bench_step layer_norm "${NORM_TIMEOUT:-420}" "${NORM_ARGS:-}" bench/bench_layer_norm.py
 fi
 if has attention; then

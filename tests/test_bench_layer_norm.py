@@ -84,10 +84,14 @@ def test_cpu_smoke_run_and_its_report(tmp_path):
                            "-p", "no:cacheprovider", "--bench-rounds", "3", f"--benchmark-json={run}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "16 passed, 8 skipped" in proc.stdout
+    assert "18 passed, 9 skipped" in proc.stdout  # 16 + 8 norm cases, 2 + 1 embedding cases
+    runs = json.loads(run.read_text())["benchmarks"]
     cases = {(tuple(b["extra_info"]["shape"]), b["extra_info"]["norm"], b["extra_info"]["residual"],
-              b["extra_info"]["provider"]): b["extra_info"] for b in json.loads(run.read_text())["benchmarks"]}
+              b["extra_info"]["provider"]): b["extra_info"] for b in runs if b["name"].startswith("bench_layer_norm[")}
     assert len(cases) == 16
+    embed = [b["extra_info"] for b in runs if b["name"].startswith("bench_embedding_layer_norm[")]
+    assert [(e["provider"], e["shape"]) for e in embed] == [("eager", [64, 4]), ("fused", [64, 4])]
+    assert embed[1]["speedup_vs_eager"] > 0
     info = cases[(64, 3), "layer_norm", True, "fused"]
     assert info["modeled_bytes"] == sum(ln.modeled_traffic((64, 3), torch.float32, "layer_norm", True))
     assert {k for k in info if k.startswith("speedup_vs_")} == {"speedup_vs_eager"}
@@ -122,3 +126,25 @@ def test_bench_bytes_finds_the_layer_norm_interface():
     assert sum(mod.bytes_model("fused", mod.BYTES_SHAPE, torch.float16, True, False)) == 4 * 4096 * 4096 * 2 + 2 * 8192
     with pytest.raises(ValueError, match="backward must be False for layer_norm"):
         mod.bytes_cases(True)
+
+
+def test_embedding_cases_are_gpt2s_tables_and_every_provider():
+    quick = ln.make_embed_cases(_config(), cuda=True)
+    assert {c["tables"] for c in quick} == {(50257, 1024)} and {c["shape"][0] for c in quick} == {768}
+    assert {c["shape"][1] for c in quick} == set(ln.EMBED_ROWS) and {c["dtype"] for c in quick} == {"float16"}
+    assert len(quick) == len(ln.EMBED_ROWS) * len(ln.PROVIDERS) and set(ln.EMBED_NOTES) == set(ln.PROVIDERS)
+    assert ln.embed_case_id(quick[0]) == "eager-embed-w768-m1-float16"
+
+
+def test_embedding_providers_agree_on_the_cpu():
+    """eager's chain and the fused op give the same h and y on the CPU's tiny tables (what each
+    benchmark case checks before timing)."""
+    case = ln.make_embed_cases(_config(), cuda=False)[0]
+    t = ln.make_embed_inputs(case, torch.device("cpu"))
+    from fused_attn import layer_norm
+
+    y, h = layer_norm(t["wte"], t["weight"], t["bias"], 1e-5, residual=t["wpe"], x_index=t["ids"],
+                      residual_index=t["pos"])
+    y0, h0 = ln.eager_embedding_layer_norm(t["wte"], t["wpe"], t["ids"], t["pos"], t["weight"], t["bias"], 1e-5)
+    assert torch.equal(h, h0)
+    torch.testing.assert_close(y, y0)
