@@ -92,13 +92,9 @@ def check_args(x, residual, weight, bias, eps, x_index=None, residual_index=None
         _check_index(x_index, "x_index", x, "x", x)
     if residual_index is not None and x_index is None and x.dim() != 2:
         raise ValueError(f"x must have 2 dims [rows, width] with residual_index, got {_shape(x)}")
-    if residual is not None and (x_index is not None or residual_index is not None):
-        if not isinstance(residual, torch.Tensor):
-            raise TypeError(f"residual must be a torch.Tensor or None, got {type(residual).__name__}")
-        if residual.device != x.device:
-            raise ValueError(f"residual must be on the same device as x ({x.device}), got {residual.device}")
-        if residual.dtype != x.dtype:
-            raise ValueError(f"residual must have x's dtype ({x.dtype}), got {residual.dtype}")
+    if residual is not None:
+        gathered = x_index is not None or residual_index is not None
+        _check_like(residual, "residual", x, "x", "a torch.Tensor or None", same_shape=not gathered)
         if residual_index is not None:
             _check_index(residual_index, "residual_index", residual, "residual", x)
             if residual.shape[1] != x.shape[-1]:
@@ -107,11 +103,9 @@ def check_args(x, residual, weight, bias, eps, x_index=None, residual_index=None
             if residual_index.shape[0] != rows:
                 raise ValueError(f"residual_index must have length {rows} (the rows of y), "
                                  f"got {residual_index.shape[0]}")
-        elif tuple(residual.shape) != out_shape(x, x_index):
+        elif gathered and tuple(residual.shape) != out_shape(x, x_index):
             raise ValueError(f"residual must have shape (len(x_index), width) {_shape(out_shape(x, x_index))}, "
                              f"got {_shape(residual)}")
-    elif residual is not None:
-        _check_like(residual, "residual", x, "x", "a torch.Tensor or None")
     _check_affine(weight, "weight", x)
     _check_affine(bias, "bias", x)
     return float(eps)
@@ -222,8 +216,6 @@ def _setup_context(ctx, inputs, keyword_only_inputs, output):
 def _setup_context_add(ctx, inputs, keyword_only_inputs, output):
     x, residual, weight, bias, eps, x_index, residual_index = inputs
     ctx.eps, ctx.rms = eps, keyword_only_inputs.get("rms", False)
-    ctx.gathered = (x_index is not None, residual_index is not None)
-    ctx.table_shapes = (x.shape, residual.shape)
     ctx.save_for_backward(x, residual, weight, bias, x_index, residual_index)
 
 
@@ -257,15 +249,15 @@ def _scatter_rows(grad: torch.Tensor, index: torch.Tensor | None, shape: torch.S
 def _backward_add(ctx, grad_y, grad_h):
     x, residual, weight, bias, x_index, residual_index = ctx.saved_tensors
     xs, rs = gather_rows(x, x_index), gather_rows(residual, residual_index)
-    if not (ctx.gathered[0] or ctx.gathered[1]):
+    if x_index is None and residual_index is None:
         dx, dr, dw, db = _grads(ctx, grad_y, grad_h, xs, rs, weight, bias)
     else:
         # A row with an index out of range (NaN in y and h) gives no gradient to anything.
         live = _in_range(x_index, x.shape[0]) & _in_range(residual_index, residual.shape[0])
         gh = None if grad_h is None else grad_h[live]
         dxl, drl, dw, db = _grads(ctx, grad_y[live], gh, xs[live], rs[live], weight, bias)
-        dx = _scatter_rows(dxl, None if x_index is None else x_index[live], ctx.table_shapes[0], live)
-        dr = _scatter_rows(drl, None if residual_index is None else residual_index[live], ctx.table_shapes[1], live)
+        dx = _scatter_rows(dxl, None if x_index is None else x_index[live], x.shape, live)
+        dr = _scatter_rows(drl, None if residual_index is None else residual_index[live], residual.shape, live)
     need = ctx.needs_input_grad
     return tuple(g if n else None for g, n in zip((dx, dr, dw, db), need[:4])) + (None, None, None)
 

@@ -104,15 +104,17 @@ def _scale_value(scale) -> float:
     return float(scale)
 
 
-def _check_like(t, t_name: str, ref: torch.Tensor, ref_name: str, kind: str = "a torch.Tensor") -> None:
-    """``t`` is a tensor on ``ref``'s device with ``ref``'s dtype and shape (messages name both)."""
+def _check_like(t, t_name: str, ref: torch.Tensor, ref_name: str, kind: str = "a torch.Tensor",
+                same_shape: bool = True) -> None:
+    """``t`` is a tensor on ``ref``'s device with ``ref``'s dtype and (``same_shape``) shape (messages name
+    both)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{t_name} must be {kind}, got {type(t).__name__}")
     if t.device != ref.device:
         raise ValueError(f"{t_name} must be on the same device as {ref_name} ({ref.device}), got {t.device}")
     if t.dtype != ref.dtype:
         raise ValueError(f"{t_name} must have {ref_name}'s dtype ({ref.dtype}), got {t.dtype}")
-    if t.shape != ref.shape:
+    if same_shape and t.shape != ref.shape:
         raise ValueError(f"{t_name} must have {ref_name}'s shape {_shape(ref)}, got {_shape(t)}")
 
 

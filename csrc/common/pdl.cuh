@@ -65,6 +65,13 @@ inline long pdl_early_rows() {
 
 inline bool pdl_early(long rows) { return rows <= pdl_early_rows(); }
 
+// A kernel's params (any struct with a pdl_early field) with the flag set for a launch of `rows` rows.
+template <typename Params>
+Params with_pdl_early(Params p, long rows) {
+  p.pdl_early = pdl_early(rows);
+  return p;
+}
+
 // FUSED_ATTN_PDL=0 in the environment launches every kernel without the attribute (each waits for the
 // previous one to complete, as any launch): for telling a PDL race from other causes of a wrong result.
 inline bool pdl_enabled() {

@@ -715,8 +715,7 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
 // when p.programmatic.
 template <typename Kernel>
 void launch_attention_kernel(const DecodeParams& params, Kernel kernel, int smem, cudaStream_t stream) {
-  DecodeParams p = params;
-  p.pdl_early = pdl_early(p.batch);
+  const DecodeParams p = with_pdl_early(params, params.batch);
   launch_clustered(p.programmatic, dim3(1, p.cluster ? unsigned(p.num_splits) : 1u, 1), kernel,
                    dim3(unsigned(p.batch) * p.nheads_kv * p.row_chunks, p.num_splits), dim3(kDecodeThreads), smem,
                    stream, p);
@@ -754,8 +753,7 @@ int decode_mma_arch() {
 
 template <typename T>
 void launch_decode_combine(const DecodeParams& params, bool programmatic, cudaStream_t stream) {
-  DecodeParams p = params;
-  p.pdl_early = pdl_early(p.batch);
+  const DecodeParams p = with_pdl_early(params, params.batch);
   launch_programmatic(programmatic, decode_combine_kernel<T>, dim3(unsigned(int64_t(p.batch) * p.nheads_q * p.seqlen_new)),
                       dim3(128), 0, stream, p);
 }

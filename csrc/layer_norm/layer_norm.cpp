@@ -38,7 +38,7 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 // An index of gathered rows (x_index / residual_index): 1-D int32 / int64 on x's device, and its table
 // ([table rows, width]) 2-D. The locals are named after the arguments (the macros stringify them).
-#define FA_CHECK_INDEX(index, table, name_table)                                                              \
+#define FA_CHECK_INDEX(index, table)                                                              \
   FA_CHECK_SAME_DEVICE(index, x);                                                                             \
   FA_CHECK_ARG((index).scalar_type() == at::kInt || (index).scalar_type() == at::kLong, index,                \
                "have dtype torch.int32 or torch.int64", dtype_str((index).scalar_type()));                   \
@@ -69,7 +69,7 @@ void check_args(const at::Tensor& x, const std::optional<at::Tensor>& residual_o
   FA_CHECK_ARG(std::isfinite(eps) && eps >= 0, eps, "be a finite number >= 0", num_str(eps));
   if (x_index_opt.has_value()) {
     const at::Tensor& x_index = *x_index_opt;
-    FA_CHECK_INDEX(x_index, x, x);
+    FA_CHECK_INDEX(x_index, x);
   }
   if (residual_index_opt.has_value() && !x_index_opt.has_value()) {
     FA_CHECK_ARG(x.dim() == 2, x, "have 2 dims [rows, width] with residual_index", shape_str(x.sizes()));
@@ -80,7 +80,7 @@ void check_args(const at::Tensor& x, const std::optional<at::Tensor>& residual_o
     FA_CHECK_SAME_DTYPE(residual, x);
     if (residual_index_opt.has_value()) {
       const at::Tensor& residual_index = *residual_index_opt;
-      FA_CHECK_INDEX(residual_index, residual, residual);
+      FA_CHECK_INDEX(residual_index, residual);
       FA_CHECK_ARG(residual.size(1) == width, residual, "have x's width (" + std::to_string(width) + ")",
                    std::to_string(residual.size(1)));
       const int64_t rows = x_index_opt.has_value() ? x_index_opt->size(0) : x.size(0);

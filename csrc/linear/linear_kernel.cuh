@@ -516,8 +516,7 @@ bool allow_norm_smem(Kernel kernel) {
 
 template <typename T, int MT, int NB, bool kNorm>
 void launch_nb(const LinearParams& params, int threads, cudaStream_t stream) {
-  LinearParams p = params;
-  p.pdl_early = pdl_early(p.m);
+  const LinearParams p = with_pdl_early(params, params.m);
   const int64_t cols_per_block = p.activation == kActSwiglu ? NB / 2 : NB;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
   // Programmatic where the kernel has the sm_90 code (common/pdl.cuh); checked once per kernel, with
@@ -537,8 +536,7 @@ void launch_nb(const LinearParams& params, int threads, cudaStream_t stream) {
 
 template <typename T, int MT, bool kNorm>
 void launch_linear_mma(const LinearParams& params, cudaStream_t stream) {
-  LinearParams p = params;
-  p.pdl_early = pdl_early(p.m);
+  const LinearParams p = with_pdl_early(params, params.m);
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));

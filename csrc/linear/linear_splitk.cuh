@@ -86,8 +86,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads) linear_splitk_kernel(const 
 
 template <typename T, int MT>
 void launch_linear_splitk(const LinearParams& params, int splits, cudaStream_t stream) {
-  LinearParams p = params;
-  p.pdl_early = pdl_early(p.m);
+  const LinearParams p = with_pdl_early(params, params.m);
   static_assert(MT == 8 || MT == 16, "the tensor-core kernels take one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block), unsigned(splits));

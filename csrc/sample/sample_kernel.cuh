@@ -203,8 +203,7 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
 
 template <typename T>
 void launch_sample(const SampleParams& params, cudaStream_t stream) {
-  SampleParams p = params;
-  p.pdl_early = pdl_early(p.rows);
+  const SampleParams p = with_pdl_early(params, params.rows);
   // A row's blocks form one cluster where p.cluster (launch_clustered adds the attribute above 1 block).
   launch_clustered(p.programmatic, dim3(unsigned(p.cluster ? p.blocks_per_row : 1), 1, 1), sample::sample_kernel<T>,
                    dim3(unsigned(p.blocks_per_row), unsigned(p.rows)), dim3(kSampleThreads), 0, stream, p);
