@@ -65,7 +65,7 @@ def run_case(hf, dtype: torch.dtype, batch: int, steps: int, replays: int, promp
     # The model's own steps, their logits recorded.
     seen, tokens = [], []
     real = m.logits
-    m.logits = lambda x: seen.append(real(x)) or seen[-1]
+    m.logits = lambda x, normed=None: seen.append(real(x, normed)) or seen[-1]
     with torch.no_grad():
         for _ in range(steps):
             tokens.append(cache.token.clone())

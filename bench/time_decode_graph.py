@@ -42,7 +42,7 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
     # One eager step's logits, then the same step replayed: equal up to run-to-run order (none: same kernels).
     seen = []
     real = m.logits
-    m.logits = lambda x: seen.append(real(x).clone()) or seen[-1]
+    m.logits = lambda x, normed=None: seen.append(real(x, normed).clone()) or seen[-1]
     with torch.no_grad():
         m.decode_step(cache)
     del m.logits

@@ -106,6 +106,14 @@ _define("sample_out(Tensor logits, float temperature, int seed, int offset, Tens
 # register_autograd differentiates positional tensors only.
 _define("linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None, Tensor? norm_weight=None, "
         "Tensor? norm_bias=None, *, int activation=0, int norm=0, float eps=1e-05) -> Tensor")
+# linear, then the norm of its output's rows: returns (y, post_norm(y)). post_norm: 1 layer_norm, 2 rms_norm
+# (post_weight / post_bias [out], x's dtype or float32, post_eps), as layer_norm / rms_norm compute it on y
+# as stored. workspace: int32 [>= 1], zeros on first use; each call leaves it zero (the CUDA kernel's
+# count of finished blocks: one launch at a time per workspace). Not differentiable (the wrapper
+# composes linear and layer_norm when a gradient is wanted).
+_define("linear_post_norm(Tensor x, Tensor weight, Tensor? bias, Tensor? residual, Tensor? norm_weight, "
+        "Tensor? norm_bias, Tensor? post_weight, Tensor? post_bias, Tensor(a!) workspace, *, int activation=0, "
+        "int norm=0, float eps=1e-05, int post_norm=1, float post_eps=1e-05) -> (Tensor, Tensor)")
 
 # One whole GPT-2 decode step in one launch (a persistent kernel, grid-wide barriers between stages):
 # embedding, n_layer pre-LN blocks (their keys and values written into the caches at slot seqlens[b]),

@@ -12,9 +12,11 @@ and reports it as graph-eager), graph-softmax (the same, with the previous decod
 index_copy_ appends, Q·Kᵀ, scaled_masked_softmax, P·V; kept to measure the change), compile-graph
 (the peer: the same model's plain PyTorch decode step, SDPA + addmm, through torch.compile and
 then captured in one CUDA graph, gpt-fast's recipe; GPU only), graph-fused (graph with every module
-on fused_attn's ops: layer_norm, linear with bias / GELU / residual in the epilogue, mlp; the
-decode step issue 13 builds), graph-folded (graph-fused with ln_1 / ln_2 in the prologue of c_attn / c_fc),
-graph-embed (graph-fused with the embedding lookup and the first ln_1 in one layer_norm launch),
+on fused_attn's ops: layer_norm, linear with bias / GELU / residual in the epilogue, mlp, the
+embedding lookup and the first ln_1 in one layer_norm launch; the decode step issue 13 builds),
+graph-folded (graph-fused with ln_1 / ln_2 in the prologue of c_attn / c_fc, the embedding unfused),
+graph-epilogue (graph-fused with each norm after a residual projection in that projection's launch:
+linear's post_norm),
 graph-persistent (graph-fused's prefill, then the whole decode step as one gpt2_decode_step launch: one
 persistent kernel). Prints the continuation,
 TTFT (prompt in, first token out), TBT p50/p95 (each further token) and tokens/s; with
@@ -43,7 +45,7 @@ from dataclasses import dataclass
 import torch
 
 BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-static-fused", "hf-fused", "compile-graph", "graph-softmax",
-            "graph", "graph-fused", "graph-folded", "graph-embed", "graph-persistent")
+            "graph", "graph-fused", "graph-folded", "graph-epilogue", "graph-persistent")
 # The transformers backends: attention implementation of each, and those with a StaticCache.
 HF_IMPL = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-static-fused": "fused_attn",
            "hf-fused": "fused_attn"}
@@ -51,12 +53,14 @@ STATIC = ("hf-static", "hf-static-fused")
 # Our GPT-2's backends: the fused_attn.gpt2 module backends each one uses; COMPILED: those whose
 # decode step goes through torch.compile before its CUDA graph is captured (GPU only, as STATIC).
 _FUSED = {"layer_norm": "fused", "linear": "fused", "mlp": "fused"}
-# graph-folded: graph-fused with ln_1 / ln_2 in the prologue of c_attn / c_fc (the fold's A/B);
-# graph-embed: graph-fused with the decode step's embedding and first ln_1 in one launch (its A/B).
-GRAPH_BACKENDS = {"graph-fused": {"attention": "fused", **_FUSED}, "graph": {"attention": "fused"},
+# graph-fused: with the embedding and the first ln_1 in one launch (embed "fused": H100 fp16, hot step,
+# B16 452 -> 432 us, B1 even; bench/NOTES.md, session 11). graph-folded: ln_1 / ln_2 in the prologue
+# of c_attn / c_fc (the fold's A/B; embed "fused" needs layer_norm "fused"). graph-epilogue: each norm
+# after a residual projection in that projection's launch (layer_norm "epilogue", its A/B).
+GRAPH_BACKENDS = {"graph-fused": {"attention": "fused", **_FUSED, "embed": "fused"}, "graph": {"attention": "fused"},
                   "graph-softmax": {"attention": "softmax"}, "compile-graph": {"attention": "sdpa"},
                   "graph-folded": {"attention": "fused", **_FUSED, "layer_norm": "folded"},
-                  "graph-embed": {"attention": "fused", **_FUSED, "embed": "fused"},
+                  "graph-epilogue": {"attention": "fused", **_FUSED, "layer_norm": "epilogue", "embed": "fused"},
                   "graph-persistent": {"attention": "fused", **_FUSED, "step": "persistent"}}
 COMPILED = ("compile-graph",)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

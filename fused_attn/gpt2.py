@@ -61,6 +61,10 @@ RANDOM_NAME = "gpt2-random"
 # (c_attn, c_fc: linear's norm= arguments), one launch each instead of two; ln_f stays its own launch
 # (fused_attn.layer_norm), since the lm_head's 12.5k blocks would each repeat the prologue (bench_linear,
 # H100 fp16 M 1: 53.7 us folded against 31.5 unfolded, bench/NOTES.md).
+# layer_norm "epilogue" (with linear "fused"): each norm after a residual projection runs in that
+# projection's launch (linear's post_norm: its last block normalizes the finished rows): ln_2 in the
+# attention's c_proj, the next layer's ln_1 (ln_f after the last layer) in the MLP's c_proj; the MLP
+# then runs as its two linear launches. Only layer 0's ln_1 keeps a launch (or the fused embedding's).
 # step: "modules" (the decode step through the modules above) or "persistent" (the whole decode step in
 # one fused_attn.gpt2_decode_step launch: one persistent kernel, issue 13; with every other kind "fused",
 # whose modules run the prefill on the same weights, packed in the op's stacked layout). Measured slower
@@ -69,7 +73,8 @@ RANDOM_NAME = "gpt2-random"
 # in one fused_attn.layer_norm launch (its gathered rows: x_index / residual_index), in the prefill and
 # in each decode step, in place of two index_select launches, an add and the norm's launch
 # (bench/NOTES.md, session 10).
-BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"), "layer_norm": ("eager", "fused", "folded"),
+BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"),
+            "layer_norm": ("eager", "fused", "folded", "epilogue"),
             "linear": ("eager", "fused"), "mlp": ("eager", "fused"), "step": ("modules", "persistent"),
             "embed": ("eager", "fused")}
 
@@ -130,8 +135,19 @@ class Linear(nn.Module):
         return self.weight.t()
 
     def forward(self, x: torch.Tensor, *, activation: str | None = None,
-                residual: torch.Tensor | None = None, ln: "LayerNorm | None" = None) -> torch.Tensor:
-        """``ln``: a LayerNorm applied to x first, in the launch's prologue with the fused backend."""
+                residual: torch.Tensor | None = None, ln: "LayerNorm | None" = None,
+                post_ln: "LayerNorm | None" = None, workspace: torch.Tensor | None = None):
+        """``ln``: a LayerNorm applied to x first, in the launch's prologue with the fused backend.
+        ``post_ln``: returns ``(y, post_ln(y))``, the norm in the launch's epilogue with the fused backend
+        (``workspace``: fused_attn.linear's)."""
+        if post_ln is not None:
+            if self.backend == "fused":
+                return linear(x, self.weight_nk, self.bias, activation=activation, residual=residual,
+                              **({} if ln is None else ln.fold_args()), post_norm="layer_norm",
+                              post_norm_weight=post_ln.weight, post_norm_bias=post_ln.bias, post_eps=post_ln.eps,
+                              workspace=workspace)
+            y = self(x, activation=activation, residual=residual, ln=ln)
+            return y, post_ln(y)
         if self.backend == "fused":
             return linear(x, self.weight_nk, self.bias, activation=activation, residual=residual,
                           **({} if ln is None else ln.fold_args()))
@@ -156,7 +172,7 @@ class LayerNorm(nn.Module):
         return dict(norm="layer_norm", norm_weight=self.weight, norm_bias=self.bias, eps=self.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.backend in ("fused", "folded"):  # called on its own, a folded norm is our kernel's launch
+        if self.backend in ("fused", "folded", "epilogue"):  # on its own, a folded norm is our kernel's launch
             return layer_norm(x, self.weight, self.bias, self.eps)
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
@@ -190,7 +206,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, *, causal: bool,
                 cache: KVCache | None = None, input_pos: torch.Tensor | None = None,
                 attend_cache: bool = False, lengths: tuple[torch.Tensor, torch.Tensor] | None = None,
-                residual: torch.Tensor | None = None, ln: LayerNorm | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None, ln: LayerNorm | None = None,
+                post_ln: LayerNorm | None = None, workspace: torch.Tensor | None = None):
         """``x`` ``[batch, seqlen, n_embd]``; ``keys_ok`` bool, broadcastable to the scores
         ``[batch, nheads, seqlen, keys]``. With ``cache``, the new keys and values are written at
         ``input_pos``; ``attend_cache`` attends over the whole cache instead of the new keys only.
@@ -198,18 +215,21 @@ class Attention(nn.Module):
         left-padded decode step: the "fused" backend then appends and attends in one
         ``decode_attention`` call (``input_pos`` and ``keys_ok`` are the eager backend's). ``residual``
         is added to the output projection (in its epilogue with the fused linear backend); ``ln`` is
-        applied to x first (in c_attn's prologue with the fused linear backend)."""
+        applied to x first (in c_attn's prologue with the fused linear backend); with ``post_ln`` returns
+        ``(out, post_ln(out))`` (Linear's post_ln)."""
+        post = dict(post_ln=post_ln, workspace=workspace) if post_ln is not None else {}
         b, s, _ = x.shape
         q, k, v = self.c_attn(x, ln=ln).view(b, s, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if cache is not None and attend_cache and lengths is not None and self.backend == "fused":
             a = decode_attention(q, cache.k, cache.v, lengths[0], k_new=k, v_new=v, cache_leftpad=lengths[1],
                                  scale=self.scale)
-            return self.c_proj(a.transpose(1, 2).reshape(b, s, -1), residual=residual)
+            return self.c_proj(a.transpose(1, 2).reshape(b, s, -1), residual=residual, **post)
         if cache is not None:
             k_all, v_all = cache.update(input_pos, k, v)
             if attend_cache:
                 k, v = k_all, v_all
-        return self.c_proj(self.attend(q, k, v, keys_ok, causal).transpose(1, 2).reshape(b, s, -1), residual=residual)
+        return self.c_proj(self.attend(q, k, v, keys_ok, causal).transpose(1, 2).reshape(b, s, -1), residual=residual,
+                           **post)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys_ok: torch.Tensor,
                causal: bool) -> torch.Tensor:
@@ -234,8 +254,13 @@ class MLP(nn.Module):
         self.backend = backend
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
-                ln: LayerNorm | None = None) -> torch.Tensor:
-        """c_proj(gelu_tanh(c_fc(ln(x)))) + residual (x itself without ``ln``)."""
+                ln: LayerNorm | None = None, post_ln: LayerNorm | None = None,
+                workspace: torch.Tensor | None = None):
+        """c_proj(gelu_tanh(c_fc(ln(x)))) + residual (x itself without ``ln``); with ``post_ln``, the pair
+        ``(out, post_ln(out))`` (the norm in c_proj's epilogue with the fused linear backend)."""
+        if post_ln is not None:
+            return self.c_proj(self.c_fc(x, activation="gelu_tanh", ln=ln), residual=residual, post_ln=post_ln,
+                               workspace=workspace)
         if self.backend == "fused":
             return mlp(x, self.c_fc.weight_nk, self.c_fc.bias, self.c_proj.weight_nk, self.c_proj.bias,
                        residual=residual, **({} if ln is None else ln.fold_args()))
@@ -251,12 +276,23 @@ class Block(nn.Module):
         self.mlp = MLP(config, backends["mlp"], backends["linear"])
         # layer_norm "folded": ln_1 runs in c_attn's launch, ln_2 in c_fc's (their prologue).
         self.fold_norms = backends["layer_norm"] == "folded"
+        # layer_norm "epilogue": ln_2 in c_proj's launch (attention), the next norm in the MLP's c_proj.
+        self.post_norms = backends["layer_norm"] == "epilogue"
 
     def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, normed: torch.Tensor | None = None,
-                **attn_kw) -> torch.Tensor:
+                next_ln: LayerNorm | None = None, workspace: torch.Tensor | None = None, **attn_kw):
         """x + attn(ln_1(x)), then that + mlp(ln_2(that)); each residual add is the output
         projection's (an epilogue with the fused linear backend, an add kernel with eager). ``normed``:
-        ln_1(x) already computed (the fused embedding's launch), not computed again."""
+        ln_1(x) already computed (the fused embedding's launch, or the previous block's epilogue), not
+        computed again. With layer_norm "epilogue" returns ``(x, next_ln(x))``: ``next_ln`` is the next
+        layer's ln_1 or ln_f, run in the MLP's c_proj launch (``workspace``: linear's)."""
+        if self.post_norms:
+            with scope("ln_1"):
+                h = normed if normed is not None else self.ln_1(x)
+            with scope("attention"):  # QKV, cache update, attention, output projection + residual + ln_2
+                x, h = self.attn(h, keys_ok, residual=x, post_ln=self.ln_2, workspace=workspace, **attn_kw)
+            with scope("mlp"):  # c_fc + GELU, c_proj + residual + the next norm
+                return self.mlp(h, residual=x, post_ln=next_ln, workspace=workspace)
         if self.fold_norms:
             with scope("attention"):  # ln_1 + QKV projection, cache update, attention, output projection + residual
                 x = self.attn(x, keys_ok, residual=x, ln=self.ln_1, **attn_kw)
@@ -297,6 +333,9 @@ class DecodeCache(nn.Module):
                              persistent=False)
         self.register_buffer("keys_ok", torch.zeros(batch, max_len, dtype=torch.bool, device=device), persistent=False)
         self.register_buffer("slot", torch.zeros(1, dtype=torch.long, device=device), persistent=False)
+        # fused_attn.linear's post_norm workspace (layer_norm "epilogue"): its kernels' block count, zero
+        # between launches.
+        self.register_buffer("post_workspace", torch.zeros(1, dtype=torch.int32, device=device), persistent=False)
         # The per-token counters in one int32 buffer, so one add advances them all: decode_attention's
         # valid slots per sequence (seqlens), the position ids (pos) and the sampler's offset (rng).
         self.register_buffer("counters", torch.zeros(2 * batch + 1, dtype=torch.int32, device=device),
@@ -457,9 +496,10 @@ class GPT2(nn.Module):
         shape = (*ids.shape, self.config.n_embd)
         return x.view(shape), normed.view(shape)
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
+    def logits(self, x: torch.Tensor, normed: torch.Tensor | None = None) -> torch.Tensor:
+        """lm_head(ln_f(x)); ``normed``: ln_f(x) already computed (layer_norm "epilogue")."""
         with scope("ln_f"):
-            x = self.ln_f(x)
+            x = self.ln_f(x) if normed is None else normed
         with scope("lm_head"):
             if self.backends["linear"] == "fused":  # wte is [vocab, n_embd]: nn.Linear's layout already
                 return linear(x, self.wte.weight)
@@ -469,20 +509,39 @@ class GPT2(nn.Module):
         """Logits ``[batch, seqlen, vocab]`` of a causal (teacher-forced) pass over left-padded prompts."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        return self.logits(self.hidden(input_ids, attention_mask))
+        return self.logits(*self._hidden(input_ids, attention_mask))
 
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                cache: DecodeCache | None = None) -> torch.Tensor:
         """Hidden states ``[batch, seqlen, n_embd]`` of a causal pass over left-padded prompts; with
         ``cache``, each layer's keys and values are also written into its first seqlen slots."""
+        return self._hidden(input_ids, attention_mask, cache)[0]
+
+    def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                cache: DecodeCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(hidden, ln_f(hidden) or None)``: hidden() and, with layer_norm "epilogue", the final norm."""
         keys_ok = attention_mask.bool()[:, None, None, :]
         x, normed = self.embed_first_norm(input_ids, self.positions(attention_mask))
         kw: dict = dict(causal=True)
         if cache is not None:
             kw["input_pos"] = torch.arange(input_ids.shape[1], device=input_ids.device)
+        return self._blocks(x, normed, keys_ok, None if cache is None else cache, **kw)
+
+    def _blocks(self, x: torch.Tensor, normed: torch.Tensor | None, keys_ok: torch.Tensor,
+                cache: DecodeCache | None, **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every block over x (``normed``: layer 0's ln_1(x) or None); returns ``(x, ln_f(x))`` with
+        layer_norm "epilogue" (each block's MLP normalizes for the next; the cache's workspace in a
+        decode step), else ``(x, None)``."""
+        post = self.backends["layer_norm"] == "epilogue"
         for i, block in enumerate(self.h):
-            x = block(x, keys_ok, normed if i == 0 else None, cache=None if cache is None else cache.layers[i], **kw)
-        return x
+            layer = None if cache is None else cache.layers[i]
+            if post:
+                nxt = self.h[i + 1].ln_1 if i + 1 < len(self.h) else self.ln_f
+                ws = None if cache is None else cache.post_workspace
+                x, normed = block(x, keys_ok, normed, next_ln=nxt, workspace=ws, cache=layer, **kw)
+            else:
+                x = block(x, keys_ok, normed if i == 0 else None, cache=layer, **kw)
+        return x, normed if post else None
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -492,10 +551,10 @@ class GPT2(nn.Module):
         s = input_ids.shape[1]
         cache.keys_ok.zero_()
         cache.keys_ok[:, :s] = attention_mask.bool()
-        last = self.hidden(input_ids, attention_mask, cache=cache)[:, -1]
+        x, normed = self._hidden(input_ids, attention_mask, cache=cache)
         if cache.fused_sampler and cache.temperature > 0:  # seeded: generate() calls torch.manual_seed(seed)
             cache.rng.copy_(torch.randint(0, 2**31 - 1, (1,), device=cache.rng.device))
-        cache.set_next_token(self.logits(last))
+        cache.set_next_token(self.logits(x[:, -1], None if normed is None else normed[:, -1]))
         cache.slot.fill_(s)
         cache.seqlens.fill_(s)
         cache.leftpad.copy_(s - attention_mask.sum(-1))
@@ -525,10 +584,9 @@ class GPT2(nn.Module):
         x, normed = self.embed_first_norm(cache.token[:, None], cache.pos[:, None])
         keys_ok = cache.keys_ok[:, None, None, :]
         lengths = (cache.seqlens, cache.leftpad) if fused else None
-        for i, block in enumerate(self.h):
-            x = block(x, keys_ok, normed if i == 0 else None, causal=False, cache=cache.layers[i],
-                      input_pos=cache.slot, attend_cache=True, lengths=lengths)
-        cache.set_next_token(self.logits(x[:, 0]))
+        x, normed = self._blocks(x, normed, keys_ok, cache, causal=False, input_pos=cache.slot, attend_cache=True,
+                                 lengths=lengths)
+        cache.set_next_token(self.logits(x[:, 0], None if normed is None else normed[:, 0]))
         cache.advance(slot=not fused)
 
     def decode_cache(self, batch: int, max_len: int, temperature: float = 0.0, top_k: int = 0) -> DecodeCache:
@@ -627,12 +685,12 @@ def check_backends(backends: dict[str, str] | None) -> dict[str, str]:
         if backend not in BACKENDS[kind]:
             raise ValueError(f"backends[{kind!r}] must be one of {BACKENDS[kind]}, got {backend!r}")
         chosen[kind] = backend
-    if chosen["layer_norm"] == "folded" and chosen["linear"] != "fused":
-        raise ValueError(f"backends['layer_norm'] 'folded' must come with backends['linear'] 'fused' (the norm runs "
-                         f"in fused_attn.linear's prologue), got {chosen['linear']!r}")
-    if chosen["embed"] == "fused" and chosen["layer_norm"] != "fused":
-        raise ValueError(f"backends['embed'] 'fused' must come with backends['layer_norm'] 'fused' (ln_1 of the "
-                         f"first layer runs in the embedding's launch), got {chosen['layer_norm']!r}")
+    if chosen["layer_norm"] in ("folded", "epilogue") and chosen["linear"] != "fused":
+        raise ValueError(f"backends['layer_norm'] {chosen['layer_norm']!r} must come with backends['linear'] 'fused' "
+                         f"(the norm runs in fused_attn.linear's launch), got {chosen['linear']!r}")
+    if chosen["embed"] == "fused" and chosen["layer_norm"] not in ("fused", "epilogue"):
+        raise ValueError(f"backends['embed'] 'fused' must come with backends['layer_norm'] 'fused' or 'epilogue' (ln_1 "
+                         f"of the first layer runs in the embedding's launch), got {chosen['layer_norm']!r}")
     if chosen["step"] == "persistent":
         for kind in ("attention", "layer_norm", "linear", "mlp"):
             if chosen[kind] != "fused":

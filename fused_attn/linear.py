@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from fused_attn import _ops, reference
-from fused_attn.layer_norm import eps_value
+from fused_attn.layer_norm import eps_value, layer_norm, rms_norm
 from fused_attn.softmax import _shape
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -45,10 +45,30 @@ def activation_code(activation) -> int:
     return ACTIVATIONS[activation]
 
 
-def norm_code(norm) -> int:
+def norm_code(norm, name: str = "norm") -> int:
     if not isinstance(norm, (str, type(None))) or norm not in NORMS:
-        raise ValueError(f"norm must be None, 'layer_norm' or 'rms_norm', got {norm!r}")
+        raise ValueError(f"{name} must be None, 'layer_norm' or 'rms_norm', got {norm!r}")
     return NORMS[norm]
+
+
+def _check_affines(x: torch.Tensor, norm: int, weight: tuple, bias: tuple, dim: str, size: int, what: str) -> None:
+    """A norm's (weight, name) and (bias, name): None, or [size] tensors on x's device in x's dtype or
+    float32; none without the norm (code 0), no bias with rms_norm."""
+    for t, name in (weight, bias):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if norm == 0:
+            raise ValueError(f"{name} must be None without {what}, got a tensor")
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on the same device as x ({x.device}), got {t.device}")
+        if t.dtype not in (x.dtype, torch.float32):
+            raise ValueError(f"{name} must have x's dtype ({x.dtype}) or torch.float32, got {t.dtype}")
+        if tuple(t.shape) != (size,):
+            raise ValueError(f"{name} must have shape ({dim},) = ({size},), got {_shape(t)}")
+    if norm == NORMS["rms_norm"] and bias[0] is not None:
+        raise ValueError(f"{bias[1]} must be None with rms_norm, got a tensor")
 
 
 def check_norm(x: torch.Tensor, norm: int, norm_weight, norm_bias, eps) -> float:
@@ -57,22 +77,37 @@ def check_norm(x: torch.Tensor, norm: int, norm_weight, norm_bias, eps) -> float
     if norm not in _NORM_NAMES:
         raise ValueError(f"norm must be 0 (none), 1 (layer_norm) or 2 (rms_norm), got {norm!r}")
     eps = eps_value(eps)
-    for t, name in ((norm_weight, "norm_weight"), (norm_bias, "norm_bias")):
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
-        if norm == 0:
-            raise ValueError(f"{name} must be None without a norm, got a tensor")
-        if t.device != x.device:
-            raise ValueError(f"{name} must be on the same device as x ({x.device}), got {t.device}")
-        if t.dtype not in (x.dtype, torch.float32):
-            raise ValueError(f"{name} must have x's dtype ({x.dtype}) or torch.float32, got {t.dtype}")
-        if tuple(t.shape) != (x.shape[-1],):
-            raise ValueError(f"{name} must have shape (in_features,) = ({x.shape[-1]},), got {_shape(t)}")
-    if norm == NORMS["rms_norm"] and norm_bias is not None:
-        raise ValueError("norm_bias must be None with rms_norm, got a tensor")
+    _check_affines(x, norm, (norm_weight, "norm_weight"), (norm_bias, "norm_bias"), "in_features", x.shape[-1],
+                   "a norm")
     return float(eps)
+
+
+def check_post_norm(x: torch.Tensor, n_out: int, post_norm: int, post_weight, post_bias, post_eps,
+                    workspace) -> float:
+    """Raise TypeError / ValueError naming the bad post-normalization argument (the messages of
+    csrc/linear/linear.cpp); return ``post_eps`` as a float."""
+    if post_norm not in (1, 2):
+        raise ValueError(f"post_norm must be 1 (layer_norm) or 2 (rms_norm), got {post_norm!r}")
+    try:
+        post_eps = eps_value(post_eps)
+    except (TypeError, ValueError) as e:
+        raise type(e)(str(e).replace("eps must", "post_eps must", 1)) from None
+    _check_affines(x, post_norm, (post_weight, "post_norm_weight"), (post_bias, "post_norm_bias"), "out", n_out,
+                   "a post_norm")
+    if workspace is not None:
+        if not isinstance(workspace, torch.Tensor):
+            raise TypeError(f"workspace must be a torch.Tensor or None, got {type(workspace).__name__}")
+        if workspace.device != x.device:
+            raise ValueError(f"workspace must be on the same device as x ({x.device}), got {workspace.device}")
+        if workspace.dtype != torch.int32:
+            raise ValueError(f"workspace must have dtype torch.int32, got {workspace.dtype}")
+        if workspace.dim() != 1 or workspace.numel() < 1:
+            raise ValueError(f"workspace must have 1 dim and at least 1 element, got {_shape(workspace)}")
+    return post_eps
+
+
+def _wants_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def _check_param(t, name: str, x: torch.Tensor, xn: str, shape: tuple) -> None:
@@ -144,7 +179,12 @@ def linear(
     norm_weight: torch.Tensor | None = None,
     norm_bias: torch.Tensor | None = None,
     eps: float = 1e-5,
-) -> torch.Tensor:
+    post_norm: str | None = None,
+    post_norm_weight: torch.Tensor | None = None,
+    post_norm_bias: torch.Tensor | None = None,
+    post_eps: float = 1e-5,
+    workspace: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``act(norm(x) @ weight.T + bias) + residual``, float32 accumulation, one rounding to x's dtype.
 
     Args:
@@ -164,8 +204,21 @@ def linear(
             multiplied. A pre-LN transformer's norm and the projection after it in one launch.
         norm_weight, norm_bias: optional ``[in_features]``, x's dtype or float32 (absent: 1 / 0);
             ``norm_bias`` with ``"layer_norm"`` only. eps: finite, >= 0, added to the variance.
+        post_norm: None, ``"layer_norm"`` or ``"rms_norm"``: also return the output's rows normalized,
+            exactly as ``fused_attn.layer_norm(y, post_norm_weight, post_norm_bias, post_eps)`` /
+            ``rms_norm(y, post_norm_weight, post_eps)`` return them for the returned y. A pre-LN
+            transformer's projection + residual and the next norm in one launch: the last block of our
+            kernel to finish normalizes the rows (up to 4 rows in float16 / bfloat16, 16 in float32,
+            outputs up to 1024 wide, without ``norm``); elsewhere ``layer_norm``'s kernel runs after
+            the matmul (same result, one launch more).
+        post_norm_weight, post_norm_bias: optional ``[out]``, x's dtype or float32.
+        workspace: with ``post_norm`` on CUDA, an int32 tensor of >= 1 element, zeros before its first
+            use (each call leaves it zero): the kernel's count of finished blocks, so calls sharing one
+            must run one after the other (one stream). None: a fresh one per call (one fill launch more).
 
-    Returns ``[..., out]`` in x's dtype, where out is out_features (hidden for swiglu). On CUDA,
+    Returns ``[..., out]`` in x's dtype, where out is out_features (hidden for swiglu), and with
+    ``post_norm`` the pair ``(y, normed)``, both that shape. With ``post_norm`` and an input that
+    requires grad, ``linear`` and ``layer_norm`` run one after the other (their backward). On CUDA,
     up to ``MAX_GEMV_ROWS`` rows of x (the product of its leading dims) run our kernel, one launch
     that reads the weight once; more rows run cuBLAS (``addmm``) with the epilogue as separate
     passes. Launches on the current stream, never synchronizes the host, works under
@@ -176,12 +229,33 @@ def linear(
     """
     code = activation_code(activation)
     ncode = norm_code(norm)
-    check_args(x, weight, bias, residual, code)
+    n_out = check_args(x, weight, bias, residual, code)
     eps = check_norm(x, ncode, norm_weight, norm_bias, eps)
+    pcode = norm_code(post_norm, "post_norm")
+    if pcode == 0:
+        for t, name in ((post_norm_weight, "post_norm_weight"), (post_norm_bias, "post_norm_bias"),
+                        (workspace, "workspace")):
+            if t is not None:
+                got = "a tensor" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name} must be None without a post_norm, got {got}")
+    else:
+        post_eps = check_post_norm(x, n_out, pcode, post_norm_weight, post_norm_bias, post_eps, workspace)
     if x.device.type == "cuda":
         if weight.stride(-1) != 1 and weight.shape[-1] > 1:
             weight = weight.contiguous()
         _ops.ensure_loaded()
+    if pcode:
+        if _wants_grad(x, weight, bias, residual, norm_weight, norm_bias, post_norm_weight, post_norm_bias):
+            y = linear(x, weight, bias, activation=activation, residual=residual, norm=norm, norm_weight=norm_weight,
+                       norm_bias=norm_bias, eps=eps)
+            if pcode == NORMS["rms_norm"]:
+                return y, rms_norm(y, post_norm_weight, post_eps)
+            return y, layer_norm(y, post_norm_weight, post_norm_bias, post_eps)
+        if workspace is None:
+            workspace = torch.zeros(1, dtype=torch.int32, device=x.device)
+        return torch.ops.fused_attn.linear_post_norm(x, weight, bias, residual, norm_weight, norm_bias,
+                                                     post_norm_weight, post_norm_bias, workspace, activation=code,
+                                                     norm=ncode, eps=eps, post_norm=pcode, post_eps=post_eps)
     if ncode == 0:  # the schema's defaults: graphs and traces of the plain op stay as they were
         return torch.ops.fused_attn.linear(x, weight, bias, residual, activation=code)
     return torch.ops.fused_attn.linear(x, weight, bias, residual, norm_weight, norm_bias, activation=code,
@@ -250,6 +324,45 @@ def _register() -> None:
         return _reference(x, weight, bias, residual, norm_weight, norm_bias, activation, norm, eps)
 
     torch.library.register_autograd(lib, _backward, setup_context=_setup_context)
+
+    post = "fused_attn::linear_post_norm"
+
+    def _post_checks(x, weight, bias, residual, norm_weight, norm_bias, post_weight, post_bias, workspace, activation,
+                     norm, eps, post_norm, post_eps):
+        n_out = check_args(x, weight, bias, residual, activation)
+        eps = check_norm(x, norm, norm_weight, norm_bias, eps)
+        post_eps = check_post_norm(x, n_out, post_norm, post_weight, post_bias, post_eps, workspace)
+        return n_out, eps, post_eps
+
+    @torch.library.register_fake(post)
+    def _post_fake(x, weight, bias, residual, norm_weight, norm_bias, post_weight, post_bias, workspace, *,
+                   activation=0, norm=0, eps=1e-5, post_norm=1, post_eps=1e-5):
+        n_out, _, _ = _post_checks(x, weight, bias, residual, norm_weight, norm_bias, post_weight, post_bias,
+                                   workspace, activation, norm, eps, post_norm, post_eps)
+        return x.new_empty((*x.shape[:-1], n_out)), x.new_empty((*x.shape[:-1], n_out))
+
+    @torch.library.register_kernel(post, "cpu")
+    def _post_cpu(x, weight, bias, residual, norm_weight, norm_bias, post_weight, post_bias, workspace, *,
+                  activation=0, norm=0, eps=1e-5, post_norm=1, post_eps=1e-5):
+        _, eps, post_eps = _post_checks(x, weight, bias, residual, norm_weight, norm_bias, post_weight, post_bias,
+                                        workspace, activation, norm, eps, post_norm, post_eps)
+        y = _reference(x, weight, bias, residual, norm_weight, norm_bias, activation, norm, eps)
+        normed = reference.layer_norm(y, post_weight, post_bias, post_eps, rms=post_norm == NORMS["rms_norm"],
+                                      compute_dtype=_compute_dtype(x))
+        return y, normed
+
+    names = ("x", "weight", "bias", "residual", "norm_weight", "norm_bias", "post_weight", "post_bias")
+
+    def _post_autograd(*args, **kwargs):
+        for name, t in zip(names, args):
+            if _wants_grad(t):
+                raise ValueError(f"{name} must not require grad (linear_post_norm counts on its workspace and records "
+                                 f"no gradient; fused_attn.linear(post_norm=...) runs linear and layer_norm when a "
+                                 f"gradient is wanted), got requires_grad=True")
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.fused_attn.linear_post_norm(*args, **kwargs)
+
+    _ops.LIB.impl("linear_post_norm", _post_autograd, "Autograd")
 
 
 _register()

@@ -4,11 +4,12 @@ decode_attention: appends, GQA / MQA, forced splits (more than keys too), left p
 32 to 256, float32, and out-of-bounds device lengths (which must read and write nothing); layer_norm /
 rms_norm: every row class, odd widths, misaligned and strided rows, with and without the residual, and
 gathered rows with indices out of range;
-attention: the flash kernel at every padded head dim (both versions at 128 on Hopper), odd lengths,
-Sq != Sk under causal, each mask form, strided q/k/v, and the naive and tiled modes; and linear: every
-rows-of-x class, weight rows per block and epilogue, the element-wise path (odd K, misaligned rows) and
-the tensor-core kernels (one block per 16 weight rows, and split-K in clusters), the first two also
-with the LayerNorm / RMSNorm prologue (norm=: the normalized rows in shared memory); sample: greedy and
+attention: the flash kernel at every padded head dim (both versions at 128 on Hopper, and head dim
+64's three wgmma tiles), odd lengths, Sq != Sk under causal, each mask form, strided q/k/v, and the
+naive and tiled modes; and linear: every rows-of-x class, weight rows per block and epilogue, the
+element-wise path (odd K, misaligned rows) and the tensor-core kernels (one block per 16 weight rows,
+and split-K in clusters), the first two also with the LayerNorm / RMSNorm prologue (norm=: the
+normalized rows in shared memory), and the post_norm= pass of the last block; sample: greedy and
 sampled, one block and a cluster per row, misaligned and strided rows; gpt2_decode_step: a small model
 at batch 1 and 3 (float16, float32) and every kind of invalid row (out-of-range lengths, position or
 token: nothing read or written out of bounds).
@@ -178,6 +179,17 @@ ATTENTION_TMA_CASES = [
 ]
 
 
+# Head dim 64's wgmma tiles, each forced (FUSED_ATTN_FLASH_D64_TILE): partial last query and key tiles,
+# causal, GQA, a padded head dim; tile 2's lone consumer with the cp.async loader as well as TMA.
+ATTENTION_D64_TILE_CASES = [
+    ("0", "1", dict(sq=300, sk=457, d=64, causal=True, group=2, mode="flash_wgmma")),
+    ("1", "1", dict(sq=300, sk=457, d=64, causal=True, group=2, mode="flash_wgmma")),
+    ("2", "1", dict(sq=197, sk=331, d=56, causal=True, mask="additive_key", mode="flash_wgmma")),
+    ("2", "0", dict(sq=129, sk=65, d=64, mask="bool_key", dtype=torch.bfloat16, mode="flash_wgmma",
+                    layout="fused_qkv")),
+]
+
+
 def attention_cases(quick: bool) -> int:
     import os
 
@@ -192,7 +204,15 @@ def attention_cases(quick: bool) -> int:
             check_case(gcase(seed=i, **kw))
     finally:
         del os.environ["FUSED_ATTN_FLASH_TMA"]
-    return len(ATTENTION_CASES[:2] if quick else ATTENTION_CASES) + len(tma)
+    tiles = [] if quick or not HOPPER else ATTENTION_D64_TILE_CASES
+    try:
+        for i, (tile, loader, kw) in enumerate(tiles):
+            os.environ["FUSED_ATTN_FLASH_D64_TILE"], os.environ["FUSED_ATTN_FLASH_TMA"] = tile, loader
+            check_case(gcase(seed=i, **kw))
+    finally:
+        os.environ.pop("FUSED_ATTN_FLASH_D64_TILE", None)
+        os.environ.pop("FUSED_ATTN_FLASH_TMA", None)
+    return len(ATTENTION_CASES[:2] if quick else ATTENTION_CASES) + len(tma) + len(tiles)
 # linear (tests/test_linear.py's run_and_check: poisoned output, against the float64 reference and cuBLAS):
 # K with a partial last loop step, N that gives 4 / 2 / 1 weight rows per block, odd K, misaligned rows.
 LINEAR_CASES = [
@@ -226,9 +246,16 @@ LINEAR_NORM_CASES = [
 ]
 
 
+# linear with post_norm= (test_linear.py's POST_CASES): the folded last-block pass at 1 and 4 rows (the
+# count on the workspace, the affine staged in shared memory), an odd width on the element-wise path,
+# and the widest row it takes.
+LINEAR_POST_CASES = [0, 2, 3, 4]
+
+
 def linear_cases(quick: bool) -> int:
+    from tests.test_linear import POST_CASES, check_post, post_inputs
     from tests.test_linear import case_of as linear_case_of
-    from tests.test_linear import norm_case_of, run_and_check_norm
+    from tests.test_linear import linear, norm_case_of, run_and_check_norm
     from tests.test_linear import run_and_check as linear_run_and_check
 
     # racecheck (quick) takes the small split-K case: the 16-row one's cuBLAS peer (the test's error
@@ -239,7 +266,15 @@ def linear_cases(quick: bool) -> int:
     norm_cases = [LINEAR_NORM_CASES[0], LINEAR_NORM_CASES[4]] if quick else LINEAR_NORM_CASES
     for i, kw in enumerate(norm_cases):
         run_and_check_norm(norm_case_of(seed=i, **kw), "cuda")
-    return len(cases) + len(norm_cases)
+    post_cases = [POST_CASES[i] for i in (LINEAR_POST_CASES[:2] if quick else LINEAR_POST_CASES)]
+    ws = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for case in post_cases:
+        x, w, b, r, pw, pb = post_inputs(*case, "cuda")
+        norm = case[5]
+        y, normed = linear(x, w, b, activation=case[4], residual=r, post_norm=norm, post_norm_weight=pw,
+                           post_norm_bias=pb, workspace=ws)
+        check_post(y, normed, pw, pb, 1e-5, norm == "rms_norm", f"post {case}")
+    return len(cases) + len(norm_cases) + len(post_cases)
 
 
 # sample: (rows, vocab, dtype, layout, temperature, offsets): one block per row (vocab <= 4096), clusters of

@@ -486,6 +486,56 @@ def test_tma_loader_falls_back_or_refuses_where_tma_cannot_describe_the_tensors_
         attention(q, k, v, causal=True, mode="flash_wgmma")
 
 
+# Head dim 64's wgmma cases, run in each tile (FUSED_ATTN_FLASH_D64_TILE: 0 BR 128 / BC 128, 1 BR 128 /
+# BC 64 two blocks per SM, 2 BR 64 with one consumer two blocks per SM): the edges above at d <= 64, a
+# causal grid of many blocks (partial last query and key tiles in each), one query row against many keys.
+WGMMA_D64_EXAMPLES = [c for c in WGMMA_EXAMPLES if c["d"] <= 64] + [
+    gcase(mode="flash_wgmma", b=2, hkv=3, sq=700, sk=700, d=64, causal=True, seed=5),
+    gcase(mode="flash_wgmma", sq=1, sk=517, d=64, causal=True, group=2, mask="bool_key", seed=6),
+]
+
+
+@pytest.mark.gpu
+@needs_wgmma
+@pytest.mark.parametrize("loader", ["require", "0"], ids=["tma", "cp_async"])
+@pytest.mark.parametrize("tile", ["0", "1", "2"], ids=lambda t: f"tile{t}")
+@pytest.mark.parametrize("case", WGMMA_D64_EXAMPLES, ids=lambda c: f"{c['dtype']}-d{c['d']}-b{c['b']}-{c['sq']}x"
+                                                                   f"{c['sk']}-{'causal' if c['causal'] else 'full'}"
+                                                                   f"-{c['mask']}")
+def test_wgmma_d64_tiles_gpu(case, tile, loader, monkeypatch):
+    """Each of head dim 64's tiles with the TMA loader (FUSED_ATTN_FLASH_TMA=require) and the cp.async one
+    (=0), against float64."""
+    monkeypatch.setenv("FUSED_ATTN_FLASH_D64_TILE", tile)
+    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", loader)
+    check_case(case)
+
+
+@pytest.mark.gpu
+@needs_wgmma
+def test_wgmma_d64_tile_choice_gpu(monkeypatch):
+    """Unset or 'auto': tile 1 under causal where the grid has more 128-row query blocks than the device has
+    SMs, else tile 2 (bit for bit the forced tile's output); any other value is refused, at head dim 128 too."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for sq, causal, want_tile in ((128 * (sms // 8), True, "2"), (128 * (sms // 8 + 1), True, "1"),
+                                  (128 * (sms // 8 + 1), False, "2")):  # 8 heads: 8 blocks per 128 rows
+        q, k, v, _ = gpu_inputs(gcase(hkv=2, group=4, sq=sq, sk=sq, d=64))
+        run = lambda: attention(q, k, v, causal=causal, mode="flash_wgmma")  # noqa: E731
+        forced = {}
+        for tile in ("1", "2"):
+            monkeypatch.setenv("FUSED_ATTN_FLASH_D64_TILE", tile)
+            forced[tile] = run()
+        assert not torch.equal(forced["1"], forced["2"])  # BC 64 and 128 round differently
+        monkeypatch.setenv("FUSED_ATTN_FLASH_D64_TILE", "auto")
+        assert torch.equal(run(), forced[want_tile])
+        monkeypatch.delenv("FUSED_ATTN_FLASH_D64_TILE")
+        assert torch.equal(run(), forced[want_tile])
+    monkeypatch.setenv("FUSED_ATTN_FLASH_D64_TILE", "3")
+    for d in (64, 128):
+        q, k, v, _ = gpu_inputs(gcase(d=d))
+        with pytest.raises(ValueError, match=r"FUSED_ATTN_FLASH_D64_TILE must be 'auto', '0', '1' or '2', got '3'"):
+            attention(q, k, v, mode="flash_wgmma")
+
+
 @pytest.mark.gpu
 @needs_wgmma
 @pytest.mark.parametrize("d", [64, 128])

@@ -141,6 +141,27 @@ def test_folded_norms_match_separate_norms_cpu(mlp):
         assert torch.equal(m(ids, mask), separate(ids, mask))
 
 
+def test_epilogue_norms_match_separate_norms_cpu():
+    """layer_norm "epilogue": ln_2 in the attention's c_proj, the next ln_1 (ln_f at the end) in the MLP's
+    c_proj (linear's post_norm); on the CPU the same logits and greedy tokens, bit for bit, as each norm
+    its own launch (graph-fused's modules), in the prefill and in each decode step."""
+    hf = hf_model(VARIED)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # every norm its own weight and bias (a fresh model's are all ones and zeros)
+        for mod in hf.modules():
+            if isinstance(mod, torch.nn.LayerNorm):
+                mod.weight.copy_(1 + 0.3 * torch.randn(mod.weight.shape, generator=gen))
+                mod.bias.copy_(0.3 * torch.randn(mod.bias.shape, generator=gen))
+    m = GPT2.from_hf(hf, backends=STEP_VARIANTS["epilogue"])
+    assert all(b.post_norms for b in m.h)
+    separate = GPT2.from_hf(hf, backends=STEP_VARIANTS["embed"])
+    ids, mask = left_padded(TINY["vocab_size"], (20, 13, 6))
+    with torch.no_grad():
+        assert torch.equal(m(ids, mask), separate(ids, mask))
+    ours, theirs = (Recorder(model, 3, 20 + 16).run(ids, mask, 16) for model in (m, separate))
+    assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+
+
 def test_persistent_step_shares_the_modules_weights_cpu():
     """pack_step stores each kind of projection stacked over the layers and the norms in one tensor; the
     modules' parameters are views of them (one copy of the weights), so the state dict is the modules' as
@@ -188,14 +209,15 @@ def test_fused_embedding_needs_the_fused_layer_norm():
     for layer_norm in ("eager", "folded"):
         backends = dict(STEP_VARIANTS["modules"], embed="fused", layer_norm=layer_norm)
         with pytest.raises(ValueError, match=rf"backends\['embed'\] 'fused' must come with backends\['layer_norm'\] "
-                                             rf"'fused' \(.*\), got '{layer_norm}'"):
+                                             rf"'fused' or 'epilogue' \(.*\), got '{layer_norm}'"):
             GPT2.from_hf(hf_model(), backends=backends)
 
 
-def test_folded_norms_need_the_fused_linear():
-    with pytest.raises(ValueError, match=r"backends\['layer_norm'\] 'folded' must come with backends\['linear'\] "
-                                         r"'fused' .*, got 'eager'"):
-        GPT2.from_hf(hf_model(), backends={"layer_norm": "folded"})
+@pytest.mark.parametrize("layer_norm", ["folded", "epilogue"])
+def test_folded_norms_need_the_fused_linear(layer_norm):
+    with pytest.raises(ValueError, match=rf"backends\['layer_norm'\] '{layer_norm}' must come with "
+                                         rf"backends\['linear'\] 'fused' .*, got 'eager'"):
+        GPT2.from_hf(hf_model(), backends={"layer_norm": layer_norm})
 
 
 # "fused": decode_attention (lengths and left padding per sequence); "softmax": the previous step
@@ -208,10 +230,12 @@ STEP_VARIANTS = {"modules": {"attention": "fused", "layer_norm": "fused", "linea
                  "folded": {"attention": "fused", "layer_norm": "folded", "linear": "fused", "mlp": "fused"},
                  "embed": {"attention": "fused", "layer_norm": "fused", "linear": "fused", "mlp": "fused",
                            "embed": "fused"},
+                 "epilogue": GRAPH_BACKENDS["graph-epilogue"],
                  "persistent": GRAPH_BACKENDS["graph-persistent"]}
 
 
-@pytest.mark.parametrize("attention", ["fused", "softmax", "sdpa", "modules", "folded", "embed", "persistent"])
+@pytest.mark.parametrize("attention", ["fused", "softmax", "sdpa", "modules", "folded", "embed", "epilogue",
+                                       "persistent"])
 @pytest.mark.parametrize("lengths", [(20,), (20, 13, 6)])
 def test_decode_logits_match_teacher_forced_cpu(lengths, attention):
     backends = STEP_VARIANTS.get(attention, {"attention": attention})
@@ -380,7 +404,7 @@ def test_fused_modules_decode_matches_hf_eager_fp32_gpu(lengths):
     ids, mask = left_padded(SMALL["vocab_size"], lengths)
     want = hf.to("cuda").generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=64, do_sample=False,
                                   pad_token_id=0, eos_token_id=None)
-    for variant in ("modules", "folded", "embed"):
+    for variant in ("modules", "folded", "embed", "epilogue"):
         m = GPT2.from_hf(hf, device="cuda", backends=STEP_VARIANTS[variant])
         assert torch.equal(m.generate(ids.cuda(), mask.cuda(), max_new_tokens=64, use_graph=True), want), variant
 
@@ -458,7 +482,7 @@ def test_graph_and_eager_decode_identical_gpu(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["graph-fused", "graph-embed", "graph-persistent"])
+@pytest.mark.parametrize("backend", ["graph-fused", "graph-folded", "graph-epilogue", "graph-persistent"])
 @pytest.mark.parametrize("batch", [4, 8, 16])
 def test_graph_replay_logits_equal_eager_steps_16bit_gpu(backend, batch):
     """Every step's logits bit for bit the same replayed from the CUDA graph as from the eager loop, in

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from fused_attn import reference
 from fused_attn.linear import MAX_GEMV_ROWS, linear
-from tests.tolerances import NORM_ULPS, assert_linear_close
+from tests.tolerances import NORM_ULPS, assert_close, assert_linear_close, norm_tolerance
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ACTIVATIONS = [None, "gelu_tanh", "swiglu"]
@@ -268,6 +268,20 @@ def test_gradients_match_float64_autograd(device):
 
 
 # --------------------------------------------------------------------------- CUDA graphs, compile, opcheck
+
+
+def captured(fn):
+    """(graph, output) of fn captured in a CUDA graph after a warm-up on a side stream (which loads the
+    library), as torch.cuda.graphs asks."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
 
 
 @pytest.mark.gpu
@@ -622,14 +636,7 @@ def test_norm_cuda_graph_replays():
     x, w, b, nw, nb = (torch.randn(s, generator=gen).half().cuda() for s in ((1, 768), (2304, 768), (2304,), (768,),
                                                                              (768,)))
     kw = dict(norm="layer_norm", norm_weight=nw, norm_bias=nb)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        linear(x, w, b, **kw)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = linear(x, w, b, **kw)
+    g, y = captured(lambda: linear(x, w, b, **kw))
     for i in range(2):
         x.copy_(torch.randn(x.shape, generator=gen).half())
         g.replay()
@@ -708,3 +715,180 @@ def test_norm_bad_inputs_through_the_op_gpu():
     with pytest.raises(ValueError, match=r"norm_bias must have x's dtype \(torch.float32\) or torch.float32, got "
                                          r"torch.float16"):
         op(x, w, None, None, None, torch.randn(8, device="cuda").half(), norm=1)
+
+
+# --------------------------------------------------------------------------- post_norm
+
+
+# (m, k, n, dtype, activation, post_norm, affine, layout): GPT-2's residual projections at 1-4 rows
+# (folded: the CUDA-core kernel's last block normalizes), rows wider than the fold takes (1025), 5-16
+# rows in 16-bit types (tensor-core / split-K kernels: layer_norm's launch after), float32 up to 16
+# rows (folded), cuBLAS rows, element-wise loads (odd k), odd widths, float32 and absent affines.
+POST_CASES = [
+    (1, 768, 768, torch.float16, None, "layer_norm", "same", "contiguous"),
+    (2, 3072, 768, torch.bfloat16, None, "layer_norm", "same", "contiguous"),
+    (4, 768, 768, torch.float16, "gelu_tanh", "rms_norm", "fp32", "strided"),
+    (3, 96, 77, torch.float16, None, "layer_norm", "none", "misaligned"),
+    (1, 33, 1024, torch.bfloat16, None, "layer_norm", "fp32", "contiguous"),
+    (2, 64, 1025, torch.float16, None, "layer_norm", "same", "contiguous"),
+    (16, 768, 768, torch.float16, None, "layer_norm", "same", "contiguous"),
+    (8, 3072, 768, torch.bfloat16, "gelu_tanh", "rms_norm", "same", "contiguous"),
+    (16, 200, 300, torch.float32, "swiglu", "layer_norm", "same", "contiguous"),
+    (5, 64, 1, torch.float32, None, "layer_norm", "same", "contiguous"),
+    (20, 128, 64, torch.float16, None, "layer_norm", "same", "contiguous"),
+]
+
+
+def post_inputs(m, k, n, dtype, act, norm, affine, layout, device, seed=0):
+    n = 2 * n if act == "swiglu" else n
+    x, w, b, r = make_inputs(case_of(m=m, k=k, n=n, dtype=dtype, activation=act, layout=layout, seed=seed), device)
+    n_out = n // 2 if act == "swiglu" else n
+    gen = torch.Generator().manual_seed(seed + 7)
+    adt = torch.float32 if affine == "fp32" else dtype
+    pw = None if affine == "none" else (1 + 0.5 * torch.randn(n_out, generator=gen)).to(adt).to(device)
+    no_bias = affine == "none" or norm == "rms_norm"
+    pb = None if no_bias else (0.5 * torch.randn(n_out, generator=gen)).to(adt).to(device)
+    return x, w, b, r, pw, pb
+
+
+def check_post(y, normed, pw, pb, eps, rms, what):
+    """normed against the float64 norm of y as returned (its dtype's rounding and the float32 statistics)."""
+    want = reference.layer_norm(y.double(), pw, pb, eps, rms=rms, compute_dtype=torch.float64).cpu()
+    xhat = reference.layer_norm(y.double(), None, None, eps, rms=rms, compute_dtype=torch.float64).cpu()
+    assert normed.shape == y.shape and normed.dtype == y.dtype, what
+    assert_close(normed.cpu(), want, norm_tolerance(want, xhat, pw, y.dtype), what)
+
+
+@pytest.mark.parametrize("case", POST_CASES, ids=[f"m{c[0]}-k{c[1]}-n{c[2]}-{str(c[3])[6:]}-{c[4]}-{c[5]}-{c[6]}"
+                                                  for c in POST_CASES])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_post_norm_matches_reference(case, device):
+    """linear(post_norm=...) returns linear's output bit for bit and its rows normalized as layer_norm /
+    rms_norm would (float64 reference, the norm tests' tolerance), outputs poisoned first; the workspace
+    is zero again after each call (three calls on one)."""
+    m, k, n, dtype, act, norm, affine, layout = case
+    ws = torch.zeros(1, dtype=torch.int32, device=device)
+    for seed in range(3):
+        x, w, b, r, pw, pb = post_inputs(*case, device, seed=seed)
+        n_out = n
+        poison_allocator(2 * m * n_out * x.element_size(), device)
+        y, normed = linear(x, w, b, activation=act, residual=r, post_norm=norm, post_norm_weight=pw,
+                           post_norm_bias=pb, post_eps=1e-5, workspace=ws)
+        assert torch.equal(y, linear(x, w, b, activation=act, residual=r)), f"{case} seed {seed}: y"
+        check_post(y, normed, pw, pb, 1e-5, norm == "rms_norm", f"{case} seed {seed}")
+        assert ws.tolist() == [0], f"{case} seed {seed}: workspace left {ws.tolist()}"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_post_norm_with_pre_norm_and_constant_rows(device):
+    """Both norms in one call (the pre-normalization in the prologue, the post one after: a layer_norm
+    launch), and rows that come out all equal (zero variance: the bias, never NaN)."""
+    x, w, b, r, pw, pb = post_inputs(2, 768, 768, torch.float16, None, "layer_norm", "same", "contiguous", device)
+    nw = torch.ones(768, dtype=torch.float16, device=device)
+    y, normed = linear(x, w, b, residual=r, norm="layer_norm", norm_weight=nw, post_norm="layer_norm",
+                       post_norm_weight=pw, post_norm_bias=pb)
+    assert torch.equal(y, linear(x, w, b, residual=r, norm="layer_norm", norm_weight=nw))
+    check_post(y, normed, pw, pb, 1e-5, False, "pre and post")
+    zero_w = torch.zeros_like(w)
+    const = torch.full((2, 768), 3.0, dtype=torch.float16, device=device)
+    y, normed = linear(x, zero_w, None, residual=const, post_norm="layer_norm", post_norm_weight=pw, post_norm_bias=pb)
+    assert torch.equal(normed, pb.expand(2, 768)), "zero variance: the bias"
+
+
+@pytest.mark.gpu
+def test_post_norm_folds_into_one_launch_gpu():
+    """At GPT-2's decode shapes (1-4 rows, 768 outputs) the norm runs in the linear's own launch: one
+    kernel, no layer_norm kernel; at 16 rows (split-K) the norm is a launch of its own."""
+    for m, want in ((1, 1), (4, 1), (16, 2)):
+        x, w, b, r, pw, pb = post_inputs(m, 768, 768, torch.float16, None, "layer_norm", "same", "contiguous", "cuda")
+        ws = torch.zeros(1, dtype=torch.int32, device="cuda")
+        call = lambda: linear(x, w, b, residual=r, post_norm="layer_norm", post_norm_weight=pw,  # noqa: E731
+                              post_norm_bias=pb, workspace=ws)
+        call()
+        names = _kernels_run(call)
+        assert len(names) == want, (m, names)
+        assert any("linear_" in n for n in names) and (want == 1) == (not any("layer_norm" in n for n in names))
+
+
+@pytest.mark.gpu
+def test_post_norm_cuda_graph_replays():
+    """Captured with its workspace: each replay normalizes the new rows (the count restarts from 0)."""
+    gen = torch.Generator().manual_seed(0)
+    x, w, b, r = (torch.randn(s, generator=gen).half().cuda() for s in ((1, 3072), (768, 3072), (768,), (1, 768)))
+    pw, pb = (torch.randn(768, generator=gen).half().cuda() for _ in range(2))
+    ws = torch.zeros(1, dtype=torch.int32, device="cuda")
+    kw = dict(residual=r, post_norm="layer_norm", post_norm_weight=pw, post_norm_bias=pb, workspace=ws)
+    g, (y, normed) = captured(lambda: linear(x, w, b, **kw))
+    for i in range(3):
+        x.copy_(torch.randn(x.shape, generator=gen).half())
+        normed.fill_(math.nan)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, linear(x, w, b, residual=r)), f"replay {i}"
+        check_post(y, normed, pw, pb, 1e-5, False, f"replay {i}")
+        assert ws.tolist() == [0]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_post_norm_opcheck_and_gradients(device):
+    """opcheck of linear_post_norm (the workspace mutated in place, schema (a!)); with an input that
+    requires grad the wrapper runs linear then layer_norm, whose gradients match float64 autograd; the
+    op itself refuses one."""
+    x, w, b, r, pw, pb = post_inputs(2, 64, 96, torch.float32, None, "layer_norm", "same", "contiguous", device)
+    ws = torch.zeros(1, dtype=torch.int32, device=device)
+    torch.library.opcheck(torch.ops.fused_attn.linear_post_norm.default, (x, w, b, r, None, None, pw, pb, ws),
+                          dict(post_norm=1, post_eps=1e-5), test_utils=("test_schema", "test_faketensor"))
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, pw)]
+    x64, w64, pw64 = leaves
+    y, normed = linear(x.requires_grad_(), w, b, residual=r, post_norm="layer_norm", post_norm_weight=pw,
+                       post_norm_bias=pb)
+    (y.sum() + (normed * normed).sum()).backward()
+    y64 = x64 @ w64.t() + b.double() + r.double()
+    n64 = torch.nn.functional.layer_norm(y64, (96,), pw64, pb.double(), 1e-5)
+    (y64.sum() + (n64 * n64).sum()).backward()
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-3, atol=1e-4)
+    with pytest.raises(ValueError, match=r"x must not require grad \(linear_post_norm counts on its workspace"):
+        torch.ops.fused_attn.linear_post_norm(x, w, b, r, None, None, pw, pb, ws)
+
+
+POST_BAD = [
+    (dict(post_norm="l2"), ValueError, r"post_norm must be None, 'layer_norm' or 'rms_norm', got 'l2'"),
+    (dict(post_norm_weight=torch.ones(96)), ValueError,
+     r"post_norm_weight must be None without a post_norm, got a tensor"),
+    (dict(workspace=torch.zeros(1, dtype=torch.int32)), ValueError,
+     r"workspace must be None without a post_norm, got a tensor"),
+    (dict(post_norm="layer_norm", post_norm_weight=torch.ones(5)), ValueError,
+     r"post_norm_weight must have shape \(out,\) = \(96,\), got \(5,\)"),
+    (dict(post_norm="layer_norm", post_norm_bias=torch.ones(96, dtype=torch.float64)), ValueError,
+     r"post_norm_bias must have x's dtype \(torch.float32\) or torch.float32, got torch.float64"),
+    (dict(post_norm="rms_norm", post_norm_bias=torch.ones(96)), ValueError,
+     r"post_norm_bias must be None with rms_norm, got a tensor"),
+    (dict(post_norm="layer_norm", post_eps=float("nan")), ValueError,
+     r"post_eps must be a finite number >= 0, got nan"),
+    (dict(post_norm="layer_norm", workspace=torch.zeros(1)), ValueError,
+     r"workspace must have dtype torch.int32, got torch.float32"),
+    (dict(post_norm="layer_norm", workspace=torch.zeros((), dtype=torch.int32)), ValueError,
+     r"workspace must have 1 dim and at least 1 element, got \(\)"),
+    (dict(post_norm="layer_norm", workspace=[0]), TypeError, r"workspace must be a torch.Tensor or None, got list"),
+]
+
+
+@pytest.mark.parametrize("changes,exc,match", POST_BAD, ids=[m[:30] for _, _, m in POST_BAD])
+def test_post_norm_bad_inputs_raise(changes, exc, match):
+    x, w, b, r, _, _ = post_inputs(2, 64, 96, torch.float32, None, "layer_norm", "none", "contiguous", "cpu")
+    with pytest.raises(exc, match=match):
+        linear(x, w, b, residual=r, **changes)
+
+
+@pytest.mark.gpu
+def test_post_norm_bad_inputs_through_the_op_gpu():
+    """The C++ launcher's own checks, for callers of torch.ops.fused_attn.linear_post_norm."""
+    x, w, b, r, pw, pb = post_inputs(2, 64, 96, torch.float16, None, "layer_norm", "same", "contiguous", "cuda")
+    op = torch.ops.fused_attn.linear_post_norm
+    ws = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=r"workspace must have dtype torch.int32, got torch.float32"):
+        op(x, w, b, r, None, None, pw, pb, ws.float())
+    with pytest.raises(ValueError, match=r"post_weight must have shape \(out,\) = \(96,\), got \(95,\)"):
+        op(x, w, b, r, None, None, pw[:95], pb, ws)
+    with pytest.raises(ValueError, match=r"post_norm must be 1 \(layer_norm\) or 2 \(rms_norm\), got 0"):
+        op(x, w, b, r, None, None, pw, pb, ws, post_norm=0)

@@ -1,9 +1,9 @@
 // Launcher of attention (schema: fused_attn/_ops.py): the checks that guard memory, the mode
 // choice (auto: flash for float16 / bfloat16 when its kernel was built for this device, else
 // naive; flash: the wgmma kernel where it was built for this device, else the mma.sync one;
-// flash_mma / flash_wgmma pin one of the two), dtype / head-dim dispatch of the flash kernels,
-// and the naive and tiled modes' three steps (GEMM, scaled_masked_softmax through the
-// dispatcher, GEMM). Host C++ (g++): the kernels are launched
+// flash_mma / flash_wgmma pin one of the two), dtype / head-dim dispatch of the flash kernels
+// (and head dim 64's tile of the wgmma one), and the naive and tiled modes' three steps (GEMM,
+// scaled_masked_softmax through the dispatcher, GEMM). Host C++ (g++): the kernels are launched
 // through attention_launch.h.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -173,6 +173,29 @@ FlashLoader flash_loader() {
   return v == "0" ? FlashLoader::kCpAsync : v == "1" ? FlashLoader::kTmaWherePossible : FlashLoader::kTmaRequired;
 }
 
+// The SMs of the current device (ATen queries each device's properties once).
+int64_t sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+
+// Head dim 64's tile of the Hopper flash kernel (attention_wgmma.cuh's FlashWgmmaConfig), from
+// FUSED_ATTN_FLASH_D64_TILE at each call: "0", "1" or "2" force that tile; unset or "auto" is tile 1
+// (BR 128, BC 64, two blocks per SM) under causal where the grid has more 128-row query blocks than the
+// device has SMs, else tile 2 (BR 64, one consumer, two blocks per SM). Measured on an H100 (fp16, H12,
+// bench_attention, bench/NOTES.md session 11): tile 1 is the fastest at B8 causal S512 / S1024 (35.3 /
+// 76.8 us against tile 0's 40.6 / 86.0 and tile 2's 39.1 / 83.9), tile 2 at every other GPT-2 shape (B1
+// S512 causal 14.1 against 16.1 and 18.3; B8 S1024 full 78.5 against 83.2 and 85.4). Tile 0 (BR 128,
+// BC 128, one block per SM) only when forced at head dim 64. Read on every wgmma call: a bad value is
+// refused at head dim 128 too.
+int flash_d64_tile(const AttentionParams& p) {
+  const char* env = std::getenv("FUSED_ATTN_FLASH_D64_TILE");
+  const std::string v = env == nullptr ? "auto" : env;
+  FA_CHECK_ARG(v == "auto" || v == "0" || v == "1" || v == "2", FUSED_ATTN_FLASH_D64_TILE,
+               "be 'auto', '0', '1' or '2'", "'" + v + "'");
+  if (v != "auto") return v[0] - '0';
+  if (p.headdim > 64) return 0;
+  const int64_t blocks = (int64_t(p.seqlen_q) + 127) / 128 * p.nheads_q * p.batch;
+  return p.causal && blocks > sm_count() ? 1 : 2;
+}
+
 // wgmma: the Hopper version (resolve_mode chose it only where it runs, at head dims <= 128).
 void launch_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const std::optional<at::Tensor>& attn_mask, double scale, bool causal, bool wgmma,
@@ -203,13 +226,22 @@ void launch_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const FlashLoader loader = wgmma ? flash_loader() : FlashLoader::kCpAsync;
+  const int d64_tile = wgmma ? flash_d64_tile(p) : 0;
   bool launched = true;
   FA_DISPATCH_FLOAT(q.scalar_type(), q, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
       FA_DECODE_HEADDIM_SWITCH(p.headdim, HD, [&] {
-        if constexpr (HD == 64 || HD == 128) {
+        if constexpr (HD == 64) {
           if (wgmma) {
-            launched = launch_attention_flash_wgmma<scalar_t, HD>(p, loader, stream);
+            launched = d64_tile == 2   ? launch_attention_flash_wgmma<scalar_t, 64, 2>(p, loader, stream)
+                       : d64_tile == 1 ? launch_attention_flash_wgmma<scalar_t, 64, 1>(p, loader, stream)
+                                       : launch_attention_flash_wgmma<scalar_t, 64, 0>(p, loader, stream);
+            return;
+          }
+        }
+        if constexpr (HD == 128) {
+          if (wgmma) {
+            launched = launch_attention_flash_wgmma<scalar_t, 128, 0>(p, loader, stream);
             return;
           }
         }

@@ -58,11 +58,12 @@ int attention_flash_arch();
 // How the Hopper version loads its tiles: cp.async by its loader warpgroup; TMA where q, k and v can
 // be described as tensor maps (common/tma.h), else cp.async; TMA or nothing (no launch).
 enum class FlashLoader { kCpAsync, kTmaWherePossible, kTmaRequired };
-// The Hopper version (attention_wgmma.cuh, instantiated at HD 64 and 128 only): the same
-// semantics on wgmma; runs only where attention_flash_wgmma_arch<T, HD>() is 90 (an sm_90a build
-// on an sm_90 device), else 0. Returns false (and launches nothing) only for kTmaRequired on tensors
-// TMA cannot describe.
-template <typename T, int HD>
+// The Hopper version (attention_wgmma.cuh, instantiated at HD 64 with kTile 0, 1 and 2 and at HD 128
+// with kTile 0): the same semantics on wgmma; runs only where attention_flash_wgmma_arch<T, HD>() is 90
+// (an sm_90a build on an sm_90 device), else 0. kTile: the block's query and key tile and blocks per SM
+// (attention_wgmma.cuh's FlashWgmmaConfig). Returns false (and launches nothing) only for kTmaRequired on
+// tensors TMA cannot describe.
+template <typename T, int HD, int kTile>
 bool launch_attention_flash_wgmma(const AttentionParams& p, FlashLoader loader, cudaStream_t stream);
 template <typename T, int HD>
 int attention_flash_wgmma_arch();

@@ -3,21 +3,34 @@
 // (attention_kernel.cuh: same semantics, masks, GQA, lse, strided views) with its two GEMMs on
 // the warpgroup MMA (wgmma), which mma.sync cannot reach on Hopper (FlashAttention-3's first step).
 //
-// One block = a loader warpgroup and 2 consumer warpgroups x 64 query rows (BR 128); keys in
-// tiles of BC 128 (FlashAttention-3's warp specialization, with cp.async in place of TMA). The
+// One block = a loader warpgroup and 1 or 2 consumer warpgroups x 64 query rows (BR 64 or 128); keys
+// in tiles of BC 64 or 128 (FlashAttention-3's warp specialization, with cp.async in place of TMA). The
 // loader (24 registers after setmaxnreg) copies Q, then K and V of each tile into a ring of 3
 // stages in the 128-byte-swizzled panel layout wgmma reads through descriptors
 // (csrc/common/wgmma.cuh), announcing each stage on an mbarrier (`full`) and refilling it once
-// both consumers handed it back (`empty`); no block barrier after the start, so the consumers do
-// not run in step. Per key tile t a consumer (240 registers) issues S_t (64 x 128) = Q·K_tᵀ as
-// HD / 16 wgmma m64n128k16 from shared memory (both K-major), and behind it on the tensor cores
-// the previous tile's O += P_{t-1}·V_{t-1} (BC / 16 wgmma m64nHDk16, P from registers as the A
-// operand, V [keys][HD] read MN-major: the transpose bit); the online softmax of S_t (the helpers
-// the mma.sync kernel uses: per warp, a wgmma m64nN accumulator is its 16 rows' m16n8 fragments)
+// every consumer handed it back (`empty`); no block barrier after the start, so the consumers do
+// not run in step. Per key tile t a consumer issues S_t (64 x BC) = Q·K_tᵀ as HD / 16 wgmma
+// m64nBCk16 from shared memory (both K-major), and behind it on the tensor cores the previous
+// tile's O += P_{t-1}·V_{t-1} (BC / 16 wgmma m64nHDk16, P from registers as the A operand, V
+// [keys][HD] read MN-major: the transpose bit); the online softmax of S_t (the helpers the
+// mma.sync kernel uses: per warp, a wgmma m64nN accumulator is its 16 rows' m16n8 fragments)
 // runs while that P·V does (FA3's intra-warpgroup overlap); O is rescaled once it is done and
-// stage t - 1 handed back. The consumers take turns issuing their MMAs (named barriers: FA3's
+// stage t - 1 handed back. Two consumers take turns issuing their MMAs (named barriers: FA3's
 // ping-pong), so one's softmax runs under the other's MMAs. Under causal, key tiles past a block's
 // last visible key are never loaded and a consumer skips the tiles past its own rows' last visible key.
+//
+// Tiles (kTile, FlashWgmmaConfig; head dim 128 has tile 0 only):
+//   0: BR 128 (2 consumers, ping-pong), BC 128, 1 block per SM, consumers at 240 registers.
+//   1: BR 128, BC 64, 2 blocks per SM: 80 registers per thread on entry, 104 for the consumers (ptxas:
+//      32 bytes of spill); BC 64 halves the causal diagonal's masked work.
+//   2: BR 64 (1 consumer, no ping-pong), BC 128, 2 blocks per SM: 128 on entry, 232 for the consumer;
+//      twice tile 0's blocks, and the other block on an SM takes the ping-pong partner's role.
+// At head dim 64 the tile is chosen per call (attention.cpp, FUSED_ATTN_FLASH_D64_TILE): tile 1 under
+// causal where the grid has more 128-row blocks than the device has SMs, else tile 2. On an H100 (fp16,
+// H12; bench/NOTES.md, session 11) tile 1 is the fastest at B8 causal S512 / S1024 (384-768 blocks: one
+// block's pipeline fill overlaps the other's tiles, and BC 64 halves the diagonal's masked work), tile 2
+// at every other GPT-2 shape (B1: 48-96 blocks of 128 rows on 132 SMs, twice as many of 64), tile 0 at
+// none of them; it stays the head dim 128 kernel.
 //
 // Loads by TMA (kTma, FA3's other loader; chosen per call: attention.cpp, FUSED_ATTN_FLASH_TMA): one
 // thread of the loader warpgroup issues each tile as HD / 64 tensor copies per matrix (a box of 64
@@ -29,7 +42,7 @@
 // of 8 per thread per panel, no loader registers for addresses, no L1 round trip; the copy engine
 // runs ahead on its own.
 //
-// Traffic as attention_flash_kernel: Q and O once, K and V once per 128-row query tile (from L2
+// Traffic as attention_flash_kernel: Q and O once, K and V once per BR-row query tile (from L2
 // after the first), so the kernel is tensor-core bound at seqlen >= ~512; the target is 4 · Sq ·
 // Sk · D FLOPs (half under causal) at >= 0.8x cuDNN (~420 TFLOP/s on an H100 at D 128).
 //
@@ -51,57 +64,50 @@ struct FlashTmaMaps {
   CUtensorMap q, k, v;
 };
 
-// Head dim 64's tile variant, for A/Bs (FUSED_ATTN_NVCC_FLAGS; the defaults are the measured kernel):
-// FUSED_ATTN_FLASH_D64_BC key rows per tile (128 or 64) and FUSED_ATTN_FLASH_D64_CTAS blocks per SM (1
-// or 2). GPT-2's causal D64 prefill trails cuDNN most where blocks own 1-8 key tiles (bench/NOTES.md,
-// session 10): there a block mostly fills and drains its pipeline, one block per SM. Two blocks per SM
-// overlap one's fill with the other's tiles, at 80 registers per thread on entry and 104 for the
-// consumers (ptxas: 32 bytes of spill at BC 64); BC 64 halves the causal diagonal's masked work.
-#ifndef FUSED_ATTN_FLASH_D64_BC
-#define FUSED_ATTN_FLASH_D64_BC 128
-#endif
-#ifndef FUSED_ATTN_FLASH_D64_CTAS
-#define FUSED_ATTN_FLASH_D64_CTAS 1
-#endif
-static_assert(FUSED_ATTN_FLASH_D64_BC == 64 || FUSED_ATTN_FLASH_D64_BC == 128, "FUSED_ATTN_FLASH_D64_BC: 64 or 128");
-static_assert(FUSED_ATTN_FLASH_D64_CTAS == 1 || FUSED_ATTN_FLASH_D64_CTAS == 2, "FUSED_ATTN_FLASH_D64_CTAS: 1 or 2");
-
-template <typename T, int HD>
+template <typename T, int HD, int kTile>
 struct FlashWgmmaConfig {
   static_assert(HD == 64 || HD == 128, "the wgmma kernel is built for head dims 64 and 128");
-  static constexpr int kConsumers = 2;                     // warpgroups of 64 query rows
+  static_assert(kTile == 0 || (HD == 64 && (kTile == 1 || kTile == 2)), "tiles 0-2 at head dim 64, 0 at 128");
+  static constexpr int kConsumers = kTile == 2 ? 1 : 2;    // warpgroups of 64 query rows
   static constexpr int kThreads = 128 * (1 + kConsumers);  // warpgroup 0 loads
   static constexpr int BR = 64 * kConsumers;
-  static constexpr int BC = HD == 64 ? FUSED_ATTN_FLASH_D64_BC : 128;
+  static constexpr int BC = kTile == 1 ? 64 : 128;
   static constexpr int STAGES = 3;  // K + V tiles: 3 x 64 KB at HD 128 (224 KB with Q)
-  static constexpr int kBlocksPerSm = HD == 64 ? FUSED_ATTN_FLASH_D64_CTAS : 1;
-  // Registers per thread: 168 at launch (65536 / 384, in steps of 8; 80 with two blocks per SM); the
+  static constexpr int kBlocksPerSm = kTile == 0 ? 1 : 2;
+  // Registers per thread at launch: 65536 / kThreads / kBlocksPerSm in steps of 8 (168, 80, 128); the
   // consumers' setmaxnreg.inc can only take what the loader's setmaxnreg.dec gave back to the block's
   // pool (else it waits forever).
   static constexpr int kEntryRegs = 65536 / kThreads / kBlocksPerSm / 8 * 8;
-  static constexpr int kLoaderRegs = 24, kConsumerRegs = kBlocksPerSm == 2 ? 104 : 240;
+  static constexpr int kLoaderRegs = 24, kConsumerRegs = kTile == 0 ? 240 : kTile == 1 ? 104 : 232;
   static_assert(kLoaderRegs * 128 + kConsumerRegs * 128 * kConsumers <= kEntryRegs * kThreads,
                 "the registers the loader gives back");
   // +1024: the tiles start at the first 1024-byte boundary of the dynamic shared memory (the
   // 128-byte swizzle is computed from address bits 4-9).
   static constexpr int kSmemBytes = (BR * HD + STAGES * 2 * BC * HD) * int(sizeof(T)) + 1024;
+  // An SM's 228 KB hold kBlocksPerSm blocks, each with 1 KB reserved by the runtime and 1 KB of static
+  // shared memory (the barriers, padded by the 1024-byte alignment: ptxas).
+  static_assert(kBlocksPerSm * (kSmemBytes + 2048) <= 228 * 1024, "kBlocksPerSm blocks per SM");
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// The loader warpgroup: Q with tile 0, then K_t and V_t into stage t % STAGES once both consumer
-// warpgroups are done with the tile that was there. One copy group stays in flight: tile t is
+// The loader warpgroup: Q with tile 0, then K_t and V_t into stage t % STAGES once every consumer
+// warpgroup is done with the tile that was there. One copy group stays in flight: tile t is
 // announced (wait, proxy fence, arrive on full) after tile t + 1 is issued.
-template <typename T, int HD>
+template <typename T, int HD, int kTile>
 __device__ __forceinline__ void flash_wgmma_load(const AttentionParams& p, const FlashBlock<T>& blk, T* sq,
                                                  T* stages, uint64_t* full, uint64_t* empty) {
-  using C = FlashWgmmaConfig<T, HD>;
+  using C = FlashWgmmaConfig<T, HD, kTile>;
   constexpr int BR = C::BR, BC = C::BC, STAGES = C::STAGES;
+  // Q's copies 2 per loop step at BR 64: its 4 per thread all at once spill at 24 registers (ptxas).
+  constexpr int kQUnroll = BR == 64 ? 2 : 4;
   const auto q_offset = [](int r, int c) { return sw128_offset<BR>(r, c); };
   const auto kv_offset = [](int r, int c) { return sw128_offset<BC>(r, c); };
   for (int t = 0; t < blk.n_tiles; ++t) {
     const int st = t % STAGES;
     mbarrier_wait(&empty[st], ((t / STAGES) & 1) ^ 1);
-    if (t == 0) flash_load_rows<BR, HD, 128, 4>(sq, q_offset, blk.q, p.q_stride_s, blk.i0, p.seqlen_q, p.headdim);
+    if (t == 0) {
+      flash_load_rows<BR, HD, 128, kQUnroll>(sq, q_offset, blk.q, p.q_stride_s, blk.i0, p.seqlen_q, p.headdim);
+    }
     T* const ks = stages + st * 2 * BC * HD;
     flash_load_rows<BC, HD, 128, 4>(ks, kv_offset, blk.k, p.k_stride_s, t * BC, p.seqlen_k, p.headdim);
     flash_load_rows<BC, HD, 128, 4>(ks + BC * HD, kv_offset, blk.v, p.v_stride_s, t * BC, p.seqlen_k, p.headdim);
@@ -119,13 +125,13 @@ __device__ __forceinline__ void flash_wgmma_load(const AttentionParams& p, const
   }
 }
 
-// The TMA loader (one thread): per tile, once both consumers handed its stage back, the stage's full
+// The TMA loader (one thread): per tile, once every consumer handed its stage back, the stage's full
 // barrier is told the bytes to expect (with tile 0 also Q's, on the same barrier, as the cp.async
 // loader does), then the copies are issued; the barrier's phase completes when they have landed.
-template <typename T, int HD>
+template <typename T, int HD, int kTile>
 __device__ __forceinline__ void flash_wgmma_load_tma(const FlashTmaMaps& maps, const FlashBlock<T>& blk, int hkv,
                                                      T* sq, T* stages, uint64_t* full, uint64_t* empty) {
-  using C = FlashWgmmaConfig<T, HD>;
+  using C = FlashWgmmaConfig<T, HD, kTile>;
   constexpr int BR = C::BR, BC = C::BC, STAGES = C::STAGES, PANELS = HD / 64;
   constexpr uint32_t kTileBytes = BC * HD * sizeof(T), kQBytes = BR * HD * sizeof(T);
   for (int t = 0; t < blk.n_tiles; ++t) {
@@ -145,11 +151,11 @@ __device__ __forceinline__ void flash_wgmma_load_tma(const FlashTmaMaps& maps, c
   }
 }
 
-// A consumer warpgroup (wg 0 or 1): 64 query rows through every key tile, then the output.
-template <typename T, int HD>
+// A consumer warpgroup (wg 0 .. kConsumers - 1): 64 query rows through every key tile, then the output.
+template <typename T, int HD, int kTile>
 __device__ __forceinline__ void flash_wgmma_consume(const AttentionParams& p, const FlashBlock<T>& blk, int wg,
                                                     const T* sq, const T* stages, uint64_t* full, uint64_t* empty) {
-  using C = FlashWgmmaConfig<T, HD>;
+  using C = FlashWgmmaConfig<T, HD, kTile>;
   constexpr int BR = C::BR, BC = C::BC, STAGES = C::STAGES;
   const int h = blk.h, b = blk.b, n_tiles = blk.n_tiles;
   const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
@@ -186,16 +192,25 @@ __device__ __forceinline__ void flash_wgmma_consume(const AttentionParams& p, co
     wgmma_commit();
   };
 
-  // Ping-pong: the two consumers take turns issuing a tile's MMAs (named barrier 1 + wg is this
+  // Ping-pong (two consumers): they take turns issuing a tile's MMAs (named barrier 1 + wg is this
   // one's turn, given by the other after it issued), so one's softmax runs under the other's
   // MMAs. Consumer 0 starts; each gives the turn once per tile, except consumer 1 after its last
-  // (nobody waits for it), skipped tiles included, so both pass the same number of turns.
+  // (nobody waits for it), skipped tiles included, so both pass the same number of turns. A lone
+  // consumer (tile 2) has no partner: the other block on its SM plays that role.
+  constexpr bool kPingPong = C::kConsumers == 2;
   constexpr int kPair = 256;
   const int my_turn = 1 + wg, other_turn = 2 - wg;
-  auto pass_turn = [&](int t) {
-    if (wg == 0 || t + 1 < n_tiles) named_barrier_arrive(other_turn, kPair);
+  auto take_turn = [&] {
+    if constexpr (kPingPong) named_barrier_sync(my_turn, kPair);
   };
-  if (wg == 1 && n_tiles > 0) named_barrier_arrive(other_turn, kPair);
+  auto pass_turn = [&](int t) {
+    if constexpr (kPingPong) {
+      if (wg == 0 || t + 1 < n_tiles) named_barrier_arrive(other_turn, kPair);
+    }
+  };
+  if constexpr (kPingPong) {
+    if (wg == 1 && n_tiles > 0) named_barrier_arrive(other_turn, kPair);
+  }
 
   // Per tile t: S_t = Q·K_tᵀ, then P_{t-1}·V_{t-1} queued behind it on the tensor cores; the
   // softmax of S_t runs while that P·V does; O is rescaled once it is done, and stage t - 1 is
@@ -204,7 +219,7 @@ __device__ __forceinline__ void flash_wgmma_consume(const AttentionParams& p, co
     // Even a tile this warpgroup skips is waited for before it is handed back: an early arrival
     // could complete a later phase of the stage's empty barrier.
     mbarrier_wait(&full[t % STAGES], (t / STAGES) & 1);
-    named_barrier_sync(my_turn, kPair);
+    take_turn();
     const int j0 = t * BC;
     if (j0 >= wg_end) {  // warpgroup-uniform: this tile and every later one are hidden from its rows
       if (pending) {
@@ -264,15 +279,16 @@ __device__ __forceinline__ void flash_wgmma_consume(const AttentionParams& p, co
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <typename T, int HD, bool kTma>
-__global__ void __launch_bounds__(FlashWgmmaConfig<T, HD>::kThreads, FlashWgmmaConfig<T, HD>::kBlocksPerSm)
+template <typename T, int HD, int kTile, bool kTma>
+__global__ void __launch_bounds__(FlashWgmmaConfig<T, HD, kTile>::kThreads,
+                                  FlashWgmmaConfig<T, HD, kTile>::kBlocksPerSm)
     attention_flash_wgmma_kernel(const AttentionParams p, const __grid_constant__ FlashTmaMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = FlashWgmmaConfig<T, HD>;
+  using C = FlashWgmmaConfig<T, HD, kTile>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // full[s]: stage s landed (the cp.async loader's 128 threads arrive; the TMA loader's one thread
-  // arrives and the bytes complete it); empty[s]: both consumer warpgroups are done with it (their 256
-  // threads arrive).
+  // arrives and the bytes complete it); empty[s]: every consumer warpgroup is done with it (their 128 x
+  // kConsumers threads arrive).
   __shared__ uint64_t full[C::STAGES], empty[C::STAGES];
   const uint32_t raw = smem_addr(smem_raw);
   T* const sq = reinterpret_cast<T*>(smem_raw + (((raw + 1023) & ~1023u) - raw));  // [BR][HD], SW128 panels
@@ -292,22 +308,24 @@ __global__ void __launch_bounds__(FlashWgmmaConfig<T, HD>::kThreads, FlashWgmmaC
   if (wg == 0) {
     setmaxnreg_dec<C::kLoaderRegs>();
     if constexpr (kTma) {
-      if (threadIdx.x == 0) flash_wgmma_load_tma<T, HD>(maps, blk, blk.h / p.group, sq, stages, full, empty);
+      if (threadIdx.x == 0) {
+        flash_wgmma_load_tma<T, HD, kTile>(maps, blk, blk.h / p.group, sq, stages, full, empty);
+      }
     } else {
-      flash_wgmma_load<T, HD>(p, blk, sq, stages, full, empty);
+      flash_wgmma_load<T, HD, kTile>(p, blk, sq, stages, full, empty);
     }
   } else {
     setmaxnreg_inc<C::kConsumerRegs>();
-    flash_wgmma_consume<T, HD>(p, blk, wg - 1, sq, stages, full, empty);
+    flash_wgmma_consume<T, HD, kTile>(p, blk, wg - 1, sq, stages, full, empty);
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built without sm_90a: the launcher never selects this kernel (attention_flash_wgmma_arch)
 #endif
 }
 
-template <typename T, int HD>
+template <typename T, int HD, int kTile>
 bool launch_attention_flash_wgmma(const AttentionParams& p, FlashLoader loader, cudaStream_t stream) {
-  using C = FlashWgmmaConfig<T, HD>;
+  using C = FlashWgmmaConfig<T, HD, kTile>;
   FlashTmaMaps maps{};
   bool tma = false;
   if (loader != FlashLoader::kCpAsync) {
@@ -321,7 +339,8 @@ bool launch_attention_flash_wgmma(const AttentionParams& p, FlashLoader loader, 
                           p.v_stride_h, p.v_stride_s, 64, C::BC);
     if (!tma && loader == FlashLoader::kTmaRequired) return false;
   }
-  auto* kernel = tma ? attention_flash_wgmma_kernel<T, HD, true> : attention_flash_wgmma_kernel<T, HD, false>;
+  auto* kernel =
+      tma ? attention_flash_wgmma_kernel<T, HD, kTile, true> : attention_flash_wgmma_kernel<T, HD, kTile, false>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   const dim3 grid(unsigned((p.seqlen_q + C::BR - 1) / C::BR), unsigned(p.nheads_q), unsigned(p.batch));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, maps);
@@ -329,12 +348,13 @@ bool launch_attention_flash_wgmma(const AttentionParams& p, FlashLoader loader, 
 }
 
 // 90 when the library was built for sm_90a only among the 9.x targets (FUSED_ATTN_SM90A, set by
-// fused_attn/build.py) and the current device runs that build's kernel; else 0.
+// fused_attn/build.py) and the current device runs that build's kernel (tile 0's: every tile is built in
+// the same unit); else 0.
 template <typename T, int HD>
 int attention_flash_wgmma_arch() {
 #if defined(FUSED_ATTN_SM90A)
   cudaFuncAttributes attr{};
-  const bool ok = cudaFuncGetAttributes(&attr, attention_flash_wgmma_kernel<T, HD, false>) == cudaSuccess;
+  const bool ok = cudaFuncGetAttributes(&attr, attention_flash_wgmma_kernel<T, HD, 0, false>) == cudaSuccess;
   return ok && attr.binaryVersion == 90 ? 90 : 0;
 #else
   return 0;

@@ -5,7 +5,8 @@
 
 Each (dtype, MT, norm) unit instantiates launch_linear_gemv, whose kernels cover the three weight
 rows per block (1, 2, 4) and both load paths (16-byte, element-wise): 6 kernels per unit, 180 in 30
-units that ninja compiles side by side (``_norm``: with the LayerNorm / RMSNorm prologue); the
+units that ninja compiles side by side (``_norm``: with the LayerNorm / RMSNorm prologue; the units
+without it also the 6 kernels with the post-normalization, kPost); the
 float16 / bfloat16 units of MT 8 and 16 also the tensor-core kernels (linear_mma_kernel, and without
 the norm linear_splitk.cuh's split-K kernel). The files are committed; the build does not run this
 script (tests/test_build.py checks they are current).
@@ -31,7 +32,10 @@ def units() -> dict[str, str]:
             for norm in (False, True):
                 flag = str(norm).lower()
                 decls = (f"template void launch_linear_gemv<{T}, {mt}, {flag}>(const LinearParams&, int, int, "
-                         f"cudaStream_t);\n")
+                         f"cudaStream_t, const LinearPost*);\n")
+                if not norm:  # the post-normalization's kernels (kPost)
+                    decls += (f"template void launch_linear_gemv<{T}, {mt}, false, true>(const LinearParams&, int, "
+                              f"int, cudaStream_t, const LinearPost*);\n")
                 mma = dt != "fp32" and mt in MMA_ROWS
                 if mma:
                     decls += f"template void launch_linear_mma<{T}, {mt}, {flag}>(const LinearParams&, cudaStream_t);\n"

@@ -3,7 +3,11 @@
 // kernel's launch shape (rows of x per launch, weight rows per block, threads). With a pre-normalization
 // (norm), our kernels normalize x in their prologue; where they do not run, or the normalized rows do
 // not fit kLinearNormSmemBytes of shared memory, x is normalized first by our layer_norm op (the same
-// result, one launch more). Host C++ (g++): the kernels are launched through linear_launch.h.
+// result, one launch more). linear_post_norm also returns the output's rows normalized: the CUDA-core
+// kernel's last block does it (up to 4 rows in float16 / bfloat16, 16 in float32, and outputs up to
+// kLinearPostNormMaxWidth wide, without a pre-normalization); elsewhere our layer_norm op runs after
+// the matmul (the same result, one launch more). Host C++ (g++): the kernels are launched through
+// linear_launch.h.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -165,9 +169,20 @@ struct Norm {
   double eps = 0;
 };
 
-void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+// The post-normalization of a launch (linear_post_norm): the norm of the output's rows, counted on the
+// int32 workspace's first element; `out` [m, n_out] is set by whoever computes it (the kernel's launch, or
+// the layer_norm launch after).
+struct PostNorm {
+  Norm norm;
+  at::Tensor workspace;
+  at::Tensor out;
+};
+
+// Returns whether the kernel also wrote `post` (the CUDA-core kernel without a pre-normalization, n_out
+// <= kLinearPostNormMaxWidth); when it did not, the caller normalizes out.
+bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                  const std::optional<at::Tensor>& residual2, int64_t activation, const Norm& norm,
-                 const at::Tensor& out2) {
+                 const at::Tensor& out2, PostNorm* post = nullptr) {
   LinearParams p{};
   const int64_t vec = 16 / x2.element_size();
   p.m = int(x2.size(0));
@@ -213,6 +228,23 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   while (rows > (swiglu ? 2 : 1) && (p.n_out + (swiglu ? rows / 2 : rows) - 1) / (swiglu ? rows / 2 : rows) < min_blocks)
     rows /= 2;
 
+  const bool fold_post = post != nullptr && !normed && p.n_out <= kLinearPostNormMaxWidth;
+  LinearPost q{};
+  if (fold_post) {
+    post->out = at::empty_like(out2);
+    const Norm& pn = post->norm;
+    q.norm = int(pn.norm);
+    q.weight = pn.weight.defined() ? pn.weight.data_ptr() : nullptr;
+    q.bias = pn.bias.defined() ? pn.bias.data_ptr() : nullptr;
+    q.w_fp32 = pn.weight.defined() && pn.weight.scalar_type() == at::kFloat;
+    q.b_fp32 = pn.bias.defined() && pn.bias.scalar_type() == at::kFloat;
+    q.eps = float(pn.eps);
+    q.out = post->out.data_ptr();
+    q.o_stride = post->out.stride(0);
+    q.counter = static_cast<unsigned int*>(post->workspace.data_ptr());
+  }
+  bool posted = false;
+
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t mma_blocks = mma_tiles(p.n_out, activation);
   FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
@@ -234,6 +266,15 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
         }
       }
     }
+    if (fold_post) {
+      if (p.m <= 1) launch_linear_gemv<scalar_t, 1, false, true>(p, rows, threads, stream, &q);
+      else if (p.m <= 2) launch_linear_gemv<scalar_t, 2, false, true>(p, rows, threads, stream, &q);
+      else if (p.m <= 4) launch_linear_gemv<scalar_t, 4, false, true>(p, rows, threads, stream, &q);
+      else if (p.m <= 8) launch_linear_gemv<scalar_t, 8, false, true>(p, rows, threads, stream, &q);
+      else launch_linear_gemv<scalar_t, 16, false, true>(p, rows, threads, stream, &q);
+      posted = true;
+      return;
+    }
     FA_BOOL_SWITCH(normed, kNorm, [&] {
       if (p.m <= 1) launch_linear_gemv<scalar_t, 1, kNorm>(p, rows, threads, stream);
       else if (p.m <= 2) launch_linear_gemv<scalar_t, 2, kNorm>(p, rows, threads, stream);
@@ -243,6 +284,7 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
     });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return posted;
 }
 
 // More rows: cuBLAS through ATen. GELU is a separate in-place pass (gelu_(..., "tanh")):
@@ -286,14 +328,12 @@ at::Tensor normalized(const at::Tensor& x2, const Norm& norm) {
   return y.to(x2.scalar_type());
 }
 
-}  // namespace
-
-// Argument order follows the schema in fused_attn/_ops.py.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                  const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
-                  const std::optional<at::Tensor>& norm_bias, int64_t activation, int64_t norm_code, double eps) {
-  check_args(x, weight, bias, residual, activation);
-  check_norm_args(x, norm_weight, norm_bias, norm_code, eps);
+// linear and linear_post_norm (post: the latter's norm, its output [m, n_out] and workspace; nullptr for
+// linear). Returns out; with post, post->out holds the normalized rows on return.
+at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                       const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
+                       const std::optional<at::Tensor>& norm_bias, int64_t activation, int64_t norm_code, double eps,
+                       PostNorm* post) {
   Norm norm;
   norm.norm = norm_code;
   norm.eps = eps;
@@ -319,9 +359,15 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
       path = GemvPath::kSplitK;
     }
   }
+  // The post-normalization where the kernel does not do it: our layer_norm op on the finished rows.
+  const auto post_after = [&](const at::Tensor& out) {
+    if (post != nullptr && m > 0 && n_out > 0) post->out = normalized(out.view({m, n_out}), post->norm);
+  };
   if (m > kMaxGemvRows || !gemv_wins(m, k, path)) {
     if (norm.norm != kNormNone) x2 = normalized(x2, norm);
-    return linear_cublas(x2, weight, bias, residual2, activation).view(out_shape);
+    at::Tensor out = linear_cublas(x2, weight, bias, residual2, activation).view(out_shape);
+    post_after(out);
+    return out;
   }
   // Few rows: small copies make every row's last dim contiguous (and x's rows 16-byte aligned).
   const int64_t vec = 16 / x.element_size();
@@ -335,10 +381,74 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   std::optional<at::Tensor> bias_c;
   if (bias.has_value()) bias_c = bias->contiguous();
   at::Tensor out = at::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
-  if (out.numel() > 0) launch_gemv(x2, weight, bias_c, residual2, activation, norm, out.view({-1, n_out}));
+  if (out.numel() > 0 && !launch_gemv(x2, weight, bias_c, residual2, activation, norm, out.view({-1, n_out}), post))
+    post_after(out);
   return out;
 }
 
-TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) { m.impl("linear", &linear); }
+}  // namespace
+
+// Argument order follows the schema in fused_attn/_ops.py.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                  const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
+                  const std::optional<at::Tensor>& norm_bias, int64_t activation, int64_t norm_code, double eps) {
+  check_args(x, weight, bias, residual, activation);
+  check_norm_args(x, norm_weight, norm_bias, norm_code, eps);
+  return linear_impl(x, weight, bias, residual, norm_weight, norm_bias, activation, norm_code, eps, nullptr);
+}
+
+// The locals are named after the arguments (the check macros stringify them). post_weight / post_bias:
+// [out] (the output's width) on x's device, x's dtype or float32.
+#define FA_CHECK_POST_AFFINE(t)                                                                             \
+  FA_CHECK_SAME_DEVICE(t, x);                                                                               \
+  FA_CHECK_ARG((t).scalar_type() == x.scalar_type() || (t).scalar_type() == at::kFloat, t,                  \
+               "have x's dtype (" + dtype_str(x.scalar_type()) + ") or torch.float32",                     \
+               dtype_str((t).scalar_type()));                                                               \
+  FA_CHECK_ARG((t).dim() == 1 && (t).size(0) == n_out, t,                                                   \
+               "have shape (out,) = (" + std::to_string(n_out) + ",)", shape_str((t).sizes()))
+
+std::tuple<at::Tensor, at::Tensor> linear_post_norm(
+    const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
+    const std::optional<at::Tensor>& norm_bias, const std::optional<at::Tensor>& post_weight_opt,
+    const std::optional<at::Tensor>& post_bias_opt, const at::Tensor& workspace, int64_t activation,
+    int64_t norm_code, double eps, int64_t post_norm, double post_eps) {
+  check_args(x, weight, bias, residual, activation);
+  check_norm_args(x, norm_weight, norm_bias, norm_code, eps);
+  const int64_t n_out = activation == kActSwiglu ? weight.size(0) / 2 : weight.size(0);
+  FA_CHECK_ARG(post_norm == kNormLayer || post_norm == kNormRms, post_norm, "be 1 (layer_norm) or 2 (rms_norm)",
+               num_str(post_norm));
+  FA_CHECK_ARG(std::isfinite(post_eps) && post_eps >= 0, post_eps, "be a finite number >= 0", num_str(post_eps));
+  PostNorm post;
+  post.norm.norm = post_norm;
+  post.norm.eps = post_eps;
+  if (post_weight_opt.has_value()) {
+    const at::Tensor& post_weight = *post_weight_opt;
+    FA_CHECK_POST_AFFINE(post_weight);
+    post.norm.weight = post_weight.contiguous();
+  }
+  if (post_bias_opt.has_value()) {
+    const at::Tensor& post_bias = *post_bias_opt;
+    FA_CHECK_POST_AFFINE(post_bias);
+    FA_CHECK_ARG(post_norm != kNormRms, post_bias, "be None with rms_norm", "a tensor");
+    post.norm.bias = post_bias.contiguous();
+  }
+  FA_CHECK_SAME_DEVICE(workspace, x);
+  FA_CHECK_ARG(workspace.scalar_type() == at::kInt, workspace, "have dtype torch.int32",
+               dtype_str(workspace.scalar_type()));
+  FA_CHECK_ARG(workspace.dim() == 1 && workspace.numel() >= 1, workspace, "have 1 dim and at least 1 element",
+               shape_str(workspace.sizes()));
+  const c10::cuda::CUDAGuard guard(x.device());
+  post.workspace = workspace;
+  at::Tensor out = linear_impl(x, weight, bias, residual, norm_weight, norm_bias, activation, norm_code, eps, &post);
+  // No rows or no columns: nothing was normalized.
+  at::Tensor normed = post.out.defined() ? post.out.reshape(out.sizes()) : at::empty_like(out);
+  return {out, normed};
+}
+
+TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) {
+  m.impl("linear", &linear);
+  m.impl("linear_post_norm", &linear_post_norm);
+}
 
 }  // namespace fused_attn

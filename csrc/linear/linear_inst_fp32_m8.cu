@@ -2,5 +2,6 @@
 #include "linear_kernel.cuh"
 
 namespace fused_attn {
-template void launch_linear_gemv<float, 8, false>(const LinearParams&, int, int, cudaStream_t);
+template void launch_linear_gemv<float, 8, false>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
+template void launch_linear_gemv<float, 8, false, true>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
 }  // namespace fused_attn

@@ -48,6 +48,8 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "../common/math.cuh"
 #include "../common/mma.cuh"
 #include "../common/pdl.cuh"
@@ -232,8 +234,97 @@ __device__ __forceinline__ void store_output(const LinearParams& p, int m, int64
   static_cast<T*>(p.out)[m * p.o_stride + col] = from_float<T>(y);
 }
 
-template <typename T, int MT, int NB, bool kVec, bool kNorm>
-__global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const LinearParams p) {
+// The post-normalization (LinearPost q): called by every thread of every block after its
+// stores. Each block counts itself once its stores are visible at device scope; the last one reads the
+// m finished rows back from L2 (a warp per row, 32 values per lane held in registers: n_out <=
+// kLinearPostNormMaxWidth), normalizes them as normalize_rows does (LayerNorm: the row shifted by its
+// first element, the mean of the shifted values, the variance of their distances to it) and writes
+// norm_out, then zeroes the counter. The dependent launch waits for the whole grid (pdl.cuh), so it
+// reads norm_out complete. The norm's weight and bias are fetched towards L2 by block 0 before the
+// wait (post_prefetch) and staged in shared memory by the last block. Instantiated only as kPost
+// kernels (the post phase takes ~95 registers), so the plain ones keep their registers.
+template <typename T>
+__device__ __forceinline__ void post_prefetch(const LinearParams& p, const LinearPost& q) {
+  if (blockIdx.x != 0) return;
+  const int wb = q.weight != nullptr ? p.n_out * (q.w_fp32 ? 4 : int(sizeof(T))) : 0;
+  const int bb = q.bias != nullptr ? p.n_out * (q.b_fp32 ? 4 : int(sizeof(T))) : 0;
+  for (int off = threadIdx.x * 128; off < wb + bb; off += blockDim.x * 128) {
+    prefetch_l2(off < wb ? static_cast<const unsigned char*>(q.weight) + off
+                         : static_cast<const unsigned char*>(q.bias) + (off - wb));
+  }
+}
+
+template <typename T>
+__device__ void post_normalize(const LinearParams& p, const LinearPost& q) {
+  constexpr int kPer = kLinearPostNormMaxWidth / 32;  // values of a row per lane
+  __shared__ bool last;
+  // The block's stores, then the count: one acquire-release atomic by the thread that counts. Release:
+  // the stores the barrier ordered before it (PTX's ordering is cumulative) are visible at device scope
+  // before the count is; acquire: in the last block, the other blocks' stores are visible after it (and,
+  // through the barrier below, to every thread of the block). No __threadfence(): that is membar.gl, a
+  // sequentially consistent fence.sc.gpu, which measured ~11 us per launch with 384 blocks (H100,
+  // bench/NOTES.md session 11) against ~2 us for the whole plain kernel.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned int before;
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(before) : "l"(q.counter) : "memory");
+    last = before == gridDim.x * gridDim.y * gridDim.z - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  const int n = p.n_out, lane = threadIdx.x % 32;
+  const bool rms = q.norm == kNormRms;
+  // The weight and bias into shared memory first, every load in flight at once: read inside the store
+  // loop from global memory, each would wait for the store before it (norm_out might alias them), 2 x 24
+  // round trips in a row for a 768-wide row (ncu: 15.5 us for the launch against 5.3 without the norm).
+  __shared__ float affine[2][kLinearPostNormMaxWidth];
+  for (int c = threadIdx.x; c < n; c += blockDim.x) {
+    affine[0][c] = norm_affine<T>(q.weight, q.w_fp32, c, 1.f);
+    affine[1][c] = norm_affine<T>(q.bias, q.b_fp32, c, 0.f);
+  }
+  __syncthreads();
+  for (int m = threadIdx.x / 32; m < p.m; m += blockDim.x / 32) {
+    const T* row = static_cast<const T*>(p.out) + m * p.o_stride;
+    float v[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int c = lane + 32 * i;
+      v[i] = c < n ? to_float(__ldcg(row + c)) : 0.f;  // L2: other blocks' stores, never this SM's L1
+    }
+    const float shift = rms ? 0.f : __shfl_sync(0xffffffffu, v[0], 0);
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (lane + 32 * i < n) sum += v[i] - shift;
+    }
+    const float mean = rms ? 0.f : warp_sum(sum) / float(n);
+    float sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const float t = (v[i] - shift) - mean;
+      if (lane + 32 * i < n) sq += t * t;
+    }
+    const float rstd = rsqrtf(warp_sum(sq) / float(n) + q.eps);
+    T* const dst = static_cast<T*>(q.out) + m * q.o_stride;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int c = lane + 32 * i;
+      if (c < n) dst[c] = from_float<T>(fmaf(((v[i] - shift) - mean) * rstd, affine[0][c], affine[1][c]));
+    }
+  }
+  if (threadIdx.x == 0) *q.counter = 0u;  // the next launch on this workspace counts from 0
+}
+
+// The kernel's parameter: LinearParams, or with kPost LinearPostParams (LinearPost's comment says why
+// the two are apart).
+template <bool kPost>
+using GemvArgs = std::conditional_t<kPost, LinearPostParams, LinearParams>;
+__host__ __device__ __forceinline__ const LinearParams& gemv_params(const LinearParams& a) { return a; }
+__host__ __device__ __forceinline__ const LinearParams& gemv_params(const LinearPostParams& a) { return a.p; }
+
+template <typename T, int MT, int NB, bool kVec, bool kNorm, bool kPost>
+__global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const GemvArgs<kPost> args) {
+  const LinearParams& p = gemv_params(args);
   constexpr int VEC = Piece<T>::VEC;
   extern __shared__ uint4 xs_raw[];  // kNorm: the normalized rows of x
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
@@ -278,6 +369,7 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
   // kNorm the block normalizes it: every thread takes part).
   if (int(threadIdx.x) < pieces) load_weights(threadIdx.x);
   if constexpr (kNorm) stage_affine<T>(p, reinterpret_cast<unsigned char*>(xs_raw) + p.m * p.xs_pitch * sizeof(T));
+  if constexpr (kPost) post_prefetch<T>(p, args.post);
   wait_for_primary();
   if constexpr (kNorm) normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
   for (int j0 = threadIdx.x; j0 < pieces; j0 += blockDim.x * U) {
@@ -339,6 +431,7 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Li
       store_output<T>(p, m, col, sum(c), 0.f);
     }
   }
+  if constexpr (kPost) post_normalize<T>(p, args.post);
 }
 
 constexpr int kMmaWarps = kLinearMmaThreads / 32;
@@ -514,21 +607,28 @@ bool allow_norm_smem(Kernel kernel) {
          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kLinearNormSmemBytes) == cudaSuccess;
 }
 
-template <typename T, int MT, int NB, bool kNorm>
-void launch_nb(const LinearParams& params, int threads, cudaStream_t stream) {
-  const LinearParams p = with_pdl_early(params, params.m);
+template <typename T, int MT, int NB, bool kNorm, bool kPost>
+void launch_nb(const LinearParams& params, int threads, cudaStream_t stream, const LinearPost* post) {
+  GemvArgs<kPost> args{};
+  if constexpr (kPost) {
+    args.p = with_pdl_early(params, params.m);
+    args.post = *post;
+  } else {
+    args = with_pdl_early(params, params.m);
+  }
+  const LinearParams& p = gemv_params(args);
   const int64_t cols_per_block = p.activation == kActSwiglu ? NB / 2 : NB;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
   // Programmatic where the kernel has the sm_90 code (common/pdl.cuh); checked once per kernel, with
   // the shared-memory limit raised (an && that always evaluates its left side first).
   if (p.vec) {
-    constexpr auto kernel = linear_gemv_kernel<T, MT, NB, true, kNorm>;
+    constexpr auto kernel = linear_gemv_kernel<T, MT, NB, true, kNorm, kPost>;
     static const bool pdl = allow_norm_smem<kNorm>(kernel) && programmatic_capable(kernel);
-    launch_programmatic(pdl, kernel, grid, dim3(threads), norm_smem<T, kNorm>(p), stream, p);
+    launch_programmatic(pdl, kernel, grid, dim3(threads), norm_smem<T, kNorm>(p), stream, args);
   } else {
-    constexpr auto kernel = linear_gemv_kernel<T, MT, NB, false, kNorm>;
+    constexpr auto kernel = linear_gemv_kernel<T, MT, NB, false, kNorm, kPost>;
     static const bool pdl = allow_norm_smem<kNorm>(kernel) && programmatic_capable(kernel);
-    launch_programmatic(pdl, kernel, grid, dim3(threads), norm_smem<T, kNorm>(p), stream, p);
+    launch_programmatic(pdl, kernel, grid, dim3(threads), norm_smem<T, kNorm>(p), stream, args);
   }
 }
 
@@ -552,12 +652,13 @@ int linear_mma_arch() {
                                                                                                   : 0;
 }
 
-template <typename T, int MT, bool kNorm>
-void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, cudaStream_t stream) {
+template <typename T, int MT, bool kNorm, bool kPost>
+void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, cudaStream_t stream,
+                        const LinearPost* post) {
   switch (rows_per_block) {
-    case 1: linear::launch_nb<T, MT, 1, kNorm>(p, threads, stream); break;
-    case 2: linear::launch_nb<T, MT, 2, kNorm>(p, threads, stream); break;
-    default: linear::launch_nb<T, MT, 4, kNorm>(p, threads, stream); break;
+    case 1: linear::launch_nb<T, MT, 1, kNorm, kPost>(p, threads, stream, post); break;
+    case 2: linear::launch_nb<T, MT, 2, kNorm, kPost>(p, threads, stream, post); break;
+    default: linear::launch_nb<T, MT, 4, kNorm, kPost>(p, threads, stream, post); break;
   }
 }
 

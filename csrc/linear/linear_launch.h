@@ -53,9 +53,38 @@ struct LinearParams {
   bool pdl_early;
 };
 
+// The post-normalization (schema linear_post_norm; the CUDA-core kernel only, n_out up to
+// kLinearPostNormMaxWidth): out's finished rows normalized into norm_out (LayerNorm or RMSNorm over
+// n_out, float32 statistics, csrc/layer_norm's arithmetic on the rows as stored in T). Every block
+// counts itself on *counter after its stores (an acquire-release atomic); the block that brings the
+// count to the grid's size normalizes the rows and sets the counter back to 0 for the next launch.
+// weight / bias: [n_out], T or float32 (the *_fp32 flags), or nullptr (1 / 0). A second struct, not
+// fields of LinearParams: those make every linear kernel's parameters larger, and ptxas then allocated
+// the tensor-core kernels' registers differently (80 -> 94 and 96 -> 80) and GPT-2's B16 step ran
+// 430 -> 514 us (H100, bench/NOTES.md session 11).
+struct LinearPost {
+  int norm;
+  const void* weight;
+  const void* bias;
+  bool w_fp32, b_fp32;
+  float eps;
+  void* out;
+  int64_t o_stride;
+  unsigned int* counter;
+};
+
+// What a kPost kernel takes: the linear's parameters, then the post-normalization's.
+struct LinearPostParams {
+  LinearParams p;
+  LinearPost post;
+};
+
 // Rows of x one launch handles at once: the kernel's MT template (1, 2, 4, 8, 16); each weight row
 // is read once for all of them.
 constexpr int kLinearMaxRows = 16;
+// The widest output the kernel's post-normalization takes: a warp per row, 32 values per lane in
+// registers. Wider rows are normalized by a layer_norm launch after the kernel (linear.cpp).
+constexpr int kLinearPostNormMaxWidth = 1024;
 constexpr int kLinearMaxThreads = 256;
 // The shared memory the normalized rows of x may take (p.m x xs_pitch x sizeof(T)); a launch that
 // needs more normalizes in a separate launch first (linear.cpp). 64 KB keeps three blocks per SM.
@@ -81,8 +110,11 @@ inline size_t linear_norm_smem_bytes(int m, int k, int elem_bytes, int w_bytes, 
 // MT: x rows per launch (p.m <= MT); rows_per_block: weight rows per block (1, 2 or 4; 2 or 4 with
 // kActSwiglu, a gate row and its up row each); threads: a multiple of 32 up to kLinearMaxThreads.
 // kNorm: x's rows normalized first (p.norm, the shared memory of linear_xs_pitch).
-template <typename T, int MT, bool kNorm>
-void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, cudaStream_t stream);
+// kPost: the post-normalization (*post; instantiated without kNorm only, the launcher
+// normalizes x first where both are asked for).
+template <typename T, int MT, bool kNorm, bool kPost = false>
+void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, cudaStream_t stream,
+                        const LinearPost* post = nullptr);
 // The tensor-core kernel: float16 / bfloat16, MT 8 or 16, p.vec (16-byte rows, k a multiple of 8);
 // 16 output columns per block (8 with kActSwiglu). linear_mma_arch: the SM version it was compiled
 // for (0 if none: mma.sync needs sm_80).
