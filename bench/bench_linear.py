@@ -53,6 +53,11 @@ LN_SHAPES = [(768, 2304), (768, 3072), (768, 50257)]
 LN_ROWS = (1, 4, 16)
 LN_CPU_CASES = [((64, 48), 1)]
 LN_EPS = 1e-5
+# linear + the next norm (op "linear_norm"): GPT-2's residual projections, c_proj of the attention (768x768)
+# and of the MLP (3072x768), with the LayerNorm after them (ln_2, the next ln_1) in decode.
+POST_SHAPES = [(768, 768), (3072, 768)]
+POST_ROWS = (1, 4, 16)
+POST_CPU_CASES = [((64, 48), 1)]
 # Below this many rows a case is memory-bound (the weight stream); from it on, compute-bound.
 MEMORY_BOUND_ROWS = 16
 
@@ -67,6 +72,11 @@ LN_PROVIDERS = ("eager", "compiled", "unfolded", "fused")
 LN_NOTES = {"eager": "F.layer_norm + F.linear", "compiled": "torch.compile(F.layer_norm + F.linear)",
             "unfolded": "fused_attn.layer_norm + fused_attn.linear (2 launches)",
             "fused": "fused_attn.linear(norm='layer_norm')"}
+# The linear+norm groups: the same four providers, "fused" being linear(post_norm=): the norm in the
+# projection's launch (its last block), "unfolded" our linear then our layer_norm.
+POST_NOTES = {"eager": "F.linear + add + F.layer_norm", "compiled": "torch.compile(F.linear + add + F.layer_norm)",
+              "unfolded": "fused_attn.linear(residual=) + fused_attn.layer_norm (2 launches)",
+              "fused": "fused_attn.linear(residual=, post_norm='layer_norm')"}
 REPORT_LABELS = {"bench_linear": dict(title="linear (gelu_tanh(x W^T + b) + residual)", shape="K x N, M",
                                       order=("eager", "compiled", "unfolded", "fused"))}
 
@@ -84,6 +94,12 @@ def ln_modeled_traffic(k: int, n: int, m: int, dtype: torch.dtype) -> tuple[int,
     return (n * k + m * k + n + 2 * k) * e, m * n * e
 
 
+def post_modeled_traffic(k: int, n: int, m: int, dtype: torch.dtype) -> tuple[int, int]:
+    """linear + norm: W, x, bias, residual, the norm's weight and bias read once; y and its norm written."""
+    e = torch.empty((), dtype=dtype).element_size()
+    return (n * k + m * k + n + m * n + 2 * n) * e, 2 * m * n * e
+
+
 def flops(k: int, n: int, m: int) -> int:
     return 2 * m * n * k
 
@@ -93,18 +109,22 @@ def make_cases(config, cuda: bool | None = None) -> list[dict]:
     if not cuda:
         return ([dict(shape=s, m=m, dtype="float32", provider=p, op="linear") for s, m in CPU_CASES for p in PROVIDERS]
                 + [dict(shape=s, m=m, dtype="float32", provider=p, op="ln_linear") for s, m in LN_CPU_CASES
+                   for p in LN_PROVIDERS]
+                + [dict(shape=s, m=m, dtype="float32", provider=p, op="linear_norm") for s, m in POST_CPU_CASES
                    for p in LN_PROVIDERS])
     dts = dtypes_for(config)
     return ([dict(shape=s, m=m, dtype=d, provider=p, op="linear") for s in GPT2_SHAPES + LLAMA_SHAPES for m in ROWS
              for d in dts for p in PROVIDERS]
             + [dict(shape=s, m=m, dtype=d, provider=p, op="ln_linear") for s in LN_SHAPES for m in LN_ROWS
+               for d in dts for p in LN_PROVIDERS]
+            + [dict(shape=s, m=m, dtype=d, provider=p, op="linear_norm") for s in POST_SHAPES for m in POST_ROWS
                for d in dts for p in LN_PROVIDERS])
 
 
 def case_id(c: dict) -> str:
     k, n = c["shape"]
-    ln = "ln-" if c.get("op") == "ln_linear" else ""
-    return f"{c['provider']}-{ln}k{k}-n{n}-m{c['m']}-{c['dtype']}"
+    op = {"ln_linear": "ln-", "linear_norm": "post-"}.get(c.get("op"), "")
+    return f"{c['provider']}-{op}k{k}-n{n}-m{c['m']}-{c['dtype']}"
 
 
 def pytest_generate_tests(metafunc):
@@ -120,7 +140,8 @@ def make_inputs(k: int, n: int, m: int, dtype: torch.dtype, device, seed: int = 
         return (torch.randn(size, generator=gen, device=device, dtype=torch.float32) * scale).to(dtype)
 
     return dict(x=randn(m, k), w=randn(n, k, scale=k**-0.5), b=randn(n), r=randn(m, n),
-                nw=1 + 0.1 * randn(k), nb=0.1 * randn(k))
+                nw=1 + 0.1 * randn(k), nb=0.1 * randn(k), pw=1 + 0.1 * randn(n), pb=0.1 * randn(n),
+                ws=torch.zeros(1, dtype=torch.int32, device=device))
 
 
 def eager_chain(x, w, b, r):
@@ -157,6 +178,45 @@ def ln_check(provider: str, out: torch.Tensor, t: dict) -> None:
         xn = reference.layer_norm(t["x"][s], t["nw"], t["nb"], LN_EPS, compute_dtype=torch.float64)
         ref = reference._linear_compute(xn, t["w"], t["b"], None, None, torch.float64)
         check_output(f"{provider} (row {i})", out[s], ref)
+
+
+def post_eager_chain(x, w, b, r, pw, pb):
+    y = torch.nn.functional.linear(x, w, b) + r
+    return y, torch.nn.functional.layer_norm(y, (y.shape[-1],), pw, pb, LN_EPS)
+
+
+def post_provider_fn(provider: str, t: dict):
+    from fused_attn import layer_norm, linear
+
+    args = (t["x"], t["w"], t["b"], t["r"], t["pw"], t["pb"])
+    if provider == "eager":
+        return lambda: post_eager_chain(*args)
+    if provider == "compiled":
+        torch._dynamo.reset()
+        compiled = torch.compile(post_eager_chain, dynamic=False)
+        return lambda: compiled(*args)
+    if provider == "unfolded":
+        def unfolded():
+            y = linear(t["x"], t["w"], t["b"], residual=t["r"])
+            return y, layer_norm(y, t["pw"], t["pb"], LN_EPS)
+        return unfolded
+    if provider == "fused":
+        return lambda: linear(t["x"], t["w"], t["b"], residual=t["r"], post_norm="layer_norm", post_norm_weight=t["pw"],
+                              post_norm_bias=t["pb"], post_eps=LN_EPS, workspace=t["ws"])
+    raise ValueError(f"provider must be one of {LN_PROVIDERS}, got {provider!r}")
+
+
+def post_check(provider: str, out: tuple[torch.Tensor, torch.Tensor], t: dict) -> None:
+    """As ``check``, for both outputs: y against the float64 linear, its norm against the float64 norm
+    of the y returned (the rows as stored)."""
+    y, normed = out
+    m = t["x"].shape[0]
+    for i in sorted({0, m - 1}):
+        s = slice(i, i + 1)
+        ref = reference._linear_compute(t["x"][s], t["w"], t["b"], None, t["r"][s], torch.float64)
+        check_output(f"{provider} y (row {i})", y[s], ref)
+        ref = reference.layer_norm(y[s].double(), t["pw"], t["pb"], LN_EPS, compute_dtype=torch.float64)
+        check_output(f"{provider} norm (row {i})", normed[s], ref)
 
 
 def provider_fn(provider: str, t: dict):
@@ -205,7 +265,7 @@ def record(benchmark, case: dict, times: list[float], device, ceilings_gbps, tim
 
 def group(case: dict) -> str:
     k, n = case["shape"]
-    op = "ln+linear" if case.get("op") == "ln_linear" else "linear"
+    op = {"ln_linear": "ln+linear", "linear_norm": "linear+norm"}.get(case.get("op"), "linear")
     return f"{op} {k}x{n} m{case['m']} {case['dtype']}"
 
 
@@ -213,9 +273,15 @@ def bench_linear(benchmark, case, device, timer, ceilings_gbps, launch_floor_us,
     (k, n), m, provider, dtype = case["shape"], case["m"], case["provider"], DTYPES[case["dtype"]]
     start_case(benchmark, group(case), provider, device, GPU_ONLY)
     t = make_inputs(k, n, m, dtype, device)
-    ln = case.get("op") == "ln_linear"
-    fn = (ln_provider_fn if ln else provider_fn)(provider, t)
-    (ln_check if ln else check)(provider, fn(), t)
+    make_fn, check_fn, traffic, notes = OPS[case.get("op", "linear")]
+    fn = make_fn(provider, t)
+    check_fn(provider, fn(), t)
     times = timer.run(benchmark, fn)
     record(benchmark, case, times, device, ceilings_gbps, timer, launch_floor_us, matmul_peak_tflops(dtype), medians,
-           traffic=ln_modeled_traffic(k, n, m, dtype) if ln else None, note=LN_NOTES[provider] if ln else None)
+           traffic=traffic(k, n, m, dtype), note=notes[provider])
+
+
+# op -> (provider functions, check, modeled traffic, notes)
+OPS = {"linear": (provider_fn, check, modeled_traffic, NOTES),
+       "ln_linear": (ln_provider_fn, ln_check, ln_modeled_traffic, LN_NOTES),
+       "linear_norm": (post_provider_fn, post_check, post_modeled_traffic, POST_NOTES)}

@@ -488,10 +488,14 @@ def test_tma_loader_falls_back_or_refuses_where_tma_cannot_describe_the_tensors_
 
 # Head dim 64's wgmma cases, run in each tile (FUSED_ATTN_FLASH_D64_TILE: 0 BR 128 / BC 128, 1 BR 128 /
 # BC 64 two blocks per SM, 2 BR 64 with one consumer two blocks per SM): the edges above at d <= 64, a
-# causal grid of many blocks (partial last query and key tiles in each), one query row against many keys.
+# causal grid of many blocks (partial last query and key tiles in each), one query row against many keys,
+# fully masked rows (every key masked; Sq > Sk under causal), large bfloat16 scores.
 WGMMA_D64_EXAMPLES = [c for c in WGMMA_EXAMPLES if c["d"] <= 64] + [
     gcase(mode="flash_wgmma", b=2, hkv=3, sq=700, sk=700, d=64, causal=True, seed=5),
     gcase(mode="flash_wgmma", sq=1, sk=517, d=64, causal=True, group=2, mask="bool_key", seed=6),
+    gcase(mode="flash_wgmma", sq=333, sk=77, d=64, mask="bool_head", share=1.0, seed=7),  # every key masked: zeros
+    # Sq > Sk under causal: the rows before the diagonal see no key (zeros); large bfloat16 scores.
+    gcase(mode="flash_wgmma", sq=600, sk=300, d=64, causal=True, dtype=torch.bfloat16, mag=70.0, seed=8),
 ]
 
 

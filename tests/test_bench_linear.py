@@ -39,6 +39,9 @@ def test_gpu_cases_are_the_issues():
     assert {c["shape"] for c in ln} == {(768, 2304), (768, 3072), (768, 50257)} and len(ln) == 3 * 3 * 4
     assert {c["m"] for c in ln} == {1, 4, 16} and lin.case_id(ln[0]) == "eager-ln-k768-n2304-m1-float16"
     assert lin.group(ln[0]) == "ln+linear 768x2304 m1 float16"
+    post = [c for c in all_cases if c["op"] == "linear_norm"]
+    assert {c["shape"] for c in post} == {(768, 768), (3072, 768)} and len(post) == 2 * 3 * 4
+    assert lin.case_id(post[0]) == "eager-post-k768-n768-m1-float16" and lin.group(post[0]) == "linear+norm 768x768 m1 float16"
     assert {c["shape"] for c in cases} == {(768, 2304), (768, 3072), (3072, 768), (768, 768), (4096, 11008),
                                            (11008, 4096), (4096, 4096)}
     assert {c["m"] for c in cases} == {1, 4, 16, 128, 512, 2048, 4096}
@@ -54,6 +57,8 @@ def test_modeled_bytes_and_flops_of_known_shapes():
     # GPT-2 c_fc at M = 1 in float16: the weight 768 x 3072 x 2 B dominates
     read, write = lin.modeled_traffic(768, 3072, 1, torch.float16)
     assert read == (768 * 3072 + 768 + 3072 + 3072) * 2 and write == 3072 * 2
+    assert lin.post_modeled_traffic(768, 768, 4, torch.float16) == ((768 * 768 + 4 * 768 + 768 + 4 * 768 + 2 * 768) * 2,
+                                                                    2 * 4 * 768 * 2)
     assert lin.ln_modeled_traffic(768, 50257, 1, torch.float16) == ((768 * 50257 + 768 + 50257 + 2 * 768) * 2,
                                                                      50257 * 2)
     assert lin.flops(4096, 11008, 16) == 2 * 16 * 4096 * 11008
@@ -68,6 +73,8 @@ def test_each_provider_matches_the_reference_on_the_cpu(m):
     for p in ("eager", "fused"):
         lin.check(p, lin.provider_fn(p, t)(), t)
         lin.ln_check(p, lin.ln_provider_fn(p, t)(), t)
+    for p in ("eager", "unfolded", "fused"):
+        lin.post_check(p, lin.post_provider_fn(p, t)(), t)
     for act in ("gelu_tanh", "swiglu"):
         t = mlp.make_inputs(32, 48, act, m, torch.float32, torch.device("cpu"))
         for p in ("eager", "fused"):
@@ -106,7 +113,7 @@ def test_cpu_smoke_run_and_its_report(tmp_path):
                            "-p", "no:cacheprovider", "--bench-rounds", "3", f"--benchmark-json={run}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "15 passed, 7 skipped" in proc.stdout
+    assert "18 passed, 8 skipped" in proc.stdout
     benches = json.loads(run.read_text())["benchmarks"]
     assert {b["extra_info"]["provider"] for b in benches} == {"eager", "unfolded", "fused"}
     assert report.main([str(run), "--out", str(tmp_path / "r"), "--no-plots"]) == 0
