@@ -27,7 +27,7 @@ import torch
 
 from fused_attn import _ops, reference
 from fused_attn.decode_attention import _aligned_copy, _check_aligned
-from fused_attn.softmax import _check_dims, _check_is_tensor, _check_like, _scale_value, _shape
+from fused_attn.softmax import _check_dims, _check_is_tensor, _check_like, _requires_grad, _scale_value, _shape
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = _DTYPES + (torch.float64,)
@@ -120,10 +120,6 @@ def check_args(q, k, v, attn_mask, scale, causal, mode, out=None, lse=None) -> f
         if not lse.is_contiguous():
             raise ValueError(f"lse must be contiguous, got strides {lse.stride()}")
     return float(scale)
-
-
-def _requires_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def attention(

@@ -286,13 +286,6 @@ class Block(nn.Module):
         ln_1(x) already computed (the fused embedding's launch, or the previous block's epilogue), not
         computed again. With layer_norm "epilogue" returns ``(x, next_ln(x))``: ``next_ln`` is the next
         layer's ln_1 or ln_f, run in the MLP's c_proj launch (``workspace``: linear's)."""
-        if self.post_norms:
-            with scope("ln_1"):
-                h = normed if normed is not None else self.ln_1(x)
-            with scope("attention"):  # QKV, cache update, attention, output projection + residual + ln_2
-                x, h = self.attn(h, keys_ok, residual=x, post_ln=self.ln_2, workspace=workspace, **attn_kw)
-            with scope("mlp"):  # c_fc + GELU, c_proj + residual + the next norm
-                return self.mlp(h, residual=x, post_ln=next_ln, workspace=workspace)
         if self.fold_norms:
             with scope("attention"):  # ln_1 + QKV projection, cache update, attention, output projection + residual
                 x = self.attn(x, keys_ok, residual=x, ln=self.ln_1, **attn_kw)
@@ -300,6 +293,11 @@ class Block(nn.Module):
                 return self.mlp(x, residual=x, ln=self.ln_2)
         with scope("ln_1"):
             h = self.ln_1(x) if normed is None else normed
+        if self.post_norms:
+            with scope("attention"):  # QKV, cache update, attention, output projection + residual + ln_2
+                x, h = self.attn(h, keys_ok, residual=x, post_ln=self.ln_2, workspace=workspace, **attn_kw)
+            with scope("mlp"):  # c_fc + GELU, c_proj + residual + the next norm
+                return self.mlp(h, residual=x, post_ln=next_ln, workspace=workspace)
         with scope("attention"):  # QKV and output projections (+ residual), cache update, attention
             x = self.attn(h, keys_ok, residual=x, **attn_kw)
         with scope("ln_2"):
@@ -533,11 +531,11 @@ class GPT2(nn.Module):
         layer_norm "epilogue" (each block's MLP normalizes for the next; the cache's workspace in a
         decode step), else ``(x, None)``."""
         post = self.backends["layer_norm"] == "epilogue"
+        ws = None if cache is None else cache.post_workspace
         for i, block in enumerate(self.h):
             layer = None if cache is None else cache.layers[i]
             if post:
                 nxt = self.h[i + 1].ln_1 if i + 1 < len(self.h) else self.ln_f
-                ws = None if cache is None else cache.post_workspace
                 x, normed = block(x, keys_ok, normed, next_ln=nxt, workspace=ws, cache=layer, **kw)
             else:
                 x = block(x, keys_ok, normed if i == 0 else None, cache=layer, **kw)

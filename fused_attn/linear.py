@@ -24,7 +24,7 @@ import torch
 
 from fused_attn import _ops, reference
 from fused_attn.layer_norm import eps_value, layer_norm, rms_norm
-from fused_attn.softmax import _shape
+from fused_attn.softmax import _requires_grad, _shape
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = _DTYPES + (torch.float64,)
@@ -104,10 +104,6 @@ def check_post_norm(x: torch.Tensor, n_out: int, post_norm: int, post_weight, po
         if workspace.dim() != 1 or workspace.numel() < 1:
             raise ValueError(f"workspace must have 1 dim and at least 1 element, got {_shape(workspace)}")
     return post_eps
-
-
-def _wants_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def _check_param(t, name: str, x: torch.Tensor, xn: str, shape: tuple) -> None:
@@ -245,7 +241,7 @@ def linear(
             weight = weight.contiguous()
         _ops.ensure_loaded()
     if pcode:
-        if _wants_grad(x, weight, bias, residual, norm_weight, norm_bias, post_norm_weight, post_norm_bias):
+        if _requires_grad(x, weight, bias, residual, norm_weight, norm_bias, post_norm_weight, post_norm_bias):
             y = linear(x, weight, bias, activation=activation, residual=residual, norm=norm, norm_weight=norm_weight,
                        norm_bias=norm_bias, eps=eps)
             if pcode == NORMS["rms_norm"]:
@@ -355,7 +351,7 @@ def _register() -> None:
 
     def _post_autograd(*args, **kwargs):
         for name, t in zip(names, args):
-            if _wants_grad(t):
+            if _requires_grad(t):
                 raise ValueError(f"{name} must not require grad (linear_post_norm counts on its workspace and records "
                                  f"no gradient; fused_attn.linear(post_norm=...) runs linear and layer_norm when a "
                                  f"gradient is wanted), got requires_grad=True")

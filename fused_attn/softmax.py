@@ -118,8 +118,9 @@ def _check_like(t, t_name: str, ref: torch.Tensor, ref_name: str, kind: str = "a
         raise ValueError(f"{t_name} must have {ref_name}'s shape {_shape(ref)}, got {_shape(t)}")
 
 
-def _requires_grad(x: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
-    return torch.is_grad_enabled() and (x.requires_grad or (attn_mask is not None and attn_mask.requires_grad))
+def _requires_grad(*tensors) -> bool:
+    """Whether autograd would record an op on these (tensors or None): grad mode on and one requires grad."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def check_no_grad_for_out(x: torch.Tensor, attn_mask: torch.Tensor | None, out: torch.Tensor | None) -> None:

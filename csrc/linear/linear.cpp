@@ -94,15 +94,18 @@ bool vector_ready(const at::Tensor& t, int64_t vec) {
 
 // The locals are named after the arguments: the check macros stringify them into the message. x is a CUDA
 // tensor, so the same-device checks make the others CUDA tensors too.
-// norm_weight / norm_bias: [in_features] on x's device, x's dtype or float32, only with a norm.
-#define FA_CHECK_NORM_AFFINE(t)                                                                             \
-  FA_CHECK_ARG(norm != kNormNone, t, "be None without a norm", "a tensor");                                 \
+// A norm's weight or bias: [want] (the dim called `label`) on x's device, x's dtype or float32.
+#define FA_CHECK_AFFINE(t, want, label)                                                                     \
   FA_CHECK_SAME_DEVICE(t, x);                                                                               \
   FA_CHECK_ARG((t).scalar_type() == x.scalar_type() || (t).scalar_type() == at::kFloat, t,                  \
                "have x's dtype (" + dtype_str(x.scalar_type()) + ") or torch.float32",                     \
                dtype_str((t).scalar_type()));                                                               \
-  FA_CHECK_ARG((t).dim() == 1 && (t).size(0) == x.size(-1), t,                                              \
-               "have shape (in_features,) = (" + std::to_string(x.size(-1)) + ",)", shape_str((t).sizes()))
+  FA_CHECK_ARG((t).dim() == 1 && (t).size(0) == (want), t,                                                  \
+               "have shape (" label ",) = (" + std::to_string(want) + ",)", shape_str((t).sizes()))
+// norm_weight / norm_bias: [in_features], only with a norm.
+#define FA_CHECK_NORM_AFFINE(t)                                                                             \
+  FA_CHECK_ARG(norm != kNormNone, t, "be None without a norm", "a tensor");                                 \
+  FA_CHECK_AFFINE(t, x.size(-1), "in_features")
 
 void check_norm_args(const at::Tensor& x, const std::optional<at::Tensor>& norm_weight_opt,
                      const std::optional<at::Tensor>& norm_bias_opt, int64_t norm, double eps) {
@@ -178,6 +181,10 @@ struct PostNorm {
   at::Tensor out;
 };
 
+// A norm's weight or bias for the kernels: its data (nullptr if absent), and whether it is float32.
+const void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+bool is_fp32(const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kFloat; }
+
 // Returns whether the kernel also wrote `post` (the CUDA-core kernel without a pre-normalization, n_out
 // <= kLinearPostNormMaxWidth); when it did not, the caller normalizes out.
 bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -201,10 +208,10 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   p.o_stride = out2.stride(0);
   p.vec = p.k % vec == 0 && vector_ready(x2, vec) && vector_ready(weight, vec);
   p.norm = int(norm.norm);
-  p.norm_weight = norm.weight.defined() ? norm.weight.data_ptr() : nullptr;
-  p.norm_bias = norm.bias.defined() ? norm.bias.data_ptr() : nullptr;
-  p.nw_fp32 = norm.weight.defined() && norm.weight.scalar_type() == at::kFloat;
-  p.nb_fp32 = norm.bias.defined() && norm.bias.scalar_type() == at::kFloat;
+  p.norm_weight = data_or_null(norm.weight);
+  p.norm_bias = data_or_null(norm.bias);
+  p.nw_fp32 = is_fp32(norm.weight);
+  p.nb_fp32 = is_fp32(norm.bias);
   p.eps = float(norm.eps);
   p.xs_pitch = linear_xs_pitch(p.k, int(x2.element_size()));
   const bool normed = p.norm != kNormNone;
@@ -234,10 +241,10 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
     post->out = at::empty_like(out2);
     const Norm& pn = post->norm;
     q.norm = int(pn.norm);
-    q.weight = pn.weight.defined() ? pn.weight.data_ptr() : nullptr;
-    q.bias = pn.bias.defined() ? pn.bias.data_ptr() : nullptr;
-    q.w_fp32 = pn.weight.defined() && pn.weight.scalar_type() == at::kFloat;
-    q.b_fp32 = pn.bias.defined() && pn.bias.scalar_type() == at::kFloat;
+    q.weight = data_or_null(pn.weight);
+    q.bias = data_or_null(pn.bias);
+    q.w_fp32 = is_fp32(pn.weight);
+    q.b_fp32 = is_fp32(pn.bias);
     q.eps = float(pn.eps);
     q.out = post->out.data_ptr();
     q.o_stride = post->out.stride(0);
@@ -397,16 +404,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   return linear_impl(x, weight, bias, residual, norm_weight, norm_bias, activation, norm_code, eps, nullptr);
 }
 
-// The locals are named after the arguments (the check macros stringify them). post_weight / post_bias:
-// [out] (the output's width) on x's device, x's dtype or float32.
-#define FA_CHECK_POST_AFFINE(t)                                                                             \
-  FA_CHECK_SAME_DEVICE(t, x);                                                                               \
-  FA_CHECK_ARG((t).scalar_type() == x.scalar_type() || (t).scalar_type() == at::kFloat, t,                  \
-               "have x's dtype (" + dtype_str(x.scalar_type()) + ") or torch.float32",                     \
-               dtype_str((t).scalar_type()));                                                               \
-  FA_CHECK_ARG((t).dim() == 1 && (t).size(0) == n_out, t,                                                   \
-               "have shape (out,) = (" + std::to_string(n_out) + ",)", shape_str((t).sizes()))
-
+// The locals are named after the arguments (the check macros stringify them); post_weight / post_bias:
+// [out], the output's width.
 std::tuple<at::Tensor, at::Tensor> linear_post_norm(
     const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
@@ -424,12 +423,12 @@ std::tuple<at::Tensor, at::Tensor> linear_post_norm(
   post.norm.eps = post_eps;
   if (post_weight_opt.has_value()) {
     const at::Tensor& post_weight = *post_weight_opt;
-    FA_CHECK_POST_AFFINE(post_weight);
+    FA_CHECK_AFFINE(post_weight, n_out, "out");
     post.norm.weight = post_weight.contiguous();
   }
   if (post_bias_opt.has_value()) {
     const at::Tensor& post_bias = *post_bias_opt;
-    FA_CHECK_POST_AFFINE(post_bias);
+    FA_CHECK_AFFINE(post_bias, n_out, "out");
     FA_CHECK_ARG(post_norm != kNormRms, post_bias, "be None with rms_norm", "a tensor");
     post.norm.bias = post_bias.contiguous();
   }
