@@ -61,8 +61,10 @@ fi
 if has tests; then
   # The suite no longer fits one serial run in a device call: TESTS_JOBS pytest processes share the GPU,
   # each on a group of test files (dealt largest first), each with its own log; tests.log joins them.
-  # TESTS_FILES narrows the files (default: all of tests/test_*.py).
+  # TESTS_FILES narrows the files (default: all of tests/test_*.py); TESTS_MARK the marker expression
+  # (default "gpu": the CPU tests, which CI runs on every commit, took most of a device call; "" runs all).
   jobs=${TESTS_JOBS:-4}
+  mark=${TESTS_MARK-gpu}
   log "tests ($jobs processes)"
   files=$(ls -S ${TESTS_FILES:-tests/test_*.py})
   pids=()
@@ -72,7 +74,8 @@ if has tests; then
     # SIGINT at the limit: pytest stops as on Ctrl-C and still prints its summary and the failures so far
     # (session 10 lost a failure's traceback to a plain kill); -k 30: killed if it does not stop.
     FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu} timeout -s INT -k 30 ${TESTS_TIMEOUT:-300} \
-      python3 -m pytest $group -q -p no:cacheprovider -rfEs --durations=5 > "/tmp/tests_$j.log" 2>&1 &
+      python3 -m pytest $group ${mark:+-m "$mark"} -q -p no:cacheprovider -rfEs --durations=5 \
+      > "/tmp/tests_$j.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait $pid || rc=1; done

@@ -89,6 +89,9 @@ __global__ void __launch_bounds__(norm_block_threads<TPR>())
   const bool row_ok = row_id < p.rows;
   const int64_t row = row_ok ? row_id : 0;
   const int n = p.width;
+  // The plain rows' addresses, before the wait (gathered rows replace them after it).
+  const T* x = static_cast<const T*>(p.x) + row * p.x_row_stride;
+  const T* r = RESIDUAL ? static_cast<const T*>(p.residual) + row * p.r_row_stride : nullptr;
 
   // Rows of up to a warp (widths <= 1024) load weight and bias of x's type with x: the compiler may
   // not move their loads above the stores of h (h may alias them), so loaded after the reductions
@@ -113,36 +116,38 @@ __global__ void __launch_bounds__(norm_block_threads<TPR>())
   // kernel's output; the weights above are already on their way.
   wait_for_primary();
   // The table rows (gathered rows: NormParams); a row whose index is out of range reads nothing and
-  // takes NaN for x, so h, the statistics and y are NaN.
-  int64_t xrow = row, rrow = row;
-  bool gathered_ok = true;
-  if (p.x_index != nullptr && row_ok) {
-    xrow = p.x_index64 ? static_cast<const int64_t*>(p.x_index)[row] : static_cast<const int*>(p.x_index)[row];
-    gathered_ok = xrow >= 0 && xrow < p.x_rows;
+  // takes NaN for h, the statistics and y.
+  bool load_ok = row_ok;
+  if (p.x_index != nullptr || (RESIDUAL && p.r_index != nullptr)) {
+    int64_t xrow = row, rrow = row;
+    if (p.x_index != nullptr && row_ok) {
+      xrow = p.x_index64 ? static_cast<const int64_t*>(p.x_index)[row] : static_cast<const int*>(p.x_index)[row];
+      load_ok = load_ok && xrow >= 0 && xrow < p.x_rows;
+    }
+    if (RESIDUAL && p.r_index != nullptr && row_ok) {
+      rrow = p.r_index64 ? static_cast<const int64_t*>(p.r_index)[row] : static_cast<const int*>(p.r_index)[row];
+      load_ok = load_ok && rrow >= 0 && rrow < p.r_rows;
+    }
+    x = static_cast<const T*>(p.x) + (load_ok ? xrow : 0) * p.x_row_stride;
+    if constexpr (RESIDUAL) r = static_cast<const T*>(p.residual) + (load_ok ? rrow : 0) * p.r_row_stride;
   }
-  if (RESIDUAL && p.r_index != nullptr && row_ok) {
-    rrow = p.r_index64 ? static_cast<const int64_t*>(p.r_index)[row] : static_cast<const int*>(p.r_index)[row];
-    gathered_ok = gathered_ok && rrow >= 0 && rrow < p.r_rows;
-  }
-  const bool load_ok = row_ok && gathered_ok;
-  const T* x = static_cast<const T*>(p.x) + (load_ok ? xrow : 0) * p.x_row_stride;
-  const T* r = RESIDUAL ? static_cast<const T*>(p.residual) + (load_ok ? rrow : 0) * p.r_row_stride : nullptr;
+  // Every load of the row issued before any is used: one round trip. (A NaN written into xa in an
+  // else branch here made each 16-byte load wait for itself before the next one issued, the halves
+  // repacked at the branch join: 4 dependent L2 round trips, +0.55 us per launch, +13 us per GPT-2
+  // step at B1 on an H100, bench/NOTES.md session 12. The NaN of a bad index is selected in below.)
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = (it * TPR + lane) * VEC;
     if (load_ok && c < n) {
       xa[it] = *reinterpret_cast<const P*>(x + c);
       if constexpr (RESIDUAL) ra[it] = *reinterpret_cast<const P*>(r + c);
-    } else if (row_ok && c < n) {  // an index out of range
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) xa[it].v[e] = ra[it].v[e] = from_float<T>(__int_as_float(0x7fc00000));
     }
   }
+  const float kNaN = __int_as_float(0x7fc00000);
   // The shift: h[0], read by every thread of the row (one broadcast line, already on its way).
   float shift = 0.f;
   if constexpr (!RMS) {
     if (load_ok) shift = to_float(RESIDUAL ? add_rounded(x[0], r[0]) : x[0]);
-    else if (row_ok) shift = __int_as_float(0x7fc00000);
   }
 
   float v[ITERS][VEC];
@@ -153,12 +158,12 @@ __global__ void __launch_bounds__(norm_block_threads<TPR>())
     if constexpr (RESIDUAL) {
       P hp;
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) hp.v[e] = add_rounded(xa[it].v[e], ra[it].v[e]);
+      for (int e = 0; e < VEC; ++e) hp.v[e] = load_ok ? add_rounded(xa[it].v[e], ra[it].v[e]) : from_float<T>(kNaN);
       if (ok) *reinterpret_cast<P*>(static_cast<T*>(p.h) + row * n + c) = hp;
       xa[it] = hp;
     }
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) v[it][e] = ok ? to_float(xa[it].v[e]) - shift : 0.f;
+    for (int e = 0; e < VEC; ++e) v[it][e] = !ok ? 0.f : load_ok ? to_float(xa[it].v[e]) - shift : kNaN;
   }
 
   float mean = 0.f;  // of the shifted values (LayerNorm); RMSNorm centers nothing
