@@ -96,8 +96,13 @@ _define(
 # The next token of each row of logits [..., vocab] (returns int64 [...]): the argmax at temperature 0,
 # else a sample of softmax(logits / temperature) by the Gumbel-max trick with Philox4x32-10 uniforms of
 # (seed, offset + offsets[row], row, column): offsets None, or int32 / int64 with 1 element or one per row.
+# sample_out's advance (int32 / int64 [k, rows]): column r += 1 once row r's token is written (a decode
+# loop's per-row counters, advanced in the same launch); offsets may be one of its rows, never shared.
 _define("sample(Tensor logits, float temperature, int seed, int offset, Tensor? offsets) -> Tensor")
-_define("sample_out(Tensor logits, float temperature, int seed, int offset, Tensor? offsets, *, Tensor(a!) out) -> ()")
+_define(
+    "sample_out(Tensor logits, float temperature, int seed, int offset, Tensor? offsets, *, Tensor(a!) out, "
+    "Tensor(b!)? advance=None) -> ()"
+)
 # y = act(x @ weight^T + bias) + residual: x [..., in_features], weight [out_features, in_features]
 # (nn.Linear's layout), bias [out_features], residual [..., out]. activation: 0 none, 1 gelu_tanh,
 # 2 swiglu (weight = gate rows over up rows; out = silu(gate) * up has out_features / 2 columns).

@@ -334,11 +334,12 @@ class DecodeCache(nn.Module):
         # fused_attn.linear's post_norm workspace (layer_norm "epilogue"): its kernels' block count, zero
         # between launches.
         self.register_buffer("post_workspace", torch.zeros(1, dtype=torch.int32, device=device), persistent=False)
-        # The per-token counters in one int32 buffer, so one add advances them all: decode_attention's
-        # valid slots per sequence (seqlens), the position ids (pos) and the sampler's offset (rng).
-        self.register_buffer("counters", torch.zeros(2 * batch + 1, dtype=torch.int32, device=device),
+        # The per-token counters in one int32 buffer [3, batch]: decode_attention's valid slots per sequence
+        # (seqlens), the position ids (pos) and the fused sampler's Philox offset (rng, equal in every row).
+        # The fused sampler advances them in its own launch (sample's advance); else one add does.
+        self.register_buffer("counters", torch.zeros(3 * batch, dtype=torch.int32, device=device),
                              persistent=False)
-        self.seqlens, self.pos, self.rng = self.counters[:batch], self.counters[batch:2 * batch], self.counters[2 * batch:]
+        self.seqlens, self.pos, self.rng = self.counters.view(3, batch).unbind(0)
         # decode_attention's first real slot per sequence.
         self.register_buffer("leftpad", torch.zeros(batch, dtype=torch.int32, device=device), persistent=False)
         self.register_buffer("token", torch.zeros(batch, dtype=torch.long, device=device), persistent=False)
@@ -346,16 +347,20 @@ class DecodeCache(nn.Module):
         self.decode_graph: _DecodeGraph | None = None
 
     def set_next_token(self, logits: torch.Tensor) -> None:
-        """``token`` = the next token of ``logits [batch, vocab]`` (``next_token``, or the fused sampler in place)."""
+        """``token`` = the next token of ``logits [batch, vocab]`` (``next_token``, or the fused sampler in
+        place, which also advances the counters: one launch for both)."""
         if self.fused_sampler:
-            sample(logits, self.temperature, top_k=self.top_k, offset=self.rng, out=self.token)
+            sample(logits, self.temperature, top_k=self.top_k, offset=self.rng, out=self.token,
+                   advance=self.counters.view(3, self.batch))
         else:
             self.token.copy_(self.next_token(logits))
 
     def advance(self, slot: bool = True) -> None:
-        """After a decode step: one more valid slot, position and sampler offset per sequence, and the
-        next cache slot (``slot=False``: the fused attention backend reads no slot)."""
-        self.counters.add_(1)
+        """After a decode step: one more valid slot, position and sampler offset per sequence (unless the
+        fused sampler advanced them), and the next cache slot (``slot=False``: the fused attention
+        backend reads no slot)."""
+        if not self.fused_sampler:
+            self.counters.add_(1)
         if slot:
             self.slot.add_(1)
 
@@ -551,7 +556,7 @@ class GPT2(nn.Module):
         cache.keys_ok[:, :s] = attention_mask.bool()
         x, normed = self._hidden(input_ids, attention_mask, cache=cache)
         if cache.fused_sampler and cache.temperature > 0:  # seeded: generate() calls torch.manual_seed(seed)
-            cache.rng.copy_(torch.randint(0, 2**31 - 1, (1,), device=cache.rng.device))
+            cache.rng.copy_(torch.randint(0, 2**31 - 1, (1,), device=cache.rng.device))  # every row's
         cache.set_next_token(self.logits(x[:, -1], None if normed is None else normed[:, -1]))
         cache.slot.fill_(s)
         cache.seqlens.fill_(s)

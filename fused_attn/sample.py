@@ -11,7 +11,8 @@ caller advances a device-side ``offset`` tensor, and the CPU path (``fused_attn.
 draws the same numbers as the GPU.
 
 Op (schemas in ``fused_attn/_ops.py``): ``sample(logits, temperature, seed, offset, offsets)`` and
-``sample_out(..., *, out)``. ``top_k`` is applied here, before the op, as PyTorch ops (topk, then the
+``sample_out(..., *, out, advance=None)``; ``advance``: a decode loop's per-row counters, each + 1 in
+the same launch once its row's token is written. ``top_k`` is applied here, before the op, as PyTorch ops (topk, then the
 logits below the k-th largest set to -inf: ties with the k-th are kept, as in Hugging Face's
 ``TopKLogitsWarper``).
 
@@ -86,6 +87,54 @@ def _check_out(out, logits) -> None:
         raise ValueError(f"out must be contiguous, got strides {tuple(out.stride())}")
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Every element in its own memory and no gaps (ATen's is_non_overlapping_and_dense)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """ATen's get_overlap_status(a, b) != No within one storage (csrc/sample/sample.cpp: may_overlap)."""
+    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    if not (_dense(a) and _dense(b)):
+        return True  # too hard to tell: taken as an overlap
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def _check_advance(advance, logits, offsets, out, storage: bool = True) -> None:
+    """sample_out's advance (csrc/sample/sample.cpp: check_advance, same messages); ``storage``: also the
+    overlaps with out and offsets (not for meta tensors, which have none)."""
+    if not isinstance(advance, torch.Tensor):
+        raise TypeError(f"advance must be a torch.Tensor or None, got {type(advance).__name__}")
+    if advance.device != logits.device:
+        raise ValueError(f"advance must be on the same device as logits ({logits.device}), got {advance.device}")
+    if advance.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"advance must have dtype int32 or int64, got {advance.dtype}")
+    rows = logits.numel() // logits.shape[-1]
+    if advance.dim() != 2 or advance.shape[1] != rows:
+        raise ValueError(f"advance must have shape (k, rows) with rows = {rows}, got {_shape(advance)}")
+    if advance.numel() > 1 and not _dense(advance):
+        raise ValueError("advance must have no two elements in the same memory (one counter each: a dense "
+                         f"layout), got strides {tuple(advance.stride())}")
+    if not storage:
+        return
+    if out is not None and _may_overlap(out, advance):
+        raise ValueError("out must not overlap advance, got overlapping memory")
+    if offsets is not None and rows > 1 and _may_overlap(offsets, advance):
+        o1 = offsets.reshape(-1)
+        own_row = (o1.numel() == rows and o1.dtype == advance.dtype and o1.stride(0) == advance.stride(1)
+                   and any(o1.data_ptr() == advance[i].data_ptr() for i in range(advance.shape[0])))
+        if not own_row:
+            raise ValueError("offsets must be one of advance's rows or not overlap it (every row must read its own "
+                             "offset before it advances its own counters), got an overlap of another shape")
+
+
 def sample(
     logits: torch.Tensor,
     temperature: float = 0.0,
@@ -94,6 +143,7 @@ def sample(
     seed: int = 0,
     offset: int | torch.Tensor = 0,
     out: torch.Tensor | None = None,
+    advance: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The next token of each row of ``logits``: ``argmax`` at temperature 0, else a sample of
     ``softmax(logits / temperature)`` over the ``top_k`` largest logits (all with top_k 0).
@@ -110,6 +160,11 @@ def sample(
             The same (seed, offset, row) gives the same token on the CPU and the GPU (up to the last ulp
             of the logarithms, which can flip a draw between two near-equal perturbed scores).
         out: None, or an int64 contiguous tensor of shape ``logits.shape[:-1]`` written in place.
+        advance: None, or int32 / int64 ``[k, rows]`` counters (rows = the product of logits' leading
+            dims, one element each): column r += 1 once row r's token is written, in the same launch. A
+            decode loop's per-row state (cache length, position, this ``offset``) advanced without an
+            add kernel of its own. ``offset`` may be one of its rows (row r reads its offset before it
+            advances it), never a single offset that every row reads; ``out`` may not overlap it.
 
     Returns int64 ``logits.shape[:-1]`` (``out`` when given). NaN counts as the largest logit and the
     first of equal maxima wins (torch.argmax's rule); a row of -inf gives 0. Launches on the current
@@ -121,14 +176,18 @@ def sample(
                                                   else offset, offsets)
     if out is not None:
         _check_out(out, logits)
+    if advance is not None:
+        _check_advance(advance, logits, offsets, out)
     if temperature > 0 and 0 < top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, -math.inf)
     if logits.device.type == "cuda":  # meta tensors (and torch.compile's tracing) run the fake kernel: no build
         _ops.ensure_loaded()
-    if out is None:
+    if out is None and advance is None:
         return torch.ops.fused_attn.sample(logits, temperature, seed, offset, offsets)
-    torch.ops.fused_attn.sample_out(logits, temperature, seed, offset, offsets, out=out)
+    if out is None:
+        out = torch.empty(logits.shape[:-1], dtype=torch.int64, device=logits.device)
+    torch.ops.fused_attn.sample_out(logits, temperature, seed, offset, offsets, out=out, advance=advance)
     return out
 
 
@@ -156,17 +215,23 @@ def _register() -> None:
         return torch.empty(logits.shape[:-1], dtype=torch.int64, device=logits.device)
 
     @torch.library.register_fake("fused_attn::sample_out")
-    def _fake_out(logits, temperature, seed, offset, offsets, *, out):
+    def _fake_out(logits, temperature, seed, offset, offsets, *, out, advance=None):
         check_args(logits, temperature, 0, seed, offset, offsets)
+        if advance is not None:
+            _check_advance(advance, logits, offsets, out, storage=False)
 
     @torch.library.register_kernel("fused_attn::sample", "cpu")
     def _cpu_kernel(logits, temperature, seed, offset, offsets):
         return _cpu(logits, temperature, seed, offset, offsets)
 
     @torch.library.register_kernel("fused_attn::sample_out", "cpu")
-    def _cpu_kernel_out(logits, temperature, seed, offset, offsets, *, out):
+    def _cpu_kernel_out(logits, temperature, seed, offset, offsets, *, out, advance=None):
         _check_out(out, logits)
-        out.copy_(_cpu(logits, temperature, seed, offset, offsets))
+        if advance is not None:
+            _check_advance(advance, logits, offsets, out)
+        out.copy_(_cpu(logits, temperature, seed, offset, offsets))  # every offset read before the advance
+        if advance is not None:
+            advance.add_(1)
 
 
 _register()

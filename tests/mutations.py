@@ -37,6 +37,7 @@ T_DECODE = "tests/test_decode_attention.py"
 T_NORM = "tests/test_layer_norm.py"
 T_LINEAR = "tests/test_linear.py"
 T_MLP = "tests/test_mlp.py"
+T_SAMPLE = "tests/test_sample.py"
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,13 @@ MUTATIONS: list[Mutation] = [
              "        self.counters[self.batch:].add_(1)\n",
              _t(f"{T_GPT2}::test_decode_logits_match_teacher_forced_cpu"),
              why="every decode step appends at the same slot"),
+    Mutation("sample-advance-first-counter-only", "fused_attn/sample.py",
+             "            advance.add_(1)\n", "            advance[:1].add_(1)\n",
+             _t(f"{T_SAMPLE}::test_matches_reference_cpu", f"{T_GPT2}::test_decode_logits_match_teacher_forced_cpu"),
+             why="the fused sampler advances only seqlens: every step embeds the same position"),
+    Mutation("sample-kernel-advance-skips-first-counter", "csrc/sample/sample_kernel.cuh",
+             "  for (int i = 0; i < p.adv_k; ++i) {", "  for (int i = 1; i < p.adv_k; ++i) {",
+             _t(f"{T_SAMPLE}::test_cuda_graph_replay_advances_its_counters_gpu"), gpu=True),
     Mutation("gpt2-decode-ignores-left-padding", "fused_attn/gpt2.py",
              "cache.leftpad.copy_(s - attention_mask.sum(-1))", "cache.leftpad.zero_()",
              _t(f"{T_GPT2}::test_decode_logits_match_teacher_forced_cpu"),

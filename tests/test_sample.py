@@ -132,6 +132,7 @@ def check_case(case, device):
     assert got is out
     also = sample(logits, case["temperature"], seed=case["seed"], offset=off)
     assert torch.equal(also, out), "sample and sample_out differ"
+    check_advance(logits, case, device, out)
     assert got.shape == logits.shape[:-1] and got.dtype == torch.int64
     got = got.reshape(-1).cpu()
     if got.numel() == 0:
@@ -152,6 +153,35 @@ def check_case(case, device):
             f"draws differ from the reference beyond rounding: rows {rows.tolist()}"
     elif device == "cpu":
         assert not bool(diff.any())
+
+
+def check_advance(logits, case, device, want_tokens):
+    """sample_out with advance: the same tokens, each row's counters + 1 and nothing else written. The
+    offsets (per row, when the case has them) are one row of the counters, read before they advance."""
+    rows = logits.numel() // logits.shape[-1]
+    k = 1 + case["data_seed"] % 3
+    dtype = case["offsets_dtype"] if case["offsets"] is not None else torch.int32
+    offsets, offset = make_offsets(case, device)
+    g = torch.Generator().manual_seed(case["data_seed"] + 2)
+    hi = 2**30 if dtype == torch.int32 else 2**61
+    before = torch.randint(-hi, hi, (k + 1, rows + 1), generator=g, dtype=torch.int64).to(dtype).to(device)
+    buf = before.clone()
+    advance = buf.view(-1)[:k * rows].view(k, rows)  # inside a larger buffer: the rest must stay as it was
+    region = torch.zeros(buf.numel(), dtype=torch.bool, device=device)
+    region[:k * rows] = True
+    region = region.view_as(buf)
+    off = offset
+    if offsets is not None and offsets.numel() == rows and rows > 0:
+        advance[k - 1].copy_(offsets.to(dtype))  # the offsets are the counters' last row
+        before = buf.clone()
+        off = advance[k - 1]
+    elif offsets is not None:
+        off = offsets
+    out = torch.full(logits.shape[:-1], -7, dtype=torch.int64, device=device)
+    got = sample(logits, case["temperature"], seed=case["seed"], offset=off, out=out, advance=advance)
+    assert got is out and torch.equal(out, want_tokens), "advance changed the tokens"
+    want = torch.where(region, before + 1, before)
+    assert torch.equal(buf, want), "advance must add 1 to each counter of [k, rows] and write nothing else"
 
 
 @pytest.mark.gpu
@@ -251,6 +281,34 @@ def test_cuda_graph_replay_reads_the_offset_gpu():
 
 
 @pytest.mark.gpu
+def test_cuda_graph_replay_advances_its_counters_gpu():
+    """A decode loop's state in one launch: each replay samples at the per-row offsets (one row of the
+    counters) and advances every counter; the draws are the reference's at each step's offsets."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = 5
+    x = torch.randn(rows, 50257, generator=gen, device="cuda", dtype=torch.float16)
+    counters = torch.zeros(3, rows, dtype=torch.int32, device="cuda")
+    counters[2] = torch.arange(rows, dtype=torch.int32) * 1000
+    out = torch.empty(rows, dtype=torch.int64, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up: one step outside the graph
+        sample(x, 0.9, seed=4, offset=counters[2], out=out, advance=counters)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        sample(x, 0.9, seed=4, offset=counters[2], out=out, advance=counters)
+    start = counters.clone()
+    for step in range(3):
+        offs = counters[2].clone()
+        out.fill_(-1)
+        g.replay()
+        want = perturbed_scores(x, dict(temperature=0.9, seed=4), offs, 0).argmax(-1)
+        assert torch.equal(out.cpu(), want), f"replay {step}"
+        assert torch.equal(counters, start + step + 1), f"replay {step}: the counters did not advance by 1"
+
+
+@pytest.mark.gpu
 def test_does_not_sync_and_uses_the_current_stream_gpu():
     gen = torch.Generator(device="cuda").manual_seed(0)
     src = torch.randn(8, 50257, generator=gen, device="cuda")
@@ -290,6 +348,9 @@ def test_opcheck(device):
         torch.library.opcheck(torch.ops.fused_attn.sample.default, args)
     torch.library.opcheck(torch.ops.fused_attn.sample_out.default, (x, 1.0, 2, 3, offs),
                           dict(out=torch.empty(4, dtype=torch.int64, device=device)))
+    counters = torch.zeros(2, 4, dtype=torch.int64, device=device)
+    torch.library.opcheck(torch.ops.fused_attn.sample_out.default, (x, 0.5, 2, 3, counters[1]),
+                          dict(out=torch.empty(4, dtype=torch.int64, device=device), advance=counters))
 
 
 def test_logits_requiring_grad_give_an_index_without_grad():
@@ -333,6 +394,28 @@ BAD_INPUTS = [
      ValueError, r"out must have shape \(3,\) \(logits' without the last dim\), got \(5,\)"),
     ("out strided", lambda d: dict(logits=_x(3, 5, device=d), out=torch.zeros(6, dtype=torch.long, device=d)[::2]),
      ValueError, r"out must be contiguous, got strides \(2,\)"),
+    ("advance not a tensor", lambda d: dict(logits=_x(3, 5, device=d), advance=[1, 2, 3]), TypeError,
+     r"advance must be a torch.Tensor or None, got list"),
+    ("advance dtype", lambda d: dict(logits=_x(3, 5, device=d), advance=torch.zeros(2, 3, device=d)), ValueError,
+     r"advance must have dtype int32 or int64, got torch.float32"),
+    ("advance shape", lambda d: dict(logits=_x(3, 5, device=d), advance=torch.zeros(3, dtype=torch.int32, device=d)),
+     ValueError, r"advance must have shape \(k, rows\) with rows = 3, got \(3,\)"),
+    ("advance rows", lambda d: dict(logits=_x(2, 3, 5, device=d), advance=torch.zeros(2, 3, dtype=torch.int32,
+                                                                                         device=d)),
+     ValueError, r"advance must have shape \(k, rows\) with rows = 6, got \(2, 3\)"),
+    ("advance expanded", lambda d: dict(logits=_x(3, 5, device=d),
+                                        advance=torch.zeros(1, 3, dtype=torch.int32, device=d).expand(2, 3)),
+     ValueError, r"advance must have no two elements in the same memory \(one counter each: a dense layout\), "
+                 r"got strides \(0, 1\)"),
+    ("out overlaps advance", lambda d: (lambda c: dict(logits=_x(3, 5, device=d), out=c[0], advance=c))(
+        torch.zeros(2, 3, dtype=torch.long, device=d)), ValueError, r"out must not overlap advance, got overlapping memory"),
+    ("shared offset is a counter", lambda d: (lambda c: dict(logits=_x(3, 5, device=d), offset=c[1, :1], advance=c))(
+        torch.zeros(2, 3, dtype=torch.int32, device=d)), ValueError,
+     r"offsets must be one of advance's rows or not overlap it \(every row must read its own offset before it "
+     r"advances its own counters\), got an overlap of another shape"),
+    ("offsets another row's counters", lambda d: (lambda c: dict(logits=_x(3, 5, device=d), offset=c.view(-1)[1:4],
+                                                                 advance=c))(
+        torch.zeros(2, 3, dtype=torch.int32, device=d)), ValueError, r"offsets must be one of advance's rows"),
 ]
 
 
@@ -355,3 +438,14 @@ def test_bad_inputs_through_the_op_gpu():
         torch.ops.fused_attn.sample_out(x, 1.0, 0, 0, None, out=torch.zeros(3, dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match=r"logits must have at most 65535 rows"):
         torch.ops.fused_attn.sample(_x(65536, 2, device="cuda"), 0.0, 0, 0, None)
+    checked = 0
+    for _, make, exc, match in BAD_INPUTS:
+        kw = make("cuda")
+        if not isinstance(kw.get("advance"), torch.Tensor):
+            continue
+        offs = kw.get("offset") if isinstance(kw.get("offset"), torch.Tensor) else None
+        out = kw.get("out", torch.zeros(kw["logits"].shape[:-1], dtype=torch.long, device="cuda"))
+        with pytest.raises(exc, match=match):
+            torch.ops.fused_attn.sample_out(kw["logits"], 1.0, 0, 0, offs, out=out, advance=kw["advance"])
+        checked += 1
+    assert checked == 7

@@ -3,6 +3,7 @@
 // kernel is launched through sample_launch.h. top_k is applied in Python (fused_attn/sample.py) before
 // the op.
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -52,8 +53,44 @@ void check_args(const at::Tensor& logits, double temperature, int64_t seed, int6
   }
 }
 
+// sample_out's advance: int32 / int64 [k, rows], one counter per element; neither out nor an offset that
+// every row reads may be one of its counters (a row would advance it while another row still reads it).
+// Whether a and b may share memory: the same storage and ranges that meet, or a layout too hard to tell.
+bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
+  return a.numel() > 0 && b.numel() > 0 && a.storage().is_alias_of(b.storage()) &&
+         at::get_overlap_status(a, b) != at::MemOverlapStatus::No;
+}
+
+void check_advance(const at::Tensor& logits, const std::optional<at::Tensor>& offsets, const at::Tensor& out,
+                   const at::Tensor& advance) {
+  FA_CHECK_SAME_DEVICE(advance, logits);
+  FA_CHECK_ARG(advance.scalar_type() == at::kInt || advance.scalar_type() == at::kLong, advance,
+               "have dtype int32 or int64", dtype_str(advance.scalar_type()));
+  const int64_t rows = logits.numel() / logits.size(-1);
+  FA_CHECK_ARG(advance.dim() == 2 && advance.size(1) == rows, advance,
+               "have shape (k, rows) with rows = " + std::to_string(rows), shape_str(advance.sizes()));
+  FA_CHECK_ARG(advance.numel() <= 1 || at::has_internal_overlap(advance) == at::MemOverlap::No, advance,
+               "have no two elements in the same memory (one counter each: a dense layout)",
+               "strides " + shape_str(advance.strides()));
+  FA_CHECK_ARG(!may_overlap(out, advance), out, "not overlap advance",
+               "overlapping memory");
+  // Row r reads offsets[r] before it advances column r, and no other column: an offset may be one of row
+  // r's own counters (one row of advance read as the offsets), never another row's.
+  if (offsets.has_value() && rows > 1 && may_overlap(*offsets, advance)) {
+    const at::Tensor o1 = offsets->reshape({-1});
+    bool own_row = o1.numel() == rows && o1.scalar_type() == advance.scalar_type() && o1.stride(0) == advance.stride(1);
+    bool found = false;
+    for (int64_t i = 0; own_row && i < advance.size(0) && !found; ++i) found = o1.data_ptr() == advance[i].data_ptr();
+    FA_CHECK_ARG(own_row && found, offsets,
+                 "be one of advance's rows or not overlap it (every row must read its own offset before it "
+                 "advances its own counters)",
+                 "an overlap of another shape");
+  }
+}
+
 void launch(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
-            const std::optional<at::Tensor>& offsets_opt, const at::Tensor& out) {
+            const std::optional<at::Tensor>& offsets_opt, const at::Tensor& out,
+            const std::optional<at::Tensor>& advance = std::nullopt) {
   if (out.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(logits.device());
   at::Tensor l2 = logits.reshape({-1, logits.size(-1)});
@@ -75,6 +112,13 @@ void launch(const at::Tensor& logits, double temperature, int64_t seed, int64_t 
   p.offset = static_cast<uint64_t>(offset);
   p.seed = static_cast<uint64_t>(seed);
   p.temperature = float(temperature);
+  if (advance.has_value() && advance->numel() > 0) {
+    p.advance = advance->data_ptr();
+    p.adv_k = int(advance->size(0));
+    p.adv_stride_k = advance->stride(0);
+    p.adv_stride_row = advance->stride(1);
+    p.advance64 = advance->scalar_type() == at::kLong;
+  }
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   FA_DISPATCH_FLOAT(logits.scalar_type(), logits, [&] {
@@ -112,13 +156,15 @@ at::Tensor sample(const at::Tensor& logits, double temperature, int64_t seed, in
 }
 
 void sample_out(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
-                const std::optional<at::Tensor>& offsets, const at::Tensor& out) {
+                const std::optional<at::Tensor>& offsets, const at::Tensor& out,
+                const std::optional<at::Tensor>& advance) {
   check_args(logits, temperature, seed, offset, offsets);
   FA_CHECK_SAME_DEVICE(out, logits);
   FA_CHECK_ARG(out.scalar_type() == at::kLong, out, "have dtype int64", dtype_str(out.scalar_type()));
   FA_CHECK_SHAPE(out, row_shape(logits));
   FA_CHECK_CONTIGUOUS(out);
-  launch(logits, temperature, seed, offset, offsets, out);
+  if (advance.has_value()) check_advance(logits, offsets, out, *advance);
+  launch(logits, temperature, seed, offset, offsets, out, advance);
 }
 
 TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) {

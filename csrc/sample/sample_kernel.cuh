@@ -83,6 +83,22 @@ __device__ __forceinline__ uint32_t word(const uint4& w, int i) {
   return i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
 }
 
+// Row `row`'s counters + 1 (SampleParams::advance), by the one thread that wrote its token. Every read
+// of offsets[row] is behind it: the row's blocks used their offset before the block barrier (and, in a
+// cluster, before the barrier phase that rank 0 waited for), and a row reads only its own offset (the
+// launcher refuses one offset shared by rows when it is also a counter). The next kernel reads the
+// counters after its PDL wait, i.e. after this grid completes.
+__device__ __forceinline__ void advance_row(const SampleParams& p, int64_t row) {
+  for (int i = 0; i < p.adv_k; ++i) {
+    const int64_t at = i * p.adv_stride_k + row * p.adv_stride_row;
+    if (p.advance64) {
+      static_cast<int64_t*>(p.advance)[at] += 1;
+    } else {
+      static_cast<int32_t*>(p.advance)[at] += 1;
+    }
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleParams p) {
   constexpr int VEC = 16 / int(sizeof(T));  // columns per 16-byte piece
@@ -192,11 +208,15 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
       unsigned long long m = cluster_best[0];
       for (unsigned r = 1; r < cluster.num_blocks(); ++r) m = cluster_best[r] > m ? cluster_best[r] : m;
       p.out[row * p.out_stride] = unpack_col(m);
+      advance_row(p, row);
     }
     return;
   }
 #endif
-  if (lane == 0) p.out[row * p.out_stride] = unpack_col(best);
+  if (lane == 0) {
+    p.out[row * p.out_stride] = unpack_col(best);
+    advance_row(p, row);
+  }
 }
 
 }  // namespace sample

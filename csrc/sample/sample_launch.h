@@ -23,6 +23,12 @@ struct SampleParams {
   int64_t offsets_stride;  // 0: one offset for every row
   bool offsets64;
   uint64_t offset;         // added to offsets[row]
+  // The counters that row r advances once its token is written: advance[i * adv_stride_k + r *
+  // adv_stride_row] += 1 for i < adv_k (int64 where advance64, else int32); nullptr: none.
+  void* advance;
+  int64_t adv_stride_k, adv_stride_row;
+  int adv_k;
+  bool advance64;
   uint64_t seed;
   float temperature;       // 0: greedy (argmax); > 0: a sample of softmax(logits / temperature)
   int64_t chunk;           // columns per block
