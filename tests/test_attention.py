@@ -540,6 +540,50 @@ def test_wgmma_d64_tile_choice_gpu(monkeypatch):
             attention(q, k, v, mode="flash_wgmma")
 
 
+# Causal grids whose query tiles own very different numbers of key tiles, for the block order
+# (FUSED_ATTN_FLASH_ORDER): several tiles per (head, batch) with a partial last one, GQA, Sq < Sk, and Sq > Sk
+# (leading tiles that see no key: zeros), at head dims 64 and 128.
+WGMMA_ORDER_EXAMPLES = [
+    gcase(mode="flash_wgmma", b=2, hkv=3, group=2, sq=700, sk=700, d=64, causal=True, seed=9),
+    gcase(mode="flash_wgmma", b=3, hkv=1, group=4, sq=129, sk=1000, d=64, causal=True, mask="bool_key", seed=10),
+    gcase(mode="flash_wgmma", b=2, hkv=2, group=2, sq=600, sk=300, d=64, causal=True, dtype=torch.bfloat16,
+          seed=11),
+    gcase(mode="flash_wgmma", b=2, hkv=2, group=4, sq=1021, sk=509, d=128, causal=True, seed=12),
+    gcase(mode="flash_wgmma", b=2, hkv=2, group=2, sq=500, sk=500, d=96, causal=True, dtype=torch.bfloat16,
+          seed=13),
+]
+
+
+@pytest.mark.gpu
+@needs_wgmma
+@pytest.mark.parametrize("loader", ["require", "0"], ids=["tma", "cp_async"])
+@pytest.mark.parametrize("tile", ["0", "1", "2"], ids=lambda t: f"tile{t}")
+def test_wgmma_block_order_gpu(tile, loader, monkeypatch):
+    """FUSED_ATTN_FLASH_ORDER unset or 'longest' (causal query tiles longest-first across every (head, batch))
+    against float64, and bit for bit 'natural' (each (head, batch)'s tiles in turn): the same blocks in
+    another order, in each of head dim 64's tiles and at 128; any other value is refused, without causal
+    too."""
+    monkeypatch.setenv("FUSED_ATTN_FLASH_D64_TILE", tile)
+    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", loader)
+    for case in [c for c in WGMMA_ORDER_EXAMPLES if c["d"] <= 64 or tile == "0"]:  # one tile at 128
+        monkeypatch.delenv("FUSED_ATTN_FLASH_ORDER", raising=False)
+        check_case(case)
+        q, k, v, mask = gpu_inputs(case)
+        run = lambda: attention(q, k, v, causal=True, attn_mask=mask, mode="flash_wgmma",  # noqa: E731
+                                return_lse=True)
+        got = {}
+        for order in ("longest", "natural"):
+            monkeypatch.setenv("FUSED_ATTN_FLASH_ORDER", order)
+            got[order] = run()
+        assert all(torch.equal(a, b) for a, b in zip(got["longest"], got["natural"]))
+    monkeypatch.setenv("FUSED_ATTN_FLASH_ORDER", "reversed")
+    q, k, v, _ = gpu_inputs(gcase(d=64))
+    for causal in (False, True):
+        with pytest.raises(ValueError, match=r"FUSED_ATTN_FLASH_ORDER must be 'longest' or 'natural', got "
+                                             r"'reversed'"):
+            attention(q, k, v, causal=causal, mode="flash_wgmma")
+
+
 @pytest.mark.gpu
 @needs_wgmma
 @pytest.mark.parametrize("d", [64, 128])

@@ -2,9 +2,9 @@
 // choice (auto: flash for float16 / bfloat16 when its kernel was built for this device, else
 // naive; flash: the wgmma kernel where it was built for this device, else the mma.sync one;
 // flash_mma / flash_wgmma pin one of the two), dtype / head-dim dispatch of the flash kernels
-// (and head dim 64's tile of the wgmma one), and the naive and tiled modes' three steps (GEMM,
-// scaled_masked_softmax through the dispatcher, GEMM). Host C++ (g++): the kernels are launched
-// through attention_launch.h.
+// (and the wgmma one's loader, head dim 64 tile and block order), and the naive and tiled modes'
+// three steps (GEMM, scaled_masked_softmax through the dispatcher, GEMM). Host C++ (g++): the
+// kernels are launched through attention_launch.h.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -196,6 +196,21 @@ int flash_d64_tile(const AttentionParams& p) {
   return p.causal && blocks > sm_count() ? 1 : 2;
 }
 
+// Whether the Hopper flash kernel dispatches its query tiles longest-first across every (head, batch)
+// (attention_wgmma.cuh's flash_wgmma_block), from FUSED_ATTN_FLASH_ORDER at each call: unset or "longest"
+// yes under causal (the last query tiles of every (head, batch) first, then the second last, and so on);
+// "natural" never (each (head, batch)'s tiles in turn, the order before: kept for A/Bs against the
+// session 11 baseline, B8 H12 S512 D64 causal at 0.90x SDPA's flash backend in bench/NOTES.md). Without
+// causal every tile reads every key: the natural order stays. Read on every wgmma call: a bad value is
+// refused without causal too.
+bool flash_longest_first(bool causal) {
+  const char* env = std::getenv("FUSED_ATTN_FLASH_ORDER");
+  const std::string v = env == nullptr ? "longest" : env;
+  FA_CHECK_ARG(v == "longest" || v == "natural", FUSED_ATTN_FLASH_ORDER, "be 'longest' or 'natural'",
+               "'" + v + "'");
+  return causal && v == "longest";
+}
+
 // wgmma: the Hopper version (resolve_mode chose it only where it runs, at head dims <= 128).
 void launch_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const std::optional<at::Tensor>& attn_mask, double scale, bool causal, bool wgmma,
@@ -227,6 +242,7 @@ void launch_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const FlashLoader loader = wgmma ? flash_loader() : FlashLoader::kCpAsync;
   const int d64_tile = wgmma ? flash_d64_tile(p) : 0;
+  p.longest_first = wgmma && flash_longest_first(causal);
   bool launched = true;
   FA_DISPATCH_FLOAT(q.scalar_type(), q, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {

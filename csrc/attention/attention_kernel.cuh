@@ -65,17 +65,20 @@ constexpr float kMinScore = -1e38f;
 // t4 = lane % 4); rows are reduced over the lane quad. O's fragments have the same shape over
 // head-dim columns.
 
-// A block's place: its tile of BR query rows (the last tiles, with the most keys under causal,
-// start first), head, batch, the key tiles of BC it reads, and its q / k / v (kv head h / group).
+// A block's place: its tile of BR query rows from row i0, head, batch, the key tiles of BC it reads,
+// and its q / k / v (kv head h / group). From the grid (query tiles, nheads_q, batch): the last tiles,
+// with the most keys under causal, take the lowest blockIdx.x, so each (head, batch) starts its longest
+// first (the wgmma kernel also orders them across heads: attention_wgmma.cuh's flash_wgmma_block).
 template <typename T>
 struct FlashBlock {
   int h, b, i0, n_tiles;
   const T* q;
   const T* k;
   const T* v;
-  __device__ FlashBlock(const AttentionParams& p, int br, int bc) {
-    h = blockIdx.y, b = blockIdx.z;
-    i0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * br;
+  __device__ FlashBlock(const AttentionParams& p, int br, int bc)
+      : FlashBlock(p, br, bc, (int(gridDim.x) - 1 - int(blockIdx.x)) * br, int(blockIdx.y), int(blockIdx.z)) {}
+  __device__ FlashBlock(const AttentionParams& p, int br, int bc, int first_row, int head, int batch)
+      : h(head), b(batch), i0(first_row) {
     int n_end = p.seqlen_k;  // key j is visible to query i iff j <= i + seqlen_k - seqlen_q (causal)
     if (p.causal) n_end = min(n_end, min(i0 + br, p.seqlen_q) + p.seqlen_k - p.seqlen_q);
     n_tiles = n_end > 0 ? (n_end + bc - 1) / bc : 0;

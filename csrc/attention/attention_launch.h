@@ -30,6 +30,10 @@ struct AttentionParams {
   int batch, nheads_q, nheads_kv, seqlen_q, seqlen_k, headdim;
   int group;  // nheads_q / nheads_kv: query head h reads kv head h / group
   bool causal;  // key j visible to query i iff j <= i + seqlen_k - seqlen_q
+  // The wgmma kernel's block order (attention_wgmma.cuh's flash_wgmma_block): query tiles longest-first
+  // across every (head, batch); set under causal only (attention.cpp's FUSED_ATTN_FLASH_ORDER), cleared by
+  // the launch past 65535 query tiles (the grid's z). false: the natural order, the mma.sync kernel's.
+  bool longest_first;
   float scale;       // the score multiplier (natural domain: the additive mask is added after it)
   float scale_log2;  // scale * log2(e): scores without a mask live in the log2 domain
 };

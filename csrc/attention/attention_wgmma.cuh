@@ -32,6 +32,15 @@
 // at every other GPT-2 shape (B1: 48-96 blocks of 128 rows on 132 SMs, twice as many of 64), tile 0 at
 // none of them; it stays the head dim 128 kernel.
 //
+// Block order (flash_wgmma_block; attention.cpp, FUSED_ATTN_FLASH_ORDER): under causal the query tiles
+// go out longest-first across every (head, batch): all the last tiles (the most key tiles, bottom-right
+// aligned also when seqlen_q != seqlen_k) at the lowest block ids, the tiles that see no key at the
+// highest (FlashAttention-2/3's causal order). In the natural order (each (head, batch)'s tiles in turn,
+// the mma.sync kernel's) the long tiles of the last heads start in the last wave, where blocks of very
+// unequal length can leave SMs idle; B8 H12 S512 D64 causal ran at 0.90x SDPA's flash backend in it
+// (bench/NOTES.md, session 11). Without causal the tiles are equal and the natural order stays
+// (consecutive blocks share a head's K and V in L2).
+//
 // Loads by TMA (kTma, FA3's other loader; chosen per call: attention.cpp, FUSED_ATTN_FLASH_TMA): one
 // thread of the loader warpgroup issues each tile as HD / 64 tensor copies per matrix (a box of 64
 // columns x the tile's rows of one (batch, head): common/tma.h), which land in the same 128-byte
@@ -90,6 +99,20 @@ struct FlashWgmmaConfig {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The block's (query tile, head, batch). The blocks go out in the order of their linear id, x + gridDim.x
+// * (y + gridDim.y * z), and the launcher lays the grid out so that this id orders the tiles:
+// (query tiles, nheads_q, batch) in the natural order (FlashBlock: tile x counted from the last, so each
+// (head, batch) runs its tiles longest-first, one (head, batch) after the other); (nheads_q, batch, query
+// tiles) longest-first (p.longest_first): id = h + nheads_q * (b + batch * z), tile z counted from the
+// last: every (head, batch)'s last tile, then every one's second last, and so on. The grid's shape
+// carries the order, not a division of the linear id: ptxas spilled the cp.async loader's 24 registers
+// with the division's results (and with selects in place of this branch).
+template <typename T>
+__device__ __forceinline__ FlashBlock<T> flash_wgmma_block(const AttentionParams& p, int br, int bc) {
+  if (!p.longest_first) return FlashBlock<T>(p, br, bc);
+  return FlashBlock<T>(p, br, bc, (int(gridDim.z) - 1 - int(blockIdx.z)) * br, int(blockIdx.x), int(blockIdx.y));
+}
+
 // The loader warpgroup: Q with tile 0, then K_t and V_t into stage t % STAGES once every consumer
 // warpgroup is done with the tile that was there. One copy group stays in flight: tile t is
 // announced (wait, proxy fence, arrive on full) after tile t + 1 is issued.
@@ -293,7 +316,7 @@ __global__ void __launch_bounds__(FlashWgmmaConfig<T, HD, kTile>::kThreads,
   const uint32_t raw = smem_addr(smem_raw);
   T* const sq = reinterpret_cast<T*>(smem_raw + (((raw + 1023) & ~1023u) - raw));  // [BR][HD], SW128 panels
   T* const stages = sq + C::BR * HD;  // [stage][K, V][BC][HD], SW128 panels: tile t in stage t % STAGES
-  const FlashBlock<T> blk(p, C::BR, C::BC);
+  const FlashBlock<T> blk = flash_wgmma_block<T>(p, C::BR, C::BC);
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int st = 0; st < C::STAGES; ++st) {
@@ -342,8 +365,14 @@ bool launch_attention_flash_wgmma(const AttentionParams& p, FlashLoader loader, 
   auto* kernel =
       tma ? attention_flash_wgmma_kernel<T, HD, kTile, true> : attention_flash_wgmma_kernel<T, HD, kTile, false>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
-  const dim3 grid(unsigned((p.seqlen_q + C::BR - 1) / C::BR), unsigned(p.nheads_q), unsigned(p.batch));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, maps);
+  // The grid flash_wgmma_block reads: the query tiles in z longest-first (at most 65535 there: past
+  // 65535 BR query rows the natural order), in x otherwise.
+  const unsigned tiles = unsigned((p.seqlen_q + C::BR - 1) / C::BR);
+  AttentionParams kp = p;
+  kp.longest_first = p.longest_first && tiles <= 65535;
+  const dim3 grid = kp.longest_first ? dim3(unsigned(p.nheads_q), unsigned(p.batch), tiles)
+                                     : dim3(tiles, unsigned(p.nheads_q), unsigned(p.batch));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(kp, maps);
   return true;
 }
 
