@@ -559,8 +559,9 @@ WGMMA_ORDER_EXAMPLES = [
 @pytest.mark.parametrize("loader", ["require", "0"], ids=["tma", "cp_async"])
 @pytest.mark.parametrize("tile", ["0", "1", "2"], ids=lambda t: f"tile{t}")
 def test_wgmma_block_order_gpu(tile, loader, monkeypatch):
-    """FUSED_ATTN_FLASH_ORDER unset or 'longest' (causal query tiles longest-first across every (head, batch))
-    against float64, and bit for bit 'natural' (each (head, batch)'s tiles in turn): the same blocks in
+    """FUSED_ATTN_FLASH_ORDER unset ('auto': longest-first for grids of a few waves, as these), 'longest'
+    (causal query tiles longest-first across every (head, batch)) against float64, and bit for bit
+    'natural' (each (head, batch)'s tiles in turn): the same blocks in
     another order, in each of head dim 64's tiles and at 128; any other value is refused, without causal
     too."""
     monkeypatch.setenv("FUSED_ATTN_FLASH_D64_TILE", tile)
@@ -572,14 +573,14 @@ def test_wgmma_block_order_gpu(tile, loader, monkeypatch):
         run = lambda: attention(q, k, v, causal=True, attn_mask=mask, mode="flash_wgmma",  # noqa: E731
                                 return_lse=True)
         got = {}
-        for order in ("longest", "natural"):
+        for order in ("auto", "longest", "natural"):
             monkeypatch.setenv("FUSED_ATTN_FLASH_ORDER", order)
             got[order] = run()
-        assert all(torch.equal(a, b) for a, b in zip(got["longest"], got["natural"]))
+        assert all(torch.equal(a, b) for o in ("auto", "longest") for a, b in zip(got[o], got["natural"]))
     monkeypatch.setenv("FUSED_ATTN_FLASH_ORDER", "reversed")
     q, k, v, _ = gpu_inputs(gcase(d=64))
     for causal in (False, True):
-        with pytest.raises(ValueError, match=r"FUSED_ATTN_FLASH_ORDER must be 'longest' or 'natural', got "
+        with pytest.raises(ValueError, match=r"FUSED_ATTN_FLASH_ORDER must be 'auto', 'longest' or 'natural', got "
                                              r"'reversed'"):
             attention(q, k, v, causal=causal, mode="flash_wgmma")
 

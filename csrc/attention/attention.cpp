@@ -197,18 +197,28 @@ int flash_d64_tile(const AttentionParams& p) {
 }
 
 // Whether the Hopper flash kernel dispatches its query tiles longest-first across every (head, batch)
-// (attention_wgmma.cuh's flash_wgmma_block), from FUSED_ATTN_FLASH_ORDER at each call: unset or "longest"
-// yes under causal (the last query tiles of every (head, batch) first, then the second last, and so on);
-// "natural" never (each (head, batch)'s tiles in turn, the order before: kept for A/Bs against the
-// session 11 baseline, B8 H12 S512 D64 causal at 0.90x SDPA's flash backend in bench/NOTES.md). Without
-// causal every tile reads every key: the natural order stays. Read on every wgmma call: a bad value is
-// refused without causal too.
-bool flash_longest_first(bool causal) {
+// (attention_wgmma.cuh's flash_wgmma_block), from FUSED_ATTN_FLASH_ORDER at each call, under causal only
+// (without it every tile reads every key): "longest" always; "natural" never (each (head, batch)'s tiles
+// in turn, the order before session 12); unset or "auto" where the grid is at most kLongestFirstMaxWaves
+// waves of blocks. Measured on an H100 (bench_attention, bench/NOTES.md session 12), longest-first
+// against natural: B8 H12 S512 D64 30.7 against 35.2 us (2-3 waves: the long tiles no longer start in
+// the last one), H32 D128 S2048 / S4096 -8% / -2..-6% (4-8 waves), but S16384 +4..+7% (31 waves: the
+// blocks in flight span every head, so each head's K and V leave L2 between its tiles). Read on every
+// wgmma call: a bad value is refused without causal too.
+constexpr int64_t kLongestFirstMaxWaves = 8;
+bool flash_longest_first(const AttentionParams& p, int d64_tile) {
   const char* env = std::getenv("FUSED_ATTN_FLASH_ORDER");
-  const std::string v = env == nullptr ? "longest" : env;
-  FA_CHECK_ARG(v == "longest" || v == "natural", FUSED_ATTN_FLASH_ORDER, "be 'longest' or 'natural'",
-               "'" + v + "'");
-  return causal && v == "longest";
+  const std::string v = env == nullptr ? "auto" : env;
+  FA_CHECK_ARG(v == "auto" || v == "longest" || v == "natural", FUSED_ATTN_FLASH_ORDER,
+               "be 'auto', 'longest' or 'natural'", "'" + v + "'");
+  if (!p.causal || v == "natural") return false;
+  if (v == "longest") return true;
+  // The launch's blocks and blocks per SM (FlashWgmmaConfig: head dim 64's tiles 1 and 2 run two per SM,
+  // tile 2 with 64 query rows).
+  const bool d64 = p.headdim <= 64;
+  const int64_t br = d64 && d64_tile == 2 ? 64 : 128, per_sm = d64 && d64_tile != 0 ? 2 : 1;
+  const int64_t blocks = (int64_t(p.seqlen_q) + br - 1) / br * p.nheads_q * p.batch;
+  return blocks <= kLongestFirstMaxWaves * per_sm * sm_count();
 }
 
 // wgmma: the Hopper version (resolve_mode chose it only where it runs, at head dims <= 128).
@@ -242,7 +252,7 @@ void launch_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const FlashLoader loader = wgmma ? flash_loader() : FlashLoader::kCpAsync;
   const int d64_tile = wgmma ? flash_d64_tile(p) : 0;
-  p.longest_first = wgmma && flash_longest_first(causal);
+  p.longest_first = wgmma && flash_longest_first(p, d64_tile);
   bool launched = true;
   FA_DISPATCH_FLOAT(q.scalar_type(), q, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {

@@ -38,8 +38,10 @@
 // highest (FlashAttention-2/3's causal order). In the natural order (each (head, batch)'s tiles in turn,
 // the mma.sync kernel's) the long tiles of the last heads start in the last wave, where blocks of very
 // unequal length can leave SMs idle; B8 H12 S512 D64 causal ran at 0.90x SDPA's flash backend in it
-// (bench/NOTES.md, session 11). Without causal the tiles are equal and the natural order stays
-// (consecutive blocks share a head's K and V in L2).
+// (bench/NOTES.md, session 11; 1.05x with longest-first, session 12). Without causal the tiles are equal
+// and the natural order stays (consecutive blocks share a head's K and V in L2); by default (auto) also
+// past 8 waves of blocks, where the blocks in flight would span every head and re-read K and V from
+// DRAM (H32 D128 S16384 causal: +4..7% longest-first).
 //
 // Loads by TMA (kTma, FA3's other loader; chosen per call: attention.cpp, FUSED_ATTN_FLASH_TMA): one
 // thread of the loader warpgroup issues each tile as HD / 64 tensor copies per matrix (a box of 64
