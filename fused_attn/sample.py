@@ -35,6 +35,16 @@ MAX_ROWS = 65535  # the kernel's grid: one row per grid row
 _INT63 = 2 ** 63
 
 
+def _check_int_tensor(t, name: str, logits: torch.Tensor) -> None:
+    """offsets / advance: an int32 or int64 tensor on logits' device (the messages of csrc/sample/sample.cpp)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if t.device != logits.device:
+        raise ValueError(f"{name} must be on the same device as logits ({logits.device}), got {t.device}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must have dtype int32 or int64, got {t.dtype}")
+
+
 def check_args(logits, temperature, top_k, seed, offset, offsets) -> tuple[float, int, int, int]:
     """Raise TypeError (wrong type) / ValueError (bad value) naming the bad argument (the messages of
     csrc/sample/sample.cpp); return (temperature, top_k, seed, offset) as Python numbers."""
@@ -61,12 +71,7 @@ def check_args(logits, temperature, top_k, seed, offset, offsets) -> tuple[float
         if not 0 <= v < hi:
             raise ValueError(f"{name} must be an int in [0, {hi}), got {v!r}")
     if offsets is not None:
-        if not isinstance(offsets, torch.Tensor):
-            raise TypeError(f"offsets must be a torch.Tensor or None, got {type(offsets).__name__}")
-        if offsets.device != logits.device:
-            raise ValueError(f"offsets must be on the same device as logits ({logits.device}), got {offsets.device}")
-        if offsets.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"offsets must have dtype int32 or int64, got {offsets.dtype}")
+        _check_int_tensor(offsets, "offsets", logits)
         rows = logits.numel() // logits.shape[-1]
         if offsets.numel() not in (1, rows):
             raise ValueError(f"offsets must have 1 element or one per row ({rows}), got {_shape(offsets)}")
@@ -110,12 +115,7 @@ def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _check_advance(advance, logits, offsets, out, storage: bool = True) -> None:
     """sample_out's advance (csrc/sample/sample.cpp: check_advance, same messages); ``storage``: also the
     overlaps with out and offsets (not for meta tensors, which have none)."""
-    if not isinstance(advance, torch.Tensor):
-        raise TypeError(f"advance must be a torch.Tensor or None, got {type(advance).__name__}")
-    if advance.device != logits.device:
-        raise ValueError(f"advance must be on the same device as logits ({logits.device}), got {advance.device}")
-    if advance.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"advance must have dtype int32 or int64, got {advance.dtype}")
+    _check_int_tensor(advance, "advance", logits)
     rows = logits.numel() // logits.shape[-1]
     if advance.dim() != 2 or advance.shape[1] != rows:
         raise ValueError(f"advance must have shape (k, rows) with rows = {rows}, got {_shape(advance)}")
