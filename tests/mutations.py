@@ -330,7 +330,7 @@ MUTATIONS: list[Mutation] = [
              _t(f"{T_NORM}::test_gathered_rows_gradients_reach_the_tables"),
              why="a token gathered twice takes the sum of both rows' gradients"),
     Mutation("norm-kernel-residual-index-past-the-end", "csrc/layer_norm/layer_norm_kernel.cuh",
-             "gathered_ok = gathered_ok && rrow >= 0 && rrow < p.r_rows;", "gathered_ok = gathered_ok && rrow >= 0;",
+             "load_ok = load_ok && rrow >= 0 && rrow < p.r_rows;", "load_ok = load_ok && rrow >= 0;",
              _t(f"{T_NORM}::test_gathered_rows_match_reference_gpu"), gpu=True,
              why="an index past the table's end must read nothing and give a NaN row"),
     Mutation("gpt2-embed-first-norm-skipped", "fused_attn/gpt2.py",
