@@ -148,6 +148,18 @@ def eager_chain(x, w, b, r):
     return reference.eager_linear(x, w, b, "gelu_tanh", r)
 
 
+def chain_provider(provider: str, chain, *args):
+    """The peers of a group: ``eager`` runs ``chain(*args)``, ``compiled`` its torch.compile (one compile per
+    case: no recompile limit across shapes); None for any other provider (ours)."""
+    if provider == "eager":
+        return lambda: chain(*args)
+    if provider == "compiled":
+        torch._dynamo.reset()
+        compiled = torch.compile(chain, dynamic=False)
+        return lambda: compiled(*args)
+    return None
+
+
 def ln_eager_chain(x, w, b, nw, nb):
     return torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (x.shape[-1],), nw, nb, LN_EPS), w, b)
 
@@ -155,13 +167,9 @@ def ln_eager_chain(x, w, b, nw, nb):
 def ln_provider_fn(provider: str, t: dict):
     from fused_attn import layer_norm, linear
 
-    args = (t["x"], t["w"], t["b"], t["nw"], t["nb"])
-    if provider == "eager":
-        return lambda: ln_eager_chain(*args)
-    if provider == "compiled":
-        torch._dynamo.reset()
-        compiled = torch.compile(ln_eager_chain, dynamic=False)
-        return lambda: compiled(*args)
+    peer = chain_provider(provider, ln_eager_chain, t["x"], t["w"], t["b"], t["nw"], t["nb"])
+    if peer is not None:
+        return peer
     if provider == "unfolded":
         return lambda: linear(layer_norm(t["x"], t["nw"], t["nb"], LN_EPS), t["w"], t["b"])
     if provider == "fused":
@@ -188,13 +196,9 @@ def post_eager_chain(x, w, b, r, pw, pb):
 def post_provider_fn(provider: str, t: dict):
     from fused_attn import layer_norm, linear
 
-    args = (t["x"], t["w"], t["b"], t["r"], t["pw"], t["pb"])
-    if provider == "eager":
-        return lambda: post_eager_chain(*args)
-    if provider == "compiled":
-        torch._dynamo.reset()
-        compiled = torch.compile(post_eager_chain, dynamic=False)
-        return lambda: compiled(*args)
+    peer = chain_provider(provider, post_eager_chain, t["x"], t["w"], t["b"], t["r"], t["pw"], t["pb"])
+    if peer is not None:
+        return peer
     if provider == "unfolded":
         def unfolded():
             y = linear(t["x"], t["w"], t["b"], residual=t["r"])
@@ -222,13 +226,9 @@ def post_check(provider: str, out: tuple[torch.Tensor, torch.Tensor], t: dict) -
 def provider_fn(provider: str, t: dict):
     from fused_attn import linear
 
-    args = (t["x"], t["w"], t["b"], t["r"])
-    if provider == "eager":
-        return lambda: eager_chain(*args)
-    if provider == "compiled":
-        torch._dynamo.reset()  # one compile per case; no recompile limit across shapes
-        compiled = torch.compile(eager_chain, dynamic=False)
-        return lambda: compiled(*args)
+    peer = chain_provider(provider, eager_chain, t["x"], t["w"], t["b"], t["r"])
+    if peer is not None:
+        return peer
     if provider == "fused":
         return lambda: linear(t["x"], t["w"], t["b"], activation="gelu_tanh", residual=t["r"])
     raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from bench.bench_decode_attention import dtypes_for
-from bench.bench_linear import GPU_ONLY, ROWS, record
+from bench.bench_linear import GPU_ONLY, ROWS, chain_provider, record
 from bench.bench_softmax import check_output
 from bench.harness import start_case
 from fused_attn import reference
@@ -81,12 +81,9 @@ def provider_fn(provider: str, t: dict):
     from fused_attn import mlp
 
     args = (t["x"], t["w_fc"], t["b_fc"], t["w_proj"], t["b_proj"])
-    if provider == "eager":
-        return lambda: eager_mlp(*args, t["activation"])
-    if provider == "compiled":
-        torch._dynamo.reset()
-        compiled = torch.compile(eager_mlp, dynamic=False)
-        return lambda: compiled(*args, t["activation"])
+    peer = chain_provider(provider, eager_mlp, *args, t["activation"])
+    if peer is not None:
+        return peer
     if provider == "fused":
         return lambda: mlp(*args, activation=t["activation"], residual=t["x"])
     raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
