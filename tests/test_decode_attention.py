@@ -288,6 +288,83 @@ def test_matches_reference_cpu(case):
     run_and_check(case, "cpu")
 
 
+# The kernels' speculative first tiles (FUSED_ATTN_DECODE_PREWAIT): GPT-2's shape (one row per kv head,
+# cluster splits), GQA on the tensor-core kernel, the combine kernel (more splits than a cluster holds),
+# appends at the cache's end, left padding, and a tile boundary at `cached` (the tile that reads k_new is
+# never speculative).
+PREWAIT_CASES = [
+    case_of(batch=1, nheads_kv=12, group=1, headdim=64, max_len=256, seqlens=[200], seqlen_new=1),
+    case_of(batch=3, nheads_kv=12, group=1, headdim=64, max_len=640, seqlens=[600, 129, 0], leftpad=[0, 100, 0],
+            seqlen_new=1, num_splits=8),
+    case_of(batch=2, nheads_kv=2, group=4, headdim=128, max_len=600, seqlens=[590, 64], leftpad=[10, 0],
+            seqlen_new=3, dtype=torch.bfloat16, num_splits=3),
+    case_of(batch=2, nheads_kv=4, group=1, headdim=64, max_len=1024, seqlens=[1023, 511], seqlen_new=1,
+            num_splits=40, dtype=torch.float32),
+    case_of(batch=2, nheads_kv=2, group=8, headdim=64, max_len=128, seqlens=[64, 127], seqlen_new=1, append=False,
+            key_mask=0.3),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PREWAIT_CASES, ids=lambda c: f"b{c['batch']}g{c['group']}d{c['headdim']}")
+def test_prewait_modes_agree_gpu(case, monkeypatch):
+    """The first tiles loaded before the wait (default), after it ('0'), and loaded early then always
+    dropped and loaded again ('redo': the path of lengths that changed meanwhile): each against float64,
+    and the three bit for bit (outputs and the appended caches)."""
+    got = {}
+    for mode in ("1", "0", "redo"):
+        monkeypatch.setenv("FUSED_ATTN_DECODE_PREWAIT", mode)
+        run_and_check(case, "cuda")
+        q, k_cache, v_cache, seqlens, leftpad, k_new, v_new = make_inputs(case, "cuda")
+        key_mask = key_mask_of(case)
+        out = decode_attention(q, k_cache, v_cache, seqlens.cuda(), k_new=k_new, v_new=v_new,
+                               cache_leftpad=None if leftpad is None else leftpad.cuda(),
+                               key_mask=None if key_mask is None else key_mask.cuda(),
+                               num_splits=case.get("num_splits"))
+        got[mode] = (bits(out), bits(k_cache), bits(v_cache))
+    for mode in ("0", "redo"):
+        assert all(torch.equal(a, b) for a, b in zip(got[mode], got["1"])), f"prewait {mode} against 1"
+    monkeypatch.setenv("FUSED_ATTN_DECODE_PREWAIT", "2")
+    q, k_cache, v_cache, seqlens, _, k_new, v_new = make_inputs(case, "cuda")
+    with pytest.raises(ValueError, match=r"FUSED_ATTN_DECODE_PREWAIT must be '1', '0' or 'redo', got '2'"):
+        decode_attention(q, k_cache, v_cache, seqlens.cuda(), k_new=k_new, v_new=v_new)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 4, 16])
+def test_lengths_advanced_by_the_previous_kernel_gpu(rows):
+    """decode_attention right after sample(advance=) on the same stream, nothing between: both are
+    programmatic launches, so the attention kernel starts (and reads the lengths, speculatively) while the
+    sampler may still be advancing them. It must see the advanced lengths: the append lands one slot
+    further, the output is that of the longer cache (float64 reference), repeated over several steps."""
+    from fused_attn.sample import sample
+
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    hkv, d, max_len, steps = 12, 64, 320, 6
+    k_cache = torch.randn(rows, hkv, max_len, d, device="cuda", dtype=torch.float16, generator=gen)
+    v_cache = torch.randn(rows, hkv, max_len, d, device="cuda", dtype=torch.float16, generator=gen)
+    counters = torch.full((2, rows), 200, dtype=torch.int32, device="cuda")  # seqlens, a second counter
+    logits = torch.randn(rows, 50257, device="cuda", dtype=torch.float16, generator=gen)  # a slow sampler
+    token = torch.zeros(rows, dtype=torch.long, device="cuda")
+    for step in range(steps):
+        q = torch.randn(rows, hkv, 1, d, device="cuda", dtype=torch.float16, generator=gen)
+        kn = torch.randn(rows, hkv, 1, d, device="cuda", dtype=torch.float16, generator=gen)
+        vn = torch.randn(rows, hkv, 1, d, device="cuda", dtype=torch.float16, generator=gen)
+        k_before, v_before = k_cache.clone(), v_cache.clone()
+        torch.cuda.synchronize()
+        sample(logits, out=token, advance=counters)
+        out = decode_attention(q, k_cache, v_cache, counters[0], k_new=kn, v_new=vn)
+        torch.cuda.synchronize()
+        lengths = torch.full((rows,), 201 + step, dtype=torch.int32)
+        assert torch.equal(counters[0].cpu(), lengths), f"step {step}: the sampler's advance"
+        where = f"rows={rows} step={step}"
+        k_want, v_want = appended_copy(k_before, kn, lengths.tolist()), appended_copy(v_before, vn, lengths.tolist())
+        assert torch.equal(k_cache, k_want) and torch.equal(v_cache, v_want), f"{where}: the append's slot"
+        want, magnitude = want_and_magnitude(q, k_before, v_before, lengths.cuda(), kn, vn, None, None)
+        assert_attention_close(out, peer_attention(q, k_want, v_want, lengths, None, True, None), want, magnitude,
+                               score_max(q, k_want, lengths, None, True, None), where)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 12, 16, 64, 256])
 @pytest.mark.parametrize("dtype", DTYPES)
