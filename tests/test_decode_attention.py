@@ -288,54 +288,12 @@ def test_matches_reference_cpu(case):
     run_and_check(case, "cpu")
 
 
-# The kernels' speculative first tiles (FUSED_ATTN_DECODE_PREWAIT): GPT-2's shape (one row per kv head,
-# cluster splits), GQA on the tensor-core kernel, the combine kernel (more splits than a cluster holds),
-# appends at the cache's end, left padding, and a tile boundary at `cached` (the tile that reads k_new is
-# never speculative).
-PREWAIT_CASES = [
-    case_of(batch=1, nheads_kv=12, group=1, headdim=64, max_len=256, seqlens=[200], seqlen_new=1),
-    case_of(batch=3, nheads_kv=12, group=1, headdim=64, max_len=640, seqlens=[600, 129, 0], leftpad=[0, 100, 0],
-            seqlen_new=1, num_splits=8),
-    case_of(batch=2, nheads_kv=2, group=4, headdim=128, max_len=600, seqlens=[590, 64], leftpad=[10, 0],
-            seqlen_new=3, dtype=torch.bfloat16, num_splits=3),
-    case_of(batch=2, nheads_kv=4, group=1, headdim=64, max_len=1024, seqlens=[1023, 511], seqlen_new=1,
-            num_splits=40, dtype=torch.float32),
-    case_of(batch=2, nheads_kv=2, group=8, headdim=64, max_len=128, seqlens=[64, 127], seqlen_new=1, append=False,
-            key_mask=0.3),
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", PREWAIT_CASES, ids=lambda c: f"b{c['batch']}g{c['group']}d{c['headdim']}")
-def test_prewait_modes_agree_gpu(case, monkeypatch):
-    """The first tiles loaded before the wait (default), after it ('0'), and loaded early then always
-    dropped and loaded again ('redo': the path of lengths that changed meanwhile): each against float64,
-    and the three bit for bit (outputs and the appended caches)."""
-    got = {}
-    for mode in ("1", "0", "redo"):
-        monkeypatch.setenv("FUSED_ATTN_DECODE_PREWAIT", mode)
-        run_and_check(case, "cuda")
-        q, k_cache, v_cache, seqlens, leftpad, k_new, v_new = make_inputs(case, "cuda")
-        key_mask = key_mask_of(case)
-        out = decode_attention(q, k_cache, v_cache, seqlens.cuda(), k_new=k_new, v_new=v_new,
-                               cache_leftpad=None if leftpad is None else leftpad.cuda(),
-                               key_mask=None if key_mask is None else key_mask.cuda(),
-                               num_splits=case.get("num_splits"))
-        got[mode] = (bits(out), bits(k_cache), bits(v_cache))
-    for mode in ("0", "redo"):
-        assert all(torch.equal(a, b) for a, b in zip(got[mode], got["1"])), f"prewait {mode} against 1"
-    monkeypatch.setenv("FUSED_ATTN_DECODE_PREWAIT", "2")
-    q, k_cache, v_cache, seqlens, _, k_new, v_new = make_inputs(case, "cuda")
-    with pytest.raises(ValueError, match=r"FUSED_ATTN_DECODE_PREWAIT must be '1', '0' or 'redo', got '2'"):
-        decode_attention(q, k_cache, v_cache, seqlens.cuda(), k_new=k_new, v_new=v_new)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 4, 16])
 def test_lengths_advanced_by_the_previous_kernel_gpu(rows):
     """decode_attention right after sample(advance=) on the same stream, nothing between: both are
-    programmatic launches, so the attention kernel starts (and reads the lengths, speculatively) while the
-    sampler may still be advancing them. It must see the advanced lengths: the append lands one slot
+    programmatic launches, so the attention kernel starts (and reads the lengths for its L2 prefetch)
+    while the sampler may still be advancing them. It must see the advanced lengths: the append lands one slot
     further, the output is that of the longer cache (float64 reference), repeated over several steps."""
     from fused_attn.sample import sample
 

@@ -4,10 +4,7 @@
 // kernel before it on the stream is still running: from the moment every block of that one has
 // executed launch_dependents() (or exited). Until it calls wait_for_primary() it must neither read
 // what earlier kernels wrote nor write anything; what it may do is fetch its own constants (a
-// GEMV's weights, a norm's weight and bias), which is the overlap PDL buys. One exception, checked
-// after the wait: decode_attention's kernels load their first cached K/V tiles before it, from the
-// lengths as they read then, and drop them when the lengths read after the wait differ (the lengths
-// publish the cache's slots: decode_attention_kernel.cuh, "Speculative first tiles"). wait_for_primary()
+// GEMV's weights, a norm's weight and bias), which is the overlap PDL buys. wait_for_primary()
 // returns once the earlier kernels have completed and their writes are visible. Both are no-ops in a
 // launch without the attribute, and below sm_90 (where the attribute is not set).
 #pragma once

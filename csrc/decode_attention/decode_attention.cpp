@@ -9,10 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <optional>
-#include <string>
 #include <type_traits>
 
 #include "../common/checks.h"
@@ -161,18 +159,6 @@ bool cluster_capable(int R) {
 // becomes the limit (one launch, no combine kernel: measured faster than more splits plus the
 // combine). H100 measurements behind these choices: bench/NOTES.md, "Session 5".
 constexpr int kMinKeysPerSplit = 64;
-
-// FUSED_ATTN_DECODE_PREWAIT, read at each call: unset or "1", the kernels load their first K/V tiles
-// before waiting for the previous kernel (decode_kernel's "Speculative first tiles"); "0" after it, as
-// before session 13; "redo" loads them early and always drops them after the wait (a test of the path
-// taken when the lengths changed meanwhile). A bad value is refused.
-int decode_prewait() {
-  const char* env = std::getenv("FUSED_ATTN_DECODE_PREWAIT");
-  const std::string v = env == nullptr ? "1" : env;
-  FA_CHECK_ARG(v == "1" || v == "0" || v == "redo", FUSED_ATTN_DECODE_PREWAIT, "be '1', '0' or 'redo'",
-               "'" + v + "'");
-  return v == "0" ? 0 : v == "1" ? 1 : 2;
-}
 int choose_splits(int64_t work, int max_len, int sms, bool cluster_ok) {
   int64_t splits = std::max<int64_t>(1, 2 * sms / work);
   splits = std::min<int64_t>(splits, std::max(1, max_len / kMinKeysPerSplit));
@@ -232,7 +218,6 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       p.num_splits = num_splits > 0 ? int(num_splits) : choose_splits(work, p.max_len, sm_count(q), cluster_ok);
       p.cluster = cluster_ok && p.num_splits > 1 && p.num_splits <= kMaxClusterSplits;
       p.programmatic = cluster_ok;  // the same condition: an sm_90 device, the kernel compiled for it
-      p.prewait = decode_prewait();
       at::Tensor partial_o, partial_lse;
       if (p.num_splits > 1 && !p.cluster) {
         const int64_t rows = int64_t(p.num_splits) * p.batch * p.nheads_q * p.seqlen_new;

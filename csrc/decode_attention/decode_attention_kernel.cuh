@@ -57,15 +57,15 @@ struct Row {
   }
 };
 
-// The lengths are read twice. Before wait_for_primary() (`before_wait`), for the L2 prefetch and the
-// speculative first tiles (decode_kernel), with an acquire load; after it, with a relaxed load at GPU
-// scope, which goes to L2: a plain load could hit the L1 line the first read left (L1 is not coherent),
-// stale if an earlier kernel in the chain was still writing the lengths then.
+// The lengths are read twice: before wait_for_primary() for the L2 prefetch (a hint, see
+// prefetch_cache) and after it for the work. The second read is a relaxed load at GPU scope, which
+// goes to L2: a plain load could hit the L1 line the first read left (L1 is not coherent), stale if
+// an earlier kernel of the PDL chain was still writing the lengths then (sample(advance=) just before).
 __device__ __forceinline__ int load_length(const int* ptr, bool before_wait) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   int v;
   if (before_wait) {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
+    v = *ptr;
   } else {
     asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
   }
@@ -96,16 +96,19 @@ __device__ __forceinline__ void split_range(const DecodeParams& p, int start, in
   ke = min(end, kb + tiles_per_split * tile);
 }
 
-// Before wait_for_primary(): the cached K and V rows [kb, hi) this block will read, into L2, so their
-// DRAM round trip overlaps the previous kernel (under PDL the block starts early: pdl.cuh). The range
-// comes from the lengths read before the wait: the slots below `cached` are written by earlier steps,
-// not by the kernels this one overlaps; only the lengths might be (a caller whose previous kernel
-// writes seqlens): then the stale lengths make a wrong hint, nothing else. A prefetch moves no data
-// into the block, L2 is where every write lands, and every address is inside the cache (lengths_ok
-// bounds end by max_len).
+// Before wait_for_primary(): the cached K and V rows this block will read into L2, so their DRAM
+// round trip overlaps the previous kernel (under PDL the block starts early: pdl.cuh). The slots are
+// written by earlier steps, not by the kernels this one overlaps; only the lengths might be (a caller
+// whose previous kernel writes seqlens): then the stale lengths make a wrong hint, nothing else. A
+// prefetch moves no data into the block, L2 is where every write lands, and every address is inside
+// the cache (lengths_ok bounds end by max_len).
 template <typename T>
-__device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int hkv, int kb, int hi) {
+__device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int hkv, int split, int tile) {
   if (!p.pdl_early) return;  // both parts of the run-ahead together (pdl.cuh)
+  int cached, end, start, kb, ke;
+  if (!lengths_ok(p, b, cached, end, start, /*before_wait=*/true)) return;
+  split_range(p, start, end, split, tile, kb, ke);
+  const int hi = min(ke, cached);  // slots from `cached` on are this step's appends (k_new / v_new)
   const int lines = (p.headdim * int(sizeof(T)) + 127) / 128, per_line = 128 / int(sizeof(T));
   const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h;
   const T* vc = static_cast<const T*>(p.v_cache) + b * p.v_stride_b + hkv * p.v_stride_h;
@@ -115,23 +118,6 @@ __device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int
     asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + j * p.k_stride_l + c));
     asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + j * p.v_stride_l + c));
   }
-}
-
-// What a block knows before wait_for_primary(): its key range from the lengths as they read then
-// (`ok` false when they were out of bounds, or not read: neither the prefetch nor the speculative
-// tiles want them).
-struct EarlyRange {
-  bool ok = false;
-  int cached = 0, start = 0, kb = 0, ke = 0;
-};
-
-__device__ __forceinline__ EarlyRange early_range(const DecodeParams& p, int b, int split, int tile) {
-  EarlyRange r;
-  if (!p.pdl_early && p.prewait == 0) return r;
-  int end;
-  r.ok = lengths_ok(p, b, r.cached, end, r.start, /*before_wait=*/true);
-  if (r.ok) split_range(p, r.start, end, split, tile, r.kb, r.ke);
-  return r;
 }
 
 // Writes this step's keys and values of (b, kv head) into the cache: seqlen_new x headdim each.
@@ -256,14 +242,52 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
   const int chunk = blockIdx.x % p.row_chunks;
   const int bh = blockIdx.x / p.row_chunks;
   const int hkv = bh % p.nheads_kv, b = bh / p.nheads_kv;
+  decode::prefetch_cache<T>(p, b, hkv, split, TILE);
+  // Launched programmatically (pdl.cuh): q, k_new / v_new and the lengths may be the previous
+  // kernel's outputs. The combine kernel (or the next op's kernel) may launch from here on.
+  wait_for_primary();
+  launch_dependents();
   const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
   const int e0 = tx * EPT;              // this thread's first element of a row
   const bool lane_on = e0 < p.headdim;  // headdim % 8 == 0: a slice is all in or all out
   const int sn = p.seqlen_new;
 
-  // The key range as the lengths read before the wait. kb, ke and cached are what issue() reads.
-  const decode::EarlyRange early = decode::early_range(p, b, split, TILE);
-  int cached = early.cached, start = early.start, end = 0, kb = early.kb, ke = early.ke;
+  // The block's query rows, pre-scaled into the log2 domain (loaded before the lengths, which
+  // they do not depend on: the two DRAM round trips overlap).
+  float q[R][EPT];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int rr = chunk * R + r;
+    if (rr < p.rows && lane_on) {
+      const int h = hkv * p.group + rr / sn, i = rr % sn;
+      decode::Row<T, EPT> row;
+      row.load(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_s + e0);
+      row.to_float(q[r]);
+#pragma unroll
+      for (int e = 0; e < EPT; ++e) q[r][e] *= p.scale_log2;
+    } else {
+#pragma unroll
+      for (int e = 0; e < EPT; ++e) q[r][e] = 0.f;
+    }
+  }
+
+  int cached, end, start;
+  if (!decode::lengths_ok(p, b, cached, end, start)) {
+    if (p.num_splits == 1 || (p.cluster && split == 0)) {  // else the combine kernel writes the NaNs
+      for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
+        const int rr = chunk * R + idx / p.headdim;
+        if (rr >= p.rows) continue;
+        const int h = hkv * p.group + rr / sn, i = rr % sn;
+        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + idx % p.headdim] =
+            from_float<T>(decode::quiet_nan());
+      }
+    }
+    return;
+  }
+
+  int kb, ke;  // this split's keys: whole tiles of [start, end)
+  decode::split_range(p, start, end, split, TILE, kb, ke);
+  const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
 
   const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h + e0;
   const T* vc = static_cast<const T*>(p.v_cache) + b * p.v_stride_b + hkv * p.v_stride_h + e0;
@@ -275,11 +299,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
   // Slots >= cached come from k_new / v_new: the append below never races with these reads.
   // A tile wholly inside the cache and the split (all but at most two per block) takes the
   // short path: one 64-bit multiply-add per row, no selects.
-  auto whole = [&](int t) { return kb + (t + 1) * TILE <= min(cached, ke); };
   auto issue = [&](int t) {
     const int stage = t % STAGES;
     const int jt = kb + t * TILE;
-    if (whole(t)) {
+    if (jt + TILE <= min(cached, ke)) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t j = jt + u * NY + ty;
@@ -308,77 +331,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
       }
     }
   };
-
-  // Speculative first tiles (p.prewait): the pipeline's first STAGES - 1 tiles, as far as they lie
-  // wholly below `cached`, go out before the wait, so the K/V round trip overlaps the previous kernel
-  // instead of following the wait. This reads data before wait_for_primary(), which pdl.cuh otherwise
-  // forbids, and is correct because the lengths publish the slots: a slot below seqlens[b] is final
-  // (written by an earlier step's append or by a kernel that completed before the lengths said so),
-  // and the lengths are read again after the wait. If they changed (an earlier kernel in the chain
-  // advanced them meanwhile: an eager chain with sample(advance=)), the speculative tiles are dropped
-  // and loaded again. Each thread's cp.async land in its own words of the pipeline, which only it
-  // reads, so dropping them needs its own wait only. p.prewait == 2 always drops them (tests).
-  int issued = 0;  // speculative tiles, each its own commit group, in tile order
-  if (p.prewait != 0 && early.ok) {
-    const int n_early = (ke - kb + TILE - 1) / TILE;
-#pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
-      if (issued == t && t < n_early && whole(t)) {
-        issue(t);
-        cp_async_commit();
-        ++issued;
-      }
-    }
-  }
-  if (early.ok) decode::prefetch_cache<T>(p, b, hkv, kb + issued * TILE, min(ke, cached));
-  // Launched programmatically (pdl.cuh): q, k_new / v_new and the lengths may be the previous
-  // kernel's outputs. The combine kernel (or the next op's kernel) may launch from here on.
-  wait_for_primary();
-  launch_dependents();
-
-  // The block's query rows, pre-scaled into the log2 domain (loaded before the lengths, which
-  // they do not depend on: the two round trips overlap).
-  float q[R][EPT];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int rr = chunk * R + r;
-    if (rr < p.rows && lane_on) {
-      const int h = hkv * p.group + rr / sn, i = rr % sn;
-      decode::Row<T, EPT> row;
-      row.load(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_s + e0);
-      row.to_float(q[r]);
-#pragma unroll
-      for (int e = 0; e < EPT; ++e) q[r][e] *= p.scale_log2;
-    } else {
-#pragma unroll
-      for (int e = 0; e < EPT; ++e) q[r][e] = 0.f;
-    }
-  }
-
-  int cached_now, start_now;
-  const bool ok = decode::lengths_ok(p, b, cached_now, end, start_now);
-  if (issued > 0 && (!ok || cached_now != cached || start_now != start || p.prewait == 2)) {
-    cp_async_wait<0>();  // drop the speculative tiles: they land, then are overwritten below
-    issued = 0;
-  }
-  if (!ok) {
-    if (p.num_splits == 1 || (p.cluster && split == 0)) {  // else the combine kernel writes the NaNs
-      for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
-        const int rr = chunk * R + idx / p.headdim;
-        if (rr >= p.rows) continue;
-        const int h = hkv * p.group + rr / sn, i = rr % sn;
-        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + idx % p.headdim] =
-            from_float<T>(decode::quiet_nan());
-      }
-    }
-    return;
-  }
-  cached = cached_now, start = start_now;
-  decode::split_range(p, start, end, split, TILE, kb, ke);  // this split's keys: whole tiles of [start, end)
-  const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
-    if (t < issued) continue;
     if (t < n_tiles) issue(t);
     cp_async_commit();
   }
@@ -531,10 +485,42 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   const int chunk = blockIdx.x % p.row_chunks;
   const int bh = blockIdx.x / p.row_chunks;
   const int hkv = bh % p.nheads_kv, b = bh / p.nheads_kv;
-  // As in decode_kernel: the key range from the lengths read before the wait, the speculative first
-  // tiles, the lengths read again after it.
-  const decode::EarlyRange early = decode::early_range(p, b, split, TILE);
-  int cached = early.cached, start = early.start, end = 0, kb = early.kb, ke = early.ke;
+  decode::prefetch_cache<T>(p, b, hkv, split, TILE);
+  wait_for_primary();
+  launch_dependents();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int sn = p.seqlen_new;
+
+  // Q rows of this chunk into shared memory (zero rows past p.rows, zero columns past headdim).
+  for (int i = threadIdx.x; i < R * CH; i += kDecodeThreads) {
+    const int r = i / CH, c = i % CH, rr = chunk * R + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (rr < p.rows && c * kVec < p.headdim) {
+      const int h = hkv * p.group + rr / sn, qi = rr % sn;
+      v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h +
+                                           qi * p.q_stride_s + c * kVec);  // plain: see Row::load
+    }
+    *reinterpret_cast<uint4*>(sq + swizzled<HD>(r, c)) = v;
+  }
+
+  int cached, end, start;
+  if (!decode::lengths_ok(p, b, cached, end, start)) {
+    if (p.num_splits == 1 || (p.cluster && split == 0)) {  // else the combine kernel writes the NaNs
+      for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
+        const int rr = chunk * R + idx / p.headdim;
+        if (rr >= p.rows) continue;
+        const int h = hkv * p.group + rr / sn, i = rr % sn;
+        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + idx % p.headdim] =
+            from_float<T>(decode::quiet_nan());
+      }
+    }
+    return;
+  }
+  int kb, ke;
+  decode::split_range(p, start, end, split, TILE, kb, ke);
+  const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
+
   const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h;
   const T* vc = static_cast<const T*>(p.v_cache) + b * p.v_stride_b + hkv * p.v_stride_h;
   const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h;
@@ -566,61 +552,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
       cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(row, c)), vsrc, on);
     }
   };
-  int issued = 0;
-  if (p.prewait != 0 && early.ok) {
-    const int n_early = (ke - kb + TILE - 1) / TILE;
-#pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
-      if (issued == t && t < n_early && kb + (t + 1) * TILE <= min(cached, ke)) {
-        issue(t);
-        cp_async_commit();
-        ++issued;
-      }
-    }
-  }
-  if (early.ok) decode::prefetch_cache<T>(p, b, hkv, kb + issued * TILE, min(ke, cached));
-  wait_for_primary();
-  launch_dependents();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t4 = lane % 4;
-  const int sn = p.seqlen_new;
-
-  // Q rows of this chunk into shared memory (zero rows past p.rows, zero columns past headdim).
-  for (int i = threadIdx.x; i < R * CH; i += kDecodeThreads) {
-    const int r = i / CH, c = i % CH, rr = chunk * R + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (rr < p.rows && c * kVec < p.headdim) {
-      const int h = hkv * p.group + rr / sn, qi = rr % sn;
-      v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h +
-                                           qi * p.q_stride_s + c * kVec);  // plain: see Row::load
-    }
-    *reinterpret_cast<uint4*>(sq + swizzled<HD>(r, c)) = v;
-  }
-
-  int cached_now, start_now;
-  const bool ok = decode::lengths_ok(p, b, cached_now, end, start_now);
-  if (issued > 0 && (!ok || cached_now != cached || start_now != start || p.prewait == 2)) {
-    cp_async_wait<0>();  // drop the speculative tiles (this thread's own copies: see decode_kernel)
-    issued = 0;
-  }
-  if (!ok) {
-    if (p.num_splits == 1 || (p.cluster && split == 0)) {  // else the combine kernel writes the NaNs
-      for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
-        const int rr = chunk * R + idx / p.headdim;
-        if (rr >= p.rows) continue;
-        const int h = hkv * p.group + rr / sn, i = rr % sn;
-        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + idx % p.headdim] =
-            from_float<T>(decode::quiet_nan());
-      }
-    }
-    return;
-  }
-  cached = cached_now, start = start_now;
-  decode::split_range(p, start, end, split, TILE, kb, ke);
-  const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
-    if (t < issued) continue;
     if (t < n_tiles) issue(t);
     cp_async_commit();
   }

@@ -45,10 +45,6 @@ struct DecodeParams {
   // Trigger the dependent launch before the wait, and prefetch the cached rows into L2 before it (set
   // by the launch functions from the batch: pdl.cuh's pdl_early).
   bool pdl_early;
-  // The first tiles' loads before the wait, checked against the lengths after it (decode_kernel):
-  // 0 off, 1 on, 2 on and always dropped and loaded again (a test of that path). From
-  // FUSED_ATTN_DECODE_PREWAIT (decode_attention.cpp).
-  int prewait;
   float scale_log2;  // scale * log2(e): scores live in the log2 domain
   // num_splits > 1: per split, the normalized partial output and its log2-sum-exp, merged by
   // the combine kernel. [num_splits, batch, nheads_q, seqlen_new, headdim] / [..., seqlen_new].
