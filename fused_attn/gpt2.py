@@ -9,8 +9,8 @@ Modules (gpt-fast's seams; names follow the Hugging Face state dict, which loads
 (``LayerNorm``), ``attn`` (``Attention``: ``c_attn``, ``c_proj``, each a Conv1D-style ``Linear``
 x @ W + b), ``ln_2``, ``mlp`` (``MLP``: ``c_fc`` → tanh GELU → ``c_proj``). The lm_head is tied to
 ``wte``. Each module kind has a backend, chosen per kind (``backends=``): attention "fused"
-(prefill: Q·Kᵀ → ``scaled_masked_softmax`` → P·V; decode step: ``decode_attention``, the cache
-append and the attention in one call), "softmax" (the fused softmax chain in the decode step too,
+(prompt: ``fused_attn.attention``, one flash launch in 16-bit types; decode step:
+``decode_attention``, the cache append and the attention in one call), "softmax" (the fused softmax chain in the decode step too,
 with ``index_copy_`` appends and a key mask: the decode step before ``decode_attention``, kept for
 comparison) or "eager" (that chain with PyTorch ops: the reference softmax); LayerNorm, Linear and MLP
 "eager" (PyTorch) or "fused" (our kernels). A later kernel plugs into one module. The step backend
@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fused_attn import reference
+from fused_attn.attention import attention
 from fused_attn.decode_attention import decode_attention
 from fused_attn.gpt2_decode_step import GPT2StepWeights, gpt2_decode_step, new_workspace
 from fused_attn.layer_norm import layer_norm
@@ -49,7 +50,7 @@ from fused_attn.softmax import scaled_masked_softmax
 
 RANDOM_NAME = "gpt2-random"
 # Backends per module kind; the first is the default.
-# attention: "fused" (decode steps: one decode_attention launch per layer), "softmax" (our
+# attention: "fused" (prompts: fused_attn.attention; decode steps: one decode_attention launch per layer), "softmax" (our
 # scaled_masked_softmax between two matmuls), "eager" (the float32 PyTorch reference), "sdpa" (plain
 # PyTorch: F.scaled_dot_product_attention over the cache under the key mask in decode steps, the
 # eager reference in the prompt, whose padding rows see no key; the peer torch.compile runs on).
@@ -228,8 +229,22 @@ class Attention(nn.Module):
             k_all, v_all = cache.update(input_pos, k, v)
             if attend_cache:
                 k, v = k_all, v_all
+        if self.backend == "fused" and causal:  # a prompt: fused_attn.attention, in c_proj's layout
+            return self.c_proj(self.attend_prompt(q, k, v, keys_ok), residual=residual, **post)
         return self.c_proj(self.attend(q, k, v, keys_ok, causal).transpose(1, 2).reshape(b, s, -1), residual=residual,
                            **post)
+
+    def attend_prompt(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys_ok: torch.Tensor) -> torch.Tensor:
+        """Causal attention over the prompt with ``fused_attn.attention`` (one flash launch in 16-bit types),
+        returned as ``[batch, seqlen, n_embd]``: written there in place (no transpose copy) unless a gradient
+        is recorded (``out=`` records none). Padding query rows see no key: zeros."""
+        b, h, s, d = q.shape
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            o = attention(q, k, v, causal=True, attn_mask=keys_ok, scale=self.scale)
+            return o.transpose(1, 2).reshape(b, s, h * d)
+        o = torch.empty(b, s, h, d, dtype=q.dtype, device=q.device)
+        attention(q, k, v, causal=True, attn_mask=keys_ok, scale=self.scale, out=o.transpose(1, 2))
+        return o.view(b, s, h * d)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys_ok: torch.Tensor,
                causal: bool) -> torch.Tensor:
@@ -343,15 +358,20 @@ class DecodeCache(nn.Module):
         # decode_attention's first real slot per sequence.
         self.register_buffer("leftpad", torch.zeros(batch, dtype=torch.int32, device=device), persistent=False)
         self.register_buffer("token", torch.zeros(batch, dtype=torch.long, device=device), persistent=False)
+        # The fused sampler also records every new token here, at column seqlens (before its advance): the
+        # prefill's at the prompt's last slot, step t's at the slot its keys went to. generate() reads the
+        # new tokens from it, with no copy of `token` between replays.
+        self.register_buffer("history", torch.zeros(batch, max_len, dtype=torch.long, device=device),
+                             persistent=False)
         self.prefill_graphs: dict[int, _PrefillGraph] = {}  # by prompt length
         self.decode_graph: _DecodeGraph | None = None
 
     def set_next_token(self, logits: torch.Tensor) -> None:
         """``token`` = the next token of ``logits [batch, vocab]`` (``next_token``, or the fused sampler in
-        place, which also advances the counters: one launch for both)."""
+        place, which also records it in ``history`` and advances the counters: one launch for all three)."""
         if self.fused_sampler:
             sample(logits, self.temperature, top_k=self.top_k, offset=self.rng, out=self.token,
-                   advance=self.counters.view(3, self.batch))
+                   advance=self.counters.view(3, self.batch), history=self.history, history_index=self.seqlens)
         else:
             self.token.copy_(self.next_token(logits))
 
@@ -557,11 +577,18 @@ class GPT2(nn.Module):
         x, normed = self._hidden(input_ids, attention_mask, cache=cache)
         if cache.fused_sampler and cache.temperature > 0:  # seeded: generate() calls torch.manual_seed(seed)
             cache.rng.copy_(torch.randint(0, 2**31 - 1, (1,), device=cache.rng.device))  # every row's
-        cache.set_next_token(self.logits(x[:, -1], None if normed is None else normed[:, -1]))
+        logits = self.logits(x[:, -1], None if normed is None else normed[:, -1])
         cache.slot.fill_(s)
-        cache.seqlens.fill_(s)
         cache.leftpad.copy_(s - attention_mask.sum(-1))
-        cache.pos.copy_(self.positions(attention_mask)[:, -1] + 1)
+        last_pos = self.positions(attention_mask)[:, -1]
+        if cache.fused_sampler:  # the sampler records the token at column seqlens, then advances the counters
+            cache.seqlens.fill_(s - 1)
+            cache.pos.copy_(last_pos)
+            cache.set_next_token(logits)
+        else:
+            cache.set_next_token(logits)
+            cache.seqlens.fill_(s)
+            cache.pos.copy_(last_pos + 1)
         return cache.token.clone()
 
     @torch.no_grad()
@@ -638,8 +665,12 @@ class GPT2(nn.Module):
         cache = self.decode_cache(b, total, temperature, top_k)
         notify = on_token or (lambda: None)
 
-        with torch.random.fork_rng(devices=[self.device] if cuda else []):
-            torch.manual_seed(seed)
+        # Sampling draws from the seeded default generators, forked so the caller's stream of random numbers
+        # is untouched; greedy decoding draws nothing (and saves the ~0.2 ms of host time the two cost).
+        seeded = temperature > 0
+        with torch.random.fork_rng(devices=[self.device] if cuda else []) if seeded else contextlib.nullcontext():
+            if seeded:
+                torch.manual_seed(seed)
             if use_graph:  # the prefill is host-bound (~180 launches): replay it as one graph too
                 pg = cache.prefill_graphs.get(s)
                 if pg is None:
@@ -652,17 +683,25 @@ class GPT2(nn.Module):
                 first = self.prefill(cache, input_ids, attention_mask)
                 step = lambda: self.decode_step(cache)  # noqa: E731
             notify()
+            # The fused sampler records each token in cache.history (columns s - 1 on); otherwise each is
+            # copied out of cache.token between steps.
+            recorded = cache.fused_sampler
             out = [first]
+
+            def so_far(n: int) -> torch.Tensor:
+                return cache.history[:, s - 1:s - 1 + n] if recorded else torch.stack(out, 1)
+
             done_at = None
             for t in range(1, max_new_tokens):
                 step()
-                out.append(cache.token.clone())
+                if not recorded:
+                    out.append(cache.token.clone())
                 notify()
                 if eos_token_id is not None and t % sync_every == 0:
-                    if bool((torch.stack(out, 1) == eos_token_id).any(1).all()):
+                    if bool((so_far(t + 1) == eos_token_id).any(1).all()):
                         done_at = t + 1
                         break
-        gen = torch.stack(out, 1)[:, :done_at]
+        gen = so_far(max_new_tokens if done_at is None else done_at).clone()
         if eos_token_id is not None:
             hit = (gen == eos_token_id).long().cumsum(1) > 0
             after = torch.cat([torch.zeros_like(hit[:, :1]), hit[:, :-1]], 1)

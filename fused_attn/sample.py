@@ -11,8 +11,12 @@ caller advances a device-side ``offset`` tensor, and the CPU path (``fused_attn.
 draws the same numbers as the GPU.
 
 Op (schemas in ``fused_attn/_ops.py``): ``sample(logits, temperature, seed, offset, offsets)`` and
-``sample_out(..., *, out, advance=None)``; ``advance``: a decode loop's per-row counters, each + 1 in
-the same launch once its row's token is written. ``top_k`` is applied here, before the op, as PyTorch ops (topk, then the
+``sample_out(..., *, out, advance=None, history=None, history_index=None)``; ``advance``: a decode
+loop's per-row counters, each + 1 in the same launch once its row's token is written; ``history``: a
+token-history ``[rows, L]`` into which each row's token is also written, at the column
+``history_index[row]`` read from device memory before the row advances its counters (an index outside
+[0, L) writes nothing there and -1 into ``out``), so a decode loop replaying a CUDA graph keeps its
+tokens without a copy per step. ``top_k`` is applied here, before the op, as PyTorch ops (topk, then the
 logits below the k-th largest set to -inf: ties with the k-th are kept, as in Hugging Face's
 ``TopKLogitsWarper``).
 
@@ -35,14 +39,16 @@ MAX_ROWS = 65535  # the kernel's grid: one row per grid row
 _INT63 = 2 ** 63
 
 
-def _check_int_tensor(t, name: str, logits: torch.Tensor) -> None:
-    """offsets / advance: an int32 or int64 tensor on logits' device (the messages of csrc/sample/sample.cpp)."""
+def _check_int_tensor(t, name: str, logits: torch.Tensor, dtypes=(torch.int32, torch.int64)) -> None:
+    """offsets / advance / history_index (int32 or int64), out / history (int64): a tensor of ``dtypes`` on
+    logits' device (the messages of csrc/sample/sample.cpp)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
     if t.device != logits.device:
         raise ValueError(f"{name} must be on the same device as logits ({logits.device}), got {t.device}")
-    if t.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{name} must have dtype int32 or int64, got {t.dtype}")
+    if t.dtype not in dtypes:
+        names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"{name} must have dtype {names}, got {t.dtype}")
 
 
 def check_args(logits, temperature, top_k, seed, offset, offsets) -> tuple[float, int, int, int]:
@@ -79,12 +85,7 @@ def check_args(logits, temperature, top_k, seed, offset, offsets) -> tuple[float
 
 
 def _check_out(out, logits) -> None:
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
-    if out.device != logits.device:
-        raise ValueError(f"out must be on the same device as logits ({logits.device}), got {out.device}")
-    if out.dtype != torch.int64:
-        raise ValueError(f"out must have dtype int64, got {out.dtype}")
+    _check_int_tensor(out, "out", logits, (torch.int64,))
     if tuple(out.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"out must have shape {tuple(logits.shape[:-1])} (logits' without the last dim), "
                          f"got {_shape(out)}")
@@ -112,6 +113,14 @@ def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
+def _own_row(t: torch.Tensor, advance: torch.Tensor, rows: int) -> bool:
+    """Whether ``t`` (``rows`` elements) is exactly one of advance's rows: what each row reads from it is
+    then its own counter, read before that row advances it (csrc/sample/sample.cpp: own_row)."""
+    t1 = t.reshape(-1)
+    return (t1.numel() == rows and t1.dtype == advance.dtype and t1.stride(0) == advance.stride(1)
+            and any(t1.data_ptr() == advance[i].data_ptr() for i in range(advance.shape[0])))
+
+
 def _check_advance(advance, logits, offsets, out, storage: bool = True) -> None:
     """sample_out's advance (csrc/sample/sample.cpp: check_advance, same messages); ``storage``: also the
     overlaps with out and offsets (not for meta tensors, which have none)."""
@@ -127,12 +136,52 @@ def _check_advance(advance, logits, offsets, out, storage: bool = True) -> None:
     if out is not None and _may_overlap(out, advance):
         raise ValueError("out must not overlap advance, got overlapping memory")
     if offsets is not None and rows > 1 and _may_overlap(offsets, advance):
-        o1 = offsets.reshape(-1)
-        own_row = (o1.numel() == rows and o1.dtype == advance.dtype and o1.stride(0) == advance.stride(1)
-                   and any(o1.data_ptr() == advance[i].data_ptr() for i in range(advance.shape[0])))
-        if not own_row:
+        if not _own_row(offsets, advance, rows):
             raise ValueError("offsets must be one of advance's rows or not overlap it (every row must read its own "
                              "offset before it advances its own counters), got an overlap of another shape")
+
+
+def _check_history(history, history_index, logits, offsets, out, advance, storage: bool = True) -> None:
+    """sample_out's history and history_index (csrc/sample/sample.cpp: check_history, same messages);
+    ``storage``: also the overlaps with the other tensors (not for meta tensors, which have none)."""
+    if history_index is None:
+        raise ValueError("history_index must be given with history, got None")
+    if history is None:
+        raise ValueError("history must be given with history_index, got None")
+    _check_int_tensor(history, "history", logits, (torch.int64,))
+    rows = logits.numel() // logits.shape[-1]
+    if history.dim() != 2 or history.shape[0] != rows or history.shape[1] < 1:
+        raise ValueError(f"history must have shape (rows, L) with rows = {rows} and L >= 1, got {_shape(history)}")
+    if not ((history.shape[1] == 1 or history.stride(1) == 1)
+            and (rows <= 1 or history.stride(0) >= history.shape[1])):
+        raise ValueError("history must have a last dim of stride 1 and rows that do not overlap (stride(0) >= L), "
+                         f"got strides {tuple(history.stride())}")
+    _check_int_tensor(history_index, "history_index", logits)
+    if tuple(history_index.shape) != (rows,):
+        raise ValueError(f"history_index must have shape (rows,) with rows = {rows}, got {_shape(history_index)}")
+    if not storage:
+        return
+    for name, other in (("out", out), ("advance", advance), ("logits", logits), ("offsets", offsets),
+                        ("history_index", history_index)):
+        if other is not None and _may_overlap(history, other):
+            raise ValueError(f"history must not overlap {name}, got overlapping memory")
+    if out is not None and _may_overlap(history_index, out):
+        raise ValueError("history_index must not overlap out, got overlapping memory")
+    if advance is not None and rows > 1 and _may_overlap(history_index, advance) and \
+            not _own_row(history_index, advance, rows):
+        raise ValueError("history_index must be one of advance's rows or not overlap it (every row must read its "
+                         "own index before it advances its own counters), got an overlap of another shape")
+
+
+def _record(tokens: torch.Tensor, history: torch.Tensor, history_index: torch.Tensor) -> torch.Tensor:
+    """The CPU path of the kernel's history write: tokens [rows] into history[r, history_index[r]] where
+    the index is in [0, L); returns the tokens with -1 where it is not (what out receives)."""
+    t = tokens.reshape(-1)
+    index = history_index.to(torch.int64)
+    ok = (index >= 0) & (index < history.shape[1])
+    rows = torch.arange(t.numel())[ok]
+    history[rows, index[ok]] = t[ok]
+    return torch.where(ok, t, -1).view_as(tokens)
 
 
 def sample(
@@ -144,6 +193,8 @@ def sample(
     offset: int | torch.Tensor = 0,
     out: torch.Tensor | None = None,
     advance: torch.Tensor | None = None,
+    history: torch.Tensor | None = None,
+    history_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The next token of each row of ``logits``: ``argmax`` at temperature 0, else a sample of
     ``softmax(logits / temperature)`` over the ``top_k`` largest logits (all with top_k 0).
@@ -165,8 +216,18 @@ def sample(
             decode loop's per-row state (cache length, position, this ``offset``) advanced without an
             add kernel of its own. ``offset`` may be one of its rows (row r reads its offset before it
             advances it), never a single offset that every row reads; ``out`` may not overlap it.
+        history, history_index: both None, or both given: ``history`` an int64 ``[rows, L]`` (L >= 1) token
+            history on logits' device, last dim of stride 1, rows that do not overlap (stride(0) >= L);
+            ``history_index`` int32 / int64 ``[rows]`` (any stride) on the same device. Row r's token is
+            also written to ``history[r, history_index[r]]``, the index read when the kernel runs and
+            before the row advances its counters: ``history_index`` may be one of ``advance``'s rows (a
+            decode loop's cache length: the token goes at the pre-advance column). An index outside
+            [0, L) writes nothing into ``history`` and -1 into ``out[r]`` instead of the token (-1 is
+            never a token). ``history`` may overlap no other tensor; ``history_index`` may not overlap
+            ``out``, nor ``advance`` except as one of its rows.
 
-    Returns int64 ``logits.shape[:-1]`` (``out`` when given). NaN counts as the largest logit and the
+    Returns int64 ``logits.shape[:-1]`` (``out`` when given; -1 in the rows whose history index is out of
+    range). NaN counts as the largest logit and the
     first of equal maxima wins (torch.argmax's rule); a row of -inf gives 0. Launches on the current
     stream, never synchronizes the host, works under CUDA-graph capture and
     ``torch.compile(fullgraph=True)``.
@@ -176,18 +237,23 @@ def sample(
                                                   else offset, offsets)
     if out is not None:
         _check_out(out, logits)
+    # Overlaps need storage: none on meta tensors, and not traceable (the op's kernel checks them when it runs).
+    storage = logits.device.type != "meta" and not torch.compiler.is_compiling()
     if advance is not None:
-        _check_advance(advance, logits, offsets, out)
+        _check_advance(advance, logits, offsets, out, storage)
+    if history is not None or history_index is not None:
+        _check_history(history, history_index, logits, offsets, out, advance, storage)
     if temperature > 0 and 0 < top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, -math.inf)
     if logits.device.type == "cuda":  # meta tensors (and torch.compile's tracing) run the fake kernel: no build
         _ops.ensure_loaded()
-    if out is None and advance is None:
+    if out is None and advance is None and history is None:
         return torch.ops.fused_attn.sample(logits, temperature, seed, offset, offsets)
     if out is None:
         out = torch.empty(logits.shape[:-1], dtype=torch.int64, device=logits.device)
-    torch.ops.fused_attn.sample_out(logits, temperature, seed, offset, offsets, out=out, advance=advance)
+    torch.ops.fused_attn.sample_out(logits, temperature, seed, offset, offsets, out=out, advance=advance,
+                                    history=history, history_index=history_index)
     return out
 
 
@@ -215,21 +281,30 @@ def _register() -> None:
         return torch.empty(logits.shape[:-1], dtype=torch.int64, device=logits.device)
 
     @torch.library.register_fake("fused_attn::sample_out")
-    def _fake_out(logits, temperature, seed, offset, offsets, *, out, advance=None):
+    def _fake_out(logits, temperature, seed, offset, offsets, *, out, advance=None, history=None,
+                  history_index=None):
         check_args(logits, temperature, 0, seed, offset, offsets)
         if advance is not None:
             _check_advance(advance, logits, offsets, out, storage=False)
+        if history is not None or history_index is not None:
+            _check_history(history, history_index, logits, offsets, out, advance, storage=False)
 
     @torch.library.register_kernel("fused_attn::sample", "cpu")
     def _cpu_kernel(logits, temperature, seed, offset, offsets):
         return _cpu(logits, temperature, seed, offset, offsets)
 
     @torch.library.register_kernel("fused_attn::sample_out", "cpu")
-    def _cpu_kernel_out(logits, temperature, seed, offset, offsets, *, out, advance=None):
+    def _cpu_kernel_out(logits, temperature, seed, offset, offsets, *, out, advance=None, history=None,
+                        history_index=None):
         _check_out(out, logits)
         if advance is not None:
             _check_advance(advance, logits, offsets, out)
-        out.copy_(_cpu(logits, temperature, seed, offset, offsets))  # every offset read before the advance
+        if history is not None or history_index is not None:
+            _check_history(history, history_index, logits, offsets, out, advance)
+        tokens = _cpu(logits, temperature, seed, offset, offsets)
+        if history is not None:
+            tokens = _record(tokens, history, history_index)
+        out.copy_(tokens)  # every offset and history index read before the advance
         if advance is not None:
             advance.add_(1)
 

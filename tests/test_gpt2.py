@@ -508,15 +508,21 @@ def check_half_precision_attention_per_layer(device, dtype, config, monkeypatch)
     m = GPT2.from_hf(hf_model(config), dtype=dtype, device=device)
     ids, mask = left_padded(config["vocab_size"], (24, 17, 9))
     ids, mask = ids.to(device), mask.to(device)
-    calls = []
-    real_attend = Attention.attend
+    calls = []  # (q, k, v, out [batch, seqlen, nheads, headdim])
+    real_attend, real_prompt = Attention.attend, Attention.attend_prompt
 
     def attend(self, q, k, v, keys_ok, causal):
         out = real_attend(self, q, k, v, keys_ok, causal)
-        calls.append((q, k, v, out))
+        calls.append((q, k, v, out.transpose(1, 2)))
+        return out
+
+    def attend_prompt(self, q, k, v, keys_ok):  # the fused backend's prompt path
+        out = real_prompt(self, q, k, v, keys_ok)
+        calls.append((q, k, v, out.view(q.shape[0], q.shape[2], q.shape[1], q.shape[3])))
         return out
 
     monkeypatch.setattr(Attention, "attend", attend)
+    monkeypatch.setattr(Attention, "attend_prompt", attend_prompt)
     with torch.no_grad():
         m(ids, mask)
     assert len(calls) == config["n_layer"]
@@ -525,7 +531,7 @@ def check_half_precision_attention_per_layer(device, dtype, config, monkeypatch)
     for layer, (q, k, v, out) in enumerate(calls):
         want = attention_definition(q, k, v, keys_ok, scale, True)[real]
         eager = eager_same_dtype(q, k, v, keys_ok, scale, True)[real]
-        assert_error_at_most_twice(out.transpose(1, 2)[real], eager, want, 1e-5, f"layer {layer}")
+        assert_error_at_most_twice(out[real], eager, want, 1e-5, f"layer {layer}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

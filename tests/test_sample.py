@@ -1,7 +1,8 @@
 """sample: greedy against torch.argmax (ties, NaN, -inf rows, -0 / +0, layouts), the Philox generator
 against Random123's published answers, the GPU's draws against the CPU reference's (same seed and
 offsets), the sampled frequencies against softmax(logits / temperature) (chi-square), top_k, offsets read
-from device memory under CUDA-graph replay, torch.compile, opcheck and argument errors. The spec is the
+from device memory under CUDA-graph replay, the counters of advance and the token history (history,
+history_index), torch.compile, opcheck and argument errors. The spec is the
 docstring of ``fused_attn.sample.sample``."""
 
 from __future__ import annotations
@@ -184,6 +185,104 @@ def check_advance(logits, case, device, want_tokens):
     assert torch.equal(buf, want), "advance must add 1 to each counter of [k, rows] and write nothing else"
 
 
+POISON = -5  # never a token, never -1
+
+
+@st.composite
+def history_case(draw, cuda):
+    """A sample case and a token history: its length L, the padding of its rows (a view inside a larger
+    poisoned buffer), the index dtype and layout, the share of indices out of range, and whether the
+    index is the first row of advance's counters."""
+    case = draw(sample_case(cuda))
+    case.update(history_len=draw(st.one_of(st.sampled_from([1, 2, 8]), st.integers(1, 40))),
+                history_pad=draw(st.sampled_from([0, 0, 1, 5])),
+                index_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+                index_layout=draw(st.sampled_from(["contiguous", "strided", "advance_row"])),
+                out_of_range=draw(st.sampled_from([0.0, 0.2, 1.0])))
+    return case
+
+
+def history_case_of(**kw):
+    return case_of(**(dict(history_len=8, history_pad=3, index_dtype=torch.int64, index_layout="advance_row",
+                           out_of_range=0.2) | kw))
+
+
+HISTORY_EXAMPLES = [
+    history_case_of(),
+    history_case_of(rows=16, temperature=1.0, seed=5, offsets="per_row", index_dtype=torch.int32),
+    history_case_of(rows=5, vocab=9, history_len=1, history_pad=0, index_layout="strided", out_of_range=1.0),
+    history_case_of(rows=1, vocab=100, history_len=1, history_pad=0, index_layout="contiguous", out_of_range=0.0),
+    history_case_of(rows=0, vocab=100),
+]
+
+
+def make_history_index(case, rows):
+    """int64 [rows] on the CPU: in [0, L) but for a share out_of_range of rows: -1, L, a huge index or a
+    very negative one (near the ends of the index dtype's range, with room for advance's + 1)."""
+    g = torch.Generator().manual_seed(case["data_seed"] + 3)
+    L = case["history_len"]
+    big = 2**31 - 2 if case["index_dtype"] == torch.int32 else 2**62
+    bad = torch.tensor([-1, L, big, -big], dtype=torch.int64)
+    good = torch.randint(0, L, (rows,), generator=g)
+    pick = bad[torch.randint(0, 4, (rows,), generator=g)]
+    return torch.where(torch.rand(rows, generator=g) < case["out_of_range"], pick, good)
+
+
+def check_history(case, device):
+    """sample_out with history: the same tokens as without; row r's token at history[r, history_index[r]]
+    (the index read before advance adds 1 to it when it is advance's first row) and nothing else of the
+    poisoned buffer around the history written; an index out of range: out[r] = -1 and no write."""
+    logits = make_logits(case, device)
+    offsets, offset = make_offsets(case, device)
+    off = offsets if offsets is not None else offset
+    want = sample(logits, case["temperature"], seed=case["seed"], offset=off).reshape(-1).cpu()
+    rows, L, width = want.numel(), case["history_len"], case["history_len"] + case["history_pad"]
+    buf = torch.full(((rows + 1) * width + 1,), POISON, dtype=torch.int64, device=device)
+    history = buf.as_strided((rows, L), (width, 1), 1)
+    index = make_history_index(case, rows)
+    dtype = case["index_dtype"]
+    advance = None
+    if case["index_layout"] == "advance_row":
+        advance = torch.zeros(2, rows, dtype=dtype, device=device)
+        advance[0] = index.to(dtype)
+        advance[1] = 7
+        history_index = advance[0]
+    elif case["index_layout"] == "strided":
+        history_index = torch.zeros(2 * rows, dtype=dtype, device=device)[::2]
+        history_index.copy_(index.to(dtype))
+    else:
+        history_index = index.to(dtype).to(device)
+    index = history_index.cpu().to(torch.int64, copy=True)  # copies: on the CPU, .cpu() is the same tensor
+    before = buf.cpu().clone()
+    counters = None if advance is None else advance.cpu().clone()
+    out = torch.full(logits.shape[:-1], -7, dtype=torch.int64, device=device)
+    got = sample(logits, case["temperature"], seed=case["seed"], offset=off, out=out, advance=advance,
+                 history=history, history_index=history_index)
+    assert got is out
+    ok = (index >= 0) & (index < L)
+    assert torch.equal(out.reshape(-1).cpu(), torch.where(ok, want, -1)), \
+        "out must hold the tokens without history, and -1 where the history index is out of range"
+    expect = before.clone()
+    expect.as_strided((rows, L), (width, 1), 1)[torch.arange(rows)[ok], index[ok]] = want[ok]
+    assert torch.equal(buf.cpu(), expect), \
+        "history must get row r's token at [r, history_index[r]] (pre-advance) and nothing else of the buffer"
+    if advance is not None:
+        assert torch.equal(advance.cpu(), counters + 1), "advance must add 1 to every counter"
+
+
+@pytest.mark.gpu
+@given(case=history_case(cuda=True))
+@with_examples(HISTORY_EXAMPLES)
+def test_history_gpu(case):
+    check_history(case, "cuda")
+
+
+@given(case=history_case(cuda=False))
+@with_examples([c | dict(vocab=min(c["vocab"], 3000)) for c in HISTORY_EXAMPLES])
+def test_history_cpu(case):
+    check_history(case, "cpu")
+
+
 @pytest.mark.gpu
 @given(case=sample_case(cuda=True))
 @with_examples(EDGE_EXAMPLES)
@@ -309,6 +408,50 @@ def test_cuda_graph_replay_advances_its_counters_gpu():
 
 
 @pytest.mark.gpu
+def test_cuda_graph_replay_records_the_history_gpu():
+    """A decode loop's token history without a copy per step: captured once, each replay writes row r's
+    token at column counters[0, r] (the cache length, advanced in the same launch): N consecutive columns;
+    the row that runs out of columns gets -1 and writes nothing."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, L, steps = 4, 8, 5
+    x = torch.randn(rows, 50257, generator=gen, device="cuda", dtype=torch.float16)
+    counters = torch.zeros(2, rows, dtype=torch.int64, device="cuda")
+    start = torch.tensor([0, 1, 3, L - 2])
+    counters[0] = start.cuda()  # the history column (cache length) of each row
+    counters[1] = torch.arange(rows) * 1000  # the Philox offsets
+    out = torch.empty(rows, dtype=torch.int64, device="cuda")
+    buf = torch.full((rows, L + 2), POISON, dtype=torch.int64, device="cuda")
+    history = buf[:, 1:L + 1]
+
+    def step():
+        sample(x, 0.9, seed=4, offset=counters[1], out=out, advance=counters, history=history,
+               history_index=counters[0])
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up outside the graph, then back to the start
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    counters[0] = start.cuda()
+    counters[1] = torch.arange(rows) * 1000
+    buf.fill_(POISON)
+    expect = torch.full((rows, L + 2), POISON, dtype=torch.int64)
+    for i in range(steps):
+        offs = counters[1].clone()
+        g.replay()
+        tokens = perturbed_scores(x, dict(temperature=0.9, seed=4), offs, 0).argmax(-1)
+        col = start + i
+        ok = col < L
+        assert torch.equal(out.cpu(), torch.where(ok, tokens, -1)), f"replay {i}"
+        expect[torch.arange(rows)[ok], 1 + col[ok]] = tokens[ok]
+        assert torch.equal(buf.cpu(), expect), f"replay {i}: history"
+    assert torch.equal(counters[0].cpu(), start + steps)
+
+
+@pytest.mark.gpu
 def test_does_not_sync_and_uses_the_current_stream_gpu():
     gen = torch.Generator(device="cuda").manual_seed(0)
     src = torch.randn(8, 50257, generator=gen, device="cuda")
@@ -333,10 +476,42 @@ def test_torch_compile_fullgraph(device):
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_torch_compile_fullgraph_history(device):
+    """A decode step's sampler with its counters and token history, compiled: the same tokens, counters and
+    history as eager, twice (the second call at the advanced column)."""
+    def step(logits, counters, out, history):
+        sample(logits, 0.7, top_k=10, seed=1, offset=counters[1], out=out, advance=counters, history=history,
+               history_index=counters[0])
+        return out
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(3, 1000, generator=gen, device=device)
+    state = [(torch.tensor([[0, 2, 5], [3, 4, 5]], device=device), torch.empty(3, dtype=torch.int64, device=device),
+              torch.full((3, 6), POISON, dtype=torch.int64, device=device)) for _ in range(2)]
+    for _ in range(2):
+        compiled(x, *state[0])
+        step(x, *state[1])
+        assert all(torch.equal(a, b) for a, b in zip(*state)), "compiled and eager differ"
+    history = state[0][2]
+    assert state[0][1][2] == -1 and bool((history[2, :5] == POISON).all()) and history[2, 5] >= 0, \
+        "row 2 writes column 5, then -1 into out at column 6 (out of range)"
+
+
 def test_meta_tensors_give_shapes():
     x = torch.empty(2, 3, 50257, device="meta", dtype=torch.float16)
     assert torch.ops.fused_attn.sample(x, 1.0, 0, 0, None).shape == (2, 3)
     assert sample(x).dtype == torch.int64
+    meta = dict(dtype=torch.int64, device="meta")
+    index = torch.empty(6, **meta)
+    assert sample(x, history=torch.empty(6, 4, **meta), history_index=index).shape == (2, 3)
+    with pytest.raises(ValueError, match=r"history must have shape \(rows, L\) with rows = 6 and L >= 1, got \(6, 0\)"):
+        torch.ops.fused_attn.sample_out(x, 0.0, 0, 0, None, out=torch.empty(2, 3, **meta),
+                                        history=torch.empty(6, 0, **meta), history_index=index)
+    with pytest.raises(ValueError, match=r"history must be given with history_index, got None"):
+        torch.ops.fused_attn.sample_out(x, 0.0, 0, 0, None, out=torch.empty(2, 3, **meta), history_index=index)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -351,6 +526,11 @@ def test_opcheck(device):
     counters = torch.zeros(2, 4, dtype=torch.int64, device=device)
     torch.library.opcheck(torch.ops.fused_attn.sample_out.default, (x, 0.5, 2, 3, counters[1]),
                           dict(out=torch.empty(4, dtype=torch.int64, device=device), advance=counters))
+    counters = torch.tensor([[0, 1, 2, 9], [5, 6, 7, 8]], device=device)
+    torch.library.opcheck(torch.ops.fused_attn.sample_out.default, (x, 0.5, 2, 3, counters[1]),
+                          dict(out=torch.empty(4, dtype=torch.int64, device=device), advance=counters,
+                               history=torch.zeros(4, 6, dtype=torch.int64, device=device),
+                               history_index=counters[0]))
 
 
 def test_logits_requiring_grad_give_an_index_without_grad():
@@ -419,6 +599,77 @@ BAD_INPUTS = [
 ]
 
 
+def _hist(logits, history=None, history_index=None, d="cpu", **kw):
+    """A bad-input case of the token history: history [3, 4] and history_index [3] unless given."""
+    history = torch.zeros(3, 4, dtype=torch.long, device=d) if history is None else history
+    history_index = torch.zeros(3, dtype=torch.long, device=d) if history_index is None else history_index
+    return dict(logits=logits, history=history, history_index=history_index, **kw)
+
+
+_LONG = dict(dtype=torch.long)
+HISTORY_BAD_INPUTS = [
+    ("history without history_index", lambda d: dict(logits=_x(3, 5, device=d),
+                                                      history=torch.zeros(3, 4, **_LONG, device=d)),
+     ValueError, r"history_index must be given with history, got None"),
+    ("history_index without history", lambda d: dict(logits=_x(3, 5, device=d),
+                                                     history_index=torch.zeros(3, **_LONG, device=d)),
+     ValueError, r"history must be given with history_index, got None"),
+    ("history not a tensor", lambda d: _hist(_x(3, 5, device=d), history=[[0]], d=d), TypeError,
+     r"history must be a torch.Tensor or None, got list"),
+    ("history dtype", lambda d: _hist(_x(3, 5, device=d), torch.zeros(3, 4, dtype=torch.int32, device=d), d=d),
+     ValueError, r"history must have dtype int64, got torch.int32"),
+    ("history 1-d", lambda d: _hist(_x(3, 5, device=d), torch.zeros(3, **_LONG, device=d), d=d), ValueError,
+     r"history must have shape \(rows, L\) with rows = 3 and L >= 1, got \(3,\)"),
+    ("history rows", lambda d: _hist(_x(3, 5, device=d), torch.zeros(4, 4, **_LONG, device=d), d=d), ValueError,
+     r"history must have shape \(rows, L\) with rows = 3 and L >= 1, got \(4, 4\)"),
+    ("history empty", lambda d: _hist(_x(3, 5, device=d), torch.zeros(3, 0, **_LONG, device=d), d=d), ValueError,
+     r"history must have shape \(rows, L\) with rows = 3 and L >= 1, got \(3, 0\)"),
+    ("history strided last dim", lambda d: _hist(_x(3, 5, device=d), torch.zeros(3, 8, **_LONG, device=d)[:, ::2],
+                                                 d=d), ValueError,
+     r"history must have a last dim of stride 1 and rows that do not overlap \(stride\(0\) >= L\), "
+     r"got strides \(8, 2\)"),
+    ("history rows overlap", lambda d: _hist(_x(3, 5, device=d),
+                                             torch.zeros(8, **_LONG, device=d).as_strided((3, 4), (2, 1)), d=d),
+     ValueError, r"history must have a last dim of stride 1 and rows that do not overlap \(stride\(0\) >= L\), "
+                 r"got strides \(2, 1\)"),
+    ("history_index not a tensor", lambda d: _hist(_x(3, 5, device=d), history_index=[0, 0, 0], d=d), TypeError,
+     r"history_index must be a torch.Tensor or None, got list"),
+    ("history_index dtype", lambda d: _hist(_x(3, 5, device=d), history_index=torch.zeros(3, device=d), d=d),
+     ValueError, r"history_index must have dtype int32 or int64, got torch.float32"),
+    ("history_index count", lambda d: _hist(_x(3, 5, device=d), history_index=torch.zeros(1, **_LONG, device=d),
+                                            d=d),
+     ValueError, r"history_index must have shape \(rows,\) with rows = 3, got \(1,\)"),
+    ("history_index 2-d", lambda d: _hist(_x(3, 5, device=d), history_index=torch.zeros(3, 1, **_LONG, device=d),
+                                          d=d),
+     ValueError, r"history_index must have shape \(rows,\) with rows = 3, got \(3, 1\)"),
+    ("history overlaps out", lambda d: (lambda b: _hist(_x(3, 5, device=d), b[2:14].view(3, 4), d=d, out=b[:3]))(
+        torch.zeros(16, **_LONG, device=d)), ValueError, r"history must not overlap out, got overlapping memory"),
+    ("history overlaps advance", lambda d: (lambda c: _hist(_x(3, 5, device=d), c.view(3, 2), d=d, advance=c))(
+        torch.zeros(2, 3, **_LONG, device=d)), ValueError, r"history must not overlap advance, got overlapping memory"),
+    ("history overlaps logits", lambda d: (lambda x: _hist(x, x.view(torch.int64), d=d))(_x(3, 8, device=d)),
+     ValueError, r"history must not overlap logits, got overlapping memory"),
+    ("history overlaps offsets", lambda d: (lambda b: _hist(_x(3, 5, device=d), b.view(3, 3), d=d, offset=b[:3]))(
+        torch.zeros(9, **_LONG, device=d)), ValueError, r"history must not overlap offsets, got overlapping memory"),
+    ("history overlaps history_index", lambda d: (lambda b: _hist(_x(3, 5, device=d), b.view(3, 3), b[6:], d=d))(
+        torch.zeros(9, **_LONG, device=d)), ValueError,
+     r"history must not overlap history_index, got overlapping memory"),
+    ("history_index overlaps out", lambda d: (lambda b: _hist(_x(3, 5, device=d), history_index=b[1:4], d=d,
+                                                              out=b[:3]))(torch.zeros(6, **_LONG, device=d)),
+     ValueError, r"history_index must not overlap out, got overlapping memory"),
+    ("history_index another row's counters", lambda d: (lambda c: _hist(_x(3, 5, device=d),
+                                                                        history_index=c.view(-1)[1:4], d=d,
+                                                                        advance=c))(
+        torch.zeros(2, 3, dtype=torch.int32, device=d)), ValueError,
+     r"history_index must be one of advance's rows or not overlap it \(every row must read its own index before "
+     r"it advances its own counters\), got an overlap of another shape"),
+    ("history_index a shared counter", lambda d: (lambda c: _hist(_x(3, 5, device=d),
+                                                                  history_index=c[1, :1].expand(3), d=d,
+                                                                  advance=c))(
+        torch.zeros(2, 3, **_LONG, device=d)), ValueError, r"history_index must be one of advance's rows"),
+]
+BAD_INPUTS += HISTORY_BAD_INPUTS
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("name,make,exc,match", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_inputs_raise(device, name, make, exc, match):
@@ -438,14 +689,39 @@ def test_bad_inputs_through_the_op_gpu():
         torch.ops.fused_attn.sample_out(x, 1.0, 0, 0, None, out=torch.zeros(3, dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match=r"logits must have at most 65535 rows"):
         torch.ops.fused_attn.sample(_x(65536, 2, device="cuda"), 0.0, 0, 0, None)
+
+
+TENSOR_OPTIONS = ("advance", "history", "history_index")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_bad_tensor_options_through_the_op(device):
+    """sample_out's checks of advance, history and history_index for calls that skip the Python wrapper:
+    the C++ launcher's on CUDA, the CPU kernel's on the CPU (the same messages)."""
     checked = 0
     for _, make, exc, match in BAD_INPUTS:
-        kw = make("cuda")
-        if not isinstance(kw.get("advance"), torch.Tensor):
+        kw = make(device)
+        options = {k: kw.get(k) for k in TENSOR_OPTIONS}
+        if not any(isinstance(v, torch.Tensor) for v in options.values()) or \
+                not all(v is None or isinstance(v, torch.Tensor) for v in options.values()):
             continue
         offs = kw.get("offset") if isinstance(kw.get("offset"), torch.Tensor) else None
-        out = kw.get("out", torch.zeros(kw["logits"].shape[:-1], dtype=torch.long, device="cuda"))
+        out = kw.get("out", torch.zeros(kw["logits"].shape[:-1], dtype=torch.long, device=device))
         with pytest.raises(exc, match=match):
-            torch.ops.fused_attn.sample_out(kw["logits"], 1.0, 0, 0, offs, out=out, advance=kw["advance"])
+            torch.ops.fused_attn.sample_out(kw["logits"], 1.0, 0, 0, offs, out=out, **options)
         checked += 1
-    assert checked == 7
+    assert checked == 7 + len(HISTORY_BAD_INPUTS) - 2  # all but the two whose history is not a tensor
+
+
+@pytest.mark.gpu
+def test_history_on_another_device_gpu():
+    x = _x(3, 5, device="cuda")
+    index = torch.zeros(3, dtype=torch.long, device="cuda")
+    history = torch.zeros(3, 4, dtype=torch.long, device="cuda")
+    out = torch.zeros(3, dtype=torch.long, device="cuda")
+    for kw, name in [(dict(history=history.cpu(), history_index=index), "history"),
+                     (dict(history=history, history_index=index.cpu()), "history_index")]:
+        with pytest.raises(ValueError, match=rf"{name} must be on the same device as logits \(cuda:0\), got cpu"):
+            sample(x, **kw)
+        with pytest.raises(ValueError, match=rf"{name} must be on the same device as logits \(cuda:0\), got cpu"):
+            torch.ops.fused_attn.sample_out(x, 1.0, 0, 0, None, out=out, **kw)

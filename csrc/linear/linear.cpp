@@ -294,13 +294,19 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   return posted;
 }
 
-// More rows: cuBLAS through ATen. GELU is a separate in-place pass (gelu_(..., "tanh")):
-// at::_addmm_activation's use_gelu is erf GELU on the CPU and the cuBLASLt epilogue's own tanh
-// approximation on CUDA, neither of them exactly F.gelu(approximate="tanh").
+// More rows: cuBLAS through ATen. GELU with a bias runs in the GEMM's epilogue:
+// at::_addmm_activation(use_gelu) on CUDA is cuBLASLt's GELU_BIAS epilogue (the tanh approximation,
+// applied to the float32 accumulator before the one rounding: not F.gelu(approximate="tanh") bit for
+// bit, which rounds the GEMM's output first; ATen falls back to addmm + gelu_(tanh) where Lt does not
+// apply). This saves the activation's own pass over [m, n] (bench/NOTES.md, session 13). Without a
+// bias, GELU is a separate in-place pass.
 at::Tensor linear_cublas(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& residual2, int64_t activation) {
-  at::Tensor y = bias.has_value() ? at::addmm(*bias, x2, weight.t()) : at::mm(x2, weight.t());
-  if (activation == kActGeluTanh) {
+  const bool gelu_epilogue = activation == kActGeluTanh && bias.has_value() && x2.is_cuda();
+  at::Tensor y = gelu_epilogue ? at::_addmm_activation(*bias, x2, weight.t(), 1, 1, /*use_gelu=*/true)
+                 : bias.has_value() ? at::addmm(*bias, x2, weight.t())
+                                    : at::mm(x2, weight.t());
+  if (activation == kActGeluTanh && !gelu_epilogue) {
     at::gelu_(y, "tanh");
   } else if (activation == kActSwiglu) {
     const int64_t n_out = weight.size(0) / 2;

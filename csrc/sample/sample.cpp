@@ -13,6 +13,8 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "../common/checks.h"
 #include "../common/static_switch.h"
@@ -53,14 +55,27 @@ void check_args(const at::Tensor& logits, double temperature, int64_t seed, int6
   }
 }
 
-// sample_out's advance: int32 / int64 [k, rows], one counter per element; neither out nor an offset that
-// every row reads may be one of its counters (a row would advance it while another row still reads it).
 // Whether a and b may share memory: the same storage and ranges that meet, or a layout too hard to tell.
 bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
   return a.numel() > 0 && b.numel() > 0 && a.storage().is_alias_of(b.storage()) &&
          at::get_overlap_status(a, b) != at::MemOverlapStatus::No;
 }
 
+// Whether t (rows elements) is exactly one of advance's rows: each row then reads its own counter from it,
+// before it advances it (fused_attn/sample.py: _own_row).
+bool own_row(const at::Tensor& t, const at::Tensor& advance, int64_t rows) {
+  const at::Tensor t1 = t.reshape({-1});
+  if (t1.numel() != rows || t1.scalar_type() != advance.scalar_type() || t1.stride(0) != advance.stride(1)) {
+    return false;
+  }
+  for (int64_t i = 0; i < advance.size(0); ++i) {
+    if (t1.data_ptr() == advance[i].data_ptr()) return true;
+  }
+  return false;
+}
+
+// sample_out's advance: int32 / int64 [k, rows], one counter per element; neither out nor an offset that
+// every row reads may be one of its counters (a row would advance it while another row still reads it).
 void check_advance(const at::Tensor& logits, const std::optional<at::Tensor>& offsets, const at::Tensor& out,
                    const at::Tensor& advance) {
   FA_CHECK_SAME_DEVICE(advance, logits);
@@ -77,12 +92,47 @@ void check_advance(const at::Tensor& logits, const std::optional<at::Tensor>& of
   // Row r reads offsets[r] before it advances column r, and no other column: an offset may be one of row
   // r's own counters (one row of advance read as the offsets), never another row's.
   if (offsets.has_value() && rows > 1 && may_overlap(*offsets, advance)) {
-    const at::Tensor o1 = offsets->reshape({-1});
-    bool own_row = o1.numel() == rows && o1.scalar_type() == advance.scalar_type() && o1.stride(0) == advance.stride(1);
-    bool found = false;
-    for (int64_t i = 0; own_row && i < advance.size(0) && !found; ++i) found = o1.data_ptr() == advance[i].data_ptr();
-    FA_CHECK_ARG(own_row && found, offsets,
+    FA_CHECK_ARG(own_row(*offsets, advance, rows), offsets,
                  "be one of advance's rows or not overlap it (every row must read its own offset before it "
+                 "advances its own counters)",
+                 "an overlap of another shape");
+  }
+}
+
+// sample_out's history [rows, L] and history_index [rows] (both given): row r writes history[r,
+// history_index[r]] and nothing else of it, so history may share memory with no other tensor; the index is
+// read by the thread that then writes out[r] and advances row r's counters: it may be row r's own counter.
+void check_history(const at::Tensor& logits, const std::optional<at::Tensor>& offsets, const at::Tensor& out,
+                   const std::optional<at::Tensor>& advance, const at::Tensor& history,
+                   const at::Tensor& history_index) {
+  FA_CHECK_SAME_DEVICE(history, logits);
+  FA_CHECK_ARG(history.scalar_type() == at::kLong, history, "have dtype int64", dtype_str(history.scalar_type()));
+  const int64_t rows = logits.numel() / logits.size(-1);
+  FA_CHECK_ARG(history.dim() == 2 && history.size(0) == rows && history.size(1) >= 1, history,
+               "have shape (rows, L) with rows = " + std::to_string(rows) + " and L >= 1",
+               shape_str(history.sizes()));
+  FA_CHECK_ARG((history.size(1) == 1 || history.stride(1) == 1) && (rows <= 1 || history.stride(0) >= history.size(1)),
+               history, "have a last dim of stride 1 and rows that do not overlap (stride(0) >= L)",
+               "strides " + shape_str(history.strides()));
+  FA_CHECK_SAME_DEVICE(history_index, logits);
+  FA_CHECK_ARG(history_index.scalar_type() == at::kInt || history_index.scalar_type() == at::kLong, history_index,
+               "have dtype int32 or int64", dtype_str(history_index.scalar_type()));
+  FA_CHECK_ARG(history_index.dim() == 1 && history_index.size(0) == rows, history_index,
+               "have shape (rows,) with rows = " + std::to_string(rows), shape_str(history_index.sizes()));
+  const std::pair<const char*, const at::Tensor*> others[] = {
+      {"out", &out},
+      {"advance", advance.has_value() ? &*advance : nullptr},
+      {"logits", &logits},
+      {"offsets", offsets.has_value() ? &*offsets : nullptr},
+      {"history_index", &history_index}};
+  for (const auto& [name, other] : others) {
+    FA_CHECK_ARG(other == nullptr || !may_overlap(history, *other), history, std::string("not overlap ") + name,
+                 "overlapping memory");
+  }
+  FA_CHECK_ARG(!may_overlap(history_index, out), history_index, "not overlap out", "overlapping memory");
+  if (advance.has_value() && rows > 1 && may_overlap(history_index, *advance)) {
+    FA_CHECK_ARG(own_row(history_index, *advance, rows), history_index,
+                 "be one of advance's rows or not overlap it (every row must read its own index before it "
                  "advances its own counters)",
                  "an overlap of another shape");
   }
@@ -90,7 +140,9 @@ void check_advance(const at::Tensor& logits, const std::optional<at::Tensor>& of
 
 void launch(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
             const std::optional<at::Tensor>& offsets_opt, const at::Tensor& out,
-            const std::optional<at::Tensor>& advance = std::nullopt) {
+            const std::optional<at::Tensor>& advance = std::nullopt,
+            const std::optional<at::Tensor>& history = std::nullopt,
+            const std::optional<at::Tensor>& history_index = std::nullopt) {
   if (out.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(logits.device());
   at::Tensor l2 = logits.reshape({-1, logits.size(-1)});
@@ -118,6 +170,14 @@ void launch(const at::Tensor& logits, double temperature, int64_t seed, int64_t 
     p.adv_stride_k = advance->stride(0);
     p.adv_stride_row = advance->stride(1);
     p.advance64 = advance->scalar_type() == at::kLong;
+  }
+  if (history.has_value()) {  // read in place (any stride): the index may be one of advance's rows
+    p.history = history->data_ptr<int64_t>();
+    p.history_stride = history->stride(0);
+    p.history_len = history->size(1);
+    p.history_index = history_index->data_ptr();
+    p.history_index_stride = history_index->stride(0);
+    p.history_index64 = history_index->scalar_type() == at::kLong;
   }
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -157,14 +217,18 @@ at::Tensor sample(const at::Tensor& logits, double temperature, int64_t seed, in
 
 void sample_out(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
                 const std::optional<at::Tensor>& offsets, const at::Tensor& out,
-                const std::optional<at::Tensor>& advance) {
+                const std::optional<at::Tensor>& advance, const std::optional<at::Tensor>& history,
+                const std::optional<at::Tensor>& history_index) {
   check_args(logits, temperature, seed, offset, offsets);
   FA_CHECK_SAME_DEVICE(out, logits);
   FA_CHECK_ARG(out.scalar_type() == at::kLong, out, "have dtype int64", dtype_str(out.scalar_type()));
   FA_CHECK_SHAPE(out, row_shape(logits));
   FA_CHECK_CONTIGUOUS(out);
   if (advance.has_value()) check_advance(logits, offsets, out, *advance);
-  launch(logits, temperature, seed, offset, offsets, out, advance);
+  FA_CHECK_ARG(history_index.has_value() || !history.has_value(), history_index, "be given with history", "None");
+  FA_CHECK_ARG(history.has_value() || !history_index.has_value(), history, "be given with history_index", "None");
+  if (history.has_value()) check_history(logits, offsets, out, advance, *history, *history_index);
+  launch(logits, temperature, seed, offset, offsets, out, advance, history, history_index);
 }
 
 TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) {

@@ -17,6 +17,10 @@
 // index into 64 bits, so one unsigned max picks the largest score and, among equal scores, the lowest
 // column: torch.argmax's rule (NaN counts as the maximum, the first of equal maxima wins).
 //
+// The one thread that writes a row's token also records it in a token history at a column read from
+// device memory, then advances the row's counters (SampleParams): a decode loop's per-token bookkeeping in
+// the same launch.
+//
 // Tests: tests/test_sample.py; benchmark: bench/bench_sample.py.
 #pragma once
 
@@ -83,18 +87,44 @@ __device__ __forceinline__ uint32_t word(const uint4& w, int i) {
   return i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
 }
 
+// Row `row`'s history column (SampleParams::history_index), read right after the wait by the thread that
+// will write the token (so the load overlaps the row's scan instead of following it), and before that
+// thread advances the counters (the index may be one of them).
+__device__ __forceinline__ int64_t history_column(const SampleParams& p, int64_t row) {
+  if (p.history == nullptr) return 0;
+  const int64_t i = row * p.history_index_stride;
+  return p.history_index64 ? static_cast<const int64_t*>(p.history_index)[i]
+                           : int64_t(static_cast<const int32_t*>(p.history_index)[i]);
+}
+
+// Row `row`'s token into out and, where there is a history, into history at column `at` (history_column),
+// by the one thread that then advances the row's counters. A column out of range writes -1 into out
+// instead, and nothing into history.
+__device__ __forceinline__ void write_token(const SampleParams& p, int64_t row, int64_t token, int64_t at) {
+  if (p.history != nullptr) {
+    if (static_cast<uint64_t>(at) < static_cast<uint64_t>(p.history_len)) {  // 0 <= at < history_len
+      p.history[row * p.history_stride + at] = token;
+    } else {
+      token = -1;
+    }
+  }
+  p.out[row * p.out_stride] = token;
+}
+
 // Row `row`'s counters + 1 (SampleParams::advance), by the one thread that wrote its token. Every read
 // of offsets[row] is behind it: the row's blocks used their offset before the block barrier (and, in a
 // cluster, before the barrier phase that rank 0 waited for), and a row reads only its own offset (the
 // launcher refuses one offset shared by rows when it is also a counter). The next kernel reads the
-// counters after its PDL wait, i.e. after this grid completes.
+// counters after its PDL wait, i.e. after this grid completes. Atomic adds whose result is unused
+// compile to fire-and-forget reductions (RED): no load round trip per counter at the kernel's end
+// (a `+= 1` would load each counter and wait for it, one after another, as the stores may alias).
 __device__ __forceinline__ void advance_row(const SampleParams& p, int64_t row) {
   for (int i = 0; i < p.adv_k; ++i) {
     const int64_t at = i * p.adv_stride_k + row * p.adv_stride_row;
     if (p.advance64) {
-      static_cast<int64_t*>(p.advance)[at] += 1;
+      atomicAdd(static_cast<unsigned long long*>(p.advance) + at, 1ull);
     } else {
-      static_cast<int32_t*>(p.advance)[at] += 1;
+      atomicAdd(static_cast<int*>(p.advance) + at, 1);
     }
   }
 }
@@ -112,6 +142,7 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
 #endif
   wait_for_primary();  // the logits are the previous kernel's output
   launch_dependents();
+  const int64_t history_at = threadIdx.x == 0 && part == 0 ? history_column(p, row) : 0;  // the writer's
 
   Rng rng{};
   rng.on = p.temperature > 0.f;
@@ -207,14 +238,14 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
     if (rank == 0 && lane == 0) {
       unsigned long long m = cluster_best[0];
       for (unsigned r = 1; r < cluster.num_blocks(); ++r) m = cluster_best[r] > m ? cluster_best[r] : m;
-      p.out[row * p.out_stride] = unpack_col(m);
+      write_token(p, row, unpack_col(m), history_at);
       advance_row(p, row);
     }
     return;
   }
 #endif
   if (lane == 0) {
-    p.out[row * p.out_stride] = unpack_col(best);
+    write_token(p, row, unpack_col(best), history_at);
     advance_row(p, row);
   }
 }

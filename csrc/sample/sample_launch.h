@@ -29,6 +29,14 @@ struct SampleParams {
   int64_t adv_stride_k, adv_stride_row;
   int adv_k;
   bool advance64;
+  // The token history: row r's token also goes to history[r * history_stride + i], i =
+  // history_index[r * history_index_stride] (int64 where history_index64, else int32), read by the thread
+  // that writes the token, before it advances the row's counters (the index may be one of advance's rows).
+  // An i outside [0, history_len) writes nothing into history and -1 into out[r]. nullptr: none.
+  int64_t* history;
+  const void* history_index;
+  int64_t history_stride, history_len, history_index_stride;
+  bool history_index64;
   uint64_t seed;
   float temperature;       // 0: greedy (argmax); > 0: a sample of softmax(logits / temperature)
   int64_t chunk;           // columns per block
