@@ -58,10 +58,10 @@ RANDOM_NAME = "gpt2-random"
 # kernels of their own) or "fused" (fused_attn.layer_norm; fused_attn.linear with bias, GELU and the
 # residual in the epilogue, our GEMV at decode sizes; fused_attn.mlp: two such launches). The linear
 # backend "fused" also draws the next token with fused_attn.sample (greedy or sampled, one launch).
-# layer_norm "folded" (with linear "fused"): ln_1, ln_2 and ln_f run in the launch of the linear after
-# them (c_attn, c_fc, the lm_head: linear's norm= arguments), one launch each instead of two. At 1-2 rows
-# in float16 / bfloat16 the GEMV folds the norm into its dot products (csrc/linear/linear_kernel.cuh,
-# kFold); elsewhere fused_attn.linear runs the norm's own launch first (float32: the kernels' prologue).
+# layer_norm "folded" (with linear "fused"): ln_1 and ln_2 run in the prologue of the linear after them
+# (c_attn, c_fc: linear's norm= arguments), one launch each instead of two; ln_f stays its own launch
+# (fused_attn.layer_norm), since the lm_head's 12.5k blocks would each repeat the prologue (bench_linear,
+# H100 fp16 M 1: 53.7 us folded against 31.5 unfolded, bench/NOTES.md).
 # layer_norm "epilogue" (with linear "fused"): each norm after a residual projection runs in that
 # projection's launch (linear's post_norm: its last block normalizes the finished rows): ln_2 in the
 # attention's c_proj, the next layer's ln_1 (ln_f after the last layer) in the MLP's c_proj; the MLP
@@ -521,9 +521,6 @@ class GPT2(nn.Module):
 
     def logits(self, x: torch.Tensor, normed: torch.Tensor | None = None) -> torch.Tensor:
         """lm_head(ln_f(x)); ``normed``: ln_f(x) already computed (layer_norm "epilogue")."""
-        if normed is None and self.backends["layer_norm"] == "folded" and self.backends["linear"] == "fused":
-            with scope("lm_head"):  # ln_f in the lm_head's launch
-                return linear(x, self.wte.weight, **self.ln_f.fold_args())
         with scope("ln_f"):
             x = self.ln_f(x) if normed is None else normed
         with scope("lm_head"):
@@ -733,10 +730,9 @@ def check_backends(backends: dict[str, str] | None) -> dict[str, str]:
     if chosen["layer_norm"] in ("folded", "epilogue") and chosen["linear"] != "fused":
         raise ValueError(f"backends['layer_norm'] {chosen['layer_norm']!r} must come with backends['linear'] 'fused' "
                          f"(the norm runs in fused_attn.linear's launch), got {chosen['linear']!r}")
-    if chosen["embed"] == "fused" and chosen["layer_norm"] not in ("fused", "epilogue", "folded"):
-        raise ValueError(f"backends['embed'] 'fused' must come with backends['layer_norm'] 'fused', 'epilogue' or "
-                         f"'folded' (the embedding is our norm kernel's gathered-row launch), got "
-                         f"{chosen['layer_norm']!r}")
+    if chosen["embed"] == "fused" and chosen["layer_norm"] not in ("fused", "epilogue"):
+        raise ValueError(f"backends['embed'] 'fused' must come with backends['layer_norm'] 'fused' or 'epilogue' (ln_1 "
+                         f"of the first layer runs in the embedding's launch), got {chosen['layer_norm']!r}")
     if chosen["step"] == "persistent":
         for kind in ("attention", "layer_norm", "linear", "mlp"):
             if chosen[kind] != "fused":

@@ -206,10 +206,11 @@ def test_fused_embedding_matches_the_separate_launches_cpu():
 
 
 def test_fused_embedding_needs_the_fused_layer_norm():
-    backends = dict(STEP_VARIANTS["modules"], embed="fused", layer_norm="eager")
-    with pytest.raises(ValueError, match=r"backends\['embed'\] 'fused' must come with backends\['layer_norm'\] "
-                                         r"'fused', 'epilogue' or 'folded' \(.*\), got 'eager'"):
-        GPT2.from_hf(hf_model(), backends=backends)
+    for layer_norm in ("eager", "folded"):
+        backends = dict(STEP_VARIANTS["modules"], embed="fused", layer_norm=layer_norm)
+        with pytest.raises(ValueError, match=rf"backends\['embed'\] 'fused' must come with backends\['layer_norm'\] "
+                                             rf"'fused' or 'epilogue' \(.*\), got '{layer_norm}'"):
+            GPT2.from_hf(hf_model(), backends=backends)
 
 
 @pytest.mark.parametrize("layer_norm", ["folded", "epilogue"])

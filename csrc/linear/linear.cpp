@@ -43,9 +43,6 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 // CUDA-core kernel's FMAs and conversions per weight byte approach what the SM issues at the copy
 // bandwidth. To be confirmed on the GPU (bench/bench_linear.py at M = 4 and 16).
 constexpr int kMmaMinRows = 5;
-// Rows of float16 / bfloat16 x up to which the CUDA-core kernel folds a norm into its dot products
-// (linear_kernel.cuh's kFold, instantiated for MT <= 2); more rows are normalized in a launch first.
-constexpr int64_t kFoldMaxRows = 2;
 
 // The widths our layer_norm op takes on CUDA (csrc/layer_norm/layer_norm.cpp): the separate
 // normalization where the kernels' prologue does not run.
@@ -364,15 +361,6 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   at::Tensor x2 = x.reshape({m, k});
   std::optional<at::Tensor> residual2;
   if (residual.has_value()) residual2 = residual->reshape({m, n_out});
-  // A norm at 3 rows and more in float16 / bfloat16: our layer_norm launch first, then the plain
-  // kernels. At 1-2 rows the CUDA-core kernel folds the norm into its dot products (linear_kernel.cuh,
-  // kFold); at 4 rows that fold takes ~250 registers (ptxas: two blocks per SM instead of eight), and
-  // the kernels' prologue (normalize in shared memory, then multiply) measured slower than the two
-  // launches in GPT-2's chained step (bench/NOTES.md, sessions 7, 10 and 13).
-  if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m >= kFoldMaxRows + 1 && m <= kMaxGemvRows) {
-    x2 = normalized(x2, norm);
-    norm = Norm{};
-  }
   // The path launch_gemv will take (the split-K kernel: no norm, 16-byte weight rows and an sm_90
   // device; x is made 16-byte ready below).
   GemvPath path = GemvPath::kCudaCores;

@@ -41,22 +41,7 @@
 // H100, for ~3 KB moved). Both kernels hold their first weight pieces in registers across the wait
 // and the prologue, as without the norm. Each block normalizes the rows again, so the prologue
 // costs once per wave of blocks: a weight of tens of thousands of rows (an lm_head) is better served
-// by the norm's own launch. That prologue is what the tensor-core kernel and float32 use.
-//
-// The CUDA-core kernel at 1-2 rows in float16 / bfloat16 (kFold; at 4 rows ptxas needs ~250 registers
-// for it, and the launcher normalizes 3 rows and more in a launch of their own) instead folds the norm
-// into the dot products, so
-// nothing waits for the statistics before the first FMA. With x~ = x - s (s: the row's first element
-// for LayerNorm, 0 for RMSNorm), mean~ = mean(x~), rstd = 1 / sqrt(var(x) + eps) (RMSNorm:
-// 1 / sqrt(mean(x^2) + eps)), and the norm's weight g and bias b:
-//     W . norm(x) = rstd * (W . (g * x~) - mean~ * (W . g)) + W . b
-// Every block reads all of x's row anyway (each computes whole dot products), so in its main loop it
-// also sums x~ and x~^2 (float64: the variance is their difference) and, per weight row, W . g and
-// W . b, reduces them with the dot products, and applies the formula in the epilogue. The normalized
-// row is never rounded to T (the prologue's is), so results are within float32 arithmetic of the
-// unrounded norm, not bit for bit the two launches'. The cancellation in the formula is bounded:
-// |mean~| <= sqrt(K) x the row's standard deviation, so float32 sums lose at most ~sqrt(K) ulps of
-// float32, far below a 16-bit rounding (the reason float32 keeps the prologue).
+// by the norm's own launch.
 //
 // Tests: tests/test_linear.py, tests/test_mlp.py; benchmark: bench/bench_linear.py.
 #pragma once
@@ -368,8 +353,6 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Ge
 
   const int pieces = (p.k + VEC - 1) / VEC;
   const T* xs = reinterpret_cast<const T*>(xs_raw);
-  constexpr bool kFold = kNorm && !std::is_same_v<T, float> && MT <= 2;  // the norm in the dot products (header)
-  constexpr bool kPrologue = kNorm && !kFold;                 // the rows normalized first, in xs
   Piece<T> wp[NB][U];
   auto load_weights = [&](int j0) {
 #pragma unroll
@@ -385,69 +368,16 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Ge
   // while the previous kernel, which writes x (and the residual), drains; then x is readable (and with
   // kNorm the block normalizes it: every thread takes part).
   if (int(threadIdx.x) < pieces) load_weights(threadIdx.x);
-  unsigned char* const staged = reinterpret_cast<unsigned char*>(xs_raw) + p.m * p.xs_pitch * sizeof(T);
-  if constexpr (kNorm) stage_affine<T>(p, staged);
+  if constexpr (kNorm) stage_affine<T>(p, reinterpret_cast<unsigned char*>(xs_raw) + p.m * p.xs_pitch * sizeof(T));
   if constexpr (kPost) post_prefetch<T>(p, args.post);
   wait_for_primary();
-  if constexpr (kPrologue) normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
-  // kFold: per x row its shift and the sums of x~ and x~^2; per weight row W . g and W . b (header).
-  const bool rms = p.norm == kNormRms;
-  const void* norm_w = p.norm_weight == nullptr ? nullptr : p.affine_smem ? staged : p.norm_weight;
-  const void* norm_b = p.norm_bias == nullptr  ? nullptr
-                       : p.affine_smem         ? staged + (norm_w != nullptr ? p.k * (p.nw_fp32 ? 4 : int(sizeof(T))) : 0)
-                                               : p.norm_bias;
-  float shift[MT], wg[NB], wb[NB];
-  double s1[MT], s2[MT];
-  if constexpr (kFold) {
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      shift[m] = !rms && m < p.m && p.k > 0 ? to_float(x[m * p.x_stride]) : 0.f;  // plain: after the wait
-      s1[m] = s2[m] = 0.0;
-    }
-#pragma unroll
-    for (int r = 0; r < NB; ++r) wg[r] = wb[r] = 0.f;
-    if (p.affine_smem) cp_async_wait<0>();
-    __syncthreads();  // every thread's staged pieces of g and b, everyone's
-  }
+  if constexpr (kNorm) normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
   for (int j0 = threadIdx.x; j0 < pieces; j0 += blockDim.x * U) {
     if (j0 != int(threadIdx.x)) load_weights(j0);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int j = j0 + u * blockDim.x;
       if (j >= pieces) break;
-      if constexpr (kFold) {
-        // Element by element (few registers live at once): the norm's weight and bias at column c,
-        // x~ of every row, then each weight row's four sums.
-        Piece<T> xp[MT];
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          if (m < p.m) xp[m].raw = load_piece<T, kVec>(x + m * p.x_stride, j, p.k, false);
-        }
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const bool in = kVec || j * VEC + e < p.k;
-          const int c = in ? j * VEC + e : 0;  // past k the weight is 0: any finite value
-          const float g = norm_affine<T>(norm_w, p.nw_fp32, c, 1.f);
-          const float b = norm_affine<T>(norm_b, p.nb_fp32, c, 0.f);
-          float xg[MT];
-#pragma unroll
-          for (int m = 0; m < MT; ++m) {
-            const float xt = m < p.m && in ? to_float(xp[m].v[e]) - shift[m] : 0.f;
-            s1[m] += double(xt);
-            s2[m] = fma(double(xt), double(xt), s2[m]);
-            xg[m] = xt * g;
-          }
-#pragma unroll
-          for (int r = 0; r < NB; ++r) {
-            const float w = to_float(wp[r][u].v[e]);
-            wg[r] = fmaf(w, g, wg[r]);
-            wb[r] = fmaf(w, b, wb[r]);
-#pragma unroll
-            for (int m = 0; m < MT; ++m) acc[r][m] = fmaf(w, xg[m], acc[r][m]);
-          }
-        }
-        continue;
-      }
       float wf[NB][VEC];
 #pragma unroll
       for (int r = 0; r < NB; ++r)
@@ -457,8 +387,8 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Ge
       for (int m = 0; m < MT; ++m) {
         if (m >= p.m) break;
         Piece<T> xp;
-        xp.raw = kPrologue ? reinterpret_cast<const uint4*>(xs + m * p.xs_pitch)[j]
-                           : load_piece<T, kVec>(x + m * p.x_stride, j, p.k, false);
+        xp.raw = kNorm ? reinterpret_cast<const uint4*>(xs + m * p.xs_pitch)[j]
+                       : load_piece<T, kVec>(x + m * p.x_stride, j, p.k, false);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           const float xv = to_float(xp.v[e]);
@@ -472,9 +402,6 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Ge
   launch_dependents();
   // Block sums: shuffles within each warp, then the warps' partials through shared memory.
   __shared__ float partial[kLinearMaxThreads / 32][NB * MT];
-  // kFold: the warps' W . g and W . b per weight row, and the sums of x~ and x~^2 per x row.
-  __shared__ float fold_w[kFold ? kLinearMaxThreads / 32 : 1][2 * NB];
-  __shared__ double fold_x[kFold ? kLinearMaxThreads / 32 : 1][2 * MT];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
 #pragma unroll
   for (int r = 0; r < NB; ++r)
@@ -485,23 +412,6 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Ge
       for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
       if (lane == 0) partial[warp][r * MT + m] = v;
     }
-  if constexpr (kFold) {
-#pragma unroll
-    for (int r = 0; r < NB; ++r) {
-      const float a = warp_sum(wg[r]), b = warp_sum(wb[r]);
-      if (lane == 0) fold_w[warp][r] = a, fold_w[warp][NB + r] = b;
-    }
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      double a = s1[m], b = s2[m];
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) {
-        a += __shfl_xor_sync(0xffffffffu, a, o);
-        b += __shfl_xor_sync(0xffffffffu, b, o);
-      }
-      if (lane == 0) fold_x[warp][m] = a, fold_x[warp][MT + m] = b;
-    }
-  }
   __syncthreads();
 
   // Epilogue: one thread per (output column, x row).
@@ -513,17 +423,6 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Ge
     auto sum = [&](int r) {
       float s = 0.f;
       for (int i = 0; i < warps; ++i) s += partial[i][r * MT + m];
-      if constexpr (kFold) {  // rstd * (W . (g x~) - mean~ (W . g)) + W . b
-        float g = 0.f, b = 0.f;
-        double x1 = 0.0, x2 = 0.0;
-        for (int i = 0; i < warps; ++i) {
-          g += fold_w[i][r], b += fold_w[i][NB + r];
-          x1 += fold_x[i][m], x2 += fold_x[i][MT + m];
-        }
-        const double mean = rms ? 0.0 : x1 / p.k;
-        const float var = float(fmax(x2 / p.k - mean * mean, 0.0));
-        s = fmaf(s - float(mean) * g, rsqrtf(var + p.eps), b);
-      }
       return s;
     };
     if (swiglu) {
