@@ -59,7 +59,7 @@ _FUSED = {"layer_norm": "fused", "linear": "fused", "mlp": "fused"}
 # after a residual projection in that projection's launch (layer_norm "epilogue", its A/B).
 GRAPH_BACKENDS = {"graph-fused": {"attention": "fused", **_FUSED, "embed": "fused"}, "graph": {"attention": "fused"},
                   "graph-softmax": {"attention": "softmax"}, "compile-graph": {"attention": "sdpa"},
-                  "graph-folded": {"attention": "fused", **_FUSED, "layer_norm": "folded"},
+                  "graph-folded": {"attention": "fused", **_FUSED, "layer_norm": "folded", "embed": "fused"},
                   "graph-epilogue": {"attention": "fused", **_FUSED, "layer_norm": "epilogue", "embed": "fused"},
                   "graph-persistent": {"attention": "fused", **_FUSED, "step": "persistent"}}
 COMPILED = ("compile-graph",)

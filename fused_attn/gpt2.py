@@ -58,10 +58,11 @@ RANDOM_NAME = "gpt2-random"
 # kernels of their own) or "fused" (fused_attn.layer_norm; fused_attn.linear with bias, GELU and the
 # residual in the epilogue, our GEMV at decode sizes; fused_attn.mlp: two such launches). The linear
 # backend "fused" also draws the next token with fused_attn.sample (greedy or sampled, one launch).
-# layer_norm "folded" (with linear "fused"): ln_1 and ln_2 run in the prologue of the linear after them
-# (c_attn, c_fc: linear's norm= arguments), one launch each instead of two; ln_f stays its own launch
-# (fused_attn.layer_norm), since the lm_head's 12.5k blocks would each repeat the prologue (bench_linear,
-# H100 fp16 M 1: 53.7 us folded against 31.5 unfolded, bench/NOTES.md).
+# layer_norm "folded" (with linear "fused"): ln_1, ln_2 and ln_f run in the launch of the linear after
+# them (c_attn, c_fc, the lm_head), their weight and bias folded into that linear's (folded_linear): at
+# one row in float16 / bfloat16 fused_attn.linear folds the normalization into the GEMV's dot products
+# (no norm launch at batch 1); at more rows it runs the norm's launch first. Costs a folded copy of those
+# weights (~176 MB for GPT-2 small in float16, the lm_head's included).
 # layer_norm "epilogue" (with linear "fused"): each norm after a residual projection runs in that
 # projection's launch (linear's post_norm: its last block normalizes the finished rows): ln_2 in the
 # attention's c_proj, the next layer's ln_1 (ln_f after the last layer) in the MLP's c_proj; the MLP
@@ -150,6 +151,9 @@ class Linear(nn.Module):
             y = self(x, activation=activation, residual=residual, ln=ln)
             return y, post_ln(y)
         if self.backend == "fused":
+            if ln is not None and ln.backend == "folded" and not _grad_wanted(x, self.weight, ln.weight):
+                w, b = folded_linear(self.weight_nk, self.bias, ln, self)
+                return linear(x, w, b, activation=activation, residual=residual, norm="layer_norm", eps=ln.eps)
             return linear(x, self.weight_nk, self.bias, activation=activation, residual=residual,
                           **({} if ln is None else ln.fold_args()))
         if ln is not None:
@@ -158,6 +162,31 @@ class Linear(nn.Module):
         if activation == "gelu_tanh":
             y = F.gelu(y, approximate="tanh")
         return y if residual is None else y + residual
+
+
+def _grad_wanted(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+@torch.no_grad()
+def folded_linear(weight_nk: torch.Tensor, bias: torch.Tensor | None, ln: "LayerNorm",
+                  owner: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(W * g, bias + W @ b)``: a linear ``[n_out, n_in]`` with the LayerNorm ``ln`` (weight g, bias b)
+    before it folded in, so that ``linear(x, *folded, norm="layer_norm")`` (the norm without weight and
+    bias) computes ``linear(ln(x), W, bias)`` (up to the roundings of the folded weights to W's dtype).
+    Without the norm's weight and bias, fused_attn.linear folds the norm itself into a one-row GEMV's
+    dot products (csrc/linear/linear_kernel.cuh, kFold): layer_norm "folded"'s decode step at batch 1
+    then has no norm launch. Computed in float32 once and kept on ``owner`` while the four tensors are
+    the same (storage and version counter): an in-place change or a new state dict folds again."""
+    key = tuple((t.data_ptr(), t._version) if t is not None else None for t in (weight_nk, bias, ln.weight, ln.bias))
+    cached = getattr(owner, "_folded", None)
+    if cached is None or cached[0] != key:
+        w = weight_nk.float()
+        wf = (w * ln.weight.float()[None, :]).to(weight_nk.dtype).contiguous()
+        bf = w @ ln.bias.float() + (0.0 if bias is None else bias.float())
+        cached = (key, wf, bf.to(weight_nk.dtype))
+        owner._folded = cached
+    return cached[1], cached[2]
 
 
 class LayerNorm(nn.Module):
@@ -277,6 +306,10 @@ class MLP(nn.Module):
             return self.c_proj(self.c_fc(x, activation="gelu_tanh", ln=ln), residual=residual, post_ln=post_ln,
                                workspace=workspace)
         if self.backend == "fused":
+            if ln is not None and ln.backend == "folded" and not _grad_wanted(x, self.c_fc.weight, ln.weight):
+                w, b = folded_linear(self.c_fc.weight_nk, self.c_fc.bias, ln, self.c_fc)
+                return mlp(x, w, b, self.c_proj.weight_nk, self.c_proj.bias, residual=residual, norm="layer_norm",
+                           eps=ln.eps)
             return mlp(x, self.c_fc.weight_nk, self.c_fc.bias, self.c_proj.weight_nk, self.c_proj.bias,
                        residual=residual, **({} if ln is None else ln.fold_args()))
         return self.c_proj(self.c_fc(x, activation="gelu_tanh", ln=ln), residual=residual)
@@ -521,6 +554,11 @@ class GPT2(nn.Module):
 
     def logits(self, x: torch.Tensor, normed: torch.Tensor | None = None) -> torch.Tensor:
         """lm_head(ln_f(x)); ``normed``: ln_f(x) already computed (layer_norm "epilogue")."""
+        if (normed is None and self.backends["layer_norm"] == "folded" and self.backends["linear"] == "fused"
+                and not _grad_wanted(x, self.wte.weight, self.ln_f.weight)):
+            with scope("lm_head"):  # ln_f in the lm_head's launch, folded (folded_linear)
+                w, b = folded_linear(self.wte.weight, None, self.ln_f, self.ln_f)
+                return linear(x, w, b, norm="layer_norm", eps=self.ln_f.eps)
         with scope("ln_f"):
             x = self.ln_f(x) if normed is None else normed
         with scope("lm_head"):
@@ -730,9 +768,10 @@ def check_backends(backends: dict[str, str] | None) -> dict[str, str]:
     if chosen["layer_norm"] in ("folded", "epilogue") and chosen["linear"] != "fused":
         raise ValueError(f"backends['layer_norm'] {chosen['layer_norm']!r} must come with backends['linear'] 'fused' "
                          f"(the norm runs in fused_attn.linear's launch), got {chosen['linear']!r}")
-    if chosen["embed"] == "fused" and chosen["layer_norm"] not in ("fused", "epilogue"):
-        raise ValueError(f"backends['embed'] 'fused' must come with backends['layer_norm'] 'fused' or 'epilogue' (ln_1 "
-                         f"of the first layer runs in the embedding's launch), got {chosen['layer_norm']!r}")
+    if chosen["embed"] == "fused" and chosen["layer_norm"] not in ("fused", "epilogue", "folded"):
+        raise ValueError(f"backends['embed'] 'fused' must come with backends['layer_norm'] 'fused', 'epilogue' or "
+                         f"'folded' (the embedding is our norm kernel's gathered-row launch), got "
+                         f"{chosen['layer_norm']!r}")
     if chosen["step"] == "persistent":
         for kind in ("attention", "layer_norm", "linear", "mlp"):
             if chosen[kind] != "fused":

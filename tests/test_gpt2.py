@@ -126,32 +126,49 @@ def test_eos_fills_the_rest_and_stops_early_cpu():
     assert out.shape[1] < 20 + 40  # stopped at the first check after every row had EOS
 
 
+def varied_norms(hf, seed: int = 1):
+    """Every LayerNorm of ``hf`` its own weight and bias (a fresh model's are all ones and zeros)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for mod in hf.modules():
+            if isinstance(mod, torch.nn.LayerNorm):
+                mod.weight.copy_(1 + 0.3 * torch.randn(mod.weight.shape, generator=gen))
+                mod.bias.copy_(0.3 * torch.randn(mod.bias.shape, generator=gen))
+    return hf
+
+
 @pytest.mark.parametrize("mlp", ["fused", "eager"])
 def test_folded_norms_match_separate_norms_cpu(mlp):
-    """With layer_norm "folded", ln_1 and ln_2 run inside c_attn's and c_fc's linear (their norm=
-    prologue; through mlp's norm arguments with the fused MLP) and ln_f as fused_attn.layer_norm: on the
-    CPU the same logits, bit for bit, as the "fused" layer_norm backend (each norm its own launch)."""
+    """With layer_norm "folded", ln_1, ln_2 and ln_f run inside c_attn's, c_fc's (through mlp's norm
+    arguments with the fused MLP) and the lm_head's linear, their weight and bias folded into that linear's
+    (gpt2.folded_linear); on the CPU (float32) the logits agree with the "fused" layer_norm backend (each
+    norm its own launch) to float32 rounding, and the greedy tokens are the same. An in-place change of a
+    norm's weight is seen (the folded copy is made again)."""
+    hf = varied_norms(hf_model(VARIED))
     backends = {"attention": "fused", "layer_norm": "folded", "linear": "fused", "mlp": mlp}
-    m = GPT2.from_hf(hf_model(VARIED), backends=backends)
+    m = GPT2.from_hf(hf, backends=backends)
     assert all(b.fold_norms for b in m.h)
-    separate = GPT2.from_hf(hf_model(VARIED), backends=dict(backends, layer_norm="fused"))
+    separate = GPT2.from_hf(hf, backends=dict(backends, layer_norm="fused"))
     assert not any(b.fold_norms for b in separate.h)
     ids, mask = left_padded(TINY["vocab_size"], (20, 13, 6))
     with torch.no_grad():
-        assert torch.equal(m(ids, mask), separate(ids, mask))
+        a, b = m(ids, mask), separate(ids, mask)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-4)  # float32, summed in other orders over the layers
+        for model in (m, separate):  # the same change to both: the folded copies must follow it
+            model.h[0].ln_1.weight.mul_(1.5)
+            model.ln_f.bias.add_(0.25)
+        a2, b2 = m(ids, mask), separate(ids, mask)
+        assert not torch.allclose(a2, a, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(a2, b2, rtol=1e-4, atol=2e-4)
+    ours, theirs = (Recorder(model, 3, 20 + 16).run(ids, mask, 16) for model in (m, separate))
+    assert torch.equal(ours[0], theirs[0])
 
 
 def test_epilogue_norms_match_separate_norms_cpu():
     """layer_norm "epilogue": ln_2 in the attention's c_proj, the next ln_1 (ln_f at the end) in the MLP's
     c_proj (linear's post_norm); on the CPU the same logits and greedy tokens, bit for bit, as each norm
     its own launch (graph-fused's modules), in the prefill and in each decode step."""
-    hf = hf_model(VARIED)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # every norm its own weight and bias (a fresh model's are all ones and zeros)
-        for mod in hf.modules():
-            if isinstance(mod, torch.nn.LayerNorm):
-                mod.weight.copy_(1 + 0.3 * torch.randn(mod.weight.shape, generator=gen))
-                mod.bias.copy_(0.3 * torch.randn(mod.bias.shape, generator=gen))
+    hf = varied_norms(hf_model(VARIED))
     m = GPT2.from_hf(hf, backends=STEP_VARIANTS["epilogue"])
     assert all(b.post_norms for b in m.h)
     separate = GPT2.from_hf(hf, backends=STEP_VARIANTS["embed"])
@@ -206,11 +223,10 @@ def test_fused_embedding_matches_the_separate_launches_cpu():
 
 
 def test_fused_embedding_needs_the_fused_layer_norm():
-    for layer_norm in ("eager", "folded"):
-        backends = dict(STEP_VARIANTS["modules"], embed="fused", layer_norm=layer_norm)
-        with pytest.raises(ValueError, match=rf"backends\['embed'\] 'fused' must come with backends\['layer_norm'\] "
-                                             rf"'fused' or 'epilogue' \(.*\), got '{layer_norm}'"):
-            GPT2.from_hf(hf_model(), backends=backends)
+    backends = dict(STEP_VARIANTS["modules"], embed="fused", layer_norm="eager")
+    with pytest.raises(ValueError, match=r"backends\['embed'\] 'fused' must come with backends\['layer_norm'\] "
+                                         r"'fused', 'epilogue' or 'folded' \(.*\), got 'eager'"):
+        GPT2.from_hf(hf_model(), backends=backends)
 
 
 @pytest.mark.parametrize("layer_norm", ["folded", "epilogue"])

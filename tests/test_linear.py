@@ -565,6 +565,56 @@ def test_norm_rows_match_layer_norm_gpu(m, norm, dtype):
         assert (got[:, k:] == linear(xn, w)[:, k:]).double().mean().item() >= 0.95
 
 
+# One row of float16 / bfloat16 x with a norm but no norm weight and bias: the GEMV folds the norm into its
+# dot products (csrc/linear/linear_kernel.cuh, kFold). Rows: random, a large offset (1e4 + N(0, 1): the
+# shift by the first element keeps the sums exact enough), constant (zero variance), an outlier first
+# element (the worst case of that shift), one huge value elsewhere.
+FOLD_ROWS = ["randn", "offset", "constant", "outlier_first", "outlier_last"]
+
+
+def fold_row(kind: str, k: int, gen) -> torch.Tensor:
+    x = torch.randn(k, generator=gen, dtype=torch.float64)
+    if kind == "offset":
+        x = 1e4 + x
+    elif kind == "constant":
+        x = torch.full((k,), 3.25, dtype=torch.float64)
+    elif kind == "outlier_first":
+        x[0] = 300.0
+    elif kind == "outlier_last":
+        x[-1] = -300.0
+    return x
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", FOLD_ROWS)
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k,n,act", [(768, 2304, None), (1001, 96, "gelu_tanh"), (64, 4000, None),
+                                     (4096, 512, None), (768, 40, "swiglu")])
+def test_norm_fold_one_row_gpu(k, n, act, dtype, norm, kind):
+    """linear(x [1, k], norm=..., no norm weight or bias), the fold, against float64 (the norm, the matmul,
+    bias, activation and residual all in float64): no further off than the two launches (our layer_norm,
+    then linear), or than one rounding of the output, whichever is larger."""
+    from fused_attn.layer_norm import layer_norm, rms_norm
+
+    gen = torch.Generator().manual_seed(k + n)
+    x = fold_row(kind, k, gen).view(1, k).to(dtype)
+    w = (torch.randn(n, k, generator=gen, dtype=torch.float64) / math.sqrt(k)).to(dtype)
+    b = torch.randn(n, generator=gen, dtype=torch.float64).to(dtype)  # SwiGLU: gate and up rows' biases
+    n_out = n // 2 if act == "swiglu" else n
+    r = torch.randn(1, n_out, generator=gen, dtype=torch.float64).to(dtype)
+    xd = reference.layer_norm(x.double(), None, None, 1e-5, rms=norm == "rms_norm")
+    want = reference._linear_compute(xd, w.double(), b.double(), act, r.double(), torch.float64)
+    xc, wc, bc, rc = (t.cuda() for t in (x, w, b, r))
+    got = linear(xc, wc, bc, activation=act, residual=rc, norm=norm).double().cpu()
+    xn = (layer_norm(xc) if norm == "layer_norm" else rms_norm(xc)).contiguous()
+    two = linear(xn, wc, bc, activation=act, residual=rc).double().cpu()
+    assert not got.isnan().any(), f"{kind}: NaN in the output"
+    err, err_two = (got - want).abs().max().item(), (two - want).abs().max().item()
+    one_rounding = torch.finfo(dtype).eps * want.abs().max().item()
+    assert err <= max(err_two, one_rounding), f"{kind}: folded {err:.3g}, two launches {err_two:.3g}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [64, 768, 1000, 2048, 4096])
 @pytest.mark.parametrize("m", [1, 4, 16])

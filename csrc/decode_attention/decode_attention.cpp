@@ -152,20 +152,17 @@ bool cluster_capable(int R) {
   }
 }
 
-// About two blocks per SM (rounded down: a batch that already fills the GPU is not split); where the
-// unsplit blocks fill at most half the SMs, about four per SM, up to kSmallGridSplits splits; and no
+// About two blocks per SM (rounded down: a batch that already fills the GPU is not split), and no
 // split shorter than kMinKeysPerSplit slots of the cache's capacity. Depends only on shapes, never
 // on the device-side lengths: a captured graph keeps its grid and a split past the current length
 // exits early. Where the device merges the splits in a cluster, up to twice the cluster limit
 // becomes the limit (one launch, no combine kernel: measured faster than more splits plus the
-// combine). H100 measurements behind these choices: bench/NOTES.md, "Session 5" and "Session 13"
-// (GPT-2's step at batch 4, caches of 640 / 1024 slots: 8-12 splits 4-20 us faster than 5; batch 1
-// unchanged; 16 splits, a non-portable cluster, slower at batch 4).
+// combine). H100 measurements behind these choices: bench/NOTES.md, "Session 5"; session 13's sweeps
+// (more splits for small grids: GPT-2's step at batch 4 faster at long caches, the op alone at Llama
+// batch 2 slower) left the rule as it is.
 constexpr int kMinKeysPerSplit = 64;
-constexpr int64_t kSmallGridSplits = 12;
 int choose_splits(int64_t work, int max_len, int sms, bool cluster_ok) {
   int64_t splits = std::max<int64_t>(1, 2 * sms / work);
-  if (2 * work <= sms) splits = std::max(splits, std::min<int64_t>(4 * sms / work, kSmallGridSplits));
   splits = std::min<int64_t>(splits, std::max(1, max_len / kMinKeysPerSplit));
   if (cluster_ok && splits > kMaxClusterSplits && splits <= 2 * kMaxClusterSplits) splits = kMaxClusterSplits;
   return int(std::clamp<int64_t>(splits, 1, kMaxSplits));

@@ -361,6 +361,15 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   at::Tensor x2 = x.reshape({m, k});
   std::optional<at::Tensor> residual2;
   if (residual.has_value()) residual2 = residual->reshape({m, n_out});
+  // A norm over 2-16 rows of float16 / bfloat16: our layer_norm launch first, then the plain kernels.
+  // The kernels' prologue (normalize in shared memory, then multiply) measured slower than the two
+  // launches in GPT-2's chained step at every batch (bench/NOTES.md, sessions 7, 10 and 13). One row
+  // keeps it in the launch: the prologue, or without the norm's weight and bias the fold into the dot
+  // products (linear_kernel.cuh, kFold).
+  if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m >= 2 && m <= kMaxGemvRows) {
+    x2 = normalized(x2, norm);
+    norm = Norm{};
+  }
   // The path launch_gemv will take (the split-K kernel: no norm, 16-byte weight rows and an sm_90
   // device; x is made 16-byte ready below).
   GemvPath path = GemvPath::kCudaCores;

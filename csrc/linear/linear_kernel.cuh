@@ -43,6 +43,19 @@
 // costs once per wave of blocks: a weight of tens of thousands of rows (an lm_head) is better served
 // by the norm's own launch.
 //
+// kFold (the CUDA-core kernel, float16 / bfloat16, one row, a norm without weight and bias: a caller
+// that folded them into W and the bias, as fused_attn.gpt2's "folded" backend does at load time) instead
+// folds the norm into the dot products, so nothing waits for the statistics before the first FMA. With
+// x~ = x - s (s: the row's first element for LayerNorm, 0 for RMSNorm), mean~ = mean(x~) and rstd =
+// 1 / sqrt(var(x) + eps) (RMSNorm: 1 / sqrt(mean(x^2) + eps)):
+//     W . norm(x) = rstd * (W . x~ - mean~ * sum(W))
+// Every block reads all of x's row anyway (each computes whole dot products), so its main loop also sums
+// x~, x~^2 and each weight row, and the epilogue applies the formula: a few registers, no shared memory,
+// no barrier, no second pass. The normalized row is never rounded to T (the prologue's is), so results
+// are within float32 arithmetic of the unrounded norm, not bit for bit the two launches'. The shift keeps
+// the cancellations bounded: |mean~| <= sqrt(K) standard deviations, so the variance loses at most ~K
+// float32 ulps and the dot product ~sqrt(K), far below a 16-bit rounding at the widths a GEMV takes.
+//
 // Tests: tests/test_linear.py, tests/test_mlp.py; benchmark: bench/bench_linear.py.
 #pragma once
 
@@ -322,8 +335,13 @@ using GemvArgs = std::conditional_t<kPost, LinearPostParams, LinearParams>;
 __host__ __device__ __forceinline__ const LinearParams& gemv_params(const LinearParams& a) { return a; }
 __host__ __device__ __forceinline__ const LinearParams& gemv_params(const LinearPostParams& a) { return a.p; }
 
-template <typename T, int MT, int NB, bool kVec, bool kNorm, bool kPost>
-__global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const GemvArgs<kPost> args) {
+// kFold's bound (64 registers a thread) keeps it at the plain kernel's blocks per SM within one step of the
+// register file's granularity: ptxas gave it 73 without, and at GPT-2's 96-thread blocks that is 8 blocks
+// per SM against 12, too few for the next launch's blocks to start (and load their weights) under PDL.
+template <typename T, int MT, int NB, bool kVec, bool kNorm, bool kPost, bool kFold = false>
+__global__ void __launch_bounds__(kLinearMaxThreads, kFold ? 4 : 1) linear_gemv_kernel(const GemvArgs<kPost> args) {
+  static_assert(!kFold || (kNorm && !kPost), "kFold is a way to run kNorm");
+  constexpr bool kPrologue = kNorm && !kFold;  // the rows normalized first, into xs
   const LinearParams& p = gemv_params(args);
   constexpr int VEC = Piece<T>::VEC;
   extern __shared__ uint4 xs_raw[];  // kNorm: the normalized rows of x
@@ -368,10 +386,22 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Ge
   // while the previous kernel, which writes x (and the residual), drains; then x is readable (and with
   // kNorm the block normalizes it: every thread takes part).
   if (int(threadIdx.x) < pieces) load_weights(threadIdx.x);
-  if constexpr (kNorm) stage_affine<T>(p, reinterpret_cast<unsigned char*>(xs_raw) + p.m * p.xs_pitch * sizeof(T));
+  if constexpr (kPrologue) stage_affine<T>(p, reinterpret_cast<unsigned char*>(xs_raw) + p.m * p.xs_pitch * sizeof(T));
   if constexpr (kPost) post_prefetch<T>(p, args.post);
   wait_for_primary();
-  if constexpr (kNorm) normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
+  if constexpr (kPrologue) normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
+  // kFold: per x row its shift s and the sums of x~ and x~^2; per weight row the sum of its elements.
+  float shift[MT], s1[MT], s2[MT], wsum[NB];
+  if constexpr (kFold) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      // x[m][0]: a plain load (after the wait), the same line as the first piece's.
+      shift[m] = p.norm == kNormLayer && m < p.m ? to_float(x[m * p.x_stride]) : 0.f;
+      s1[m] = s2[m] = 0.f;
+    }
+#pragma unroll
+    for (int r = 0; r < NB; ++r) wsum[r] = 0.f;
+  }
   for (int j0 = threadIdx.x; j0 < pieces; j0 += blockDim.x * U) {
     if (j0 != int(threadIdx.x)) load_weights(j0);
 #pragma unroll
@@ -383,15 +413,26 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Ge
       for (int r = 0; r < NB; ++r)
 #pragma unroll
         for (int e = 0; e < VEC; ++e) wf[r][e] = to_float(wp[r][u].v[e]);
+      if constexpr (kFold) {
+#pragma unroll
+        for (int r = 0; r < NB; ++r)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) wsum[r] += wf[r][e];  // 0 past k
+      }
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
         if (m >= p.m) break;
         Piece<T> xp;
-        xp.raw = kNorm ? reinterpret_cast<const uint4*>(xs + m * p.xs_pitch)[j]
-                       : load_piece<T, kVec>(x + m * p.x_stride, j, p.k, false);
+        xp.raw = kPrologue ? reinterpret_cast<const uint4*>(xs + m * p.xs_pitch)[j]
+                           : load_piece<T, kVec>(x + m * p.x_stride, j, p.k, false);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const float xv = to_float(xp.v[e]);
+          float xv = to_float(xp.v[e]);
+          if constexpr (kFold) {
+            xv = kVec || j * VEC + e < p.k ? xv - shift[m] : 0.f;
+            s1[m] += xv;
+            s2[m] = fmaf(xv, xv, s2[m]);
+          }
 #pragma unroll
           for (int r = 0; r < NB; ++r) acc[r][m] = fmaf(wf[r][e], xv, acc[r][m]);
         }
@@ -402,6 +443,7 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Ge
   launch_dependents();
   // Block sums: shuffles within each warp, then the warps' partials through shared memory.
   __shared__ float partial[kLinearMaxThreads / 32][NB * MT];
+  __shared__ float fold[kFold ? kLinearMaxThreads / 32 : 1][NB + 2 * MT];  // kFold: wsum, s1, s2
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
 #pragma unroll
   for (int r = 0; r < NB; ++r)
@@ -412,6 +454,18 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Ge
       for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
       if (lane == 0) partial[warp][r * MT + m] = v;
     }
+  if constexpr (kFold) {
+#pragma unroll
+    for (int r = 0; r < NB; ++r) {
+      const float v = warp_sum(wsum[r]);
+      if (lane == 0) fold[warp][r] = v;
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      const float a = warp_sum(s1[m]), b = warp_sum(s2[m]);
+      if (lane == 0) fold[warp][NB + m] = a, fold[warp][NB + MT + m] = b;
+    }
+  }
   __syncthreads();
 
   // Epilogue: one thread per (output column, x row).
@@ -423,6 +477,14 @@ __global__ void __launch_bounds__(kLinearMaxThreads) linear_gemv_kernel(const Ge
     auto sum = [&](int r) {
       float s = 0.f;
       for (int i = 0; i < warps; ++i) s += partial[i][r * MT + m];
+      if constexpr (kFold) {  // rstd * (W . x~ - mean~ * sum(W))
+        float ws = 0.f, x1 = 0.f, x2 = 0.f;
+        for (int i = 0; i < warps; ++i) ws += fold[i][r], x1 += fold[i][NB + m], x2 += fold[i][NB + MT + m];
+        const float inv_k = 1.f / float(p.k);
+        const float mean = p.norm == kNormLayer ? x1 * inv_k : 0.f;
+        const float var = fmaxf(fmaf(x2, inv_k, -mean * mean), 0.f);  // RMSNorm: mean(x^2)
+        s = (s - mean * ws) * rsqrtf(var + p.eps);
+      }
       return s;
     };
     if (swiglu) {
@@ -621,6 +683,23 @@ void launch_nb(const LinearParams& params, int threads, cudaStream_t stream, con
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
   // Programmatic where the kernel has the sm_90 code (common/pdl.cuh); checked once per kernel, with
   // the shared-memory limit raised (an && that always evaluates its left side first).
+  // kFold where it applies (the header): no shared memory, so not allow_norm_smem's attribute.
+  // One row only: at two, ptxas needs ~120 registers for it (or spills under the 64-register bound).
+  constexpr bool kFoldable = kNorm && !kPost && !std::is_same_v<T, float> && MT == 1;
+  if constexpr (kFoldable) {
+    if (p.norm_weight == nullptr && p.norm_bias == nullptr) {
+      if (p.vec) {
+        constexpr auto kernel = linear_gemv_kernel<T, MT, NB, true, true, false, true>;
+        static const bool pdl = programmatic_capable(kernel);
+        launch_programmatic(pdl, kernel, grid, dim3(threads), 0, stream, args);
+      } else {
+        constexpr auto kernel = linear_gemv_kernel<T, MT, NB, false, true, false, true>;
+        static const bool pdl = programmatic_capable(kernel);
+        launch_programmatic(pdl, kernel, grid, dim3(threads), 0, stream, args);
+      }
+      return;
+    }
+  }
   if (p.vec) {
     constexpr auto kernel = linear_gemv_kernel<T, MT, NB, true, kNorm, kPost>;
     static const bool pdl = allow_norm_smem<kNorm>(kernel) && programmatic_capable(kernel);
