@@ -1,6 +1,6 @@
 """GPT-2 end to end: tokens/s, TTFT and TBT per backend (fused_attn.generate.run_backend).
 
-Backends: fused_attn.generate.BACKENDS (hf-eager ... graph-fused, graph-folded, graph-persistent); batch
+Backends: fused_attn.generate.BACKENDS (hf-eager ... graph-fused, graph-norms, graph-persistent); batch
 {1, 16} ({1, 4, 16, 64} with --full); prompt {128, 512}; 128 new tokens, greedy (with --full also
 sampled: temperature 0.8, top-k 50, cases named ``-sample``, their own groups); float16 by default,
 float16, bfloat16 and float32 with --full. Model: GPT-2 small's

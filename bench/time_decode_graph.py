@@ -1,7 +1,7 @@
 """Time our GPT-2's captured decode step (one CUDA-graph replay per token), hot, for quick A/Bs of
 kernel variants built side by side (FUSED_ATTN_NVCC_FLAGS) or switched by environment (FUSED_ATTN_PDL=0):
 
-    python -m bench.time_decode_graph --backends graph-fused,graph-folded --batches 1,4,16
+    python -m bench.time_decode_graph --backends graph-fused,graph-norms --batches 1,4,16
     FUSED_ATTN_NVCC_FLAGS=-DX python -m bench.time_decode_graph --tag X
 
 Per (backend, batch): a random 128-token prompt (left-padded batch) is prefilled, the step captured, then

@@ -12,10 +12,11 @@ and reports it as graph-eager), graph-softmax (the same, with the previous decod
 index_copy_ appends, Q·Kᵀ, scaled_masked_softmax, P·V; kept to measure the change), compile-graph
 (the peer: the same model's plain PyTorch decode step, SDPA + addmm, through torch.compile and
 then captured in one CUDA graph, gpt-fast's recipe; GPU only), graph-fused (graph with every module
-on fused_attn's ops: layer_norm, linear with bias / GELU / residual in the epilogue, mlp, the
-embedding lookup and the first ln_1 in one layer_norm launch; the decode step issue 13 builds),
-graph-folded (graph-fused with ln_1 / ln_2 in the prologue of c_attn / c_fc, the embedding unfused),
-graph-epilogue (graph-fused with each norm after a residual projection in that projection's launch:
+on fused_attn's ops: linear with bias / GELU / residual in the epilogue, mlp, the embedding lookup in
+one layer_norm launch, each LayerNorm folded into the linear after it (layer_norm "folded": at batch 1
+no norm launch at all); the decode step issue 13 builds), graph-norms (graph-fused with each norm its
+own layer_norm launch, the first ln_1 in the embedding's: graph-fused before session 13, kept for the
+A/B), graph-epilogue (graph-fused with each norm after a residual projection in that projection's launch:
 linear's post_norm),
 graph-persistent (graph-fused's prefill, then the whole decode step as one gpt2_decode_step launch: one
 persistent kernel). Prints the continuation,
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 import torch
 
 BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-static-fused", "hf-fused", "compile-graph", "graph-softmax",
-            "graph", "graph-fused", "graph-folded", "graph-epilogue", "graph-persistent")
+            "graph", "graph-fused", "graph-norms", "graph-epilogue", "graph-persistent")
 # The transformers backends: attention implementation of each, and those with a StaticCache.
 HF_IMPL = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-static-fused": "fused_attn",
            "hf-fused": "fused_attn"}
@@ -53,13 +54,15 @@ STATIC = ("hf-static", "hf-static-fused")
 # Our GPT-2's backends: the fused_attn.gpt2 module backends each one uses; COMPILED: those whose
 # decode step goes through torch.compile before its CUDA graph is captured (GPU only, as STATIC).
 _FUSED = {"layer_norm": "fused", "linear": "fused", "mlp": "fused"}
-# graph-fused: with the embedding and the first ln_1 in one launch (embed "fused": H100 fp16, hot step,
-# B16 452 -> 432 us, B1 even; bench/NOTES.md, session 11). graph-folded: ln_1 / ln_2 in the prologue
-# of c_attn / c_fc (the fold's A/B; embed "fused" needs layer_norm "fused"). graph-epilogue: each norm
-# after a residual projection in that projection's launch (layer_norm "epilogue", its A/B).
-GRAPH_BACKENDS = {"graph-fused": {"attention": "fused", **_FUSED, "embed": "fused"}, "graph": {"attention": "fused"},
+# graph-fused: the embedding in one launch (embed "fused": H100 fp16, hot step, B16 452 -> 432 us, B1
+# even; session 11) and every norm folded into the linear after it (layer_norm "folded": B1 246 -> 228-232
+# us, B2 and B16 even; bench/NOTES.md, session 13). graph-norms: each norm its own launch (the fold's A/B).
+# graph-epilogue: each norm after a residual projection in that projection's launch (layer_norm
+# "epilogue", its A/B).
+GRAPH_BACKENDS = {"graph-fused": {"attention": "fused", **_FUSED, "layer_norm": "folded", "embed": "fused"},
+                  "graph": {"attention": "fused"},
                   "graph-softmax": {"attention": "softmax"}, "compile-graph": {"attention": "sdpa"},
-                  "graph-folded": {"attention": "fused", **_FUSED, "layer_norm": "folded", "embed": "fused"},
+                  "graph-norms": {"attention": "fused", **_FUSED, "embed": "fused"},
                   "graph-epilogue": {"attention": "fused", **_FUSED, "layer_norm": "epilogue", "embed": "fused"},
                   "graph-persistent": {"attention": "fused", **_FUSED, "step": "persistent"}}
 COMPILED = ("compile-graph",)

@@ -243,7 +243,7 @@ def test_folded_norms_need_the_fused_linear(layer_norm):
 # ln_1 / ln_2 in the linears' prologue; "persistent": the decode step as one gpt2_decode_step (its CPU
 # kernel here; a model with GPT-2's head size, which the op needs).
 STEP_VARIANTS = {"modules": {"attention": "fused", "layer_norm": "fused", "linear": "fused", "mlp": "fused"},
-                 "folded": {"attention": "fused", "layer_norm": "folded", "linear": "fused", "mlp": "fused"},
+                 "folded": GRAPH_BACKENDS["graph-fused"],
                  "embed": {"attention": "fused", "layer_norm": "fused", "linear": "fused", "mlp": "fused",
                            "embed": "fused"},
                  "epilogue": GRAPH_BACKENDS["graph-epilogue"],
@@ -498,7 +498,7 @@ def test_graph_and_eager_decode_identical_gpu(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["graph-fused", "graph-folded", "graph-epilogue", "graph-persistent"])
+@pytest.mark.parametrize("backend", ["graph-fused", "graph-norms", "graph-epilogue", "graph-persistent"])
 @pytest.mark.parametrize("batch", [4, 8, 16])
 def test_graph_replay_logits_equal_eager_steps_16bit_gpu(backend, batch):
     """Every step's logits bit for bit the same replayed from the CUDA graph as from the eager loop, in
@@ -603,19 +603,20 @@ def teacher_forced_decode_logits(m: GPT2, ids, mask, forced: torch.Tensor) -> to
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("step", ["modules", "folded", "embed", "persistent"])
+@pytest.mark.parametrize("step,batch", [("modules", 16), ("folded", 16), ("folded", 1), ("embed", 16),
+                                        ("persistent", 16)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_decode_logits_error_at_most_twice_plain_pytorch_gpu(dtype, step):
+def test_half_precision_decode_logits_error_at_most_twice_plain_pytorch_gpu(dtype, step, batch):
     """The issue's criterion for 16-bit decoding: graph-fused's decode-step logits (our GEMVs at 16 rows:
-    the tensor-core, split-K and norm-prologue kernels; decode_attention; sample), with the norms folded,
-    or the whole step as gpt2_decode_step, against float32, over 24 teacher-forced steps of a left-padded
-    batch of 16 at GPT-2 small's shapes, err at most twice as much as the plain PyTorch step's (addmm,
-    F.layer_norm, SDPA) at the same dtype. (Greedy tokens may still part ways in 16-bit where two logits
-    are within rounding of each other.)"""
+    the tensor-core and split-K kernels; decode_attention; sample), with the norms folded (at one row into
+    the GEMV's dot products, graph-fused's batch-1 step), or the whole step as gpt2_decode_step, against
+    float32, over 24 teacher-forced steps of a left-padded batch of 16 (and of 1) at GPT-2 small's shapes,
+    err at most twice as much as the plain PyTorch step's (addmm, F.layer_norm, SDPA) at the same dtype.
+    (Greedy tokens may still part ways in 16-bit where two logits are within rounding of each other.)"""
     hf = hf_model(SMALL)
-    lengths = tuple(64 - 2 * i for i in range(16))
+    lengths = tuple(64 - 2 * i for i in range(batch))
     ids, mask = (t.cuda() for t in left_padded(SMALL["vocab_size"], lengths))
-    forced = torch.randint(2, SMALL["vocab_size"], (16, 24), generator=torch.Generator().manual_seed(3)).cuda()
+    forced = torch.randint(2, SMALL["vocab_size"], (batch, 24), generator=torch.Generator().manual_seed(3)).cuda()
     want = teacher_forced_decode_logits(GPT2.from_hf(hf, device="cuda", backends={"attention": "sdpa"}), ids, mask,
                                         forced)
     try:
