@@ -9,8 +9,9 @@ attention: the flash kernel at every padded head dim (both versions at 128 on Ho
 naive and tiled modes; and linear: every rows-of-x class, weight rows per block and epilogue, the
 element-wise path (odd K, misaligned rows) and the tensor-core kernels (one block per 16 weight rows,
 and split-K in clusters), the first two also with the LayerNorm / RMSNorm prologue (norm=: the
-normalized rows in shared memory), and the post_norm= pass of the last block; sample: greedy and
-sampled, one block and a cluster per row, misaligned and strided rows; gpt2_decode_step: a small model
+normalized rows in shared memory), the one-row fold of a weightless norm into the dot products, and the
+post_norm= pass of the last block; sample: greedy and sampled, one block and a cluster per row,
+misaligned and strided rows, the token history; gpt2_decode_step: a small model
 at batch 1 and 3 (float16, float32) and every kind of invalid row (out-of-range lengths, position or
 token: nothing read or written out of bounds).
 
@@ -246,6 +247,15 @@ LINEAR_NORM_CASES = [
 ]
 
 
+# linear with a weightless norm at one 16-bit row: the fold into the dot products (test_linear.py's
+# test_norm_fold_one_row_gpu: k, n, activation, dtype, norm, row kind), the 16-byte and element-wise paths.
+LINEAR_FOLD_CASES = [
+    (768, 2304, None, torch.float16, "layer_norm", "randn"),
+    (1001, 96, "gelu_tanh", torch.bfloat16, "rms_norm", "outlier_first"),
+    (768, 40, "swiglu", torch.float16, "layer_norm", "constant"),
+]
+
+
 # linear with post_norm= (test_linear.py's POST_CASES): the folded last-block pass at 1 and 4 rows (the
 # count on the workspace, the affine staged in shared memory), an odd width on the element-wise path,
 # and the widest row it takes.
@@ -255,7 +265,7 @@ LINEAR_POST_CASES = [0, 2, 3, 4]
 def linear_cases(quick: bool) -> int:
     from tests.test_linear import POST_CASES, check_post, post_inputs
     from tests.test_linear import case_of as linear_case_of
-    from tests.test_linear import linear, norm_case_of, run_and_check_norm
+    from tests.test_linear import linear, norm_case_of, run_and_check_norm, test_norm_fold_one_row_gpu
     from tests.test_linear import run_and_check as linear_run_and_check
 
     # racecheck (quick) takes the small split-K case: the 16-row one's cuBLAS peer (the test's error
@@ -266,6 +276,9 @@ def linear_cases(quick: bool) -> int:
     norm_cases = [LINEAR_NORM_CASES[0], LINEAR_NORM_CASES[4]] if quick else LINEAR_NORM_CASES
     for i, kw in enumerate(norm_cases):
         run_and_check_norm(norm_case_of(seed=i, **kw), "cuda")
+    fold_cases = LINEAR_FOLD_CASES[:1] if quick else LINEAR_FOLD_CASES
+    for args in fold_cases:
+        test_norm_fold_one_row_gpu(*args)
     post_cases = [POST_CASES[i] for i in (LINEAR_POST_CASES[:2] if quick else LINEAR_POST_CASES)]
     ws = torch.zeros(1, dtype=torch.int32, device="cuda")
     for case in post_cases:
@@ -274,7 +287,7 @@ def linear_cases(quick: bool) -> int:
         y, normed = linear(x, w, b, activation=case[4], residual=r, post_norm=norm, post_norm_weight=pw,
                            post_norm_bias=pb, workspace=ws)
         check_post(y, normed, pw, pb, 1e-5, norm == "rms_norm", f"post {case}")
-    return len(cases) + len(norm_cases) + len(post_cases)
+    return len(cases) + len(norm_cases) + len(fold_cases) + len(post_cases)
 
 
 # sample: (rows, vocab, dtype, layout, temperature, offsets): one block per row (vocab <= 4096), clusters of
@@ -290,12 +303,14 @@ SAMPLE_CASES = [
 
 def sample_cases(quick: bool) -> int:
     from tests.test_sample import case_of as sample_case_of
-    from tests.test_sample import check_case
+    from tests.test_sample import check_case, check_history, history_case_of
 
     cases = SAMPLE_CASES[:2] if quick else SAMPLE_CASES
     for i, kw in enumerate(cases):
         check_case(sample_case_of(data_seed=i, seed=i, offset=3 * i, **kw), "cuda")
-    return len(cases)
+    # the token history (history= / history_index=, the index one of advance's rows, some out of range)
+    check_history(history_case_of(data_seed=7, rows=16, vocab=50257, dtype=torch.float16), "cuda")
+    return len(cases) + 1
 
 
 def step_cases(quick: bool) -> int:
