@@ -115,6 +115,7 @@ EDGE_EXAMPLES = [
     # cuBLAS with GELU in its epilogue (_addmm_activation): float32 tells tanh GELU from erf GELU
     case_of(k=96, n=40, m=33, dtype=torch.float32, activation="gelu_tanh", scale=2.0),
     case_of(k=128, n=72, m=48, dtype=torch.float16, activation="gelu_tanh", residual=False),
+    case_of(k=0, n=3, m=17, dtype=torch.float32, activation="gelu_tanh", residual=False),  # no epilogue: gelu(bias)
     case_of(k=33, n=9, m=5, dtype=torch.float16, layout="strided", activation="gelu_tanh"),
     case_of(k=256, n=64, m=2, dtype=torch.float16, scale=2.0**5, activation="gelu_tanh"),
     case_of(k=256, n=64, m=8, dtype=torch.bfloat16, scale=2.0**-40, activation="swiglu"),

@@ -302,7 +302,8 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
 // bias, GELU is a separate in-place pass.
 at::Tensor linear_cublas(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& residual2, int64_t activation) {
-  const bool gelu_epilogue = activation == kActGeluTanh && bias.has_value() && x2.is_cuda();
+  // (k > 0: cuBLASLt with an empty reduction returned GELU(0) = 0, not GELU(bias); found by the GPU suite.)
+  const bool gelu_epilogue = activation == kActGeluTanh && bias.has_value() && x2.is_cuda() && x2.size(1) > 0;
   at::Tensor y = gelu_epilogue ? at::_addmm_activation(*bias, x2, weight.t(), 1, 1, /*use_gelu=*/true)
                  : bias.has_value() ? at::addmm(*bias, x2, weight.t())
                                     : at::mm(x2, weight.t());
