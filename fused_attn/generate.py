@@ -56,7 +56,8 @@ STATIC = ("hf-static", "hf-static-fused")
 _FUSED = {"layer_norm": "fused", "linear": "fused", "mlp": "fused"}
 # graph-fused: the embedding in one launch (embed "fused": H100 fp16, hot step, B16 452 -> 432 us, B1
 # even; session 11) and every norm folded into the linear after it (layer_norm "folded": B1 246 -> 228-232
-# us, B2 and B16 even; bench/NOTES.md, session 13). graph-norms: each norm its own launch (the fold's A/B).
+# us, B2 291-304 against 292-293 and B16 even; bench/NOTES.md, session 13). graph-norms: each norm its
+# own launch (the fold's A/B).
 # graph-epilogue: each norm after a residual projection in that projection's launch (layer_norm
 # "epilogue", its A/B).
 GRAPH_BACKENDS = {"graph-fused": {"attention": "fused", **_FUSED, "layer_norm": "folded", "embed": "fused"},
