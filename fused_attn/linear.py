@@ -7,11 +7,16 @@ kernel, the CPU path (``fused_attn.reference.linear`` in float32) and autograd. 
 reads the weight once at the copy bandwidth with bias, activation and residual in its epilogue (on
 CUDA cores; from 5 rows in float16 / bfloat16 on tensor cores, mma.sync with the weight as the
 16-row operand, K split over the blocks of a thread-block cluster where the weight has fewer 16-row
-tiles than the GPU has SMs, e.g. GPT-2's 768 outputs); above that, cuBLAS through ATen (``addmm``,
-then the activation and residual in place). With ``norm``, our kernels normalize x's rows in their
-prologue (a pre-LN transformer's norm and the projection after it in one launch; not the split-K
-kernel); where they do not run, x is normalized by ``fused_attn.layer_norm``'s kernel first (the same
-result, one launch more).
+tiles than the GPU has SMs, e.g. GPT-2's 768 outputs); above that, cuBLAS through ATen (``addmm``;
+in float16 / bfloat16 GELU with a bias in cuBLASLt's epilogue, ``_addmm_activation``; the rest of the
+epilogue in place). With ``norm`` and one row of x, the norm runs in our kernel's launch: in float16 /
+bfloat16 without the norm's weight and bias (a caller that folded them into ``weight`` and ``bias``, as
+``fused_attn.gpt2``'s "folded" backend does) folded into the dot products (the row's sums ride along
+the matmul and its rstd is applied in the epilogue: nothing waits for the statistics), otherwise in the
+kernel's prologue; for more rows, and in float32 beyond what the prologue's shared memory holds, x is
+normalized by ``fused_attn.layer_norm``'s kernel first (one launch more). The fold does not round the
+normalized row to x's dtype as the other paths do (its result is closer to float64, not bit for bit
+theirs).
 
 Gradients: a backward registered with ``torch.library.register_autograd`` that recomputes the op
 through the PyTorch reference (float32; float64 for float64 inputs) and differentiates it: correct,
