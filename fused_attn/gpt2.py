@@ -726,8 +726,8 @@ class GPT2(nn.Module):
             recorded = cache.fused_sampler
             out = [first]
 
-            def so_far(n: int) -> torch.Tensor:
-                return cache.history[:, s - 1:s - 1 + n] if recorded else torch.stack(out, 1)
+            def so_far(n: int) -> torch.Tensor:  # the first n new tokens
+                return cache.history[:, s - 1:s - 1 + n] if recorded else torch.stack(out, 1)[:, :n]
 
             done_at = None
             for t in range(1, max_new_tokens):
