@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from bench.bench_decode_attention import dtypes_for
+from bench.bench_linear import chain_provider
 from bench.harness import bandwidth_info, percentiles, same_run_speedups, start_case
 from fused_attn.generate import DTYPES
 
@@ -77,12 +78,9 @@ def eager_sample(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def provider_fn(provider: str, logits: torch.Tensor, temperature: float):
     from fused_attn import sample
 
-    if provider == "eager":
-        return lambda: eager_sample(logits, temperature)
-    if provider == "compiled":
-        torch._dynamo.reset()
-        compiled = torch.compile(eager_sample, dynamic=False)
-        return lambda: compiled(logits, temperature)
+    peer = chain_provider(provider, eager_sample, logits, temperature)
+    if peer is not None:
+        return peer
     if provider == "fused":
         offset = torch.zeros(1, dtype=torch.int64, device=logits.device)
         return lambda: sample(logits, temperature, seed=1, offset=offset)
@@ -99,12 +97,9 @@ def advance_provider_fn(provider: str, logits: torch.Tensor, counters: torch.Ten
     """The sample+advance group's providers (greedy); each call advances ``counters`` once."""
     from fused_attn import sample
 
-    if provider == "eager":
-        return lambda: eager_sample_advance(logits, counters)
-    if provider == "compiled":
-        torch._dynamo.reset()
-        compiled = torch.compile(eager_sample_advance, dynamic=False)
-        return lambda: compiled(logits, counters)
+    peer = chain_provider(provider, eager_sample_advance, logits, counters)
+    if peer is not None:
+        return peer
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
     if provider == "unfused":
         def unfused():

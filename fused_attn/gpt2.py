@@ -46,7 +46,7 @@ from fused_attn.layer_norm import layer_norm
 from fused_attn.linear import linear, packed_in_out
 from fused_attn.mlp import mlp
 from fused_attn.sample import sample
-from fused_attn.softmax import scaled_masked_softmax
+from fused_attn.softmax import _requires_grad, scaled_masked_softmax
 
 RANDOM_NAME = "gpt2-random"
 # Backends per module kind; the first is the default.
@@ -151,9 +151,9 @@ class Linear(nn.Module):
             y = self(x, activation=activation, residual=residual, ln=ln)
             return y, post_ln(y)
         if self.backend == "fused":
-            if ln is not None and ln.backend == "folded" and not _grad_wanted(x, self.weight, ln.weight):
-                w, b = folded_linear(self.weight_nk, self.bias, ln, self)
-                return linear(x, w, b, activation=activation, residual=residual, norm="layer_norm", eps=ln.eps)
+            folded = None if ln is None else ln.folded_into(self.weight_nk, self.bias, self, x)
+            if folded is not None:
+                return linear(x, *folded, activation=activation, residual=residual, norm="layer_norm", eps=ln.eps)
             return linear(x, self.weight_nk, self.bias, activation=activation, residual=residual,
                           **({} if ln is None else ln.fold_args()))
         if ln is not None:
@@ -162,10 +162,6 @@ class Linear(nn.Module):
         if activation == "gelu_tanh":
             y = F.gelu(y, approximate="tanh")
         return y if residual is None else y + residual
-
-
-def _grad_wanted(*tensors: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 @torch.no_grad()
@@ -196,6 +192,15 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.empty(n))
         self.eps = eps
         self.backend = backend
+
+    def folded_into(self, weight_nk: torch.Tensor, bias: torch.Tensor | None, owner: nn.Module,
+                    x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """With the "folded" backend and no gradient to record: the linear after this norm with the norm's
+        weight and bias folded in (``folded_linear``), to call with a weightless ``norm="layer_norm"``;
+        else None (the caller passes ``fold_args()``)."""
+        if self.backend != "folded" or _requires_grad(x, weight_nk, self.weight):
+            return None
+        return folded_linear(weight_nk, bias, self, owner)
 
     def fold_args(self) -> dict:
         """This norm as fused_attn.linear's (and mlp's) pre-normalization arguments."""
@@ -268,7 +273,7 @@ class Attention(nn.Module):
         returned as ``[batch, seqlen, n_embd]``: written there in place (no transpose copy) unless a gradient
         is recorded (``out=`` records none). Padding query rows see no key: zeros."""
         b, h, s, d = q.shape
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        if _requires_grad(q, k, v):
             o = attention(q, k, v, causal=True, attn_mask=keys_ok, scale=self.scale)
             return o.transpose(1, 2).reshape(b, s, h * d)
         o = torch.empty(b, s, h, d, dtype=q.dtype, device=q.device)
@@ -306,9 +311,9 @@ class MLP(nn.Module):
             return self.c_proj(self.c_fc(x, activation="gelu_tanh", ln=ln), residual=residual, post_ln=post_ln,
                                workspace=workspace)
         if self.backend == "fused":
-            if ln is not None and ln.backend == "folded" and not _grad_wanted(x, self.c_fc.weight, ln.weight):
-                w, b = folded_linear(self.c_fc.weight_nk, self.c_fc.bias, ln, self.c_fc)
-                return mlp(x, w, b, self.c_proj.weight_nk, self.c_proj.bias, residual=residual, norm="layer_norm",
+            folded = None if ln is None else ln.folded_into(self.c_fc.weight_nk, self.c_fc.bias, self.c_fc, x)
+            if folded is not None:
+                return mlp(x, *folded, self.c_proj.weight_nk, self.c_proj.bias, residual=residual, norm="layer_norm",
                            eps=ln.eps)
             return mlp(x, self.c_fc.weight_nk, self.c_fc.bias, self.c_proj.weight_nk, self.c_proj.bias,
                        residual=residual, **({} if ln is None else ln.fold_args()))
@@ -554,11 +559,12 @@ class GPT2(nn.Module):
 
     def logits(self, x: torch.Tensor, normed: torch.Tensor | None = None) -> torch.Tensor:
         """lm_head(ln_f(x)); ``normed``: ln_f(x) already computed (layer_norm "epilogue")."""
-        if (normed is None and self.backends["layer_norm"] == "folded" and self.backends["linear"] == "fused"
-                and not _grad_wanted(x, self.wte.weight, self.ln_f.weight)):
+        folded = None
+        if normed is None and self.backends["linear"] == "fused":
+            folded = self.ln_f.folded_into(self.wte.weight, None, self.ln_f, x)
+        if folded is not None:
             with scope("lm_head"):  # ln_f in the lm_head's launch, folded (folded_linear)
-                w, b = folded_linear(self.wte.weight, None, self.ln_f, self.ln_f)
-                return linear(x, w, b, norm="layer_norm", eps=self.ln_f.eps)
+                return linear(x, *folded, norm="layer_norm", eps=self.ln_f.eps)
         with scope("ln_f"):
             x = self.ln_f(x) if normed is None else normed
         with scope("lm_head"):
