@@ -17,7 +17,12 @@ up), 11008 x 4096 (down), 4096 x 4096 (q/k/v/o); M (rows of x: batch x new token
 it, y = layer_norm(x) · Wᵀ + b, at GPT-2's 768 x 2304 (ln_1 + c_attn), 768 x 3072 (ln_2 + c_fc) and
 768 x 50257 (ln_f + lm_head), M 1, 4, 16: eager F.layer_norm + F.linear (two kernels), compiled
 (torch.compile of that chain), fused (fused_attn.linear(norm="layer_norm"): one launch, the norm in
-the kernel's prologue). Modeled bytes add the norm's weight and bias.
+the kernel's prologue), and folded: the same op without the norm's weight and bias, which the caller
+folded into W and b at load time (W * g, b + W · beta: fused_attn.gpt2.folded_linear, layer_norm
+"folded"): at one row in float16 / bfloat16 the norm folded into the dot products (kFold), at 4 and 16
+rows the norm's own launch first. Modeled bytes add the norm's weight and bias, for every provider
+(the group's necessary traffic; folded reads no norm weight or bias); folded is checked against the
+same float64 reference as its peers, layer_norm(x) · Wᵀ + b with the unfolded weights.
 
 Each provider's output is checked once, before timing, against the float64 reference on the first
 and last row of x (bench_softmax's relative bound).
@@ -26,7 +31,8 @@ extra_info: p5/p50/p95 (us, CUDA events, cold L2: bench/harness.py), the modeled
 residual read once, out written: the op's necessary traffic, the same for every provider), GB/s, %
 of the measured copy bandwidth and of a same-bytes device copy (the floor of the memory-bound small-M
 cases), FLOPs (2 M N K), TFLOP/s and % of the measured dense matmul ceiling in this dtype (the
-ceiling of the large-M cases), speedups vs eager and compiled measured in this run.
+ceiling of the large-M cases), speedups vs eager and compiled measured in this run (and vs unfolded
+and fused where the group has them).
 
 Quick default: float16. --full: float16 and bfloat16 (--bench-dtypes overrides both). On a machine
 without a GPU the cases run on the CPU at a tiny shape (eager and fused: the op's CPU path), which
@@ -34,6 +40,8 @@ exercises the harness; GPU numbers need a GPU.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -43,6 +51,7 @@ from bench.bench_softmax import check_output
 from bench.harness import bandwidth_info, percentiles, same_run_speedups, start_case
 from fused_attn import reference
 from fused_attn.generate import DTYPES
+from fused_attn.gpt2 import folded_linear
 
 GPT2_SHAPES = [(768, 2304), (768, 3072), (3072, 768), (768, 768)]
 LLAMA_SHAPES = [(4096, 11008), (11008, 4096), (4096, 4096)]
@@ -62,23 +71,27 @@ POST_CPU_CASES = [((64, 48), 1)]
 MEMORY_BOUND_ROWS = 16
 
 PROVIDERS = ("eager", "compiled", "fused")
-SPEEDUP_BASES = ("eager", "compiled", "unfolded")
+SPEEDUP_BASES = ("eager", "compiled", "unfolded", "fused")
 GPU_ONLY = ("compiled",)
 NOTES = {"eager": "F.linear + F.gelu(tanh) + add", "compiled": "torch.compile(F.linear + F.gelu(tanh) + add)",
          "fused": "fused_attn.linear(activation='gelu_tanh', residual=)"}
 # The ln+linear groups add "unfolded": our two ops, fused_attn.layer_norm then fused_attn.linear (two
-# launches), the A/B of folding the norm into the linear's prologue.
-LN_PROVIDERS = ("eager", "compiled", "unfolded", "fused")
+# launches), the A/B of folding the norm into the linear's prologue; and "folded": the norm's weight and
+# bias folded into W and b (fused_attn.gpt2's layer_norm "folded"), the norm without them in the linear.
+LN_PROVIDERS = ("eager", "compiled", "unfolded", "fused", "folded")
 LN_NOTES = {"eager": "F.layer_norm + F.linear", "compiled": "torch.compile(F.layer_norm + F.linear)",
             "unfolded": "fused_attn.layer_norm + fused_attn.linear (2 launches)",
-            "fused": "fused_attn.linear(norm='layer_norm')"}
-# The linear+norm groups: the same four providers, "fused" being linear(post_norm=): the norm in the
-# projection's launch (its last block), "unfolded" our linear then our layer_norm.
+            "fused": "fused_attn.linear(norm='layer_norm')",
+            "folded": "fused_attn.linear(W * g, b + W beta, norm='layer_norm'), no norm weight / bias "
+                      "(1 row, float16 / bfloat16: the fold in the dot products; else the norm's launch first)"}
+# The linear+norm groups: four providers, "fused" being linear(post_norm=): the norm in the projection's
+# launch (its last block), "unfolded" our linear then our layer_norm.
+POST_PROVIDERS = ("eager", "compiled", "unfolded", "fused")
 POST_NOTES = {"eager": "F.linear + add + F.layer_norm", "compiled": "torch.compile(F.linear + add + F.layer_norm)",
               "unfolded": "fused_attn.linear(residual=) + fused_attn.layer_norm (2 launches)",
               "fused": "fused_attn.linear(residual=, post_norm='layer_norm')"}
 REPORT_LABELS = {"bench_linear": dict(title="linear (gelu_tanh(x W^T + b) + residual)", shape="K x N, M",
-                                      order=("eager", "compiled", "unfolded", "fused"))}
+                                      order=LN_PROVIDERS)}
 
 
 def modeled_traffic(k: int, n: int, m: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -111,14 +124,14 @@ def make_cases(config, cuda: bool | None = None) -> list[dict]:
                 + [dict(shape=s, m=m, dtype="float32", provider=p, op="ln_linear") for s, m in LN_CPU_CASES
                    for p in LN_PROVIDERS]
                 + [dict(shape=s, m=m, dtype="float32", provider=p, op="linear_norm") for s, m in POST_CPU_CASES
-                   for p in LN_PROVIDERS])
+                   for p in POST_PROVIDERS])
     dts = dtypes_for(config)
     return ([dict(shape=s, m=m, dtype=d, provider=p, op="linear") for s in GPT2_SHAPES + LLAMA_SHAPES for m in ROWS
              for d in dts for p in PROVIDERS]
             + [dict(shape=s, m=m, dtype=d, provider=p, op="ln_linear") for s in LN_SHAPES for m in LN_ROWS
                for d in dts for p in LN_PROVIDERS]
             + [dict(shape=s, m=m, dtype=d, provider=p, op="linear_norm") for s in POST_SHAPES for m in POST_ROWS
-               for d in dts for p in LN_PROVIDERS])
+               for d in dts for p in POST_PROVIDERS])
 
 
 def case_id(c: dict) -> str:
@@ -175,11 +188,15 @@ def ln_provider_fn(provider: str, t: dict):
     if provider == "fused":
         return lambda: linear(t["x"], t["w"], t["b"], norm="layer_norm", norm_weight=t["nw"], norm_bias=t["nb"],
                               eps=LN_EPS)
+    if provider == "folded":  # folded once, before timing, as a model does at load time
+        w, b = folded_linear(t["w"], t["b"], SimpleNamespace(weight=t["nw"], bias=t["nb"]), SimpleNamespace())
+        return lambda: linear(t["x"], w, b, norm="layer_norm", eps=LN_EPS)
     raise ValueError(f"provider must be one of {LN_PROVIDERS}, got {provider!r}")
 
 
 def ln_check(provider: str, out: torch.Tensor, t: dict) -> None:
-    """As ``check``, against the float64 layer_norm + linear."""
+    """As ``check``, against the float64 layer_norm + linear with the unfolded weights (every provider,
+    folded too: the fold is the same function up to the folded weights' rounding)."""
     m = t["x"].shape[0]
     for i in sorted({0, m - 1}):
         s = slice(i, i + 1)
@@ -207,7 +224,7 @@ def post_provider_fn(provider: str, t: dict):
     if provider == "fused":
         return lambda: linear(t["x"], t["w"], t["b"], residual=t["r"], post_norm="layer_norm", post_norm_weight=t["pw"],
                               post_norm_bias=t["pb"], post_eps=LN_EPS, workspace=t["ws"])
-    raise ValueError(f"provider must be one of {LN_PROVIDERS}, got {provider!r}")
+    raise ValueError(f"provider must be one of {POST_PROVIDERS}, got {provider!r}")
 
 
 def post_check(provider: str, out: tuple[torch.Tensor, torch.Tensor], t: dict) -> None:

@@ -7,7 +7,8 @@ For each backend, profiles one warm generate() (prefill + decode) and writes int
 ``layers_<backend>.txt`` (embeddings, ln_1, attention, residual adds, ln_2, mlp, ln_f, lm_head:
 device time and share of the total; our GPT-2 adds the residuals in the output projections, so its
 residual row is 0 and attention / mlp include them), ``kernels_<backend>.txt`` (top kernels by device time,
-launches per generated token), ``trace_<backend>.json`` (Chrome trace) and ``profile.md``
+launches per generated token), ``critical_<backend>.txt`` (what each kernel adds to a decode step: see
+critical_path), ``trace_<backend>.json`` (Chrome trace) and ``profile.md``
 with the backends side by side. --out defaults to a folder under the system's temporary
 directory (a tool writes into the checkout only when told to); the summary worth keeping goes
 into bench/results/history.md, the traces are not committed. Labels come from torch.profiler.record_function scopes:
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -111,6 +113,46 @@ def tables(prof, tokens: int, on_gpu: bool) -> tuple[list[str], list[str]]:
     return layers, kernels
 
 
+def _family(name: str) -> str:
+    """A kernel's name without `void`, namespaces and parameter list (template arguments kept: they say
+    which instantiation ran), at most 90 characters."""
+    name = re.sub(r"^void\s+", "", name).split("(")[0]
+    return re.sub(r"\b(fused_attn|linear|decode|attention|sample|layer_norm|at|native)::", "", name)[:90]
+
+
+def critical_path(prof, skip_steps: int = 2) -> list[str]:
+    """What each kernel adds to a decode step: the device events of the steps after the first
+    `skip_steps` (a step ends with the `sample` kernel; the prefill's is the first), sorted by their end,
+    each credited with its end minus the latest end before it. Under programmatic dependent launch a
+    kernel starts early and waits, so its own duration says little; this increment is what the step
+    would lose without it (the gaps between replays go to the first kernel of a step). Per family:
+    launches per step, us per step, us per launch."""
+    evts = [e for e in prof.events() if not _is_cpu(e) and e.name not in LABELS]
+    evts.sort(key=lambda e: e.time_range.end)
+    ends = [e.time_range.end for e in evts if "sample" in e.name]
+    if len(ends) < skip_steps + 2:
+        return [f"(fewer than {skip_steps + 2} sample kernels: no decode steps to measure)"]
+    lo, hi = ends[skip_steps], ends[-1]
+    steps = len(ends) - 1 - skip_steps
+    inc: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    last = lo
+    for e in evts:
+        if e.time_range.end <= lo or e.time_range.end > hi:
+            continue
+        fam = _family(e.name)
+        inc[fam] += max(0.0, e.time_range.end - last)
+        count[fam] += 1
+        last = max(last, e.time_range.end)
+    total = hi - lo
+    lines = [f"{'kernel (decode steps ' + str(steps) + ')':<90} {'per step':>8} {'us/step':>8} {'us/launch':>9} {'share':>6}"]
+    for fam in sorted(inc, key=lambda f: -inc[f]):
+        lines.append(f"{fam:<90} {count[fam] / steps:>8.1f} {inc[fam] / steps:>8.2f} "
+                     f"{inc[fam] / max(1, count[fam]):>9.2f} {100 * inc[fam] / total:>5.1f}%")
+    lines.append(f"{'step (sample end to sample end)':<90} {sum(count.values()) / steps:>8.1f} {total / steps:>8.2f}")
+    return lines
+
+
 def profile_backend(backend: str, hf_model, ids, mask, new_tokens: int, dtype, device, cache: dict):
     """Profile one warm generate(); returns the profiler."""
     from fused_attn.gpt2 import GPT2
@@ -178,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         layers, kernels = tables(prof, args.batch_size * args.new_tokens, device.type == "cuda")
         (args.out / f"layers_{backend}.txt").write_text(f"# {backend}: {head}\n" + "\n".join(layers) + "\n")
         (args.out / f"kernels_{backend}.txt").write_text(f"# {backend}: {head}\n" + "\n".join(kernels) + "\n")
+        if device.type == "cuda" and backend != "graph-eager":
+            critical = critical_path(prof)
+            (args.out / f"critical_{backend}.txt").write_text(f"# {backend}: {head}\n" + "\n".join(critical) + "\n")
+            md += [f"## {backend}: critical path per decode step", "", "```", *critical, "```", ""]
         prof.export_chrome_trace(str(args.out / f"trace_{backend}.json"))
         md += [f"## {backend}", "", "```", *layers, "```", "", "```", *kernels, "```", ""]
         print(f"{backend}: " + "; ".join(line.split()[0] + " " + line.split()[-1] for line in layers[1:-1]))

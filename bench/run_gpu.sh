@@ -8,6 +8,8 @@
 # ATTN_ARGS the attention step, e.g. ATTN_ARGS='-k causal' or ATTN_ARGS=--full (adds bfloat16).
 # LINEAR_ARGS the linear step (bench_linear + bench_mlp), e.g. LINEAR_ARGS='-k m1-' (M = 1 only) or LINEAR_ARGS=--full (adds bfloat16).
 # LAYER_ARGS the layer step (bench_layer), e.g. LAYER_ARGS='-k gpt2'.
+# PROFILE_ARGS the profile step's bench.profile arguments (default --backends hf-eager,graph), e.g.
+#   PROFILE_ARGS='--backends graph-fused --batch-size 16' (its critical_*.txt: what each kernel adds to a step).
 # SAMPLE_ARGS the sample step (bench_sample), e.g. SAMPLE_ARGS='-k r1-'.
 # SANITIZE_ONLY the sanitize step's case groups, e.g. SANITIZE_ONLY=step,attention (tests/sanitizer_cases.py --only).
 # STEP_ARGS the gpt2step step (bench_gpt2_decode_step), e.g. STEP_ARGS='-k b1-' or STEP_ARGS=--full (adds bfloat16).
@@ -123,8 +125,8 @@ if has gpt2bench; then
     --out /tmp/fused_attn_report_gpt2 --no-plots > /dev/null && grep -v "^#" /tmp/fused_attn_report_gpt2/gpt2.txt
 fi
 if has profile; then
-  log "profile: hf-eager vs graph"
-  timeout ${PROFILE_TIMEOUT:-200} python3 -m bench.profile --backends hf-eager,graph --out /tmp/profile \
+  log "profile: ${PROFILE_ARGS:---backends hf-eager,graph}"
+  timeout ${PROFILE_TIMEOUT:-200} python3 -m bench.profile ${PROFILE_ARGS:---backends hf-eager,graph} --out /tmp/profile \
     > "$OUT/profile.log" 2>&1 || rc=1
   tar czf "$OUT/profile.tgz" -C /tmp profile  # one file: at most 8 come back from a device call
   tail -4 "$OUT/profile.log"

@@ -28,17 +28,24 @@ def test_providers_put_the_baselines_first_and_fused_last():
     for mod in (lin, mlp):
         assert mod.PROVIDERS == ("eager", "compiled", "fused")
         assert set(mod.NOTES) == set(mod.PROVIDERS)
-    assert lin.REPORT_LABELS["bench_linear"]["order"] == lin.LN_PROVIDERS
-    assert lin.LN_PROVIDERS[:2] + lin.LN_PROVIDERS[-1:] == lin.PROVIDERS
+    assert lin.REPORT_LABELS["bench_linear"]["order"] == lin.LN_PROVIDERS == lin.POST_PROVIDERS + ("folded",)
+    assert lin.POST_PROVIDERS[:2] + lin.POST_PROVIDERS[-1:] == lin.PROVIDERS
+    assert set(lin.LN_NOTES) == set(lin.LN_PROVIDERS) and set(lin.POST_NOTES) == set(lin.POST_PROVIDERS)
+    # bench.report's "ours" is the last fused* provider: fused, whose cases cover every group
+    assert [p for p in lin.LN_PROVIDERS if p.startswith("fused")][-1] == "fused"
 
 
 def test_gpu_cases_are_the_issues():
     all_cases = lin.make_cases(_config(), cuda=True)
     cases = [c for c in all_cases if c["op"] == "linear"]
     ln = [c for c in all_cases if c["op"] == "ln_linear"]
-    assert {c["shape"] for c in ln} == {(768, 2304), (768, 3072), (768, 50257)} and len(ln) == 3 * 3 * 4
+    assert {c["shape"] for c in ln} == {(768, 2304), (768, 3072), (768, 50257)} and len(ln) == 3 * 3 * 5
     assert {c["m"] for c in ln} == {1, 4, 16} and lin.case_id(ln[0]) == "eager-ln-k768-n2304-m1-float16"
     assert lin.group(ln[0]) == "ln+linear 768x2304 m1 float16"
+    # the fold sits in its peers' groups: every (shape, m, dtype) of the ln+linear cases, one group
+    folded = [c for c in ln if c["provider"] == "folded"]
+    assert {(c["shape"], c["m"]) for c in folded} == {(c["shape"], c["m"]) for c in ln} and len(folded) == 9
+    assert lin.case_id(folded[0]) == "folded-ln-k768-n2304-m1-float16" and lin.group(folded[0]) == lin.group(ln[0])
     post = [c for c in all_cases if c["op"] == "linear_norm"]
     assert {c["shape"] for c in post} == {(768, 768), (3072, 768)} and len(post) == 2 * 3 * 4
     assert lin.case_id(post[0]) == "eager-post-k768-n768-m1-float16" and lin.group(post[0]) == "linear+norm 768x768 m1 float16"
@@ -72,6 +79,7 @@ def test_each_provider_matches_the_reference_on_the_cpu(m):
     t = lin.make_inputs(64, 48, m, torch.float32, torch.device("cpu"), seed=1)
     for p in ("eager", "fused"):
         lin.check(p, lin.provider_fn(p, t)(), t)
+    for p in ("eager", "unfolded", "fused", "folded"):
         lin.ln_check(p, lin.ln_provider_fn(p, t)(), t)
     for p in ("eager", "unfolded", "fused"):
         lin.post_check(p, lin.post_provider_fn(p, t)(), t)
@@ -87,6 +95,16 @@ def test_the_check_rejects_a_wrong_output():
     out[-1] = 0
     with pytest.raises(AssertionError, match=r"eager \(row 3\) must match the float64 reference"):
         lin.check("eager", out, t)
+
+
+def test_the_ln_check_rejects_a_fold_that_drops_the_norms_affine():
+    """The folded provider's check is against layer_norm(x) with the norm's weight and bias: the weightless
+    norm with the unfolded W and b (a fold that was never applied) fails it."""
+    from fused_attn import linear
+
+    t = lin.make_inputs(64, 48, 1, torch.float32, torch.device("cpu"))
+    with pytest.raises(AssertionError, match=r"folded \(row 0\) must match the float64 reference"):
+        lin.ln_check("folded", linear(t["x"], t["w"], t["b"], norm="layer_norm", eps=lin.LN_EPS), t)
 
 
 def test_record_on_a_gpu_run_fills_bandwidth_matmul_floors_and_speedups():
@@ -113,10 +131,14 @@ def test_cpu_smoke_run_and_its_report(tmp_path):
                            "-p", "no:cacheprovider", "--bench-rounds", "3", f"--benchmark-json={run}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "18 passed, 8 skipped" in proc.stdout
+    assert "19 passed, 8 skipped" in proc.stdout
     benches = json.loads(run.read_text())["benchmarks"]
-    assert {b["extra_info"]["provider"] for b in benches} == {"eager", "unfolded", "fused"}
+    assert {b["extra_info"]["provider"] for b in benches} == {"eager", "unfolded", "fused", "folded"}
+    ln = {b["extra_info"]["provider"]: b["extra_info"] for b in benches if b["group"].startswith("ln+linear")}
+    assert set(ln) == {"eager", "unfolded", "fused", "folded"}  # one group; the same modeled bytes for all
+    assert {e["modeled_bytes"] for e in ln.values()} == {sum(lin.ln_modeled_traffic(64, 48, 1, torch.float32))}
+    assert "speedup_vs_fused" in ln["folded"]
     assert report.main([str(run), "--out", str(tmp_path / "r"), "--no-plots"]) == 0
     readme = (tmp_path / "r" / "readme.md").read_text()
-    assert "| K x N, M | dtype | eager us | unfolded us | fused us | x eager | x unfolded |" in readme
+    assert "| K x N, M | dtype | eager us | unfolded us | fused us | folded us | x eager | x unfolded |" in readme
     assert "| d_model x hidden x M | dtype | eager us | fused us | x eager |" in readme

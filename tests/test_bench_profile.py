@@ -49,3 +49,29 @@ def test_part_times_use_kernel_time_under_cpu_scopes_not_gpu_ranges():
     times = profile.part_times(prof, on_gpu=True)
     assert times["attention"] == 40.0 and times["mlp"] == 50.0
     assert times["residual"] == 100.0 - 94.0
+
+
+def test_critical_path_credits_each_kernel_with_its_end_past_the_latest_end():
+    """Under programmatic dependent launch a kernel starts before the previous one ends: its increment
+    is its end minus the latest end before it (not its duration), the increments add up to the step, and
+    only the steps after the skipped ones (each ending with `sample`) count."""
+    import torch
+    from types import SimpleNamespace
+
+    gpu = torch.autograd.DeviceType.CUDA
+
+    def ev(name, start, end):
+        return SimpleNamespace(name=name, device_type=gpu, time_range=SimpleNamespace(start=start, end=end))
+
+    gemv = "void fused_attn::linear::linear_gemv_kernel<__half, 1, 4>(fused_attn::LinearParams)"
+    events, t = [], 0.0
+    for _ in range(5):  # per step: a GEMV (3 us past the last end, started 5 us early), a kernel 1 us past
+        # it, the sampler 1 us past that
+        events += [ev(gemv, t - 5, t + 3), ev("void tiny_kernel()", t + 2, t + 4), ev("void sample_kernel()", t + 3, t + 5)]
+        t += 5
+    rows = {ln[:90].strip(): ln[90:].split() for ln in profile.critical_path(SimpleNamespace(events=lambda: events))}
+    assert rows["linear_gemv_kernel<__half, 1, 4>"] == ["1.0", "3.00", "3.00", "60.0%"]
+    assert rows["tiny_kernel"] == ["1.0", "1.00", "1.00", "20.0%"]
+    assert rows["sample_kernel"] == ["1.0", "1.00", "1.00", "20.0%"]
+    assert rows["step (sample end to sample end)"] == ["3.0", "5.00"]
+    assert profile.critical_path(SimpleNamespace(events=lambda: events[:6]))[0].startswith("(fewer than 4")
