@@ -256,6 +256,15 @@ LINEAR_FOLD_CASES = [
 ]
 
 
+# linear with a weightless norm at 5-16 16-bit rows: layer_norm's launch, then the tensor-core kernel
+# (test_linear.py's test_weightless_norm_rows_gpu: k, n, activation, dtype, norm, rows); 16 float16 rows
+# include one spanning float16's range.
+LINEAR_NORM_ROWS_CASES = [
+    (768, 2304, None, torch.float16, "layer_norm", 16),
+    (1000, 4400, "swiglu", torch.bfloat16, "rms_norm", 9),
+]
+
+
 # linear with post_norm= (test_linear.py's POST_CASES): the folded last-block pass at 1 and 4 rows (the
 # count on the workspace, the affine staged in shared memory), an odd width on the element-wise path,
 # and the widest row it takes.
@@ -265,7 +274,8 @@ LINEAR_POST_CASES = [0, 2, 3, 4]
 def linear_cases(quick: bool) -> int:
     from tests.test_linear import POST_CASES, check_post, post_inputs
     from tests.test_linear import case_of as linear_case_of
-    from tests.test_linear import linear, norm_case_of, run_and_check_norm, test_norm_fold_one_row_gpu
+    from tests.test_linear import check_weightless_norm, fold_rows, linear, norm_case_of, run_and_check_norm
+    from tests.test_linear import test_norm_fold_one_row_gpu, weightless_norm_inputs
     from tests.test_linear import run_and_check as linear_run_and_check
 
     # racecheck (quick) takes the small split-K case: the 16-row one's cuBLAS peer (the test's error
@@ -279,6 +289,10 @@ def linear_cases(quick: bool) -> int:
     fold_cases = LINEAR_FOLD_CASES[:1] if quick else LINEAR_FOLD_CASES
     for args in fold_cases:
         test_norm_fold_one_row_gpu(*args)
+    norm_rows_cases = LINEAR_NORM_ROWS_CASES[:1] if quick else LINEAR_NORM_ROWS_CASES
+    for k, n, act, dtype, norm, m in norm_rows_cases:
+        gen = torch.Generator().manual_seed(k + n + m)
+        check_weightless_norm(*weightless_norm_inputs(fold_rows(m, k, dtype, gen), n, act, norm, gen), act, norm)
     post_cases = [POST_CASES[i] for i in (LINEAR_POST_CASES[:2] if quick else LINEAR_POST_CASES)]
     ws = torch.zeros(1, dtype=torch.int32, device="cuda")
     for case in post_cases:
@@ -287,7 +301,7 @@ def linear_cases(quick: bool) -> int:
         y, normed = linear(x, w, b, activation=case[4], residual=r, post_norm=norm, post_norm_weight=pw,
                            post_norm_bias=pb, workspace=ws)
         check_post(y, normed, pw, pb, 1e-5, norm == "rms_norm", f"post {case}")
-    return len(cases) + len(norm_cases) + len(fold_cases) + len(post_cases)
+    return len(cases) + len(norm_cases) + len(fold_cases) + len(norm_rows_cases) + len(post_cases)
 
 
 # sample: (rows, vocab, dtype, layout, temperature, offsets): one block per row (vocab <= 4096), clusters of

@@ -598,24 +598,83 @@ def test_norm_fold_one_row_gpu(k, n, act, dtype, norm, kind):
     """linear(x [1, k], norm=..., no norm weight or bias), the fold, against float64 (the norm, the matmul,
     bias, activation and residual all in float64): no further off than the two launches (our layer_norm,
     then linear), or than one rounding of the output, whichever is larger."""
-    from fused_attn.layer_norm import layer_norm, rms_norm
-
     gen = torch.Generator().manual_seed(k + n)
     x = fold_row(kind, k, gen).view(1, k).to(dtype)
+    check_weightless_norm(*weightless_norm_inputs(x, n, act, norm, gen), act, norm)
+
+
+def weightless_norm_inputs(x: torch.Tensor, n: int, act, norm: str, gen):
+    """x [m, k] (T, CPU) with W [n, k], a bias and a residual drawn from gen, on the GPU, and the float64
+    reference of linear(norm(x)) (no norm weight or bias) with them."""
+    m, k = x.shape
+    dtype = x.dtype
     w = (torch.randn(n, k, generator=gen, dtype=torch.float64) / math.sqrt(k)).to(dtype)
     b = torch.randn(n, generator=gen, dtype=torch.float64).to(dtype)  # SwiGLU: gate and up rows' biases
-    n_out = n // 2 if act == "swiglu" else n
-    r = torch.randn(1, n_out, generator=gen, dtype=torch.float64).to(dtype)
+    r = torch.randn(m, n // 2 if act == "swiglu" else n, generator=gen, dtype=torch.float64).to(dtype)
     xd = reference.layer_norm(x.double(), None, None, 1e-5, rms=norm == "rms_norm")
     want = reference._linear_compute(xd, w.double(), b.double(), act, r.double(), torch.float64)
-    xc, wc, bc, rc = (t.cuda() for t in (x, w, b, r))
+    return *(t.cuda() for t in (x, w, b, r)), want
+
+
+def check_weightless_norm(xc, wc, bc, rc, want, act, norm) -> None:
+    """linear(norm=..., no norm weight or bias) against the float64 want, row by row (each row's own
+    scale): no further off than our layer_norm then linear, or than one rounding of the output."""
+    from fused_attn.layer_norm import layer_norm, rms_norm
+
     got = linear(xc, wc, bc, activation=act, residual=rc, norm=norm).double().cpu()
     xn = (layer_norm(xc) if norm == "layer_norm" else rms_norm(xc)).contiguous()
     two = linear(xn, wc, bc, activation=act, residual=rc).double().cpu()
-    assert not got.isnan().any(), f"{kind}: NaN in the output"
-    err, err_two = (got - want).abs().max().item(), (two - want).abs().max().item()
-    one_rounding = torch.finfo(dtype).eps * want.abs().max().item()
-    assert err <= max(err_two, one_rounding), f"{kind}: folded {err:.3g}, two launches {err_two:.3g}"
+    assert not got.isnan().any(), "NaN in the output"
+    for i in range(got.shape[0]):
+        err, err_two = (got[i] - want[i]).abs().max().item(), (two[i] - want[i]).abs().max().item()
+        one_rounding = torch.finfo(xc.dtype).eps * want[i].abs().max().item()
+        assert err <= max(err_two, one_rounding), f"row {i}: {err:.3g}, two launches {err_two:.3g}"
+
+
+def fold_rows(m: int, k: int, dtype, gen) -> torch.Tensor:
+    """m rows of FOLD_ROWS' kinds in turn; in float16 from 6 rows on the last one spans float16's range
+    (x[0] = 6e4, the rest near -6e4: x - x[0] is beyond float16)."""
+    x = torch.stack([fold_row(FOLD_ROWS[i % len(FOLD_ROWS)], k, gen) for i in range(m)])
+    if dtype == torch.float16 and m > len(FOLD_ROWS):
+        x[-1] = -6e4 + 10 * torch.randn(k, generator=gen, dtype=torch.float64)
+        x[-1, 0] = 6e4
+    return x.to(dtype)
+
+
+def fold_rows_inputs(k, n, act, dtype, norm, m):
+    """x (fold_rows), W, bias, residual on the GPU and the float64 reference of the weightless norm + linear."""
+    n_out = n // 2 if act == "swiglu" else n
+    gen = torch.Generator().manual_seed(k + n + m)
+    x = fold_rows(m, k, dtype, gen)
+    w = (torch.randn(n, k, generator=gen, dtype=torch.float64) / math.sqrt(k)).to(dtype)
+    b = torch.randn(n, generator=gen, dtype=torch.float64).to(dtype)
+    r = torch.randn(m, n_out, generator=gen, dtype=torch.float64).to(dtype)
+    xd = reference.layer_norm(x.double(), None, None, 1e-5, rms=norm == "rms_norm")
+    want = reference._linear_compute(xd, w.double(), b.double(), act, r.double(), torch.float64)
+    return *(t.cuda() for t in (x, w, b, r)), want
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [5, 8, 9, 16])
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k,n,act", [(768, 2304, None), (768, 3072, "gelu_tanh"), (4096, 2200, None),
+                                     (1000, 4400, "swiglu")])
+def test_weightless_norm_rows_gpu(k, n, act, dtype, norm, m):
+    """linear(x [m, k], norm=..., no norm weight or bias: weights folded at load time, as GPT-2's
+    graph-fused step passes them) at 5-16 rows where the tensor-core kernel runs (one 16-row tile per SM
+    or more), against float64 (check_weightless_norm); rows of every FOLD_ROWS kind, in float16 one
+    spanning float16's range. The path: our layer_norm launch, then the tensor-core kernel (a fold into
+    its products measured slower, bench/NOTES.md session 14)."""
+    n_out = n // 2 if act == "swiglu" else n
+    if (n_out + (7 if act == "swiglu" else 15)) // (8 if act == "swiglu" else 16) < \
+            torch.cuda.get_device_properties(0).multi_processor_count:
+        pytest.skip(f"{n_out} output columns give fewer tensor-core tiles than this GPU's SMs")
+    gen = torch.Generator().manual_seed(k + n + m)
+    xc, wc, bc, rc, want = weightless_norm_inputs(fold_rows(m, k, dtype, gen), n, act, norm, gen)
+    names = _kernels_run(lambda: linear(xc, wc, bc, activation=act, residual=rc, norm=norm))
+    assert any("linear_mma_kernel" in nm for nm in names) and any("layer_norm" in nm for nm in names), names
+    check_weightless_norm(xc, wc, bc, rc, want, act, norm)
 
 
 @pytest.mark.gpu

@@ -7,8 +7,8 @@ Each (dtype, MT, norm) unit instantiates launch_linear_gemv, whose kernels cover
 rows per block (1, 2, 4) and both load paths (16-byte, element-wise): 6 kernels per unit, 180 in 30
 units that ninja compiles side by side (``_norm``: with the LayerNorm / RMSNorm prologue; the units
 without it also the 6 kernels with the post-normalization, kPost); the
-float16 / bfloat16 units of MT 8 and 16 also the tensor-core kernels (linear_mma_kernel, and without
-the norm linear_splitk.cuh's split-K kernel). The files are committed; the build does not run this
+float16 / bfloat16 units of MT 8 and 16 without the norm also the tensor-core kernels (linear_mma_kernel
+and linear_splitk.cuh's split-K kernel). The files are committed; the build does not run this
 script (tests/test_build.py checks they are current).
 """
 
@@ -37,13 +37,12 @@ def units() -> dict[str, str]:
                     decls += (f"template void launch_linear_gemv<{T}, {mt}, false, true>(const LinearParams&, int, "
                               f"int, cudaStream_t, const LinearPost*);\n")
                 mma = dt != "fp32" and mt in MMA_ROWS
-                if mma:
-                    decls += f"template void launch_linear_mma<{T}, {mt}, {flag}>(const LinearParams&, cudaStream_t);\n"
-                    if not norm:
-                        decls += (f"template int linear_mma_arch<{T}, {mt}>();\n"
-                                  f"template void launch_linear_splitk<{T}, {mt}>(const LinearParams&, int, "
-                                  f"cudaStream_t);\n"
-                                  f"template int linear_splitk_arch<{T}, {mt}>();\n")
+                if mma and not norm:
+                    decls += (f"template void launch_linear_mma<{T}, {mt}>(const LinearParams&, cudaStream_t);\n"
+                              f"template int linear_mma_arch<{T}, {mt}>();\n"
+                              f"template void launch_linear_splitk<{T}, {mt}>(const LinearParams&, int, "
+                              f"cudaStream_t);\n"
+                              f"template int linear_splitk_arch<{T}, {mt}>();\n")
                 header = HEADER.format(header="linear_splitk.cuh" if mma and not norm else "linear_kernel.cuh")
                 name = f"linear_inst_{dt}_m{mt}{'_norm' if norm else ''}.cu"
                 out[name] = header + decls + "}  // namespace fused_attn\n"

@@ -3,5 +3,4 @@
 
 namespace fused_attn {
 template void launch_linear_gemv<__nv_bfloat16, 16, true>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
-template void launch_linear_mma<__nv_bfloat16, 16, true>(const LinearParams&, cudaStream_t);
 }  // namespace fused_attn

@@ -3,5 +3,4 @@
 
 namespace fused_attn {
 template void launch_linear_gemv<__half, 8, true>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
-template void launch_linear_mma<__half, 8, true>(const LinearParams&, cudaStream_t);
 }  // namespace fused_attn

@@ -25,11 +25,11 @@
 // consecutive k of weight rows l / 4 and l / 4 + 8 and of x row l / 4, and the 16 k slots of a
 // fragment are a fixed permutation of the 32 k the lane quad read (slot 2q + {0, 1}, 8 + 2q + {0, 1}
 // of the first MMA = k 8q + {0..3}, of the second = 8q + {4..7}); A and B share the permutation, so
-// the dot products are exact sums over k. 8 warps split K, U = 4 chunks of 32 k in flight per warp
-// (128 bytes of weight per lane), and sum their fragments through shared memory; with SwiGLU a
+// the dot products are exact sums over k. 8 warps split K, U = 3 chunks of 32 k in flight per warp
+// (96 bytes of weight per lane; kMmaChunks), and sum their fragments through shared memory; with SwiGLU a
 // lane holds the gate and up sums of the same output, so the epilogue needs no exchange.
 //
-// Pre-normalization (kNorm, both kernels): y = act(norm(x) · Wᵀ + b) + residual with norm LayerNorm or
+// Pre-normalization (kNorm, the CUDA-core kernel): y = act(norm(x) · Wᵀ + b) + residual with norm LayerNorm or
 // RMSNorm (p.norm), what fused_attn.layer_norm / rms_norm compute: float32 statistics, two passes (the
 // LayerNorm variance of the row shifted by its first element, as csrc/layer_norm does), the normalized
 // row rounded to T. Before wait_for_primary(), the norm's weight and bias (constants) start on their
@@ -38,8 +38,8 @@
 // shared memory, a warp per row takes the statistics there, the block normalizes in place, and the
 // main loop reads x from there: one global round trip after the wait, as in the norm's own kernel
 // (which loads its weight and bias early too). It saves the norm's own launch (~2.5 us at B1 on an
-// H100, for ~3 KB moved). Both kernels hold their first weight pieces in registers across the wait
-// and the prologue, as without the norm. Each block normalizes the rows again, so the prologue
+// H100, for ~3 KB moved). The kernel holds its first weight pieces in registers across the wait and
+// the prologue, as without the norm. Each block normalizes the rows again, so the prologue
 // costs once per wave of blocks: a weight of tens of thousands of rows (an lm_head) is better served
 // by the norm's own launch.
 //
@@ -497,12 +497,26 @@ __global__ void __launch_bounds__(kLinearMaxThreads, kFold ? 4 : 1) linear_gemv_
 }
 
 constexpr int kMmaWarps = kLinearMmaThreads / 32;
-constexpr int kMmaChunks = 4;  // chunks of 32 k per warp in flight
+// Chunks of 32 k per warp in flight, and the blocks per SM the tensor-core kernels are compiled for
+// (__launch_bounds__: at most 80 registers). Unbounded, ptxas gave them 110-112 registers: two blocks
+// per SM, so a next kernel's blocks found little room to start early under PDL, and the split-K
+// kernel's 288 blocks at GPT-2's N = 768 ran as two waves. Three blocks per SM with three chunks in
+// flight (all of K = 768 in one group: 24 chunks over 8 warps) measured 483 -> 415 us for GPT-2's B16
+// decode step and 453 -> 382 us at B8 (H100, bench/NOTES.md session 14); four blocks (two chunks, 64
+// registers) 433 us at B16. Both are overridable for A/Bs (FUSED_ATTN_NVCC_FLAGS=
+// "-DFUSED_ATTN_MMA_CHUNKS=4 -DFUSED_ATTN_MMA_MIN_BLOCKS=1" is the unbounded build).
+#ifndef FUSED_ATTN_MMA_CHUNKS
+#define FUSED_ATTN_MMA_CHUNKS 3
+#endif
+#ifndef FUSED_ATTN_MMA_MIN_BLOCKS
+#define FUSED_ATTN_MMA_MIN_BLOCKS 3
+#endif
+constexpr int kMmaChunks = FUSED_ATTN_MMA_CHUNKS;
+constexpr int kMmaMinBlocks = FUSED_ATTN_MMA_MIN_BLOCKS;
 
 // One lane's operands in the tensor-core kernels (linear_mma_kernel, linear_splitk.cuh) for the tile
 // of weight rows from output column col0: its two weight rows (tile rows g and g + 8) and its x row
-// of each of the NT n-tiles, each pointer at the lane's 8 k of a chunk of 32. With xs (the kNorm
-// kernels) the x rows are the normalized rows in shared memory, xs_pitch apart.
+// of each of the NT n-tiles, each pointer at the lane's 8 k of a chunk of 32.
 template <typename T, int NT>
 struct MmaLane {
   const T* wrow[2];
@@ -512,8 +526,7 @@ struct MmaLane {
 };
 
 template <typename T, int NT>
-__device__ __forceinline__ MmaLane<T, NT> mma_lane(const LinearParams& p, int64_t col0, int lane,
-                                                   const T* xs = nullptr) {
+__device__ __forceinline__ MmaLane<T, NT> mma_lane(const LinearParams& p, int64_t col0, int lane) {
   const bool swiglu = p.activation == kActSwiglu;
   const int g = lane / 4, q = lane % 4;
   MmaLane<T, NT> L;
@@ -528,7 +541,7 @@ __device__ __forceinline__ MmaLane<T, NT> mma_lane(const LinearParams& p, int64_
   for (int t = 0; t < NT; ++t) {
     L.xlive[t] = 8 * t + g < p.m;
     const int m = L.xlive[t] ? 8 * t + g : 0;
-    L.xrow[t] = xs != nullptr ? xs + m * p.xs_pitch + q * 8 : static_cast<const T*>(p.x) + m * p.x_stride + q * 8;
+    L.xrow[t] = static_cast<const T*>(p.x) + m * p.x_stride + q * 8;
   }
   return L;
 }
@@ -551,8 +564,7 @@ __device__ __forceinline__ void mma_load_weights(const LinearParams& p, const Mm
 
 // acc += the lane's share of the products over the chunks of 32 k first, first + stride, ... below
 // end, kMmaChunks of them in flight; `wa` holds the first group's weights (mma_load_weights, issued
-// before the caller's wait_for_primary(): x, read here, is the previous kernel's output, or with kNorm
-// the normalized rows in shared memory).
+// before the caller's wait_for_primary(): x, read here, is the previous kernel's output).
 template <typename T, int NT>
 __device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaLane<T, NT>& L, int first, int end,
                                                int stride, uint4 (&wa)[kMmaChunks][2], float (&acc)[NT][4]) {
@@ -619,29 +631,27 @@ __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, i
   }
 }
 
-// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); kNorm: x's rows normalized first.
-template <typename T, int NT, bool kNorm>
-__global__ void __launch_bounds__(kLinearMmaThreads) linear_mma_kernel(const LinearParams p) {
+// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16). No norm: linear.cpp normalizes 2-16
+// 16-bit rows in a launch of their own (the prologue measured slower in GPT-2's step, and a fold into
+// the products, as the CUDA-core kernel's kFold at one row, slower still: bench/NOTES.md session 14).
+template <typename T, int NT>
+__global__ void __launch_bounds__(kLinearMmaThreads, kMmaMinBlocks) linear_mma_kernel(const LinearParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  extern __shared__ uint4 xs_raw[];  // kNorm: the normalized rows of x
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const int warp = threadIdx.x / 32;
   const int64_t col0 = int64_t(blockIdx.x) * (p.activation == kActSwiglu ? 8 : 16);
-  const MmaLane<T, NT> L =
-      mma_lane<T, NT>(p, col0, threadIdx.x % 32, kNorm ? reinterpret_cast<const T*>(xs_raw) : nullptr);
+  const MmaLane<T, NT> L = mma_lane<T, NT>(p, col0, threadIdx.x % 32);
   float acc[NT][4];
 #pragma unroll
   for (int t = 0; t < NT; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
   const int chunks = (p.k + 31) / 32;
-  // As in linear_gemv_kernel: the first weights on their way into registers (and the norm's affine
-  // into shared memory) while the previous kernel drains; then x (normalized first with kNorm).
+  // As in linear_gemv_kernel: the first weights on their way into registers while the previous kernel
+  // drains; then x.
   uint4 wa[kMmaChunks][2];
   mma_load_weights<T, NT>(p, L, warp, chunks, kMmaWarps, wa);
-  if constexpr (kNorm) stage_affine<T>(p, reinterpret_cast<unsigned char*>(xs_raw) + p.m * p.xs_pitch * sizeof(T));
   wait_for_primary();
-  if constexpr (kNorm) normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
   mma_accumulate<T, NT>(p, L, warp, chunks, kMmaWarps, wa, acc);
   launch_dependents();
 
@@ -713,21 +723,21 @@ void launch_nb(const LinearParams& params, int threads, cudaStream_t stream, con
 
 }  // namespace linear
 
-template <typename T, int MT, bool kNorm>
+template <typename T, int MT>
 void launch_linear_mma(const LinearParams& params, cudaStream_t stream) {
   const LinearParams p = with_pdl_early(params, params.m);
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  constexpr auto kernel = linear::linear_mma_kernel<T, MT / 8, kNorm>;
-  static const bool pdl = linear::allow_norm_smem<kNorm>(kernel) && programmatic_capable(kernel);
-  launch_programmatic(pdl, kernel, grid, dim3(kLinearMmaThreads), linear::norm_smem<T, kNorm>(p), stream, p);
+  constexpr auto kernel = linear::linear_mma_kernel<T, MT / 8>;
+  static const bool pdl = programmatic_capable(kernel);
+  launch_programmatic(pdl, kernel, grid, dim3(kLinearMmaThreads), 0, stream, p);
 }
 
 template <typename T, int MT>
 int linear_mma_arch() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, false>) == cudaSuccess ? attr.binaryVersion
+  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8>) == cudaSuccess ? attr.binaryVersion
                                                                                                   : 0;
 }
 

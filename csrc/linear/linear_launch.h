@@ -115,11 +115,11 @@ inline size_t linear_norm_smem_bytes(int m, int k, int elem_bytes, int w_bytes, 
 template <typename T, int MT, bool kNorm, bool kPost = false>
 void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, cudaStream_t stream,
                         const LinearPost* post = nullptr);
-// The tensor-core kernel: float16 / bfloat16, MT 8 or 16, p.vec (16-byte rows, k a multiple of 8);
-// 16 output columns per block (8 with kActSwiglu). linear_mma_arch: the SM version it was compiled
-// for (0 if none: mma.sync needs sm_80).
+// The tensor-core kernel: float16 / bfloat16, MT 8 or 16, p.vec (16-byte rows, k a multiple of 8), no
+// norm; 16 output columns per block (8 with kActSwiglu). linear_mma_arch: the SM version it was
+// compiled for (0 if none: mma.sync needs sm_80).
 constexpr int kLinearMmaThreads = 256;
-template <typename T, int MT, bool kNorm>
+template <typename T, int MT>
 void launch_linear_mma(const LinearParams& p, cudaStream_t stream);
 template <typename T, int MT>
 int linear_mma_arch();

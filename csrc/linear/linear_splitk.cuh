@@ -33,7 +33,7 @@ namespace linear {
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); blockIdx.x the tile, the cluster
 // (blockIdx.y) the split of K.
 template <typename T, int NT>
-__global__ void __launch_bounds__(kLinearMmaThreads) linear_splitk_kernel(const LinearParams p) {
+__global__ void __launch_bounds__(kLinearMmaThreads, kMmaMinBlocks) linear_splitk_kernel(const LinearParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
