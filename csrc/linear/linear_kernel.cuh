@@ -227,24 +227,62 @@ __device__ void normalize_rows(const LinearParams& p, T* xs) {
 
 __device__ __forceinline__ float silu(float y) { return y / (1.f + expf(-y)); }
 
-// The epilogue of output (x row m, column col): `sum` is x · w_col (the gate's with SwiGLU, `up` the
-// up row's), then bias, the activation, the residual, one rounding to T.
+// The operands of output (x row m, column col) that do not depend on the dot product: the bias (with
+// SwiGLU the gate's and the up row's) and the residual. The kernels load them ahead, the bias before
+// wait_for_primary() (a constant: ld.global.nc) and the residual right after it (the previous kernels'
+// output), so that they are in registers when the sums are, not one more round trip at the end of the
+// launch. Measured in GPT-2's step (H100): B4 -7.5 us, B16 even, B1 +2.5 us (so not at one row:
+// linear_gemv_kernel's kAhead); predicted was more (bench/NOTES.md session 14).
+// FUSED_ATTN_OUTPUT_AHEAD=0 (nvcc flag) loads them in the epilogue instead, for A/Bs.
+#ifndef FUSED_ATTN_OUTPUT_AHEAD
+#define FUSED_ATTN_OUTPUT_AHEAD 1
+#endif
+constexpr bool kOutputAhead = FUSED_ATTN_OUTPUT_AHEAD != 0;
+
+struct OutputIn {
+  float bias, bias_up, residual;
+};
+
 template <typename T>
-__device__ __forceinline__ void store_output(const LinearParams& p, int m, int64_t col, float sum, float up) {
+__device__ __forceinline__ void load_output_bias(const LinearParams& p, int64_t col, bool live, OutputIn& in) {
   const T* bias = static_cast<const T*>(p.bias);
+  const bool b = live && bias != nullptr;
+  in.bias = b ? to_float(__ldg(bias + col)) : 0.f;
+  in.bias_up = b && p.activation == kActSwiglu ? to_float(__ldg(bias + p.n_out + col)) : 0.f;
+}
+
+template <typename T>
+__device__ __forceinline__ void load_output_residual(const LinearParams& p, int m, int64_t col, bool live,
+                                                     OutputIn& in) {
+  // plain: after the wait (an __ldg could be hoisted above it)
+  in.residual = live && p.residual != nullptr ? to_float(static_cast<const T*>(p.residual)[m * p.r_stride + col])
+                                              : 0.f;
+}
+
+// The epilogue of output (x row m, column col): `sum` is x · w_col (the gate's with SwiGLU, `up` the
+// up row's), then bias, the activation, the residual (`in`, loaded ahead), one rounding to T.
+template <typename T>
+__device__ __forceinline__ void store_output(const LinearParams& p, int m, int64_t col, float sum, float up,
+                                             const OutputIn& in) {
+  const bool biased = p.bias != nullptr;
   float y;
   if (p.activation == kActSwiglu) {
-    if (bias != nullptr) {
-      sum += to_float(bias[col]);
-      up += to_float(bias[p.n_out + col]);
-    }
-    y = silu(sum) * up;
+    y = silu(biased ? sum + in.bias : sum) * (biased ? up + in.bias_up : up);
   } else {
-    y = bias != nullptr ? sum + to_float(bias[col]) : sum;
+    y = biased ? sum + in.bias : sum;
     if (p.activation == kActGeluTanh) y = gelu_tanh(y);
   }
-  if (p.residual != nullptr) y += to_float(static_cast<const T*>(p.residual)[m * p.r_stride + col]);
+  if (p.residual != nullptr) y += in.residual;
   static_cast<T*>(p.out)[m * p.o_stride + col] = from_float<T>(y);
+}
+
+// The same with the bias and residual loaded here (an output no thread loaded ahead).
+template <typename T>
+__device__ __forceinline__ void store_output(const LinearParams& p, int m, int64_t col, float sum, float up) {
+  OutputIn in;
+  load_output_bias<T>(p, col, true, in);
+  load_output_residual<T>(p, m, col, true, in);
+  store_output<T>(p, m, col, sum, up, in);
 }
 
 // The post-normalization (LinearPost q): called by every thread of every block after its
@@ -384,11 +422,21 @@ __global__ void __launch_bounds__(kLinearMaxThreads, kFold ? 4 : 1) linear_gemv_
   };
   // Launched programmatically (common/pdl.cuh): the first weights are on their way into registers
   // while the previous kernel, which writes x (and the residual), drains; then x is readable (and with
-  // kNorm the block normalizes it: every thread takes part).
+  // kNorm the block normalizes it: every thread takes part). From two rows of x (kAhead) the epilogue's
+  // first output per thread (thread t: column t / MT, x row t % MT) has its bias loaded before the
+  // wait, its residual after. At one row that measured 2.5 us slower per B1 step (the registers it
+  // takes: 64 -> 70), at four rows 7.5 us faster per B4 step (bench/NOTES.md session 14).
+  constexpr bool kAhead = kOutputAhead && MT > 1;
   if (int(threadIdx.x) < pieces) load_weights(threadIdx.x);
+  const int out_cols = swiglu ? NB / 2 : NB;
+  const int first_c = int(threadIdx.x) / MT, first_m = int(threadIdx.x) % MT;
+  const bool first_live = kAhead && first_c < out_cols && first_m < p.m && col0 + first_c < p.n_out;
+  OutputIn first_in;
+  load_output_bias<T>(p, col0 + first_c, first_live, first_in);
   if constexpr (kPrologue) stage_affine<T>(p, reinterpret_cast<unsigned char*>(xs_raw) + p.m * p.xs_pitch * sizeof(T));
   if constexpr (kPost) post_prefetch<T>(p, args.post);
   wait_for_primary();
+  load_output_residual<T>(p, first_m, col0 + first_c, first_live, first_in);
   if constexpr (kPrologue) normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
   // kFold: per x row its shift s and the sums of x~ and x~^2; per weight row the sum of its elements.
   float shift[MT], s1[MT], s2[MT], wsum[NB];
@@ -469,8 +517,7 @@ __global__ void __launch_bounds__(kLinearMaxThreads, kFold ? 4 : 1) linear_gemv_
   __syncthreads();
 
   // Epilogue: one thread per (output column, x row).
-  const int cols = swiglu ? NB / 2 : NB;
-  for (int t = threadIdx.x; t < cols * MT; t += blockDim.x) {
+  for (int t = threadIdx.x; t < out_cols * MT; t += blockDim.x) {
     const int c = t / MT, m = t % MT;
     const int64_t col = col0 + c;
     if (m >= p.m || col >= p.n_out) continue;
@@ -487,10 +534,11 @@ __global__ void __launch_bounds__(kLinearMaxThreads, kFold ? 4 : 1) linear_gemv_
       }
       return s;
     };
-    if (swiglu) {
-      store_output<T>(p, m, col, sum(2 * c), sum(2 * c + 1));
+    const float gate_or_sum = sum(swiglu ? 2 * c : c), up = swiglu ? sum(2 * c + 1) : 0.f;
+    if (kAhead && t == int(threadIdx.x)) {
+      store_output<T>(p, m, col, gate_or_sum, up, first_in);
     } else {
-      store_output<T>(p, m, col, sum(c), 0.f);
+      store_output<T>(p, m, col, gate_or_sum, up);
     }
   }
   if constexpr (kPost) post_normalize<T>(p, args.post);
@@ -616,18 +664,62 @@ __device__ __forceinline__ bool mma_block_sum(const float (&acc)[NT][4], float (
   return true;
 }
 
+// The outputs of n-tile t a lane of the owning warp stores (mma_block_sum's s[i]: x row 8 t + 2 q + i % 2,
+// column col0 + g + 8 (i / 2); with SwiGLU only i < 2, column col0 + g), their bias loaded before
+// wait_for_primary() and residual after it (mma_load_output; OutputIn), by the NT owning warps only.
+struct MmaOutputIn {
+  OutputIn in[4];
+};
+
+template <typename T>
+__device__ __forceinline__ void mma_output_at(const LinearParams& p, int64_t col0, int t, int i, int& m,
+                                              int64_t& col, bool& live) {
+  const bool swiglu = p.activation == kActSwiglu;
+  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  m = 8 * t + 2 * q + i % 2;
+  col = swiglu ? col0 + g : col0 + g + 8 * (i / 2);
+  live = !(swiglu && i >= 2) && m < p.m && col < p.n_out;
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_load_output_bias(const LinearParams& p, int64_t col0, int t, MmaOutputIn& o) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    int m;
+    int64_t col;
+    bool live;
+    mma_output_at<T>(p, col0, t, i, m, col, live);
+    load_output_bias<T>(p, col, live, o.in[i]);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_load_output_residual(const LinearParams& p, int64_t col0, int t,
+                                                         MmaOutputIn& o) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    int m;
+    int64_t col;
+    bool live;
+    mma_output_at<T>(p, col0, t, i, m, col, live);
+    load_output_residual<T>(p, m, col, live, o.in[i]);
+  }
+}
+
 // The epilogue of n-tile t from its summed fragment s (as mma_block_sum leaves it); with SwiGLU s[0..1]
 // are gate sums and s[2..3] the up sums of the same outputs.
 template <typename T>
-__device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, int t, const float (&s)[4]) {
+__device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, int t, const float (&s)[4],
+                                          const MmaOutputIn& o) {
   const bool swiglu = p.activation == kActSwiglu;
-  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    if (swiglu && i >= 2) break;
-    const int m = 8 * t + 2 * q + i % 2;
-    const int64_t col = swiglu ? col0 + g : col0 + g + 8 * (i / 2);
-    if (m < p.m && col < p.n_out) store_output<T>(p, m, col, s[i], swiglu ? s[i + 2] : 0.f);
+    int m;
+    int64_t col;
+    bool live;
+    mma_output_at<T>(p, col0, t, i, m, col, live);
+    if (live && kOutputAhead) store_output<T>(p, m, col, s[i], swiglu ? s[i + 2] : 0.f, o.in[i]);
+    if (live && !kOutputAhead) store_output<T>(p, m, col, s[i], swiglu ? s[i + 2] : 0.f);
   }
 }
 
@@ -651,12 +743,15 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kMmaMinBlocks) linear_mma_k
   // drains; then x.
   uint4 wa[kMmaChunks][2];
   mma_load_weights<T, NT>(p, L, warp, chunks, kMmaWarps, wa);
+  MmaOutputIn out_in;  // the owning warps' (warp < NT) epilogue operands, loaded ahead
+  if (kOutputAhead && warp < NT) mma_load_output_bias<T>(p, col0, warp, out_in);
   wait_for_primary();
+  if (kOutputAhead && warp < NT) mma_load_output_residual<T>(p, col0, warp, out_in);
   mma_accumulate<T, NT>(p, L, warp, chunks, kMmaWarps, wa, acc);
   launch_dependents();
 
   float s[4];
-  if (mma_block_sum<NT>(acc, s)) mma_store<T>(p, col0, warp, s);
+  if (mma_block_sum<NT>(acc, s)) mma_store<T>(p, col0, warp, s, out_in);
 #else
   __trap();  // launched only where linear_mma_arch says it was compiled (sm_80 and later)
 #endif

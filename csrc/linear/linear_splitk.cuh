@@ -52,7 +52,11 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kMmaMinBlocks) linear_split
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
   uint4 wa[kMmaChunks][2];
   mma_load_weights<T, NT>(p, L, begin + warp, end, kMmaWarps, wa);
+  MmaOutputIn out_in;  // rank 0's owning warps' epilogue operands, loaded ahead (bias before the wait)
+  const bool stores = kOutputAhead && rank == 0 && warp < NT;
+  if (stores) mma_load_output_bias<T>(p, col0, warp, out_in);
   wait_for_primary();  // x and (rank 0's epilogue) the residual are the previous kernel's outputs
+  if (stores) mma_load_output_residual<T>(p, col0, warp, out_in);
   mma_accumulate<T, NT>(p, L, begin + warp, end, kMmaWarps, wa, acc);
   launch_dependents();
 
@@ -75,7 +79,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kMmaMinBlocks) linear_split
   // The other blocks' shared memory stays alive until rank 0 has read it. Rank 0 arrives before its
   // output stores (no store for the fence to wait for) and stores while the barrier completes.
   cluster_arrive_release();
-  if (owner && rank == 0) mma_store<T>(p, col0, warp, s);
+  if (owner && rank == 0) mma_store<T>(p, col0, warp, s, out_in);
   cluster_wait();
 #else
   __trap();  // launched only where linear_splitk_arch says it was compiled (sm_90 and later)
