@@ -229,7 +229,7 @@ __device__ __forceinline__ float silu(float y) { return y / (1.f + expf(-y)); }
 
 // The operands of output (x row m, column col) that do not depend on the dot product: the bias (with
 // SwiGLU the gate's and the up row's) and the residual. The kernels load them ahead, the bias before
-// wait_for_primary() (a constant: ld.global.nc) and the residual right after it (the previous kernels'
+// wait_for_primary() (a constant) and the residual right after it (the previous kernels'
 // output), so that they are in registers when the sums are, not one more round trip at the end of the
 // launch. Measured in GPT-2's step (H100): B4 -7.5 us, B16 even, B1 +2.5 us (so not at one row:
 // linear_gemv_kernel's kAhead); predicted was more (bench/NOTES.md session 14).
@@ -247,8 +247,9 @@ template <typename T>
 __device__ __forceinline__ void load_output_bias(const LinearParams& p, int64_t col, bool live, OutputIn& in) {
   const T* bias = static_cast<const T*>(p.bias);
   const bool b = live && bias != nullptr;
-  in.bias = b ? to_float(__ldg(bias + col)) : 0.f;
-  in.bias_up = b && p.activation == kActSwiglu ? to_float(__ldg(bias + p.n_out + col)) : 0.f;
+  // plain loads, issued where they stand (before the wait); the bias is a constant
+  in.bias = b ? to_float(bias[col]) : 0.f;
+  in.bias_up = b && p.activation == kActSwiglu ? to_float(bias[p.n_out + col]) : 0.f;
 }
 
 template <typename T>
