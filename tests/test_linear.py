@@ -172,10 +172,11 @@ def test_every_row_count_and_epilogue_gpu(m, activation, dtype):
 def test_tensor_core_path_gpu(m, activation, dtype):
     """The tensor-core kernel (float16 / bfloat16, 5-16 rows, 16-byte rows, >= 2112 output columns on an
     H100): a K with a partial last chunk of 32 and a partial last tile of output columns, and Llama's
-    widths; beside it the split-K kernel at N = 768 (too few tiles for the tensor-core one: on sm_90), and
+    widths (the kernel's long build: more than 3 chunks of 32 k per warp), GPT-2's 768 x 2304 (the short
+    build); beside it the split-K kernel at N = 768 (too few tiles for the tensor-core one: on sm_90), and
     K 11008, where these rows go to cuBLAS."""
     swiglu = activation == "swiglu"
-    for k, n_out in ((776, 2305), (4096, 4096), (1536, 768), (11008, 2112)):
+    for k, n_out in ((776, 2305), (4096, 4096), (768, 2304), (1536, 768), (11008, 2112)):
         for extras in (False, True):
             run_and_check(case_of(m=m, k=k, n=2 * n_out if swiglu else n_out, dtype=dtype, activation=activation,
                                   bias=extras, residual=extras, seed=m + k), "cuda")

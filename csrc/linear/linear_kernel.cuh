@@ -25,8 +25,8 @@
 // consecutive k of weight rows l / 4 and l / 4 + 8 and of x row l / 4, and the 16 k slots of a
 // fragment are a fixed permutation of the 32 k the lane quad read (slot 2q + {0, 1}, 8 + 2q + {0, 1}
 // of the first MMA = k 8q + {0..3}, of the second = 8q + {4..7}); A and B share the permutation, so
-// the dot products are exact sums over k. 8 warps split K, U = 3 chunks of 32 k in flight per warp
-// (96 bytes of weight per lane; kMmaChunks), and sum their fragments through shared memory; with SwiGLU a
+// the dot products are exact sums over k. 8 warps split K, U = 3 or 4 chunks of 32 k in flight per warp
+// (96 or 128 bytes of weight per lane: the short and long builds, kMmaShortChunks), and sum their fragments through shared memory; with SwiGLU a
 // lane holds the gate and up sums of the same output, so the epilogue needs no exchange.
 //
 // Pre-normalization (kNorm, the CUDA-core kernel): y = act(norm(x) · Wᵀ + b) + residual with norm LayerNorm or
@@ -546,22 +546,31 @@ __global__ void __launch_bounds__(kLinearMaxThreads, kFold ? 4 : 1) linear_gemv_
 }
 
 constexpr int kMmaWarps = kLinearMmaThreads / 32;
-// Chunks of 32 k per warp in flight, and the blocks per SM the tensor-core kernels are compiled for
-// (__launch_bounds__: at most 80 registers). Unbounded, ptxas gave them 110-112 registers: two blocks
-// per SM, so a next kernel's blocks found little room to start early under PDL, and the split-K
-// kernel's 288 blocks at GPT-2's N = 768 ran as two waves. Three blocks per SM with three chunks in
-// flight (all of K = 768 in one group: 24 chunks over 8 warps) measured 483 -> 415 us for GPT-2's B16
-// decode step and 453 -> 382 us at B8 (H100, bench/NOTES.md session 14); four blocks (two chunks, 64
-// registers) 433 us at B16. Both are overridable for A/Bs (FUSED_ATTN_NVCC_FLAGS=
-// "-DFUSED_ATTN_MMA_CHUNKS=4 -DFUSED_ATTN_MMA_MIN_BLOCKS=1" is the unbounded build).
+// Two builds of each tensor-core kernel: chunks of 32 k per warp in flight and the blocks per SM they
+// are compiled for (__launch_bounds__). Unbounded, ptxas gives them 110-112 registers: two blocks per
+// SM. For short rows that is too few: a next kernel's blocks find little room to start early under PDL,
+// and the split-K kernel's 288 blocks at GPT-2's N = 768 ran as two waves. So where a warp's share of
+// the block's K is at most kMmaShortChunks chunks (all of it in flight before the wait: K <= 768 for
+// the whole-K kernel), the "short" build runs: 3 chunks, 3 blocks per SM (80 registers), GPT-2's B16
+// decode step 483 -> 415 us and B8 453 -> 382 (H100, bench/NOTES.md session 14; 4 blocks with 2
+// chunks, 64 registers: 433 us at B16). Longer rows stream tens of MB, where bytes in flight per SM
+// matter more: the "long" build keeps 4 chunks, unbounded (Llama's 4096 x 4096 at M = 16 ran 26.1 us
+// under the short one against 21.4 in session 6). The short build is overridable for A/Bs
+// (FUSED_ATTN_NVCC_FLAGS="-DFUSED_ATTN_MMA_CHUNKS=4 -DFUSED_ATTN_MMA_MIN_BLOCKS=1").
 #ifndef FUSED_ATTN_MMA_CHUNKS
 #define FUSED_ATTN_MMA_CHUNKS 3
 #endif
 #ifndef FUSED_ATTN_MMA_MIN_BLOCKS
 #define FUSED_ATTN_MMA_MIN_BLOCKS 3
 #endif
-constexpr int kMmaChunks = FUSED_ATTN_MMA_CHUNKS;
-constexpr int kMmaMinBlocks = FUSED_ATTN_MMA_MIN_BLOCKS;
+constexpr int kMmaShortChunks = FUSED_ATTN_MMA_CHUNKS;
+constexpr int kMmaShortMinBlocks = FUSED_ATTN_MMA_MIN_BLOCKS;
+constexpr int kMmaLongChunks = 4;
+
+// Whether a block whose slice of K holds `chunks` chunks of 32 k takes the short build.
+__host__ __device__ inline bool mma_short(int64_t chunks) {
+  return (chunks + kMmaWarps - 1) / kMmaWarps <= kMmaShortChunks;
+}
 
 // One lane's operands in the tensor-core kernels (linear_mma_kernel, linear_splitk.cuh) for the tile
 // of weight rows from output column col0: its two weight rows (tile rows g and g + 8) and its x row
@@ -596,14 +605,14 @@ __device__ __forceinline__ MmaLane<T, NT> mma_lane(const LinearParams& p, int64_
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // mma.sync
-// The lane's weight pieces of the kMmaChunks chunks of 32 k from c0 on, `stride` apart (zeros past end
+// The lane's weight pieces of the CH chunks of 32 k from c0 on, `stride` apart (zeros past end
 // and past k): constants, so a caller issues the first group before wait_for_primary().
-template <typename T, int NT>
+template <typename T, int NT, int CH>
 __device__ __forceinline__ void mma_load_weights(const LinearParams& p, const MmaLane<T, NT>& L, int c0, int end,
-                                                 int stride, uint4 (&wa)[kMmaChunks][2]) {
+                                                 int stride, uint4 (&wa)[CH][2]) {
   const int q = (threadIdx.x % 32) % 4;
 #pragma unroll
-  for (int u = 0; u < kMmaChunks; ++u) {
+  for (int u = 0; u < CH; ++u) {
     const int c = c0 + u * stride;
     const bool in = c < end && c * 32 + q * 8 < p.k;  // k is a multiple of 8: whole pieces
 #pragma unroll
@@ -612,17 +621,17 @@ __device__ __forceinline__ void mma_load_weights(const LinearParams& p, const Mm
 }
 
 // acc += the lane's share of the products over the chunks of 32 k first, first + stride, ... below
-// end, kMmaChunks of them in flight; `wa` holds the first group's weights (mma_load_weights, issued
+// end, CH of them in flight; `wa` holds the first group's weights (mma_load_weights, issued
 // before the caller's wait_for_primary(): x, read here, is the previous kernel's output).
-template <typename T, int NT>
+template <typename T, int NT, int CH>
 __device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaLane<T, NT>& L, int first, int end,
-                                               int stride, uint4 (&wa)[kMmaChunks][2], float (&acc)[NT][4]) {
+                                               int stride, uint4 (&wa)[CH][2], float (&acc)[NT][4]) {
   const int q = (threadIdx.x % 32) % 4;
-  for (int c0 = first; c0 < end; c0 += stride * kMmaChunks) {
-    if (c0 != first) mma_load_weights<T, NT>(p, L, c0, end, stride, wa);
-    uint4 xb[kMmaChunks][NT];
+  for (int c0 = first; c0 < end; c0 += stride * CH) {
+    if (c0 != first) mma_load_weights<T, NT, CH>(p, L, c0, end, stride, wa);
+    uint4 xb[CH][NT];
 #pragma unroll
-    for (int u = 0; u < kMmaChunks; ++u) {
+    for (int u = 0; u < CH; ++u) {
       const int c = c0 + u * stride;
       const bool in = c < end && c * 32 + q * 8 < p.k;
 #pragma unroll
@@ -632,7 +641,7 @@ __device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaL
       }
     }
 #pragma unroll
-    for (int u = 0; u < kMmaChunks; ++u) {
+    for (int u = 0; u < CH; ++u) {
       const uint32_t a_lo[4] = {wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y};
       const uint32_t a_hi[4] = {wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w};
 #pragma unroll
@@ -724,11 +733,14 @@ __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, i
   }
 }
 
-// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16). No norm: linear.cpp normalizes 2-16
+// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); kShort: the short build (CH chunks in
+// flight, kMmaShortMinBlocks blocks per SM), else the long one (kMmaLongChunks, unbounded). No norm: linear.cpp normalizes 2-16
 // 16-bit rows in a launch of their own (the prologue measured slower in GPT-2's step, and a fold into
 // the products, as the CUDA-core kernel's kFold at one row, slower still: bench/NOTES.md session 14).
-template <typename T, int NT>
-__global__ void __launch_bounds__(kLinearMmaThreads, kMmaMinBlocks) linear_mma_kernel(const LinearParams p) {
+template <typename T, int NT, bool kShort>
+__global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)
+    linear_mma_kernel(const LinearParams p) {
+  constexpr int CH = kShort ? kMmaShortChunks : kMmaLongChunks;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const int warp = threadIdx.x / 32;
@@ -742,13 +754,13 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kMmaMinBlocks) linear_mma_k
   const int chunks = (p.k + 31) / 32;
   // As in linear_gemv_kernel: the first weights on their way into registers while the previous kernel
   // drains; then x.
-  uint4 wa[kMmaChunks][2];
-  mma_load_weights<T, NT>(p, L, warp, chunks, kMmaWarps, wa);
+  uint4 wa[CH][2];
+  mma_load_weights<T, NT, CH>(p, L, warp, chunks, kMmaWarps, wa);
   MmaOutputIn out_in;  // the owning warps' (warp < NT) epilogue operands, loaded ahead
   if (kOutputAhead && warp < NT) mma_load_output_bias<T>(p, col0, warp, out_in);
   wait_for_primary();
   if (kOutputAhead && warp < NT) mma_load_output_residual<T>(p, col0, warp, out_in);
-  mma_accumulate<T, NT>(p, L, warp, chunks, kMmaWarps, wa, acc);
+  mma_accumulate<T, NT, CH>(p, L, warp, chunks, kMmaWarps, wa, acc);
   launch_dependents();
 
   float s[4];
@@ -825,15 +837,21 @@ void launch_linear_mma(const LinearParams& params, cudaStream_t stream) {
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  constexpr auto kernel = linear::linear_mma_kernel<T, MT / 8>;
-  static const bool pdl = programmatic_capable(kernel);
-  launch_programmatic(pdl, kernel, grid, dim3(kLinearMmaThreads), 0, stream, p);
+  if (linear::mma_short((p.k + 31) / 32)) {
+    constexpr auto kernel = linear::linear_mma_kernel<T, MT / 8, true>;
+    static const bool pdl = programmatic_capable(kernel);
+    launch_programmatic(pdl, kernel, grid, dim3(kLinearMmaThreads), 0, stream, p);
+  } else {
+    constexpr auto kernel = linear::linear_mma_kernel<T, MT / 8, false>;
+    static const bool pdl = programmatic_capable(kernel);
+    launch_programmatic(pdl, kernel, grid, dim3(kLinearMmaThreads), 0, stream, p);
+  }
 }
 
 template <typename T, int MT>
 int linear_mma_arch() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8>) == cudaSuccess ? attr.binaryVersion
+  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true>) == cudaSuccess ? attr.binaryVersion
                                                                                                   : 0;
 }
 

@@ -32,8 +32,12 @@ namespace linear {
 
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); blockIdx.x the tile, the cluster
 // (blockIdx.y) the split of K.
-template <typename T, int NT>
-__global__ void __launch_bounds__(kLinearMmaThreads, kMmaMinBlocks) linear_splitk_kernel(const LinearParams p) {
+// kShort: linear_mma_kernel's short build (CH chunks in flight, kMmaShortMinBlocks blocks per SM),
+// for a split whose warps' share of K is in flight before the wait; else the long one.
+template <typename T, int NT, bool kShort>
+__global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)
+    linear_splitk_kernel(const LinearParams p) {
+  constexpr int CH = kShort ? kMmaShortChunks : kMmaLongChunks;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
@@ -50,14 +54,14 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kMmaMinBlocks) linear_split
   for (int t = 0; t < NT; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
-  uint4 wa[kMmaChunks][2];
-  mma_load_weights<T, NT>(p, L, begin + warp, end, kMmaWarps, wa);
+  uint4 wa[CH][2];
+  mma_load_weights<T, NT, CH>(p, L, begin + warp, end, kMmaWarps, wa);
   MmaOutputIn out_in;  // rank 0's owning warps' epilogue operands, loaded ahead (bias before the wait)
   const bool stores = kOutputAhead && rank == 0 && warp < NT;
   if (stores) mma_load_output_bias<T>(p, col0, warp, out_in);
   wait_for_primary();  // x and (rank 0's epilogue) the residual are the previous kernel's outputs
   if (stores) mma_load_output_residual<T>(p, col0, warp, out_in);
-  mma_accumulate<T, NT>(p, L, begin + warp, end, kMmaWarps, wa, acc);
+  mma_accumulate<T, NT, CH>(p, L, begin + warp, end, kMmaWarps, wa, acc);
   launch_dependents();
 
   __shared__ float split_sum[NT][4][32];
@@ -94,15 +98,21 @@ void launch_linear_splitk(const LinearParams& params, int splits, cudaStream_t s
   static_assert(MT == 8 || MT == 16, "the tensor-core kernels take one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block), unsigned(splits));
-  launch_clustered(true, dim3(1, unsigned(splits), 1), linear::linear_splitk_kernel<T, MT / 8>, grid,
-                   dim3(kLinearMmaThreads), 0, stream, p);
+  const int64_t chunks = (p.k + 31) / 32, per_split = (chunks + splits - 1) / splits;
+  if (linear::mma_short(per_split)) {
+    launch_clustered(true, dim3(1, unsigned(splits), 1), linear::linear_splitk_kernel<T, MT / 8, true>, grid,
+                     dim3(kLinearMmaThreads), 0, stream, p);
+  } else {
+    launch_clustered(true, dim3(1, unsigned(splits), 1), linear::linear_splitk_kernel<T, MT / 8, false>, grid,
+                     dim3(kLinearMmaThreads), 0, stream, p);
+  }
 }
 
 template <typename T, int MT>
 int linear_splitk_arch() {
   static const int arch = [] {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, linear::linear_splitk_kernel<T, MT / 8>) == cudaSuccess ? attr.binaryVersion
+    return cudaFuncGetAttributes(&attr, linear::linear_splitk_kernel<T, MT / 8, true>) == cudaSuccess ? attr.binaryVersion
                                                                                                 : 0;
   }();
   return arch;
