@@ -272,6 +272,8 @@ def record(benchmark, case: dict, times: list[float], device, ceilings_gbps, tim
     info = dict(stats, provider=provider, shape=[k, n, m], dtype=case["dtype"], note=note or NOTES[provider],
                 device=str(device), flops=flop, tflops=round(tflops, 2),
                 bound="memory" if m <= MEMORY_BOUND_ROWS else "compute")
+    if "op" in case:  # which group (linear, ln_linear, linear_norm): a column of bench.report's tables
+        info["op"] = case["op"]
     info.update(bandwidth_info(read, write, stats["p50_us"], ceilings_gbps, timer, launch_floor_us))
     if peak_tflops:
         info["matmul_peak_tflops"] = round(peak_tflops, 1)

@@ -140,5 +140,8 @@ def test_cpu_smoke_run_and_its_report(tmp_path):
     assert "speedup_vs_fused" in ln["folded"]
     assert report.main([str(run), "--out", str(tmp_path / "r"), "--no-plots"]) == 0
     readme = (tmp_path / "r" / "readme.md").read_text()
-    assert "| K x N, M | dtype | eager us | unfolded us | fused us | folded us | x eager | x unfolded |" in readme
+    assert "| K x N, M | dtype | op | eager us | unfolded us | fused us | folded us | x eager | x unfolded |" in readme
+    # each group's rows say which group they are (ln+linear and linear+norm share a shape here)
+    rows = [ln for ln in readme.splitlines() if ln.startswith("| 64x48x1 | float32 |")]
+    assert {ln.split("|")[3].strip() for ln in rows} == {"linear", "ln_linear", "linear_norm"}, rows
     assert "| d_model x hidden x M | dtype | eager us | fused us | x eager |" in readme
