@@ -257,13 +257,13 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
       const bool wide = p.m > 8;
-      // (no norm here: linear_impl normalizes 2-16 rows of 16-bit x first)
-      if (p.m >= kMmaMinRows && p.vec && mma_blocks >= sm_count(x2) && !normed) {
+      // The tensor-core kernels take no norm (linear_impl normalizes 2-16 rows of 16-bit x first).
+      if (p.m >= kMmaMinRows && p.vec && !normed && mma_blocks >= sm_count(x2)) {
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
           wide ? launch_linear_mma<scalar_t, 16>(p, stream) : launch_linear_mma<scalar_t, 8>(p, stream);
           return;
         }
-      } else if (p.m >= kMmaMinRows && p.vec && !normed) {  // (the split-K kernel has no norm prologue)
+      } else if (p.m >= kMmaMinRows && p.vec && !normed) {
         if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
           const int splits = splitk_splits(mma_blocks, p.k, sm_count(x2));
           wide ? launch_linear_splitk<scalar_t, 16>(p, splits, stream)

@@ -681,25 +681,27 @@ struct MmaOutputIn {
   OutputIn in[4];
 };
 
-template <typename T>
-__device__ __forceinline__ void mma_output_at(const LinearParams& p, int64_t col0, int t, int i, int& m,
-                                              int64_t& col, bool& live) {
+// Output i of the lane in n-tile t: its x row, its column, whether it is stored.
+struct MmaOutput {
+  int m;
+  int64_t col;
+  bool live;
+};
+
+__device__ __forceinline__ MmaOutput mma_output_at(const LinearParams& p, int64_t col0, int t, int i) {
   const bool swiglu = p.activation == kActSwiglu;
   const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  m = 8 * t + 2 * q + i % 2;
-  col = swiglu ? col0 + g : col0 + g + 8 * (i / 2);
-  live = !(swiglu && i >= 2) && m < p.m && col < p.n_out;
+  const int m = 8 * t + 2 * q + i % 2;
+  const int64_t col = swiglu ? col0 + g : col0 + g + 8 * (i / 2);
+  return {m, col, !(swiglu && i >= 2) && m < p.m && col < p.n_out};
 }
 
 template <typename T>
 __device__ __forceinline__ void mma_load_output_bias(const LinearParams& p, int64_t col0, int t, MmaOutputIn& o) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    int m;
-    int64_t col;
-    bool live;
-    mma_output_at<T>(p, col0, t, i, m, col, live);
-    load_output_bias<T>(p, col, live, o.in[i]);
+    const MmaOutput at = mma_output_at(p, col0, t, i);
+    load_output_bias<T>(p, at.col, at.live, o.in[i]);
   }
 }
 
@@ -708,11 +710,8 @@ __device__ __forceinline__ void mma_load_output_residual(const LinearParams& p, 
                                                          MmaOutputIn& o) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    int m;
-    int64_t col;
-    bool live;
-    mma_output_at<T>(p, col0, t, i, m, col, live);
-    load_output_residual<T>(p, m, col, live, o.in[i]);
+    const MmaOutput at = mma_output_at(p, col0, t, i);
+    load_output_residual<T>(p, at.m, at.col, at.live, o.in[i]);
   }
 }
 
@@ -724,19 +723,21 @@ __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, i
   const bool swiglu = p.activation == kActSwiglu;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    int m;
-    int64_t col;
-    bool live;
-    mma_output_at<T>(p, col0, t, i, m, col, live);
-    if (live && kOutputAhead) store_output<T>(p, m, col, s[i], swiglu ? s[i + 2] : 0.f, o.in[i]);
-    if (live && !kOutputAhead) store_output<T>(p, m, col, s[i], swiglu ? s[i + 2] : 0.f);
+    const MmaOutput at = mma_output_at(p, col0, t, i);
+    if (!at.live) continue;
+    if constexpr (kOutputAhead) {
+      store_output<T>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f, o.in[i]);
+    } else {
+      store_output<T>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f);
+    }
   }
 }
 
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); kShort: the short build (CH chunks in
-// flight, kMmaShortMinBlocks blocks per SM), else the long one (kMmaLongChunks, unbounded). No norm: linear.cpp normalizes 2-16
-// 16-bit rows in a launch of their own (the prologue measured slower in GPT-2's step, and a fold into
-// the products, as the CUDA-core kernel's kFold at one row, slower still: bench/NOTES.md session 14).
+// flight, kMmaShortMinBlocks blocks per SM), else the long one (kMmaLongChunks, unbounded). No norm:
+// linear.cpp normalizes 2-16 16-bit rows in a launch of their own (the prologue measured slower in
+// GPT-2's step, and a fold into the products, as the CUDA-core kernel's kFold at one row, slower
+// still: bench/NOTES.md session 14).
 template <typename T, int NT, bool kShort>
 __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)
     linear_mma_kernel(const LinearParams p) {
@@ -837,15 +838,12 @@ void launch_linear_mma(const LinearParams& params, cudaStream_t stream) {
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  if (linear::mma_short((p.k + 31) / 32)) {
-    constexpr auto kernel = linear::linear_mma_kernel<T, MT / 8, true>;
-    static const bool pdl = programmatic_capable(kernel);
-    launch_programmatic(pdl, kernel, grid, dim3(kLinearMmaThreads), 0, stream, p);
-  } else {
-    constexpr auto kernel = linear::linear_mma_kernel<T, MT / 8, false>;
-    static const bool pdl = programmatic_capable(kernel);
-    launch_programmatic(pdl, kernel, grid, dim3(kLinearMmaThreads), 0, stream, p);
-  }
+  constexpr auto short_build = linear::linear_mma_kernel<T, MT / 8, true>;
+  constexpr auto long_build = linear::linear_mma_kernel<T, MT / 8, false>;
+  static const bool pdl_short = programmatic_capable(short_build), pdl_long = programmatic_capable(long_build);
+  const bool is_short = linear::mma_short((p.k + 31) / 32);
+  launch_programmatic(is_short ? pdl_short : pdl_long, is_short ? short_build : long_build, grid,
+                      dim3(kLinearMmaThreads), 0, stream, p);
 }
 
 template <typename T, int MT>

@@ -99,13 +99,9 @@ void launch_linear_splitk(const LinearParams& params, int splits, cudaStream_t s
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block), unsigned(splits));
   const int64_t chunks = (p.k + 31) / 32, per_split = (chunks + splits - 1) / splits;
-  if (linear::mma_short(per_split)) {
-    launch_clustered(true, dim3(1, unsigned(splits), 1), linear::linear_splitk_kernel<T, MT / 8, true>, grid,
-                     dim3(kLinearMmaThreads), 0, stream, p);
-  } else {
-    launch_clustered(true, dim3(1, unsigned(splits), 1), linear::linear_splitk_kernel<T, MT / 8, false>, grid,
-                     dim3(kLinearMmaThreads), 0, stream, p);
-  }
+  const auto kernel = linear::mma_short(per_split) ? linear::linear_splitk_kernel<T, MT / 8, true>
+                                                   : linear::linear_splitk_kernel<T, MT / 8, false>;
+  launch_clustered(true, dim3(1, unsigned(splits), 1), kernel, grid, dim3(kLinearMmaThreads), 0, stream, p);
 }
 
 template <typename T, int MT>
