@@ -182,6 +182,22 @@ def test_tensor_core_path_gpu(m, activation, dtype):
                                   bias=extras, residual=extras, seed=m + k), "cuda")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_many_rows_swiglu_and_residual_gpu(dtype):
+    """The cuBLAS path's own pieces (more than MAX_GEMV_ROWS rows): the one-pass SwiGLU kernel
+    (linear_swiglu.cu) in its 16-byte build (hidden a multiple of the vector width) and its element-wise
+    one (odd hidden), over more rows than a grid's y dimension holds (its stride loop), each with and
+    without bias and residual; and a residual without bias or activation, which goes into the GEMM as
+    its C operand (contiguous and strided)."""
+    for m, n_out in ((17, 64), (40, 5), (65535 + 3, 8)):
+        for bias, residual in ((False, False), (True, True), (False, True)):
+            run_and_check(case_of(m=m, k=24, n=2 * n_out, dtype=dtype, activation="swiglu", bias=bias,
+                                  residual=residual, seed=m), "cuda")
+    for layout in ("contiguous", "strided", "misaligned"):
+        run_and_check(case_of(m=40, k=72, n=64, dtype=dtype, bias=False, residual=True, layout=layout), "cuda")
+
+
 # (K, output columns) of the split-K kernel (float16 / bfloat16, 5-16 rows, fewer 16-row tiles than SMs,
 # sm_90): GPT-2's c_proj (3072 -> 768) and attention c_proj (768 -> 768), Llama's down K over few
 # columns, odd tile counts with a partial last tile (776: 49 tiles, 200: 13; on an H100 3080 x 776 runs

@@ -1,5 +1,5 @@
 // Scalar math shared by the kernels (torch-free): NaN-propagating max, the all-masked-safe shifted
-// exponential, single-instruction exp2 / reciprocal, and the tanh GELU.
+// exponential, single-instruction exp2 / reciprocal, the tanh GELU and SiLU.
 #pragma once
 
 namespace fused_attn {
@@ -49,5 +49,8 @@ __device__ __forceinline__ float gelu_tanh(float y) {
   constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
   return 0.5f * y * (1.f + tanhf(kBeta * (y + kKappa * y * y * y)));
 }
+
+// F.silu as PyTorch computes it, y / (1 + e^-y): -0 once e^-y overflows, NaN at y = -inf (as F.silu).
+__device__ __forceinline__ float silu(float y) { return y / (1.f + expf(-y)); }
 
 }  // namespace fused_attn

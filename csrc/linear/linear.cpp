@@ -306,16 +306,32 @@ at::Tensor linear_cublas(const at::Tensor& x2, const at::Tensor& weight, const s
   // reduction cuBLASLt returned GELU(0) = 0, not GELU(bias)). Both found by the GPU suite.
   const bool gelu_epilogue = activation == kActGeluTanh && bias.has_value() && x2.is_cuda() && x2.size(1) > 0 &&
                              x2.scalar_type() != at::kFloat;
+  // A residual without bias or activation goes into the GEMM as its C operand (beta = 1): ATen copies
+  // it into the output and cuBLAS adds it in the epilogue, before the one rounding (torch.compile's
+  // addmm does the same); that copy moves a third fewer bytes than the add's pass.
+  const bool residual_c = residual2.has_value() && !bias.has_value() && activation == kActNone;
   at::Tensor y = gelu_epilogue ? at::_addmm_activation(*bias, x2, weight.t(), 1, 1, /*use_gelu=*/true)
                  : bias.has_value() ? at::addmm(*bias, x2, weight.t())
+                 : residual_c       ? at::addmm(*residual2, x2, weight.t())
                                     : at::mm(x2, weight.t());
   if (activation == kActGeluTanh && !gelu_epilogue) {
     at::gelu_(y, "tanh");
   } else if (activation == kActSwiglu) {
+    // Our one pass (linear_swiglu.cu) on CUDA; ATen's silu and mul on the CPU.
     const int64_t n_out = weight.size(0) / 2;
-    y = at::silu(y.narrow(1, 0, n_out)).mul_(y.narrow(1, n_out, n_out));
+    if (y.is_cuda()) {
+      at::Tensor h = at::empty({y.size(0), n_out}, y.options());
+      FA_DISPATCH_FLOAT(y.scalar_type(), t, [&] {
+        launch_swiglu<scalar_t>(y.data_ptr(), y.stride(0), h.data_ptr(), h.stride(0), y.size(0), n_out,
+                                at::cuda::getCurrentCUDAStream());
+      });
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      y = h;
+    } else {
+      y = at::silu(y.narrow(1, 0, n_out)).mul_(y.narrow(1, n_out, n_out));
+    }
   }
-  if (residual2.has_value()) y.add_(*residual2);
+  if (residual2.has_value() && !residual_c) y.add_(*residual2);
   return y;
 }
 

@@ -225,8 +225,6 @@ __device__ void normalize_rows(const LinearParams& p, T* xs) {
   __syncthreads();
 }
 
-__device__ __forceinline__ float silu(float y) { return y / (1.f + expf(-y)); }
-
 // The operands of output (x row m, column col) that do not depend on the dot product: the bias (with
 // SwiGLU the gate's and the up row's) and the residual. The kernels load them ahead, the bias before
 // wait_for_primary() (a constant) and the residual right after it (the previous kernels'

@@ -133,4 +133,12 @@ void launch_linear_splitk(const LinearParams& p, int splits, cudaStream_t stream
 template <typename T, int MT>
 int linear_splitk_arch();
 
+// The SwiGLU product of the many-row path (linear_swiglu.cu), after cuBLAS wrote the gate and up
+// columns side by side: out[i][j] = silu(y[i][j]) * y[i][n + j] for i < m, j < n, in float32 and rounded
+// once to T. y: [m, 2 n] with row stride y_stride, out: [m, n] with o_stride (elements; last dims
+// contiguous). One pass, 16-byte pieces where n and both layouts allow.
+template <typename T>
+void launch_swiglu(const void* y, int64_t y_stride, void* out, int64_t o_stride, int64_t m, int64_t n,
+                   cudaStream_t stream);
+
 }  // namespace fused_attn
