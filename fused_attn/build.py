@@ -100,6 +100,27 @@ def extra_include_dirs(cuda_home: Path) -> list[str]:
     return found
 
 
+def cublaslt_ldflags(cuda_home: Path) -> list[str]:
+    """Link flags for cuBLASLt (linear's many-row GEMM, csrc/linear/linear_cublaslt.cpp): the library file
+    this process's torch loaded (so both use one copy: same soname), else a pip-installed or the toolkit's."""
+    found = []
+    try:
+        with open("/proc/self/maps") as maps:
+            found = [line.split()[-1] for line in maps if "libcublasLt.so" in line]
+    except OSError:
+        pass
+    if not found:
+        site = Path(sysconfig.get_paths()["purelib"])
+        for root in dict.fromkeys([Path(torch.__file__).resolve().parent.parent, site]):
+            found += glob.glob(str(root / "nvidia" / "*" / "lib" / "libcublasLt.so*"))
+        found += glob.glob(str(cuda_home / "lib64" / "libcublasLt.so*"))
+    if not found:
+        raise BuildError(f"cuBLASLt (libcublasLt.so) must be installed with torch or in {cuda_home}/lib64, "
+                         "got neither")
+    lib = Path(min(found, key=len))  # the soname (libcublasLt.so.13) before libcublasLt.so.13.x.y
+    return [f"-L{lib.parent}", f"-l:{lib.name}"]
+
+
 def _arch_from_capability(major: int, minor: int) -> str:
     # wgmma/setmaxnreg need the arch-specific target on Hopper.
     return f"{major}.{minor}a" if major == 9 else f"{major}.{minor}"
@@ -218,6 +239,7 @@ def library_path(verbose: bool = False) -> Path:
             sources=[str(s) for s in sources()],
             extra_cflags=CXX_CFLAGS + includes,
             extra_cuda_cflags=flags + includes,
+            extra_ldflags=cublaslt_ldflags(cuda_home),
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=verbose,

@@ -184,18 +184,22 @@ def test_tensor_core_path_gpu(m, activation, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_many_rows_swiglu_and_residual_gpu(dtype):
-    """The cuBLAS path's own pieces (more than MAX_GEMV_ROWS rows): the one-pass SwiGLU kernel
-    (linear_swiglu.cu) in its 16-byte build (hidden a multiple of the vector width) and its element-wise
-    one (odd hidden), over more rows than a grid's y dimension holds (its stride loop), each with and
-    without bias and residual; and a residual without bias or activation, which goes into the GEMM as
-    its C operand (contiguous and strided)."""
+def test_many_rows_epilogue_gpu(dtype):
+    """The cuBLAS path (more than MAX_GEMV_ROWS rows), each epilogue x bias x residual: in float16 /
+    bfloat16 one cuBLASLt call (bias, GELU and the residual as its C operand: linear_cublaslt.cpp), in
+    float32 and at layouts Lt does not take ATen's addmm; the one-pass SwiGLU kernel (linear_swiglu.cu)
+    in its 16-byte build (hidden a multiple of the vector width) and its element-wise one (odd hidden),
+    over more rows than a grid's y dimension holds (its stride loop)."""
+    for activation in (None, "gelu_tanh"):
+        for bias in (False, True):
+            for residual in (False, True):
+                for layout in ("contiguous", "strided", "misaligned"):
+                    run_and_check(case_of(m=40, k=72, n=64, dtype=dtype, activation=activation, bias=bias,
+                                          residual=residual, layout=layout, seed=len(layout)), "cuda")
     for m, n_out in ((17, 64), (40, 5), (65535 + 3, 8)):
         for bias, residual in ((False, False), (True, True), (False, True)):
             run_and_check(case_of(m=m, k=24, n=2 * n_out, dtype=dtype, activation="swiglu", bias=bias,
                                   residual=residual, seed=m), "cuda")
-    for layout in ("contiguous", "strided", "misaligned"):
-        run_and_check(case_of(m=40, k=72, n=64, dtype=dtype, bias=False, residual=True, layout=layout), "cuda")
 
 
 # (K, output columns) of the split-K kernel (float16 / bfloat16, 5-16 rows, fewer 16-row tiles than SMs,

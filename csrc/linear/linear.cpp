@@ -24,6 +24,7 @@
 
 #include "../common/checks.h"
 #include "../common/static_switch.h"
+#include "linear_cublaslt.h"
 #include "linear_launch.h"
 
 namespace fused_attn {
@@ -293,30 +294,27 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   return posted;
 }
 
-// More rows: cuBLAS through ATen. GELU with a bias runs in the GEMM's epilogue in 16-bit types:
-// at::_addmm_activation(use_gelu) on CUDA is cuBLASLt's GELU_BIAS epilogue (the tanh approximation,
-// applied to the float32 accumulator before the one rounding: not F.gelu(approximate="tanh") bit for
-// bit, which rounds the GEMM's output first; ATen falls back to addmm + gelu_(tanh) where Lt does not
-// apply). This saves the activation's own pass over [m, n] (bench/NOTES.md, session 13). Without a
-// bias, GELU is a separate in-place pass.
+// More rows: cuBLAS. In float16 / bfloat16 one cuBLASLt call (linear_cublaslt.cpp) with the bias, GELU
+// and (without GELU) the residual in its epilogue; Lt's GELU is the tanh approximation applied to the
+// float32 accumulator before the one rounding, not F.gelu(approximate="tanh") bit for bit, which rounds
+// the GEMM's output first. Elsewhere (float32: the epilogue's tanh is ~1e-6 relative off, more than our
+// float32 tolerance; k = 0: with an empty reduction Lt returned GELU(0) = 0, not GELU(bias), both found by
+// the GPU suite; layouts Lt does not take) ATen: addmm with the bias, or with a bias-free residual as its
+// C operand (ATen copies it into the output first), then the rest of the epilogue in place. SwiGLU is one
+// pass of our own over the GEMM's gate and up columns (linear_swiglu.cu), the residual added after it.
 at::Tensor linear_cublas(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& residual2, int64_t activation) {
-  // Only for float16 / bfloat16 outputs: the epilogue's tanh is an approximation ~1e-6 relative off in
-  // float32 (more than our float32 tolerance, far below a 16-bit rounding); and k > 0 (with an empty
-  // reduction cuBLASLt returned GELU(0) = 0, not GELU(bias)). Both found by the GPU suite.
-  const bool gelu_epilogue = activation == kActGeluTanh && bias.has_value() && x2.is_cuda() && x2.size(1) > 0 &&
-                             x2.scalar_type() != at::kFloat;
-  // A residual without bias or activation goes into the GEMM as its C operand (beta = 1): ATen copies
-  // it into the output and cuBLAS adds it in the epilogue, before the one rounding (torch.compile's
-  // addmm does the same); that copy moves a third fewer bytes than the add's pass.
-  const bool residual_c = residual2.has_value() && !bias.has_value() && activation == kActNone;
-  at::Tensor y = gelu_epilogue ? at::_addmm_activation(*bias, x2, weight.t(), 1, 1, /*use_gelu=*/true)
-                 : bias.has_value() ? at::addmm(*bias, x2, weight.t())
-                 : residual_c       ? at::addmm(*residual2, x2, weight.t())
-                                    : at::mm(x2, weight.t());
-  if (activation == kActGeluTanh && !gelu_epilogue) {
-    at::gelu_(y, "tanh");
-  } else if (activation == kActSwiglu) {
+  const bool gelu = activation == kActGeluTanh;
+  at::Tensor y = cublaslt_linear(x2, weight, bias, activation == kActNone ? residual2 : std::nullopt, gelu);
+  const bool lt = y.defined();
+  const bool residual_c = residual2.has_value() && activation == kActNone && (lt || !bias.has_value());
+  if (!lt) {
+    y = bias.has_value() ? at::addmm(*bias, x2, weight.t())
+        : residual_c     ? at::addmm(*residual2, x2, weight.t())
+                         : at::mm(x2, weight.t());
+    if (gelu) at::gelu_(y, "tanh");
+  }
+  if (activation == kActSwiglu) {
     // Our one pass (linear_swiglu.cu) on CUDA; ATen's silu and mul on the CPU.
     const int64_t n_out = weight.size(0) / 2;
     if (y.is_cuda()) {
