@@ -94,14 +94,19 @@ class DeviceTimer:
             fn()
             return time.perf_counter() - t0
         while True:
+            t0 = time.perf_counter()
             start, end = events_around(fn)
             host_ahead = not self._spin_done.query()  # still spinning: everything was queued in time
+            host_us = (time.perf_counter() - t0) * 1e6
             end.synchronize()
             if host_ahead:
                 return start.elapsed_time(end) * 1e-3
             if self.spin_cycles >= MAX_SPIN_CYCLES:
+                # A call that waits for the device inside (a synchronizing allocation, a recompile) lets
+                # every spin finish: its host time says which.
                 raise RuntimeError(f"the spin kernel must outlast host enqueueing, got the device idle before "
-                                   f"the call was queued even with {self.spin_cycles} cycles")
+                                   f"the call was queued even with {self.spin_cycles} cycles (the call took "
+                                   f"{host_us:.0f} us on the host)")
             self.spin_cycles *= 2
             self.flush()
 
