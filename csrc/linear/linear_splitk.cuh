@@ -8,9 +8,10 @@
 // thread-block cluster (grid: tiles x splits, cluster 1 x splits; the launcher picks splits so that
 // tiles x splits covers the SMs twice, at most 8, the portable cluster size): each block computes the
 // mma.sync partial sums of its slice of K with linear_mma_kernel's lane operands, loop and block sum
-// (mma_lane, mma_accumulate, mma_block_sum), and the cluster's rank-0 block adds the other blocks'
-// sums, read from their shared memory (distributed shared memory, cluster.map_shared_rank) in rank
-// order, and applies the epilogue (mma_store: bias, GELU tanh or SwiGLU, residual, one rounding).
+// (mma_lane, mma_accumulate, mma_block_sum); every other block of the cluster stores its sums into the
+// rank-0 block's shared memory (distributed shared memory, cluster.map_shared_rank) and exits, and rank
+// 0 adds them in rank order and applies the epilogue (mma_store: bias, GELU tanh or SwiGLU, residual,
+// one rounding).
 // One launch, no workspace, no atomics: the result is the same from run to run. Launched
 // programmatically (common/pdl.cuh): the first weight loads are issued before wait_for_primary().
 // Needs sm_90 (clusters); the launcher checks linear_splitk_arch.
@@ -29,6 +30,13 @@ namespace fused_attn {
 
 namespace linear {
 
+// How the splits' sums meet (FUSED_ATTN_SPLITK_PUSH=0 builds the old way, for A/Bs): pushed by every
+// split into rank 0's shared memory, one cluster barrier on rank 0's path (the other ranks exit after
+// arriving), or read by rank 0 from each split's shared memory in turn, between two barriers.
+#ifndef FUSED_ATTN_SPLITK_PUSH
+#define FUSED_ATTN_SPLITK_PUSH 1
+#endif
+constexpr bool kSplitkPush = FUSED_ATTN_SPLITK_PUSH != 0;
 
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); blockIdx.x the tile, the cluster
 // (blockIdx.y) the split of K.
@@ -43,6 +51,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const cg::cluster_group cluster = cg::this_cluster();
   const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  if constexpr (kSplitkPush) cluster_arrive_relaxed();  // phase 1: this block has started
   // Whole chunks of 32 k per split (the launcher leaves no split empty).
   const int chunks = (p.k + 31) / 32, per = (chunks + splits - 1) / splits;
   const int begin = rank * per, end = min(chunks, begin + per);
@@ -64,27 +73,56 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   mma_accumulate<T, NT, CH>(p, L, begin + warp, end, kMmaWarps, wa, acc);
   launch_dependents();
 
-  __shared__ float split_sum[NT][4][32];
   float s[4];
   const bool owner = mma_block_sum<NT>(acc, s);  // warp t < NT holds n-tile t of this split
-  if (owner && rank != 0) {
+  if constexpr (kSplitkPush) {
+    // Every split pushes its sums into rank 0's shared memory (remote stores: nothing waits for them),
+    // and rank 0, past one barrier, adds them from its own shared memory in rank order.
+    __shared__ float pushed[kLinearMaxSplits - 1][NT][4][32];
+    cluster_wait();  // phase 1 (arrived at the start): every block has started, rank 0's memory exists
+    if (owner && rank != 0) {
+      float* dst = cluster.map_shared_rank(&pushed[rank - 1][warp][0][0], 0);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) split_sum[warp][i][lane] = s[i];
-  }
-  cluster_arrive_release();  // every split's sums written and visible across the cluster
-  cluster_wait();
-  if (owner && rank == 0) {
-    for (int r = 1; r < splits; ++r) {
-      const float* other = cluster.map_shared_rank(&split_sum[0][0][0], r);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[i] += other[(warp * 4 + i) * 32 + lane];
+      for (int i = 0; i < 4; ++i) dst[i * 32 + lane] = s[i];
     }
+    cluster_arrive_release();  // phase 2: the pushes, visible to rank 0 after its wait
+    if (rank != 0) return;     // block-uniform; nothing reads this block's shared memory
+    cluster_wait();
+    if (owner) {
+      float other[kLinearMaxSplits - 1][4];
+#pragma unroll
+      for (int r = 1; r < kLinearMaxSplits; ++r)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) other[r - 1][i] = r < splits ? pushed[r - 1][warp][i][lane] : 0.f;
+#pragma unroll
+      for (int r = 1; r < kLinearMaxSplits; ++r)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (r < splits) s[i] += other[r - 1][i];
+      mma_store<T>(p, col0, warp, s, out_in);
+    }
+  } else {
+    // Rank 0 reads the other splits' sums from their shared memory, one rank after the other.
+    __shared__ float split_sum[NT][4][32];
+    if (owner && rank != 0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) split_sum[warp][i][lane] = s[i];
+    }
+    cluster_arrive_release();  // every split's sums written and visible across the cluster
+    cluster_wait();
+    if (owner && rank == 0) {
+      for (int r = 1; r < splits; ++r) {
+        const float* other = cluster.map_shared_rank(&split_sum[0][0][0], r);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] += other[(warp * 4 + i) * 32 + lane];
+      }
+    }
+    // The other blocks' shared memory stays alive until rank 0 has read it. Rank 0 arrives before its
+    // output stores (no store for the fence to wait for) and stores while the barrier completes.
+    cluster_arrive_release();
+    if (owner && rank == 0) mma_store<T>(p, col0, warp, s, out_in);
+    cluster_wait();
   }
-  // The other blocks' shared memory stays alive until rank 0 has read it. Rank 0 arrives before its
-  // output stores (no store for the fence to wait for) and stores while the barrier completes.
-  cluster_arrive_release();
-  if (owner && rank == 0) mma_store<T>(p, col0, warp, s, out_in);
-  cluster_wait();
 #else
   __trap();  // launched only where linear_splitk_arch says it was compiled (sm_90 and later)
 #endif
