@@ -162,8 +162,7 @@ bench_step() {
   local name=$1 limit=$2 args=$3; shift 3
   local k=()
   [ -n "${BENCH_K:-}" ] && k=(-k "$BENCH_K")
-  # -p no:logging: with pytest's log capture, 6 torch.compile cases of session 15's call 3 were refused by
-  # the harness (the device idle before the call was queued); without it none were (calls 5, 6).
+  # -p no:logging: pytest's log capture would collect torch's DEBUG trace records of every compile.
   timeout "$limit" python3 -m pytest "$@" -q -rs -p no:cacheprovider -p no:logging "${k[@]}" \
     --benchmark-json="$OUT/bench_$name.json" --benchmark-columns=median,iqr,rounds $args \
     > "$OUT/bench_$name.log" 2>&1 || rc=1
