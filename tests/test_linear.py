@@ -200,6 +200,17 @@ def test_many_rows_epilogue_gpu(dtype):
         for bias, residual in ((False, False), (True, True), (False, True)):
             run_and_check(case_of(m=m, k=24, n=2 * n_out, dtype=dtype, activation="swiglu", bias=bias,
                                   residual=residual, seed=m), "cuda")
+    # x and the residual expanded from one row (row stride 0): rows that overlap, which the GEMM may not
+    # read with a leading dimension of its own choosing.
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 72, generator=gen, dtype=torch.float64).to(dtype).cuda().expand(40, 72)
+    w = (torch.randn(64, 72, generator=gen, dtype=torch.float64) / 72**0.5).to(dtype).cuda()
+    r = torch.randn(1, 64, generator=gen, dtype=torch.float64).to(dtype).cuda().expand(40, 64)
+    for b in (None, torch.randn(64, generator=gen, dtype=torch.float64).to(dtype).cuda()):
+        got = linear(x, w, b, residual=r)
+        want = reference._linear_compute(x, w, b, None, r, torch.float64)
+        assert_linear_close(got, reference.eager_linear(x, w, b, None, r), want, f"expanded {dtype} bias={b is not None}",
+                            k=72)
 
 
 # (K, output columns) of the split-K kernel (float16 / bfloat16, 5-16 rows, fewer 16-row tiles than SMs,

@@ -58,9 +58,12 @@ at::Tensor cublaslt_linear(const at::Tensor& x2, const at::Tensor& weight, const
   const bool residual_c = residual2.has_value() && !gelu;
   const bool ok = x2.is_cuda() && (st == at::kHalf || st == at::kBFloat16) && m > 0 && n > 0 && k > 0 &&
                   x2.stride(1) == 1 && weight.stride(1) == 1 && weight.scalar_type() == st &&
+                  // rows that do not overlap (an expanded x or residual, stride 0, takes ATen's path)
+                  (m == 1 || x2.stride(0) >= k) && (n == 1 || weight.stride(0) >= k) &&
                   (!bias.has_value() || (bias->is_contiguous() && bias->scalar_type() == st &&
                                          reinterpret_cast<uintptr_t>(bias->data_ptr()) % 16 == 0)) &&
-                  (!residual_c || (residual2->stride(1) == 1 && residual2->scalar_type() == st));
+                  (!residual_c || (residual2->stride(1) == 1 && residual2->scalar_type() == st &&
+                                   (m == 1 || residual2->stride(0) >= n)));
   if (!ok) return {};
   const cudaDataType_t type = st == at::kHalf ? CUDA_R_16F : CUDA_R_16BF;
   const int64_t es = x2.element_size();
