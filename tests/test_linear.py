@@ -264,33 +264,6 @@ def test_kernel_choice_gpu(m, k, n, kernel):
     assert any(kernel in name for name in names), names
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", [2, 3, 4])
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-def test_tensor_cores_from_two_rows_gpu(monkeypatch, m, activation):
-    """FUSED_ATTN_MMA_MIN_ROWS=2 (an A/B switch): 2-4 rows on the tensor-core kernels, read from the kernel
-    names, with both builds of each (a short and a long K) and the split-K kernel, against float64."""
-    monkeypatch.setenv("FUSED_ATTN_MMA_MIN_ROWS", "2")
-    swiglu = activation == "swiglu"
-    for k, n_out in ((768, 2304), (4096, 4096), (3072, 768), (776, 2305)):
-        for extras in (False, True):
-            run_and_check(case_of(m=m, k=k, n=2 * n_out if swiglu else n_out, dtype=torch.float16,
-                                  activation=activation, bias=extras, residual=extras, seed=m + k), "cuda")
-    x, w, b, r = make_inputs(case_of(m=m, k=4096, n=4096), "cuda")
-    if 4096 // 16 >= torch.cuda.get_device_properties(0).multi_processor_count:
-        assert any("linear_mma_kernel" in n for n in _kernels_run(lambda: linear(x, w, b, residual=r)))
-
-
-@pytest.mark.gpu
-def test_mma_min_rows_switch_refuses_bad_values_gpu(monkeypatch):
-    x, w, b, r = make_inputs(case_of(m=3), "cuda")
-    for bad in ("1", "17", "x", ""):
-        monkeypatch.setenv("FUSED_ATTN_MMA_MIN_ROWS", bad)
-        with pytest.raises(ValueError, match=rf"FUSED_ATTN_MMA_MIN_ROWS must be a row count from 2 to 16, "
-                                             rf"got '{bad}'"):
-            linear(x, w, b, residual=r)
-
-
 # --------------------------------------------------------------------------- gradients
 
 

@@ -17,10 +17,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <optional>
-#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -46,20 +44,6 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 // CUDA-core kernel's FMAs and conversions per weight byte approach what the SM issues at the copy
 // bandwidth. To be confirmed on the GPU (bench/bench_linear.py at M = 4 and 16).
 constexpr int kMmaMinRows = 5;
-
-// The rows from which the tensor-core kernels run: kMmaMinRows, or FUSED_ATTN_MMA_MIN_ROWS (2 to 16,
-// read at each call) for A/Bs. At Llama's widths the CUDA-core kernel's 4 rows measured 0.83-0.95x
-// compiled and the tensor-core kernel's 16 rows 1.01-1.05x (bench/NOTES.md, session 15).
-int mma_min_rows() {
-  const char* env = std::getenv("FUSED_ATTN_MMA_MIN_ROWS");
-  if (env == nullptr) return kMmaMinRows;
-  const std::string v = env;
-  const int rows = v.size() == 1 && v[0] >= '2' && v[0] <= '9' ? v[0] - '0'
-                   : v.size() == 2 && v[0] == '1' && v[1] >= '0' && v[1] <= '6' ? 10 + (v[1] - '0')
-                                                                                  : 0;
-  FA_CHECK_ARG(rows != 0, FUSED_ATTN_MMA_MIN_ROWS, "be a row count from 2 to 16", "'" + v + "'");
-  return rows;
-}
 
 // The widths our layer_norm op takes on CUDA (csrc/layer_norm/layer_norm.cpp): the separate
 // normalization where the kernels' prologue does not run.
@@ -271,17 +255,16 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t mma_blocks = mma_tiles(p.n_out, activation);
-  const int min_rows = mma_min_rows();
   FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
       const bool wide = p.m > 8;
       // The tensor-core kernels take no norm (linear_impl normalizes 2-16 rows of 16-bit x first).
-      if (p.m >= min_rows && p.vec && !normed && mma_blocks >= sm_count(x2)) {
+      if (p.m >= kMmaMinRows && p.vec && !normed && mma_blocks >= sm_count(x2)) {
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
           wide ? launch_linear_mma<scalar_t, 16>(p, stream) : launch_linear_mma<scalar_t, 8>(p, stream);
           return;
         }
-      } else if (p.m >= min_rows && p.vec && !normed) {
+      } else if (p.m >= kMmaMinRows && p.vec && !normed) {
         if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
           const int splits = splitk_splits(mma_blocks, p.k, sm_count(x2));
           wide ? launch_linear_splitk<scalar_t, 16>(p, splits, stream)
@@ -407,7 +390,7 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   // The path launch_gemv will take (the split-K kernel: no norm, 16-byte weight rows and an sm_90
   // device; x is made 16-byte ready below).
   GemvPath path = GemvPath::kCudaCores;
-  if (x.scalar_type() != at::kFloat && m >= mma_min_rows()) {
+  if (x.scalar_type() != at::kFloat && m >= kMmaMinRows) {
     if (mma_tiles(n_out, activation) >= sm_count(x)) {
       path = GemvPath::kTensorCores;
     } else if (norm.norm == kNormNone && k % 8 == 0 && vector_ready(weight, 8) &&
