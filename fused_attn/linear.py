@@ -7,10 +7,10 @@ kernel, the CPU path (``fused_attn.reference.linear`` in float32) and autograd. 
 reads the weight once at the copy bandwidth with bias, activation and residual in its epilogue (on
 CUDA cores; from 5 rows in float16 / bfloat16 on tensor cores, mma.sync with the weight as the
 16-row operand, K split over the blocks of a thread-block cluster where the weight has fewer 16-row
-tiles than the GPU has SMs, e.g. GPT-2's 768 outputs); above that, cuBLAS through ATen (``addmm``;
-in float16 / bfloat16 GELU with a bias in cuBLASLt's epilogue, ``_addmm_activation``; a residual without
-bias or activation as the GEMM's C operand; SwiGLU as one pass of our own over the gate and up columns;
-the rest of the epilogue in place). With ``norm`` and one row of x, the norm runs in our kernel's launch: in float16 /
+tiles than the GPU has SMs, e.g. GPT-2's 768 outputs); above that, cuBLAS (in float16 / bfloat16 one
+cuBLASLt call with the bias, GELU and, without GELU, the residual as its C operand in the epilogue;
+elsewhere ATen's ``addmm`` and the rest of the epilogue in place; SwiGLU as one pass of our own over
+the gate and up columns). With ``norm`` and one row of x, the norm runs in our kernel's launch: in float16 /
 bfloat16 without the norm's weight and bias (a caller that folded them into ``weight`` and ``bias``, as
 ``fused_attn.gpt2``'s "folded" backend does) folded into the dot products (the row's sums ride along
 the matmul and its rstd is applied in the epilogue: nothing waits for the statistics), otherwise in the

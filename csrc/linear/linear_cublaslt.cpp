@@ -42,6 +42,16 @@ using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t,
 using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t,
                                    LtDeleter<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>>;
 
+// One attribute of a matmul descriptor or a preference; false where Lt refuses it.
+template <typename V>
+bool set_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const V& value) {
+  return cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)) == CUBLAS_STATUS_SUCCESS;
+}
+template <typename V>
+bool set_attr(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const V& value) {
+  return cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)) == CUBLAS_STATUS_SUCCESS;
+}
+
 // A column-major rows x cols layout with leading dimension ld, or null if Lt refuses it.
 Layout layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
   cublasLtMatrixLayout_t l = nullptr;
@@ -76,48 +86,34 @@ at::Tensor cublaslt_linear(const at::Tensor& x2, const at::Tensor& weight, const
   cublasLtMatmulDesc_t raw_desc = nullptr;
   if (cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return {};
   MatmulDesc desc(raw_desc);
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   const cublasLtEpilogue_t epi = bias.has_value() ? (gelu ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
                                  : gelu           ? CUBLASLT_EPILOGUE_GELU
                                                   : CUBLASLT_EPILOGUE_DEFAULT;
-  const void* bias_ptr = bias.has_value() ? bias->data_ptr() : nullptr;
-  bool set = cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) ==
-                 CUBLAS_STATUS_SUCCESS &&
-             cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) ==
-                 CUBLAS_STATUS_SUCCESS &&
-             cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)) ==
-                 CUBLAS_STATUS_SUCCESS;
-  if (set && bias_ptr != nullptr) {
-    set = cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
-                                         sizeof(bias_ptr)) == CUBLAS_STATUS_SUCCESS;
-  }
-  const Layout a = layout(type, k, n, ldw), b = layout(type, k, m, ldx), c = layout(type, n, m, ldc),
-               d = layout(type, n, m, n);
-  if (!set || !a || !b || !c || !d) return {};
+  bool set = set_attr(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T) &&
+             set_attr(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N) &&
+             set_attr(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, epi) &&
+             (!bias.has_value() || set_attr(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias->data_ptr()));
+  // C is the residual, or (beta = 0, not read) D itself.
+  const Layout a = layout(type, k, n, ldw), b = layout(type, k, m, ldx), d = layout(type, n, m, n);
+  const Layout c = residual_c ? layout(type, n, m, ldc) : Layout{};
+  const cublasLtMatrixLayout_t c_desc = residual_c ? c.get() : d.get();
+  if (!set || !a || !b || !c_desc || !d) return {};
 
   cublasLtMatmulPreference_t raw_pref = nullptr;
   if (cublasLtMatmulPreferenceCreate(&raw_pref) != CUBLAS_STATUS_SUCCESS) return {};
   Preference pref(raw_pref);
-  const uint64_t ws_bytes = uint64_t(kWorkspaceBytes);
   const void* c_ptr = residual_c ? residual2->data_ptr() : out.data_ptr();
-  const uint32_t align_a = alignment(weight.data_ptr(), ldw, es), align_b = alignment(x2.data_ptr(), ldx, es),
-                 align_c = alignment(c_ptr, ldc, es), align_d = alignment(out.data_ptr(), n, es);
-  set = cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                             sizeof(ws_bytes)) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                             sizeof(align_a)) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                             sizeof(align_b)) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
-                                             sizeof(align_c)) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
-                                             sizeof(align_d)) == CUBLAS_STATUS_SUCCESS;
+  set = set_attr(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes)) &&
+        set_attr(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(weight.data_ptr(), ldw, es)) &&
+        set_attr(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(x2.data_ptr(), ldx, es)) &&
+        set_attr(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(c_ptr, ldc, es)) &&
+        set_attr(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(out.data_ptr(), n, es));
   if (!set) return {};
 
   cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  if (cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), a.get(), b.get(), residual_c ? c.get() : d.get(), d.get(),
+  if (cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), a.get(), b.get(), c_desc, d.get(),
                                      pref.get(), 1, &heuristic, &found) != CUBLAS_STATUS_SUCCESS ||
       found == 0) {
     return {};
@@ -126,7 +122,7 @@ at::Tensor cublaslt_linear(const at::Tensor& x2, const at::Tensor& weight, const
   const float alpha = 1.f, beta = residual_c ? 1.f : 0.f;
   const cublasStatus_t s =
       cublasLtMatmul(handle, desc.get(), &alpha, weight.data_ptr(), a.get(), x2.data_ptr(), b.get(), &beta, c_ptr,
-                     residual_c ? c.get() : d.get(), out.data_ptr(), d.get(), &heuristic.algo,
+                     c_desc, out.data_ptr(), d.get(), &heuristic.algo,
                      workspace.data_ptr(), heuristic.workspaceSize, at::cuda::getCurrentCUDAStream());
   if (s != CUBLAS_STATUS_SUCCESS) return {};
   return out;
