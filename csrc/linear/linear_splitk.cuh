@@ -30,13 +30,6 @@ namespace fused_attn {
 
 namespace linear {
 
-// How the splits' sums meet (FUSED_ATTN_SPLITK_PUSH=0 builds the old way, for A/Bs): pushed by every
-// split into rank 0's shared memory, one cluster barrier on rank 0's path (the other ranks exit after
-// arriving), or read by rank 0 from each split's shared memory in turn, between two barriers.
-#ifndef FUSED_ATTN_SPLITK_PUSH
-#define FUSED_ATTN_SPLITK_PUSH 1
-#endif
-constexpr bool kSplitkPush = FUSED_ATTN_SPLITK_PUSH != 0;
 
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); blockIdx.x the tile, the cluster
 // (blockIdx.y) the split of K.
@@ -51,7 +44,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const cg::cluster_group cluster = cg::this_cluster();
   const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-  if constexpr (kSplitkPush) cluster_arrive_relaxed();  // phase 1: this block has started
+  cluster_arrive_relaxed();  // phase 1: this block has started
   // Whole chunks of 32 k per split (the launcher leaves no split empty).
   const int chunks = (p.k + 31) / 32, per = (chunks + splits - 1) / splits;
   const int begin = rank * per, end = min(chunks, begin + per);
@@ -75,53 +68,32 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
 
   float s[4];
   const bool owner = mma_block_sum<NT>(acc, s);  // warp t < NT holds n-tile t of this split
-  if constexpr (kSplitkPush) {
-    // Every split pushes its sums into rank 0's shared memory (remote stores: nothing waits for them),
-    // and rank 0, past one barrier, adds them from its own shared memory in rank order.
-    __shared__ float pushed[kLinearMaxSplits - 1][NT][4][32];
-    cluster_wait();  // phase 1 (arrived at the start): every block has started, rank 0's memory exists
-    if (owner && rank != 0) {
-      float* dst = cluster.map_shared_rank(&pushed[rank - 1][warp][0][0], 0);
+  // Every split pushes its sums into rank 0's shared memory (remote stores: nothing waits for them),
+  // and rank 0, past one barrier, adds them from its own shared memory in rank order. (Rank 0 reading
+  // each split's shared memory in turn between two barriers measured 20 us slower per GPT-2 B16 step:
+  // bench/NOTES.md, session 15.)
+  __shared__ float pushed[kLinearMaxSplits - 1][NT][4][32];
+  cluster_wait();  // phase 1 (arrived at the start): every block has started, rank 0's memory exists
+  if (owner && rank != 0) {
+    float* dst = cluster.map_shared_rank(&pushed[rank - 1][warp][0][0], 0);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) dst[i * 32 + lane] = s[i];
-    }
-    cluster_arrive_release();  // phase 2: the pushes, visible to rank 0 after its wait
-    if (rank != 0) return;     // block-uniform; nothing reads this block's shared memory
-    cluster_wait();
-    if (owner) {
-      float other[kLinearMaxSplits - 1][4];
+    for (int i = 0; i < 4; ++i) dst[i * 32 + lane] = s[i];
+  }
+  cluster_arrive_release();  // phase 2: the pushes, visible to rank 0 after its wait
+  if (rank != 0) return;     // block-uniform; nothing reads this block's shared memory
+  cluster_wait();
+  if (owner) {
+    float other[kLinearMaxSplits - 1][4];
 #pragma unroll
-      for (int r = 1; r < kLinearMaxSplits; ++r)
+    for (int r = 1; r < kLinearMaxSplits; ++r)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) other[r - 1][i] = r < splits ? pushed[r - 1][warp][i][lane] : 0.f;
+      for (int i = 0; i < 4; ++i) other[r - 1][i] = r < splits ? pushed[r - 1][warp][i][lane] : 0.f;
 #pragma unroll
-      for (int r = 1; r < kLinearMaxSplits; ++r)
+    for (int r = 1; r < kLinearMaxSplits; ++r)
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (r < splits) s[i] += other[r - 1][i];
-      mma_store<T>(p, col0, warp, s, out_in);
-    }
-  } else {
-    // Rank 0 reads the other splits' sums from their shared memory, one rank after the other.
-    __shared__ float split_sum[NT][4][32];
-    if (owner && rank != 0) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) split_sum[warp][i][lane] = s[i];
-    }
-    cluster_arrive_release();  // every split's sums written and visible across the cluster
-    cluster_wait();
-    if (owner && rank == 0) {
-      for (int r = 1; r < splits; ++r) {
-        const float* other = cluster.map_shared_rank(&split_sum[0][0][0], r);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[i] += other[(warp * 4 + i) * 32 + lane];
-      }
-    }
-    // The other blocks' shared memory stays alive until rank 0 has read it. Rank 0 arrives before its
-    // output stores (no store for the fence to wait for) and stores while the barrier completes.
-    cluster_arrive_release();
-    if (owner && rank == 0) mma_store<T>(p, col0, warp, s, out_in);
-    cluster_wait();
+      for (int i = 0; i < 4; ++i)
+        if (r < splits) s[i] += other[r - 1][i];
+    mma_store<T>(p, col0, warp, s, out_in);
   }
 #else
   __trap();  // launched only where linear_splitk_arch says it was compiled (sm_90 and later)
