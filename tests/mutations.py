@@ -38,6 +38,7 @@ T_NORM = "tests/test_layer_norm.py"
 T_LINEAR = "tests/test_linear.py"
 T_MLP = "tests/test_mlp.py"
 T_SAMPLE = "tests/test_sample.py"
+T_ATTN = "tests/test_attention.py"
 
 
 @dataclass(frozen=True)
@@ -406,6 +407,14 @@ MUTATIONS: list[Mutation] = [
              "        if (r < splits - 1) s[i] += other[r - 1][i];",
              _t(f"{T_LINEAR}::test_split_k_path_gpu"), gpu=True,
              why="rank 0 adds every split's pushed sums but the last"),
+    Mutation("kernel-attention-edge-leaks-one-key", "csrc/attention/attention_kernel.cuh",
+             "      lim[hh] = last - col;", "      lim[hh] = last - col + 1;",
+             _t(f"{T_ATTN}::test_wgmma_cases_gpu"), gpu=True,
+             why="an unmasked call's edge tiles show each row one key past its last visible one (causal or the end)"),
+    Mutation("kernel-attention-edge-ignores-seqlen-k", "csrc/attention/attention_kernel.cuh",
+             "      int last = p.seqlen_k - 1;", "      int last = 1 << 30;",
+             _t(f"{T_ATTN}::test_wgmma_cases_gpu"), gpu=True,
+             why="an unmasked call's last key tile attends to the zero-filled keys past seqlen_k"),
     Mutation("kernel-linear-vector-loads-on-odd-k", "csrc/linear/linear.cpp",
              "p.vec = p.k % vec == 0 && ", "p.vec = ",
              _t(f"{T_LINEAR}::test_matches_reference_gpu"), gpu=True,

@@ -124,15 +124,36 @@ struct FlashMask {
 
 // Scores into the log2 domain; -inf where a key is past seqlen_k, causally hidden or masked.
 // row: the thread's row g, col: its first key 2 t4 (absolute indices). Only a tile that crosses
-// the end of the keys or the diagonal (`edge`), or a masked call, pays for the per-element path.
+// the end of the keys or the diagonal (`edge`), or a masked call, pays for a per-element path.
+// Without a mask that path is one compare and select per score: each of the thread's two rows has
+// a last visible key, and the score's offset from col (8 n + e % 2) is a compile-time constant. The
+// masked path branches per score around the mask's load (rows past seqlen_q read nothing): as one
+// path it had been ~25 KB of cold code on the causal diagonal of every unmasked call (ncu: 19% of
+// the warps' samples stalled on instruction fetch; bench/NOTES.md, session 16).
 template <typename T, int NS>
 __device__ __forceinline__ void flash_scale_mask(float (&s)[NS][4], const AttentionParams& p, const FlashMask<T>& mask,
                                                  int row, int col, bool edge) {
-  if (p.mask == nullptr && !edge) {
+  if (p.mask == nullptr) {
+    if (!edge) {
+#pragma unroll
+      for (int n = 0; n < NS; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
+      }
+      return;
+    }
+    // Keys col + d with d <= lim[hh] are visible to row + 8 hh.
+    int lim[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      int last = p.seqlen_k - 1;
+      if (p.causal) last = min(last, row + 8 * hh + p.seqlen_k - p.seqlen_q);
+      lim[hh] = last - col;
+    }
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
+      for (int e = 0; e < 4; ++e) s[n][e] = n * 8 + (e & 1) <= lim[e / 2] ? s[n][e] * p.scale_log2 : kNegInf;
     }
     return;
   }
