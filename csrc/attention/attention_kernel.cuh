@@ -130,10 +130,12 @@ struct FlashMask {
 // masked path branches per score around the mask's load (rows past seqlen_q read nothing): as one
 // path it had been ~25 KB of cold code on the causal diagonal of every unmasked call (ncu: 19% of
 // the warps' samples stalled on instruction fetch; bench/NOTES.md, session 16).
-template <typename T, int NS>
+// kMayMask false: the caller's launch has no mask (the wgmma kernel is built both ways), and the
+// masked path is not compiled in.
+template <typename T, bool kMayMask = true, int NS>
 __device__ __forceinline__ void flash_scale_mask(float (&s)[NS][4], const AttentionParams& p, const FlashMask<T>& mask,
                                                  int row, int col, bool edge) {
-  if (p.mask == nullptr) {
+  if (!kMayMask || p.mask == nullptr) {
     if (!edge) {
 #pragma unroll
       for (int n = 0; n < NS; ++n) {
@@ -157,25 +159,27 @@ __device__ __forceinline__ void flash_scale_mask(float (&s)[NS][4], const Attent
     }
     return;
   }
-  const int diag = p.seqlen_k - p.seqlen_q;
+  if constexpr (kMayMask) {
+    const int diag = p.seqlen_k - p.seqlen_q;
 #pragma unroll
-  for (int n = 0; n < NS; ++n) {
+    for (int n = 0; n < NS; ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = row + 8 * (e / 2), j = col + n * 8 + (e & 1);
-      bool on = j < p.seqlen_k && (!p.causal || j <= i + diag);
-      float x = s[n][e] * p.scale_log2;
-      if (on && i < p.seqlen_q) {
-        const int64_t at = int64_t(i) * p.m_stride_q + int64_t(j) * p.m_stride_k;
-        if (mask.b != nullptr) {
-          on = mask.b[at] != 0;
-        } else if (mask.t != nullptr) {
-          float y = s[n][e] * p.scale + to_float(mask.t[at]);  // the mask adds after the scale
-          if (y != kNegInf) y = max_nan(y, kMinScore);
-          x = y * kLog2e;
+      for (int e = 0; e < 4; ++e) {
+        const int i = row + 8 * (e / 2), j = col + n * 8 + (e & 1);
+        bool on = j < p.seqlen_k && (!p.causal || j <= i + diag);
+        float x = s[n][e] * p.scale_log2;
+        if (on && i < p.seqlen_q) {
+          const int64_t at = int64_t(i) * p.m_stride_q + int64_t(j) * p.m_stride_k;
+          if (mask.b != nullptr) {
+            on = mask.b[at] != 0;
+          } else if (mask.t != nullptr) {
+            float y = s[n][e] * p.scale + to_float(mask.t[at]);  // the mask adds after the scale
+            if (y != kNegInf) y = max_nan(y, kMinScore);
+            x = y * kLog2e;
+          }
         }
+        s[n][e] = on ? x : kNegInf;
       }
-      s[n][e] = on ? x : kNegInf;
     }
   }
 }

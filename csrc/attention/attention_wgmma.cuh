@@ -32,6 +32,9 @@
 // at every other GPT-2 shape (B1: 48-96 blocks of 128 rows on 132 SMs, twice as many of 64), tile 0 at
 // none of them; it stays the head dim 128 kernel.
 //
+// Each tile and loader is built twice, with and without an attn_mask (kMask): the unmasked build has
+// none of the mask's per-score code (two thirds of the SASS: bench/NOTES.md, session 16).
+//
 // Block order (flash_wgmma_block; attention.cpp, FUSED_ATTN_FLASH_ORDER): under causal the query tiles
 // go out longest-first across every (head, batch): all the last tiles (the most key tiles, bottom-right
 // aligned also when seqlen_q != seqlen_k) at the lowest block ids, the tiles that see no key at the
@@ -177,7 +180,7 @@ __device__ __forceinline__ void flash_wgmma_load_tma(const FlashTmaMaps& maps, c
 }
 
 // A consumer warpgroup (wg 0 .. kConsumers - 1): 64 query rows through every key tile, then the output.
-template <typename T, int HD, int kTile>
+template <typename T, int HD, int kTile, bool kMask>
 __device__ __forceinline__ void flash_wgmma_consume(const AttentionParams& p, const FlashBlock<T>& blk, int wg,
                                                     const T* sq, const T* stages, uint64_t* full, uint64_t* empty) {
   using C = FlashWgmmaConfig<T, HD, kTile>;
@@ -283,7 +286,7 @@ __device__ __forceinline__ void flash_wgmma_consume(const AttentionParams& p, co
     wgmma_fence_operands(s_flat);
 
     const bool edge = j0 + BC > p.seqlen_k || (p.causal && j0 + BC - 1 > row_w + diag);
-    flash_scale_mask<T>(s, p, mask, row_w + g, j0 + 2 * t4, edge);
+    flash_scale_mask<T, kMask>(s, p, mask, row_w + g, j0 + 2 * t4, edge);
     float corr[2];
     flash_online_softmax(s, m, l, corr);
     wgmma_wait<0>();  // P_{t-1}·V_{t-1} added: O and pa are free, and so is stage t - 1
@@ -304,7 +307,7 @@ __device__ __forceinline__ void flash_wgmma_consume(const AttentionParams& p, co
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <typename T, int HD, int kTile, bool kTma>
+template <typename T, int HD, int kTile, bool kTma, bool kMask>
 __global__ void __launch_bounds__(FlashWgmmaConfig<T, HD, kTile>::kThreads,
                                   FlashWgmmaConfig<T, HD, kTile>::kBlocksPerSm)
     attention_flash_wgmma_kernel(const AttentionParams p, const __grid_constant__ FlashTmaMaps maps) {
@@ -341,7 +344,7 @@ __global__ void __launch_bounds__(FlashWgmmaConfig<T, HD, kTile>::kThreads,
     }
   } else {
     setmaxnreg_inc<C::kConsumerRegs>();
-    flash_wgmma_consume<T, HD, kTile>(p, blk, wg - 1, sq, stages, full, empty);
+    flash_wgmma_consume<T, HD, kTile, kMask>(p, blk, wg - 1, sq, stages, full, empty);
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built without sm_90a: the launcher never selects this kernel (attention_flash_wgmma_arch)
@@ -364,8 +367,11 @@ bool launch_attention_flash_wgmma(const AttentionParams& p, FlashLoader loader, 
                           p.v_stride_h, p.v_stride_s, 64, C::BC);
     if (!tma && loader == FlashLoader::kTmaRequired) return false;
   }
-  auto* kernel =
-      tma ? attention_flash_wgmma_kernel<T, HD, kTile, true> : attention_flash_wgmma_kernel<T, HD, kTile, false>;
+  // Built with and without the mask's per-score path: an unmasked launch's code has none of it.
+  auto* kernel = p.mask != nullptr ? (tma ? attention_flash_wgmma_kernel<T, HD, kTile, true, true>
+                                          : attention_flash_wgmma_kernel<T, HD, kTile, false, true>)
+                                   : (tma ? attention_flash_wgmma_kernel<T, HD, kTile, true, false>
+                                          : attention_flash_wgmma_kernel<T, HD, kTile, false, false>);
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   // The grid flash_wgmma_block reads: the query tiles in z longest-first (at most 65535 there: past
   // 65535 BR query rows the natural order), in x otherwise.
@@ -385,7 +391,7 @@ template <typename T, int HD>
 int attention_flash_wgmma_arch() {
 #if defined(FUSED_ATTN_SM90A)
   cudaFuncAttributes attr{};
-  const bool ok = cudaFuncGetAttributes(&attr, attention_flash_wgmma_kernel<T, HD, 0, false>) == cudaSuccess;
+  const bool ok = cudaFuncGetAttributes(&attr, attention_flash_wgmma_kernel<T, HD, 0, false, false>) == cudaSuccess;
   return ok && attr.binaryVersion == 90 ? 90 : 0;
 #else
   return 0;
