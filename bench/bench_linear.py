@@ -5,7 +5,7 @@ Providers, side by side in one group per (K x N, M, dtype):
             (cuBLAS, then two elementwise passes)
   compiled  torch.compile of the same function (one compile per case, dynamic=False)
   fused     fused_attn.linear(x, w, b, activation="gelu_tanh", residual=r): one launch of our
-            weight-streaming kernel for M <= 16 (at N = 768 and M 5-16 the split-K tensor-core kernel),
+            weight-streaming kernel for M <= 16 (at N = 768 and M 4-16 the split-K tensor-core kernel),
             cuBLAS + in-place epilogue above
 
 Shapes (K x N, nn.Linear's in x out): GPT-2 small 768 x 2304 (c_attn), 768 x 3072 (c_fc),

@@ -256,7 +256,7 @@ LINEAR_FOLD_CASES = [
 ]
 
 
-# linear with a weightless norm at 5-16 16-bit rows: layer_norm's launch, then the tensor-core kernel
+# linear with a weightless norm at 4-16 16-bit rows: layer_norm's launch, then the tensor-core kernel
 # (test_linear.py's test_weightless_norm_rows_gpu: k, n, activation, dtype, norm, rows); 16 float16 rows
 # include one spanning float16's range.
 LINEAR_NORM_ROWS_CASES = [
@@ -265,7 +265,7 @@ LINEAR_NORM_ROWS_CASES = [
 ]
 
 
-# linear with post_norm= (test_linear.py's POST_CASES): the folded last-block pass at 1 and 4 rows (the
+# linear with post_norm= (test_linear.py's POST_CASES): the folded last-block pass at 1 and 3 rows (the
 # count on the workspace, the affine staged in shared memory), an odd width on the element-wise path,
 # and the widest row it takes.
 LINEAR_POST_CASES = [0, 2, 3, 4]

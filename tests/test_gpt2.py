@@ -502,7 +502,7 @@ def test_graph_and_eager_decode_identical_gpu(dtype):
 @pytest.mark.parametrize("batch", [4, 8, 16])
 def test_graph_replay_logits_equal_eager_steps_16bit_gpu(backend, batch):
     """Every step's logits bit for bit the same replayed from the CUDA graph as from the eager loop, in
-    float16 at GPT-2 small's shapes and 4-16 sequences: the GEMV paths of 5-16 rows (tensor cores,
+    float16 at GPT-2 small's shapes and 4-16 sequences: the GEMV paths of 4-16 rows (tensor cores,
     split-K over a cluster) and the persistent step. Our kernels launch as programmatic dependents; a
     replayed graph overlaps a kernel's start with the previous one's tail far more than an eager loop,
     so a read of the previous kernel's output before griddepcontrol.wait shows here first."""

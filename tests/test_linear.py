@@ -166,11 +166,11 @@ def test_every_row_count_and_epilogue_gpu(m, activation, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [5, 8, 9, 16])
+@pytest.mark.parametrize("m", [4, 5, 8, 9, 16])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_tensor_core_path_gpu(m, activation, dtype):
-    """The tensor-core kernel (float16 / bfloat16, 5-16 rows, 16-byte rows, >= 2112 output columns on an
+    """The tensor-core kernel (float16 / bfloat16, 4-16 rows, 16-byte rows, >= 2112 output columns on an
     H100): a K with a partial last chunk of 32 and a partial last tile of output columns, and Llama's
     widths (the kernel's long build: more than 3 chunks of 32 k per warp), GPT-2's 768 x 2304 (the short
     build); beside it the split-K kernel at N = 768 (too few tiles for the tensor-core one: on sm_90), and
@@ -213,7 +213,7 @@ def test_many_rows_epilogue_gpu(dtype):
                             k=72)
 
 
-# (K, output columns) of the split-K kernel (float16 / bfloat16, 5-16 rows, fewer 16-row tiles than SMs,
+# (K, output columns) of the split-K kernel (float16 / bfloat16, 4-16 rows, fewer 16-row tiles than SMs,
 # sm_90): GPT-2's c_proj (3072 -> 768) and attention c_proj (768 -> 768), Llama's down K over few
 # columns, odd tile counts with a partial last tile (776: 49 tiles, 200: 13; on an H100 3080 x 776 runs
 # 6 splits, the last one short), a K with a partial last chunk of 32 over 3 splits, one chunk (a
@@ -222,7 +222,7 @@ SPLIT_K_SHAPES = [(3072, 768), (768, 768), (11008, 200), (3080, 776), (72, 200),
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", list(range(5, MAX_GEMV_ROWS + 1)))
+@pytest.mark.parametrize("m", list(range(4, MAX_GEMV_ROWS + 1)))
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_split_k_path_gpu(m, activation, dtype):
@@ -248,11 +248,12 @@ def _kernels_run(fn) -> list[str]:
 @pytest.mark.parametrize("m,k,n,kernel", [(16, 3072, 768, "linear_splitk_kernel"),
                                           (5, 768, 768, "linear_splitk_kernel"),
                                           (16, 4096, 4096, "linear_mma_kernel"),
-                                          (4, 3072, 768, "linear_gemv_kernel")])
+                                          (4, 3072, 768, "linear_splitk_kernel"),
+                                          (3, 3072, 768, "linear_gemv_kernel")])
 def test_kernel_choice_gpu(m, k, n, kernel):
     """linear.cpp's dispatch at GPT-2 / Llama decode shapes, read from the kernel names torch.profiler
-    records: 5-16 rows over fewer 16-row tiles than SMs take the split-K kernel (sm_90), one tile per SM
-    or more the tensor-core kernel, up to 4 rows the CUDA-core kernel."""
+    records: 4-16 rows over fewer 16-row tiles than SMs take the split-K kernel (sm_90), one tile per SM
+    or more the tensor-core kernel, up to 3 rows the CUDA-core kernel."""
     props = torch.cuda.get_device_properties(0)
     if kernel == "linear_splitk_kernel" and props.major < 9:
         pytest.skip("the split-K kernel needs sm_90 (thread-block clusters)")
@@ -687,14 +688,14 @@ def fold_rows_inputs(k, n, act, dtype, norm, m):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [5, 8, 9, 16])
+@pytest.mark.parametrize("m", [4, 5, 8, 9, 16])
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("k,n,act", [(768, 2304, None), (768, 3072, "gelu_tanh"), (4096, 2200, None),
                                      (1000, 4400, "swiglu")])
 def test_weightless_norm_rows_gpu(k, n, act, dtype, norm, m):
     """linear(x [m, k], norm=..., no norm weight or bias: weights folded at load time, as GPT-2's
-    graph-fused step passes them) at 5-16 rows where the tensor-core kernel runs (one 16-row tile per SM
+    graph-fused step passes them) at 4-16 rows where the tensor-core kernel runs (one 16-row tile per SM
     or more), against float64 (check_weightless_norm); rows of every FOLD_ROWS kind, in float16 one
     spanning float16's range. The path: our layer_norm launch, then the tensor-core kernel (a fold into
     its products measured slower, bench/NOTES.md session 14)."""
@@ -867,14 +868,14 @@ def test_norm_bad_inputs_through_the_op_gpu():
 # --------------------------------------------------------------------------- post_norm
 
 
-# (m, k, n, dtype, activation, post_norm, affine, layout): GPT-2's residual projections at 1-4 rows
-# (folded: the CUDA-core kernel's last block normalizes), rows wider than the fold takes (1025), 5-16
+# (m, k, n, dtype, activation, post_norm, affine, layout): GPT-2's residual projections at 1-3 rows
+# (folded: the CUDA-core kernel's last block normalizes), rows wider than the fold takes (1025), 4-16
 # rows in 16-bit types (tensor-core / split-K kernels: layer_norm's launch after), float32 up to 16
 # rows (folded), cuBLAS rows, element-wise loads (odd k), odd widths, float32 and absent affines.
 POST_CASES = [
     (1, 768, 768, torch.float16, None, "layer_norm", "same", "contiguous"),
     (2, 3072, 768, torch.bfloat16, None, "layer_norm", "same", "contiguous"),
-    (4, 768, 768, torch.float16, "gelu_tanh", "rms_norm", "fp32", "strided"),
+    (3, 768, 768, torch.float16, "gelu_tanh", "rms_norm", "fp32", "strided"),
     (3, 96, 77, torch.float16, None, "layer_norm", "none", "misaligned"),
     (1, 33, 1024, torch.bfloat16, None, "layer_norm", "fp32", "contiguous"),
     (2, 64, 1025, torch.float16, None, "layer_norm", "same", "contiguous"),
@@ -883,6 +884,7 @@ POST_CASES = [
     (16, 200, 300, torch.float32, "swiglu", "layer_norm", "same", "contiguous"),
     (5, 64, 1, torch.float32, None, "layer_norm", "same", "contiguous"),
     (20, 128, 64, torch.float16, None, "layer_norm", "same", "contiguous"),
+    (4, 3072, 768, torch.bfloat16, None, "rms_norm", "same", "contiguous"),
 ]
 
 

@@ -40,10 +40,13 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 
 // Rows of x from which float16 / bfloat16 run a tensor-core kernel (16-byte rows): linear_mma_kernel
 // where the weight has at least one block of 16 rows per SM, else the split-K kernel (sm_90: clusters),
-// else the CUDA-core kernel, whose 1-4 rows per block fill the GPU at N = 768. From 5 rows the
-// CUDA-core kernel's FMAs and conversions per weight byte approach what the SM issues at the copy
-// bandwidth. To be confirmed on the GPU (bench/bench_linear.py at M = 4 and 16).
-constexpr int kMmaMinRows = 5;
+// else the CUDA-core kernel (1-3 rows). At 4 rows the CUDA-core kernel's FMAs and conversions per weight
+// byte already cost more than the tensor-core kernels' padding to 16 rows: measured on an H100 (fp16,
+// bench_linear / bench_mlp at M 4, cold L2, p50 us, CUDA-core -> tensor-core, bench/NOTES.md session 16):
+// 3072x768 9.2 -> 7.9, 768x3072 9.9 -> 7.1, 4096x11008 43.8 -> 37.7, 11008x4096 48.0 -> 40.9, GPT-2's MLP
+// 14.4 -> 10.4, Llama's 118.5 -> 98.8, 768x768 6.4 -> 6.6 (the one loss); GPT-2's batch-4 decode step
+// 349-350 -> 294 us. 2-3 rows were not measured and stay on the CUDA-core kernel.
+constexpr int kMmaMinRows = 4;
 
 // The widths our layer_norm op takes on CUDA (csrc/layer_norm/layer_norm.cpp): the separate
 // normalization where the kernels' prologue does not run.
@@ -51,7 +54,7 @@ constexpr int64_t kNormOpMinWidth = 64;
 constexpr int64_t kNormOpMaxWidth = 16384;
 
 
-// Which of our kernels runs at 5-16 rows (m <= 4: the CUDA-core kernel; float32: always it).
+// Which of our kernels runs at 4-16 rows (m <= 3: the CUDA-core kernel; float32: always it).
 enum class GemvPath { kCudaCores, kTensorCores, kSplitK };
 
 // At 5-16 rows our kernels do not always beat cuBLAS (plus its epilogue passes). Measured (H100,

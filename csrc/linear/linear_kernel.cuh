@@ -17,7 +17,7 @@
 // The element-wise path (p.vec false: K not a multiple of the vector width, or misaligned
 // rows) loads the same pieces one element at a time, with the tail of K masked.
 //
-// linear_mma_kernel (float16 / bfloat16, 5 to 16 rows of x, 16-byte rows): the same stream on
+// linear_mma_kernel (float16 / bfloat16, 4 to 16 rows of x, 16-byte rows): the same stream on
 // tensor cores, where the CUDA-core kernel's M FMAs per weight element (plus the conversions)
 // would limit it. outᵀ = W · xᵀ: a block owns 16 weight rows (with SwiGLU 8 gate rows over their
 // 8 up rows), the m16 A operand of mma.sync m16n8k16, and x's rows are the n8 B operand (one or

@@ -1,4 +1,4 @@
-// linear_splitk_kernel: y = act(x · Wᵀ + b) + residual for 5 to 16 rows of x in float16 / bfloat16,
+// linear_splitk_kernel: y = act(x · Wᵀ + b) + residual for 4 to 16 rows of x in float16 / bfloat16,
 // on tensor cores, where W has too few rows for linear_mma_kernel's one block per 16 weight rows to
 // fill the GPU (GPT-2's c_proj: N = 768 gives 48 tiles for 132 SMs).
 //
