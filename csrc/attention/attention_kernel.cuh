@@ -135,52 +135,52 @@ struct FlashMask {
 template <typename T, bool kMayMask = true, int NS>
 __device__ __forceinline__ void flash_scale_mask(float (&s)[NS][4], const AttentionParams& p, const FlashMask<T>& mask,
                                                  int row, int col, bool edge) {
-  if (!kMayMask || p.mask == nullptr) {
-    if (!edge) {
+  if constexpr (kMayMask) {
+    if (p.mask != nullptr) {
+      const int diag = p.seqlen_k - p.seqlen_q;
 #pragma unroll
       for (int n = 0; n < NS; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
+        for (int e = 0; e < 4; ++e) {
+          const int i = row + 8 * (e / 2), j = col + n * 8 + (e & 1);
+          bool on = j < p.seqlen_k && (!p.causal || j <= i + diag);
+          float x = s[n][e] * p.scale_log2;
+          if (on && i < p.seqlen_q) {
+            const int64_t at = int64_t(i) * p.m_stride_q + int64_t(j) * p.m_stride_k;
+            if (mask.b != nullptr) {
+              on = mask.b[at] != 0;
+            } else if (mask.t != nullptr) {
+              float y = s[n][e] * p.scale + to_float(mask.t[at]);  // the mask adds after the scale
+              if (y != kNegInf) y = max_nan(y, kMinScore);
+              x = y * kLog2e;
+            }
+          }
+          s[n][e] = on ? x : kNegInf;
+        }
       }
       return;
     }
-    // Keys col + d with d <= lim[hh] are visible to row + 8 hh.
-    int lim[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      int last = p.seqlen_k - 1;
-      if (p.causal) last = min(last, row + 8 * hh + p.seqlen_k - p.seqlen_q);
-      lim[hh] = last - col;
-    }
+  }
+  if (!edge) {
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = n * 8 + (e & 1) <= lim[e / 2] ? s[n][e] * p.scale_log2 : kNegInf;
+      for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
     }
     return;
   }
-  if constexpr (kMayMask) {
-    const int diag = p.seqlen_k - p.seqlen_q;
+  // Keys col + d with d <= lim[hh] are visible to row + 8 hh.
+  int lim[2];
 #pragma unroll
-    for (int n = 0; n < NS; ++n) {
+  for (int hh = 0; hh < 2; ++hh) {
+    int last = p.seqlen_k - 1;
+    if (p.causal) last = min(last, row + 8 * hh + p.seqlen_k - p.seqlen_q);
+    lim[hh] = last - col;
+  }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = row + 8 * (e / 2), j = col + n * 8 + (e & 1);
-        bool on = j < p.seqlen_k && (!p.causal || j <= i + diag);
-        float x = s[n][e] * p.scale_log2;
-        if (on && i < p.seqlen_q) {
-          const int64_t at = int64_t(i) * p.m_stride_q + int64_t(j) * p.m_stride_k;
-          if (mask.b != nullptr) {
-            on = mask.b[at] != 0;
-          } else if (mask.t != nullptr) {
-            float y = s[n][e] * p.scale + to_float(mask.t[at]);  // the mask adds after the scale
-            if (y != kNegInf) y = max_nan(y, kMinScore);
-            x = y * kLog2e;
-          }
-        }
-        s[n][e] = on ? x : kNegInf;
-      }
-    }
+  for (int n = 0; n < NS; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[n][e] = n * 8 + (e & 1) <= lim[e / 2] ? s[n][e] * p.scale_log2 : kNegInf;
   }
 }
 

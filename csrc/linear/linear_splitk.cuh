@@ -30,7 +30,6 @@ namespace fused_attn {
 
 namespace linear {
 
-
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); blockIdx.x the tile, the cluster
 // (blockIdx.y) the split of K.
 // kShort: linear_mma_kernel's short build (CH chunks in flight, kMmaShortMinBlocks blocks per SM),
