@@ -123,6 +123,16 @@ _define("linear_post_norm(Tensor x, Tensor weight, Tensor? bias, Tensor? residua
         "Tensor? norm_bias, Tensor? post_weight, Tensor? post_bias, Tensor(a!) workspace, *, int activation=0, "
         "int norm=0, float eps=1e-05, int post_norm=1, float post_eps=1e-05) -> (Tensor, Tensor)")
 
+# The feed-forward block: linear(linear(x, w_fc, b_fc, activation), w_proj, b_proj, residual), the hidden
+# activations rounded to x's dtype between the two. x [..., in_features]; w_fc [hidden, in_features]
+# ([2 hidden, in_features], gate rows over up rows, for swiglu), b_fc [w_fc rows]; w_proj [out, hidden],
+# b_proj [out]; residual [..., out]. activation: 1 gelu_tanh, 2 swiglu. On CUDA one launch where it applies
+# (float16 / bfloat16, 1-16 rows, csrc/mlp/mlp.cpp), else the two linear launches. workspace: int32 [>= 2],
+# zeros on first use; each call leaves it zero (the single launch's counters: one launch at a time per
+# workspace). Not differentiable (fused_attn.mlp runs the two linears when a gradient is wanted).
+_define("mlp(Tensor x, Tensor w_fc, Tensor? b_fc, Tensor w_proj, Tensor? b_proj, Tensor? residual, "
+        "Tensor(a!) workspace, *, int activation=1) -> Tensor")
+
 # One whole GPT-2 decode step in one launch (a persistent kernel, grid-wide barriers between stages):
 # embedding, n_layer pre-LN blocks (their keys and values written into the caches at slot seqlens[b]),
 # ln_f, the lm_head tied to wte. token int64 [batch]; pos, seqlens, leftpad int32 [batch]; k_cache /

@@ -1,23 +1,77 @@
-"""``mlp``: a transformer's feed-forward block as two epilogue-fused ``fused_attn.linear`` launches.
+"""``mlp``: a transformer's feed-forward block, as one launch or as two epilogue-fused ``fused_attn.linear``
+launches.
 
     GPT-2:  y = c_proj(gelu_tanh(c_fc(x))) + residual          activation="gelu_tanh"
     Llama:  y = down(silu(gate(x)) * up(x)) + residual          activation="swiglu"
 
 For the SwiGLU form the gate and up projections are one weight, gate rows over up rows
-(``torch.cat([gate.weight, up.weight])``, ``[2 * hidden, in_features]``): the first launch reads
+(``torch.cat([gate.weight, up.weight])``, ``[2 * hidden, in_features]``): the first projection reads
 both once and writes ``silu(gate) * up`` directly, so the hidden activations cross memory once, in
-x's dtype. No schema of its own: it is Python composing the ``linear`` op (CPU, meta,
-``torch.compile`` and autograd come from there). A single-launch version (the second projection
-waiting on the first through a grid-wide dependency) is not implemented.
+x's dtype.
+
+Two ways to run it on CUDA, the same arithmetic either way (float32 accumulation, the hidden
+activations and the output each rounded once to x's dtype; only the order of the float32 sums differs):
+- two launches: ``linear`` with the activation, then ``linear`` with the residual (the CPU path, meta,
+  ``torch.compile`` and autograd come from that op);
+- one launch: the ``mlp`` op (``csrc/mlp/``) for float16 / bfloat16 and 1-16 rows: one grid computes
+  the hidden tiles, waits until all are stored through a counter in ``workspace``, and computes the
+  output (``csrc/mlp/mlp_kernel.cuh``). Where its kernel does not apply (other dtypes, more rows,
+  in_features or hidden not a multiple of 8, misaligned rows, a device before sm_90, a grid the device
+  cannot hold at once) the op runs the two launches itself.
+``single_launch=None`` takes the one launch at the row counts where it measured faster
+(``SINGLE_LAUNCH_ROWS``, bench/NOTES.md).
 """
 
 from __future__ import annotations
 
 import torch
 
-from fused_attn.linear import ACTIVATIONS, check_args, linear
+from fused_attn import _ops
+from fused_attn.layer_norm import layer_norm, rms_norm
+from fused_attn.linear import ACTIVATIONS, NORMS, _check_param, _reference, check_args, check_norm, linear, norm_code
+from fused_attn.softmax import _requires_grad, _shape
 
 MLP_ACTIVATIONS = ("gelu_tanh", "swiglu")
+# The op's int32 workspace: the single launch's two counters (kMlpWorkspaceWords in csrc/mlp/mlp_launch.h).
+WORKSPACE_WORDS = 2
+# Rows of x (the product of its leading dims) at which single_launch=None takes the one launch, in
+# float16 / bfloat16 on CUDA: where it measured faster than the two (bench/NOTES.md, session 17).
+SINGLE_LAUNCH_ROWS = range(0)
+
+
+def new_workspace(device) -> torch.Tensor:
+    """A workspace for ``mlp(..., workspace=)``: int32 zeros, reusable by the calls of one stream."""
+    return torch.zeros(WORKSPACE_WORDS, dtype=torch.int32, device=device)
+
+
+def check_workspace(x: torch.Tensor, workspace) -> None:
+    if not isinstance(workspace, torch.Tensor):
+        raise TypeError(f"workspace must be a torch.Tensor or None, got {type(workspace).__name__}")
+    if workspace.device != x.device:
+        raise ValueError(f"workspace must be on the same device as x ({x.device}), got {workspace.device}")
+    if workspace.dtype != torch.int32:
+        raise ValueError(f"workspace must have dtype torch.int32, got {workspace.dtype}")
+    if workspace.dim() != 1 or workspace.numel() < WORKSPACE_WORDS or not workspace.is_contiguous():
+        raise ValueError(f"workspace must be contiguous with 1 dim and at least {WORKSPACE_WORDS} elements, "
+                         f"got {_shape(workspace)}")
+
+
+def check_mlp_args(x, w_fc, b_fc, w_proj, b_proj, residual, activation: int) -> int:
+    """Raise TypeError / ValueError naming the bad argument (csrc/mlp/mlp.cpp checks the same); return
+    the output's width."""
+    hidden = check_args(x, w_fc, b_fc, None, activation, names=("x", "w_fc", "b_fc", "residual"))
+    if not isinstance(w_proj, torch.Tensor):
+        raise TypeError(f"w_proj must be a torch.Tensor, got {type(w_proj).__name__}")
+    if w_proj.dim() != 2 or w_proj.shape[1] != hidden:
+        raise ValueError(f"w_proj must have shape [d_out, hidden] with hidden = {hidden} (from w_fc), "
+                         f"got {tuple(w_proj.shape)}")
+    d_out = w_proj.shape[0]
+    _check_param(w_proj, "w_proj", x, "x", (d_out, hidden))
+    if b_proj is not None:
+        _check_param(b_proj, "b_proj", x, "x", (d_out,))
+    if residual is not None:
+        _check_param(residual, "residual", x, "x", (*x.shape[:-1], d_out))
+    return d_out
 
 
 def mlp(
@@ -33,6 +87,8 @@ def mlp(
     norm_weight: torch.Tensor | None = None,
     norm_bias: torch.Tensor | None = None,
     eps: float = 1e-5,
+    single_launch: bool | None = None,
+    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``linear(act(linear(norm(x), w_fc, b_fc)), w_proj, b_proj) + residual``.
 
@@ -44,20 +100,84 @@ def mlp(
         activation: ``"gelu_tanh"`` (GPT-2: ``F.gelu(approximate="tanh")``) or ``"swiglu"``
             (Llama: ``silu(gate) * up``).
         residual: optional ``[..., d_out]``, added to the output (the block's skip connection).
-        norm, norm_weight, norm_bias, eps: the pre-normalization of x (a pre-LN block's ln_2), in the
-            first launch's prologue: ``fused_attn.linear``'s arguments of those names.
+        norm, norm_weight, norm_bias, eps: the pre-normalization of x (a pre-LN block's ln_2):
+            ``fused_attn.linear``'s arguments of those names. With the one launch, x is normalized
+            by ``fused_attn.layer_norm`` / ``rms_norm`` first (what ``linear`` does at 2-16 rows).
+        single_launch: True: the ``mlp`` op (one launch where its kernel applies, see the module
+            docstring); False: two ``linear`` launches; None: the one launch at ``SINGLE_LAUNCH_ROWS``
+            rows in float16 / bfloat16 on CUDA, else two. An input that requires grad always runs the
+            two launches (their backward).
+        workspace: for the one launch, an int32 tensor of >= ``WORKSPACE_WORDS`` elements, zeros
+            before its first use (each call leaves it zero; ``new_workspace``), so calls sharing one
+            must run one after the other (one stream). None: a fresh one per call (one fill launch
+            more).
 
-    Returns ``[..., d_out]`` in x's dtype. The hidden activations are rounded to x's dtype between
-    the two launches (as an eager chain in that dtype does); each launch accumulates in float32.
+    Returns ``[..., d_out]`` in x's dtype. The hidden activations are rounded to x's dtype (as an
+    eager chain in that dtype does); each projection accumulates in float32.
     """
     if not isinstance(activation, str) or activation not in MLP_ACTIVATIONS:
         raise ValueError(f"activation must be 'gelu_tanh' or 'swiglu', got {activation!r}")
-    hidden = check_args(x, w_fc, b_fc, None, ACTIVATIONS[activation], names=("x", "w_fc", "b_fc", "residual"))
-    if not isinstance(w_proj, torch.Tensor):
-        raise TypeError(f"w_proj must be a torch.Tensor, got {type(w_proj).__name__}")
-    if w_proj.dim() != 2 or w_proj.shape[1] != hidden:
-        raise ValueError(f"w_proj must have shape [d_out, hidden] with hidden = {hidden} (from w_fc), "
-                         f"got {tuple(w_proj.shape)}")
+    if single_launch is not None and not isinstance(single_launch, bool):
+        raise TypeError(f"single_launch must be a bool or None, got {type(single_launch).__name__}")
+    code = ACTIVATIONS[activation]
+    check_mlp_args(x, w_fc, b_fc, w_proj, b_proj, residual, code)
+    ncode = norm_code(norm)
+    eps = check_norm(x, ncode, norm_weight, norm_bias, eps)
+    if workspace is not None:
+        check_workspace(x, workspace)
+    if single_launch is None:
+        single_launch = (x.device.type == "cuda" and x.dtype in (torch.float16, torch.bfloat16)
+                         and x.shape[:-1].numel() in SINGLE_LAUNCH_ROWS)
+    if single_launch and not _requires_grad(x, w_fc, b_fc, w_proj, b_proj, residual, norm_weight, norm_bias):
+        if ncode == NORMS["rms_norm"]:
+            x = rms_norm(x, norm_weight, eps)
+        elif ncode:
+            x = layer_norm(x, norm_weight, norm_bias, eps)
+        if workspace is None:
+            workspace = new_workspace(x.device)
+        if x.device.type == "cuda":
+            _ops.ensure_loaded()
+        return torch.ops.fused_attn.mlp(x, w_fc, b_fc, w_proj, b_proj, residual, workspace, activation=code)
     h = linear(x, w_fc, b_fc, activation=activation, norm=norm, norm_weight=norm_weight, norm_bias=norm_bias, eps=eps)
-    check_args(h, w_proj, b_proj, residual, 0, names=("x", "w_proj", "b_proj", "residual"))
     return linear(h, w_proj, b_proj, residual=residual)
+
+
+# --------------------------------------------------------------------------- the op's CPU, fake, autograd
+
+
+def _register() -> None:
+    lib = "fused_attn::mlp"
+
+    def _checks(x, w_fc, b_fc, w_proj, b_proj, residual, workspace, activation):
+        if activation not in (ACTIVATIONS["gelu_tanh"], ACTIVATIONS["swiglu"]):
+            raise ValueError(f"activation must be 1 (gelu_tanh) or 2 (swiglu), got {activation!r}")
+        d_out = check_mlp_args(x, w_fc, b_fc, w_proj, b_proj, residual, activation)
+        check_workspace(x, workspace)
+        return d_out
+
+    @torch.library.register_fake(lib)
+    def _fake(x, w_fc, b_fc, w_proj, b_proj, residual, workspace, *, activation=1):
+        d_out = _checks(x, w_fc, b_fc, w_proj, b_proj, residual, workspace, activation)
+        return x.new_empty((*x.shape[:-1], d_out))
+
+    @torch.library.register_kernel(lib, "cpu")
+    def _cpu_kernel(x, w_fc, b_fc, w_proj, b_proj, residual, workspace, *, activation=1):
+        _checks(x, w_fc, b_fc, w_proj, b_proj, residual, workspace, activation)
+        h = _reference(x, w_fc, b_fc, None, None, None, activation, 0, 0.0)
+        return _reference(h, w_proj, b_proj, residual, None, None, 0, 0, 0.0)
+
+    names = ("x", "w_fc", "b_fc", "w_proj", "b_proj", "residual")
+
+    def _autograd(*args, **kwargs):
+        for name, t in zip(names, args):
+            if _requires_grad(t):
+                raise ValueError(f"{name} must not require grad (the mlp op counts on its workspace and records no "
+                                 f"gradient; fused_attn.mlp runs two linear launches when a gradient is wanted), "
+                                 f"got requires_grad=True")
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.fused_attn.mlp(*args, **kwargs)
+
+    _ops.LIB.impl("mlp", _autograd, "Autograd")
+
+
+_register()

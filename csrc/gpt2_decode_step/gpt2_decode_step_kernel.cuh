@@ -46,6 +46,7 @@
 #include <cstdint>
 
 #include "../common/math.cuh"
+#include "../common/grid_sync.cuh"
 #include "../common/mbarrier.cuh"
 #include "../common/mma.cuh"
 #include "../common/pdl.cuh"
@@ -124,20 +125,9 @@ __device__ __forceinline__ float warp_sum(float v) { return group_reduce<32>(v, 
 __device__ __forceinline__ float warp_max(float v) { return group_reduce<32>(v, nullptr, MaxOp{}); }
 
 // ------------------------------------------------------------------------------ the grid barrier
-__device__ __forceinline__ unsigned load_acquire(const unsigned* ptr) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
-
-// A wait of this kernel (grid barrier, ring slot) that outlasts 10 s can only be a bug (a block that
-// never arrives, a chunk never sent): trap, so the launch fails instead of hanging the GPU.
-constexpr uint64_t kHangNs = 10000000000ull;
+// A wait of this kernel (grid barrier, ring slot) that outlasts kHangNs (common/grid_sync.cuh) can only
+// be a bug (a block that never arrives, a chunk never sent): trap, so the launch fails instead of
+// hanging the GPU.
 __device__ __forceinline__ void wait_slot(uint64_t* bar, int phase) {
   if (mbarrier_try_wait(bar, phase)) return;
   const uint64_t t0 = global_ns();
@@ -164,16 +154,13 @@ struct GridBarrier {
     consumers_sync();
     if (threadIdx.x == 0) {
       target += gridDim.x;
-      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(count) : "memory");
+      add_release(count, 1u);
     }
   }
   __device__ void wait() {
     cp_async_wait<0>();  // this thread's prefetches into shared memory (the norm's weights)
     if (threadIdx.x == 0) {
-      const uint64_t t0 = global_ns();
-      while (load_acquire(count) < target) {
-        if (global_ns() - t0 > kHangNs) __trap();
-      }
+      wait_at_least(count, target);
     }
     consumers_sync();
   }

@@ -30,6 +30,45 @@ namespace fused_attn {
 
 namespace linear {
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The end of a split-K block of the cluster (called by all its threads once, after mma_block_sum; `owner`:
+// warp t < NT holding n-tile t's sums of this split in s): every split pushes its sums into rank 0's
+// shared memory (remote stores: nothing waits for them), and rank 0, past one barrier, adds them from
+// its own shared memory in rank order and applies the epilogue (mma_store with out_in, loaded ahead by
+// its owning warps; cluster, splits and rank: the caller's). (Rank 0 reading each split's shared memory in turn between two barriers measured
+// 20 us slower per GPT-2 B16 step: bench/NOTES.md, session 15.) The caller arrived on the cluster
+// barrier (cluster_arrive_relaxed) at its start: its first phase guarantees rank 0's memory exists.
+template <typename T, int NT>
+__device__ __forceinline__ void splitk_reduce_store(const LinearParams& p, int64_t col0, bool owner, float (&s)[4],
+                                                    const MmaOutputIn& out_in, const cooperative_groups::cluster_group& cluster,
+                                                    int splits, int rank) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __shared__ float pushed[kLinearMaxSplits - 1][NT][4][32];
+  cluster_wait();  // phase 1 (arrived at the start): every block has started, rank 0's memory exists
+  if (owner && rank != 0) {
+    float* dst = cluster.map_shared_rank(&pushed[rank - 1][warp][0][0], 0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dst[i * 32 + lane] = s[i];
+  }
+  cluster_arrive_release();  // phase 2: the pushes, visible to rank 0 after its wait
+  if (rank != 0) return;     // block-uniform; nothing reads this block's shared memory
+  cluster_wait();
+  if (owner) {
+    float other[kLinearMaxSplits - 1][4];
+#pragma unroll
+    for (int r = 1; r < kLinearMaxSplits; ++r)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) other[r - 1][i] = r < splits ? pushed[r - 1][warp][i][lane] : 0.f;
+#pragma unroll
+    for (int r = 1; r < kLinearMaxSplits; ++r)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (r < splits) s[i] += other[r - 1][i];
+    mma_store<T>(p, col0, warp, s, out_in);
+  }
+}
+#endif
+
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); blockIdx.x the tile, the cluster
 // (blockIdx.y) the split of K.
 // kShort: linear_mma_kernel's short build (CH chunks in flight, kMmaShortMinBlocks blocks per SM),
@@ -67,33 +106,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
 
   float s[4];
   const bool owner = mma_block_sum<NT>(acc, s);  // warp t < NT holds n-tile t of this split
-  // Every split pushes its sums into rank 0's shared memory (remote stores: nothing waits for them),
-  // and rank 0, past one barrier, adds them from its own shared memory in rank order. (Rank 0 reading
-  // each split's shared memory in turn between two barriers measured 20 us slower per GPT-2 B16 step:
-  // bench/NOTES.md, session 15.)
-  __shared__ float pushed[kLinearMaxSplits - 1][NT][4][32];
-  cluster_wait();  // phase 1 (arrived at the start): every block has started, rank 0's memory exists
-  if (owner && rank != 0) {
-    float* dst = cluster.map_shared_rank(&pushed[rank - 1][warp][0][0], 0);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dst[i * 32 + lane] = s[i];
-  }
-  cluster_arrive_release();  // phase 2: the pushes, visible to rank 0 after its wait
-  if (rank != 0) return;     // block-uniform; nothing reads this block's shared memory
-  cluster_wait();
-  if (owner) {
-    float other[kLinearMaxSplits - 1][4];
-#pragma unroll
-    for (int r = 1; r < kLinearMaxSplits; ++r)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) other[r - 1][i] = r < splits ? pushed[r - 1][warp][i][lane] : 0.f;
-#pragma unroll
-    for (int r = 1; r < kLinearMaxSplits; ++r)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (r < splits) s[i] += other[r - 1][i];
-    mma_store<T>(p, col0, warp, s, out_in);
-  }
+  splitk_reduce_store<T, NT>(p, col0, owner, s, out_in, cluster, splits, rank);
 #else
   __trap();  // launched only where linear_splitk_arch says it was compiled (sm_90 and later)
 #endif
