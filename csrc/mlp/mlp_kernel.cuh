@@ -19,9 +19,9 @@
 // W_proj tile's K (again 3 chunks per warp). The spin is a wait on other blocks of the same grid: it is
 // correct only if they are all resident together, so the launcher checks that the device holds that
 // many clusters at once (mlp_max_clusters, cudaOccupancyMaxActiveClusters) and otherwise runs the two
-// launches. The counters reset themselves: every block, past its spin, counts itself on `left`, and the
-// last one zeroes both (no block reads `arrived` any more by then); so one launch at a time per
-// workspace.
+// launches. The counters reset themselves: every block, at its end (past its spin), counts itself on
+// `left`, and the last one zeroes both (no block reads `arrived` any more by then); so one launch at a
+// time per workspace.
 //
 // Tests: tests/test_mlp.py (test_single_launch_*); benchmark: bench/bench_mlp.py (providers
 // fused_1launch / fused_2launch).
@@ -44,6 +44,8 @@ using linear::kMmaShortMinBlocks;
 using linear::kMmaWarps;
 using linear::MmaLane;
 using linear::MmaOutputIn;
+
+static_assert(kMlpThreads == kLinearMmaThreads, "mma_block_sum sums kMmaWarps warps");
 
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16). linear_mma_kernel's short build
 // (kMmaShortChunks in flight per warp, kMmaShortMinBlocks blocks per SM).
@@ -68,6 +70,21 @@ __global__ void __launch_bounds__(kMlpThreads, kMmaShortMinBlocks) mlp_kernel(co
   const int begin = rank * per, end = min(proj_chunks, begin + per);
   const int64_t proj_col0 = int64_t(blockIdx.x) * 16;
 
+  // W_proj's first pieces (those loaded into registers after this block's last h tile) on their way into
+  // L2 now, beside the W_fc stream: in registers they would cost a second wa (80 registers hold one), and
+  // issued only after the h tiles the two weight streams ran one after the other (bench/NOTES.md, session
+  // 17: M 4 12.1 us against 10.4 for the two launches, whose grids stream both weights at once).
+  {
+    const MmaLane<T, NT> L = mma_lane<T, NT>(p.proj, proj_col0, lane);
+    const int q = lane % 4;
+#pragma unroll
+    for (int u = 0; u < CH; ++u) {
+      const int c = begin + warp + u * kMmaWarps;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (c < end && c * 32 + q * 8 < p.proj.k && L.wlive[h]) prefetch_l2(L.wrow[h] + c * 32);
+    }
+  }
   // h: the first tile's weights (and the owning warps' biases) on their way before the wait.
   uint4 wa[CH][2];
   MmaOutputIn out_in;
@@ -97,23 +114,15 @@ __global__ void __launch_bounds__(kMlpThreads, kMmaShortMinBlocks) mlp_kernel(co
     mma_load_weights<T, NT, CH>(p.proj, mma_lane<T, NT>(p.proj, proj_col0, lane), begin + warp, end, kMmaWarps,
                                 wa);
 
-  // Every block's h stores (ordered by the __syncthreads above), then one release arrival per block.
-  if (threadIdx.x == 0) {
-    __threadfence();
-    add_release(p.arrived, 1u);
-  }
+  // One release arrival per block, after the block's h stores (ordered before it by the __syncthreads
+  // above: the release is cumulative over what the barrier made this thread observe).
+  if (threadIdx.x == 0) add_release(p.arrived, 1u);
   const bool stores = rank == 0 && warp < NT;  // rank 0's owning warps store y
   if (stores) {
     mma_load_output_bias<T>(p.proj, proj_col0, warp, out_in);
     mma_load_output_residual<T>(p.proj, proj_col0, warp, out_in);
   }
-  if (threadIdx.x == 0) {
-    wait_at_least(p.arrived, blocks);
-    if (atomicAdd(p.left, 1u) == blocks - 1) {  // the last block past its wait: the counters back to 0
-      atomicExch(p.arrived, 0u);
-      atomicExch(p.left, 0u);
-    }
-  }
+  if (threadIdx.x == 0) wait_at_least(p.arrived, blocks);
   __syncthreads();  // thread 0's acquire: every block's h is visible to this block's loads below
 
   float acc[NT][4];
@@ -127,6 +136,12 @@ __global__ void __launch_bounds__(kMlpThreads, kMmaShortMinBlocks) mlp_kernel(co
   float s[4];
   const bool owner = mma_block_sum<NT>(acc, s);  // warp t < NT holds n-tile t of this split
   splitk_reduce_store<T, NT>(p.proj, proj_col0, owner, s, out_in, cluster, splits, rank);
+  // Counted out by the last warp (never an owner: rank 0's stores go on while its atomic is out): the last
+  // block past its wait (every block counts itself only after it) sets the counters back to 0.
+  if (threadIdx.x == kMlpThreads - 32 && atomicAdd(p.left, 1u) == blocks - 1) {
+    atomicExch(p.arrived, 0u);
+    atomicExch(p.left, 0u);
+  }
 #else
   __trap();  // launched only where mlp_max_clusters says it was compiled (sm_90 and later)
 #endif
