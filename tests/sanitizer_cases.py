@@ -10,7 +10,7 @@ naive and tiled modes; and linear: every rows-of-x class, weight rows per block 
 element-wise path (odd K, misaligned rows) and the tensor-core kernels (one block per 16 weight rows,
 and split-K in clusters), the first two also with the LayerNorm / RMSNorm prologue (norm=: the
 normalized rows in shared memory), the one-row fold of a weightless norm into the dot products, and the
-post_norm= pass of the last block; sample: greedy and sampled, one block and a cluster per row,
+post_norm= pass of the last block, and mlp's single launch; sample: greedy and sampled, one block and a cluster per row,
 misaligned and strided rows, the token history; gpt2_decode_step: a small model
 at batch 1 and 3 (float16, float32) and every kind of invalid row (out-of-range lengths, position or
 token: nothing read or written out of bounds).
@@ -301,7 +301,22 @@ def linear_cases(quick: bool) -> int:
         y, normed = linear(x, w, b, activation=case[4], residual=r, post_norm=norm, post_norm_weight=pw,
                            post_norm_bias=pb, workspace=ws)
         check_post(y, normed, pw, pb, 1e-5, norm == "rms_norm", f"post {case}")
-    return len(cases) + len(norm_cases) + len(fold_cases) + len(norm_rows_cases) + len(post_cases)
+    # mlp's single launch (csrc/mlp: linear's tensor-core pieces, a grid-wide counter, split-K clusters), on
+    # one workspace: GPT-2's shape, an odd output width, a block looping over several hidden tiles.
+    from tests.test_mlp import case_of as mlp_case_of
+    from tests.test_mlp import new_workspace
+    from tests.test_mlp import run_and_check as mlp_run_and_check
+
+    mlp_cases = MLP_CASES[:2] if quick else MLP_CASES
+    mlp_ws = new_workspace("cuda")
+    for i, kw in enumerate(mlp_cases):
+        mlp_run_and_check(mlp_case_of(seed=i, **kw), "cuda", single_launch=True, workspace=mlp_ws)
+    return len(cases) + len(norm_cases) + len(fold_cases) + len(norm_rows_cases) + len(post_cases) + len(mlp_cases)
+
+
+MLP_CASES = [dict(m=4, d=768, hidden=3072, d_out=768), dict(m=16, d=64, hidden=3072, d_out=16, dtype=torch.bfloat16),
+             dict(m=9, d=40, hidden=96, d_out=7, activation="swiglu", bias=False),
+             dict(m=1, d=8, hidden=8, d_out=1, residual=False)]
 
 
 # sample: (rows, vocab, dtype, layout, temperature, offsets): one block per row (vocab <= 4096), clusters of

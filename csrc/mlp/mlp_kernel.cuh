@@ -70,21 +70,6 @@ __global__ void __launch_bounds__(kMlpThreads, kMmaShortMinBlocks) mlp_kernel(co
   const int begin = rank * per, end = min(proj_chunks, begin + per);
   const int64_t proj_col0 = int64_t(blockIdx.x) * 16;
 
-  // W_proj's first pieces (those loaded into registers after this block's last h tile) on their way into
-  // L2 now, beside the W_fc stream: in registers they would cost a second wa (80 registers hold one), and
-  // issued only after the h tiles the two weight streams ran one after the other (bench/NOTES.md, session
-  // 17: M 4 12.1 us against 10.4 for the two launches, whose grids stream both weights at once).
-  {
-    const MmaLane<T, NT> L = mma_lane<T, NT>(p.proj, proj_col0, lane);
-    const int q = lane % 4;
-#pragma unroll
-    for (int u = 0; u < CH; ++u) {
-      const int c = begin + warp + u * kMmaWarps;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (c < end && c * 32 + q * 8 < p.proj.k && L.wlive[h]) prefetch_l2(L.wrow[h] + c * 32);
-    }
-  }
   // h: the first tile's weights (and the owning warps' biases) on their way before the wait.
   uint4 wa[CH][2];
   MmaOutputIn out_in;
@@ -101,7 +86,10 @@ __global__ void __launch_bounds__(kMlpThreads, kMmaShortMinBlocks) mlp_kernel(co
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
     mma_accumulate<T, NT, CH>(p.fc, L, warp, fc_chunks, kMmaWarps, wa, acc);
-    if (tile + blocks >= fc_tiles)  // the last tile: W_proj's first pieces in flight from here on
+    // After the last tile W_proj's first pieces go out, in flight through the stores, the arrival and the
+    // spin. (Also prefetching them into L2 at the start, beside the W_fc stream, measured slower: GPT-2 M 4
+    // 12.1 -> 13.6 us, H100, bench/NOTES.md session 17.)
+    if (tile + blocks >= fc_tiles)
       mma_load_weights<T, NT, CH>(p.proj, mma_lane<T, NT>(p.proj, proj_col0, lane), begin + warp, end, kMmaWarps,
                                   wa);
     float s[4];
