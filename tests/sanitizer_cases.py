@@ -307,7 +307,9 @@ def linear_cases(quick: bool) -> int:
     from tests.test_mlp import new_workspace
     from tests.test_mlp import run_and_check as mlp_run_and_check
 
-    mlp_cases = MLP_CASES[:2] if quick else MLP_CASES
+    # racecheck (quick): the small cases only; at GPT-2's widths the eager peer (the error reference) runs
+    # cuBLAS split-K kernels in which racecheck reports hazards that are not ours (session 17).
+    mlp_cases = MLP_CASES[2:] if quick else MLP_CASES
     mlp_ws = new_workspace("cuda")
     for i, kw in enumerate(mlp_cases):
         mlp_run_and_check(mlp_case_of(seed=i, **kw), "cuda", single_launch=True, workspace=mlp_ws)

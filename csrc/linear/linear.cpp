@@ -48,6 +48,12 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 // 349-350 -> 294 us. 2-3 rows were not measured and stay on the CUDA-core kernel.
 constexpr int kMmaMinRows = 4;
 
+// linear_post_norm at up to this many rows stays on the CUDA-core kernel, whose last block normalizes the
+// finished rows in the same launch (the tensor-core kernels have no such pass: our layer_norm launch
+// would follow them). Session 16 moved 4-row linears to the tensor-core kernels and with them, unnoticed
+// until the GPU suite's next full run of test_linear, 4-row post-normalizations to two launches.
+constexpr int kPostFoldMaxRows = 4;
+
 // The widths our layer_norm op takes on CUDA (csrc/layer_norm/layer_norm.cpp): the separate
 // normalization where the kernels' prologue does not run.
 constexpr int64_t kNormOpMinWidth = 64;
@@ -261,13 +267,15 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
       const bool wide = p.m > 8;
-      // The tensor-core kernels take no norm (linear_impl normalizes 2-16 rows of 16-bit x first).
-      if (p.m >= kMmaMinRows && p.vec && !normed && mma_blocks >= sm_count(x2)) {
+      // The tensor-core kernels take no norm (linear_impl normalizes 2-16 rows of 16-bit x first) and no
+      // post-normalization (kPostFoldMaxRows).
+      const bool tensor_cores = p.m >= kMmaMinRows && p.vec && !normed && !(fold_post && p.m <= kPostFoldMaxRows);
+      if (tensor_cores && mma_blocks >= sm_count(x2)) {
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
           wide ? launch_linear_mma<scalar_t, 16>(p, stream) : launch_linear_mma<scalar_t, 8>(p, stream);
           return;
         }
-      } else if (p.m >= kMmaMinRows && p.vec && !normed) {
+      } else if (tensor_cores) {
         if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
           const int splits = splitk_splits(mma_blocks, p.k, sm_count(x2));
           wide ? launch_linear_splitk<scalar_t, 16>(p, splits, stream)
