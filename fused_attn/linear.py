@@ -210,9 +210,11 @@ def linear(
             exactly as ``fused_attn.layer_norm(y, post_norm_weight, post_norm_bias, post_eps)`` /
             ``rms_norm(y, post_norm_weight, post_eps)`` return them for the returned y. A pre-LN
             transformer's projection + residual and the next norm in one launch: the last block of our
-            kernel to finish normalizes the rows (up to 4 rows in float16 / bfloat16, 16 in float32,
-            outputs up to 1024 wide, without ``norm``); elsewhere ``layer_norm``'s kernel runs after
-            the matmul (same result, one launch more).
+            kernel to finish normalizes the rows (up to 3 rows in float16 / bfloat16, where the
+            CUDA-core kernel runs: from 4 rows the tensor-core kernels do, which have no such pass; 16 in
+            float32; outputs up to 1024 wide, without ``norm``); elsewhere ``layer_norm``'s kernel runs
+            after the matmul (same result, one launch more). Either way ``y`` is bit for bit what
+            ``linear`` without ``post_norm`` returns.
         post_norm_weight, post_norm_bias: optional ``[out]``, x's dtype or float32.
         workspace: with ``post_norm`` on CUDA, an int32 tensor of >= 1 element, zeros before its first
             use (each call leaves it zero): the kernel's count of finished blocks, so calls sharing one

@@ -4,7 +4,8 @@
 // (norm), our kernels normalize x in their prologue; where they do not run, or the normalized rows do
 // not fit kLinearNormSmemBytes of shared memory, x is normalized first by our layer_norm op (the same
 // result, one launch more). linear_post_norm also returns the output's rows normalized: the CUDA-core
-// kernel's last block does it (up to 4 rows in float16 / bfloat16, 16 in float32, and outputs up to
+// kernel's last block does it (up to 3 rows in float16 / bfloat16: from kMmaMinRows the tensor-core kernels
+// run, which have no such pass; 16 in float32; outputs up to
 // kLinearPostNormMaxWidth wide, without a pre-normalization); elsewhere our layer_norm op runs after
 // the matmul (the same result, one launch more). Host C++ (g++): the kernels are launched through
 // linear_launch.h.
@@ -47,12 +48,6 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 // 14.4 -> 10.4, Llama's 118.5 -> 98.8, 768x768 6.4 -> 6.6 (the one loss); GPT-2's batch-4 decode step
 // 349-350 -> 294 us. 2-3 rows were not measured and stay on the CUDA-core kernel.
 constexpr int kMmaMinRows = 4;
-
-// linear_post_norm at up to this many rows stays on the CUDA-core kernel, whose last block normalizes the
-// finished rows in the same launch (the tensor-core kernels have no such pass: our layer_norm launch
-// would follow them). Session 16 moved 4-row linears to the tensor-core kernels and with them, unnoticed
-// until the GPU suite's next full run of test_linear, 4-row post-normalizations to two launches.
-constexpr int kPostFoldMaxRows = 4;
 
 // The widths our layer_norm op takes on CUDA (csrc/layer_norm/layer_norm.cpp): the separate
 // normalization where the kernels' prologue does not run.
@@ -267,15 +262,13 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
       const bool wide = p.m > 8;
-      // The tensor-core kernels take no norm (linear_impl normalizes 2-16 rows of 16-bit x first) and no
-      // post-normalization (kPostFoldMaxRows).
-      const bool tensor_cores = p.m >= kMmaMinRows && p.vec && !normed && !(fold_post && p.m <= kPostFoldMaxRows);
-      if (tensor_cores && mma_blocks >= sm_count(x2)) {
+      // The tensor-core kernels take no norm (linear_impl normalizes 2-16 rows of 16-bit x first).
+      if (p.m >= kMmaMinRows && p.vec && !normed && mma_blocks >= sm_count(x2)) {
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
           wide ? launch_linear_mma<scalar_t, 16>(p, stream) : launch_linear_mma<scalar_t, 8>(p, stream);
           return;
         }
-      } else if (tensor_cores) {
+      } else if (p.m >= kMmaMinRows && p.vec && !normed) {
         if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
           const int splits = splitk_splits(mma_blocks, p.k, sm_count(x2));
           wide ? launch_linear_splitk<scalar_t, 16>(p, splits, stream)
