@@ -4,10 +4,9 @@ Providers, side by side in one group per (model, M, dtype):
   eager     F.linear -> activation -> F.linear -> + residual (GPT-2: gelu_tanh with biases; Llama:
             silu(gate) * up from one stacked gate/up weight, no biases)
   compiled  torch.compile of the same function (one compile per case, dynamic=False)
-  fused     fused_attn.mlp(..., residual=x) as users call it (single_launch=None: the one launch at the
-            rows where it measured faster, else two epilogue-fused fused_attn.linear launches)
-  fused_1launch / fused_2launch   the A/B at M <= 16 on CUDA: single_launch=True (the mlp op's one
-            launch, csrc/mlp/mlp_kernel.cuh) against single_launch=False (two linear launches)
+  fused     fused_attn.mlp(..., residual=x): two epilogue-fused fused_attn.linear launches (the default)
+  fused_1launch   at M <= 16 on CUDA: fused_attn.mlp(..., single_launch=True), the mlp op's one launch
+            (csrc/mlp/mlp_kernel.cuh), the A/B against fused
 
 Models (d_model, hidden, activation): GPT-2 small (768, 3072, gelu_tanh), Llama-2-7B (4096, 11008,
 swiglu); M (rows of x) as bench_linear. extra_info as bench_linear's: bytes (both weights, x, the
@@ -31,11 +30,10 @@ from fused_attn.generate import DTYPES
 
 MODELS = {"gpt2": (768, 3072, "gelu_tanh"), "llama2_7b": (4096, 11008, "swiglu")}
 CPU_MODELS = {"tiny_gelu": (32, 64, "gelu_tanh"), "tiny_swiglu": (32, 48, "swiglu")}
-PROVIDERS = ("eager", "compiled", "fused_2launch", "fused_1launch", "fused")  # ours (bench.report) last
-AB_PROVIDERS = ("fused_1launch", "fused_2launch")  # at M <= MAX_GEMV_ROWS on CUDA only
+PROVIDERS = ("eager", "compiled", "fused_1launch", "fused")  # ours (bench.report's last fused*) last
+AB_PROVIDERS = ("fused_1launch",)  # at M <= MAX_GEMV_ROWS on CUDA only
 NOTES = {"eager": "F.linear + act + F.linear + add", "compiled": "torch.compile(F.linear + act + F.linear + add)",
-         "fused": "fused_attn.mlp(residual=x)", "fused_1launch": "fused_attn.mlp(single_launch=True)",
-         "fused_2launch": "fused_attn.mlp(single_launch=False): 2 launches"}
+         "fused": "fused_attn.mlp(residual=x): 2 launches", "fused_1launch": "fused_attn.mlp(single_launch=True)"}
 REPORT_LABELS = {"bench_mlp": dict(title="mlp (fc -> act -> proj + residual)", shape="d_model x hidden x M",
                                    order=PROVIDERS)}
 
@@ -90,7 +88,7 @@ def provider_fn(provider: str, t: dict):
     peer = chain_provider(provider, eager_mlp, *args, t["activation"])
     if peer is not None:
         return peer
-    single = {"fused": None, "fused_1launch": True, "fused_2launch": False}
+    single = {"fused": False, "fused_1launch": True}
     if provider in single:
         from fused_attn.mlp import new_workspace
 

@@ -45,7 +45,6 @@ from fused_attn.gpt2_decode_step import GPT2StepWeights, gpt2_decode_step, new_w
 from fused_attn.layer_norm import layer_norm
 from fused_attn.linear import linear, packed_in_out
 from fused_attn.mlp import mlp
-from fused_attn.mlp import new_workspace as new_mlp_workspace
 from fused_attn.sample import sample
 from fused_attn.softmax import _requires_grad, scaled_masked_softmax
 
@@ -307,8 +306,7 @@ class MLP(nn.Module):
                 ln: LayerNorm | None = None, post_ln: LayerNorm | None = None,
                 workspace: torch.Tensor | None = None):
         """c_proj(gelu_tanh(c_fc(ln(x)))) + residual (x itself without ``ln``); with ``post_ln``, the pair
-        ``(out, post_ln(out))`` (the norm in c_proj's epilogue with the fused linear backend). ``workspace``:
-        linear's post_norm counter, or with the fused mlp backend fused_attn.mlp's (None: a fresh one)."""
+        ``(out, post_ln(out))`` (the norm in c_proj's epilogue with the fused linear backend)."""
         if post_ln is not None:
             return self.c_proj(self.c_fc(x, activation="gelu_tanh", ln=ln), residual=residual, post_ln=post_ln,
                                workspace=workspace)
@@ -316,9 +314,9 @@ class MLP(nn.Module):
             folded = None if ln is None else ln.folded_into(self.c_fc.weight_nk, self.c_fc.bias, self.c_fc, x)
             if folded is not None:
                 return mlp(x, *folded, self.c_proj.weight_nk, self.c_proj.bias, residual=residual, norm="layer_norm",
-                           eps=ln.eps, workspace=workspace)
+                           eps=ln.eps)
             return mlp(x, self.c_fc.weight_nk, self.c_fc.bias, self.c_proj.weight_nk, self.c_proj.bias,
-                       residual=residual, workspace=workspace, **({} if ln is None else ln.fold_args()))
+                       residual=residual, **({} if ln is None else ln.fold_args()))
         return self.c_proj(self.c_fc(x, activation="gelu_tanh", ln=ln), residual=residual)
 
 
@@ -340,13 +338,12 @@ class Block(nn.Module):
         projection's (an epilogue with the fused linear backend, an add kernel with eager). ``normed``:
         ln_1(x) already computed (the fused embedding's launch, or the previous block's epilogue), not
         computed again. With layer_norm "epilogue" returns ``(x, next_ln(x))``: ``next_ln`` is the next
-        layer's ln_1 or ln_f, run in the MLP's c_proj launch. ``workspace``: the counters of linear's
-        post_norm and of fused_attn.mlp's single launch (the decode cache's; None: fresh ones)."""
+        layer's ln_1 or ln_f, run in the MLP's c_proj launch (``workspace``: linear's)."""
         if self.fold_norms:
             with scope("attention"):  # ln_1 + QKV projection, cache update, attention, output projection + residual
                 x = self.attn(x, keys_ok, residual=x, ln=self.ln_1, **attn_kw)
             with scope("mlp"):  # ln_2 + c_fc, c_proj + residual
-                return self.mlp(x, residual=x, ln=self.ln_2, workspace=workspace)
+                return self.mlp(x, residual=x, ln=self.ln_2)
         with scope("ln_1"):
             h = self.ln_1(x) if normed is None else normed
         if self.post_norms:
@@ -359,7 +356,7 @@ class Block(nn.Module):
         with scope("ln_2"):
             h = self.ln_2(x)
         with scope("mlp"):  # + residual
-            return self.mlp(h, residual=x, workspace=workspace)
+            return self.mlp(h, residual=x)
 
 
 class DecodeCache(nn.Module):
@@ -387,10 +384,9 @@ class DecodeCache(nn.Module):
                              persistent=False)
         self.register_buffer("keys_ok", torch.zeros(batch, max_len, dtype=torch.bool, device=device), persistent=False)
         self.register_buffer("slot", torch.zeros(1, dtype=torch.long, device=device), persistent=False)
-        # The counters of fused_attn.linear's post_norm (layer_norm "epilogue": its kernels' block count)
-        # and of fused_attn.mlp's single launch (the fused mlp backend). Zero between launches, each of which
-        # runs after the one before on the model's stream, so they share it.
-        self.register_buffer("post_workspace", new_mlp_workspace(device), persistent=False)
+        # fused_attn.linear's post_norm workspace (layer_norm "epilogue"): its kernels' block count, zero
+        # between launches.
+        self.register_buffer("post_workspace", torch.zeros(1, dtype=torch.int32, device=device), persistent=False)
         # The per-token counters in one int32 buffer [3, batch]: decode_attention's valid slots per sequence
         # (seqlens), the position ids (pos) and the fused sampler's Philox offset (rng, equal in every row).
         # The fused sampler advances them in its own launch (sample's advance); else one add does.
@@ -611,7 +607,7 @@ class GPT2(nn.Module):
                 nxt = self.h[i + 1].ln_1 if i + 1 < len(self.h) else self.ln_f
                 x, normed = block(x, keys_ok, normed, next_ln=nxt, workspace=ws, cache=layer, **kw)
             else:
-                x = block(x, keys_ok, normed if i == 0 else None, workspace=ws, cache=layer, **kw)
+                x = block(x, keys_ok, normed if i == 0 else None, cache=layer, **kw)
         return x, normed if post else None
 
     # ------------------------------------------------------------------ generation

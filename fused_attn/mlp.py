@@ -18,8 +18,11 @@ activations and the output each rounded once to x's dtype; only the order of the
   output (``csrc/mlp/mlp_kernel.cuh``). Where its kernel does not apply (other dtypes, more rows,
   in_features or hidden not a multiple of 8, misaligned rows, a device before sm_90, a grid the device
   cannot hold at once) the op runs the two launches itself.
-``single_launch=None`` takes the one launch at the row counts where it measured faster
-(``SINGLE_LAUNCH_ROWS``, bench/NOTES.md).
+The default is the two launches: measured on an H100 (bench/NOTES.md, session 17), the one launch is
+slower in GPT-2's chained decode step at batch 8 and 16 (+1-4 and +12-15 us a step: under programmatic
+dependent launch the second projection's weights already stream while the first runs, which one grid
+cannot do before its first phase ends) and, alone, at every M but 16 (GPT-2's MLP: M 1 11.1 against 10.1
+us, M 4 11.5 against 10.4, M 16 12.7 against 13.1; Llama-2-7B's 107-133 against 95-104).
 """
 
 from __future__ import annotations
@@ -34,17 +37,6 @@ from fused_attn.softmax import _requires_grad, _shape
 MLP_ACTIVATIONS = ("gelu_tanh", "swiglu")
 # The op's int32 workspace: the single launch's two counters (kMlpWorkspaceWords in csrc/mlp/mlp_launch.h).
 WORKSPACE_WORDS = 2
-# Rows of x (the product of its leading dims) at which single_launch=None takes the one launch, in float16
-# / bfloat16 on CUDA, for shapes whose every block holds all of its weight pieces in flight at once
-# (_short_phases: GPT-2 small's widths, not Llama-2-7B's). Measured on an H100 (bench_mlp, cold L2, p50, one
-# launch against two, bench/NOTES.md session 17): GPT-2 M 16 12.7 against 13.1-13.2 us (fp16 and bf16), and
-# GPT-2's batch-16 decode step 371-375 against 374-376 us; slower at M 1 (11.1 against 10.1) and M 4
-# (11.5 against 10.4), and for Llama's MLP at every M (M 16: 131-133 against 104). 9-15 rows run the same
-# kernel instance and grid as 16.
-SINGLE_LAUNCH_ROWS = range(9, 17)
-# csrc/mlp/mlp.cpp's shape arithmetic: W_proj tiles of 16 rows, chunks of 32 k, at most 8 splits; the
-# tensor-core kernels' 8 warps and 3 chunks in flight per warp (linear_kernel.cuh, kMmaShortChunks).
-_WARPS, _CHUNKS_IN_FLIGHT, _MAX_SPLITS = 8, 3, 8
 
 
 def new_workspace(device) -> torch.Tensor:
@@ -82,19 +74,6 @@ def check_mlp_args(x, w_fc, b_fc, w_proj, b_proj, residual, activation: int) -> 
     return d_out
 
 
-def _short_phases(d: int, hidden: int, d_out: int, activation: int) -> bool:
-    """Whether each of the single launch's blocks computes at most one hidden tile and holds every weight
-    piece of both phases in flight at once: the hidden tile's K (d) and its W_proj split's share of
-    hidden, at most _CHUNKS_IN_FLIGHT chunks per warp (the shapes measured)."""
-    ceil = lambda a, b: -(-a // b)  # noqa: E731
-    fc_tiles = ceil(hidden, 8 if activation == ACTIVATIONS["swiglu"] else 16)
-    chunks = ceil(hidden, 32)
-    proj_tiles = max(1, ceil(d_out, 16))
-    splits = max(1, min(fc_tiles // proj_tiles, _MAX_SPLITS, chunks))
-    return (fc_tiles <= proj_tiles * splits and ceil(ceil(d, 32), _WARPS) <= _CHUNKS_IN_FLIGHT
-            and ceil(ceil(chunks, splits), _WARPS) <= _CHUNKS_IN_FLIGHT)
-
-
 def mlp(
     x: torch.Tensor,
     w_fc: torch.Tensor,
@@ -108,7 +87,7 @@ def mlp(
     norm_weight: torch.Tensor | None = None,
     norm_bias: torch.Tensor | None = None,
     eps: float = 1e-5,
-    single_launch: bool | None = None,
+    single_launch: bool = False,
     workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``linear(act(linear(norm(x), w_fc, b_fc)), w_proj, b_proj) + residual``.
@@ -125,8 +104,7 @@ def mlp(
             ``fused_attn.linear``'s arguments of those names. With the one launch, x is normalized
             by ``fused_attn.layer_norm`` / ``rms_norm`` first (what ``linear`` does at 2-16 rows).
         single_launch: True: the ``mlp`` op (one launch where its kernel applies, see the module
-            docstring); False: two ``linear`` launches; None: the one launch where it measured faster
-            (float16 / bfloat16 on CUDA, ``SINGLE_LAUNCH_ROWS`` rows, GPT-2 small's widths), else two. An input that requires grad always runs the
+            docstring); False (default, the measured winner): two ``linear`` launches. An input that requires grad always runs the
             two launches (their backward).
         workspace: for the one launch, an int32 tensor of >= ``WORKSPACE_WORDS`` elements, zeros
             before its first use (each call leaves it zero; ``new_workspace``), so calls sharing one
@@ -138,18 +116,14 @@ def mlp(
     """
     if not isinstance(activation, str) or activation not in MLP_ACTIVATIONS:
         raise ValueError(f"activation must be 'gelu_tanh' or 'swiglu', got {activation!r}")
-    if single_launch is not None and not isinstance(single_launch, bool):
-        raise TypeError(f"single_launch must be a bool or None, got {type(single_launch).__name__}")
+    if not isinstance(single_launch, bool):
+        raise TypeError(f"single_launch must be a bool, got {type(single_launch).__name__}")
     code = ACTIVATIONS[activation]
     check_mlp_args(x, w_fc, b_fc, w_proj, b_proj, residual, code)
     ncode = norm_code(norm)
     eps = check_norm(x, ncode, norm_weight, norm_bias, eps)
     if workspace is not None:
         check_workspace(x, workspace)
-    if single_launch is None:
-        single_launch = (x.device.type == "cuda" and x.dtype in (torch.float16, torch.bfloat16)
-                         and x.shape[:-1].numel() in SINGLE_LAUNCH_ROWS
-                         and _short_phases(x.shape[-1], w_proj.shape[1], w_proj.shape[0], code))
     if single_launch and not _requires_grad(x, w_fc, b_fc, w_proj, b_proj, residual, norm_weight, norm_bias):
         if ncode == NORMS["rms_norm"]:
             x = rms_norm(x, norm_weight, eps)
