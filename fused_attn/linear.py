@@ -101,15 +101,38 @@ def check_post_norm(x: torch.Tensor, n_out: int, post_norm: int, post_weight, po
     _check_affines(x, post_norm, (post_weight, "post_norm_weight"), (post_bias, "post_norm_bias"), "out", n_out,
                    "a post_norm")
     if workspace is not None:
-        if not isinstance(workspace, torch.Tensor):
-            raise TypeError(f"workspace must be a torch.Tensor or None, got {type(workspace).__name__}")
-        if workspace.device != x.device:
-            raise ValueError(f"workspace must be on the same device as x ({x.device}), got {workspace.device}")
-        if workspace.dtype != torch.int32:
-            raise ValueError(f"workspace must have dtype torch.int32, got {workspace.dtype}")
-        if workspace.dim() != 1 or workspace.numel() < 1:
-            raise ValueError(f"workspace must have 1 dim and at least 1 element, got {_shape(workspace)}")
+        check_workspace(x, workspace, 1)
     return post_eps
+
+
+def check_workspace(x: torch.Tensor, workspace, words: int) -> None:
+    """An op's int32 counters (linear_post_norm's, mlp's): a 1-dim int32 tensor of >= ``words`` elements on
+    x's device (the messages of the C++ launchers)."""
+    if not isinstance(workspace, torch.Tensor):
+        raise TypeError(f"workspace must be a torch.Tensor or None, got {type(workspace).__name__}")
+    if workspace.device != x.device:
+        raise ValueError(f"workspace must be on the same device as x ({x.device}), got {workspace.device}")
+    if workspace.dtype != torch.int32:
+        raise ValueError(f"workspace must have dtype torch.int32, got {workspace.dtype}")
+    if workspace.dim() != 1 or workspace.numel() < words:
+        raise ValueError(f"workspace must have 1 dim and at least {words} element{'s' if words > 1 else ''}, "
+                         f"got {_shape(workspace)}")
+
+
+def gradless_autograd(op: str, names: tuple[str, ...], instead: str):
+    """An Autograd kernel for an op that counts on a workspace and records no gradient: a clear error naming
+    the first input that requires grad (``instead``: what the public wrapper runs then), else the op below
+    autograd."""
+
+    def kernel(*args, **kwargs):
+        for name, t in zip(names, args):
+            if _requires_grad(t):
+                raise ValueError(f"{name} must not require grad ({op} counts on its workspace and records no "
+                                 f"gradient; {instead} when a gradient is wanted), got requires_grad=True")
+        with torch._C._AutoDispatchBelowAutograd():
+            return getattr(torch.ops.fused_attn, op)(*args, **kwargs)
+
+    return kernel
 
 
 def _check_param(t, name: str, x: torch.Tensor, xn: str, shape: tuple) -> None:
@@ -356,17 +379,8 @@ def _register() -> None:
         return y, normed
 
     names = ("x", "weight", "bias", "residual", "norm_weight", "norm_bias", "post_weight", "post_bias")
-
-    def _post_autograd(*args, **kwargs):
-        for name, t in zip(names, args):
-            if _requires_grad(t):
-                raise ValueError(f"{name} must not require grad (linear_post_norm counts on its workspace and records "
-                                 f"no gradient; fused_attn.linear(post_norm=...) runs linear and layer_norm when a "
-                                 f"gradient is wanted), got requires_grad=True")
-        with torch._C._AutoDispatchBelowAutograd():
-            return torch.ops.fused_attn.linear_post_norm(*args, **kwargs)
-
-    _ops.LIB.impl("linear_post_norm", _post_autograd, "Autograd")
+    _ops.LIB.impl("linear_post_norm", gradless_autograd("linear_post_norm", names, "fused_attn.linear(post_norm=...) "
+                                                        "runs linear and layer_norm"), "Autograd")
 
 
 _register()

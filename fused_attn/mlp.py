@@ -31,8 +31,9 @@ import torch
 
 from fused_attn import _ops
 from fused_attn.layer_norm import layer_norm, rms_norm
-from fused_attn.linear import ACTIVATIONS, NORMS, _check_param, _reference, check_args, check_norm, linear, norm_code
-from fused_attn.softmax import _requires_grad, _shape
+from fused_attn.linear import (ACTIVATIONS, NORMS, _check_param, _reference, check_args, check_norm, check_workspace,
+                               gradless_autograd, linear, norm_code)
+from fused_attn.softmax import _requires_grad
 
 MLP_ACTIVATIONS = ("gelu_tanh", "swiglu")
 # The op's int32 workspace: the single launch's two counters (kMlpWorkspaceWords in csrc/mlp/mlp_launch.h).
@@ -42,18 +43,6 @@ WORKSPACE_WORDS = 2
 def new_workspace(device) -> torch.Tensor:
     """A workspace for ``mlp(..., workspace=)``: int32 zeros, reusable by the calls of one stream."""
     return torch.zeros(WORKSPACE_WORDS, dtype=torch.int32, device=device)
-
-
-def check_workspace(x: torch.Tensor, workspace) -> None:
-    if not isinstance(workspace, torch.Tensor):
-        raise TypeError(f"workspace must be a torch.Tensor or None, got {type(workspace).__name__}")
-    if workspace.device != x.device:
-        raise ValueError(f"workspace must be on the same device as x ({x.device}), got {workspace.device}")
-    if workspace.dtype != torch.int32:
-        raise ValueError(f"workspace must have dtype torch.int32, got {workspace.dtype}")
-    if workspace.dim() != 1 or workspace.numel() < WORKSPACE_WORDS or not workspace.is_contiguous():
-        raise ValueError(f"workspace must be contiguous with 1 dim and at least {WORKSPACE_WORDS} elements, "
-                         f"got {_shape(workspace)}")
 
 
 def check_mlp_args(x, w_fc, b_fc, w_proj, b_proj, residual, activation: int) -> int:
@@ -123,7 +112,7 @@ def mlp(
     ncode = norm_code(norm)
     eps = check_norm(x, ncode, norm_weight, norm_bias, eps)
     if workspace is not None:
-        check_workspace(x, workspace)
+        check_workspace(x, workspace, WORKSPACE_WORDS)
     if single_launch and not _requires_grad(x, w_fc, b_fc, w_proj, b_proj, residual, norm_weight, norm_bias):
         if ncode == NORMS["rms_norm"]:
             x = rms_norm(x, norm_weight, eps)
@@ -148,7 +137,7 @@ def _register() -> None:
         if activation not in (ACTIVATIONS["gelu_tanh"], ACTIVATIONS["swiglu"]):
             raise ValueError(f"activation must be 1 (gelu_tanh) or 2 (swiglu), got {activation!r}")
         d_out = check_mlp_args(x, w_fc, b_fc, w_proj, b_proj, residual, activation)
-        check_workspace(x, workspace)
+        check_workspace(x, workspace, WORKSPACE_WORDS)
         return d_out
 
     @torch.library.register_fake(lib)
@@ -163,17 +152,6 @@ def _register() -> None:
         return _reference(h, w_proj, b_proj, residual, None, None, 0, 0, 0.0)
 
     names = ("x", "w_fc", "b_fc", "w_proj", "b_proj", "residual")
-
-    def _autograd(*args, **kwargs):
-        for name, t in zip(names, args):
-            if _requires_grad(t):
-                raise ValueError(f"{name} must not require grad (the mlp op counts on its workspace and records no "
-                                 f"gradient; fused_attn.mlp runs two linear launches when a gradient is wanted), "
-                                 f"got requires_grad=True")
-        with torch._C._AutoDispatchBelowAutograd():
-            return torch.ops.fused_attn.mlp(*args, **kwargs)
-
-    _ops.LIB.impl("mlp", _autograd, "Autograd")
-
+    _ops.LIB.impl("mlp", gradless_autograd("mlp", names, "fused_attn.mlp runs two linear launches"), "Autograd")
 
 _register()

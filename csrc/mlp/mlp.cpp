@@ -86,8 +86,8 @@ std::pair<int64_t, int64_t> check_mlp_args(const at::Tensor& x, const at::Tensor
   FA_CHECK_SAME_DEVICE(workspace, x);
   FA_CHECK_ARG(workspace.scalar_type() == at::kInt, workspace, "have dtype torch.int32",
                dtype_str(workspace.scalar_type()));
-  FA_CHECK_ARG(workspace.dim() == 1 && workspace.numel() >= kMlpWorkspaceWords && workspace.is_contiguous(),
-               workspace, "be contiguous with 1 dim and at least " + std::to_string(kMlpWorkspaceWords) + " elements",
+  FA_CHECK_ARG(workspace.dim() == 1 && workspace.numel() >= kMlpWorkspaceWords, workspace,
+               "have 1 dim and at least " + std::to_string(kMlpWorkspaceWords) + " elements",
                shape_str(workspace.sizes()));
   return {hidden, d_out};
 }
@@ -202,7 +202,7 @@ at::Tensor mlp(const at::Tensor& x, const at::Tensor& w_fc, const std::optional<
   p.fc = params_of(x2, w_fc, b_fc_c, std::nullopt, h, activation);
   p.proj = params_of(h, w_proj, b_proj_c, residual2, out, kActNone);
   p.arrived = reinterpret_cast<unsigned*>(workspace.data_ptr<int>());
-  p.left = p.arrived + 1;
+  p.left = p.arrived + workspace.stride(0);  // its second element (any stride)
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cudaError_t err;
   if (x.scalar_type() == at::kHalf) {
