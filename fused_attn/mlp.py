@@ -19,10 +19,11 @@ activations and the output each rounded once to x's dtype; only the order of the
   in_features or hidden not a multiple of 8, misaligned rows, a device before sm_90, a grid the device
   cannot hold at once) the op runs the two launches itself.
 The default is the two launches: measured on an H100 (bench/NOTES.md, session 17), the one launch is
-slower in GPT-2's chained decode step at batch 8 and 16 (+1-4 and +12-15 us a step: under programmatic
-dependent launch the second projection's weights already stream while the first runs, which one grid
-cannot do before its first phase ends) and, alone, at every M but 16 (GPT-2's MLP: M 1 11.1 against 10.1
-us, M 4 11.5 against 10.4, M 16 12.7 against 13.1; Llama-2-7B's 107-133 against 95-104).
+slower in GPT-2's chained decode step at batch 8 and 16 (+1-4 and +12-15 us a step; under programmatic
+dependent launch the two launches already overlap, and the grid-wide wait costs more than the hop it
+replaces) and, alone, at every M but 16 (GPT-2's MLP: M 1 11.1 against 10.1 us, M 4 11.5 against 10.4,
+M 16 12.7 against 13.1; Llama-2-7B's 107-133 against 95-104). Loading both weights from the kernel's
+start (two register sets, 2 blocks per SM) was slower still.
 """
 
 from __future__ import annotations

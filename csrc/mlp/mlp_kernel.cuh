@@ -8,11 +8,13 @@
 // the second's griddepcontrol.wait, which returns only once the whole first grid has completed and
 // flushed. Here one grid does both: a block computes its tiles of h exactly as linear_mma_kernel does
 // (the same lane operands, loop and block sum from linear_kernel.cuh: h is bit for bit that kernel's),
-// stores them, counts itself on `arrived` and spins until every block has; then it computes its part of
-// y as linear_splitk_kernel does (a tile of 16 W_proj rows, split along K over a thread-block cluster,
-// the splits' sums pushed into rank 0's shared memory and added in rank order: splitk_reduce_store). h crosses memory once, through L2. Both
-// weights' first pieces go into registers at the start (two sets, 2 blocks per SM), so the two weight
-// streams run side by side as the two launches' grids do under PDL.
+// stores them, counts itself on `arrived` and, while it spins until every block has, already has its
+// first W_proj pieces in flight; then it computes its part of y as linear_splitk_kernel does (a tile of
+// 16 W_proj rows, split along K over a thread-block cluster, the splits' sums pushed into rank 0's
+// shared memory and added in rank order: splitk_reduce_store). h crosses memory once, through L2.
+// Measured slower than the two launches in GPT-2's decode step (H100, bench/NOTES.md session 17), also
+// with both weights' first pieces in registers from the start (2 blocks per SM): fused_attn.mlp's
+// default is the two launches; this kernel is its single_launch=True.
 //
 // Grid: (16-row tiles of W_proj) x splits, clusters of `splits` along y; block b (= y * tiles + x) owns
 // the h tiles b, b + blocks, ... For GPT-2 (768 -> 3072 -> 768) the launcher picks 4 splits: 192 blocks,
@@ -41,19 +43,17 @@ namespace fused_attn {
 namespace mlp {
 
 using linear::kMmaShortChunks;
+using linear::kMmaShortMinBlocks;
 using linear::kMmaWarps;
 using linear::MmaLane;
 using linear::MmaOutputIn;
 
 static_assert(kMlpThreads == kLinearMmaThreads, "mma_block_sum sums kMmaWarps warps");
 
-// Both weights' first pieces are in registers from the start (two sets of kMmaShortChunks per warp), so
-// two blocks per SM (128 registers).
-constexpr int kMlpMinBlocks = 2;
-
-// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16).
+// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16). linear_mma_kernel's short build
+// (kMmaShortChunks in flight per warp, kMmaShortMinBlocks blocks per SM).
 template <typename T, int NT>
-__global__ void __launch_bounds__(kMlpThreads, kMlpMinBlocks) mlp_kernel(const MlpParams p) {
+__global__ void __launch_bounds__(kMlpThreads, kMmaShortMinBlocks) mlp_kernel(const MlpParams p) {
   constexpr int CH = kMmaShortChunks;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
@@ -73,13 +73,11 @@ __global__ void __launch_bounds__(kMlpThreads, kMlpMinBlocks) mlp_kernel(const M
   const int begin = rank * per, end = min(proj_chunks, begin + per);
   const int64_t proj_col0 = int64_t(blockIdx.x) * 16;
 
-  // Both weights' first pieces (h's first tile's in wa, W_proj's in wb) and the owning warps' biases on
-  // their way before the wait: the two streams run side by side, as the two launches' grids do.
-  uint4 wa[CH][2], wb[CH][2];
+  // h: the first tile's weights (and the owning warps' biases) on their way before the wait.
+  uint4 wa[CH][2];
   MmaOutputIn out_in;
   int64_t col0 = block * fc_cols;
   mma_load_weights<T, NT, CH>(p.fc, mma_lane<T, NT>(p.fc, col0, lane), warp, fc_chunks, kMmaWarps, wa);
-  mma_load_weights<T, NT, CH>(p.proj, mma_lane<T, NT>(p.proj, proj_col0, lane), begin + warp, end, kMmaWarps, wb);
   if (warp < NT) mma_load_output_bias<T>(p.fc, col0, warp, out_in);
   wait_for_primary();  // x and the residual are the previous kernel's outputs
   for (int64_t tile = block; tile < fc_tiles; tile += blocks) {
@@ -91,12 +89,21 @@ __global__ void __launch_bounds__(kMlpThreads, kMlpMinBlocks) mlp_kernel(const M
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
     mma_accumulate<T, NT, CH>(p.fc, L, warp, fc_chunks, kMmaWarps, wa, acc);
+    // After the last tile W_proj's first pieces go out, in flight through the stores, the arrival and the
+    // spin. (Also prefetching them into L2 at the start, beside the W_fc stream, measured slower: GPT-2 M 4
+    // 12.1 -> 13.6 us, H100, bench/NOTES.md session 17.)
+    if (tile + blocks >= fc_tiles)
+      mma_load_weights<T, NT, CH>(p.proj, mma_lane<T, NT>(p.proj, proj_col0, lane), begin + warp, end, kMmaWarps,
+                                  wa);
     float s[4];
     if (mma_block_sum<NT>(acc, s)) mma_store<T>(p.fc, col0, warp, s, out_in);
     __syncthreads();  // the owning warps have read mma_block_sum's shared memory (reused next)
     col0 += int64_t(blocks) * fc_cols;
     if (tile + blocks < fc_tiles && warp < NT) mma_load_output_bias<T>(p.fc, col0, warp, out_in);
   }
+  if (block >= fc_tiles)  // a block without an h tile
+    mma_load_weights<T, NT, CH>(p.proj, mma_lane<T, NT>(p.proj, proj_col0, lane), begin + warp, end, kMmaWarps,
+                                wa);
 
   // One release arrival per block, after the block's h stores (ordered before it by the __syncthreads
   // above: the release is cumulative over what the barrier made this thread observe).
@@ -114,7 +121,7 @@ __global__ void __launch_bounds__(kMlpThreads, kMlpMinBlocks) mlp_kernel(const M
   for (int t = 0; t < NT; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
-  mma_accumulate<T, NT, CH>(p.proj, mma_lane<T, NT>(p.proj, proj_col0, lane), begin + warp, end, kMmaWarps, wb,
+  mma_accumulate<T, NT, CH>(p.proj, mma_lane<T, NT>(p.proj, proj_col0, lane), begin + warp, end, kMmaWarps, wa,
                             acc);
   launch_dependents();
   float s[4];
