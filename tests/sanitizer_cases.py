@@ -9,9 +9,9 @@ attention: the flash kernel at every padded head dim (both versions at 128 on Ho
 naive and tiled modes; and linear: every rows-of-x class, weight rows per block and epilogue, the
 element-wise path (odd K, misaligned rows) and the tensor-core kernels (one block per 16 weight rows,
 and split-K in clusters), the first two also with the LayerNorm / RMSNorm prologue (norm=: the
-normalized rows in shared memory), the one-row fold of a weightless norm into the dot products, and the
-post_norm= pass of the last block, and mlp's single launch; sample: greedy and sampled, one block and a cluster per row,
-misaligned and strided rows, the token history; gpt2_decode_step: a small model
+normalized rows in shared memory), the one-row fold of a weightless norm into the dot products, the
+post_norm= pass of the last block, and mlp's single launch; sample: greedy and sampled, one block and a
+cluster per row, misaligned and strided rows, the token history; gpt2_decode_step: a small model
 at batch 1 and 3 (float16, float32) and every kind of invalid row (out-of-range lengths, position or
 token: nothing read or written out of bounds).
 
@@ -303,8 +303,8 @@ def linear_cases(quick: bool) -> int:
         check_post(y, normed, pw, pb, 1e-5, norm == "rms_norm", f"post {case}")
     # mlp's single launch (csrc/mlp: linear's tensor-core pieces, a grid-wide counter, split-K clusters), on
     # one workspace: GPT-2's shape, an odd output width, a block looping over several hidden tiles.
+    from fused_attn.mlp import new_workspace
     from tests.test_mlp import case_of as mlp_case_of
-    from tests.test_mlp import new_workspace
     from tests.test_mlp import run_and_check as mlp_run_and_check
 
     # racecheck (quick): the small cases only; at GPT-2's widths the eager peer (the error reference) runs

@@ -4,10 +4,10 @@
 // (norm), our kernels normalize x in their prologue; where they do not run, or the normalized rows do
 // not fit kLinearNormSmemBytes of shared memory, x is normalized first by our layer_norm op (the same
 // result, one launch more). linear_post_norm also returns the output's rows normalized: the CUDA-core
-// kernel's last block does it (up to 3 rows in float16 / bfloat16: from kMmaMinRows the tensor-core kernels
-// run, which have no such pass; 16 in float32; outputs up to
-// kLinearPostNormMaxWidth wide, without a pre-normalization); elsewhere our layer_norm op runs after
-// the matmul (the same result, one launch more). Host C++ (g++): the kernels are launched through
+// kernel's last block does it (up to 3 rows in float16 / bfloat16: from kMmaMinRows the tensor-core
+// kernels run, which have no such pass; 16 in float32; outputs up to kLinearPostNormMaxWidth wide,
+// without a pre-normalization); elsewhere our layer_norm op runs after the matmul (the same result, one
+// launch more). Host C++ (g++): the kernels are launched through
 // linear_launch.h.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -27,6 +27,7 @@
 #include "../common/static_switch.h"
 #include "linear_cublaslt.h"
 #include "linear_launch.h"
+#include "linear_params.h"
 
 namespace fused_attn {
 
@@ -91,10 +92,6 @@ int splitk_splits(int64_t tiles, int64_t k, int sms) {
   const int64_t want = std::min<int64_t>({kLinearMaxSplits, (2 * sms + tiles - 1) / tiles, chunks});
   const int64_t per = (chunks + want - 1) / want;
   return int((chunks + per - 1) / per);
-}
-
-bool vector_ready(const at::Tensor& t, int64_t vec) {
-  return t.stride(0) % vec == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
 // The locals are named after the arguments: the check macros stringify them into the message. x is a CUDA
@@ -195,22 +192,8 @@ bool is_fp32(const at::Tensor& t) { return t.defined() && t.scalar_type() == at:
 bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                  const std::optional<at::Tensor>& residual2, int64_t activation, const Norm& norm,
                  const at::Tensor& out2, PostNorm* post = nullptr) {
-  LinearParams p{};
+  LinearParams p = linear_params(x2, weight, bias, residual2, out2, activation);
   const int64_t vec = 16 / x2.element_size();
-  p.m = int(x2.size(0));
-  p.k = int(x2.size(1));
-  p.n = int(weight.size(0));
-  p.n_out = int(out2.size(1));
-  p.activation = int(activation);
-  p.x = x2.data_ptr();
-  p.x_stride = x2.stride(0);
-  p.w = weight.data_ptr();
-  p.w_stride = weight.stride(0);
-  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
-  p.residual = residual2.has_value() ? residual2->data_ptr() : nullptr;
-  p.r_stride = residual2.has_value() ? residual2->stride(0) : 0;
-  p.out = out2.data_ptr();
-  p.o_stride = out2.stride(0);
   p.vec = p.k % vec == 0 && vector_ready(x2, vec) && vector_ready(weight, vec);
   p.norm = int(norm.norm);
   p.norm_weight = data_or_null(norm.weight);

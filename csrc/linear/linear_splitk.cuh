@@ -31,17 +31,19 @@ namespace fused_attn {
 namespace linear {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The end of a split-K block of the cluster (called by all its threads once, after mma_block_sum; `owner`:
-// warp t < NT holding n-tile t's sums of this split in s): every split pushes its sums into rank 0's
-// shared memory (remote stores: nothing waits for them), and rank 0, past one barrier, adds them from
-// its own shared memory in rank order and applies the epilogue (mma_store with out_in, loaded ahead by
-// its owning warps; cluster, splits and rank: the caller's). (Rank 0 reading each split's shared memory in turn between two barriers measured
-// 20 us slower per GPT-2 B16 step: bench/NOTES.md, session 15.) The caller arrived on the cluster
-// barrier (cluster_arrive_relaxed) at its start: its first phase guarantees rank 0's memory exists.
+// The end of a split-K block of the cluster (called by all its threads once, after mma_block_sum;
+// `owner`: warp t < NT holding n-tile t's sums of this split in s; cluster, splits and rank: the
+// caller's): every split pushes its sums into rank 0's shared memory (remote stores: nothing waits for
+// them), and rank 0, past one barrier, adds them from its own shared memory in rank order and applies
+// the epilogue (mma_store with out_in, loaded ahead by its owning warps). (Rank 0 reading each split's
+// shared memory in turn between two barriers measured 20 us slower per GPT-2 B16 step: bench/NOTES.md,
+// session 15.) The caller arrived on the cluster barrier (cluster_arrive_relaxed) at its start: its
+// first phase guarantees rank 0's memory exists.
 template <typename T, int NT>
 __device__ __forceinline__ void splitk_reduce_store(const LinearParams& p, int64_t col0, bool owner, float (&s)[4],
-                                                    const MmaOutputIn& out_in, const cooperative_groups::cluster_group& cluster,
-                                                    int splits, int rank) {
+                                                    const MmaOutputIn& out_in,
+                                                    const cooperative_groups::cluster_group& cluster, int splits,
+                                                    int rank) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __shared__ float pushed[kLinearMaxSplits - 1][NT][4][32];
   cluster_wait();  // phase 1 (arrived at the start): every block has started, rank 0's memory exists

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "../common/checks.h"
+#include "../linear/linear_params.h"
 #include "mlp_launch.h"
 
 namespace fused_attn {
@@ -130,31 +131,6 @@ int mlp_splits(int device, int64_t fc_tiles, int64_t proj_tiles, int64_t hidden)
   return 0;
 }
 
-bool rows_ready(const at::Tensor& t) {
-  return t.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
-LinearParams params_of(const at::Tensor& x2, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-                       const std::optional<at::Tensor>& residual2, const at::Tensor& out, int64_t activation) {
-  LinearParams p{};
-  p.x = x2.data_ptr();
-  p.x_stride = x2.stride(0);
-  p.w = w.data_ptr();
-  p.w_stride = w.stride(0);
-  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
-  p.residual = residual2.has_value() ? residual2->data_ptr() : nullptr;
-  p.r_stride = residual2.has_value() ? residual2->stride(0) : 0;
-  p.out = out.data_ptr();
-  p.o_stride = out.stride(0);
-  p.m = int(x2.size(0));
-  p.k = int(x2.size(1));
-  p.n = int(w.size(0));
-  p.n_out = int(out.size(1));
-  p.activation = int(activation);
-  p.vec = true;
-  return p;
-}
-
 }  // namespace
 
 // Argument order follows the schema in fused_attn/_ops.py.
@@ -170,7 +146,7 @@ at::Tensor mlp(const at::Tensor& x, const at::Tensor& w_fc, const std::optional<
   const bool sixteen_bit = x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
   const int device = x.device().index();
   const bool candidate = sixteen_bit && m >= 1 && m <= kLinearMaxRows && d > 0 && d % 8 == 0 && hidden > 0 &&
-                         hidden % 8 == 0 && d_out > 0 && rows_ready(w_fc) && rows_ready(w_proj) &&
+                         hidden % 8 == 0 && d_out > 0 && vector_ready(w_fc, 8) && vector_ready(w_proj, 8) &&
                          at::cuda::getDeviceProperties(device)->major >= 9;
   int splits = 0;
   const int64_t fc_tiles = (hidden + (activation == kActSwiglu ? 7 : 15)) / (activation == kActSwiglu ? 8 : 16);
@@ -187,7 +163,7 @@ at::Tensor mlp(const at::Tensor& x, const at::Tensor& w_fc, const std::optional<
         .view(out_shape);
   }
   at::Tensor x2 = x.reshape({m, d});
-  if (x2.stride(1) != 1 || !rows_ready(x2)) x2 = x2.clone(at::MemoryFormat::Contiguous);
+  if (x2.stride(1) != 1 || !vector_ready(x2, 8)) x2 = x2.clone(at::MemoryFormat::Contiguous);
   std::optional<at::Tensor> residual2;
   if (residual.has_value()) {
     residual2 = residual->reshape({m, d_out});
@@ -199,8 +175,9 @@ at::Tensor mlp(const at::Tensor& x, const at::Tensor& w_fc, const std::optional<
   at::Tensor h = at::empty({m, hidden}, x.options().memory_format(at::MemoryFormat::Contiguous));
   at::Tensor out = at::empty({m, d_out}, x.options().memory_format(at::MemoryFormat::Contiguous));
   MlpParams p{};
-  p.fc = params_of(x2, w_fc, b_fc_c, std::nullopt, h, activation);
-  p.proj = params_of(h, w_proj, b_proj_c, residual2, out, kActNone);
+  p.fc = linear_params(x2, w_fc, b_fc_c, std::nullopt, h, activation);
+  p.proj = linear_params(h, w_proj, b_proj_c, residual2, out, kActNone);
+  p.fc.vec = p.proj.vec = true;  // 16-bit rows with k a multiple of 8 and 16-byte aligned (checked above)
   p.arrived = reinterpret_cast<unsigned*>(workspace.data_ptr<int>());
   p.left = p.arrived + workspace.stride(0);  // its second element (any stride)
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
