@@ -44,11 +44,11 @@ def make_inputs(c, device):
     def randn(*shape, scale=1.0):
         return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(c["dtype"]).to(device)
 
-    x = randn(c["m"], c["d"])
+    x = randn(c["m"], c["d"], scale=c.get("scale", 1.0))  # scale: the extreme-magnitude examples
     w_fc, w_proj = randn(fc_rows, c["d"], scale=c["d"] ** -0.5), randn(c["d_out"], c["hidden"], scale=c["hidden"] ** -0.5)
     b_fc = randn(fc_rows) if c["bias"] else None
     b_proj = randn(c["d_out"]) if c["bias"] else None
-    r = randn(c["m"], c["d_out"]) if c["residual"] else None
+    r = randn(c["m"], c["d_out"], scale=c.get("scale", 1.0)) if c["residual"] else None
     return x, w_fc, b_fc, w_proj, b_proj, r
 
 
@@ -95,7 +95,7 @@ def single_launch_case(draw):
                 d_out=draw(st.sampled_from([16, 7, 40, 768])), activation=draw(st.sampled_from(["gelu_tanh", "swiglu"])),
                 bias=draw(st.booleans()), residual=draw(st.booleans()),
                 dtype=draw(st.sampled_from([torch.float16, torch.bfloat16] if kernel else DTYPES)),
-                seed=draw(st.integers(0, 2**31 - 1)))
+                scale=draw(st.sampled_from([1.0, 1.0, 1e-3, 100.0])), seed=draw(st.integers(0, 2**31 - 1)))
 
 
 SINGLE_EDGES = [case_of(d=768, hidden=3072, d_out=768, m=m, dtype=dt) for m in (1, 4, 9, 16)
@@ -103,7 +103,11 @@ SINGLE_EDGES = [case_of(d=768, hidden=3072, d_out=768, m=m, dtype=dt) for m in (
     case_of(d=64, hidden=3072, d_out=16, m=5),  # one W_proj tile: 192 hidden tiles over 8 blocks
     case_of(d=64, hidden=1024, d_out=16, m=16, activation="swiglu", bias=False),
     case_of(d=4096, hidden=11008, d_out=4096, m=16, activation="swiglu", bias=False, dtype=torch.bfloat16),
-    case_of(d=8, hidden=8, d_out=1, m=1), case_of(d=36, hidden=20, d_out=5, m=3)]
+    case_of(d=8, hidden=8, d_out=1, m=1), case_of(d=36, hidden=20, d_out=5, m=3),
+    # extreme magnitudes: float16 rows of ~300 (hidden values in the thousands), bfloat16 of ~1e4, tiny rows
+    case_of(d=768, hidden=3072, d_out=768, m=16, scale=300.0),
+    case_of(d=768, hidden=3072, d_out=768, m=4, scale=1e4, dtype=torch.bfloat16),
+    case_of(d=768, hidden=3072, d_out=768, m=1, scale=1e-3, activation="swiglu")]
 
 
 @pytest.mark.gpu
