@@ -174,9 +174,12 @@ def test_tensor_core_path_gpu(m, activation, dtype):
     H100): a K with a partial last chunk of 32 and a partial last tile of output columns, and Llama's
     widths (the kernel's long build: more than 3 chunks of 32 k per warp), GPT-2's 768 x 2304 (the short
     build); beside it the split-K kernel at N = 768 (too few tiles for the tensor-core one: on sm_90), and
-    K 11008, where these rows go to cuBLAS."""
+    K 11008, where these rows go to cuBLAS. With 9-16 rows the short build stages x through shared memory
+    where its grid is resident at once (768 x 2304, 744 x 2305 with a partial chunk and tile, the split-K
+    grids) and loads it into registers in grids of many waves (744 x 10000: 625 blocks, more than three
+    per SM of any GPU up to 208 SMs)."""
     swiglu = activation == "swiglu"
-    for k, n_out in ((776, 2305), (4096, 4096), (768, 2304), (1536, 768), (11008, 2112)):
+    for k, n_out in ((776, 2305), (4096, 4096), (768, 2304), (744, 2305), (744, 10000), (1536, 768), (11008, 2112)):
         for extras in (False, True):
             run_and_check(case_of(m=m, k=k, n=2 * n_out if swiglu else n_out, dtype=dtype, activation=activation,
                                   bias=extras, residual=extras, seed=m + k), "cuda")

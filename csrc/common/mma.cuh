@@ -14,11 +14,17 @@ namespace fused_attn {
 
 // 16 bytes global -> shared without passing through registers; pred false writes zeros and
 // reads nothing. Completion is per thread (commit / wait groups): a thread that only reads
-// what it copied needs no block barrier.
+// what it copied needs no block barrier. Past L1 (cp.async.cg), or with kL1 through it (.ca: for
+// data several blocks of an SM read, as the rows of x every block of linear's tensor-core kernels reads).
+template <bool kL1 = false>
 __device__ __forceinline__ void cp_async16(uint4* dst, const void* src, bool pred) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(pred ? 16 : 0));
+  if constexpr (kL1) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(pred ? 16 : 0));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(pred ? 16 : 0));
+  }
 #else
   *dst = pred ? *static_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
 #endif

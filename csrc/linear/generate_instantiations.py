@@ -38,9 +38,9 @@ def units() -> dict[str, str]:
                               f"int, cudaStream_t, const LinearPost*);\n")
                 mma = dt != "fp32" and mt in MMA_ROWS
                 if mma and not norm:
-                    decls += (f"template void launch_linear_mma<{T}, {mt}>(const LinearParams&, cudaStream_t);\n"
+                    decls += (f"template void launch_linear_mma<{T}, {mt}>(const LinearParams&, int, cudaStream_t);\n"
                               f"template int linear_mma_arch<{T}, {mt}>();\n"
-                              f"template void launch_linear_splitk<{T}, {mt}>(const LinearParams&, int, "
+                              f"template void launch_linear_splitk<{T}, {mt}>(const LinearParams&, int, int, "
                               f"cudaStream_t);\n"
                               f"template int linear_splitk_arch<{T}, {mt}>();\n")
                 header = HEADER.format(header="linear_splitk.cuh" if mma and not norm else "linear_kernel.cuh")

@@ -248,14 +248,15 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
       // The tensor-core kernels take no norm (linear_impl normalizes 2-16 rows of 16-bit x first).
       if (p.m >= kMmaMinRows && p.vec && !normed && mma_blocks >= sm_count(x2)) {
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
-          wide ? launch_linear_mma<scalar_t, 16>(p, stream) : launch_linear_mma<scalar_t, 8>(p, stream);
+          wide ? launch_linear_mma<scalar_t, 16>(p, sm_count(x2), stream)
+               : launch_linear_mma<scalar_t, 8>(p, sm_count(x2), stream);
           return;
         }
       } else if (p.m >= kMmaMinRows && p.vec && !normed) {
         if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
           const int splits = splitk_splits(mma_blocks, p.k, sm_count(x2));
-          wide ? launch_linear_splitk<scalar_t, 16>(p, splits, stream)
-               : launch_linear_splitk<scalar_t, 8>(p, splits, stream);
+          wide ? launch_linear_splitk<scalar_t, 16>(p, splits, sm_count(x2), stream)
+               : launch_linear_splitk<scalar_t, 8>(p, splits, sm_count(x2), stream);
           return;
         }
       }

@@ -570,6 +570,17 @@ __host__ __device__ inline bool mma_short(int64_t chunks) {
   return (chunks + kMmaWarps - 1) / kMmaWarps <= kMmaShortChunks;
 }
 
+// Whether a short-build launch of `blocks` blocks with NT n-tiles stages x (kStageX, below): two n-tiles,
+// and a grid that `sms` SMs hold at once. FUSED_ATTN_MMA_STAGE_X=0 builds without staging, for A/Bs.
+#ifndef FUSED_ATTN_MMA_STAGE_X
+#define FUSED_ATTN_MMA_STAGE_X 1
+#endif
+constexpr bool kMmaStageX = FUSED_ATTN_MMA_STAGE_X != 0;
+template <int NT>
+inline bool mma_stage_x(int64_t blocks, int sms) {
+  return kMmaStageX && NT == 2 && blocks <= int64_t(sms) * kMmaShortMinBlocks;
+}
+
 // One lane's operands in the tensor-core kernels (linear_mma_kernel, linear_splitk.cuh) for the tile
 // of weight rows from output column col0: its two weight rows (tile rows g and g + 8) and its x row
 // of each of the NT n-tiles, each pointer at the lane's 8 k of a chunk of 32.
@@ -602,6 +613,29 @@ __device__ __forceinline__ MmaLane<T, NT> mma_lane(const LinearParams& p, int64_
   return L;
 }
 
+// Where x's pieces go on their way to the MMAs (kStageX): through shared memory, by cp.async (a slot per
+// lane, read back only by the lane that copied it: no barrier), all CH x NT of a group in flight at once,
+// or straight into registers. The staged path is for the short build with two n-tiles (9-16 rows) in a
+// grid that is resident at once (one wave; the launchers decide): there ptxas, under the build's 80
+// registers, issues the register path's six pieces one at a time, each behind the MMA of the one before,
+// six L2 round trips after griddepcontrol.wait where the 8-row build waits one (GPT-2's 16-row GEMVs:
+// 1.2 us of 8.2; H200, bench/NOTES.md session 18). In grids of many waves (an lm_head's 3142 blocks) the
+// register path is the faster one (27.7 against 31.7 us at 16 rows: later waves find x in L1 and their
+// loads' order does not matter), and the long build (unbounded registers) issues its loads together.
+// A warp's bytes: its lanes' staging slots in the main loop (mma_accumulate), then its fragments for the
+// block sum (mma_block_sum). 24 KB a block for 16 rows in the short build.
+template <int NT, int CH, bool kStageX>
+union MmaWarpShared {
+  uint4 x_stage[kStageX ? CH : 1][NT][32];
+  float partial[NT][4][32];
+};
+
+template <int NT, int CH, bool kStageX>
+__device__ __forceinline__ MmaWarpShared<NT, CH, kStageX>* mma_shared() {
+  __shared__ MmaWarpShared<NT, CH, kStageX> warps[kMmaWarps];
+  return warps;
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // mma.sync
 // The lane's weight pieces of the CH chunks of 32 k from c0 on, `stride` apart (zeros past end
 // and past k): constants, so a caller issues the first group before wait_for_primary().
@@ -621,22 +655,31 @@ __device__ __forceinline__ void mma_load_weights(const LinearParams& p, const Mm
 // acc += the lane's share of the products over the chunks of 32 k first, first + stride, ... below
 // end, CH of them in flight; `wa` holds the first group's weights (mma_load_weights, issued
 // before the caller's wait_for_primary(): x, read here, is the previous kernel's output).
-template <typename T, int NT, int CH>
+template <typename T, int NT, int CH, bool kStageX>
 __device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaLane<T, NT>& L, int first, int end,
                                                int stride, uint4 (&wa)[CH][2], float (&acc)[NT][4]) {
-  const int q = (threadIdx.x % 32) % 4;
+  const int lane = threadIdx.x % 32, q = lane % 4;
+  auto& xs = mma_shared<NT, CH, kStageX>()[threadIdx.x / 32].x_stage;
   for (int c0 = first; c0 < end; c0 += stride * CH) {
     if (c0 != first) mma_load_weights<T, NT, CH>(p, L, c0, end, stride, wa);
-    uint4 xb[CH][NT];
+    uint4 xb[kStageX ? 1 : CH][NT];
 #pragma unroll
     for (int u = 0; u < CH; ++u) {
       const int c = c0 + u * stride;
       const bool in = c < end && c * 32 + q * 8 < p.k;
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        const uint4* xp = reinterpret_cast<const uint4*>(L.xrow[t] + c * 32);
-        xb[u][t] = in && L.xlive[t] ? *xp : make_uint4(0, 0, 0, 0);  // plain: not hoisted above the wait
+        if constexpr (kStageX) {
+          cp_async16<true>(&xs[u][t][lane], in ? L.xrow[t] + c * 32 : L.xrow[t], in && L.xlive[t]);
+        } else {
+          const uint4* xp = reinterpret_cast<const uint4*>(L.xrow[t] + c * 32);
+          xb[u][t] = in && L.xlive[t] ? *xp : make_uint4(0, 0, 0, 0);  // plain: not hoisted above the wait
+        }
       }
+    }
+    if constexpr (kStageX) {
+      cp_async_commit();
+      cp_async_wait<0>();
     }
 #pragma unroll
     for (int u = 0; u < CH; ++u) {
@@ -644,8 +687,9 @@ __device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaL
       const uint32_t a_hi[4] = {wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w};
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        mma16816<T>(acc[t], a_lo, xb[u][t].x, xb[u][t].y);
-        mma16816<T>(acc[t], a_hi, xb[u][t].z, xb[u][t].w);
+        const uint4 b = kStageX ? xs[u][t][lane] : xb[kStageX ? 0 : u][t];
+        mma16816<T>(acc[t], a_lo, b.x, b.y);
+        mma16816<T>(acc[t], a_hi, b.z, b.w);
       }
     }
   }
@@ -654,20 +698,23 @@ __device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaL
 
 // The block's warps' fragments summed through shared memory: warp t < NT returns true with the sum
 // of n-tile t in s (s[i]: tile row g + 8 (i / 2), x row 8 t + 2 q + i % 2); the other warps false.
-template <int NT>
+// In the shared memory of mma_accumulate's x staging (MmaWarpShared): a caller that runs mma_accumulate
+// again after it first waits at a block barrier for the owning warps' reads.
+template <int NT, int CH, bool kStageX>
 __device__ __forceinline__ bool mma_block_sum(const float (&acc)[NT][4], float (&s)[4]) {
-  __shared__ float partial[kMmaWarps][NT][4][32];
+  MmaWarpShared<NT, CH, kStageX>* sh = mma_shared<NT, CH, kStageX>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if constexpr (kStageX) __syncwarp();  // every lane of the warp has read its x pieces from these bytes
 #pragma unroll
   for (int t = 0; t < NT; ++t)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) partial[warp][t][i][lane] = acc[t][i];
+    for (int i = 0; i < 4; ++i) sh[warp].partial[t][i][lane] = acc[t][i];
   __syncthreads();
   if (warp >= NT) return false;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     s[i] = 0.f;
-    for (int v = 0; v < kMmaWarps; ++v) s[i] += partial[v][warp][i][lane];
+    for (int v = 0; v < kMmaWarps; ++v) s[i] += sh[v].partial[warp][i][lane];
   }
   return true;
 }
@@ -736,7 +783,7 @@ __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, i
 // linear.cpp normalizes 2-16 16-bit rows in a launch of their own (the prologue measured slower in
 // GPT-2's step, and a fold into the products, as the CUDA-core kernel's kFold at one row, slower
 // still: bench/NOTES.md session 14).
-template <typename T, int NT, bool kShort>
+template <typename T, int NT, bool kShort, bool kStageX>
 __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)
     linear_mma_kernel(const LinearParams p) {
   constexpr int CH = kShort ? kMmaShortChunks : kMmaLongChunks;
@@ -759,11 +806,11 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   if (kOutputAhead && warp < NT) mma_load_output_bias<T>(p, col0, warp, out_in);
   wait_for_primary();
   if (kOutputAhead && warp < NT) mma_load_output_residual<T>(p, col0, warp, out_in);
-  mma_accumulate<T, NT, CH>(p, L, warp, chunks, kMmaWarps, wa, acc);
+  mma_accumulate<T, NT, CH, kStageX>(p, L, warp, chunks, kMmaWarps, wa, acc);
   launch_dependents();
 
   float s[4];
-  if (mma_block_sum<NT>(acc, s)) mma_store<T>(p, col0, warp, s, out_in);
+  if (mma_block_sum<NT, CH, kStageX>(acc, s)) mma_store<T>(p, col0, warp, s, out_in);
 #else
   __trap();  // launched only where linear_mma_arch says it was compiled (sm_80 and later)
 #endif
@@ -831,23 +878,27 @@ void launch_nb(const LinearParams& params, int threads, cudaStream_t stream, con
 }  // namespace linear
 
 template <typename T, int MT>
-void launch_linear_mma(const LinearParams& params, cudaStream_t stream) {
+void launch_linear_mma(const LinearParams& params, int sms, cudaStream_t stream) {
   const LinearParams p = with_pdl_early(params, params.m);
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  constexpr auto short_build = linear::linear_mma_kernel<T, MT / 8, true>;
-  constexpr auto long_build = linear::linear_mma_kernel<T, MT / 8, false>;
-  static const bool pdl_short = programmatic_capable(short_build), pdl_long = programmatic_capable(long_build);
+  constexpr auto short_build = linear::linear_mma_kernel<T, MT / 8, true, false>;
+  constexpr auto staged_build = linear::linear_mma_kernel<T, MT / 8, true, MT == 16>;
+  constexpr auto long_build = linear::linear_mma_kernel<T, MT / 8, false, false>;
+  static const bool pdl_short = programmatic_capable(short_build), pdl_staged = programmatic_capable(staged_build),
+                    pdl_long = programmatic_capable(long_build);
   const bool is_short = linear::mma_short((p.k + 31) / 32);
-  launch_programmatic(is_short ? pdl_short : pdl_long, is_short ? short_build : long_build, grid,
-                      dim3(kLinearMmaThreads), 0, stream, p);
+  const bool staged = is_short && linear::mma_stage_x<MT / 8>(grid.x, sms);
+  launch_programmatic(staged ? pdl_staged : is_short ? pdl_short : pdl_long,
+                      staged ? staged_build : is_short ? short_build : long_build, grid, dim3(kLinearMmaThreads), 0,
+                      stream, p);
 }
 
 template <typename T, int MT>
 int linear_mma_arch() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true>) == cudaSuccess ? attr.binaryVersion
+  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true, false>) == cudaSuccess ? attr.binaryVersion
                                                                                                   : 0;
 }
 

@@ -119,17 +119,19 @@ void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, 
 // norm; 16 output columns per block (8 with kActSwiglu). linear_mma_arch: the SM version it was
 // compiled for (0 if none: mma.sync needs sm_80).
 constexpr int kLinearMmaThreads = 256;
+// `sms`: the device's SM count (the launcher stages x where the grid is resident at once: kStageX in
+// linear_kernel.cuh).
 template <typename T, int MT>
-void launch_linear_mma(const LinearParams& p, cudaStream_t stream);
+void launch_linear_mma(const LinearParams& p, int sms, cudaStream_t stream);
 template <typename T, int MT>
 int linear_mma_arch();
 // The split-K tensor-core kernel (linear_splitk.cuh), for fewer 16-row tiles of W than SMs: the same
 // conditions as launch_linear_mma; `splits` blocks (1 to kLinearMaxSplits, none without a chunk of 32
-// k) per tile form a cluster along K. linear_splitk_arch: the SM version it was compiled for (0 if
+// k) per tile form a cluster along K; sms as for launch_linear_mma. linear_splitk_arch: the SM version it was compiled for (0 if
 // none; clusters need sm_90).
 constexpr int kLinearMaxSplits = 8;
 template <typename T, int MT>
-void launch_linear_splitk(const LinearParams& p, int splits, cudaStream_t stream);
+void launch_linear_splitk(const LinearParams& p, int splits, int sms, cudaStream_t stream);
 template <typename T, int MT>
 int linear_splitk_arch();
 

@@ -75,7 +75,7 @@ __device__ __forceinline__ void splitk_reduce_store(const LinearParams& p, int64
 // (blockIdx.y) the split of K.
 // kShort: linear_mma_kernel's short build (CH chunks in flight, kMmaShortMinBlocks blocks per SM),
 // for a split whose warps' share of K is in flight before the wait; else the long one.
-template <typename T, int NT, bool kShort>
+template <typename T, int NT, bool kShort, bool kStageX>
 __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)
     linear_splitk_kernel(const LinearParams p) {
   constexpr int CH = kShort ? kMmaShortChunks : kMmaLongChunks;
@@ -103,11 +103,11 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   if (stores) mma_load_output_bias<T>(p, col0, warp, out_in);
   wait_for_primary();  // x and (rank 0's epilogue) the residual are the previous kernel's outputs
   if (stores) mma_load_output_residual<T>(p, col0, warp, out_in);
-  mma_accumulate<T, NT, CH>(p, L, begin + warp, end, kMmaWarps, wa, acc);
+  mma_accumulate<T, NT, CH, kStageX>(p, L, begin + warp, end, kMmaWarps, wa, acc);
   launch_dependents();
 
   float s[4];
-  const bool owner = mma_block_sum<NT>(acc, s);  // warp t < NT holds n-tile t of this split
+  const bool owner = mma_block_sum<NT, CH, kStageX>(acc, s);  // warp t < NT holds n-tile t of this split
   splitk_reduce_store<T, NT>(p, col0, owner, s, out_in, cluster, splits, rank);
 #else
   __trap();  // launched only where linear_splitk_arch says it was compiled (sm_90 and later)
@@ -117,14 +117,17 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
 }  // namespace linear
 
 template <typename T, int MT>
-void launch_linear_splitk(const LinearParams& params, int splits, cudaStream_t stream) {
+void launch_linear_splitk(const LinearParams& params, int splits, int sms, cudaStream_t stream) {
   const LinearParams p = with_pdl_early(params, params.m);
   static_assert(MT == 8 || MT == 16, "the tensor-core kernels take one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block), unsigned(splits));
   const int64_t chunks = (p.k + 31) / 32, per_split = (chunks + splits - 1) / splits;
-  const auto kernel = linear::mma_short(per_split) ? linear::linear_splitk_kernel<T, MT / 8, true>
-                                                   : linear::linear_splitk_kernel<T, MT / 8, false>;
+  const bool is_short = linear::mma_short(per_split);
+  const bool staged = is_short && linear::mma_stage_x<MT / 8>(int64_t(grid.x) * splits, sms);
+  const auto kernel = staged     ? linear::linear_splitk_kernel<T, MT / 8, true, MT == 16>
+                      : is_short ? linear::linear_splitk_kernel<T, MT / 8, true, false>
+                                 : linear::linear_splitk_kernel<T, MT / 8, false, false>;
   launch_clustered(true, dim3(1, unsigned(splits), 1), kernel, grid, dim3(kLinearMmaThreads), 0, stream, p);
 }
 
@@ -132,7 +135,7 @@ template <typename T, int MT>
 int linear_splitk_arch() {
   static const int arch = [] {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, linear::linear_splitk_kernel<T, MT / 8, true>) == cudaSuccess ? attr.binaryVersion
+    return cudaFuncGetAttributes(&attr, linear::linear_splitk_kernel<T, MT / 8, true, false>) == cudaSuccess ? attr.binaryVersion
                                                                                                 : 0;
   }();
   return arch;

@@ -44,6 +44,7 @@ namespace mlp {
 
 using linear::kMmaShortChunks;
 using linear::kMmaShortMinBlocks;
+using linear::kMmaStageX;
 using linear::kMmaWarps;
 using linear::MmaLane;
 using linear::MmaOutputIn;
@@ -55,6 +56,7 @@ static_assert(kMlpThreads == kLinearMmaThreads, "mma_block_sum sums kMmaWarps wa
 template <typename T, int NT>
 __global__ void __launch_bounds__(kMlpThreads, kMmaShortMinBlocks) mlp_kernel(const MlpParams p) {
   constexpr int CH = kMmaShortChunks;
+  constexpr bool kStageX = kMmaStageX && NT == 2;  // linear_kernel.cuh: the grid is resident at once
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   using namespace linear;
@@ -88,7 +90,7 @@ __global__ void __launch_bounds__(kMlpThreads, kMmaShortMinBlocks) mlp_kernel(co
     for (int t = 0; t < NT; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
-    mma_accumulate<T, NT, CH>(p.fc, L, warp, fc_chunks, kMmaWarps, wa, acc);
+    mma_accumulate<T, NT, CH, kStageX>(p.fc, L, warp, fc_chunks, kMmaWarps, wa, acc);
     // After the last tile W_proj's first pieces go out, in flight through the stores, the arrival and the
     // spin. (Also prefetching them into L2 at the start, beside the W_fc stream, measured slower: GPT-2 M 4
     // 12.1 -> 13.6 us, H100, bench/NOTES.md session 17.)
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(kMlpThreads, kMmaShortMinBlocks) mlp_kernel(co
       mma_load_weights<T, NT, CH>(p.proj, mma_lane<T, NT>(p.proj, proj_col0, lane), begin + warp, end, kMmaWarps,
                                   wa);
     float s[4];
-    if (mma_block_sum<NT>(acc, s)) mma_store<T>(p.fc, col0, warp, s, out_in);
+    if (mma_block_sum<NT, CH, kStageX>(acc, s)) mma_store<T>(p.fc, col0, warp, s, out_in);
     __syncthreads();  // the owning warps have read mma_block_sum's shared memory (reused next)
     col0 += int64_t(blocks) * fc_cols;
     if (tile + blocks < fc_tiles && warp < NT) mma_load_output_bias<T>(p.fc, col0, warp, out_in);
@@ -121,11 +123,11 @@ __global__ void __launch_bounds__(kMlpThreads, kMmaShortMinBlocks) mlp_kernel(co
   for (int t = 0; t < NT; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
-  mma_accumulate<T, NT, CH>(p.proj, mma_lane<T, NT>(p.proj, proj_col0, lane), begin + warp, end, kMmaWarps, wa,
+  mma_accumulate<T, NT, CH, kStageX>(p.proj, mma_lane<T, NT>(p.proj, proj_col0, lane), begin + warp, end, kMmaWarps, wa,
                             acc);
   launch_dependents();
   float s[4];
-  const bool owner = mma_block_sum<NT>(acc, s);  // warp t < NT holds n-tile t of this split
+  const bool owner = mma_block_sum<NT, CH, kStageX>(acc, s);  // warp t < NT holds n-tile t of this split
   splitk_reduce_store<T, NT>(p.proj, proj_col0, owner, s, out_in, cluster, splits, rank);
   // Counted out by the last warp (never an owner: rank 0's stores go on while its atomic is out): the last
   // block past its wait (every block counts itself only after it) sets the counters back to 0.
