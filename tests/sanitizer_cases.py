@@ -224,8 +224,13 @@ LINEAR_CASES = [
     dict(m=5, k=64, n=200, activation="swiglu", dtype=torch.float16, lead="3d"),
     dict(m=12, k=776, n=2306, activation="swiglu", dtype=torch.bfloat16),  # the tensor-core kernel
     dict(m=7, k=776, n=2305, activation="gelu_tanh", dtype=torch.float16),
+    # 9-16 rows in the short build: x staged through shared memory by cp.async (a grid resident at once,
+    # a partial last chunk of K and tile of N), and in registers (a grid of many waves)
+    dict(m=16, k=744, n=2305, activation="gelu_tanh", dtype=torch.float16),
+    dict(m=11, k=744, n=10000, activation=None, dtype=torch.bfloat16),
     # the split-K kernel (sm_90): clusters along K, rank 0 reading the others' sums from their shared memory
     dict(m=16, k=3080, n=776, activation="gelu_tanh", dtype=torch.float16),
+    dict(m=13, k=1536, n=768, activation=None, dtype=torch.bfloat16),  # short splits: x staged
     dict(m=6, k=72, n=400, activation="swiglu", dtype=torch.bfloat16, lead="3d"),
 ]
 
@@ -278,9 +283,10 @@ def linear_cases(quick: bool) -> int:
     from tests.test_linear import test_norm_fold_one_row_gpu, weightless_norm_inputs
     from tests.test_linear import run_and_check as linear_run_and_check
 
-    # racecheck (quick) takes the small split-K case: the 16-row one's cuBLAS peer (the test's error
-    # reference) runs a cuBLAS split-K kernel in which racecheck reports hazards that are not ours.
-    cases = [LINEAR_CASES[0], LINEAR_CASES[1], LINEAR_CASES[5], LINEAR_CASES[8]] if quick else LINEAR_CASES
+    # racecheck (quick) takes the staged-x tensor-core case and the small split-K case: the 16-row K 3080
+    # one's and the staged split-K one's cuBLAS peers (the test's error reference) run cuBLAS kernels in
+    # which racecheck reports hazards that are not ours (nvjet_*_splitK; nvjet_sm90_tst_8x64_64x16_4x1_v_bz_bias_TNN).
+    cases = [LINEAR_CASES[i] for i in (0, 1, 5, 7, 11)] if quick else LINEAR_CASES
     for i, kw in enumerate(cases):
         linear_run_and_check(linear_case_of(seed=i, **kw), "cuda")
     norm_cases = [LINEAR_NORM_CASES[0], LINEAR_NORM_CASES[4]] if quick else LINEAR_NORM_CASES

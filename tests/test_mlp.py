@@ -91,11 +91,16 @@ def single_launch_case(draw):
     that are not multiples of 8 and float32 (the op's two-launch fallback)."""
     kernel = draw(st.booleans())
     mult = 8 if kernel or draw(st.booleans()) else 1
+    activation = draw(st.sampled_from(["gelu_tanh", "swiglu"]))
+    # SwiGLU's hidden values grow as the square of x's scale: its square root keeps them at GELU's
+    # magnitudes, which float16 holds (at 100, gate x up passed 65504 in the hidden row of a d = 8 case the
+    # GPU suite drew: inf there, then inf - inf = NaN in W_proj's sums, in every path and in PyTorch's).
+    scale = draw(st.sampled_from([1.0, 1.0, 1e-3, 100.0]))
     return dict(m=draw(st.integers(1, 16)), d=mult * draw(st.integers(1, 48)), hidden=mult * draw(st.integers(1, 400)),
-                d_out=draw(st.sampled_from([16, 7, 40, 768])), activation=draw(st.sampled_from(["gelu_tanh", "swiglu"])),
+                d_out=draw(st.sampled_from([16, 7, 40, 768])), activation=activation,
                 bias=draw(st.booleans()), residual=draw(st.booleans()),
                 dtype=draw(st.sampled_from([torch.float16, torch.bfloat16] if kernel else DTYPES)),
-                scale=draw(st.sampled_from([1.0, 1.0, 1e-3, 100.0])), seed=draw(st.integers(0, 2**31 - 1)))
+                scale=scale ** 0.5 if activation == "swiglu" else scale, seed=draw(st.integers(0, 2**31 - 1)))
 
 
 SINGLE_EDGES = [case_of(d=768, hidden=3072, d_out=768, m=m, dtype=dt) for m in (1, 4, 9, 16)
