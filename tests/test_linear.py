@@ -584,7 +584,7 @@ def test_norm_rows_match_layer_norm_gpu(m, norm, dtype):
     product). The float32 statistics are the same formulas summed in another order, so an element may
     differ by one rounding of x's dtype, or (near 0, where that rounding is finer) by the statistics'
     float32 error (tolerances.NORM_ULPS); in float16 / bfloat16, 99% of them are bit for bit equal.
-    N = 2304: the tensor-core kernel from 5 rows in float16 / bfloat16; 17 rows: layer_norm's kernel."""
+    N = 2304: the tensor-core kernel from 4 rows in float16 / bfloat16; 17 rows: layer_norm's kernel."""
     from fused_attn.layer_norm import layer_norm, rms_norm
 
     gen = torch.Generator().manual_seed(m)
