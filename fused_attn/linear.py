@@ -105,13 +105,18 @@ def check_post_norm(x: torch.Tensor, n_out: int, post_norm: int, post_weight, po
     return post_eps
 
 
+def _check_tensor_on(t, name: str, x: torch.Tensor, xn: str = "x") -> None:
+    """An optional argument that was given: a tensor on ``x``'s device (``xn``: x's name in the message)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if t.device != x.device:
+        raise ValueError(f"{name} must be on the same device as {xn} ({x.device}), got {t.device}")
+
+
 def check_workspace(x: torch.Tensor, workspace, words: int) -> None:
     """An op's int32 counters (linear_post_norm's, mlp's): a 1-dim int32 tensor of >= ``words`` elements on
     x's device (the messages of the C++ launchers)."""
-    if not isinstance(workspace, torch.Tensor):
-        raise TypeError(f"workspace must be a torch.Tensor or None, got {type(workspace).__name__}")
-    if workspace.device != x.device:
-        raise ValueError(f"workspace must be on the same device as x ({x.device}), got {workspace.device}")
+    _check_tensor_on(workspace, "workspace", x)
     if workspace.dtype != torch.int32:
         raise ValueError(f"workspace must have dtype torch.int32, got {workspace.dtype}")
     if workspace.dim() != 1 or workspace.numel() < words:
@@ -136,10 +141,7 @@ def gradless_autograd(op: str, names: tuple[str, ...], instead: str):
 
 
 def _check_param(t, name: str, x: torch.Tensor, xn: str, shape: tuple) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
-    if t.device != x.device:
-        raise ValueError(f"{name} must be on the same device as {xn} ({x.device}), got {t.device}")
+    _check_tensor_on(t, name, x, xn)
     if t.dtype != x.dtype:
         raise ValueError(f"{name} must have {xn}'s dtype ({x.dtype}), got {t.dtype}")
     if tuple(t.shape) != shape:

@@ -218,7 +218,8 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   const int64_t per_thread = (pieces + kLinearMaxThreads - 1) / kLinearMaxThreads;
   const int threads = int(std::min<int64_t>(kLinearMaxThreads, ((pieces + per_thread - 1) / per_thread + 31) / 32 * 32));
   const bool swiglu = activation == kActSwiglu;
-  const int64_t min_blocks = 2 * int64_t(sm_count(x2));
+  const int sms = sm_count(x2);
+  const int64_t min_blocks = 2 * int64_t(sms);
   int rows = 4;
   while (rows > (swiglu ? 2 : 1) && (p.n_out + (swiglu ? rows / 2 : rows) - 1) / (swiglu ? rows / 2 : rows) < min_blocks)
     rows /= 2;
@@ -246,17 +247,17 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
     if constexpr (!std::is_same_v<scalar_t, float>) {
       const bool wide = p.m > 8;
       // The tensor-core kernels take no norm (linear_impl normalizes 2-16 rows of 16-bit x first).
-      if (p.m >= kMmaMinRows && p.vec && !normed && mma_blocks >= sm_count(x2)) {
+      if (p.m >= kMmaMinRows && p.vec && !normed && mma_blocks >= sms) {
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
-          wide ? launch_linear_mma<scalar_t, 16>(p, sm_count(x2), stream)
-               : launch_linear_mma<scalar_t, 8>(p, sm_count(x2), stream);
+          wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream)
+               : launch_linear_mma<scalar_t, 8>(p, sms, stream);
           return;
         }
       } else if (p.m >= kMmaMinRows && p.vec && !normed) {
         if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
-          const int splits = splitk_splits(mma_blocks, p.k, sm_count(x2));
-          wide ? launch_linear_splitk<scalar_t, 16>(p, splits, sm_count(x2), stream)
-               : launch_linear_splitk<scalar_t, 8>(p, splits, sm_count(x2), stream);
+          const int splits = splitk_splits(mma_blocks, p.k, sms);
+          wide ? launch_linear_splitk<scalar_t, 16>(p, splits, sms, stream)
+               : launch_linear_splitk<scalar_t, 8>(p, splits, sms, stream);
           return;
         }
       }

@@ -898,8 +898,9 @@ void launch_linear_mma(const LinearParams& params, int sms, cudaStream_t stream)
 template <typename T, int MT>
 int linear_mma_arch() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true, false>) == cudaSuccess ? attr.binaryVersion
-                                                                                                  : 0;
+  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true, false>) == cudaSuccess
+             ? attr.binaryVersion
+             : 0;
 }
 
 template <typename T, int MT, bool kNorm, bool kPost>
