@@ -50,6 +50,8 @@ __device__ __forceinline__ void launch_dependents_early(bool early) {
 // -7% at batch 1, -2% at 2, -6% at 4, +8% at 8, +6% at 16. From 8 rows the blocks that run ahead
 // (several kernels deep: each triggers its own dependent at once) hold SM slots and DRAM queues that
 // the running kernel needs. Hence the default: early up to 4 rows.
+// One exception by what follows: a linear with an activation epilogue (an MLP's first projection, whose
+// consumer is a GEMV) triggers early at any row count (linear_kernel.cuh, with_linear_pdl_early).
 constexpr long kPdlEarlyRowsDefault = 4;
 
 inline long pdl_early_rows() {

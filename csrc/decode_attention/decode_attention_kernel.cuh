@@ -219,10 +219,10 @@ __device__ __forceinline__ void finish(const DecodeParams& p, float* sm_o, int c
 
 }  // namespace decode
 
-template <typename T, int HD, int R>
+template <typename T, int HD, int R, bool kDeep>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeParams p) {
   using G = DecodeGeometry<T, HD>;
-  using Tile = DecodeTile<T, HD, R>;
+  using Tile = DecodeTile<T, HD, R, kDeep>;
   constexpr int EPT = G::EPT, TX = G::TX, NY = G::NY;
   constexpr int U = Tile::U, TILE = Tile::TILE, STAGES = Tile::STAGES;
   constexpr int NT = kDecodeThreads;
@@ -742,16 +742,20 @@ void launch_attention_kernel(const DecodeParams& params, Kernel kernel, int smem
 
 template <typename T, int HD, int R>
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
+  // The kDeep build where it was measured (decode_attention_launch.h): one row per block, early trigger.
+  constexpr bool kHasDeep = kDecodeDeep && R == 1;
+  const bool deep = kHasDeep && pdl_early(p.batch);
+  const auto kernel = deep ? decode_kernel<T, HD, R, kHasDeep> : decode_kernel<T, HD, R, false>;
   if (p.cluster && p.num_splits > 8) {
-    cudaFuncSetAttribute(decode_kernel<T, HD, R>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
-  launch_attention_kernel(p, decode_kernel<T, HD, R>, 0, stream);
+  launch_attention_kernel(p, kernel, 0, stream);
 }
 
 template <typename T, int HD, int R>
 bool decode_cluster_capable() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, decode_kernel<T, HD, R>) == cudaSuccess && attr.binaryVersion >= 90;
+  return cudaFuncGetAttributes(&attr, decode_kernel<T, HD, R, false>) == cudaSuccess && attr.binaryVersion >= 90;
 }
 
 template <typename T, int HD>

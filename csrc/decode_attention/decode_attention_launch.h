@@ -52,7 +52,7 @@ struct DecodeParams {
   float* partial_lse;
 };
 
-// Tile geometry of decode_kernel<T, HD, R>: each thread owns EPT consecutive elements of a key
+// Tile geometry of decode_kernel<T, HD, R, kDeep>: each thread owns EPT consecutive elements of a key
 // row (16-byte loads, at least HD / 32 so a key's row fits one warp), TX threads share a key,
 // NY keys are in flight per step per block, U steps unrolled per loop iteration.
 constexpr int kDecodeThreads = 128;
@@ -65,13 +65,27 @@ struct DecodeGeometry {
   static constexpr int NY = kDecodeThreads / TX;
 };
 // U: keys per thread per pipeline stage. STAGES: tiles a block has in shared memory (STAGES - 1
-// of them in flight while it computes one), about 32 KB of K and V per block. TILE: keys per stage.
-template <typename T, int HD, int R>
+// of them in flight while it computes one), about 32 KB of K and V per block, 48 KB in the kDeep build.
+// TILE: keys per stage.
+//
+// kDeep: launched for one query row per block where the launch triggers its dependent early (pdl.cuh:
+// batch <= 4). Measured on an H100 (GPT-2 fp16 captured step, bench/NOTES.md session 19), 48 KB
+// against 32 KB: batch 4 -20 us a step (-7%), batch 1 -1 us, batches 8 and 16 (late trigger) +0..+5 us.
+// At batch 4 a split holds two tiles, so the depth is not what moves: 16 KB also gains there and 24 KB
+// loses. What the shared memory a block holds changes is how many blocks of the launches behind it (the
+// early trigger's run-ahead) fit beside it; not separated further. FUSED_ATTN_DECODE_DEEP=0 builds
+// without it (the A/B).
+#ifndef FUSED_ATTN_DECODE_DEEP
+#define FUSED_ATTN_DECODE_DEEP 1
+#endif
+constexpr bool kDecodeDeep = FUSED_ATTN_DECODE_DEEP != 0;
+template <typename T, int HD, int R, bool kDeep = false>
 struct DecodeTile {
   static constexpr int U = 2;
   static constexpr int TILE = DecodeGeometry<T, HD>::NY * U;
   static constexpr int kStageBytes = kDecodeThreads * U * DecodeGeometry<T, HD>::EPT * int(sizeof(T)) * 2;
-  static constexpr int STAGES = (32 * 1024) / kStageBytes < 2 ? 2 : (32 * 1024) / kStageBytes > 8 ? 8 : (32 * 1024) / kStageBytes;
+  static constexpr int kPipe = (kDeep ? 48 : 32) * 1024;
+  static constexpr int STAGES = kPipe / kStageBytes < 2 ? 2 : kPipe / kStageBytes > 8 ? 8 : kPipe / kStageBytes;
 };
 
 // Defined in decode_attention_kernel.cuh, instantiated in decode_attention_inst_*.cu
@@ -92,7 +106,7 @@ template <typename T, int HD>
 void launch_decode_mma(const DecodeParams& p, cudaStream_t stream);
 template <typename T, int HD>
 int decode_mma_arch();
-// Whether decode_kernel<T, HD, R> was compiled for sm_90 or later (the cluster merge's code is there).
+// Whether decode_kernel<T, HD, R, false> was compiled for sm_90 or later (the cluster merge's code is there).
 template <typename T, int HD, int R>
 bool decode_cluster_capable();
 

@@ -367,6 +367,19 @@ __device__ void post_normalize(const LinearParams& p, const LinearPost& q) {
 
 // The kernel's parameter: LinearParams, or with kPost LinearPostParams (LinearPost's comment says why
 // the two are apart).
+// The early trigger (common/pdl.cuh) of a linear launch: by its rows (pdl_early), and at any row count
+// for a linear with an activation epilogue unless FUSED_ATTN_PDL_EARLY=0 turns every early trigger off.
+// An activation's linear is an MLP's first projection: its consumer is the second projection, a GEMV
+// whose blocks fetch their weights before their wait, so starting them under this launch's main loop
+// hides that fetch. Measured at 8 and 16 rows (the late trigger's range; H100, GPT-2 fp16 captured
+// step: -10 us a step, bench/NOTES.md session 19); the same early trigger on every launch of 8-16 rows
+// costs the step 15 us (session 18): the run-ahead is one kernel deep here, not the whole chain.
+inline LinearParams with_linear_pdl_early(const LinearParams& params) {
+  LinearParams p = with_pdl_early(params, params.m);
+  p.pdl_early = p.pdl_early || (params.activation != kActNone && pdl_early_rows() > 0);
+  return p;
+}
+
 template <bool kPost>
 using GemvArgs = std::conditional_t<kPost, LinearPostParams, LinearParams>;
 __host__ __device__ __forceinline__ const LinearParams& gemv_params(const LinearParams& a) { return a; }
@@ -837,10 +850,10 @@ template <typename T, int MT, int NB, bool kNorm, bool kPost>
 void launch_nb(const LinearParams& params, int threads, cudaStream_t stream, const LinearPost* post) {
   GemvArgs<kPost> args{};
   if constexpr (kPost) {
-    args.p = with_pdl_early(params, params.m);
+    args.p = with_linear_pdl_early(params);
     args.post = *post;
   } else {
-    args = with_pdl_early(params, params.m);
+    args = with_linear_pdl_early(params);
   }
   const LinearParams& p = gemv_params(args);
   const int64_t cols_per_block = p.activation == kActSwiglu ? NB / 2 : NB;
@@ -879,7 +892,7 @@ void launch_nb(const LinearParams& params, int threads, cudaStream_t stream, con
 
 template <typename T, int MT>
 void launch_linear_mma(const LinearParams& params, int sms, cudaStream_t stream) {
-  const LinearParams p = with_pdl_early(params, params.m);
+  const LinearParams p = linear::with_linear_pdl_early(params);
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));

@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
 
 template <typename T, int MT>
 void launch_linear_splitk(const LinearParams& params, int splits, int sms, cudaStream_t stream) {
-  const LinearParams p = with_pdl_early(params, params.m);
+  const LinearParams p = linear::with_linear_pdl_early(params);
   static_assert(MT == 8 || MT == 16, "the tensor-core kernels take one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block), unsigned(splits));
