@@ -742,9 +742,12 @@ void launch_attention_kernel(const DecodeParams& params, Kernel kernel, int smem
 
 template <typename T, int HD, int R>
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
-  // The kDeep build where it was measured (decode_attention_launch.h): one row per block, early trigger.
+  // The kDeep build where it was measured faster (decode_attention_launch.h): one row per block, the early
+  // trigger, and a split's share of the cache's slots no more than the deep pipeline's tiles hold.
   constexpr bool kHasDeep = kDecodeDeep && R == 1;
-  const bool deep = kHasDeep && pdl_early(p.batch);
+  using Deep = DecodeTile<T, HD, R, true>;
+  const int64_t split_slots = (int64_t(p.max_len) + p.num_splits - 1) / p.num_splits;
+  const bool deep = kHasDeep && pdl_early(p.batch) && split_slots <= int64_t(Deep::STAGES) * Deep::TILE;
   const auto kernel = deep ? decode_kernel<T, HD, R, kHasDeep> : decode_kernel<T, HD, R, false>;
   if (p.cluster && p.num_splits > 8) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);

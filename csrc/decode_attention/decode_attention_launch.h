@@ -69,12 +69,14 @@ struct DecodeGeometry {
 // TILE: keys per stage.
 //
 // kDeep: launched for one query row per block where the launch triggers its dependent early (pdl.cuh:
-// batch <= 4). Measured on an H100 (GPT-2 fp16 captured step, bench/NOTES.md session 19), 48 KB
-// against 32 KB: batch 4 -20 us a step (-7%), batch 1 -1 us, batches 8 and 16 (late trigger) +0..+5 us.
-// At batch 4 a split holds two tiles, so the depth is not what moves: 16 KB also gains there and 24 KB
-// loses. What the shared memory a block holds changes is how many blocks of the launches behind it (the
-// early trigger's run-ahead) fit beside it; not separated further. FUSED_ATTN_DECODE_DEEP=0 builds
-// without it (the A/B).
+// batch <= 4) and a split's share of the cache's slots fits in the deep pipeline (STAGES x TILE keys).
+// Measured on an H100 (bench/NOTES.md session 19), 48 KB against 32 KB: GPT-2's fp16 captured step at
+// batch 4 -20 us (-7%), batch 1 -1 us, batches 8 and 16 (late trigger) +0..+5 us; the op alone at
+// Llama-2-7B's MHA shape, batch 1, +13% at 8k keys and +9% at 32k (16 splits of 512 / 2048 slots: fewer
+// blocks an SM to hide the longer runs), hence the second condition. At GPT-2's batch 4 a split holds
+// two tiles, so the depth is not what moves there: 16 KB also gains and 24 KB loses. What the shared
+// memory a block holds changes is how many blocks of the launches behind it (the early trigger's
+// run-ahead) fit beside it; not separated further. FUSED_ATTN_DECODE_DEEP=0 builds without it (the A/B).
 #ifndef FUSED_ATTN_DECODE_DEEP
 #define FUSED_ATTN_DECODE_DEEP 1
 #endif
