@@ -16,7 +16,7 @@
 # GRAPH_AB: ';'-separated nvcc flag sets for the graphab step (each built beside the default, e.g.
 #   GRAPH_AB='-DFUSED_ATTN_PDL_EARLY=1'), GRAPH_AB_ARGS its bench.time_decode_graph arguments.
 # PDL_TIMEOUT the pdl step's limit per trigger point (its files: PDL_TEST_FILES below).
-# steps: ab graphab build tests pdl bench decode norm attention linear sample layer gpt2step sanitize bytes gpt2 gpt2bench profile
+# steps: ab graphab build tests pdl wide bench decode norm attention linear sample layer gpt2step sanitize bytes gpt2 gpt2bench profile
 # (default: build tests bench decode attention sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -98,6 +98,15 @@ if has pdl; then
       >> "$OUT/pdl_tests.log" 2>&1 || rc=1
     tail -1 "$OUT/pdl_tests.log"
   done
+fi
+if has wide; then
+  # FUSED_ATTN_DECODE_WIDE is read once per process: decode attention's GPU tests (and GPT-2's) with every
+  # one-row launch on the wide build (decode_attention_launch.h), which the default leaves off.
+  log "wide (decode attention's 256-thread build)"
+  FUSED_ATTN_DECODE_WIDE=1 FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} \
+    timeout -s INT -k 30 ${WIDE_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -rfE -m gpu \
+    tests/test_decode_attention.py tests/test_gpt2.py > "$OUT/wide_tests.log" 2>&1 || rc=1
+  tail -1 "$OUT/wide_tests.log"
 fi
 if has gpt2; then
   log "gpt2: GPU tests of the HF integration and our GPT-2, then backend comparisons"

@@ -153,12 +153,19 @@ _define(
 _loaded = False
 
 
+# The environment switches the CUDA library reads once per process, each a non-negative integer: the rows
+# up to which launches trigger their dependents early (common/pdl.cuh), and the batch from which decode
+# attention's one-row launches take the wide build (decode_attention_kernel.cuh).
+INT_SWITCHES = {"FUSED_ATTN_PDL_EARLY": "rows", "FUSED_ATTN_DECODE_WIDE": "batch"}
+
+
 def check_environment() -> None:
     """Refuse a malformed value of an environment switch that the CUDA library reads once per process
-    (common/pdl.cuh), before it is loaded: the library itself would fall back to its default."""
-    rows = os.environ.get("FUSED_ATTN_PDL_EARLY", "")
-    if rows and not re.fullmatch(r"[0-9]{1,9}", rows):
-        raise ValueError(f"FUSED_ATTN_PDL_EARLY must be a non-negative integer (rows), got {rows!r}")
+    (INT_SWITCHES), before it is loaded: the library itself would fall back to its default."""
+    for name, unit in INT_SWITCHES.items():
+        value = os.environ.get(name, "")
+        if value and not re.fullmatch(r"[0-9]{1,9}", value):
+            raise ValueError(f"{name} must be a non-negative integer ({unit}), got {value!r}")
 
 
 def ensure_loaded() -> bool:

@@ -859,11 +859,13 @@ def test_ops_work_after_import_without_a_build(tmp_path):
     assert not cache.exists(), sorted(cache.rglob("*"))
 
 
+@pytest.mark.parametrize("name,unit", [("FUSED_ATTN_PDL_EARLY", "rows"), ("FUSED_ATTN_DECODE_WIDE", "batch")])
 @pytest.mark.parametrize("value", ["-1", "1.5", "yes", " 4", "0x10"])
-def test_a_malformed_pdl_early_value_is_refused_before_the_library_loads(value, monkeypatch):
-    """FUSED_ATTN_PDL_EARLY (rows up to which kernels trigger their dependents early: common/pdl.cuh) is
-    read once by the CUDA library, which would fall back to its default on a malformed value: loading
-    refuses it first, naming the variable and the value."""
+def test_a_malformed_integer_switch_is_refused_before_the_library_loads(name, unit, value, monkeypatch):
+    """FUSED_ATTN_PDL_EARLY (rows up to which kernels trigger their dependents early: common/pdl.cuh) and
+    FUSED_ATTN_DECODE_WIDE (the batch from which decode attention takes its wide build) are read once by
+    the CUDA library, which would fall back to its default on a malformed value: loading refuses it
+    first, naming the variable and the value."""
     from fused_attn import _ops, build
 
     def no_build(*args, **kwargs):
@@ -871,12 +873,12 @@ def test_a_malformed_pdl_early_value_is_refused_before_the_library_loads(value, 
 
     monkeypatch.setattr(build, "library_path", no_build)
     monkeypatch.setattr(_ops, "_loaded", False)
-    monkeypatch.setenv("FUSED_ATTN_PDL_EARLY", value)
-    with pytest.raises(ValueError, match=rf"FUSED_ATTN_PDL_EARLY must be a non-negative integer \(rows\), "
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=rf"{name} must be a non-negative integer \({unit}\), "
                                          rf"got {re.escape(repr(value))}"):
         _ops.ensure_loaded()
     for good in ("0", "1", "16", ""):
-        monkeypatch.setenv("FUSED_ATTN_PDL_EARLY", good)
+        monkeypatch.setenv(name, good)
         _ops.check_environment()
 
 

@@ -29,6 +29,8 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "../common/math.cuh"
 #include "../common/mma.cuh"
 #include "../common/pdl.cuh"
@@ -194,7 +196,8 @@ __device__ __forceinline__ void finish(const DecodeParams& p, float* sm_o, int c
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();
     const int n_blocks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-    for (int idx = rank * kDecodeThreads + threadIdx.x; idx < R * p.headdim; idx += kDecodeThreads * n_blocks) {
+    const int nt = int(blockDim.x);
+    for (int idx = rank * nt + int(threadIdx.x); idx < R * p.headdim; idx += nt * n_blocks) {
       const int r = idx / p.headdim, e = idx % p.headdim;
       const int rr = chunk * R + r;
       if (rr >= p.rows) continue;
@@ -219,13 +222,12 @@ __device__ __forceinline__ void finish(const DecodeParams& p, float* sm_o, int c
 
 }  // namespace decode
 
-template <typename T, int HD, int R, bool kDeep>
-__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeParams p) {
-  using G = DecodeGeometry<T, HD>;
-  using Tile = DecodeTile<T, HD, R, kDeep>;
+template <typename T, int HD, int R, bool kDeep, int NT>
+__global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
+  using G = DecodeGeometry<T, HD, NT>;
+  using Tile = DecodeTile<T, HD, R, kDeep, NT>;
   constexpr int EPT = G::EPT, TX = G::TX, NY = G::NY;
   constexpr int U = Tile::U, TILE = Tile::TILE, STAGES = Tile::STAGES;
-  constexpr int NT = kDecodeThreads;
   constexpr int kWords = EPT * int(sizeof(T)) / 16;
   static_assert(TX <= 32 && 32 % TX == 0, "a key's threads sit in one warp");
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
@@ -733,11 +735,26 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
 // The attention kernels' launch: a cluster of the splits when p.cluster, programmatic (pdl.cuh)
 // when p.programmatic.
 template <typename Kernel>
-void launch_attention_kernel(const DecodeParams& params, Kernel kernel, int smem, cudaStream_t stream) {
+void launch_attention_kernel(const DecodeParams& params, Kernel kernel, int smem, cudaStream_t stream,
+                             int threads = kDecodeThreads) {
   const DecodeParams p = with_pdl_early(params, params.batch);
   launch_clustered(p.programmatic, dim3(1, p.cluster ? unsigned(p.num_splits) : 1u, 1), kernel,
-                   dim3(unsigned(p.batch) * p.nheads_kv * p.row_chunks, p.num_splits), dim3(kDecodeThreads), smem,
+                   dim3(unsigned(p.batch) * p.nheads_kv * p.row_chunks, p.num_splits), dim3(unsigned(threads)), smem,
                    stream, p);
+}
+
+// FUSED_ATTN_DECODE_WIDE=<batch> in the environment (read once per process; fused_attn.load() refuses a
+// value that is not a non-negative integer): one-row launches of at least that batch run decode_kernel's
+// wide build (decode_attention_launch.h). Unset or 0: never (the default until it is measured).
+inline long decode_wide_batch() {
+  static const long batch = [] {
+    const char* env = std::getenv("FUSED_ATTN_DECODE_WIDE");
+    if (env == nullptr || *env == '\0') return 0L;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    return *end == '\0' && v >= 0 ? v : 0L;
+  }();
+  return batch;
 }
 
 template <typename T, int HD, int R>
@@ -748,17 +765,22 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   using Deep = DecodeTile<T, HD, R, true>;
   const int64_t split_slots = (int64_t(p.max_len) + p.num_splits - 1) / p.num_splits;
   const bool deep = kHasDeep && pdl_early(p.batch) && split_slots <= int64_t(Deep::STAGES) * Deep::TILE;
-  const auto kernel = deep ? decode_kernel<T, HD, R, kHasDeep> : decode_kernel<T, HD, R, false>;
+  const long wide_from = decode_wide_batch();
+  const bool wide = R == 1 && !deep && wide_from > 0 && p.batch >= wide_from;
+  const auto kernel = wide   ? decode_kernel<T, HD, R, false, R == 1 ? kDecodeWideThreads : kDecodeThreads>
+                      : deep ? decode_kernel<T, HD, R, kHasDeep, kDecodeThreads>
+                             : decode_kernel<T, HD, R, false, kDecodeThreads>;
   if (p.cluster && p.num_splits > 8) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
-  launch_attention_kernel(p, kernel, 0, stream);
+  launch_attention_kernel(p, kernel, 0, stream, wide ? kDecodeWideThreads : kDecodeThreads);
 }
 
 template <typename T, int HD, int R>
 bool decode_cluster_capable() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, decode_kernel<T, HD, R, false>) == cudaSuccess && attr.binaryVersion >= 90;
+  return cudaFuncGetAttributes(&attr, decode_kernel<T, HD, R, false, kDecodeThreads>) == cudaSuccess &&
+         attr.binaryVersion >= 90;
 }
 
 template <typename T, int HD>

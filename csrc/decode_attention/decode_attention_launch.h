@@ -52,17 +52,23 @@ struct DecodeParams {
   float* partial_lse;
 };
 
-// Tile geometry of decode_kernel<T, HD, R, kDeep>: each thread owns EPT consecutive elements of a key
-// row (16-byte loads, at least HD / 32 so a key's row fits one warp), TX threads share a key,
-// NY keys are in flight per step per block, U steps unrolled per loop iteration.
+// Tile geometry of decode_kernel<T, HD, R, kDeep, NT>: each thread owns EPT consecutive elements of a
+// key row (16-byte loads, at least HD / 32 so a key's row fits one warp), TX threads share a key,
+// NY keys are in flight per step per block of NT threads, U steps unrolled per loop iteration.
 constexpr int kDecodeThreads = 128;
+// The wide build of decode_kernel (one query row per block): twice the warps per (sequence, head), one
+// key per thread per stage, the same keys and bytes per stage. For batches whose grid leaves each
+// scheduler 1-2 warps (GPT-2 at batch 16: ncu, bench/NOTES.md session 19): the four warps of the
+// 128-thread build each run a ~1.4 k-instruction chain at ~8 cycles an instruction. Launched only where
+// FUSED_ATTN_DECODE_WIDE (decode_wide_batch) asks for it: not yet measured.
+constexpr int kDecodeWideThreads = 256;
 constexpr int kMaxClusterSplits = 16;  // Hopper's largest (non-portable) cluster
-template <typename T, int HD>
+template <typename T, int HD, int NT = kDecodeThreads>
 struct DecodeGeometry {
   static constexpr int kVec = 16 / int(sizeof(T));
   static constexpr int EPT = kVec > HD / 32 ? kVec : HD / 32;
   static constexpr int TX = HD / EPT;
-  static constexpr int NY = kDecodeThreads / TX;
+  static constexpr int NY = NT / TX;
 };
 // U: keys per thread per pipeline stage. STAGES: tiles a block has in shared memory (STAGES - 1
 // of them in flight while it computes one), about 32 KB of K and V per block, 48 KB in the kDeep build.
@@ -81,11 +87,11 @@ struct DecodeGeometry {
 #define FUSED_ATTN_DECODE_DEEP 1
 #endif
 constexpr bool kDecodeDeep = FUSED_ATTN_DECODE_DEEP != 0;
-template <typename T, int HD, int R, bool kDeep = false>
+template <typename T, int HD, int R, bool kDeep = false, int NT = kDecodeThreads>
 struct DecodeTile {
-  static constexpr int U = 2;
-  static constexpr int TILE = DecodeGeometry<T, HD>::NY * U;
-  static constexpr int kStageBytes = kDecodeThreads * U * DecodeGeometry<T, HD>::EPT * int(sizeof(T)) * 2;
+  static constexpr int U = NT >= 256 ? 1 : 2;
+  static constexpr int TILE = DecodeGeometry<T, HD, NT>::NY * U;
+  static constexpr int kStageBytes = NT * U * DecodeGeometry<T, HD, NT>::EPT * int(sizeof(T)) * 2;
   static constexpr int kPipe = (kDeep ? 48 : 32) * 1024;
   static constexpr int STAGES = kPipe / kStageBytes < 2 ? 2 : kPipe / kStageBytes > 8 ? 8 : kPipe / kStageBytes;
 };
@@ -108,7 +114,7 @@ template <typename T, int HD>
 void launch_decode_mma(const DecodeParams& p, cudaStream_t stream);
 template <typename T, int HD>
 int decode_mma_arch();
-// Whether decode_kernel<T, HD, R, false> was compiled for sm_90 or later (the cluster merge's code is there).
+// Whether decode_kernel<T, HD, R, false, kDecodeThreads> was compiled for sm_90 or later (the cluster merge's code is there).
 template <typename T, int HD, int R>
 bool decode_cluster_capable();
 
