@@ -78,7 +78,7 @@ struct DecodeGeometry {
 // batch <= 4) and a split's share of the cache's slots fits in the deep pipeline (STAGES x TILE keys).
 // Measured on an H100 (bench/NOTES.md session 19), 48 KB against 32 KB: GPT-2's fp16 captured step at
 // batch 4 -20 us (-7%), batch 1 -1 us, batches 8 and 16 (late trigger) +0..+5 us; the op alone at
-// Llama-2-7B's MHA shape, batch 1, +13% at 8k keys and +9% at 32k (16 splits of 512 / 2048 slots: fewer
+// Llama-2-7B's MHA shape, batch 1, +13% at 8k keys and +9% at 32k (8 splits of 1024 / 4096 slots: fewer
 // blocks an SM to hide the longer runs), hence the second condition. At GPT-2's batch 4 a split holds
 // two tiles, so the depth is not what moves there: 16 KB also gains and 24 KB loses. What the shared
 // memory a block holds changes is how many blocks of the launches behind it (the early trigger's
@@ -114,7 +114,8 @@ template <typename T, int HD>
 void launch_decode_mma(const DecodeParams& p, cudaStream_t stream);
 template <typename T, int HD>
 int decode_mma_arch();
-// Whether decode_kernel<T, HD, R, false, kDecodeThreads> was compiled for sm_90 or later (the cluster merge's code is there).
+// Whether decode_kernel<T, HD, R, false, kDecodeThreads> was compiled for sm_90 or later (the cluster
+// merge's code is there).
 template <typename T, int HD, int R>
 bool decode_cluster_capable();
 

@@ -365,8 +365,6 @@ __device__ void post_normalize(const LinearParams& p, const LinearPost& q) {
   if (threadIdx.x == 0) *q.counter = 0u;  // the next launch on this workspace counts from 0
 }
 
-// The kernel's parameter: LinearParams, or with kPost LinearPostParams (LinearPost's comment says why
-// the two are apart).
 // The early trigger (common/pdl.cuh) of a linear launch: by its rows (pdl_early), and at any row count
 // for a linear with an activation epilogue unless FUSED_ATTN_PDL_EARLY=0 turns every early trigger off.
 // An activation's linear is an MLP's first projection: its consumer is the second projection, a GEMV
@@ -380,6 +378,8 @@ inline LinearParams with_linear_pdl_early(const LinearParams& params) {
   return p;
 }
 
+// The kernel's parameter: LinearParams, or with kPost LinearPostParams (LinearPost's comment says why
+// the two are apart).
 template <bool kPost>
 using GemvArgs = std::conditional_t<kPost, LinearPostParams, LinearParams>;
 __host__ __device__ __forceinline__ const LinearParams& gemv_params(const LinearParams& a) { return a; }
