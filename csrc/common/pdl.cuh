@@ -54,14 +54,18 @@ __device__ __forceinline__ void launch_dependents_early(bool early) {
 // consumer is a GEMV) triggers early at any row count (linear_kernel.cuh, with_linear_pdl_early).
 constexpr long kPdlEarlyRowsDefault = 4;
 
+// A non-negative integer from the environment, or `fallback` where it is unset or malformed (fused_attn.load()
+// refuses a malformed value first: fused_attn/_ops.py, INT_SWITCHES). Callers read it once per process.
+inline long env_count(const char* name, long fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  return *end == '\0' && v >= 0 ? v : fallback;
+}
+
 inline long pdl_early_rows() {
-  static const long rows = [] {
-    const char* env = std::getenv("FUSED_ATTN_PDL_EARLY");
-    if (env == nullptr || *env == '\0') return kPdlEarlyRowsDefault;
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    return *end == '\0' && v >= 0 ? v : kPdlEarlyRowsDefault;  // fused_attn.load() refuses the rest
-  }();
+  static const long rows = env_count("FUSED_ATTN_PDL_EARLY", kPdlEarlyRowsDefault);
   return rows;
 }
 

@@ -29,8 +29,6 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-
 #include "../common/math.cuh"
 #include "../common/mma.cuh"
 #include "../common/pdl.cuh"
@@ -747,13 +745,7 @@ void launch_attention_kernel(const DecodeParams& params, Kernel kernel, int smem
 // value that is not a non-negative integer): one-row launches of at least that batch run decode_kernel's
 // wide build (decode_attention_launch.h). Unset or 0: never (the default until it is measured).
 inline long decode_wide_batch() {
-  static const long batch = [] {
-    const char* env = std::getenv("FUSED_ATTN_DECODE_WIDE");
-    if (env == nullptr || *env == '\0') return 0L;
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    return *end == '\0' && v >= 0 ? v : 0L;
-  }();
+  static const long batch = env_count("FUSED_ATTN_DECODE_WIDE", 0);
   return batch;
 }
 
@@ -765,15 +757,17 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   using Deep = DecodeTile<T, HD, R, true>;
   const int64_t split_slots = (int64_t(p.max_len) + p.num_splits - 1) / p.num_splits;
   const bool deep = kHasDeep && pdl_early(p.batch) && split_slots <= int64_t(Deep::STAGES) * Deep::TILE;
+  // The wide build likewise: one row per block, at the batches FUSED_ATTN_DECODE_WIDE names.
+  constexpr int kWide = R == 1 ? kDecodeWideThreads : kDecodeThreads;
   const long wide_from = decode_wide_batch();
-  const bool wide = R == 1 && !deep && wide_from > 0 && p.batch >= wide_from;
-  const auto kernel = wide   ? decode_kernel<T, HD, R, false, R == 1 ? kDecodeWideThreads : kDecodeThreads>
+  const bool wide = kWide != kDecodeThreads && !deep && wide_from > 0 && p.batch >= wide_from;
+  const auto kernel = wide   ? decode_kernel<T, HD, R, false, kWide>
                       : deep ? decode_kernel<T, HD, R, kHasDeep, kDecodeThreads>
                              : decode_kernel<T, HD, R, false, kDecodeThreads>;
   if (p.cluster && p.num_splits > 8) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
-  launch_attention_kernel(p, kernel, 0, stream, wide ? kDecodeWideThreads : kDecodeThreads);
+  launch_attention_kernel(p, kernel, 0, stream, wide ? kWide : kDecodeThreads);
 }
 
 template <typename T, int HD, int R>
