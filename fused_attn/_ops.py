@@ -123,6 +123,21 @@ _define("linear_post_norm(Tensor x, Tensor weight, Tensor? bias, Tensor? residua
         "Tensor? norm_bias, Tensor? post_weight, Tensor? post_bias, Tensor(a!) workspace, *, int activation=0, "
         "int norm=0, float eps=1e-05, int post_norm=1, float post_eps=1e-05) -> (Tensor, Tensor)")
 
+# linear and its output rows' statistics for the next launch's norm: (y, stats), stats float32 [..., groups, 2]
+# with groups = ceil(out / 16): per row of y as returned and per group of 16 consecutive columns (the last one
+# shorter), the group's mean and the sum of squared distances to it (csrc/linear/linear_launch.h). Not
+# differentiable (fused_attn.linear(row_stats=True) computes them with PyTorch ops when a gradient is wanted).
+_define("linear_row_stats(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None, *, int activation=0) "
+        "-> (Tensor, Tensor)")
+# linear of x's rows normalized (norm: 1 layer_norm, 2 rms_norm, eps) with norm_stats, x's rows' statistics as
+# linear_row_stats returns them ([..., ceil(in_features / 16), 2] float32), instead of their own; weight_sums:
+# float32 [weight rows], each weight row's sum (computed per call when None). norm_weight / norm_bias as
+# linear's. Not differentiable (fused_attn.linear(norm_stats=...) runs linear's own norm when a gradient is
+# wanted).
+_define("linear_stats_norm(Tensor x, Tensor norm_stats, Tensor weight, Tensor? weight_sums=None, Tensor? bias=None, "
+        "Tensor? residual=None, Tensor? norm_weight=None, Tensor? norm_bias=None, *, int activation=0, int norm=1, "
+        "float eps=1e-05) -> Tensor")
+
 # The feed-forward block: linear(linear(x, w_fc, b_fc, activation), w_proj, b_proj, residual), the hidden
 # activations rounded to x's dtype between the two. x [..., in_features]; w_fc [hidden, in_features]
 # ([2 hidden, in_features], gate rows over up rows, for swiglu), b_fc [w_fc rows]; w_proj [out, hidden],

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -75,6 +76,15 @@ RANDOM_NAME = "gpt2-random"
 # in one fused_attn.layer_norm launch (its gathered rows: x_index / residual_index), in the prefill and
 # in each decode step, in place of two index_select launches, an add and the norm's launch
 # (bench/NOTES.md, session 10).
+# FUSED_ATTN_STATS_CHAIN=1: the row-statistics chain between the blocks' projections where it applies
+# (GPT2._stats_chain); unset or 0: a launch per norm. Off by default: measured slower (H100, fp16, graph-fused,
+# prompt 128: batch 4 +11 us a step, 8 +13-16, 16 +19, 16 at prompt 512 +40; bench/NOTES.md session 20).
+# Read once, at import.
+_STATS_CHAIN = os.environ.get("FUSED_ATTN_STATS_CHAIN", "0")
+if _STATS_CHAIN not in ("0", "1"):
+    raise ValueError(f"FUSED_ATTN_STATS_CHAIN must be 0 or 1, got {_STATS_CHAIN!r}")
+_STATS_CHAIN_OFF = _STATS_CHAIN == "0"
+
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"),
             "layer_norm": ("eager", "fused", "folded", "epilogue"),
             "linear": ("eager", "fused"), "mlp": ("eager", "fused"), "step": ("modules", "persistent"),
@@ -138,10 +148,26 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor, *, activation: str | None = None,
                 residual: torch.Tensor | None = None, ln: "LayerNorm | None" = None,
-                post_ln: "LayerNorm | None" = None, workspace: torch.Tensor | None = None):
+                post_ln: "LayerNorm | None" = None, workspace: torch.Tensor | None = None,
+                norm_stats: torch.Tensor | None = None, row_stats: bool = False):
         """``ln``: a LayerNorm applied to x first, in the launch's prologue with the fused backend.
         ``post_ln``: returns ``(y, post_ln(y))``, the norm in the launch's epilogue with the fused backend
-        (``workspace``: fused_attn.linear's)."""
+        (``workspace``: fused_attn.linear's). ``norm_stats`` (with ``ln``, the fused backend): x's row
+        statistics from the launch that wrote x, so ``ln`` needs no launch of its own (fused_attn.linear's
+        argument; the norm's weight and bias folded into this linear). ``row_stats``: returns ``(y,
+        stats)``, y's row statistics for the next norm."""
+        if norm_stats is not None or row_stats:
+            if self.backend != "fused":
+                y = self(x, activation=activation, residual=residual, ln=ln)
+                return (y, reference.row_stats(y, compute_dtype=torch.float32)) if row_stats else y
+            kw: dict = dict(activation=activation, residual=residual, row_stats=row_stats)
+            if ln is not None and norm_stats is not None:
+                w, b = folded_linear(self.weight_nk, self.bias, ln, self)
+                return linear(x, w, b, norm="layer_norm", eps=ln.eps, norm_stats=norm_stats,
+                              weight_sums=folded_weight_sums(self), **kw)
+            if ln is not None:
+                return linear(x, self.weight_nk, self.bias, **ln.fold_args(), **kw)
+            return linear(x, self.weight_nk, self.bias, **kw)
         if post_ln is not None:
             if self.backend == "fused":
                 return linear(x, self.weight_nk, self.bias, activation=activation, residual=residual,
@@ -180,9 +206,15 @@ def folded_linear(weight_nk: torch.Tensor, bias: torch.Tensor | None, ln: "Layer
         w = weight_nk.float()
         wf = (w * ln.weight.float()[None, :]).to(weight_nk.dtype).contiguous()
         bf = w @ ln.bias.float() + (0.0 if bias is None else bias.float())
-        cached = (key, wf, bf.to(weight_nk.dtype))
+        cached = (key, wf, bf.to(weight_nk.dtype), wf.float().sum(1))
         owner._folded = cached
     return cached[1], cached[2]
+
+
+def folded_weight_sums(owner: nn.Module) -> torch.Tensor:
+    """The float32 sums of the rows of ``owner``'s folded weight (``folded_linear``, called first): the
+    ``weight_sums`` of fused_attn.linear's ``norm_stats``."""
+    return owner._folded[3]
 
 
 class LayerNorm(nn.Module):
@@ -242,7 +274,8 @@ class Attention(nn.Module):
                 cache: KVCache | None = None, input_pos: torch.Tensor | None = None,
                 attend_cache: bool = False, lengths: tuple[torch.Tensor, torch.Tensor] | None = None,
                 residual: torch.Tensor | None = None, ln: LayerNorm | None = None,
-                post_ln: LayerNorm | None = None, workspace: torch.Tensor | None = None):
+                post_ln: LayerNorm | None = None, workspace: torch.Tensor | None = None,
+                norm_stats: torch.Tensor | None = None, row_stats: bool = False):
         """``x`` ``[batch, seqlen, n_embd]``; ``keys_ok`` bool, broadcastable to the scores
         ``[batch, nheads, seqlen, keys]``. With ``cache``, the new keys and values are written at
         ``input_pos``; ``attend_cache`` attends over the whole cache instead of the new keys only.
@@ -251,10 +284,13 @@ class Attention(nn.Module):
         ``decode_attention`` call (``input_pos`` and ``keys_ok`` are the eager backend's). ``residual``
         is added to the output projection (in its epilogue with the fused linear backend); ``ln`` is
         applied to x first (in c_attn's prologue with the fused linear backend); with ``post_ln`` returns
-        ``(out, post_ln(out))`` (Linear's post_ln)."""
+        ``(out, post_ln(out))`` (Linear's post_ln). ``norm_stats`` / ``row_stats``: Linear's, for c_attn's
+        norm / c_proj's output."""
         post = dict(post_ln=post_ln, workspace=workspace) if post_ln is not None else {}
+        if row_stats:
+            post = dict(row_stats=True)
         b, s, _ = x.shape
-        q, k, v = self.c_attn(x, ln=ln).view(b, s, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = self.c_attn(x, ln=ln, **({} if norm_stats is None else dict(norm_stats=norm_stats))).view(b, s, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if cache is not None and attend_cache and lengths is not None and self.backend == "fused":
             a = decode_attention(q, cache.k, cache.v, lengths[0], k_new=k, v_new=v, cache_leftpad=lengths[1],
                                  scale=self.scale)
@@ -304,9 +340,15 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
                 ln: LayerNorm | None = None, post_ln: LayerNorm | None = None,
-                workspace: torch.Tensor | None = None):
+                workspace: torch.Tensor | None = None, norm_stats: torch.Tensor | None = None,
+                row_stats: bool = False):
         """c_proj(gelu_tanh(c_fc(ln(x)))) + residual (x itself without ``ln``); with ``post_ln``, the pair
-        ``(out, post_ln(out))`` (the norm in c_proj's epilogue with the fused linear backend)."""
+        ``(out, post_ln(out))`` (the norm in c_proj's epilogue with the fused linear backend).
+        ``norm_stats`` / ``row_stats``: Linear's, for c_fc's norm / c_proj's output (two linear launches)."""
+        if norm_stats is not None or row_stats:
+            h = self.c_fc(x, activation="gelu_tanh", ln=ln,
+                          **({} if norm_stats is None else dict(norm_stats=norm_stats)))
+            return self.c_proj(h, residual=residual, row_stats=row_stats)
         if post_ln is not None:
             return self.c_proj(self.c_fc(x, activation="gelu_tanh", ln=ln), residual=residual, post_ln=post_ln,
                                workspace=workspace)
@@ -333,12 +375,26 @@ class Block(nn.Module):
         self.post_norms = backends["layer_norm"] == "epilogue"
 
     def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, normed: torch.Tensor | None = None,
-                next_ln: LayerNorm | None = None, workspace: torch.Tensor | None = None, **attn_kw):
+                next_ln: LayerNorm | None = None, workspace: torch.Tensor | None = None,
+                norm_stats: torch.Tensor | None = None, row_stats: bool = False, **attn_kw):
         """x + attn(ln_1(x)), then that + mlp(ln_2(that)); each residual add is the output
         projection's (an epilogue with the fused linear backend, an add kernel with eager). ``normed``:
         ln_1(x) already computed (the fused embedding's launch, or the previous block's epilogue), not
         computed again. With layer_norm "epilogue" returns ``(x, next_ln(x))``: ``next_ln`` is the next
-        layer's ln_1 or ln_f, run in the MLP's c_proj launch (``workspace``: linear's)."""
+        layer's ln_1 or ln_f, run in the MLP's c_proj launch (``workspace``: linear's).
+        The row-statistics chain (layer_norm "folded", GPT2._stats_chain): ``norm_stats`` are x's row
+        statistics (from the previous block's c_proj; with None and ``normed``, c_attn takes ``normed``),
+        the attention's c_proj returns its output's for ln_2, and with ``row_stats`` the block returns
+        ``(x, stats)`` for the next block's ln_1: no norm launches between the projections."""
+        if self.fold_norms and (norm_stats is not None or row_stats):
+            with scope("attention"):  # QKV projection (ln_1 from the statistics), attention, c_proj + residual
+                if norm_stats is None and normed is not None:
+                    x, st = self.attn(normed, keys_ok, residual=x, row_stats=True, **attn_kw)
+                else:
+                    x, st = self.attn(x, keys_ok, residual=x, ln=self.ln_1, norm_stats=norm_stats, row_stats=True,
+                                      **attn_kw)
+            with scope("mlp"):  # c_fc + GELU (ln_2 from the statistics), c_proj + residual
+                return self.mlp(x, residual=x, ln=self.ln_2, norm_stats=st, row_stats=row_stats)
         if self.fold_norms:
             with scope("attention"):  # ln_1 + QKV projection, cache update, attention, output projection + residual
                 x = self.attn(x, keys_ok, residual=x, ln=self.ln_1, **attn_kw)
@@ -601,14 +657,38 @@ class GPT2(nn.Module):
         decode step), else ``(x, None)``."""
         post = self.backends["layer_norm"] == "epilogue"
         ws = None if cache is None else cache.post_workspace
+        chain = self._stats_chain(x, normed)
+        stats = None
         for i, block in enumerate(self.h):
             layer = None if cache is None else cache.layers[i]
-            if post:
+            if chain:
+                last = i + 1 == len(self.h)
+                out = block(x, keys_ok, normed if i == 0 else None, norm_stats=stats, row_stats=not last, cache=layer,
+                            **kw)
+                x, stats = (out, None) if last else out
+            elif post:
                 nxt = self.h[i + 1].ln_1 if i + 1 < len(self.h) else self.ln_f
                 x, normed = block(x, keys_ok, normed, next_ln=nxt, workspace=ws, cache=layer, **kw)
             else:
                 x = block(x, keys_ok, normed if i == 0 else None, cache=layer, **kw)
         return x, normed if post else None
+
+    def _stats_chain(self, x: torch.Tensor, normed: torch.Tensor | None) -> bool:
+        """Whether the blocks hand row statistics from each residual projection to the next norm's
+        projection (Block.forward): layer_norm "folded" with fused linears and MLP, 4-16 rows of float16 /
+        bfloat16 on CUDA (the tensor-core kernels write and read them: fused_attn.linear's row_stats and
+        norm_stats) where c_attn and c_fc have at least 16 weight rows per SM (linear_mma_kernel's path), no
+        gradient, and layer 0's ln_1 from the fused embedding's launch. Only with FUSED_ATTN_STATS_CHAIN=1
+        (measured slower than a launch per norm; the switch is the A/B)."""
+        b = self.backends
+        if (b["layer_norm"] != "folded" or b["linear"] != "fused" or b["mlp"] != "fused" or normed is None
+                or not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16) or _STATS_CHAIN_OFF):
+            return False
+        rows = x.numel() // x.shape[-1]
+        if not 4 <= rows <= 16 or _requires_grad(x, normed, *self.parameters()):
+            return False
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        return 3 * self.config.n_embd >= 16 * sms  # c_attn's rows (c_fc has more)
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()

@@ -185,6 +185,41 @@ def check_args(x, weight, bias, residual, activation: int, names=("x", "weight",
     return n_out
 
 
+def stats_shape(x: torch.Tensor, width: int) -> tuple[int, ...]:
+    """The shape of the row statistics of a ``[..., width]`` tensor with x's leading dims."""
+    return (*x.shape[:-1], -(-width // reference.STATS_GROUP), 2)
+
+
+def check_row_stats(x, weight, norm: int, post_norm: int, row_stats, norm_stats, weight_sums) -> None:
+    """Raise TypeError / ValueError naming the bad row-statistics argument of ``linear`` (the messages of
+    csrc/linear/linear.cpp where it checks them too)."""
+    if not isinstance(row_stats, bool):
+        raise TypeError(f"row_stats must be a bool, got {type(row_stats).__name__}")
+    if row_stats and post_norm:
+        raise ValueError("row_stats must be False with a post_norm, got True")
+    if norm_stats is None:
+        if weight_sums is not None:
+            got = "a tensor" if isinstance(weight_sums, torch.Tensor) else type(weight_sums).__name__
+            raise ValueError(f"weight_sums must be None without norm_stats, got {got}")
+        return
+    _check_tensor_on(norm_stats, "norm_stats", x)
+    if norm == 0:
+        raise ValueError("norm_stats must be None without a norm, got a tensor")
+    if post_norm:
+        raise ValueError("norm_stats must be None with a post_norm, got a tensor")
+    if norm_stats.dtype != torch.float32:
+        raise ValueError(f"norm_stats must have dtype torch.float32, got {norm_stats.dtype}")
+    want = stats_shape(x, x.shape[-1])
+    if tuple(norm_stats.shape) != want:
+        raise ValueError(f"norm_stats must have shape {want}, got {_shape(norm_stats)}")
+    if weight_sums is not None:
+        _check_tensor_on(weight_sums, "weight_sums", x)
+        if weight_sums.dtype != torch.float32:
+            raise ValueError(f"weight_sums must have dtype torch.float32, got {weight_sums.dtype}")
+        if tuple(weight_sums.shape) != (weight.shape[0],):
+            raise ValueError(f"weight_sums must have shape ({weight.shape[0]},), got {_shape(weight_sums)}")
+
+
 def packed_in_out(weight: torch.Tensor) -> torch.nn.Parameter:
     """An ``[in, out]`` weight (GPT-2's Conv1D layout) stored transposed: ``[out, in]`` contiguous, the
     rows ``linear`` streams, with the returned parameter an ``[in, out]`` view of that storage (so an
@@ -211,6 +246,9 @@ def linear(
     post_norm_bias: torch.Tensor | None = None,
     post_eps: float = 1e-5,
     workspace: torch.Tensor | None = None,
+    row_stats: bool = False,
+    norm_stats: torch.Tensor | None = None,
+    weight_sums: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``act(norm(x) @ weight.T + bias) + residual``, float32 accumulation, one rounding to x's dtype.
 
@@ -245,8 +283,27 @@ def linear(
             use (each call leaves it zero): the kernel's count of finished blocks, so calls sharing one
             must run one after the other (one stream). None: a fresh one per call (one fill launch more).
 
-    Returns ``[..., out]`` in x's dtype, where out is out_features (hidden for swiglu), and with
-    ``post_norm`` the pair ``(y, normed)``, both that shape. With ``post_norm`` and an input that
+        row_stats: also return y's row statistics for the next launch's ``norm_stats``: float32
+            ``[..., ceil(out / 16), 2]``, per row of y as returned and per group of 16 consecutive columns
+            (the last one shorter) the group's mean and the sum of squared distances to it
+            (``fused_attn.reference.row_stats``). Written by the tensor-core kernels' epilogue (4-16 rows
+            in float16 / bfloat16, no swiglu); elsewhere computed from y after (PyTorch ops, same values up
+            to float32 rounding). Not with ``post_norm``.
+        norm_stats: with ``norm``, x's rows' statistics as ``row_stats`` returned them (the launch before
+            wrote x): the norm uses them instead of computing its own, so the previous launch's epilogue
+            and this launch's matmul replace a norm launch between them. They must be x's: nothing checks
+            it. The tensor-core kernel (4-16 rows in float16 / bfloat16 where the weight has at least 16
+            rows per SM, no ``norm_weight`` / ``norm_bias``: fold them into weight and bias) subtracts each
+            row's mean rounded to x's dtype from x, multiplies, and applies rstd with a correction by
+            ``weight_sums`` in the epilogue; elsewhere x is normalized from them first (PyTorch ops, float32,
+            rounded to x's dtype). With a gradient wanted, the norm computes its own statistics (the
+            same values up to float32 rounding) so that the gradient flows through them. Not with
+            ``post_norm``. In float16 a row whose values lie more than 65504 from its mean overflows.
+        weight_sums: with ``norm_stats``, float32 ``[out_features]`` (weight rows), ``weight.float().sum(1)``
+            computed once by the caller; None: computed per call (one reduction launch more).
+
+    Returns ``[..., out]`` in x's dtype, where out is out_features (hidden for swiglu), with
+    ``post_norm`` the pair ``(y, normed)``, both that shape, and with ``row_stats`` the pair ``(y, stats)``. With ``post_norm`` and an input that
     requires grad, ``linear`` and ``layer_norm`` run one after the other (their backward). On CUDA,
     up to ``MAX_GEMV_ROWS`` rows of x (the product of its leading dims) run our kernel, one launch
     that reads the weight once; more rows run cuBLAS (``addmm``) with the epilogue as separate
@@ -269,6 +326,7 @@ def linear(
                 raise ValueError(f"{name} must be None without a post_norm, got {got}")
     else:
         post_eps = check_post_norm(x, n_out, pcode, post_norm_weight, post_norm_bias, post_eps, workspace)
+    check_row_stats(x, weight, ncode, pcode, row_stats, norm_stats, weight_sums)
     if x.device.type == "cuda":
         if weight.stride(-1) != 1 and weight.shape[-1] > 1:
             weight = weight.contiguous()
@@ -285,6 +343,19 @@ def linear(
         return torch.ops.fused_attn.linear_post_norm(x, weight, bias, residual, norm_weight, norm_bias,
                                                      post_norm_weight, post_norm_bias, workspace, activation=code,
                                                      norm=ncode, eps=eps, post_norm=pcode, post_eps=post_eps)
+    if norm_stats is not None or row_stats:
+        grad = _requires_grad(x, weight, bias, residual, norm_weight, norm_bias)
+        if norm_stats is None or grad:  # with a gradient: the norm's own statistics (see norm_stats)
+            if row_stats and not grad and ncode == 0:
+                return torch.ops.fused_attn.linear_row_stats(x, weight, bias, residual, activation=code)
+            y = linear(x, weight, bias, activation=activation, residual=residual, norm=norm, norm_weight=norm_weight,
+                       norm_bias=norm_bias, eps=eps)
+        else:
+            y = torch.ops.fused_attn.linear_stats_norm(x, norm_stats, weight, weight_sums, bias, residual, norm_weight,
+                                                      norm_bias, activation=code, norm=ncode, eps=eps)
+        if not row_stats:
+            return y
+        return y, reference.row_stats(y, compute_dtype=torch.float32)
     if ncode == 0:  # the schema's defaults: graphs and traces of the plain op stay as they were
         return torch.ops.fused_attn.linear(x, weight, bias, residual, activation=code)
     return torch.ops.fused_attn.linear(x, weight, bias, residual, norm_weight, norm_bias, activation=code,
@@ -379,6 +450,55 @@ def _register() -> None:
         normed = reference.layer_norm(y, post_weight, post_bias, post_eps, rms=post_norm == NORMS["rms_norm"],
                                       compute_dtype=_compute_dtype(x))
         return y, normed
+
+    rows = "fused_attn::linear_row_stats"
+
+    @torch.library.register_fake(rows)
+    def _rows_fake(x, weight, bias=None, residual=None, *, activation=0):
+        n_out = check_args(x, weight, bias, residual, activation)
+        return x.new_empty((*x.shape[:-1], n_out)), x.new_empty(stats_shape(x, n_out), dtype=torch.float32)
+
+    @torch.library.register_kernel(rows, "cpu")
+    def _rows_cpu(x, weight, bias=None, residual=None, *, activation=0):
+        check_args(x, weight, bias, residual, activation)
+        y = _reference(x, weight, bias, residual, None, None, activation, 0, 0.0)
+        return y, reference.row_stats(y, compute_dtype=_compute_dtype(x))
+
+    _ops.LIB.impl("linear_row_stats", gradless_autograd("linear_row_stats", ("x", "weight", "bias", "residual"),
+                                                        "fused_attn.linear(row_stats=True) computes them with "
+                                                        "PyTorch ops"), "Autograd")
+
+    snorm = "fused_attn::linear_stats_norm"
+
+    def _snorm_checks(x, norm_stats, weight, weight_sums, bias, residual, norm_weight, norm_bias, activation, norm,
+                      eps):
+        n_out = check_args(x, weight, bias, residual, activation)
+        eps = check_norm(x, norm, norm_weight, norm_bias, eps)
+        if norm == 0:
+            raise ValueError("norm must be 1 (layer_norm) or 2 (rms_norm) with norm_stats, got 0")
+        check_row_stats(x, weight, norm, 0, False, norm_stats, weight_sums)
+        return n_out, eps
+
+    @torch.library.register_fake(snorm)
+    def _snorm_fake(x, norm_stats, weight, weight_sums=None, bias=None, residual=None, norm_weight=None,
+                    norm_bias=None, *, activation=0, norm=1, eps=1e-5):
+        n_out, _ = _snorm_checks(x, norm_stats, weight, weight_sums, bias, residual, norm_weight, norm_bias,
+                                 activation, norm, eps)
+        return x.new_empty((*x.shape[:-1], n_out))
+
+    @torch.library.register_kernel(snorm, "cpu")
+    def _snorm_cpu(x, norm_stats, weight, weight_sums=None, bias=None, residual=None, norm_weight=None,
+                   norm_bias=None, *, activation=0, norm=1, eps=1e-5):
+        _, eps = _snorm_checks(x, norm_stats, weight, weight_sums, bias, residual, norm_weight, norm_bias,
+                               activation, norm, eps)
+        xn = reference.normalize_from_stats(x, norm_stats, _NORM_NAMES[norm], eps, norm_weight, norm_bias,
+                                            compute_dtype=_compute_dtype(x)).to(x.dtype)
+        return _reference(xn, weight, bias, residual, None, None, activation, 0, 0.0)
+
+    _ops.LIB.impl("linear_stats_norm", gradless_autograd(
+        "linear_stats_norm", ("x", "norm_stats", "weight", "weight_sums", "bias", "residual", "norm_weight",
+                              "norm_bias"), "fused_attn.linear(norm_stats=...) runs the norm's own statistics"),
+        "Autograd")
 
     names = ("x", "weight", "bias", "residual", "norm_weight", "norm_bias", "post_weight", "post_bias")
     _ops.LIB.impl("linear_post_norm", gradless_autograd("linear_post_norm", names, "fused_attn.linear(post_norm=...) "

@@ -570,3 +570,44 @@ def gpt2_decode_step(token, pos, seqlens, leftpad, k_cache, v_cache, wte, wpe, n
         x = linear(f, w_proj[layer], b_proj[layer], residual=x, compute_dtype=ct)
     logits[rows] = linear(norm(x, 2 * n_layer), wte, compute_dtype=ct)
     return logits
+
+
+# Columns per row-statistics group (csrc/linear/linear_launch.h, kStatsGroup).
+STATS_GROUP = 16
+
+
+def row_stats(y: torch.Tensor, compute_dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The row statistics ``fused_attn.linear(row_stats=True)`` returns, of y ``[..., n]`` as given:
+    ``[..., ceil(n / 16), 2]`` float32, per group of 16 consecutive columns (the last one shorter) the
+    group's mean and the sum of squared distances to it, computed in ``compute_dtype``."""
+    n = y.shape[-1]
+    groups = -(-n // STATS_GROUP)
+    yf = y.to(compute_dtype)
+    pad = groups * STATS_GROUP - n
+    v = torch.nn.functional.pad(yf, (0, pad)).reshape(*y.shape[:-1], groups, STATS_GROUP)
+    counts = (n - torch.arange(groups, device=y.device, dtype=compute_dtype) * STATS_GROUP).clamp(max=STATS_GROUP)
+    live = torch.arange(STATS_GROUP, device=y.device) < counts[:, None]
+    mean = v.sum(-1) / counts
+    m2 = ((v - mean[..., None]).square() * live).sum(-1)
+    return torch.stack([mean, m2], -1).to(torch.float32)
+
+
+def normalize_from_stats(x: torch.Tensor, stats: torch.Tensor, norm: str, eps: float,
+                         weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                         compute_dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """x ``[..., k]`` normalized ("layer_norm" or "rms_norm") with its rows' statistics ``stats`` (as
+    ``row_stats`` gives them) instead of its own, the norm's weight and bias applied, in
+    ``compute_dtype`` (not rounded)."""
+    k = x.shape[-1]
+    groups = stats.shape[-2]
+    st = stats.to(compute_dtype)
+    counts = (k - torch.arange(groups, device=x.device, dtype=compute_dtype) * STATS_GROUP).clamp(max=STATS_GROUP)
+    mean = (st[..., 0] * counts).sum(-1, keepdim=True) / max(k, 1)
+    var = (st[..., 1].sum(-1, keepdim=True) + (counts * (st[..., 0] - mean).square()).sum(-1, keepdim=True)) / max(k, 1)
+    xf = x.to(compute_dtype)
+    y = xf * (var + mean.square() + eps).rsqrt() if norm == "rms_norm" else (xf - mean) * (var + eps).rsqrt()
+    if weight is not None:
+        y = y * weight.to(compute_dtype)
+    if bias is not None:
+        y = y + bias.to(compute_dtype)
+    return y

@@ -60,7 +60,8 @@ constexpr int kDecodeThreads = 128;
 // key per thread per stage, the same keys and bytes per stage. For batches whose grid leaves each
 // scheduler 1-2 warps (GPT-2 at batch 16: ncu, bench/NOTES.md session 19): the four warps of the
 // 128-thread build each run a ~1.4 k-instruction chain at ~8 cycles an instruction. Launched only where
-// FUSED_ATTN_DECODE_WIDE (decode_wide_batch) asks for it: not yet measured.
+// FUSED_ATTN_DECODE_WIDE (decode_wide_batch) asks for it. Measured on an H100 (bench/NOTES.md session 20):
+// GPT-2's batch-16 step -4..-7 us, batch 8 +2..+3, batch 16 at a 512-token prompt even; off by default.
 constexpr int kDecodeWideThreads = 256;
 constexpr int kMaxClusterSplits = 16;  // Hopper's largest (non-portable) cluster
 template <typename T, int HD, int NT = kDecodeThreads>

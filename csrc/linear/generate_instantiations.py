@@ -8,7 +8,8 @@ rows per block (1, 2, 4) and both load paths (16-byte, element-wise): 6 kernels 
 units that ninja compiles side by side (``_norm``: with the LayerNorm / RMSNorm prologue; the units
 without it also the 6 kernels with the post-normalization, kPost); the
 float16 / bfloat16 units of MT 8 and 16 without the norm also the tensor-core kernels (linear_mma_kernel
-and linear_splitk.cuh's split-K kernel). The files are committed; the build does not run this
+and linear_splitk.cuh's split-K kernel), with the norm the tensor-core kernels that normalize x from row
+statistics (launch_linear_mma_stats). The files are committed; the build does not run this
 script (tests/test_build.py checks they are current).
 """
 
@@ -43,6 +44,9 @@ def units() -> dict[str, str]:
                               f"template void launch_linear_splitk<{T}, {mt}>(const LinearParams&, int, int, "
                               f"cudaStream_t);\n"
                               f"template int linear_splitk_arch<{T}, {mt}>();\n")
+                if mma and norm:  # the tensor-core kernel normalizing from row statistics
+                    decls += (f"template void launch_linear_mma_stats<{T}, {mt}>(const LinearParams&, int, "
+                              f"cudaStream_t);\n")
                 header = HEADER.format(header="linear_splitk.cuh" if mma and not norm else "linear_kernel.cuh")
                 name = f"linear_inst_{dt}_m{mt}{'_norm' if norm else ''}.cu"
                 out[name] = header + decls + "}  // namespace fused_attn\n"

@@ -183,15 +183,69 @@ struct PostNorm {
   at::Tensor out;
 };
 
+// Row statistics between launches (linear_launch.h, kStatsGroup): what linear_row_stats writes (`out`,
+// float32 [m, groups, 2], allocated by linear_impl) and what linear_stats_norm reads (`in`, with `norm`
+// kNormLayer / kNormRms, the norm's weight / bias for the path that applies them, eps, and the float32
+// sums of the weight's rows, `row_sums`, computed once here where the caller passed none).
+struct RowStats {
+  at::Tensor out;
+  at::Tensor in;
+  int64_t norm = kNormNone;
+  at::Tensor norm_weight, norm_bias, row_sums;
+  double eps = 0;
+  bool kernel_wrote = false;  // set by launch_gemv: the kernel wrote `out`
+  bool kernel_reads = false;  // set by linear_impl: the tensor-core kernel normalizes x from `in`
+};
+
+int64_t stats_groups(int64_t width) { return (width + kStatsGroup - 1) / kStatsGroup; }
+
+// The statistics of y2's rows ([m, n], any floating dtype) as the kernels write them: per group of
+// kStatsGroup columns the mean and the sum of squared distances to it, in float32 (ATen, a few launches),
+// into out [m, groups, 2].
+void row_stats_into(const at::Tensor& y2, const at::Tensor& out) {
+  const int64_t m = y2.size(0), n = y2.size(1);
+  if (m == 0 || n == 0) return;
+  const at::Tensor yf = y2.to(at::kFloat);
+  const int64_t full = n / kStatsGroup, rest = n % kStatsGroup;
+  const auto put = [&](const at::Tensor& v, int64_t g0, int64_t count) {  // v: [m, count, width]
+    const at::Tensor mean = v.mean(2);
+    out.narrow(1, g0, count).select(2, 0).copy_(mean);
+    out.narrow(1, g0, count).select(2, 1).copy_((v - mean.unsqueeze(2)).square().sum(2));
+  };
+  if (full > 0) put(yf.narrow(1, 0, full * kStatsGroup).reshape({m, full, kStatsGroup}), 0, full);
+  if (rest > 0) put(yf.narrow(1, full * kStatsGroup, rest).reshape({m, 1, rest}), full, 1);
+}
+
+// x2 [m, k] normalized from its rows' statistics (stats [m, groups, 2]) in float32 (ATen), the norm's weight
+// and bias applied, rounded to x's dtype: the path where the tensor-core kernel does not normalize.
+at::Tensor normalized_from_stats(const at::Tensor& x2, const RowStats& rs) {
+  const int64_t m = x2.size(0), k = x2.size(1);
+  if (m == 0 || k == 0) return x2;
+  const at::Tensor stats = rs.in.reshape({m, stats_groups(k), 2});
+  const at::Tensor counts =
+      at::clamp_max(-at::arange(stats.size(1), stats.options()) * double(kStatsGroup) + double(k), double(kStatsGroup));
+  const at::Tensor means = stats.select(2, 0), m2s = stats.select(2, 1);
+  const at::Tensor mean = (means * counts).sum(1, true) / double(k);
+  const at::Tensor var = (m2s.sum(1, true) + (counts * (means - mean).square()).sum(1, true)) / double(k);
+  const at::Tensor xf = x2.to(at::kFloat);
+  at::Tensor y = rs.norm == kNormRms ? xf * (var + mean.square() + rs.eps).rsqrt() : (xf - mean) * (var + rs.eps).rsqrt();
+  if (rs.norm_weight.defined()) y = y * rs.norm_weight.to(at::kFloat);
+  if (rs.norm_bias.defined()) y = y + rs.norm_bias.to(at::kFloat);
+  return y.to(x2.scalar_type());
+}
+
 // A norm's weight or bias for the kernels: its data (nullptr if absent), and whether it is float32.
 const void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 bool is_fp32(const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kFloat; }
 
 // Returns whether the kernel also wrote `post` (the CUDA-core kernel without a pre-normalization, n_out
 // <= kLinearPostNormMaxWidth); when it did not, the caller normalizes out.
+// With `rs`: kernel_reads launches the tensor-core kernel that normalizes x from rs->in (linear_impl checked
+// that it applies); rs->out defined asks the tensor-core kernels (no SwiGLU) to write the output's row
+// statistics, and kernel_wrote says whether they did.
 bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                  const std::optional<at::Tensor>& residual2, int64_t activation, const Norm& norm,
-                 const at::Tensor& out2, PostNorm* post = nullptr) {
+                 const at::Tensor& out2, PostNorm* post = nullptr, RowStats* rs = nullptr) {
   LinearParams p = linear_params(x2, weight, bias, residual2, out2, activation);
   const int64_t vec = 16 / x2.element_size();
   p.vec = p.k % vec == 0 && vector_ready(x2, vec) && vector_ready(weight, vec);
@@ -243,14 +297,30 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t mma_blocks = mma_tiles(p.n_out, activation);
+  const bool stats_out = rs != nullptr && rs->out.defined() && activation != kActSwiglu;
   FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
       const bool wide = p.m > 8;
+      if (rs != nullptr && rs->kernel_reads) {  // linear_impl's stats_in_kernel held
+        p.norm = int(rs->norm == kNormRms ? kNormStatsRms : kNormStatsLayer);
+        p.norm_weight = rs->in.data_ptr();
+        p.norm_bias = rs->row_sums.data_ptr();
+        p.xs_pitch = int(stats_groups(p.k));
+        p.eps = float(rs->eps);
+        wide ? launch_linear_mma_stats<scalar_t, 16>(p, sms, stream) : launch_linear_mma_stats<scalar_t, 8>(p, sms, stream);
+        return;
+      }
+      if (stats_out && p.m >= kMmaMinRows && p.vec && !normed) {  // both tensor-core kernels write them
+        p.norm = int(kNormStatsOut);
+        p.norm_weight = rs->out.data_ptr();
+        p.xs_pitch = int(stats_groups(p.n_out));
+      }
       // The tensor-core kernels take no norm (linear_impl normalizes 2-16 rows of 16-bit x first).
       if (p.m >= kMmaMinRows && p.vec && !normed && mma_blocks >= sms) {
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
           wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream)
                : launch_linear_mma<scalar_t, 8>(p, sms, stream);
+          if (p.norm == kNormStatsOut) rs->kernel_wrote = true;
           return;
         }
       } else if (p.m >= kMmaMinRows && p.vec && !normed) {
@@ -258,10 +328,12 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
           const int splits = splitk_splits(mma_blocks, p.k, sms);
           wide ? launch_linear_splitk<scalar_t, 16>(p, splits, sms, stream)
                : launch_linear_splitk<scalar_t, 8>(p, splits, sms, stream);
+          if (p.norm == kNormStatsOut) rs->kernel_wrote = true;
           return;
         }
       }
     }
+    p.norm = int(norm.norm);  // the CUDA-core kernels: no row statistics
     if (fold_post) {
       if (p.m <= 1) launch_linear_gemv<scalar_t, 1, false, true>(p, rows, threads, stream, &q);
       else if (p.m <= 2) launch_linear_gemv<scalar_t, 2, false, true>(p, rows, threads, stream, &q);
@@ -352,7 +424,7 @@ at::Tensor normalized(const at::Tensor& x2, const Norm& norm) {
 at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                        const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
                        const std::optional<at::Tensor>& norm_bias, int64_t activation, int64_t norm_code, double eps,
-                       PostNorm* post) {
+                       PostNorm* post, RowStats* rs = nullptr) {
   Norm norm;
   norm.norm = norm_code;
   norm.eps = eps;
@@ -387,6 +459,29 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
       path = GemvPath::kSplitK;
     }
   }
+  // Row statistics. Out: allocated here, written by the tensor-core kernels or computed after (stats_after).
+  // In: the tensor-core kernel (linear_mma_kernel) normalizes x from them where it runs, with no norm weight
+  // or bias (folded into the weight by the caller); elsewhere x is normalized from them first, in ATen.
+  if (rs != nullptr && rs->in.defined()) {
+    bool in_kernel = path == GemvPath::kTensorCores && m <= kMaxGemvRows && gemv_wins(m, k, path) && k % 8 == 0 &&
+                     vector_ready(weight, 8) && !rs->norm_weight.defined() && !rs->norm_bias.defined();
+    if (in_kernel) {
+      FA_DISPATCH_FLOAT(x.scalar_type(), x, [&] {
+        if constexpr (!std::is_same_v<scalar_t, float>)
+          in_kernel = (m > 8 ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80;
+      });
+    }
+    if (in_kernel) {
+      rs->kernel_reads = true;
+      rs->in = rs->in.contiguous();
+      if (!rs->row_sums.defined()) rs->row_sums = weight.to(at::kFloat).sum(1);
+    } else {
+      x2 = normalized_from_stats(x2, *rs);
+    }
+  }
+  const auto stats_after = [&](const at::Tensor& out) {
+    if (rs != nullptr && rs->out.defined() && !rs->kernel_wrote) row_stats_into(out.view({m, n_out}), rs->out);
+  };
   // The post-normalization where the kernel does not do it: our layer_norm op on the finished rows.
   const auto post_after = [&](const at::Tensor& out) {
     if (post != nullptr && m > 0 && n_out > 0) post->out = normalized(out.view({m, n_out}), post->norm);
@@ -395,6 +490,7 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
     if (norm.norm != kNormNone) x2 = normalized(x2, norm);
     at::Tensor out = linear_cublas(x2, weight, bias, residual2, activation).view(out_shape);
     post_after(out);
+    stats_after(out);
     return out;
   }
   // Few rows: small copies make every row's last dim contiguous (and x's rows 16-byte aligned).
@@ -409,8 +505,9 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   std::optional<at::Tensor> bias_c;
   if (bias.has_value()) bias_c = bias->contiguous();
   at::Tensor out = at::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
-  if (out.numel() > 0 && !launch_gemv(x2, weight, bias_c, residual2, activation, norm, out.view({-1, n_out}), post))
+  if (out.numel() > 0 && !launch_gemv(x2, weight, bias_c, residual2, activation, norm, out.view({-1, n_out}), post, rs))
     post_after(out);
+  stats_after(out);
   return out;
 }
 
@@ -466,9 +563,67 @@ std::tuple<at::Tensor, at::Tensor> linear_post_norm(
   return {out, normed};
 }
 
+// Schema linear_row_stats: linear's output and its rows' statistics, [..., groups, 2] float32 (linear_launch.h).
+std::tuple<at::Tensor, at::Tensor> linear_row_stats(const at::Tensor& x, const at::Tensor& weight,
+                                                     const std::optional<at::Tensor>& bias,
+                                                     const std::optional<at::Tensor>& residual, int64_t activation) {
+  check_args(x, weight, bias, residual, activation);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t n_out = activation == kActSwiglu ? weight.size(0) / 2 : weight.size(0);
+  const int64_t m = c10::multiply_integers(x.sizes().slice(0, x.dim() - 1));
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(stats_groups(n_out));
+  shape.push_back(2);
+  RowStats rs;
+  rs.out = at::empty({m, stats_groups(n_out), 2}, x.options().dtype(at::kFloat));
+  at::Tensor out = linear_impl(x, weight, bias, residual, std::nullopt, std::nullopt, activation, kNormNone, 0.0,
+                               nullptr, &rs);
+  return {out, rs.out.view(shape)};
+}
+
+// Schema linear_stats_norm: linear of x's rows normalized with the statistics norm_stats ([..., groups, 2]
+// float32, groups over in_features) instead of their own. The locals are named after the arguments.
+at::Tensor linear_stats_norm(const at::Tensor& x, const at::Tensor& norm_stats, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& weight_sums_opt, const std::optional<at::Tensor>& bias,
+                             const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
+                             const std::optional<at::Tensor>& norm_bias, int64_t activation, int64_t norm_code,
+                             double eps) {
+  check_args(x, weight, bias, residual, activation);
+  check_norm_args(x, norm_weight, norm_bias, norm_code, eps);
+  const int64_t norm = norm_code;
+  FA_CHECK_ARG(norm != kNormNone, norm, "be 1 (layer_norm) or 2 (rms_norm) with norm_stats", num_str(norm));
+  std::vector<int64_t> want(x.sizes().begin(), x.sizes().end() - 1);
+  want.push_back(stats_groups(x.size(-1)));
+  want.push_back(2);
+  FA_CHECK_SAME_DEVICE(norm_stats, x);
+  FA_CHECK_ARG(norm_stats.scalar_type() == at::kFloat, norm_stats, "have dtype torch.float32",
+               dtype_str(norm_stats.scalar_type()));
+  FA_CHECK_ARG(norm_stats.sizes() == at::IntArrayRef(want), norm_stats, "have shape " + shape_str(want),
+               shape_str(norm_stats.sizes()));
+  RowStats rs;
+  if (weight_sums_opt.has_value()) {
+    const at::Tensor& weight_sums = *weight_sums_opt;
+    FA_CHECK_SAME_DEVICE(weight_sums, x);
+    FA_CHECK_ARG(weight_sums.scalar_type() == at::kFloat, weight_sums, "have dtype torch.float32",
+                 dtype_str(weight_sums.scalar_type()));
+    FA_CHECK_ARG(weight_sums.dim() == 1 && weight_sums.size(0) == weight.size(0), weight_sums,
+                 "have shape (" + std::to_string(weight.size(0)) + ",)", shape_str(weight_sums.sizes()));
+    rs.row_sums = weight_sums.contiguous();
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  rs.in = norm_stats;
+  rs.norm = norm;
+  rs.eps = eps;
+  if (norm_weight.has_value()) rs.norm_weight = norm_weight->contiguous();
+  if (norm_bias.has_value()) rs.norm_bias = norm_bias->contiguous();
+  return linear_impl(x, weight, bias, residual, std::nullopt, std::nullopt, activation, kNormNone, eps, nullptr, &rs);
+}
+
 TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) {
   m.impl("linear", &linear);
   m.impl("linear_post_norm", &linear_post_norm);
+  m.impl("linear_row_stats", &linear_row_stats);
+  m.impl("linear_stats_norm", &linear_stats_norm);
 }
 
 }  // namespace fused_attn

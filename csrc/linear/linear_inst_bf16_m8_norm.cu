@@ -3,4 +3,5 @@
 
 namespace fused_attn {
 template void launch_linear_gemv<__nv_bfloat16, 8, true>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
+template void launch_linear_mma_stats<__nv_bfloat16, 8>(const LinearParams&, int, cudaStream_t);
 }  // namespace fused_attn

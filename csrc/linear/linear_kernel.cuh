@@ -61,6 +61,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <type_traits>
 
 #include "../common/math.cuh"
@@ -259,10 +260,11 @@ __device__ __forceinline__ void load_output_residual(const LinearParams& p, int 
 }
 
 // The epilogue of output (x row m, column col): `sum` is x · w_col (the gate's with SwiGLU, `up` the
-// up row's), then bias, the activation, the residual (`in`, loaded ahead), one rounding to T.
+// up row's), then bias, the activation, the residual (`in`, loaded ahead), one rounding to T. Returns the
+// value stored (the row statistics of kNormStatsOut are of y as stored).
 template <typename T>
-__device__ __forceinline__ void store_output(const LinearParams& p, int m, int64_t col, float sum, float up,
-                                             const OutputIn& in) {
+__device__ __forceinline__ float store_output(const LinearParams& p, int m, int64_t col, float sum, float up,
+                                              const OutputIn& in) {
   const bool biased = p.bias != nullptr;
   float y;
   if (p.activation == kActSwiglu) {
@@ -272,16 +274,18 @@ __device__ __forceinline__ void store_output(const LinearParams& p, int m, int64
     if (p.activation == kActGeluTanh) y = gelu_tanh(y);
   }
   if (p.residual != nullptr) y += in.residual;
-  static_cast<T*>(p.out)[m * p.o_stride + col] = from_float<T>(y);
+  const T stored = from_float<T>(y);
+  static_cast<T*>(p.out)[m * p.o_stride + col] = stored;
+  return to_float(stored);
 }
 
 // The same with the bias and residual loaded here (an output no thread loaded ahead).
 template <typename T>
-__device__ __forceinline__ void store_output(const LinearParams& p, int m, int64_t col, float sum, float up) {
+__device__ __forceinline__ float store_output(const LinearParams& p, int m, int64_t col, float sum, float up) {
   OutputIn in;
   load_output_bias<T>(p, col, true, in);
   load_output_residual<T>(p, m, col, true, in);
-  store_output<T>(p, m, col, sum, up, in);
+  return store_output<T>(p, m, col, sum, up, in);
 }
 
 // The post-normalization (LinearPost q): called by every thread of every block after its
@@ -665,31 +669,41 @@ __device__ __forceinline__ void mma_load_weights(const LinearParams& p, const Mm
   }
 }
 
+// The x pieces of the group of CH chunks from c0 (`stride` apart, zeros past end and past k) on their way:
+// into the lane's staging slots (kStageX, cp.async, committed by the caller) or into xb.
+template <typename T, int NT, int CH, bool kStageX>
+__device__ __forceinline__ void mma_issue_x(const LinearParams& p, const MmaLane<T, NT>& L, int c0, int end,
+                                            int stride, uint4 (&xs)[kStageX ? CH : 1][NT][32],
+                                            uint4 (&xb)[kStageX ? 1 : CH][NT]) {
+  const int lane = threadIdx.x % 32, q = lane % 4;
+#pragma unroll
+  for (int u = 0; u < CH; ++u) {
+    const int c = c0 + u * stride;
+    const bool in = c < end && c * 32 + q * 8 < p.k;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if constexpr (kStageX) {
+        cp_async16<true>(&xs[u][t][lane], in ? L.xrow[t] + c * 32 : L.xrow[t], in && L.xlive[t]);
+      } else {
+        const uint4* xp = reinterpret_cast<const uint4*>(L.xrow[t] + c * 32);
+        xb[u][t] = in && L.xlive[t] ? *xp : make_uint4(0, 0, 0, 0);  // plain: not hoisted above the wait
+      }
+    }
+  }
+}
+
 // acc += the lane's share of the products over the chunks of 32 k first, first + stride, ... below
 // end, CH of them in flight; `wa` holds the first group's weights (mma_load_weights, issued
 // before the caller's wait_for_primary(): x, read here, is the previous kernel's output).
 template <typename T, int NT, int CH, bool kStageX>
 __device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaLane<T, NT>& L, int first, int end,
                                                int stride, uint4 (&wa)[CH][2], float (&acc)[NT][4]) {
-  const int lane = threadIdx.x % 32, q = lane % 4;
+  const int lane = threadIdx.x % 32;
   auto& xs = mma_shared<NT, CH, kStageX>()[threadIdx.x / 32].x_stage;
   for (int c0 = first; c0 < end; c0 += stride * CH) {
     if (c0 != first) mma_load_weights<T, NT, CH>(p, L, c0, end, stride, wa);
     uint4 xb[kStageX ? 1 : CH][NT];
-#pragma unroll
-    for (int u = 0; u < CH; ++u) {
-      const int c = c0 + u * stride;
-      const bool in = c < end && c * 32 + q * 8 < p.k;
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        if constexpr (kStageX) {
-          cp_async16<true>(&xs[u][t][lane], in ? L.xrow[t] + c * 32 : L.xrow[t], in && L.xlive[t]);
-        } else {
-          const uint4* xp = reinterpret_cast<const uint4*>(L.xrow[t] + c * 32);
-          xb[u][t] = in && L.xlive[t] ? *xp : make_uint4(0, 0, 0, 0);  // plain: not hoisted above the wait
-        }
-      }
-    }
+    mma_issue_x<T, NT, CH, kStageX>(p, L, c0, end, stride, xs, xb);
     if constexpr (kStageX) {
       cp_async_commit();
       cp_async_wait<0>();
@@ -708,6 +722,173 @@ __device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaL
   }
 }
 #endif
+
+// x's rows normalized from row statistics (kNormStatsLayer / kNormStatsRms, linear_launch.h). With the
+// row's mean mu and rstd, and s = mu rounded to T: norm(x) . w = rstd (x - s) . w - rstd (mu - s) sum(w).
+// The lanes subtract s from their x pieces in T (exact where x is within a factor of two of s, else one
+// rounding of x - s, as the normalized row's own rounding), the MMAs multiply as before, and the epilogue
+// applies rstd and the correction with the weight row's sum (p.norm_bias, float32, loaded before the wait).
+// Nothing waits for the statistics but the first MMA: they are combined (mma_norm_rows_load) while the
+// first x pieces are on their way. RMSNorm: s = 0, rstd from the mean square (M2 / k + mu^2).
+// Per row of x (rows past p.m: shift 0, rstd 0): the shift s, delta = mean - s (float32), rstd.
+template <typename T>
+struct MmaNormRows {
+  T shift[kLinearMaxRows];
+  float delta[kLinearMaxRows];
+  float rstd[kLinearMaxRows];
+};
+
+template <typename T>
+__device__ __forceinline__ MmaNormRows<T>& mma_norm_rows() {
+  __shared__ MmaNormRows<T> rows;
+  return rows;
+}
+
+// Every thread of the block once, after wait_for_primary(): each row's groups (float2 (mean_g, M2_g) over
+// c_g = kStatsGroup columns, the last group shorter where k is not a multiple) combined by one warp, its
+// lanes over the groups: mean = sum c_g mean_g / k, then M2 = sum (M2_g + c_g (mean_g - mean)^2) (the
+// exact decomposition of the row's M2 about its mean), each sum a butterfly whose pairs every lane adds
+// alike (the same result on every lane and in every run); then a block barrier. Division-free on the
+// chain (one reciprocal of k), the two rows of a warp interleaved.
+template <typename T>
+__device__ __forceinline__ void mma_norm_rows_load(const LinearParams& p) {
+  constexpr int kRowsPerWarp = kLinearMaxRows / kMmaWarps;
+  static_assert(kLinearMaxRows % kMmaWarps == 0, "whole rows per warp");
+  MmaNormRows<T>& rows = mma_norm_rows<T>();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float2* stats = static_cast<const float2*>(p.norm_weight);
+  const int groups = p.xs_pitch;
+  const float inv_k = p.k > 0 ? 1.f / float(p.k) : 0.f;
+  float sum[kRowsPerWarp], m2[kRowsPerWarp], mean[kRowsPerWarp];
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    const int m = warp + j * kMmaWarps;
+    sum[j] = 0.f;
+    if (m < p.m)
+#pragma unroll 1
+      for (int gi = lane; gi < groups; gi += 32)
+        sum[j] = fmaf(float(min(kStatsGroup, p.k - gi * kStatsGroup)), stats[int64_t(m) * groups + gi].x, sum[j]);
+  }
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2)
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], off);
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    const int m = warp + j * kMmaWarps;
+    mean[j] = sum[j] * inv_k;
+    m2[j] = 0.f;
+    if (m < p.m)
+#pragma unroll 1
+      for (int gi = lane; gi < groups; gi += 32) {
+        const float2 v = stats[int64_t(m) * groups + gi];
+        const float d = v.x - mean[j];
+        m2[j] += fmaf(float(min(kStatsGroup, p.k - gi * kStatsGroup)) * d, d, v.y);
+      }
+  }
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2)
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) m2[j] += __shfl_xor_sync(0xffffffffu, m2[j], off);
+  if (lane < kRowsPerWarp) {
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      if (j != lane) continue;
+      const int m = warp + j * kMmaWarps;
+      const bool rms = p.norm == kNormStatsRms, live = m < p.m;
+      const float var = m2[j] * inv_k;
+      const float mu = rms || !live ? 0.f : mean[j];
+      const T shift = from_float<T>(mu);
+      rows.shift[m] = shift;
+      rows.delta[m] = mu - to_float(shift);
+      rows.rstd[m] = live ? rsqrtf((rms ? fmaf(mean[j], mean[j], var) : var) + p.eps) : 0.f;
+    }
+  }
+  __syncthreads();
+}
+
+// Two T values (a 32-bit word of an x piece) minus the shift pair, in T.
+template <typename T>
+__device__ __forceinline__ uint32_t sub_pair(uint32_t a, uint32_t b) {
+  using P = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
+  P pa, pb;
+  memcpy(&pa, &a, 4);
+  memcpy(&pb, &b, 4);
+  const P d = __hsub2(pa, pb);
+  uint32_t out;
+  memcpy(&out, &d, 4);
+  return out;
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // mma.sync
+// mma_accumulate with x's rows shifted (above): the first group of x pieces is issued, then the statistics
+// are combined (a block barrier: every warp runs the first pass, a warp without chunks on zeros), then the
+// pieces are consumed, each 16-bit pair minus its row's shift.
+template <typename T, int NT, int CH, bool kStageX>
+__device__ __forceinline__ void mma_accumulate_normed(const LinearParams& p, const MmaLane<T, NT>& L, int first,
+                                                      int end, int stride, uint4 (&wa)[CH][2], float (&acc)[NT][4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4;
+  auto& xs = mma_shared<NT, CH, kStageX>()[threadIdx.x / 32].x_stage;
+  uint32_t shift[NT];
+  bool rows_in = false;
+  for (int c0 = first; !rows_in || c0 < end; c0 += stride * CH) {
+    if (c0 != first) mma_load_weights<T, NT, CH>(p, L, c0, end, stride, wa);
+    uint4 xb[kStageX ? 1 : CH][NT];
+    mma_issue_x<T, NT, CH, kStageX>(p, L, c0, end, stride, xs, xb);
+    if constexpr (kStageX) cp_async_commit();
+    if (!rows_in) {  // the first pass, on every warp
+      mma_norm_rows_load<T>(p);
+      const MmaNormRows<T>& rows = mma_norm_rows<T>();
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const T s = rows.shift[8 * t + g];
+        uint16_t bits;
+        memcpy(&bits, &s, 2);
+        shift[t] = uint32_t(bits) * 0x10001u;
+      }
+      rows_in = true;
+    }
+    if constexpr (kStageX) cp_async_wait<0>();
+#pragma unroll
+    for (int u = 0; u < CH; ++u) {
+      const uint32_t a_lo[4] = {wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y};
+      const uint32_t a_hi[4] = {wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w};
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const uint4 b = kStageX ? xs[u][t][lane] : xb[kStageX ? 0 : u][t];
+        mma16816<T>(acc[t], a_lo, sub_pair<T>(b.x, shift[t]), sub_pair<T>(b.y, shift[t]));
+        mma16816<T>(acc[t], a_hi, sub_pair<T>(b.z, shift[t]), sub_pair<T>(b.w, shift[t]));
+      }
+    }
+  }
+}
+#endif
+
+// The owning lane's weight-row sums for its four outputs (mma_output_at's i: row col0 + g + 8 (i / 2); with
+// SwiGLU the gate row col0 + g for i < 2 and its up row n_out + col0 + g for i >= 2), before the wait.
+__device__ __forceinline__ void mma_load_row_sums(const LinearParams& p, int64_t col0, float (&sums)[4]) {
+  const bool swiglu = p.activation == kActSwiglu;
+  const int g = (threadIdx.x % 32) / 4;
+  const float* row_sums = static_cast<const float*>(p.norm_bias);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t col = swiglu ? col0 + g : col0 + g + 8 * (i / 2);
+    const int64_t row = swiglu && i >= 2 ? p.n_out + col : col;
+    sums[i] = col < p.n_out ? row_sums[row] : 0.f;
+  }
+}
+
+// n-tile t's summed fragment (mma_block_sum's s: x row 8 t + 2 q + i % 2) into the normalized row's sums.
+template <typename T>
+__device__ __forceinline__ void mma_norm_epilogue(int t, const float (&sums)[4], float (&s)[4]) {
+  const MmaNormRows<T>& rows = mma_norm_rows<T>();
+  const int q = (threadIdx.x % 32) % 4;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int m = 8 * t + 2 * q + i % 2;
+    s[i] = rows.rstd[m] * fmaf(-rows.delta[m], sums[i], s[i]);
+  }
+}
 
 // The block's warps' fragments summed through shared memory: warp t < NT returns true with the sum
 // of n-tile t in s (s[i]: tile row g + 8 (i / 2), x row 8 t + 2 q + i % 2); the other warps false.
@@ -775,20 +956,48 @@ __device__ __forceinline__ void mma_load_output_residual(const LinearParams& p, 
 
 // The epilogue of n-tile t from its summed fragment s (as mma_block_sum leaves it); with SwiGLU s[0..1]
 // are gate sums and s[2..3] the up sums of the same outputs.
+// kNormStatsOut (linear_launch.h): the mean and M2 of each of n-tile t's x rows over this block's 16 output
+// columns (one statistics group; the launcher asks for them without SwiGLU only), from the values as stored
+// (v[i], 0 where not stored). A row's 16 values sit in the 8 lanes of one q (two each): sums over lane bits
+// 2-4 by butterfly, whose operands every lane adds in the same pairs (the same bits on every lane, and the
+// same from run to run). Lanes g = 0 write rows 8 t + 2 q and 8 t + 2 q + 1.
+__device__ __forceinline__ void mma_store_stats(const LinearParams& p, int64_t col0, int t, const float (&v)[4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int cols = int(min(int64_t(kStatsGroup), p.n_out - col0));
+  const bool lo = g < cols, hi = g + 8 < cols;
+  float2* stats = static_cast<float2*>(const_cast<void*>(p.norm_weight));
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    float sum = (lo ? v[j] : 0.f) + (hi ? v[j + 2] : 0.f);
+#pragma unroll
+    for (int off = 4; off < 32; off *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float mean = sum / float(cols);
+    const float da = lo ? v[j] - mean : 0.f, db = hi ? v[j + 2] - mean : 0.f;
+    float m2 = fmaf(da, da, db * db);
+#pragma unroll
+    for (int off = 4; off < 32; off *= 2) m2 += __shfl_xor_sync(0xffffffffu, m2, off);
+    const int m = 8 * t + 2 * q + j;
+    if (g == 0 && m < p.m) stats[int64_t(m) * p.xs_pitch + col0 / kStatsGroup] = make_float2(mean, m2);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, int t, const float (&s)[4],
                                           const MmaOutputIn& o) {
   const bool swiglu = p.activation == kActSwiglu;
+  float v[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const MmaOutput at = mma_output_at(p, col0, t, i);
+    v[i] = 0.f;
     if (!at.live) continue;
     if constexpr (kOutputAhead) {
-      store_output<T>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f, o.in[i]);
+      v[i] = store_output<T>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f, o.in[i]);
     } else {
-      store_output<T>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f);
+      v[i] = store_output<T>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f);
     }
   }
+  if (p.norm == kNormStatsOut) mma_store_stats(p, col0, t, v);  // block-uniform
 }
 
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); kShort: the short build (CH chunks in
@@ -796,7 +1005,8 @@ __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, i
 // linear.cpp normalizes 2-16 16-bit rows in a launch of their own (the prologue measured slower in
 // GPT-2's step, and a fold into the products, as the CUDA-core kernel's kFold at one row, slower
 // still: bench/NOTES.md session 14).
-template <typename T, int NT, bool kShort, bool kStageX>
+// kNormX: x's rows normalized from row statistics (p.norm kNormStatsLayer / kNormStatsRms; above).
+template <typename T, int NT, bool kShort, bool kStageX, bool kNormX = false>
 __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)
     linear_mma_kernel(const LinearParams p) {
   constexpr int CH = kShort ? kMmaShortChunks : kMmaLongChunks;
@@ -817,13 +1027,22 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   mma_load_weights<T, NT, CH>(p, L, warp, chunks, kMmaWarps, wa);
   MmaOutputIn out_in;  // the owning warps' (warp < NT) epilogue operands, loaded ahead
   if (kOutputAhead && warp < NT) mma_load_output_bias<T>(p, col0, warp, out_in);
+  float row_sums[4];  // kNormX: the owning warps' weight-row sums
+  if (kNormX && warp < NT) mma_load_row_sums(p, col0, row_sums);
   wait_for_primary();
   if (kOutputAhead && warp < NT) mma_load_output_residual<T>(p, col0, warp, out_in);
-  mma_accumulate<T, NT, CH, kStageX>(p, L, warp, chunks, kMmaWarps, wa, acc);
+  if constexpr (kNormX) {
+    mma_accumulate_normed<T, NT, CH, kStageX>(p, L, warp, chunks, kMmaWarps, wa, acc);
+  } else {
+    mma_accumulate<T, NT, CH, kStageX>(p, L, warp, chunks, kMmaWarps, wa, acc);
+  }
   launch_dependents();
 
   float s[4];
-  if (mma_block_sum<NT, CH, kStageX>(acc, s)) mma_store<T>(p, col0, warp, s, out_in);
+  if (mma_block_sum<NT, CH, kStageX>(acc, s)) {
+    if constexpr (kNormX) mma_norm_epilogue<T>(warp, row_sums, s);
+    mma_store<T>(p, col0, warp, s, out_in);
+  }
 #else
   __trap();  // launched only where linear_mma_arch says it was compiled (sm_80 and later)
 #endif
@@ -890,22 +1109,34 @@ void launch_nb(const LinearParams& params, int threads, cudaStream_t stream, con
 
 }  // namespace linear
 
-template <typename T, int MT>
-void launch_linear_mma(const LinearParams& params, int sms, cudaStream_t stream) {
-  const LinearParams p = linear::with_linear_pdl_early(params);
+namespace linear {
+template <typename T, int MT, bool kNormX>
+void launch_mma_builds(const LinearParams& params, int sms, cudaStream_t stream) {
+  const LinearParams p = with_linear_pdl_early(params);
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  constexpr auto short_build = linear::linear_mma_kernel<T, MT / 8, true, false>;
-  constexpr auto staged_build = linear::linear_mma_kernel<T, MT / 8, true, MT == 16>;
-  constexpr auto long_build = linear::linear_mma_kernel<T, MT / 8, false, false>;
+  constexpr auto short_build = linear_mma_kernel<T, MT / 8, true, false, kNormX>;
+  constexpr auto staged_build = linear_mma_kernel<T, MT / 8, true, MT == 16, kNormX>;
+  constexpr auto long_build = linear_mma_kernel<T, MT / 8, false, false, kNormX>;
   static const bool pdl_short = programmatic_capable(short_build), pdl_staged = programmatic_capable(staged_build),
                     pdl_long = programmatic_capable(long_build);
-  const bool is_short = linear::mma_short((p.k + 31) / 32);
-  const bool staged = is_short && linear::mma_stage_x<MT / 8>(grid.x, sms);
+  const bool is_short = mma_short((p.k + 31) / 32);
+  const bool staged = is_short && mma_stage_x<MT / 8>(grid.x, sms);
   launch_programmatic(staged ? pdl_staged : is_short ? pdl_short : pdl_long,
                       staged ? staged_build : is_short ? short_build : long_build, grid, dim3(kLinearMmaThreads), 0,
                       stream, p);
+}
+}  // namespace linear
+
+template <typename T, int MT>
+void launch_linear_mma(const LinearParams& p, int sms, cudaStream_t stream) {
+  linear::launch_mma_builds<T, MT, false>(p, sms, stream);
+}
+
+template <typename T, int MT>
+void launch_linear_mma_stats(const LinearParams& p, int sms, cudaStream_t stream) {
+  linear::launch_mma_builds<T, MT, true>(p, sms, stream);
 }
 
 template <typename T, int MT>

@@ -19,6 +19,22 @@ enum LinearActivation : int { kActNone = 0, kActGeluTanh = 1, kActSwiglu = 2 };
 // The pre-normalization, as the schema's `int norm` (fused_attn/linear.py names them).
 enum LinearNorm : int { kNormNone = 0, kNormLayer = 1, kNormRms = 2 };
 
+// Row statistics handed from one launch to the next (schemas linear_row_stats and linear_stats_norm;
+// the tensor-core kernels only). A pre-LN transformer's residual projection writes, per row of its
+// output y and per group of kStatsGroup consecutive columns (one tensor-core block's outputs), the
+// group's mean and M2 (sum of squared distances to that mean) of y as stored: float2 [m][groups],
+// groups = ceil(n_out / kStatsGroup). The next projection combines a row's groups (M2 = sum of
+// the groups' M2 and of c_g (mean_g - mean)^2, exact; sums in a fixed order) into the row's mean and
+// variance, so no launch of its own normalizes the row. These internal codes of LinearParams::norm (never the schema's) reuse its fields:
+//   kNormStatsOut: norm_weight = the float2 statistics written, xs_pitch = groups.
+//   kNormStatsLayer / kNormStatsRms: x's rows normalized with the statistics read from norm_weight
+//     (float2, xs_pitch groups a row, over k columns), norm_bias = float [n] sums of each weight row
+//     (the epilogue's correction for the shift, below), eps. No norm weight or bias (folded into w).
+// (Fields rather than new ones: LinearParams' size moved the tensor-core kernels' registers once,
+// bench/NOTES.md session 11.)
+constexpr int kStatsGroup = 16;
+enum LinearStatsCode : int { kNormStatsOut = 8, kNormStatsLayer = 9, kNormStatsRms = 10 };
+
 struct LinearParams {
   // Strides in elements; every last dim is contiguous. x: [m, k]; w: [n, k] (nn.Linear's layout);
   // bias: [n] contiguous or nullptr; residual, out: [m, n_out].
@@ -125,6 +141,10 @@ template <typename T, int MT>
 void launch_linear_mma(const LinearParams& p, int sms, cudaStream_t stream);
 template <typename T, int MT>
 int linear_mma_arch();
+// The same kernel normalizing x's rows from row statistics (p.norm kNormStatsLayer / kNormStatsRms,
+// above): instantiated in the _norm units.
+template <typename T, int MT>
+void launch_linear_mma_stats(const LinearParams& p, int sms, cudaStream_t stream);
 // The split-K tensor-core kernel (linear_splitk.cuh), for fewer 16-row tiles of W than SMs: the same
 // conditions as launch_linear_mma; `splits` blocks (1 to kLinearMaxSplits, none without a chunk of 32
 // k) per tile form a cluster along K; sms as for launch_linear_mma. linear_splitk_arch: the SM version it was compiled for (0 if
