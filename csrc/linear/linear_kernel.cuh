@@ -851,8 +851,8 @@ __device__ __forceinline__ void mma_accumulate_normed(const LinearParams& p, con
     if constexpr (kStageX) cp_async_wait<0>();
 #pragma unroll
     for (int u = 0; u < CH; ++u) {
-      const uint32_t a_lo[4] = {wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y};  // as mma_accumulate's
-      const uint32_t a_hi[4] = {wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w};  // as mma_accumulate's
+      const uint32_t a_lo[4]{wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y};  // as mma_accumulate's
+      const uint32_t a_hi[4]{wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w};  // as mma_accumulate's
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const uint4 b = kStageX ? xs[u][t][lane] : xb[kStageX ? 0 : u][t];
