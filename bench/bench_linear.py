@@ -24,6 +24,15 @@ rows the norm's own launch first. Modeled bytes add the norm's weight and bias, 
 (the group's necessary traffic; folded reads no norm weight or bias); folded is checked against the
 same float64 reference as its peers, layer_norm(x) · Wᵀ + b with the unfolded weights.
 
+"linear + layer_norm + linear" cases (group "chain ..."): a residual projection, the LayerNorm after it and
+the projection after that, GPT-2's attention c_proj (K x K, + residual) -> ln_2 -> c_fc (K x N, GELU), shape
+K x N, M 1, 4, 16; both outputs (the residual stream h and the next projection's y) are the group's: eager
+(F.linear + add, F.layer_norm, F.linear + GELU), compiled (torch.compile of that chain), unfolded (what
+fused_attn.gpt2's graph-fused step runs: fused_attn.linear(residual=), then the folded
+fused_attn.linear(norm="layer_norm"), which at 4-16 rows launches the norm first) and fused (the row
+statistics: fused_attn.linear(residual=, row_stats=True), then fused_attn.linear(norm="layer_norm",
+norm_stats=): two launches, no norm launch).
+
 Each provider's output is checked once, before timing, against the float64 reference on the first
 and last row of x (bench_softmax's relative bound).
 
@@ -67,6 +76,10 @@ LN_EPS = 1e-5
 POST_SHAPES = [(768, 768), (3072, 768)]
 POST_ROWS = (1, 4, 16)
 POST_CPU_CASES = [((64, 48), 1)]
+# linear + layer_norm + linear (op "chain"): K x K residual projection, the norm, K x N with GELU.
+CHAIN_SHAPES = [(768, 3072), (768, 2304)]
+CHAIN_ROWS = (1, 4, 16)
+CHAIN_CPU_CASES = [((64, 48), 4)]
 # Below this many rows a case is memory-bound (the weight stream); from it on, compute-bound.
 MEMORY_BOUND_ROWS = 16
 
@@ -90,6 +103,12 @@ POST_PROVIDERS = ("eager", "compiled", "unfolded", "fused")
 POST_NOTES = {"eager": "F.linear + add + F.layer_norm", "compiled": "torch.compile(F.linear + add + F.layer_norm)",
               "unfolded": "fused_attn.linear(residual=) + fused_attn.layer_norm (2 launches)",
               "fused": "fused_attn.linear(residual=, post_norm='layer_norm')"}
+CHAIN_NOTES = {"eager": "F.linear + add, F.layer_norm, F.linear + F.gelu(tanh)",
+               "compiled": "torch.compile(F.linear + add, F.layer_norm, F.linear + F.gelu(tanh))",
+               "unfolded": "fused_attn.linear(residual=), folded fused_attn.linear(norm='layer_norm') "
+                           "(4-16 rows: the norm's launch first)",
+               "fused": "fused_attn.linear(residual=, row_stats=True), folded fused_attn.linear(norm='layer_norm', "
+                        "norm_stats=) (no norm launch)"}
 REPORT_LABELS = {"bench_linear": dict(title="linear (gelu_tanh(x W^T + b) + residual)", shape="K x N, M",
                                       order=LN_PROVIDERS)}
 
@@ -113,6 +132,13 @@ def post_modeled_traffic(k: int, n: int, m: int, dtype: torch.dtype) -> tuple[in
     return (n * k + m * k + n + m * n + 2 * n) * e, 2 * m * n * e
 
 
+def chain_modeled_traffic(k: int, n: int, m: int, dtype: torch.dtype) -> tuple[int, int]:
+    """linear + norm + linear: both weights, x, both biases, the residual, the norm's weight and bias read
+    once; h and y written (h read back is not counted: the group's necessary traffic)."""
+    e = torch.empty((), dtype=dtype).element_size()
+    return (k * k + n * k + m * k + k + n + m * k + 2 * k) * e, (m * k + m * n) * e
+
+
 def flops(k: int, n: int, m: int) -> int:
     return 2 * m * n * k
 
@@ -124,6 +150,8 @@ def make_cases(config, cuda: bool | None = None) -> list[dict]:
                 + [dict(shape=s, m=m, dtype="float32", provider=p, op="ln_linear") for s, m in LN_CPU_CASES
                    for p in LN_PROVIDERS]
                 + [dict(shape=s, m=m, dtype="float32", provider=p, op="linear_norm") for s, m in POST_CPU_CASES
+                   for p in POST_PROVIDERS]
+                + [dict(shape=s, m=m, dtype="float32", provider=p, op="chain") for s, m in CHAIN_CPU_CASES
                    for p in POST_PROVIDERS])
     dts = dtypes_for(config)
     return ([dict(shape=s, m=m, dtype=d, provider=p, op="linear") for s in GPT2_SHAPES + LLAMA_SHAPES for m in ROWS
@@ -131,12 +159,14 @@ def make_cases(config, cuda: bool | None = None) -> list[dict]:
             + [dict(shape=s, m=m, dtype=d, provider=p, op="ln_linear") for s in LN_SHAPES for m in LN_ROWS
                for d in dts for p in LN_PROVIDERS]
             + [dict(shape=s, m=m, dtype=d, provider=p, op="linear_norm") for s in POST_SHAPES for m in POST_ROWS
+               for d in dts for p in POST_PROVIDERS]
+            + [dict(shape=s, m=m, dtype=d, provider=p, op="chain") for s in CHAIN_SHAPES for m in CHAIN_ROWS
                for d in dts for p in POST_PROVIDERS])
 
 
 def case_id(c: dict) -> str:
     k, n = c["shape"]
-    op = {"ln_linear": "ln-", "linear_norm": "post-"}.get(c.get("op"), "")
+    op = {"ln_linear": "ln-", "linear_norm": "post-", "chain": "chain-"}.get(c.get("op"), "")
     return f"{c['provider']}-{op}k{k}-n{n}-m{c['m']}-{c['dtype']}"
 
 
@@ -240,6 +270,62 @@ def post_check(provider: str, out: tuple[torch.Tensor, torch.Tensor], t: dict) -
         check_output(f"{provider} norm (row {i})", normed[s], ref)
 
 
+def chain_inputs(t: dict) -> dict:
+    """The chain's first projection (K x K, bias, residual [m, K]), drawn from its own seeded generator, and
+    the second's weights with the norm's weight and bias folded in (once, as a model does at load time)."""
+    m, k = t["x"].shape
+    gen = torch.Generator(device=t["x"].device).manual_seed(1)
+
+    def randn(*size, scale=1.0):
+        return (torch.randn(size, generator=gen, device=t["x"].device) * scale).to(t["x"].dtype)
+
+    owner = SimpleNamespace()
+    wf, bf = folded_linear(t["w"], t["b"], SimpleNamespace(weight=t["nw"], bias=t["nb"]), owner)
+    return dict(w0=randn(k, k, scale=k**-0.5), b0=randn(k), r0=randn(m, k), wf=wf, bf=bf, sums=owner._folded[3])
+
+
+def chain_eager(x, w0, b0, r0, nw, nb, w, b):
+    h = torch.nn.functional.linear(x, w0, b0) + r0
+    y = torch.nn.functional.linear(torch.nn.functional.layer_norm(h, (h.shape[-1],), nw, nb, LN_EPS), w, b)
+    return h, torch.nn.functional.gelu(y, approximate="tanh")
+
+
+def chain_provider_fn(provider: str, t: dict):
+    from fused_attn import linear
+
+    c = t.setdefault("chain", chain_inputs(t))
+    peer = chain_provider(provider, chain_eager, t["x"], c["w0"], c["b0"], c["r0"], t["nw"], t["nb"], t["w"], t["b"])
+    if peer is not None:
+        return peer
+    if provider == "unfolded":
+        def unfolded():
+            h = linear(t["x"], c["w0"], c["b0"], residual=c["r0"])
+            return h, linear(h, c["wf"], c["bf"], activation="gelu_tanh", norm="layer_norm", eps=LN_EPS)
+        return unfolded
+    if provider == "fused":
+        def fused():
+            h, stats = linear(t["x"], c["w0"], c["b0"], residual=c["r0"], row_stats=True)
+            return h, linear(h, c["wf"], c["bf"], activation="gelu_tanh", norm="layer_norm", eps=LN_EPS,
+                             norm_stats=stats, weight_sums=c["sums"])
+        return fused
+    raise ValueError(f"provider must be one of {POST_PROVIDERS}, got {provider!r}")
+
+
+def chain_check(provider: str, out: tuple[torch.Tensor, torch.Tensor], t: dict) -> None:
+    """As ``check``, for both outputs: h against the float64 projection, y against the float64 norm of the
+    h returned and the projection with the unfolded weights."""
+    h, y = out
+    c = t["chain"]
+    m = t["x"].shape[0]
+    for i in sorted({0, m - 1}):
+        s = slice(i, i + 1)
+        ref = reference._linear_compute(t["x"][s], c["w0"], c["b0"], None, c["r0"][s], torch.float64)
+        check_output(f"{provider} h (row {i})", h[s], ref)
+        hn = reference.layer_norm(h[s].double(), t["nw"], t["nb"], LN_EPS, compute_dtype=torch.float64)
+        ref = reference._linear_compute(hn, t["w"], t["b"], "gelu_tanh", None, torch.float64)
+        check_output(f"{provider} y (row {i})", y[s], ref)
+
+
 def provider_fn(provider: str, t: dict):
     from fused_attn import linear
 
@@ -284,7 +370,7 @@ def record(benchmark, case: dict, times: list[float], device, ceilings_gbps, tim
 
 def group(case: dict) -> str:
     k, n = case["shape"]
-    op = {"ln_linear": "ln+linear", "linear_norm": "linear+norm"}.get(case.get("op"), "linear")
+    op = {"ln_linear": "ln+linear", "linear_norm": "linear+norm", "chain": "chain"}.get(case.get("op"), "linear")
     return f"{op} {k}x{n} m{case['m']} {case['dtype']}"
 
 
@@ -297,10 +383,12 @@ def bench_linear(benchmark, case, device, timer, ceilings_gbps, launch_floor_us,
     check_fn(provider, fn(), t)
     times = timer.run(benchmark, fn)
     record(benchmark, case, times, device, ceilings_gbps, timer, launch_floor_us, matmul_peak_tflops(dtype), medians,
-           traffic=traffic(k, n, m, dtype), note=notes[provider])
+           traffic=traffic(k, n, m, dtype), note=notes[provider],
+           flop=flops(k, n, m) + (flops(k, k, m) if case.get("op") == "chain" else 0))
 
 
 # op -> (provider functions, check, modeled traffic, notes)
 OPS = {"linear": (provider_fn, check, modeled_traffic, NOTES),
        "ln_linear": (ln_provider_fn, ln_check, ln_modeled_traffic, LN_NOTES),
-       "linear_norm": (post_provider_fn, post_check, post_modeled_traffic, POST_NOTES)}
+       "linear_norm": (post_provider_fn, post_check, post_modeled_traffic, POST_NOTES),
+       "chain": (chain_provider_fn, chain_check, chain_modeled_traffic, CHAIN_NOTES)}

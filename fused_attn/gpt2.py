@@ -287,10 +287,10 @@ class Attention(nn.Module):
         ``(out, post_ln(out))`` (Linear's post_ln). ``norm_stats`` / ``row_stats``: Linear's, for c_attn's
         norm / c_proj's output."""
         post = dict(post_ln=post_ln, workspace=workspace) if post_ln is not None else {}
-        if row_stats:
-            post = dict(row_stats=True)
+        post["row_stats"] = row_stats
         b, s, _ = x.shape
-        q, k, v = self.c_attn(x, ln=ln, **({} if norm_stats is None else dict(norm_stats=norm_stats))).view(b, s, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        qkv = self.c_attn(x, ln=ln, norm_stats=norm_stats)
+        q, k, v = qkv.view(b, s, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if cache is not None and attend_cache and lengths is not None and self.backend == "fused":
             a = decode_attention(q, cache.k, cache.v, lengths[0], k_new=k, v_new=v, cache_leftpad=lengths[1],
                                  scale=self.scale)
@@ -346,8 +346,7 @@ class MLP(nn.Module):
         ``(out, post_ln(out))`` (the norm in c_proj's epilogue with the fused linear backend).
         ``norm_stats`` / ``row_stats``: Linear's, for c_fc's norm / c_proj's output (two linear launches)."""
         if norm_stats is not None or row_stats:
-            h = self.c_fc(x, activation="gelu_tanh", ln=ln,
-                          **({} if norm_stats is None else dict(norm_stats=norm_stats)))
+            h = self.c_fc(x, activation="gelu_tanh", ln=ln, norm_stats=norm_stats)
             return self.c_proj(h, residual=residual, row_stats=row_stats)
         if post_ln is not None:
             return self.c_proj(self.c_fc(x, activation="gelu_tanh", ln=ln), residual=residual, post_ln=post_ln,

@@ -295,8 +295,10 @@ def linear(
             it. The tensor-core kernel (4-16 rows in float16 / bfloat16 where the weight has at least 16
             rows per SM, no ``norm_weight`` / ``norm_bias``: fold them into weight and bias) subtracts each
             row's mean rounded to x's dtype from x, multiplies, and applies rstd with a correction by
-            ``weight_sums`` in the epilogue; elsewhere x is normalized from them first (PyTorch ops, float32,
-            rounded to x's dtype). With a gradient wanted, the norm computes its own statistics (the
+            ``weight_sums`` in the epilogue; elsewhere x is normalized as ``norm`` alone normalizes it
+            (``layer_norm``'s launch first, with x's own statistics, which norm_stats must equal). At 1-3
+            rows, or without the tensor-core kernel, both options therefore cost more than plain ``norm``:
+            they pay off only on the tensor-core path. With a gradient wanted, the norm computes its own statistics (the
             same values up to float32 rounding) so that the gradient flows through them. Not with
             ``post_norm``. In float16 a row whose values lie more than 65504 from its mean overflows.
         weight_sums: with ``norm_stats``, float32 ``[out_features]`` (weight rows), ``weight.float().sum(1)``

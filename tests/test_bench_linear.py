@@ -135,13 +135,17 @@ def test_cpu_smoke_run_and_its_report(tmp_path):
                            "-p", "no:cacheprovider", "--bench-rounds", "3", f"--benchmark-json={run}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "19 passed, 8 skipped" in proc.stdout
+    assert "22 passed, 9 skipped" in proc.stdout
     benches = json.loads(run.read_text())["benchmarks"]
     assert {b["extra_info"]["provider"] for b in benches} == {"eager", "unfolded", "fused", "folded"}
     ln = {b["extra_info"]["provider"]: b["extra_info"] for b in benches if b["group"].startswith("ln+linear")}
     assert set(ln) == {"eager", "unfolded", "fused", "folded"}  # one group; the same modeled bytes for all
     assert {e["modeled_bytes"] for e in ln.values()} == {sum(lin.ln_modeled_traffic(64, 48, 1, torch.float32))}
     assert "speedup_vs_fused" in ln["folded"]
+    chain = {b["extra_info"]["provider"]: b["extra_info"] for b in benches if b["group"].startswith("chain")}
+    assert set(chain) == {"eager", "unfolded", "fused"}  # the row statistics against the norm's launch
+    assert {e["modeled_bytes"] for e in chain.values()} == {sum(lin.chain_modeled_traffic(64, 48, 4, torch.float32))}
+    assert "speedup_vs_unfolded" in chain["fused"]
     assert report.main([str(run), "--out", str(tmp_path / "r"), "--no-plots"]) == 0
     readme = (tmp_path / "r" / "readme.md").read_text()
     assert "| K x N, M | dtype | op | eager us | unfolded us | fused us | folded us | x eager | x unfolded |" in readme

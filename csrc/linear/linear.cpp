@@ -185,8 +185,8 @@ struct PostNorm {
 
 // Row statistics between launches (linear_launch.h, kStatsGroup): what linear_row_stats writes (`out`,
 // float32 [m, groups, 2], allocated by linear_impl) and what linear_stats_norm reads (`in`, with `norm`
-// kNormLayer / kNormRms, the norm's weight / bias for the path that applies them, eps, and the float32
-// sums of the weight's rows, `row_sums`, computed once here where the caller passed none).
+// kNormLayer / kNormRms, the norm's weight / bias and eps for the path that normalizes in a launch of its
+// own, and the float32 sums of the weight's rows, `row_sums`, computed here where the caller passed none).
 struct RowStats {
   at::Tensor out;
   at::Tensor in;
@@ -214,24 +214,6 @@ void row_stats_into(const at::Tensor& y2, const at::Tensor& out) {
   };
   if (full > 0) put(yf.narrow(1, 0, full * kStatsGroup).reshape({m, full, kStatsGroup}), 0, full);
   if (rest > 0) put(yf.narrow(1, full * kStatsGroup, rest).reshape({m, 1, rest}), full, 1);
-}
-
-// x2 [m, k] normalized from its rows' statistics (stats [m, groups, 2]) in float32 (ATen), the norm's weight
-// and bias applied, rounded to x's dtype: the path where the tensor-core kernel does not normalize.
-at::Tensor normalized_from_stats(const at::Tensor& x2, const RowStats& rs) {
-  const int64_t m = x2.size(0), k = x2.size(1);
-  if (m == 0 || k == 0) return x2;
-  const at::Tensor stats = rs.in.reshape({m, stats_groups(k), 2});
-  const at::Tensor counts =
-      at::clamp_max(-at::arange(stats.size(1), stats.options()) * double(kStatsGroup) + double(k), double(kStatsGroup));
-  const at::Tensor means = stats.select(2, 0), m2s = stats.select(2, 1);
-  const at::Tensor mean = (means * counts).sum(1, true) / double(k);
-  const at::Tensor var = (m2s.sum(1, true) + (counts * (means - mean).square()).sum(1, true)) / double(k);
-  const at::Tensor xf = x2.to(at::kFloat);
-  at::Tensor y = rs.norm == kNormRms ? xf * (var + mean.square() + rs.eps).rsqrt() : (xf - mean) * (var + rs.eps).rsqrt();
-  if (rs.norm_weight.defined()) y = y * rs.norm_weight.to(at::kFloat);
-  if (rs.norm_bias.defined()) y = y + rs.norm_bias.to(at::kFloat);
-  return y.to(x2.scalar_type());
 }
 
 // A norm's weight or bias for the kernels: its data (nullptr if absent), and whether it is float32.
@@ -461,7 +443,8 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   }
   // Row statistics. Out: allocated here, written by the tensor-core kernels or computed after (stats_after).
   // In: the tensor-core kernel (linear_mma_kernel) normalizes x from them where it runs, with no norm weight
-  // or bias (folded into the weight by the caller); elsewhere x is normalized from them first, in ATen.
+  // or bias (folded into the weight by the caller); elsewhere x is normalized first as linear's own norm does
+  // it (normalized(): our layer_norm launch, its own statistics, which the caller's must equal).
   if (rs != nullptr && rs->in.defined()) {
     bool in_kernel = path == GemvPath::kTensorCores && m <= kMaxGemvRows && gemv_wins(m, k, path) && k % 8 == 0 &&
                      vector_ready(weight, 8) && !rs->norm_weight.defined() && !rs->norm_bias.defined();
@@ -476,7 +459,12 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
       rs->in = rs->in.contiguous();
       if (!rs->row_sums.defined()) rs->row_sums = weight.to(at::kFloat).sum(1);
     } else {
-      x2 = normalized_from_stats(x2, *rs);
+      Norm own;
+      own.norm = rs->norm;
+      own.weight = rs->norm_weight;
+      own.bias = rs->norm_bias;
+      own.eps = rs->eps;
+      x2 = normalized(x2, own);
     }
   }
   const auto stats_after = [&](const at::Tensor& out) {

@@ -864,20 +864,6 @@ __device__ __forceinline__ void mma_accumulate_normed(const LinearParams& p, con
 }
 #endif
 
-// The owning lane's weight-row sums for its four outputs (mma_output_at's i: row col0 + g + 8 (i / 2); with
-// SwiGLU the gate row col0 + g for i < 2 and its up row n_out + col0 + g for i >= 2), before the wait.
-__device__ __forceinline__ void mma_load_row_sums(const LinearParams& p, int64_t col0, float (&sums)[4]) {
-  const bool swiglu = p.activation == kActSwiglu;
-  const int g = (threadIdx.x % 32) / 4;
-  const float* row_sums = static_cast<const float*>(p.norm_bias);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t col = swiglu ? col0 + g : col0 + g + 8 * (i / 2);
-    const int64_t row = swiglu && i >= 2 ? p.n_out + col : col;
-    sums[i] = col < p.n_out ? row_sums[row] : 0.f;
-  }
-}
-
 // n-tile t's summed fragment (mma_block_sum's s: x row 8 t + 2 q + i % 2) into the normalized row's sums.
 template <typename T>
 __device__ __forceinline__ void mma_norm_epilogue(int t, const float (&sums)[4], float (&s)[4]) {
@@ -933,6 +919,18 @@ __device__ __forceinline__ MmaOutput mma_output_at(const LinearParams& p, int64_
   const int m = 8 * t + 2 * q + i % 2;
   const int64_t col = swiglu ? col0 + g : col0 + g + 8 * (i / 2);
   return {m, col, !(swiglu && i >= 2) && m < p.m && col < p.n_out};
+}
+
+// The owning lane's weight-row sums for its four sums s[i] (the weight row of mma_output_at's column; with
+// SwiGLU s[2..3] are the up row n_out + col's), before the wait.
+__device__ __forceinline__ void mma_load_row_sums(const LinearParams& p, int64_t col0, int t, float (&sums)[4]) {
+  const float* row_sums = static_cast<const float*>(p.norm_bias);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t col = mma_output_at(p, col0, t, i).col;
+    const int64_t row = p.activation == kActSwiglu && i >= 2 ? p.n_out + col : col;
+    sums[i] = col < p.n_out ? row_sums[row] : 0.f;
+  }
 }
 
 template <typename T>
@@ -1028,7 +1026,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   MmaOutputIn out_in;  // the owning warps' (warp < NT) epilogue operands, loaded ahead
   if (kOutputAhead && warp < NT) mma_load_output_bias<T>(p, col0, warp, out_in);
   float row_sums[4];  // kNormX: the owning warps' weight-row sums
-  if (kNormX && warp < NT) mma_load_row_sums(p, col0, row_sums);
+  if (kNormX && warp < NT) mma_load_row_sums(p, col0, warp, row_sums);
   wait_for_primary();
   if (kOutputAhead && warp < NT) mma_load_output_residual<T>(p, col0, warp, out_in);
   if constexpr (kNormX) {
