@@ -101,6 +101,18 @@ def check_stats_norm(case, device, stats_from_kernel: bool):
 
 
 @pytest.mark.gpu
+@given(case=stats_case(), norm=st.sampled_from(["layer_norm", "rms_norm"]), big=st.booleans())
+def test_stats_norm_property_gpu(case, norm, big):
+    """Generated shapes, dtypes, activations, row counts (one row and 17 on the fallbacks), offsets up to 1e4."""
+    check_stats_norm({**case, "norm": norm, "offset": 1e4 if big else case["offset"]}, "cuda", False)
+
+
+@given(case=stats_case(), norm=st.sampled_from(["layer_norm", "rms_norm"]))
+def test_stats_norm_property_cpu(case, norm):
+    check_stats_norm({**case, "m": min(case["m"], 5), "norm": norm}, "cpu", False)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m", [4, 5, 8, 9, 16])
 @pytest.mark.parametrize("n", [2304, 768])  # the tensor-core kernel (16 weight rows per SM), the fallback
 @pytest.mark.parametrize("activation", ACTIVATIONS)
