@@ -327,11 +327,15 @@ def test_lengths_advanced_by_the_previous_kernel_gpu(rows):
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 12, 16, 64, 256])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("headdim", [32, 64, 128, 256])
-def test_forced_splits_gpu(num_splits, dtype, headdim):
+@pytest.mark.parametrize("rows", [1, 12])
+def test_forced_splits_gpu(num_splits, dtype, headdim, rows):
     """Every forced split count over lengths shorter than the split count (empty splits), around it,
-    and long, with appends, GQA and left padding."""
-    case = case_of(batch=4, nheads_kv=2, group=4, headdim=headdim, max_len=600, seqlens=[0, 3, 255, 590],
-                   leftpad=[0, 1, 0, 300], seqlen_new=3, dtype=dtype, num_splits=num_splits, use_out=True,
+    and long, with appends and left padding; 12 query rows per kv head (GQA group 4 x 3 new tokens: the
+    tensor-core kernel in 16-bit types, row chunks with padding rows on CUDA cores) and one (MHA decoding:
+    each split of up to 16 one block of a cluster, whose merge pushes every block's slice to its owner)."""
+    group, seqlen_new = (4, 3) if rows == 12 else (1, 1)
+    case = case_of(batch=4, nheads_kv=2, group=group, headdim=headdim, max_len=600, seqlens=[0, 3, 255, 590],
+                   leftpad=[0, 1, 0, 300], seqlen_new=seqlen_new, dtype=dtype, num_splits=num_splits, use_out=True,
                    seed=num_splits)
     run_and_check(case, "cuda")
 

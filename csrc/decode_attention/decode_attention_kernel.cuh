@@ -10,7 +10,8 @@
 // and U value rows per iteration (16 KB per 128-thread block in flight for R <= 4), the R query
 // rows that share the kv head (GQA group x new tokens) are all scored against each key while it
 // is in registers, and the softmax is online (running max and sum per thread, in the log2
-// domain), merged over the block's key slots through shared memory at the end. Keys at slots
+// domain), merged at the end over each warp's key slots with shuffles, then over the warps through
+// shared memory, each thread weighting the warps' partials itself (decode::finish). Keys at slots
 // >= seqlens[b] are read from k_new / v_new directly, so the append (done by one block per
 // kv head) and the reads never race.
 //
@@ -18,7 +19,9 @@
 // num_splits equal runs of whole tiles, computed from the device-side lengths, so a grid fixed
 // at capture replays at any length: a split past the end exits early. Each split writes its
 // normalized partial output and log2-sum-exp; decode_combine_kernel merges them
-// (out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M)).
+// (out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M)). On sm_90, up to kMaxClusterSplits splits
+// form a thread-block cluster instead and merge without the combine: each block pushes its share of
+// every output slice into the slice owner's shared memory (decode::finish).
 //
 // Lengths out of bounds (seqlens < 0, end > max_len, leftpad outside [0, seqlens]): the
 // sequence's outputs are NaN and its cache is not written; nothing past max_len is touched.
@@ -29,6 +32,7 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include "../common/cluster.cuh"
 #include "../common/math.cuh"
 #include "../common/mma.cuh"
 #include "../common/pdl.cuh"
@@ -139,81 +143,114 @@ __device__ void append(const DecodeParams& p, int b, int hkv, int cached) {
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
-// The end of a block's work: its key slots' partial results (per row r and slot y: the running max
-// sm_m[r][y], sum sm_l[r][y] and unnormalized output sm_o[r][y][:], written and synchronized by the
-// caller) merged into the row's output (one split), the split's partial (combine kernel), or,
-// with the cluster merge, a share of the merge across the cluster's blocks.
-template <typename T, int R, int NY, int HD>
-__device__ __forceinline__ void finish(const DecodeParams& p, float* sm_o, int chunk, int b, int hkv, int split) {
-  const int sn = p.seqlen_new;
-  float* sm_acc = sm_o + R * NY * HD;  // [R][HD]: sum over slots of weight * o
-  float* sm_m = sm_acc + R * HD;       // [R][NY]: max, then the slot's weight
-  float* sm_l = sm_m + R * NY;         // [R][NY]
-  float* sm_rowm = sm_l + R * NY;      // [R]
-  float* sm_rowl = sm_rowm + R;        // [R]
-  if (threadIdx.x < R) {
-    const int r = threadIdx.x;
-    float mx = kNegInf;
-    for (int y = 0; y < NY; ++y) mx = max_nan(mx, sm_m[r * NY + y]);
-    float sum = 0.f;
-    for (int y = 0; y < NY; ++y) {
-      const float w = mx == kNegInf ? 0.f : fast_exp2(sm_m[r * NY + y] - mx);
-      sm_m[r * NY + y] = w;
-      sum += w * sm_l[r * NY + y];
-    }
-    sm_rowm[r] = mx;
-    sm_rowl[r] = sum;
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
-    const int r = idx / p.headdim, e = idx % p.headdim;
-    const int rr = chunk * R + r;
-    if (rr >= p.rows) continue;
-    float acc = 0.f;
+// The merge of a block's NW key slots for row r: the slots' running maxima sm_m [R][NW] and sums sm_l
+// [R][NW] (written and synchronized by the caller) as the row's max, its sum, and each slot's weight
+// 2^(m_y - max). Every thread that needs a row computes them itself from broadcast reads: no thread
+// merges first, no second barrier. A NaN max makes every weight NaN (the row comes out NaN).
+template <int R, int NW>
+__device__ __forceinline__ float slot_weights(const float* sm_m, const float* sm_l, int r, float (&w)[NW],
+                                              float& sum) {
+  float mx = kNegInf;
 #pragma unroll
-    for (int y = 0; y < NY; ++y) acc = fmaf(sm_m[r * NY + y], sm_o[(r * NY + y) * HD + e], acc);
-    const float sum = sm_rowl[r];
-    const int h = hkv * p.group + rr / sn, i = rr % sn;
-    if (p.cluster) {
-      sm_acc[r * HD + e] = acc;
-    } else if (p.num_splits == 1) {
-      const float val = sum == 0.f ? 0.f : acc / sum;  // no visible key: 0; NaN stays NaN
-      static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + e] = from_float<T>(val);
-    } else {
-      const int64_t row = ((int64_t(split) * p.batch + b) * p.nheads_q + h) * sn + i;
-      p.partial_o[row * p.headdim + e] = sum == 0.f ? 0.f : acc / sum;
-      if (e == 0) p.partial_lse[row] = sum == 0.f ? kNegInf : sm_rowm[r] + __log2f(sum);
-    }
+  for (int y = 0; y < NW; ++y) mx = max_nan(mx, sm_m[r * NW + y]);
+  sum = 0.f;
+#pragma unroll
+  for (int y = 0; y < NW; ++y) {
+    w[y] = mx == kNegInf ? 0.f : fast_exp2(sm_m[r * NW + y] - mx);
+    sum = fmaf(w[y], sm_l[r * NW + y], sum);
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.cluster) {
-    // The num_splits blocks of this (sequence, kv head, row chunk) form one cluster: each merges
-    // a share of the output elements from every block's (max, sum, acc) in distributed shared
-    // memory. The second barrier keeps every block's shared memory alive until all have read it.
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    const int n_blocks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-    const int nt = int(blockDim.x);
-    for (int idx = rank * nt + int(threadIdx.x); idx < R * p.headdim; idx += nt * n_blocks) {
+  return mx;
+}
+
+// Shared memory the cluster merge needs in each block beside the kernel's own (launch_decode,
+// launch_decode_mma): the pushed outputs [splits][slice] (slice = ceil(R x headdim / splits) elements,
+// all of them together at most R x HD + kMaxClusterSplits floats) and the pushed (max, sum) of each
+// block's rows [splits][R][2].
+template <int R, int HD>
+constexpr int kPushBytes = (R * HD + kMaxClusterSplits + kMaxClusterSplits * R * 2) * 4;
+
+// The end of a block's work: its NW key slots' partial results per row r (max sm_m[r][y], sum
+// sm_l[r][y], unnormalized output sm_o[r][y][:], written and synchronized by the caller) merged into
+// the row's output (one split), the split's partial (combine kernel), or, with the cluster merge, pushed
+// to the blocks of the cluster: block c owns the slice c of the R x headdim outputs, receives every
+// block's share of it and its rows' (max, sum) in its own shared memory (`push`, kPushBytes), and past
+// one barrier merges them locally. Remote stores are not waited on; the session-20 version (each block
+// reading every other block's shared memory between two barriers) cost ~2 us a launch (bench/NOTES.md,
+// session 21). The caller arrived on the cluster barrier at its start (cluster_arrive_relaxed): that
+// phase, waited for here, guarantees every block of the cluster has started.
+template <typename T, int R, int NW, int HD>
+__device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o, const float* sm_m, const float* sm_l,
+                                       float* push, int chunk, int b, int hkv, int split) {
+  const int sn = p.seqlen_new, n = R * p.headdim;
+  if (!p.cluster) {
+    for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
       const int r = idx / p.headdim, e = idx % p.headdim;
       const int rr = chunk * R + r;
       if (rr >= p.rows) continue;
-      float mx = kNegInf;
-      for (int c = 0; c < n_blocks; ++c) mx = max_nan(mx, cluster.map_shared_rank(sm_rowm, c)[r]);
-      float sum = 0.f, acc = 0.f;
-      if (mx != kNegInf) {
-        for (int c = 0; c < n_blocks; ++c) {
-          const float w = fast_exp2(cluster.map_shared_rank(sm_rowm, c)[r] - mx);
-          sum = fmaf(w, cluster.map_shared_rank(sm_rowl, c)[r], sum);
-          acc = fmaf(w, cluster.map_shared_rank(sm_acc, c)[r * HD + e], acc);
-        }
-      }
+      float w[NW], sum;
+      const float mx = slot_weights<R, NW>(sm_m, sm_l, r, w, sum);
+      float acc = 0.f;
+#pragma unroll
+      for (int y = 0; y < NW; ++y) acc = fmaf(w[y], sm_o[(r * NW + y) * HD + e], acc);
       const int h = hkv * p.group + rr / sn, i = rr % sn;
-      static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + e] =
-          from_float<T>(sum == 0.f ? 0.f : acc / sum);
+      if (p.num_splits == 1) {
+        const float val = sum == 0.f ? 0.f : acc / sum;  // no visible key: 0; NaN stays NaN
+        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + e] = from_float<T>(val);
+      } else {
+        const int64_t row = ((int64_t(split) * p.batch + b) * p.nheads_q + h) * sn + i;
+        p.partial_o[row * p.headdim + e] = sum == 0.f ? 0.f : acc / sum;
+        if (e == 0) p.partial_lse[row] = sum == 0.f ? kNegInf : mx + __log2f(sum);
+      }
     }
-    cluster.sync();
+    return;
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int n_blocks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int slice = (n + n_blocks - 1) / n_blocks;
+  float* const push_o = push;                                  // [n_blocks][slice]
+  float* const push_ml = push + R * HD + kMaxClusterSplits;  // [n_blocks][R][2]
+  cluster_wait();  // phase 1: every block of the cluster has started (its shared memory exists)
+  for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
+    const int r = idx / p.headdim, e = idx % p.headdim;
+    if (chunk * R + r >= p.rows) continue;
+    float w[NW], sum;
+    slot_weights<R, NW>(sm_m, sm_l, r, w, sum);
+    float acc = 0.f;
+#pragma unroll
+    for (int y = 0; y < NW; ++y) acc = fmaf(w[y], sm_o[(r * NW + y) * HD + e], acc);
+    const int owner = idx / slice;
+    *cluster.map_shared_rank(push_o + rank * slice + (idx - owner * slice), owner) = acc;
+  }
+  for (int idx = threadIdx.x; idx < n_blocks * R; idx += blockDim.x) {
+    const int owner = idx / R, r = idx % R;
+    float w[NW], sum;
+    const float mx = slot_weights<R, NW>(sm_m, sm_l, r, w, sum);
+    float* dst = cluster.map_shared_rank(push_ml + (rank * R + r) * 2, owner);
+    dst[0] = mx;
+    dst[1] = sum;
+  }
+  cluster_arrive_release();  // phase 2: the pushes, visible to their owners after the wait
+  cluster_wait();            // nothing touches another block's shared memory after this
+  const int lo = rank * slice, hi = min(n, lo + slice);
+  for (int idx = lo + int(threadIdx.x); idx < hi; idx += blockDim.x) {
+    const int r = idx / p.headdim, e = idx % p.headdim;
+    const int rr = chunk * R + r;
+    if (rr >= p.rows) continue;
+    float mx = kNegInf;
+    for (int c = 0; c < n_blocks; ++c) mx = max_nan(mx, push_ml[(c * R + r) * 2]);
+    float sum = 0.f, acc = 0.f;
+    if (mx != kNegInf) {
+      for (int c = 0; c < n_blocks; ++c) {
+        const float w = fast_exp2(push_ml[(c * R + r) * 2] - mx);
+        sum = fmaf(w, push_ml[(c * R + r) * 2 + 1], sum);
+        acc = fmaf(w, push_o[c * slice + idx - lo], acc);
+      }
+    }
+    const int h = hkv * p.group + rr / sn, i = rr % sn;
+    static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + e] =
+        from_float<T>(sum == 0.f ? 0.f : acc / sum);
   }
 #endif
 }
@@ -229,66 +266,27 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   constexpr int kWords = EPT * int(sizeof(T)) / 16;
   static_assert(TX <= 32 && 32 % TX == 0, "a key's threads sit in one warp");
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
-  // Shared memory: first the K/V pipeline, [stage][K or V][u][word][thread] (a thread's words are
-  // 16 bytes apart from its neighbours': conflict-free), then, reused after the loop, the merge
-  // of the NY key slots: o [R][NY][HD], the block's merged o [R][HD], m and l [R][NY], the row's
-  // max and sum [R].
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.cluster) cluster_arrive_relaxed();  // phase 1 of the cluster merge (decode::finish): started
+#endif
+  // Shared memory (dynamic: DecodeTile::kSmemBytes, + kPushBytes with the cluster merge): first the K/V
+  // pipeline, [stage][K or V][u][word][thread] (a thread's words are 16 bytes apart from its
+  // neighbours': conflict-free), then, reused after the loop, the merge of the NW warps: o [R][NW][HD],
+  // m and l [R][NW]; past both, the cluster merge's pushes.
+  constexpr int NW = NT / 32;
   constexpr int kPipeBytes = STAGES * 2 * U * kWords * NT * 16;
-  constexpr int kMergeBytes = (R * NY * HD + R * HD + 2 * R * NY + 2 * R) * 4;
-  __shared__ __align__(16) unsigned char smem[kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes];
-  uint4* const pipe = reinterpret_cast<uint4*>(smem);
+  static_assert(Tile::kSmemBytes >= kPipeBytes && Tile::kSmemBytes >= (R * NW * HD + 2 * R * NW) * 4, "smem");
+  extern __shared__ __align__(16) unsigned char dsmem[];
+  uint4* const pipe = reinterpret_cast<uint4*>(dsmem);
 
   const int split = blockIdx.y;
   const int chunk = blockIdx.x % p.row_chunks;
   const int bh = blockIdx.x / p.row_chunks;
   const int hkv = bh % p.nheads_kv, b = bh / p.nheads_kv;
-  decode::prefetch_cache<T>(p, b, hkv, split, TILE);
-  // Launched programmatically (pdl.cuh): q, k_new / v_new and the lengths may be the previous
-  // kernel's outputs. The combine kernel (or the next op's kernel) may launch from here on.
-  wait_for_primary();
-  launch_dependents();
   const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
   const int e0 = tx * EPT;              // this thread's first element of a row
   const bool lane_on = e0 < p.headdim;  // headdim % 8 == 0: a slice is all in or all out
   const int sn = p.seqlen_new;
-
-  // The block's query rows, pre-scaled into the log2 domain (loaded before the lengths, which
-  // they do not depend on: the two DRAM round trips overlap).
-  float q[R][EPT];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int rr = chunk * R + r;
-    if (rr < p.rows && lane_on) {
-      const int h = hkv * p.group + rr / sn, i = rr % sn;
-      decode::Row<T, EPT> row;
-      row.load(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_s + e0);
-      row.to_float(q[r]);
-#pragma unroll
-      for (int e = 0; e < EPT; ++e) q[r][e] *= p.scale_log2;
-    } else {
-#pragma unroll
-      for (int e = 0; e < EPT; ++e) q[r][e] = 0.f;
-    }
-  }
-
-  int cached, end, start;
-  if (!decode::lengths_ok(p, b, cached, end, start)) {
-    if (p.num_splits == 1 || (p.cluster && split == 0)) {  // else the combine kernel writes the NaNs
-      for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
-        const int rr = chunk * R + idx / p.headdim;
-        if (rr >= p.rows) continue;
-        const int h = hkv * p.group + rr / sn, i = rr % sn;
-        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + idx % p.headdim] =
-            from_float<T>(decode::quiet_nan());
-      }
-    }
-    return;
-  }
-
-  int kb, ke;  // this split's keys: whole tiles of [start, end)
-  decode::split_range(p, start, end, split, TILE, kb, ke);
-  const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
-
   const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h + e0;
   const T* vc = static_cast<const T*>(p.v_cache) + b * p.v_stride_b + hkv * p.v_stride_h + e0;
   const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h + e0;
@@ -296,6 +294,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   auto word = [&](int stage, int kv, int u, int w) {
     return pipe + (((stage * 2 + kv) * U + u) * kWords + w) * NT + threadIdx.x;
   };
+  int cached, end, start, kb, ke;  // the lengths; this split's keys: whole tiles of [start, end)
   // Slots >= cached come from k_new / v_new: the append below never races with these reads.
   // A tile wholly inside the cache and the split (all but at most two per block) takes the
   // short path: one 64-bit multiply-add per row, no selects.
@@ -331,6 +330,46 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
       }
     }
   };
+
+  decode::prefetch_cache<T>(p, b, hkv, split, TILE);
+  // Launched programmatically (pdl.cuh): q, k_new / v_new and the lengths may be the previous
+  // kernel's outputs. The combine kernel (or the next op's kernel) may launch from here on.
+  wait_for_primary();
+  launch_dependents();
+
+  // The block's query rows, pre-scaled into the log2 domain (loaded before the lengths, which
+  // they do not depend on: the two DRAM round trips overlap).
+  float q[R][EPT];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int rr = chunk * R + r;
+    if (rr < p.rows && lane_on) {
+      const int h = hkv * p.group + rr / sn, i = rr % sn;
+      decode::Row<T, EPT> row;
+      row.load(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_s + e0);
+      row.to_float(q[r]);
+#pragma unroll
+      for (int e = 0; e < EPT; ++e) q[r][e] *= p.scale_log2;
+    } else {
+#pragma unroll
+      for (int e = 0; e < EPT; ++e) q[r][e] = 0.f;
+    }
+  }
+
+  if (!decode::lengths_ok(p, b, cached, end, start)) {
+    if (p.num_splits == 1 || (p.cluster && split == 0)) {  // else the combine kernel writes the NaNs
+      for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
+        const int rr = chunk * R + idx / p.headdim;
+        if (rr >= p.rows) continue;
+        const int h = hkv * p.group + rr / sn, i = rr % sn;
+        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + idx % p.headdim] =
+            from_float<T>(decode::quiet_nan());
+      }
+    }
+    return;
+  }
+  decode::split_range(p, start, end, split, TILE, kb, ke);
+  const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
     if (t < n_tiles) issue(t);
@@ -426,23 +465,46 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     }
   }
   cp_async_wait<0>();
-  __syncthreads();  // the merge below reuses the pipeline's shared memory
 
-  // Merge the NY key slots' (m, l, o) of each row.
-  float* sm_o = reinterpret_cast<float*>(smem);  // [R][NY][HD], then finish's [R][HD]
-  float* sm_m = sm_o + R * NY * HD + R * HD;     // [R][NY]
-  float* sm_l = sm_m + R * NY;                   // [R][NY]
+  // Merge the warp's 32 / TX key slots of each row with shuffles (lanes TX apart hold the same elements
+  // of different keys), then the NW warps' results through shared memory (decode::finish).
+  constexpr int NYW = 32 / TX;
+  const int warp = threadIdx.x / 32;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    if (tx == 0) {
-      sm_m[r * NY + ty] = m[r];
-      sm_l[r * NY + ty] = l[r];
-    }
+    float mw = m[r];
 #pragma unroll
-    for (int e = 0; e < EPT; ++e) sm_o[(r * NY + ty) * HD + e0 + e] = o[r][e];
+    for (int off = TX; off < 32; off *= 2) mw = max_nan(mw, __shfl_xor_sync(0xffffffffu, mw, off));
+    const float corr = mw == kNegInf ? 0.f : fast_exp2(m[r] - mw);  // NaN stays NaN
+    l[r] *= corr;
+#pragma unroll
+    for (int e = 0; e < EPT; ++e) o[r][e] *= corr;
+#pragma unroll
+    for (int off = TX; off < 32; off *= 2) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], off);
+#pragma unroll
+      for (int e = 0; e < EPT; ++e) o[r][e] += __shfl_xor_sync(0xffffffffu, o[r][e], off);
+    }
+    m[r] = mw;
+  }
+  __syncthreads();  // the merge below reuses the pipeline's shared memory
+  float* sm_o = reinterpret_cast<float*>(dsmem);  // [R][NW][HD]
+  float* sm_m = sm_o + R * NW * HD;               // [R][NW]
+  float* sm_l = sm_m + R * NW;                    // [R][NW]
+  if (ty % NYW == 0) {  // lanes 0 .. TX - 1 of the warp
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (tx == 0) {
+        sm_m[r * NW + warp] = m[r];
+        sm_l[r * NW + warp] = l[r];
+      }
+#pragma unroll
+      for (int e = 0; e < EPT; ++e) sm_o[(r * NW + warp) * HD + e0 + e] = o[r][e];
+    }
   }
   __syncthreads();
-  decode::finish<T, R, NY, HD>(p, sm_o, chunk, b, hkv, split);
+  decode::finish<T, R, NW, HD>(p, sm_o, sm_m, sm_l, reinterpret_cast<float*>(dsmem + Tile::kSmemBytes), chunk, b,
+                               hkv, split);
 }
 
 
@@ -464,7 +526,7 @@ struct DecodeMmaGeometry {
   static constexpr int kStageBytes = 2 * TILE * HD * int(sizeof(T));
   static constexpr int STAGES = kStageBytes <= 16384 ? 4 : 3;
   static constexpr int kPipeBytes = STAGES * kStageBytes;
-  static constexpr int kMergeBytes = (16 * 4 * HD + 16 * HD + 2 * 16 * 4 + 2 * 16) * 4;
+  static constexpr int kMergeBytes = (16 * 4 * HD + 2 * 16 * 4) * 4;  // o [16][4 warps][HD], m and l [16][4]
   static constexpr int kQOffset = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
   static constexpr int kSmemBytes = kQOffset + 16 * HD * int(sizeof(T));
 };
@@ -480,6 +542,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   T* const pipe = reinterpret_cast<T*>(smem);  // [stage][K, V][TILE][HD], swizzled
   T* const sq = reinterpret_cast<T*>(smem + M::kQOffset);  // [16][HD], swizzled
   launch_dependents_early(p.pdl_early);  // as in decode_kernel
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.cluster) cluster_arrive_relaxed();  // phase 1 of the cluster merge (decode::finish): started
+#endif
 
   const int split = blockIdx.y;
   const int chunk = blockIdx.x % p.row_chunks;
@@ -655,8 +720,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
 
   // Each warp is one key slot of decode::finish: rows g and g + 8 of this lane, columns 2 t4 (+1) of
   // each 8-column n-tile; l summed over the lane quad first.
-  float* sm_o = reinterpret_cast<float*>(smem);  // [16][NW][HD], then finish's [16][HD]
-  float* sm_m = sm_o + R * NW * HD + R * HD;     // [16][NW]
+  float* sm_o = reinterpret_cast<float*>(smem);  // [16][NW][HD]
+  float* sm_m = sm_o + R * NW * HD;              // [16][NW]
   float* sm_l = sm_m + R * NW;                   // [16][NW]
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -674,7 +739,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
     }
   }
   __syncthreads();
-  decode::finish<T, R, NW, HD>(p, sm_o, chunk, b, hkv, split);
+  decode::finish<T, R, NW, HD>(p, sm_o, sm_m, sm_l, reinterpret_cast<float*>(smem + M::kSmemBytes), chunk, b, hkv,
+                               split);
 #endif
 }
 
@@ -767,7 +833,12 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (p.cluster && p.num_splits > 8) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
-  launch_attention_kernel(p, kernel, 0, stream, wide ? kWide : kDecodeThreads);
+  const int body = wide ? DecodeTile<T, HD, R, false, kWide>::kSmemBytes
+                   : deep ? Deep::kSmemBytes
+                          : DecodeTile<T, HD, R>::kSmemBytes;
+  const int smem = body + (p.cluster ? decode::kPushBytes<R, HD> : 0);
+  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  launch_attention_kernel(p, kernel, smem, stream, wide ? kWide : kDecodeThreads);
 }
 
 template <typename T, int HD, int R>
@@ -780,11 +851,12 @@ bool decode_cluster_capable() {
 template <typename T, int HD>
 void launch_decode_mma(const DecodeParams& p, cudaStream_t stream) {
   using M = DecodeMmaGeometry<T, HD>;
-  cudaFuncSetAttribute(decode_mma_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, M::kSmemBytes);
+  const int smem = M::kSmemBytes + (p.cluster ? decode::kPushBytes<16, HD> : 0);
+  cudaFuncSetAttribute(decode_mma_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (p.cluster && p.num_splits > 8) {
     cudaFuncSetAttribute(decode_mma_kernel<T, HD>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
-  launch_attention_kernel(p, decode_mma_kernel<T, HD>, M::kSmemBytes, stream);
+  launch_attention_kernel(p, decode_mma_kernel<T, HD>, smem, stream);
 }
 
 template <typename T, int HD>

@@ -95,6 +95,10 @@ struct DecodeTile {
   static constexpr int kStageBytes = NT * U * DecodeGeometry<T, HD, NT>::EPT * int(sizeof(T)) * 2;
   static constexpr int kPipe = (kDeep ? 48 : 32) * 1024;
   static constexpr int STAGES = kPipe / kStageBytes < 2 ? 2 : kPipe / kStageBytes > 8 ? 8 : kPipe / kStageBytes;
+  // The kernel's dynamic shared memory: the pipeline, reused after the loop for the merge of the NT / 32
+  // warps' o [R][NT / 32][HD], m and l [R][NT / 32] (the cluster merge adds its pushes past it).
+  static constexpr int kMergeBytes = (R * (NT / 32) * HD + 2 * R * (NT / 32)) * 4;
+  static constexpr int kSmemBytes = STAGES * kStageBytes > kMergeBytes ? STAGES * kStageBytes : kMergeBytes;
 };
 
 // Defined in decode_attention_kernel.cuh, instantiated in decode_attention_inst_*.cu
