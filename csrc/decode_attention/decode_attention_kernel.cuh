@@ -34,6 +34,7 @@
 
 #include "../common/cluster.cuh"
 #include "../common/math.cuh"
+#include "../common/mbarrier.cuh"
 #include "../common/mma.cuh"
 #include "../common/pdl.cuh"
 #include "../common/vec_dtypes.cuh"
@@ -163,24 +164,53 @@ __device__ __forceinline__ float slot_weights(const float* sm_m, const float* sm
 }
 
 // Shared memory the cluster merge needs in each block beside the kernel's own (launch_decode,
-// launch_decode_mma): the pushed outputs [splits][slice] (slice = ceil(R x headdim / splits) elements,
-// all of them together at most R x HD + kMaxClusterSplits floats) and the pushed (max, sum) of each
-// block's rows [splits][R][2].
+// launch_decode_mma): an mbarrier (16 bytes with its padding), the pushed outputs [splits][slice]
+// (slice = ceil(R x headdim / splits) elements, all of them together at most R x HD + kMaxClusterSplits
+// floats) and the pushed (max, sum) of each block's rows [splits][R][2].
 template <int R, int HD>
-constexpr int kPushBytes = (R * HD + kMaxClusterSplits + kMaxClusterSplits * R * 2) * 4;
+constexpr int kPushBytes = 16 + (R * HD + kMaxClusterSplits + kMaxClusterSplits * R * 2) * 4;
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The cluster merge's mbarrier, first in the push region: initialized by the kernel's thread 0 before it
+// arrives on the cluster barrier at its start (cluster_merge_init), so no block pushes before it exists.
+__device__ __forceinline__ void cluster_merge_init(unsigned char* push) {
+  if (threadIdx.x == 0) {
+    mbarrier_init(reinterpret_cast<uint64_t*>(push), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  cluster_arrive_release();  // phase 1: started, the mbarrier initialized
+}
+// The shared::cluster address of `local` (this block's shared memory) in block `rank` of the cluster.
+__device__ __forceinline__ uint32_t cluster_addr(const void* local, int rank) {
+  uint32_t a;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(smem_addr(local)), "r"(rank));
+  return a;
+}
+// Remote stores whose bytes complete on the receiving block's mbarrier (no fence, nothing to wait for here).
+__device__ __forceinline__ void push_f32(uint32_t addr, float v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr),
+               "r"(__float_as_uint(v)), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void push_f32x2(uint32_t addr, float v0, float v1, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n" ::"r"(addr),
+               "r"(__float_as_uint(v0)), "r"(__float_as_uint(v1)), "r"(bar)
+               : "memory");
+}
+#endif
 
 // The end of a block's work: its NW key slots' partial results per row r (max sm_m[r][y], sum
 // sm_l[r][y], unnormalized output sm_o[r][y][:], written and synchronized by the caller) merged into
 // the row's output (one split), the split's partial (combine kernel), or, with the cluster merge, pushed
-// to the blocks of the cluster: block c owns the slice c of the R x headdim outputs, receives every
-// block's share of it and its rows' (max, sum) in its own shared memory (`push`, kPushBytes), and past
-// one barrier merges them locally. Remote stores are not waited on; the session-20 version (each block
-// reading every other block's shared memory between two barriers) cost ~2 us a launch (bench/NOTES.md,
-// session 21). The caller arrived on the cluster barrier at its start (cluster_arrive_relaxed): that
-// phase, waited for here, guarantees every block of the cluster has started.
+// to the blocks of the cluster: block c owns the slice c of the R x headdim outputs and receives every
+// block's share of it, and every block's (max, sum) of the rows, in its own shared memory (`push`,
+// kPushBytes) by st.async stores that count their bytes on its mbarrier; each block waits only for the
+// bytes it owns, then merges its slice locally. No cluster barrier after the start's: measured in the
+// batch-1..8 steps of GPT-2 (bench/NOTES.md, session 21), the merge with a release / acquire cluster
+// barrier spent 0.5 us in the release alone, ~2 us in all.
 template <typename T, int R, int NW, int HD>
 __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o, const float* sm_m, const float* sm_l,
-                                       float* push, int chunk, int b, int hkv, int split) {
+                                       unsigned char* push, int chunk, int b, int hkv, int split) {
   const int sn = p.seqlen_new, n = R * p.headdim;
   if (!p.cluster) {
     for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
@@ -209,43 +239,49 @@ __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o,
   const cg::cluster_group cluster = cg::this_cluster();
   const int n_blocks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int slice = (n + n_blocks - 1) / n_blocks;
-  float* const push_o = push;                                  // [n_blocks][slice]
-  float* const push_ml = push + R * HD + kMaxClusterSplits;  // [n_blocks][R][2]
-  cluster_wait();  // phase 1: every block of the cluster has started (its shared memory exists)
-  for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
+  uint64_t* const bar = reinterpret_cast<uint64_t*>(push);
+  float* const push_o = reinterpret_cast<float*>(push + 16);  // [n_blocks][slice]
+  float* const push_ml = push_o + R * HD + kMaxClusterSplits;  // [n_blocks][R][2]
+  const int live = min(R, p.rows - chunk * R) * p.headdim;   // outputs of real (not padding) rows: [0, live)
+  const int lo = rank * slice, hi = min(n, lo + slice);
+  cluster_wait();  // phase 1: every block of the cluster has started, its mbarrier initialized
+  if (threadIdx.x == 0) {  // the bytes this block receives: its slice's live outputs and the live rows' (max, sum)
+    const int mine = max(0, min(hi, live) - lo);
+    mbarrier_arrive_expect_tx(bar, uint32_t(n_blocks * (mine * 4 + live / p.headdim * 8)));
+  }
+  for (int idx = threadIdx.x; idx < live; idx += blockDim.x) {
     const int r = idx / p.headdim, e = idx % p.headdim;
-    if (chunk * R + r >= p.rows) continue;
     float w[NW], sum;
-    slot_weights<R, NW>(sm_m, sm_l, r, w, sum);
+    const float mx = slot_weights<R, NW>(sm_m, sm_l, r, w, sum);
     float acc = 0.f;
 #pragma unroll
     for (int y = 0; y < NW; ++y) acc = fmaf(w[y], sm_o[(r * NW + y) * HD + e], acc);
     const int owner = idx / slice;
-    *cluster.map_shared_rank(push_o + rank * slice + (idx - owner * slice), owner) = acc;
+    push_f32(cluster_addr(push_o + rank * slice + (idx - owner * slice), owner), acc, cluster_addr(bar, owner));
+    if (e == 0) {
+      for (int c = 0; c < n_blocks; ++c) push_f32x2(cluster_addr(push_ml + (rank * R + r) * 2, c), mx, sum, cluster_addr(bar, c));
+    }
   }
-  for (int idx = threadIdx.x; idx < n_blocks * R; idx += blockDim.x) {
-    const int owner = idx / R, r = idx % R;
-    float w[NW], sum;
-    const float mx = slot_weights<R, NW>(sm_m, sm_l, r, w, sum);
-    float* dst = cluster.map_shared_rank(push_ml + (rank * R + r) * 2, owner);
-    dst[0] = mx;
-    dst[1] = sum;
-  }
-  cluster_arrive_release();  // phase 2: the pushes, visible to their owners after the wait
-  cluster_wait();            // nothing touches another block's shared memory after this
-  const int lo = rank * slice, hi = min(n, lo + slice);
-  for (int idx = lo + int(threadIdx.x); idx < hi; idx += blockDim.x) {
+  mbarrier_wait(bar, 0);  // every block's bytes for this block have landed
+  for (int idx = lo + int(threadIdx.x); idx < min(hi, live); idx += blockDim.x) {
     const int r = idx / p.headdim, e = idx % p.headdim;
     const int rr = chunk * R + r;
-    if (rr >= p.rows) continue;
+    float m_c[kMaxClusterSplits];
     float mx = kNegInf;
-    for (int c = 0; c < n_blocks; ++c) mx = max_nan(mx, push_ml[(c * R + r) * 2]);
+#pragma unroll
+    for (int c = 0; c < kMaxClusterSplits; ++c) {
+      m_c[c] = c < n_blocks ? push_ml[(c * R + r) * 2] : kNegInf;
+      mx = max_nan(mx, m_c[c]);
+    }
     float sum = 0.f, acc = 0.f;
     if (mx != kNegInf) {
-      for (int c = 0; c < n_blocks; ++c) {
-        const float w = fast_exp2(push_ml[(c * R + r) * 2] - mx);
-        sum = fmaf(w, push_ml[(c * R + r) * 2 + 1], sum);
-        acc = fmaf(w, push_o[c * slice + idx - lo], acc);
+#pragma unroll
+      for (int c = 0; c < kMaxClusterSplits; ++c) {
+        if (c < n_blocks) {
+          const float w = fast_exp2(m_c[c] - mx);
+          sum = fmaf(w, push_ml[(c * R + r) * 2 + 1], sum);
+          acc = fmaf(w, push_o[c * slice + idx - lo], acc);
+        }
       }
     }
     const int h = hkv * p.group + rr / sn, i = rr % sn;
@@ -266,8 +302,9 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   constexpr int kWords = EPT * int(sizeof(T)) / 16;
   static_assert(TX <= 32 && 32 % TX == 0, "a key's threads sit in one warp");
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
+  extern __shared__ __align__(16) unsigned char dsmem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.cluster) cluster_arrive_relaxed();  // phase 1 of the cluster merge (decode::finish): started
+  if (p.cluster) decode::cluster_merge_init(dsmem + Tile::kSmemBytes);  // phase 1 of decode::finish's merge
 #endif
   // Shared memory (dynamic: DecodeTile::kSmemBytes, + kPushBytes with the cluster merge): first the K/V
   // pipeline, [stage][K or V][u][word][thread] (a thread's words are 16 bytes apart from its
@@ -276,7 +313,6 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   constexpr int NW = NT / 32;
   constexpr int kPipeBytes = STAGES * 2 * U * kWords * NT * 16;
   static_assert(Tile::kSmemBytes >= kPipeBytes && Tile::kSmemBytes >= (R * NW * HD + 2 * R * NW) * 4, "smem");
-  extern __shared__ __align__(16) unsigned char dsmem[];
   uint4* const pipe = reinterpret_cast<uint4*>(dsmem);
 
   const int split = blockIdx.y;
@@ -503,8 +539,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     }
   }
   __syncthreads();
-  decode::finish<T, R, NW, HD>(p, sm_o, sm_m, sm_l, reinterpret_cast<float*>(dsmem + Tile::kSmemBytes), chunk, b,
-                               hkv, split);
+  decode::finish<T, R, NW, HD>(p, sm_o, sm_m, sm_l, dsmem + Tile::kSmemBytes, chunk, b, hkv, split);
 }
 
 
@@ -543,7 +578,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   T* const sq = reinterpret_cast<T*>(smem + M::kQOffset);  // [16][HD], swizzled
   launch_dependents_early(p.pdl_early);  // as in decode_kernel
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.cluster) cluster_arrive_relaxed();  // phase 1 of the cluster merge (decode::finish): started
+  if (p.cluster) decode::cluster_merge_init(smem + M::kSmemBytes);  // phase 1 of decode::finish's merge
 #endif
 
   const int split = blockIdx.y;
@@ -739,8 +774,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
     }
   }
   __syncthreads();
-  decode::finish<T, R, NW, HD>(p, sm_o, sm_m, sm_l, reinterpret_cast<float*>(smem + M::kSmemBytes), chunk, b, hkv,
-                               split);
+  decode::finish<T, R, NW, HD>(p, sm_o, sm_m, sm_l, smem + M::kSmemBytes, chunk, b, hkv, split);
 #endif
 }
 
