@@ -2,6 +2,7 @@
 kernel variants built side by side (FUSED_ATTN_NVCC_FLAGS) or switched by environment (FUSED_ATTN_PDL=0):
 
     python -m bench.time_decode_graph --backends graph-fused,graph-norms --batches 1,4,16
+    python -m bench.time_decode_graph --batches 8 --decode-splits 1     (decode_attention's split count forced)
     FUSED_ATTN_NVCC_FLAGS=-DX python -m bench.time_decode_graph --tag X
 
 Per (backend, batch): a random 128-token prompt (left-padded batch) is prefilled, the step captured, then
@@ -25,8 +26,11 @@ from fused_attn.generate import GRAPH_BACKENDS, make_batch
 from fused_attn.gpt2 import GPT2, _DecodeGraph, load_hf_model
 
 
-def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, reps: int, prompt_len: int):
+def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, reps: int, prompt_len: int,
+             decode_splits: int | None = None):
     m = GPT2.from_hf(hf, dtype=dtype, device="cuda", backends=GRAPH_BACKENDS[backend])
+    for block in m.h:  # decode_attention's split count in the fused step (None: its heuristic)
+        block.attn.decode_splits = decode_splits
     c = m.config
     gen = torch.Generator().manual_seed(0)
     ids, mask = make_batch(torch.randint(0, c.vocab_size, (prompt_len,), generator=gen), batch)
@@ -80,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--tag", default="")
+    ap.add_argument("--decode-splits", type=int, default=None,
+                    help="decode_attention's num_splits in every layer (default: its heuristic)")
     args = ap.parse_args(argv)
     hf = load_hf_model()
     dtype = getattr(torch, args.dtype)
@@ -88,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = False
     for backend in args.backends.split(","):
         for b in (int(x) for x in args.batches.split(",")):
-            med, lo, hi, agree = run_case(hf, backend, dtype, b, args.replays, args.reps, args.prompt)
+            med, lo, hi, agree = run_case(hf, backend, dtype, b, args.replays, args.reps, args.prompt,
+                                          args.decode_splits)
             print(f"{args.tag} {backend} B{b}: {med * 1e3:.1f} us/step (min {lo * 1e3:.1f}, max {hi * 1e3:.1f}); "
                   f"first token agrees with eager {agree:.3f}", flush=True)
             bad |= agree < 0.99

@@ -269,6 +269,9 @@ class Attention(nn.Module):
         self.n_head, self.head_dim = config.n_head, config.head_dim
         self.scale = config.head_dim ** -0.5
         self.backend = backend
+        # num_splits of the "fused" decode step's decode_attention call: None lets its heuristic choose (a
+        # tuning knob: `python -m bench.time_decode_graph --decode-splits N` sets it on every layer).
+        self.decode_splits: int | None = None
 
     def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, *, causal: bool,
                 cache: KVCache | None = None, input_pos: torch.Tensor | None = None,
@@ -293,7 +296,7 @@ class Attention(nn.Module):
         q, k, v = qkv.view(b, s, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if cache is not None and attend_cache and lengths is not None and self.backend == "fused":
             a = decode_attention(q, cache.k, cache.v, lengths[0], k_new=k, v_new=v, cache_leftpad=lengths[1],
-                                 scale=self.scale)
+                                 scale=self.scale, num_splits=self.decode_splits)
             return self.c_proj(a.transpose(1, 2).reshape(b, s, -1), residual=residual, **post)
         if cache is not None:
             k_all, v_all = cache.update(input_pos, k, v)

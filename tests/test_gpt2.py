@@ -263,6 +263,30 @@ def test_decode_logits_match_teacher_forced_cpu(lengths, attention):
     assert min(len(set(r.tolist())) for r in tokens) >= 8, tokens  # the model does not repeat itself
 
 
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_decode_splits_reach_decode_attention_cpu(splits, monkeypatch):
+    """Attention.decode_splits (bench.time_decode_graph --decode-splits) is the num_splits of every layer's
+    decode_attention call in the fused step, and the tokens do not depend on it."""
+    from fused_attn import gpt2
+
+    seen = []
+    real = gpt2.decode_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("num_splits"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gpt2, "decode_attention", spy)
+    m = GPT2.from_hf(hf_model(VARIED), backends={"attention": "fused"})
+    for block in m.h:
+        block.attn.decode_splits = splits
+    ids, mask = left_padded(TINY["vocab_size"], (20, 13, 6), seed=3)
+    want = GPT2.from_hf(hf_model(VARIED), backends={"attention": "fused"}).generate(ids, mask, max_new_tokens=8)
+    seen.clear()
+    assert torch.equal(m.generate(ids, mask, max_new_tokens=8), want)
+    assert seen and set(seen) == {splits}, seen
+
+
 def test_greedy_tokens_match_hf_generate_varied_model_cpu():
     hf = hf_model(VARIED)
     ids, mask = left_padded(TINY["vocab_size"], (20, 13, 6), seed=5)
