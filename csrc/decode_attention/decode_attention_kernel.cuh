@@ -144,6 +144,21 @@ __device__ void append(const DecodeParams& p, int b, int hkv, int cached) {
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
+// A block whose sequence has out-of-bounds lengths: its rows' outputs are NaN (written by the one split
+// that owns them; with the combine kernel, that kernel writes them).
+template <typename T, int R>
+__device__ __forceinline__ void write_nan_rows(const DecodeParams& p, int chunk, int b, int hkv, int split) {
+  if (!(p.num_splits == 1 || (p.cluster && split == 0))) return;
+  const int sn = p.seqlen_new;
+  for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
+    const int rr = chunk * R + idx / p.headdim;
+    if (rr >= p.rows) continue;
+    const int h = hkv * p.group + rr / sn, i = rr % sn;
+    static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + idx % p.headdim] =
+        from_float<T>(quiet_nan());
+  }
+}
+
 // The merge of a block's NW key slots for row r: the slots' running maxima sm_m [R][NW] and sums sm_l
 // [R][NW] (written and synchronized by the caller) as the row's max, its sum, and each slot's weight
 // 2^(m_y - max). Every thread that needs a row computes them itself from broadcast reads: no thread
@@ -161,6 +176,19 @@ __device__ __forceinline__ float slot_weights(const float* sm_m, const float* sm
     sum = fmaf(w[y], sm_l[r * NW + y], sum);
   }
   return mx;
+}
+
+// Element e of row r merged over the block's NW slots (o from sm_o [R][NW][HD]), unnormalized: the sum
+// of the slots' weighted outputs; the row's max and sum as slot_weights gives them.
+template <int R, int NW, int HD>
+__device__ __forceinline__ float merge_slots(const float* sm_o, const float* sm_m, const float* sm_l, int r, int e,
+                                             float& mx, float& sum) {
+  float w[NW];
+  mx = slot_weights<R, NW>(sm_m, sm_l, r, w, sum);
+  float acc = 0.f;
+#pragma unroll
+  for (int y = 0; y < NW; ++y) acc = fmaf(w[y], sm_o[(r * NW + y) * HD + e], acc);
+  return acc;
 }
 
 // Shared memory the cluster merge needs in each block beside the kernel's own (launch_decode,
@@ -217,11 +245,8 @@ __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o,
       const int r = idx / p.headdim, e = idx % p.headdim;
       const int rr = chunk * R + r;
       if (rr >= p.rows) continue;
-      float w[NW], sum;
-      const float mx = slot_weights<R, NW>(sm_m, sm_l, r, w, sum);
-      float acc = 0.f;
-#pragma unroll
-      for (int y = 0; y < NW; ++y) acc = fmaf(w[y], sm_o[(r * NW + y) * HD + e], acc);
+      float mx, sum;
+      const float acc = merge_slots<R, NW, HD>(sm_o, sm_m, sm_l, r, e, mx, sum);
       const int h = hkv * p.group + rr / sn, i = rr % sn;
       if (p.num_splits == 1) {
         const float val = sum == 0.f ? 0.f : acc / sum;  // no visible key: 0; NaN stays NaN
@@ -251,11 +276,8 @@ __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o,
   }
   for (int idx = threadIdx.x; idx < live; idx += blockDim.x) {
     const int r = idx / p.headdim, e = idx % p.headdim;
-    float w[NW], sum;
-    const float mx = slot_weights<R, NW>(sm_m, sm_l, r, w, sum);
-    float acc = 0.f;
-#pragma unroll
-    for (int y = 0; y < NW; ++y) acc = fmaf(w[y], sm_o[(r * NW + y) * HD + e], acc);
+    float mx, sum;
+    const float acc = merge_slots<R, NW, HD>(sm_o, sm_m, sm_l, r, e, mx, sum);
     const int owner = idx / slice;
     push_f32(cluster_addr(push_o + rank * slice + (idx - owner * slice), owner), acc, cluster_addr(bar, owner));
     if (e == 0) {
@@ -393,15 +415,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   }
 
   if (!decode::lengths_ok(p, b, cached, end, start)) {
-    if (p.num_splits == 1 || (p.cluster && split == 0)) {  // else the combine kernel writes the NaNs
-      for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
-        const int rr = chunk * R + idx / p.headdim;
-        if (rr >= p.rows) continue;
-        const int h = hkv * p.group + rr / sn, i = rr % sn;
-        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + idx % p.headdim] =
-            from_float<T>(decode::quiet_nan());
-      }
-    }
+    decode::write_nan_rows<T, R>(p, chunk, b, hkv, split);
     return;
   }
   decode::split_range(p, start, end, split, TILE, kb, ke);
@@ -606,15 +620,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
 
   int cached, end, start;
   if (!decode::lengths_ok(p, b, cached, end, start)) {
-    if (p.num_splits == 1 || (p.cluster && split == 0)) {  // else the combine kernel writes the NaNs
-      for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
-        const int rr = chunk * R + idx / p.headdim;
-        if (rr >= p.rows) continue;
-        const int h = hkv * p.group + rr / sn, i = rr % sn;
-        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + idx % p.headdim] =
-            from_float<T>(decode::quiet_nan());
-      }
-    }
+    decode::write_nan_rows<T, R>(p, chunk, b, hkv, split);
     return;
   }
   int kb, ke;
