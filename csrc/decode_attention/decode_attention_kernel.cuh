@@ -208,23 +208,6 @@ __device__ __forceinline__ void cluster_merge_init(unsigned char* push) {
   }
   cluster_arrive_release();  // phase 1: started, the mbarrier initialized
 }
-// The shared::cluster address of `local` (this block's shared memory) in block `rank` of the cluster.
-__device__ __forceinline__ uint32_t cluster_addr(const void* local, int rank) {
-  uint32_t a;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(smem_addr(local)), "r"(rank));
-  return a;
-}
-// Remote stores whose bytes complete on the receiving block's mbarrier (no fence, nothing to wait for here).
-__device__ __forceinline__ void push_f32(uint32_t addr, float v, uint32_t bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr),
-               "r"(__float_as_uint(v)), "r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void push_f32x2(uint32_t addr, float v0, float v1, uint32_t bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n" ::"r"(addr),
-               "r"(__float_as_uint(v0)), "r"(__float_as_uint(v1)), "r"(bar)
-               : "memory");
-}
 #endif
 
 // The end of a block's work: its NW key slots' partial results per row r (max sm_m[r][y], sum

@@ -8,10 +8,10 @@
 // thread-block cluster (grid: tiles x splits, cluster 1 x splits; the launcher picks splits so that
 // tiles x splits covers the SMs twice, at most 8, the portable cluster size): each block computes the
 // mma.sync partial sums of its slice of K with linear_mma_kernel's lane operands, loop and block sum
-// (mma_lane, mma_accumulate, mma_block_sum); every other block of the cluster stores its sums into the
-// rank-0 block's shared memory (distributed shared memory, cluster.map_shared_rank) and exits, and rank
-// 0 adds them in rank order and applies the epilogue (mma_store: bias, GELU tanh or SwiGLU, residual,
-// one rounding).
+// (mma_lane, mma_accumulate, mma_block_sum); every other block of the cluster pushes its sums into the
+// rank-0 block's shared memory (distributed shared memory, st.async onto rank 0's mbarrier) and exits,
+// and rank 0 adds them in rank order and applies the epilogue (mma_store: bias, GELU tanh or SwiGLU,
+// residual, one rounding).
 // One launch, no workspace, no atomics: the result is the same from run to run. Launched
 // programmatically (common/pdl.cuh): the first weight loads are issued before wait_for_primary().
 // Needs sm_90 (clusters); the launcher checks linear_splitk_arch.
@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include "../common/cluster.cuh"
+#include "../common/mbarrier.cuh"
 #include "linear_kernel.cuh"
 
 namespace fused_attn {
@@ -31,43 +32,68 @@ namespace fused_attn {
 namespace linear {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Where the splits' sums land in rank 0's shared memory: its mbarrier (the pushes' bytes complete on it),
+// then a slot per other split, owning warp and lane (4 floats: the lane's s).
+template <int NT>
+struct SplitkLanding {
+  uint64_t bar;
+  float4 pushed[kLinearMaxSplits - 1][NT][32];
+};
+
+template <int NT>
+__device__ __forceinline__ SplitkLanding<NT>& splitk_landing() {
+  __shared__ SplitkLanding<NT> landing;
+  return landing;
+}
+
+// At the kernel's start, every block of the cluster: rank 0 initializes its landing's mbarrier, then every
+// thread arrives (relaxed) on the cluster barrier's first phase, which splitk_reduce_store waits for.
+template <int NT>
+__device__ __forceinline__ void splitk_reduce_init(int rank) {
+  if (rank == 0 && threadIdx.x == 0) {
+    mbarrier_init(&splitk_landing<NT>().bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  cluster_arrive_relaxed();  // phase 1: this block has started (rank 0: its mbarrier exists)
+}
+
 // The end of a split-K block of the cluster (called by all its threads once, after mma_block_sum;
 // `owner`: warp t < NT holding n-tile t's sums of this split in s; cluster, splits and rank: the
-// caller's): every split pushes its sums into rank 0's shared memory (remote stores: nothing waits for
-// them), and rank 0, past one barrier, adds them from its own shared memory in rank order and applies
-// the epilogue (mma_store with out_in, loaded ahead by its owning warps). (Rank 0 reading each split's
-// shared memory in turn between two barriers measured 20 us slower per GPT-2 B16 step: bench/NOTES.md,
-// session 15.) The caller arrived on the cluster barrier (cluster_arrive_relaxed) at its start: its
-// first phase guarantees rank 0's memory exists.
+// caller's, which called splitk_reduce_init at its start): every other split's owning lanes push their
+// sums into rank 0's landing (st.async, the bytes counted on its mbarrier) and the block exits; rank 0
+// waits on its own mbarrier for the (splits - 1) x NT x 512 bytes, adds them in rank order and applies
+// the epilogue (mma_store with out_in, loaded ahead by its owning warps). No cluster barrier after the
+// start's. (Measured against the pushes under a release / acquire cluster barrier: bench/NOTES.md,
+// session 22; rank 0 reading each split's shared memory in turn between two barriers measured 20 us
+// slower per GPT-2 B16 step: session 15.)
 template <typename T, int NT>
 __device__ __forceinline__ void splitk_reduce_store(const LinearParams& p, int64_t col0, bool owner, float (&s)[4],
-                                                    const MmaOutputIn& out_in,
-                                                    const cooperative_groups::cluster_group& cluster, int splits,
-                                                    int rank) {
+                                                    const MmaOutputIn& out_in, int splits, int rank) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __shared__ float pushed[kLinearMaxSplits - 1][NT][4][32];
-  cluster_wait();  // phase 1 (arrived at the start): every block has started, rank 0's memory exists
-  if (owner && rank != 0) {
-    float* dst = cluster.map_shared_rank(&pushed[rank - 1][warp][0][0], 0);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dst[i * 32 + lane] = s[i];
+  SplitkLanding<NT>& landing = splitk_landing<NT>();
+  cluster_wait();  // phase 1: every block has started, rank 0's mbarrier initialized
+  if (rank != 0) {
+    if (owner)
+      push_f32x4(cluster_addr(&landing.pushed[rank - 1][warp][lane], 0), make_float4(s[0], s[1], s[2], s[3]),
+                 cluster_addr(&landing.bar, 0));
+    return;  // nothing reads this block's shared memory
   }
-  cluster_arrive_release();  // phase 2: the pushes, visible to rank 0 after its wait
-  if (rank != 0) return;     // block-uniform; nothing reads this block's shared memory
-  cluster_wait();
-  if (owner) {
-    float other[kLinearMaxSplits - 1][4];
+  if (threadIdx.x == 0) mbarrier_arrive_expect_tx(&landing.bar, uint32_t((splits - 1) * NT * 32 * 16));
+  if (!owner) return;
+  mbarrier_wait(&landing.bar, 0);  // every split's sums have landed
+  float4 other[kLinearMaxSplits - 1];
 #pragma unroll
-    for (int r = 1; r < kLinearMaxSplits; ++r)
+  for (int r = 1; r < kLinearMaxSplits; ++r)
+    other[r - 1] = r < splits ? landing.pushed[r - 1][warp][lane] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) other[r - 1][i] = r < splits ? pushed[r - 1][warp][i][lane] : 0.f;
-#pragma unroll
-    for (int r = 1; r < kLinearMaxSplits; ++r)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (r < splits) s[i] += other[r - 1][i];
-    mma_store<T>(p, col0, warp, s, out_in);
+  for (int r = 1; r < kLinearMaxSplits; ++r) {
+    if (r >= splits) continue;
+    s[0] += other[r - 1].x;
+    s[1] += other[r - 1].y;
+    s[2] += other[r - 1].z;
+    s[3] += other[r - 1].w;
   }
+  mma_store<T>(p, col0, warp, s, out_in);
 }
 #endif
 
@@ -84,7 +110,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const cg::cluster_group cluster = cg::this_cluster();
   const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-  cluster_arrive_relaxed();  // phase 1: this block has started
+  splitk_reduce_init<NT>(rank);  // phase 1: this block has started (rank 0: its landing's mbarrier exists)
   // Whole chunks of 32 k per split (the launcher leaves no split empty).
   const int chunks = (p.k + 31) / 32, per = (chunks + splits - 1) / splits;
   const int begin = rank * per, end = min(chunks, begin + per);
@@ -108,7 +134,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
 
   float s[4];
   const bool owner = mma_block_sum<NT, CH, kStageX>(acc, s);  // warp t < NT holds n-tile t of this split
-  splitk_reduce_store<T, NT>(p, col0, owner, s, out_in, cluster, splits, rank);
+  splitk_reduce_store<T, NT>(p, col0, owner, s, out_in, splits, rank);
 #else
   __trap();  // launched only where linear_splitk_arch says it was compiled (sm_90 and later)
 #endif

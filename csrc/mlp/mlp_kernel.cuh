@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kMlpThreads, kMmaShortMinBlocks) mlp_kernel(co
   launch_dependents_early(p.fc.pdl_early);  // pdl.cuh: every block waits below before it exits
   const cg::cluster_group cluster = cg::this_cluster();
   const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-  cluster_arrive_relaxed();  // phase 1: this block has started (splitk_reduce_store waits for it)
+  splitk_reduce_init<NT>(rank);  // phase 1: this block has started (splitk_reduce_store waits for it)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const unsigned blocks = gridDim.x * gridDim.y;
   const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kMlpThreads, kMmaShortMinBlocks) mlp_kernel(co
   launch_dependents();
   float s[4];
   const bool owner = mma_block_sum<NT, CH, kStageX>(acc, s);  // warp t < NT holds n-tile t of this split
-  splitk_reduce_store<T, NT>(p.proj, proj_col0, owner, s, out_in, cluster, splits, rank);
+  splitk_reduce_store<T, NT>(p.proj, proj_col0, owner, s, out_in, splits, rank);
   // Counted out by the last warp (never an owner: rank 0's stores go on while its atomic is out): the last
   // block past its wait (every block counts itself only after it) sets the counters back to 0.
   if (threadIdx.x == kMlpThreads - 32 && atomicAdd(p.left, 1u) == blocks - 1) {
