@@ -14,7 +14,7 @@
 // so the sender needs no barrier after them and may exit at once. The receiver's mbarrier must be
 // initialized (and fenced: fence.mbarrier_init.release.cluster) before its block arrives on the cluster
 // barrier's first phase, and a sender pushes only after that phase's wait. Used by decode_attention's
-// cluster merge and linear's split-K reduction.
+// cluster merge, linear's split-K reduction and sample's row maximum.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +46,11 @@ __device__ __forceinline__ void push_f32(uint32_t addr, float v, uint32_t bar) {
 __device__ __forceinline__ void push_f32x2(uint32_t addr, float v0, float v1, uint32_t bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n" ::"r"(addr),
                "r"(__float_as_uint(v0)), "r"(__float_as_uint(v1)), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void push_u64(uint32_t addr, unsigned long long v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];\n" ::"r"(addr), "l"(v),
+               "r"(bar)
                : "memory");
 }
 __device__ __forceinline__ void push_f32x4(uint32_t addr, float4 v, uint32_t bar) {

@@ -9,8 +9,8 @@
 // The decode step's last reduction: GPT-2's 50257 logits are 100 KB in float16, read once. One block
 // reading a row alone is latency-bound (~100 KB per SM in flight takes several L2 round trips), so on
 // sm_90 a row is split over up to 8 blocks of a thread-block cluster, each reducing a chunk of columns
-// with 16-byte loads; each block stores its result into rank 0's shared memory and, after one cluster
-// barrier, rank 0 merges them: one launch, no workspace, deterministic. Elsewhere one block per row.
+// with 16-byte loads; each block pushes its result into rank 0's shared memory (st.async onto rank 0's
+// mbarrier) and rank 0 merges them: one launch, no workspace, deterministic. Elsewhere one block per row.
 //
 // The reduction key: each column's score (float32: the logit, or logit / temperature + G) becomes an
 // order-preserving 32-bit key (NaN above +inf, -0 equal to +0), packed over the complement of the column
@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include "../common/cluster.cuh"
+#include "../common/mbarrier.cuh"
 #include "../common/pdl.cuh"
 #include "../common/vec_dtypes.cuh"
 #include "sample_launch.h"
@@ -137,8 +138,16 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
   const T* logits = static_cast<const T*>(p.logits) + row * p.row_stride;
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
 
+  __shared__ unsigned long long cluster_best[kSampleMaxBlocksPerRow];  // rank 0's: one slot per block
+  __shared__ uint64_t cluster_bar;  // rank 0's: the other blocks' maxima land on it
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.cluster) cluster_arrive_relaxed();  // this block has started (waited for before the merge)
+  if (p.cluster) {  // rank 0 initializes its mbarrier; every block has started (waited for before the merge)
+    if (threadIdx.x == 0 && cooperative_groups::this_cluster().block_rank() == 0) {
+      mbarrier_init(&cluster_bar, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    cluster_arrive_relaxed();
+  }
 #endif
   wait_for_primary();  // the logits are the previous kernel's output
   launch_dependents();
@@ -212,7 +221,6 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
     best = other > best ? other : best;
   }
   __shared__ unsigned long long warp_best[kSampleThreads / 32];
-  __shared__ unsigned long long cluster_best[kSampleMaxBlocksPerRow];  // rank 0's: one slot per block
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warp_best[warp] = best;
   __syncthreads();
@@ -225,22 +233,24 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.cluster) {
-    // Every block stores its maximum into rank 0's shared memory (a remote store, no round trip) once
-    // the whole cluster has started (the first barrier phase, arrived at the kernel's start); the second
-    // phase (release / acquire) makes the stores visible to rank 0, which merges them. Warp 0 alone
-    // waits for its block: the other warps have returned, and a returned thread counts as arrived.
+    // Every other block pushes its maximum into rank 0's shared memory (st.async, the bytes counted on
+    // rank 0's mbarrier: common/cluster.cuh) once the whole cluster has started (the barrier phase
+    // arrived at the kernel's start) and exits; rank 0 waits on its own mbarrier and merges. Warp 0
+    // alone waits for its block: the other warps have returned, and a returned thread counts as arrived.
     cg::cluster_group cluster = cg::this_cluster();
     const unsigned rank = cluster.block_rank();
     cluster_wait();
-    if (lane == 0) *cluster.map_shared_rank(&cluster_best[rank], 0) = best;
-    cluster_arrive_release();
-    cluster_wait();
-    if (rank == 0 && lane == 0) {
-      unsigned long long m = cluster_best[0];
-      for (unsigned r = 1; r < cluster.num_blocks(); ++r) m = cluster_best[r] > m ? cluster_best[r] : m;
-      write_token(p, row, unpack_col(m), history_at);
-      advance_row(p, row);
+    if (lane != 0) return;
+    if (rank != 0) {
+      push_u64(cluster_addr(&cluster_best[rank], 0), best, cluster_addr(&cluster_bar, 0));
+      return;
     }
+    mbarrier_arrive_expect_tx(&cluster_bar, uint32_t((cluster.num_blocks() - 1) * sizeof(unsigned long long)));
+    mbarrier_wait(&cluster_bar, 0);
+    unsigned long long m = best;
+    for (unsigned r = 1; r < cluster.num_blocks(); ++r) m = cluster_best[r] > m ? cluster_best[r] : m;
+    write_token(p, row, unpack_col(m), history_at);
+    advance_row(p, row);
     return;
   }
 #endif
