@@ -114,11 +114,12 @@ __device__ __forceinline__ void write_token(const SampleParams& p, int64_t row, 
 
 // Row `row`'s counters + 1 (SampleParams::advance), by the one thread that wrote its token. Every read
 // of offsets[row] is behind it: the row's blocks used their offset before the block barrier (and, in a
-// cluster, before the barrier phase that rank 0 waited for), and a row reads only its own offset (the
-// launcher refuses one offset shared by rows when it is also a counter). The next kernel reads the
-// counters after its PDL wait, i.e. after this grid completes. Atomic adds whose result is unused
-// compile to fire-and-forget reductions (RED): no load round trip per counter at the kernel's end
-// (a `+= 1` would load each counter and wait for it, one after another, as the stores may alias).
+// cluster, before the push that rank 0 waited for: the pushed maximum depends on it), and a row reads
+// only its own offset (the launcher refuses one offset shared by rows when it is also a counter). The
+// next kernel reads the counters after its PDL wait, i.e. after this grid completes. Atomic adds whose
+// result is unused compile to fire-and-forget reductions (RED): no load round trip per counter at the
+// kernel's end (a `+= 1` would load each counter and wait for it, one after another, as the stores may
+// alias).
 __device__ __forceinline__ void advance_row(const SampleParams& p, int64_t row) {
   for (int i = 0; i < p.adv_k; ++i) {
     const int64_t at = i * p.adv_stride_k + row * p.adv_stride_row;
