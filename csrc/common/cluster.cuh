@@ -12,9 +12,9 @@
 // Pushes (st.async): remote stores into another block's shared memory whose bytes complete on that
 // block's mbarrier (common/mbarrier.cuh: the receiver expects the bytes, then waits on its own barrier),
 // so the sender needs no barrier after them and may exit at once. The receiver's mbarrier must be
-// initialized (and fenced: fence.mbarrier_init.release.cluster) before its block arrives on the cluster
-// barrier's first phase, and a sender pushes only after that phase's wait. Used by decode_attention's
-// cluster merge, linear's split-K reduction and sample's row maximum.
+// initialized and fenced (mbarrier_init_for_pushes, common/mbarrier.cuh) before its block arrives on the
+// cluster barrier's first phase, and a sender pushes only after that phase's wait. Used by
+// decode_attention's cluster merge, linear's split-K reduction and sample's row maximum.
 #pragma once
 
 #include <cstdint>

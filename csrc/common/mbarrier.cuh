@@ -39,6 +39,18 @@ __device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, int phase) {
       : "memory");
   return done != 0;
 }
+// Makes this thread's earlier mbarrier_init calls visible to the other blocks of the cluster (and to the
+// async proxy) before the block arrives on a cluster barrier: what a barrier that TMA copies or other
+// blocks' st.async pushes complete on needs.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// The mbarrier that other blocks of the cluster push bytes onto (common/cluster.cuh: st.async): one
+// arrival (the receiver's expect_tx), initialized and fenced by one thread before its block's arrive.
+__device__ __forceinline__ void mbarrier_init_for_pushes(uint64_t* bar) {
+  mbarrier_init(bar, 1);
+  fence_mbarrier_init();
+}
 // Named barriers (ids 1..15; 0 is __syncthreads) between some warps of the block: arrive does not
 // wait, sync waits until `threads` threads arrived or synced on the id.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {

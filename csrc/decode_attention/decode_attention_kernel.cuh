@@ -203,8 +203,7 @@ constexpr int kPushBytes = 16 + (R * HD + kMaxClusterSplits + kMaxClusterSplits 
 // arrives on the cluster barrier at its start (cluster_merge_init), so no block pushes before it exists.
 __device__ __forceinline__ void cluster_merge_init(unsigned char* push) {
   if (threadIdx.x == 0) {
-    mbarrier_init(reinterpret_cast<uint64_t*>(push), 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbarrier_init_for_pushes(reinterpret_cast<uint64_t*>(push));
   }
   cluster_arrive_release();  // phase 1: started, the mbarrier initialized
 }

@@ -609,7 +609,7 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       mbarrier_init(full + s, 1);
       mbarrier_init(empty + s, 1);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   __syncthreads();
   const int warp = threadIdx.x / 32;

@@ -51,8 +51,7 @@ __device__ __forceinline__ SplitkLanding<NT>& splitk_landing() {
 template <int NT>
 __device__ __forceinline__ void splitk_reduce_init(int rank) {
   if (rank == 0 && threadIdx.x == 0) {
-    mbarrier_init(&splitk_landing<NT>().bar, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbarrier_init_for_pushes(&splitk_landing<NT>().bar);
   }
   cluster_arrive_relaxed();  // phase 1: this block has started (rank 0: its mbarrier exists)
 }

@@ -144,8 +144,7 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.cluster) {  // rank 0 initializes its mbarrier; every block has started (waited for before the merge)
     if (threadIdx.x == 0 && cooperative_groups::this_cluster().block_rank() == 0) {
-      mbarrier_init(&cluster_bar, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      mbarrier_init_for_pushes(&cluster_bar);
     }
     cluster_arrive_relaxed();
   }
