@@ -14,10 +14,16 @@ the gate and up columns). With ``norm`` and one row of x, the norm runs in our k
 bfloat16 without the norm's weight and bias (a caller that folded them into ``weight`` and ``bias``, as
 ``fused_attn.gpt2``'s "folded" backend does) folded into the dot products (the row's sums ride along
 the matmul and its rstd is applied in the epilogue: nothing waits for the statistics), otherwise in the
-kernel's prologue; for more rows, and in float32 beyond what the prologue's shared memory holds, x is
-normalized by ``fused_attn.layer_norm``'s kernel first (one launch more). The fold does not round the
-normalized row to x's dtype as the other paths do (its result is closer to float64, not bit for bit
-theirs).
+kernel's prologue. At 4-8 rows without the norm's weight and bias the tensor-core kernel does the same
+where it runs in one wave (in_features <= 768, 1-3 tiles of 16 weight rows per SM: GPT-2's c_attn and
+c_fc): the MMAs multiply x as it is, the row statistics are summed from x's pieces alongside, and the
+epilogue applies rstd (w · x - mean sum(w)); a block with a row whose mean is more than 8 standard
+deviations from 0 (where that subtraction would cancel too many bits; an all-equal row) redoes its
+products on the normalized rows (at 9-16 rows it measured slower in GPT-2's step than the norm's own
+launch). For other rows, and in float32 beyond what the prologue's shared memory
+holds, x is normalized by ``fused_attn.layer_norm``'s kernel first (one launch more). The folds do not
+round the normalized row to x's dtype as the other paths do (their result is closer to float64, not bit
+for bit theirs).
 
 Gradients: a backward registered with ``torch.library.register_autograd`` that recomputes the op
 through the PyTorch reference (float32; float64 for float64 inputs) and differentiates it: correct,

@@ -264,9 +264,11 @@ LINEAR_FOLD_CASES = [
 # linear with a weightless norm at 4-16 16-bit rows: layer_norm's launch, then the tensor-core kernel
 # (test_linear.py's test_weightless_norm_rows_gpu: k, n, activation, dtype, norm, rows); 16 float16 rows
 # include one spanning float16's range.
-LINEAR_NORM_ROWS_CASES = [
-    (768, 2304, None, torch.float16, "layer_norm", 16),
-    (1000, 4400, "swiglu", torch.bfloat16, "rms_norm", 9),
+LINEAR_NORM_ROWS_CASES = [  # k, n, activation, dtype, norm, rows, row kinds (test_weightless_norm_rows_gpu's)
+    (768, 3072, "gelu_tanh", torch.float16, "layer_norm", 8, "plain"),  # the self-normalizing kernel
+    (768, 2304, None, torch.bfloat16, "layer_norm", 5, "mixed"),  # the same, its redo pass
+    (768, 2304, None, torch.float16, "layer_norm", 16, "mixed"),
+    (1000, 4400, "swiglu", torch.bfloat16, "rms_norm", 9, "mixed"),
 ]
 
 
@@ -279,7 +281,7 @@ LINEAR_POST_CASES = [0, 2, 3, 4]
 def linear_cases(quick: bool) -> int:
     from tests.test_linear import POST_CASES, check_post, post_inputs
     from tests.test_linear import case_of as linear_case_of
-    from tests.test_linear import check_weightless_norm, fold_rows, linear, norm_case_of, run_and_check_norm
+    from tests.test_linear import check_weightless_norm, fold_rows, linear, norm_case_of, plain_rows, run_and_check_norm
     from tests.test_linear import test_norm_fold_one_row_gpu, weightless_norm_inputs
     from tests.test_linear import run_and_check as linear_run_and_check
 
@@ -295,10 +297,11 @@ def linear_cases(quick: bool) -> int:
     fold_cases = LINEAR_FOLD_CASES[:1] if quick else LINEAR_FOLD_CASES
     for args in fold_cases:
         test_norm_fold_one_row_gpu(*args)
-    norm_rows_cases = LINEAR_NORM_ROWS_CASES[:1] if quick else LINEAR_NORM_ROWS_CASES
-    for k, n, act, dtype, norm, m in norm_rows_cases:
+    norm_rows_cases = LINEAR_NORM_ROWS_CASES[:2] if quick else LINEAR_NORM_ROWS_CASES
+    for k, n, act, dtype, norm, m, rows in norm_rows_cases:
         gen = torch.Generator().manual_seed(k + n + m)
-        check_weightless_norm(*weightless_norm_inputs(fold_rows(m, k, dtype, gen), n, act, norm, gen), act, norm)
+        x = (fold_rows if rows == "mixed" else plain_rows)(m, k, dtype, gen)
+        check_weightless_norm(*weightless_norm_inputs(x, n, act, norm, gen), act, norm)
     post_cases = [POST_CASES[i] for i in (LINEAR_POST_CASES[:2] if quick else LINEAR_POST_CASES)]
     ws = torch.zeros(1, dtype=torch.int32, device="cuda")
     for case in post_cases:

@@ -9,7 +9,7 @@ units that ninja compiles side by side (``_norm``: with the LayerNorm / RMSNorm 
 without it also the 6 kernels with the post-normalization, kPost); the
 float16 / bfloat16 units of MT 8 and 16 without the norm also the tensor-core kernels (linear_mma_kernel
 and linear_splitk.cuh's split-K kernel), with the norm the tensor-core kernels that normalize x from row
-statistics (launch_linear_mma_stats). The files are committed; the build does not run this
+statistics (launch_linear_mma_stats) or, at MT 8, from x's own pieces (launch_linear_mma_self_norm). The files are committed; the build does not run this
 script (tests/test_build.py checks they are current).
 """
 
@@ -44,9 +44,13 @@ def units() -> dict[str, str]:
                               f"template void launch_linear_splitk<{T}, {mt}>(const LinearParams&, int, int, "
                               f"cudaStream_t);\n"
                               f"template int linear_splitk_arch<{T}, {mt}>();\n")
-                if mma and norm:  # the tensor-core kernel normalizing from row statistics
+                if mma and norm:  # the tensor-core kernels normalizing from row statistics / from x itself
                     decls += (f"template void launch_linear_mma_stats<{T}, {mt}>(const LinearParams&, int, "
-                              f"cudaStream_t);\n")
+                              f"cudaStream_t);\n"
+                              + (f"template void launch_linear_mma_self_norm<{T}, {mt}>(const LinearParams&, int, "
+                                 f"cudaStream_t);\n"
+                                 f"template bool linear_mma_self_norm_fits<{T}, {mt}>(int64_t, int64_t, int);\n"
+                                 if mt == 8 else ""))
                 header = HEADER.format(header="linear_splitk.cuh" if mma and not norm else "linear_kernel.cuh")
                 name = f"linear_inst_{dt}_m{mt}{'_norm' if norm else ''}.cu"
                 out[name] = header + decls + "}  // namespace fused_attn\n"

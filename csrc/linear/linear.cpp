@@ -18,9 +18,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <type_traits>
+#include <string>
 #include <vector>
 
 #include "../common/checks.h"
@@ -172,6 +174,7 @@ struct Norm {
   int64_t norm = kNormNone;
   at::Tensor weight, bias;
   double eps = 0;
+  bool in_mma = false;  // normalized inside the tensor-core kernel (self_norm_in_mma)
 };
 
 // The post-normalization of a launch (linear_post_norm): the norm of the output's rows, counted on the
@@ -182,6 +185,35 @@ struct PostNorm {
   at::Tensor workspace;
   at::Tensor out;
 };
+
+// A norm over 4-8 rows of 16-bit x without the norm's weight and bias (the caller folded them into the
+// weight, as fused_attn.gpt2's "folded" layer_norm does) normalizes inside the tensor-core kernel
+// (kSelfNorm, linear_kernel.cuh: statistics from x's own pieces, applied in the epilogue) where that kernel
+// runs: its short build (k <= 768) in one wave; else our layer_norm launch first, as before. Measured in
+// GPT-2's captured step (H100, bench/NOTES.md session 23): B4 -4 to -8 us, B8 -5 to -14; at 9-16 rows
+// (two n-tiles) the same kernel made B16 17-26 us slower (each c_attn / c_fc +1.8 us on the critical path
+// against the 1.4 us launch it saves), so from 9 rows the norm keeps its launch (kSelfNormMaxRows).
+// FUSED_ATTN_SELF_NORM=0 turns it off (the two launches), for A/Bs.
+constexpr int64_t kSelfNormMaxRows = 8;
+bool self_norm_in_mma(const at::Tensor& x, const at::Tensor& weight, const Norm& norm, int64_t m, int64_t k,
+                      int64_t n_out, int64_t activation) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("FUSED_ATTN_SELF_NORM");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  if (!enabled || norm.norm == kNormNone || norm.weight.defined() || norm.bias.defined()) return false;
+  if (x.scalar_type() == at::kFloat || m < kMmaMinRows || m > kSelfNormMaxRows || k % 8 != 0 ||
+      !vector_ready(weight, 8))
+    return false;
+  const int sms = sm_count(x);
+  const int64_t blocks = mma_tiles(n_out, activation);
+  if (blocks < sms) return false;  // the split-K kernel's shapes
+  bool fits = false;
+  FA_DISPATCH_FLOAT(x.scalar_type(), x, [&] {
+    if constexpr (!std::is_same_v<scalar_t, float>) fits = linear_mma_self_norm_fits<scalar_t, 8>(k, blocks, sms);
+  });
+  return fits;
+}
 
 // Row statistics between launches (linear_launch.h, kStatsGroup): what linear_row_stats writes (`out`,
 // float32 [m, groups, 2], allocated by linear_impl) and what linear_stats_norm reads (`in`, with `norm`
@@ -283,6 +315,10 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
       const bool wide = p.m > 8;
+      if (norm.in_mma && p.vec) {  // linear_impl's self_norm_in_mma held (4-8 rows)
+        launch_linear_mma_self_norm<scalar_t, 8>(p, sms, stream);
+        return;
+      }
       if (rs != nullptr && rs->kernel_reads) {  // linear_impl's stats_in_kernel held
         p.norm = int(rs->norm == kNormRms ? kNormStatsRms : kNormStatsLayer);
         p.norm_weight = rs->in.data_ptr();
@@ -427,8 +463,12 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   // keeps it in the launch: the prologue, or without the norm's weight and bias the fold into the dot
   // products (linear_kernel.cuh, kFold).
   if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m >= 2 && m <= kMaxGemvRows) {
-    x2 = normalized(x2, norm);
-    norm = Norm{};
+    if (rs == nullptr && post == nullptr && self_norm_in_mma(x, weight, norm, m, k, n_out, activation)) {
+      norm.in_mma = true;
+    } else {
+      x2 = normalized(x2, norm);
+      norm = Norm{};
+    }
   }
   // The path launch_gemv will take (the split-K kernel: no norm, 16-byte weight rows and an sm_90
   // device; x is made 16-byte ready below).

@@ -998,15 +998,300 @@ __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, i
   if (p.norm == kNormStatsOut) mma_store_stats(p, col0, t, v);  // block-uniform
 }
 
+// kSelfNorm: x's rows normalized inside the launch from x's own pieces (p.norm kNormLayer / kNormRms with no
+// norm weight or bias: the caller folded them into w and the bias, as for the CUDA-core kernel's kFold at one
+// row). With the row's mean mu (0 for RMSNorm) and rstd:
+//     w . norm(x) = rstd (w . x - mu sum(w))
+// so nothing waits for the statistics but the epilogue: the MMAs multiply x as it is (16-bit products are
+// exact, the sums float32); alongside them each lane sums its pieces of x~ = x - s and x~^2 in float32 (s:
+// the row's first element for LayerNorm, as kFold and csrc/layer_norm shift, so the variance's cancellation
+// stays bounded), and one more MMA pair per chunk, against a B operand of ones, sums the weight rows over
+// exactly the 16-bit values the products used. The statistics ride the block sum's barrier (every warp
+// combines all rows: the decision below is block-uniform without another barrier); the owning warps apply
+// rstd and the correction.
+// The correction cancels mu sum(w) out of float32 sums of terms up to (|mu| + |x - mu|) |w|, so its error,
+// relative to the 16-bit rounding of the normalized row that two launches make, grows with |mu| rstd
+// (the row's mean in standard deviations): about (|mu| rstd + 1) 2^-24 k against 2^-12 at worst. Where a
+// live row has |mu| rstd > kSelfNormMaxMean (or a non-finite value), the block redoes every row on
+// normalized x split into two 16-bit pieces ((x - mu) rstd = hi + lo, the MMAs twice): correct to float32
+// arithmetic, one more pass over the weights (from L2). GPT-2's residual stream never takes it; an
+// all-equal row (variance 0) always does.
+constexpr float kSelfNormMaxMean = 8.f;
+
+// The 16-bit pair of ones: the B operand that sums the A rows.
+template <typename T>
+__device__ __forceinline__ uint32_t ones_pair() {
+  return std::is_same<T, __half>::value ? 0x3C003C00u : 0x3F803F80u;
+}
+
+// A 32-bit word of two T values as floats (the low half first).
+template <typename T>
+__device__ __forceinline__ float2 pair_to_float2(uint32_t w) {
+  if constexpr (std::is_same<T, __half>::value) {
+    __half2 h;
+    memcpy(&h, &w, 4);
+    return __half22float2(h);
+  } else {
+    __nv_bfloat162 h;
+    memcpy(&h, &w, 4);
+    return __bfloat1622float2(h);
+  }
+}
+
+// The lane's running sums: per n-tile its x row's shift s, sum of x~ and of x~^2 (over the lane's pieces).
+template <int NT>
+struct SelfNormLane {
+  float shift[NT], sum[NT], sq[NT];
+};
+
+// The A fragments of a chunk's weight pieces (tile rows g and g + 8) for its two MMAs, in mma_accumulate's
+// k-slot permutation.
+__device__ __forceinline__ void mma_a_fragments(const uint4 (&w)[2], uint32_t (&lo)[4], uint32_t (&hi)[4]) {
+  lo[0] = w[0].x, lo[1] = w[1].x, lo[2] = w[0].y, lo[3] = w[1].y;
+  hi[0] = w[0].z, hi[1] = w[1].z, hi[2] = w[0].w, hi[3] = w[1].w;
+}
+
+// A staged group's x pieces landed in the lane's slots (kStageX; nothing to wait for otherwise).
+template <bool kStageX>
+__device__ __forceinline__ void mma_x_landed() {
+  if constexpr (kStageX) {
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
+}
+
+// The per-warp statistics the block combines (kSelfNorm): each x row's (sum x~, sum x~^2) and each tile
+// row's weight sum over the warp's chunks. Apart from MmaWarpShared: the redo pass stages x again.
+struct SelfNormShared {
+  float2 rows[kMmaWarps][kLinearMaxRows];
+  float wsum[kMmaWarps][16];
+};
+
+__device__ __forceinline__ SelfNormShared& self_norm_shared() {
+  __shared__ SelfNormShared sh;
+  return sh;
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // mma.sync
+// The warp's weight-row sums from the weights in registers (one group: the short build's whole K), by MMA
+// pairs against ones, into shared memory (SelfNormShared, read after the block sum's barrier): constants,
+// so before wait_for_primary(), off the critical path, and no registers held across the main loop.
+template <typename T, int CH>
+__device__ __forceinline__ void mma_weight_sums(const uint4 (&wa)[CH][2]) {
+  const uint32_t one = ones_pair<T>();
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int u = 0; u < CH; ++u) {
+    uint32_t a_lo[4], a_hi[4];
+    mma_a_fragments(wa[u], a_lo, a_hi);
+    mma16816<T>(c, a_lo, one, one);
+    mma16816<T>(c, a_hi, one, one);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane % 4 == 0) {
+    self_norm_shared().wsum[warp][lane / 4] = c[0];
+    self_norm_shared().wsum[warp][lane / 4 + 8] = c[2];
+  }
+}
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // mma.sync
+// The chunk walk of kSelfNorm's two passes, as mma_accumulate's: the groups of CH chunks of 32 k from
+// `first`, `stride` apart, each group's weights loaded (the first group's by the caller where
+// first_loaded: before the wait) and its x pieces issued, then body(t, a_lo, a_hi, piece, live) for every
+// n-tile t of every chunk (live: the piece is inside k and its x row inside m). after_issue() runs once,
+// right after the first group's x pieces are on their way.
+template <typename T, int NT, int CH, bool kStageX, typename AfterIssue, typename Body>
+__device__ __forceinline__ void mma_walk_pieces(const LinearParams& p, const MmaLane<T, NT>& L, int first, int end,
+                                                int stride, bool first_loaded, uint4 (&wa)[CH][2],
+                                                AfterIssue after_issue, Body body) {
+  const int lane = threadIdx.x % 32, q = lane % 4;
+  auto& xs = mma_shared<NT, CH, kStageX>()[threadIdx.x / 32].x_stage;
+  for (int c0 = first; c0 < end; c0 += stride * CH) {
+    if (c0 != first || !first_loaded) mma_load_weights<T, NT, CH>(p, L, c0, end, stride, wa);
+    uint4 xb[kStageX ? 1 : CH][NT];
+    mma_issue_x<T, NT, CH, kStageX>(p, L, c0, end, stride, xs, xb);
+    if (c0 == first) after_issue();
+    mma_x_landed<kStageX>();
+#pragma unroll
+    for (int u = 0; u < CH; ++u) {
+      uint32_t a_lo[4], a_hi[4];
+      mma_a_fragments(wa[u], a_lo, a_hi);
+      const int c = c0 + u * stride;
+      const bool in = c < end && c * 32 + q * 8 < p.k;
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        body(t, a_lo, a_hi, kStageX ? xs[u][t][lane] : xb[kStageX ? 0 : u][t], in && L.xlive[t]);
+    }
+  }
+}
+
+// mma_accumulate plus the statistics (above): the same loads and products, x~ summed from each live piece
+// (the weight rows' sums were taken before the wait: mma_weight_sums).
+// The owning warps' residuals (mma_load_output_residual) are issued here, behind the first group's x pieces:
+// issued right after the wait (as the plain kernel does), the 16-row build, whose registers are full, spills
+// them at once and so waited a whole round trip for them before its first x load.
+template <typename T, int NT, int CH, bool kStageX>
+__device__ __forceinline__ void mma_accumulate_self(const LinearParams& p, const MmaLane<T, NT>& L, int first,
+                                                    int end, int stride, uint4 (&wa)[CH][2], float (&acc)[NT][4],
+                                                    SelfNormLane<NT>& st, int64_t col0, MmaOutputIn& out_in) {
+  const int warp = threadIdx.x / 32;
+  const auto residuals = [&] {
+    if (kOutputAhead && warp < NT) mma_load_output_residual<T>(p, col0, warp, out_in);
+  };
+  const auto body = [&](int t, const uint32_t (&a_lo)[4], const uint32_t (&a_hi)[4], const uint4& b, bool live) {
+    mma16816<T>(acc[t], a_lo, b.x, b.y);
+    mma16816<T>(acc[t], a_hi, b.z, b.w);
+    if (!live) return;
+    const uint32_t words[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = pair_to_float2<T>(words[j]);
+      const float d0 = f.x - st.shift[t], d1 = f.y - st.shift[t];
+      st.sum[t] += d0 + d1;
+      st.sq[t] = fmaf(d0, d0, fmaf(d1, d1, st.sq[t]));
+    }
+  };
+  mma_walk_pieces<T, NT, CH, kStageX>(p, L, first, end, stride, true, wa, residuals, body);
+}
+
+// A piece of x row (mean mu, rstd rs) normalized and split: (x - mu) rs = hi + lo, each a 16-bit word pair
+// (normalized first: |x - mu| alone may pass float16's range, (x - mu) rs is within sqrt(k)); zeros where
+// the piece is not live.
+template <typename T>
+__device__ __forceinline__ void center_split(const uint4& b, float mu, float rs, bool live, uint4& hi, uint4& lo) {
+  const uint32_t words[4] = {b.x, b.y, b.z, b.w};
+  uint32_t h[4], l[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = pair_to_float2<T>(words[j]);
+    const float d0 = live ? (f.x - mu) * rs : 0.f, d1 = live ? (f.y - mu) * rs : 0.f;
+    h[j] = pack2<T>(d0, d1);
+    const float2 hf = pair_to_float2<T>(h[j]);
+    l[j] = pack2<T>(d0 - hf.x, d1 - hf.y);
+  }
+  hi = make_uint4(h[0], h[1], h[2], h[3]);
+  lo = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
+// The redo pass of kSelfNorm: acc = norm(x) . w over every chunk, the weights loaded again (from L2) and x's
+// rows normalized and split (center_split); mu[t], rs[t]: the mean and rstd of the lane's x row of n-tile t.
+template <typename T, int NT, int CH, bool kStageX>
+__device__ __forceinline__ void mma_accumulate_centered(const LinearParams& p, const MmaLane<T, NT>& L, int first,
+                                                        int end, int stride, const float (&mu)[NT],
+                                                        const float (&rs)[NT], float (&acc)[NT][4]) {
+  uint4 wa[CH][2];
+  const auto body = [&](int t, const uint32_t (&a_lo)[4], const uint32_t (&a_hi)[4], const uint4& b, bool live) {
+    uint4 hi, lo;
+    center_split<T>(b, mu[t], rs[t], live, hi, lo);
+    mma16816<T>(acc[t], a_lo, hi.x, hi.y);
+    mma16816<T>(acc[t], a_hi, hi.z, hi.w);
+    mma16816<T>(acc[t], a_lo, lo.x, lo.y);
+    mma16816<T>(acc[t], a_hi, lo.z, lo.w);
+  };
+  mma_walk_pieces<T, NT, CH, kStageX>(p, L, first, end, stride, false, wa, [] {}, body);
+}
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // mma.sync
+// kSelfNorm's block phase, every thread of the block once (after mma_accumulate_self): the lanes' statistics
+// summed over each quad (the lanes of one x row), then with the fragments through shared memory (one
+// barrier); every warp combines the 16 rows (lane m % 16: row m) into mean and rstd, identically, so the
+// redo decision is block-uniform. Then either the owning warps' epilogue, rstd (s - mean sum(w)), or every
+// warp's redo pass on normalized x and the plain epilogue.
+template <typename T, int NT, int CH, bool kStageX>
+__device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int64_t col0, const MmaLane<T, NT>& L,
+                                                     int chunks, const float (&acc)[NT][4], SelfNormLane<NT>& st,
+                                                     const MmaOutputIn& out_in) {
+  MmaWarpShared<NT, CH, kStageX>* sh = mma_shared<NT, CH, kStageX>();
+  SelfNormShared& ns = self_norm_shared();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int off = 1; off < 4; off *= 2) {
+      st.sum[t] += __shfl_xor_sync(0xffffffffu, st.sum[t], off);
+      st.sq[t] += __shfl_xor_sync(0xffffffffu, st.sq[t], off);
+    }
+  if (q == 0) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) ns.rows[warp][8 * t + g] = make_float2(st.sum[t], st.sq[t]);
+  }
+  if constexpr (kStageX) __syncwarp();  // every lane of the warp has read its x pieces from these bytes
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sh[warp].partial[t][i][lane] = acc[t][i];
+  __syncthreads();
+
+  // Row m = lane % 16 (rows of n-tiles this build does not have: dead, never stored).
+  const int m = lane % 16;
+  float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+  for (int v = 0; v < kMmaWarps; ++v) {
+    const float2 r = ns.rows[v][m];
+    s1 += r.x;
+    s2 += r.y;
+  }
+  float shift = __shfl_sync(0xffffffffu, st.shift[0], 4 * (m % 8));
+  if constexpr (NT == 2) {
+    const float shift1 = __shfl_sync(0xffffffffu, st.shift[1], 4 * (m % 8));
+    if (m >= 8) shift = shift1;
+  }
+  const bool layer = p.norm == kNormLayer;
+  const float inv_k = 1.f / float(p.k);
+  const float dmean = layer ? s1 * inv_k : 0.f;
+  const float var = fmaxf(fmaf(s2, inv_k, -dmean * dmean), 0.f);  // RMSNorm: mean(x^2)
+  const float rstd = rsqrtf(var + p.eps);
+  const float mean = layer ? shift + dmean : 0.f;
+  const bool redo = layer && m < p.m && !(fabsf(mean) * rstd <= kSelfNormMaxMean);
+  if (!__any_sync(0xffffffffu, redo)) {
+    if (warp >= NT) return;
+    float s[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s[i] = 0.f;
+      for (int v = 0; v < kMmaWarps; ++v) s[i] += sh[v].partial[warp][i][lane];
+      const int row = 8 * warp + 2 * q + i % 2;
+      const float mean_i = __shfl_sync(0xffffffffu, mean, row), rstd_i = __shfl_sync(0xffffffffu, rstd, row);
+      float ws = 0.f;
+      for (int v = 0; v < kMmaWarps; ++v) ws += ns.wsum[v][g + 8 * (i / 2)];
+      s[i] = rstd_i * fmaf(-mean_i, ws, s[i]);
+    }
+    mma_store<T>(p, col0, warp, s, out_in);
+    return;
+  }
+  // The redo pass (every warp): its x rows' mean and rstd, then the block's products again on normalized x.
+  // The staging slots it writes alias this warp's own partials, which no warp reads on this path.
+  float mu[NT], rs[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    mu[t] = __shfl_sync(0xffffffffu, mean, 8 * t + g);
+    rs[t] = __shfl_sync(0xffffffffu, rstd, 8 * t + g);
+  }
+  float acc2[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc2[t][i] = 0.f;
+  __syncwarp();
+  mma_accumulate_centered<T, NT, CH, kStageX>(p, L, warp, chunks, kMmaWarps, mu, rs, acc2);
+  float s[4];
+  if (mma_block_sum<NT, CH, kStageX>(acc2, s)) mma_store<T>(p, col0, warp, s, out_in);
+}
+#endif
+
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); kShort: the short build (CH chunks in
 // flight, kMmaShortMinBlocks blocks per SM), else the long one (kMmaLongChunks, unbounded). No norm:
 // linear.cpp normalizes 2-16 16-bit rows in a launch of their own (the prologue measured slower in
 // GPT-2's step, and a fold into the products, as the CUDA-core kernel's kFold at one row, slower
 // still: bench/NOTES.md session 14).
 // kNormX: x's rows normalized from row statistics (p.norm kNormStatsLayer / kNormStatsRms; above).
-template <typename T, int NT, bool kShort, bool kStageX, bool kNormX = false>
+// kSelfNorm: x's rows normalized from their own pieces (p.norm kNormLayer / kNormRms; mma_accumulate_self).
+template <typename T, int NT, bool kShort, bool kStageX, bool kNormX = false, bool kSelfNorm = false>
 __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)
     linear_mma_kernel(const LinearParams p) {
+  static_assert(!(kNormX && kSelfNorm), "one source of x's row statistics");
   constexpr int CH = kShort ? kMmaShortChunks : kMmaLongChunks;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
@@ -1027,8 +1312,22 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   if (kOutputAhead && warp < NT) mma_load_output_bias<T>(p, col0, warp, out_in);
   float row_sums[4];  // kNormX: the owning warps' weight-row sums
   if (kNormX && warp < NT) mma_load_row_sums(p, col0, warp, row_sums);
+  if constexpr (kSelfNorm) mma_weight_sums<T, CH>(wa);
   wait_for_primary();
-  if (kOutputAhead && warp < NT) mma_load_output_residual<T>(p, col0, warp, out_in);
+  if (kOutputAhead && !kSelfNorm && warp < NT) mma_load_output_residual<T>(p, col0, warp, out_in);
+  if constexpr (kSelfNorm) {
+    SelfNormLane<NT> st;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      // x[row][0]: a plain load after the wait, on its way with the pieces.
+      st.shift[t] = p.norm == kNormLayer && L.xlive[t] ? to_float(*(L.xrow[t] - (threadIdx.x % 32) % 4 * 8)) : 0.f;
+      st.sum[t] = st.sq[t] = 0.f;
+    }
+    mma_accumulate_self<T, NT, CH, kStageX>(p, L, warp, chunks, kMmaWarps, wa, acc, st, col0, out_in);
+    launch_dependents();
+    mma_self_norm_finish<T, NT, CH, kStageX>(p, col0, L, chunks, acc, st, out_in);
+    return;
+  }
   if constexpr (kNormX) {
     mma_accumulate_normed<T, NT, CH, kStageX>(p, L, warp, chunks, kMmaWarps, wa, acc);
   } else {
@@ -1135,6 +1434,29 @@ void launch_linear_mma(const LinearParams& p, int sms, cudaStream_t stream) {
 template <typename T, int MT>
 void launch_linear_mma_stats(const LinearParams& p, int sms, cudaStream_t stream) {
   linear::launch_mma_builds<T, MT, true>(p, sms, stream);
+}
+
+template <typename T, int MT>
+bool linear_mma_self_norm_fits(int64_t k, int64_t blocks, int sms) {
+  cudaFuncAttributes attr{};
+  static const bool built =
+      cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true, false, false, true>) == cudaSuccess &&
+      attr.binaryVersion >= 80;
+  return built && linear::mma_short((k + 31) / 32) && blocks <= int64_t(sms) * linear::kMmaShortMinBlocks;
+}
+
+template <typename T, int MT>
+void launch_linear_mma_self_norm(const LinearParams& params, int sms, cudaStream_t stream) {
+  const LinearParams p = linear::with_linear_pdl_early(params);
+  constexpr int NT = MT / 8;
+  const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
+  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
+  constexpr auto short_build = linear::linear_mma_kernel<T, NT, true, false, false, true>;
+  constexpr auto staged_build = linear::linear_mma_kernel<T, NT, true, NT == 2, false, true>;
+  static const bool pdl_short = programmatic_capable(short_build), pdl_staged = programmatic_capable(staged_build);
+  const bool staged = linear::mma_stage_x<NT>(grid.x, sms);
+  launch_programmatic(staged ? pdl_staged : pdl_short, staged ? staged_build : short_build, grid,
+                      dim3(kLinearMmaThreads), 0, stream, p);
 }
 
 template <typename T, int MT>

@@ -145,6 +145,15 @@ int linear_mma_arch();
 // above): instantiated in the _norm units.
 template <typename T, int MT>
 void launch_linear_mma_stats(const LinearParams& p, int sms, cudaStream_t stream);
+// The same kernel normalizing x's rows itself (p.norm kNormLayer / kNormRms, no norm weight or bias: folded
+// into the weight by the caller; kSelfNorm in linear_kernel.cuh): the short build only (a warp's share of K
+// within kMmaShortChunks chunks of 32: K <= 768), in a grid the SMs hold at once; linear.cpp checks both.
+// Instantiated at MT 8 (4-8 rows: linear.cpp's kSelfNormMaxRows).
+template <typename T, int MT>
+void launch_linear_mma_self_norm(const LinearParams& p, int sms, cudaStream_t stream);
+// Whether it takes k and a grid of `blocks` (16-column tiles) on `sms` SMs, and was compiled (sm_80+).
+template <typename T, int MT>
+bool linear_mma_self_norm_fits(int64_t k, int64_t blocks, int sms);
 // The split-K tensor-core kernel (linear_splitk.cuh), for fewer 16-row tiles of W than SMs: the same
 // conditions as launch_linear_mma; `splits` blocks (1 to kLinearMaxSplits, none without a chunk of 32
 // k) per tile form a cluster along K; sms as for launch_linear_mma. linear_splitk_arch: the SM version it was compiled for (0 if
