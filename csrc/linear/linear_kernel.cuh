@@ -880,8 +880,10 @@ __device__ __forceinline__ void mma_norm_epilogue(int t, const float (&sums)[4],
 // of n-tile t in s (s[i]: tile row g + 8 (i / 2), x row 8 t + 2 q + i % 2); the other warps false.
 // In the shared memory of mma_accumulate's x staging (MmaWarpShared): a caller that runs mma_accumulate
 // again after it first waits at a block barrier for the owning warps' reads.
+// In two halves: every warp's fragments into shared memory and the barrier (mma_block_partials), then the
+// owning warp's sum (mma_block_owner_sum).
 template <int NT, int CH, bool kStageX>
-__device__ __forceinline__ bool mma_block_sum(const float (&acc)[NT][4], float (&s)[4]) {
+__device__ __forceinline__ void mma_block_partials(const float (&acc)[NT][4]) {
   MmaWarpShared<NT, CH, kStageX>* sh = mma_shared<NT, CH, kStageX>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if constexpr (kStageX) __syncwarp();  // every lane of the warp has read its x pieces from these bytes
@@ -890,12 +892,24 @@ __device__ __forceinline__ bool mma_block_sum(const float (&acc)[NT][4], float (
 #pragma unroll
     for (int i = 0; i < 4; ++i) sh[warp].partial[t][i][lane] = acc[t][i];
   __syncthreads();
-  if (warp >= NT) return false;
+}
+
+template <int NT, int CH, bool kStageX>
+__device__ __forceinline__ void mma_block_owner_sum(float (&s)[4]) {
+  const MmaWarpShared<NT, CH, kStageX>* sh = mma_shared<NT, CH, kStageX>();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     s[i] = 0.f;
     for (int v = 0; v < kMmaWarps; ++v) s[i] += sh[v].partial[warp][i][lane];
   }
+}
+
+template <int NT, int CH, bool kStageX>
+__device__ __forceinline__ bool mma_block_sum(const float (&acc)[NT][4], float (&s)[4]) {
+  mma_block_partials<NT, CH, kStageX>(acc);
+  if (int(threadIdx.x / 32) >= NT) return false;
+  mma_block_owner_sum<NT, CH, kStageX>(s);
   return true;
 }
 
@@ -1203,7 +1217,6 @@ template <typename T, int NT, int CH, bool kStageX>
 __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int64_t col0, const MmaLane<T, NT>& L,
                                                      int chunks, const float (&acc)[NT][4], SelfNormLane<NT>& st,
                                                      const MmaOutputIn& out_in) {
-  MmaWarpShared<NT, CH, kStageX>* sh = mma_shared<NT, CH, kStageX>();
   SelfNormShared& ns = self_norm_shared();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
 #pragma unroll
@@ -1217,12 +1230,7 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
 #pragma unroll
     for (int t = 0; t < NT; ++t) ns.rows[warp][8 * t + g] = make_float2(st.sum[t], st.sq[t]);
   }
-  if constexpr (kStageX) __syncwarp();  // every lane of the warp has read its x pieces from these bytes
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) sh[warp].partial[t][i][lane] = acc[t][i];
-  __syncthreads();
+  mma_block_partials<NT, CH, kStageX>(acc);
 
   // Row m = lane % 16 (rows of n-tiles this build does not have: dead, never stored).
   const int m = lane % 16;
@@ -1248,10 +1256,9 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
   if (!__any_sync(0xffffffffu, redo)) {
     if (warp >= NT) return;
     float s[4];
+    mma_block_owner_sum<NT, CH, kStageX>(s);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      s[i] = 0.f;
-      for (int v = 0; v < kMmaWarps; ++v) s[i] += sh[v].partial[warp][i][lane];
       const int row = 8 * warp + 2 * q + i % 2;
       const float mean_i = __shfl_sync(0xffffffffu, mean, row), rstd_i = __shfl_sync(0xffffffffu, rstd, row);
       float ws = 0.f;
