@@ -333,7 +333,7 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
         p.norm_weight = rs->out.data_ptr();
         p.xs_pitch = int(stats_groups(p.n_out));
       }
-      // The tensor-core kernels take no norm (linear_impl normalizes 2-16 rows of 16-bit x first).
+      // Otherwise the tensor-core kernels take no norm (linear_impl normalized 2-16 rows of 16-bit x first).
       if (p.m >= kMmaMinRows && p.vec && !normed && mma_blocks >= sms) {
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
           wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream)
@@ -461,7 +461,8 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   // The kernels' prologue (normalize in shared memory, then multiply) measured slower than the two
   // launches in GPT-2's chained step at every batch (bench/NOTES.md, sessions 7, 10 and 13). One row
   // keeps it in the launch: the prologue, or without the norm's weight and bias the fold into the dot
-  // products (linear_kernel.cuh, kFold).
+  // products (linear_kernel.cuh, kFold); 4-8 rows without them, where the tensor-core kernel runs in one
+  // wave, the same fold on tensor cores (self_norm_in_mma, kSelfNorm).
   if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m >= 2 && m <= kMaxGemvRows) {
     if (rs == nullptr && post == nullptr && self_norm_in_mma(x, weight, norm, m, k, n_out, activation)) {
       norm.in_mma = true;

@@ -1289,10 +1289,10 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
 #endif
 
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); kShort: the short build (CH chunks in
-// flight, kMmaShortMinBlocks blocks per SM), else the long one (kMmaLongChunks, unbounded). No norm:
-// linear.cpp normalizes 2-16 16-bit rows in a launch of their own (the prologue measured slower in
-// GPT-2's step, and a fold into the products, as the CUDA-core kernel's kFold at one row, slower
-// still: bench/NOTES.md session 14).
+// flight, kMmaShortMinBlocks blocks per SM), else the long one (kMmaLongChunks, unbounded). No norm in
+// the plain build: linear.cpp normalizes 2-16 16-bit rows in a launch of their own (the prologue measured
+// slower in GPT-2's step, and session 14's fold into the products slower still: bench/NOTES.md), except
+// 4-8 rows with the norm folded into the weight (kSelfNorm, below).
 // kNormX: x's rows normalized from row statistics (p.norm kNormStatsLayer / kNormStatsRms; above).
 // kSelfNorm: x's rows normalized from their own pieces (p.norm kNormLayer / kNormRms; mma_accumulate_self).
 template <typename T, int NT, bool kShort, bool kStageX, bool kNormX = false, bool kSelfNorm = false>
