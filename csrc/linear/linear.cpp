@@ -190,9 +190,10 @@ struct PostNorm {
 // weight, as fused_attn.gpt2's "folded" layer_norm does) normalizes inside the tensor-core kernel
 // (kSelfNorm, linear_kernel.cuh: statistics from x's own pieces, applied in the epilogue) where that kernel
 // runs: its short build (k <= 768) in one wave; else our layer_norm launch first, as before. Measured in
-// GPT-2's captured step (H100, bench/NOTES.md session 23): B4 -4 to -8 us, B8 -5 to -14; at 9-16 rows
-// (two n-tiles) the same kernel made B16 17-26 us slower (each c_attn / c_fc +1.8 us on the critical path
-// against the 1.4 us launch it saves), so from 9 rows the norm keeps its launch (kSelfNormMaxRows).
+// GPT-2's captured step (H100, bench/NOTES.md session 23, the statistics on tensor cores): B4 -11 to -15
+// us a step, B8 -6 to -9; at 9-16 rows (two n-tiles) B16 +7 to +9 (alone the kernel costs 1.2 us more than
+// the plain one at 16 rows, 0.8 at 8, against the ~1.4 us norm launch it saves), so from 9 rows the norm
+// keeps its launch (kSelfNormMaxRows).
 // FUSED_ATTN_SELF_NORM=0 turns it off (the two launches), for A/Bs.
 constexpr int64_t kSelfNormMaxRows = 8;
 bool self_norm_in_mma(const at::Tensor& x, const at::Tensor& weight, const Norm& norm, int64_t m, int64_t k,

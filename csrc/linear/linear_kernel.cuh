@@ -1017,19 +1017,22 @@ __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, i
 // row). With the row's mean mu (0 for RMSNorm) and rstd:
 //     w . norm(x) = rstd (w . x - mu sum(w))
 // so nothing waits for the statistics but the epilogue: the MMAs multiply x as it is (16-bit products are
-// exact, the sums float32); alongside them each lane sums its pieces of x~ = x - s and x~^2 in float32 (s:
-// the row's first element for LayerNorm, as kFold and csrc/layer_norm shift, so the variance's cancellation
-// stays bounded), and one more MMA pair per chunk, against a B operand of ones, sums the weight rows over
-// exactly the 16-bit values the products used. The statistics ride the block sum's barrier (every warp
-// combines all rows: the decision below is block-uniform without another barrier); the owning warps apply
-// rstd and the correction.
+// exact, the sums float32), and the statistics are MMAs too: per piece one more pair whose A rows are ones
+// and this lane's x row sums x and x^2 of the tile's rows (uncentered; SelfNormLane), and before the wait a
+// pair against a B operand of ones sums the weight rows over exactly the 16-bit values the products use.
+// (Summing x - x[0] and its square on CUDA cores, the first build, doubled the kernel's instructions: ncu,
+// 7.1 against 5.9 us alone at 8 rows; bench/NOTES.md session 23.) The statistics ride the block sum's
+// barrier (every warp combines all rows: the decision below is block-uniform without another barrier); the
+// owning warps apply rstd and the correction.
 // The correction cancels mu sum(w) out of float32 sums of terms up to (|mu| + |x - mu|) |w|, so its error,
 // relative to the 16-bit rounding of the normalized row that two launches make, grows with |mu| rstd
-// (the row's mean in standard deviations): about (|mu| rstd + 1) 2^-24 k against 2^-12 at worst. Where a
-// live row has |mu| rstd > kSelfNormMaxMean (or a non-finite value), the block redoes every row on
-// normalized x split into two 16-bit pieces ((x - mu) rstd = hi + lo, the MMAs twice): correct to float32
-// arithmetic, one more pass over the weights (from L2). GPT-2's residual stream never takes it; an
-// all-equal row (variance 0) always does.
+// (the row's mean in standard deviations): about (|mu| rstd + 1) 2^-24 k against 2^-12 at worst; the
+// uncentered variance loses about (|mu| rstd)^2 float32 ulps. Where a live row has |mu| rstd >
+// kSelfNormMaxMean (or a non-finite sum), the block takes the row statistics again, shifted by each row's
+// first element on CUDA cores (self_norm_exact_stats), and redoes every row on normalized x split into two
+// 16-bit pieces ((x - mu) rstd = hi + lo, the MMAs twice): correct to float32 arithmetic, one more pass
+// over x and the weights (from L2). GPT-2's residual stream never takes it; an all-equal row (variance 0)
+// always does.
 constexpr float kSelfNormMaxMean = 8.f;
 
 // The 16-bit pair of ones: the B operand that sums the A rows.
@@ -1052,10 +1055,12 @@ __device__ __forceinline__ float2 pair_to_float2(uint32_t w) {
   }
 }
 
-// The lane's running sums: per n-tile its x row's shift s, sum of x~ and of x~^2 (over the lane's pieces).
+// The lane's statistics accumulators, per n-tile t an MMA accumulator of A = (ones over this lane's x row)
+// times B = the tile's x rows (mma_accumulate_self): c[t][0..1] the sums of x rows 8 t + 2 q (+1), c[t][2..3]
+// the products of x row 8 t + g with rows 8 t + 2 q (+1), the sum of squares of row 8 t + g where g = 2 q (+1).
 template <int NT>
 struct SelfNormLane {
-  float shift[NT], sum[NT], sq[NT];
+  float c[NT][4];
 };
 
 // The A fragments of a chunk's weight pieces (tile rows g and g + 8) for its two MMAs, in mma_accumulate's
@@ -1077,7 +1082,7 @@ __device__ __forceinline__ void mma_x_landed() {
 // The per-warp statistics the block combines (kSelfNorm): each x row's (sum x~, sum x~^2) and each tile
 // row's weight sum over the warp's chunks. Apart from MmaWarpShared: the redo pass stages x again.
 struct SelfNormShared {
-  float2 rows[kMmaWarps][kLinearMaxRows];
+  float sum[kMmaWarps][kLinearMaxRows], sq[kMmaWarps][kLinearMaxRows];
   float wsum[kMmaWarps][16];
 };
 
@@ -1140,8 +1145,8 @@ __device__ __forceinline__ void mma_walk_pieces(const LinearParams& p, const Mma
   }
 }
 
-// mma_accumulate plus the statistics (above): the same loads and products, x~ summed from each live piece
-// (the weight rows' sums were taken before the wait: mma_weight_sums).
+// mma_accumulate plus the statistics (above): the same loads and products, and an MMA pair per piece that
+// sums x and x^2 (SelfNormLane; the weight rows' sums were taken before the wait: mma_weight_sums).
 // The owning warps' residuals (mma_load_output_residual) are issued here, behind the first group's x pieces:
 // issued right after the wait (as the plain kernel does), the 16-row build, whose registers are full, spills
 // them at once and so waited a whole round trip for them before its first x load.
@@ -1153,18 +1158,15 @@ __device__ __forceinline__ void mma_accumulate_self(const LinearParams& p, const
   const auto residuals = [&] {
     if (kOutputAhead && warp < NT) mma_load_output_residual<T>(p, col0, warp, out_in);
   };
-  const auto body = [&](int t, const uint32_t (&a_lo)[4], const uint32_t (&a_hi)[4], const uint4& b, bool live) {
+  const uint32_t one = ones_pair<T>();
+  const auto body = [&](int t, const uint32_t (&a_lo)[4], const uint32_t (&a_hi)[4], const uint4& b, bool) {
     mma16816<T>(acc[t], a_lo, b.x, b.y);
     mma16816<T>(acc[t], a_hi, b.z, b.w);
-    if (!live) return;
-    const uint32_t words[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = pair_to_float2<T>(words[j]);
-      const float d0 = f.x - st.shift[t], d1 = f.y - st.shift[t];
-      st.sum[t] += d0 + d1;
-      st.sq[t] = fmaf(d0, d0, fmaf(d1, d1, st.sq[t]));
-    }
+    // The statistics on the tensor cores too (pieces past k or m are zeros: nothing to mask): A's rows g are
+    // ones, its rows g + 8 this lane's x row, in the weights' k-slot order (SelfNormLane).
+    const uint32_t s_lo[4] = {one, b.x, one, b.y}, s_hi[4] = {one, b.z, one, b.w};
+    mma16816<T>(st.c[t], s_lo, b.x, b.y);
+    mma16816<T>(st.c[t], s_hi, b.z, b.w);
   };
   mma_walk_pieces<T, NT, CH, kStageX>(p, L, first, end, stride, true, wa, residuals, body);
 }
@@ -1208,6 +1210,62 @@ __device__ __forceinline__ void mma_accumulate_centered(const LinearParams& p, c
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // mma.sync
+// The redo pass's statistics, every thread of the block once (after a barrier that ends every read of
+// SelfNormShared): each lane sums x - x[row][0] and its square over its own pieces (plain loads from L2,
+// float32, as kFold and csrc/layer_norm shift), the quads and warps combine them through SelfNormShared, and
+// lane m % 16 of every warp returns row m's mean and rstd.
+template <typename T, int NT>
+__device__ __forceinline__ void self_norm_exact_stats(const LinearParams& p, const MmaLane<T, NT>& L, int chunks,
+                                                      float& mean, float& rstd) {
+  SelfNormShared& ns = self_norm_shared();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  float shift[NT], sum[NT], sq[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    shift[t] = L.xlive[t] ? to_float(*(L.xrow[t] - q * 8)) : 0.f;
+    sum[t] = sq[t] = 0.f;
+  }
+  for (int c = warp; c < chunks; c += kMmaWarps) {
+    if (c * 32 + q * 8 >= p.k) continue;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (!L.xlive[t]) continue;
+      const uint4 b = *reinterpret_cast<const uint4*>(L.xrow[t] + c * 32);
+      const uint32_t words[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = pair_to_float2<T>(words[j]);
+        const float d0 = f.x - shift[t], d1 = f.y - shift[t];
+        sum[t] += d0 + d1;
+        sq[t] = fmaf(d0, d0, fmaf(d1, d1, sq[t]));
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+#pragma unroll
+    for (int off = 1; off < 4; off *= 2) {
+      sum[t] += __shfl_xor_sync(0xffffffffu, sum[t], off);
+      sq[t] += __shfl_xor_sync(0xffffffffu, sq[t], off);
+    }
+    if (q == 0) ns.sum[warp][8 * t + g] = sum[t], ns.sq[warp][8 * t + g] = sq[t];
+  }
+  __syncthreads();
+  const int m = lane % 16;
+  float s1 = 0.f, s2 = 0.f;
+  for (int v = 0; v < kMmaWarps; ++v) s1 += ns.sum[v][m], s2 += ns.sq[v][m];
+  float x0 = __shfl_sync(0xffffffffu, shift[0], 4 * (m % 8));
+  if constexpr (NT == 2) {
+    const float x0_hi = __shfl_sync(0xffffffffu, shift[1], 4 * (m % 8));
+    if (m >= 8) x0 = x0_hi;
+  }
+  const float inv_k = 1.f / float(p.k), dmean = s1 * inv_k;
+  mean = x0 + dmean;
+  rstd = rsqrtf(fmaxf(fmaf(s2, inv_k, -dmean * dmean), 0.f) + p.eps);
+}
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // mma.sync
 // kSelfNorm's block phase, every thread of the block once (after mma_accumulate_self): the lanes' statistics
 // summed over each quad (the lanes of one x row), then with the fragments through shared memory (one
 // barrier); every warp combines the 16 rows (lane m % 16: row m) into mean and rstd, identically, so the
@@ -1220,39 +1278,24 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
   SelfNormShared& ns = self_norm_shared();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
 #pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int off = 1; off < 4; off *= 2) {
-      st.sum[t] += __shfl_xor_sync(0xffffffffu, st.sum[t], off);
-      st.sq[t] += __shfl_xor_sync(0xffffffffu, st.sq[t], off);
-    }
-  if (q == 0) {
-#pragma unroll
-    for (int t = 0; t < NT; ++t) ns.rows[warp][8 * t + g] = make_float2(st.sum[t], st.sq[t]);
+  for (int t = 0; t < NT; ++t) {  // SelfNormLane's layout: row sums in lanes g = 0, squares on the diagonal
+    if (g == 0) ns.sum[warp][8 * t + 2 * q] = st.c[t][0], ns.sum[warp][8 * t + 2 * q + 1] = st.c[t][1];
+    if (g / 2 == q) ns.sq[warp][8 * t + g] = st.c[t][2 + g % 2];
   }
   mma_block_partials<NT, CH, kStageX>(acc);
 
-  // Row m = lane % 16 (rows of n-tiles this build does not have: dead, never stored).
+  // Row m = lane % 16 (rows of n-tiles this build does not have: dead, never stored). Uncentered sums: the
+  // variance E[x^2] - mean^2 loses ~(|mean| rstd)^2 float32 ulps, within kSelfNormMaxMean^2 on this path.
   const int m = lane % 16;
   float s1 = 0.f, s2 = 0.f;
 #pragma unroll
-  for (int v = 0; v < kMmaWarps; ++v) {
-    const float2 r = ns.rows[v][m];
-    s1 += r.x;
-    s2 += r.y;
-  }
-  float shift = __shfl_sync(0xffffffffu, st.shift[0], 4 * (m % 8));
-  if constexpr (NT == 2) {
-    const float shift1 = __shfl_sync(0xffffffffu, st.shift[1], 4 * (m % 8));
-    if (m >= 8) shift = shift1;
-  }
+  for (int v = 0; v < kMmaWarps; ++v) s1 += ns.sum[v][m], s2 += ns.sq[v][m];
   const bool layer = p.norm == kNormLayer;
   const float inv_k = 1.f / float(p.k);
-  const float dmean = layer ? s1 * inv_k : 0.f;
-  const float var = fmaxf(fmaf(s2, inv_k, -dmean * dmean), 0.f);  // RMSNorm: mean(x^2)
-  const float rstd = rsqrtf(var + p.eps);
-  const float mean = layer ? shift + dmean : 0.f;
-  const bool redo = layer && m < p.m && !(fabsf(mean) * rstd <= kSelfNormMaxMean);
+  float mean = layer ? s1 * inv_k : 0.f;
+  const float var = fmaxf(fmaf(s2, inv_k, -mean * mean), 0.f);  // RMSNorm: mean(x^2)
+  float rstd = rsqrtf(var + p.eps);
+  const bool redo = layer && m < p.m && !(isfinite(s2) && fabsf(mean) * rstd <= kSelfNormMaxMean);
   if (!__any_sync(0xffffffffu, redo)) {
     if (warp >= NT) return;
     float s[4];
@@ -1268,8 +1311,11 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
     mma_store<T>(p, col0, warp, s, out_in);
     return;
   }
-  // The redo pass (every warp): its x rows' mean and rstd, then the block's products again on normalized x.
-  // The staging slots it writes alias this warp's own partials, which no warp reads on this path.
+  // The redo pass (every warp): the rows' statistics again, exactly (self_norm_exact_stats), then the block's
+  // products again on normalized x. The staging slots it writes alias this warp's own partials, which no
+  // warp reads on this path.
+  __syncthreads();  // every warp has read SelfNormShared's sums above
+  self_norm_exact_stats<T, NT>(p, L, chunks, mean, rstd);
   float mu[NT], rs[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
@@ -1325,11 +1371,9 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   if constexpr (kSelfNorm) {
     SelfNormLane<NT> st;
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      // x[row][0]: a plain load after the wait, on its way with the pieces.
-      st.shift[t] = p.norm == kNormLayer && L.xlive[t] ? to_float(*(L.xrow[t] - (threadIdx.x % 32) % 4 * 8)) : 0.f;
-      st.sum[t] = st.sq[t] = 0.f;
-    }
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) st.c[t][i] = 0.f;
     mma_accumulate_self<T, NT, CH, kStageX>(p, L, warp, chunks, kMmaWarps, wa, acc, st, col0, out_in);
     launch_dependents();
     mma_self_norm_finish<T, NT, CH, kStageX>(p, col0, L, chunks, acc, st, out_in);
