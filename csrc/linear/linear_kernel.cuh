@@ -692,34 +692,64 @@ __device__ __forceinline__ void mma_issue_x(const LinearParams& p, const MmaLane
   }
 }
 
+// The A fragments of a chunk's weight pieces (tile rows g and g + 8) for its two MMAs: the
+// k-slot permutation the x pieces share (linear_mma_kernel's header).
+__device__ __forceinline__ void mma_a_fragments(const uint4 (&w)[2], uint32_t (&lo)[4], uint32_t (&hi)[4]) {
+  lo[0] = w[0].x, lo[1] = w[1].x, lo[2] = w[0].y, lo[3] = w[1].y;
+  hi[0] = w[0].z, hi[1] = w[1].z, hi[2] = w[0].w, hi[3] = w[1].w;
+}
+
+// A staged group's x pieces landed in the lane's slots (kStageX; nothing to wait for otherwise).
+template <bool kStageX>
+__device__ __forceinline__ void mma_x_landed() {
+  if constexpr (kStageX) {
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
+}
+
+// The chunk walk of the tensor-core kernels (mma_accumulate, kSelfNorm's two passes): the groups of CH
+// chunks of 32 k from `first`, `stride` apart, each group's weights loaded (the first group's by the caller
+// where first_loaded: before the wait) and its x pieces issued, then body(t, a_lo, a_hi, piece, live) for
+// every n-tile t of every chunk (live: the piece is inside k and its x row inside m). after_issue() runs
+// once, right after the first group's x pieces are on their way.
+template <typename T, int NT, int CH, bool kStageX, typename AfterIssue, typename Body>
+__device__ __forceinline__ void mma_walk_pieces(const LinearParams& p, const MmaLane<T, NT>& L, int first, int end,
+                                                int stride, bool first_loaded, uint4 (&wa)[CH][2],
+                                                AfterIssue after_issue, Body body) {
+  const int lane = threadIdx.x % 32, q = lane % 4;
+  auto& xs = mma_shared<NT, CH, kStageX>()[threadIdx.x / 32].x_stage;
+  for (int c0 = first; c0 < end; c0 += stride * CH) {
+    if (c0 != first || !first_loaded) mma_load_weights<T, NT, CH>(p, L, c0, end, stride, wa);
+    uint4 xb[kStageX ? 1 : CH][NT];
+    mma_issue_x<T, NT, CH, kStageX>(p, L, c0, end, stride, xs, xb);
+    if (c0 == first) after_issue();
+    mma_x_landed<kStageX>();
+#pragma unroll
+    for (int u = 0; u < CH; ++u) {
+      uint32_t a_lo[4], a_hi[4];
+      mma_a_fragments(wa[u], a_lo, a_hi);
+      const int c = c0 + u * stride;
+      const bool in = c < end && c * 32 + q * 8 < p.k;
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        body(t, a_lo, a_hi, kStageX ? xs[u][t][lane] : xb[kStageX ? 0 : u][t], in && L.xlive[t]);
+    }
+  }
+}
+
 // acc += the lane's share of the products over the chunks of 32 k first, first + stride, ... below
 // end, CH of them in flight; `wa` holds the first group's weights (mma_load_weights, issued
 // before the caller's wait_for_primary(): x, read here, is the previous kernel's output).
 template <typename T, int NT, int CH, bool kStageX>
 __device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaLane<T, NT>& L, int first, int end,
                                                int stride, uint4 (&wa)[CH][2], float (&acc)[NT][4]) {
-  const int lane = threadIdx.x % 32;
-  auto& xs = mma_shared<NT, CH, kStageX>()[threadIdx.x / 32].x_stage;
-  for (int c0 = first; c0 < end; c0 += stride * CH) {
-    if (c0 != first) mma_load_weights<T, NT, CH>(p, L, c0, end, stride, wa);
-    uint4 xb[kStageX ? 1 : CH][NT];
-    mma_issue_x<T, NT, CH, kStageX>(p, L, c0, end, stride, xs, xb);
-    if constexpr (kStageX) {
-      cp_async_commit();
-      cp_async_wait<0>();
-    }
-#pragma unroll
-    for (int u = 0; u < CH; ++u) {
-      const uint32_t a_lo[4] = {wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y};
-      const uint32_t a_hi[4] = {wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w};
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const uint4 b = kStageX ? xs[u][t][lane] : xb[kStageX ? 0 : u][t];
+  mma_walk_pieces<T, NT, CH, kStageX>(
+      p, L, first, end, stride, true, wa, [] {},
+      [&](int t, const uint32_t (&a_lo)[4], const uint32_t (&a_hi)[4], const uint4& b, bool) {
         mma16816<T>(acc[t], a_lo, b.x, b.y);
         mma16816<T>(acc[t], a_hi, b.z, b.w);
-      }
-    }
-  }
+      });
 }
 #endif
 
@@ -851,8 +881,8 @@ __device__ __forceinline__ void mma_accumulate_normed(const LinearParams& p, con
     if constexpr (kStageX) cp_async_wait<0>();
 #pragma unroll
     for (int u = 0; u < CH; ++u) {
-      const uint32_t a_lo[4]{wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y};  // as mma_accumulate's
-      const uint32_t a_hi[4]{wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w};  // as mma_accumulate's
+      uint32_t a_lo[4], a_hi[4];
+      mma_a_fragments(wa[u], a_lo, a_hi);
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const uint4 b = kStageX ? xs[u][t][lane] : xb[kStageX ? 0 : u][t];
@@ -1063,21 +1093,7 @@ struct SelfNormLane {
   float c[NT][4];
 };
 
-// The A fragments of a chunk's weight pieces (tile rows g and g + 8) for its two MMAs, in mma_accumulate's
-// k-slot permutation.
-__device__ __forceinline__ void mma_a_fragments(const uint4 (&w)[2], uint32_t (&lo)[4], uint32_t (&hi)[4]) {
-  lo[0] = w[0].x, lo[1] = w[1].x, lo[2] = w[0].y, lo[3] = w[1].y;
-  hi[0] = w[0].z, hi[1] = w[1].z, hi[2] = w[0].w, hi[3] = w[1].w;
-}
 
-// A staged group's x pieces landed in the lane's slots (kStageX; nothing to wait for otherwise).
-template <bool kStageX>
-__device__ __forceinline__ void mma_x_landed() {
-  if constexpr (kStageX) {
-    cp_async_commit();
-    cp_async_wait<0>();
-  }
-}
 
 // The per-warp statistics the block combines (kSelfNorm): each x row's (sum x~, sum x~^2) and each tile
 // row's weight sum over the warp's chunks. Apart from MmaWarpShared: the redo pass stages x again.
@@ -1115,36 +1131,6 @@ __device__ __forceinline__ void mma_weight_sums(const uint4 (&wa)[CH][2]) {
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // mma.sync
-// The chunk walk of kSelfNorm's two passes, as mma_accumulate's: the groups of CH chunks of 32 k from
-// `first`, `stride` apart, each group's weights loaded (the first group's by the caller where
-// first_loaded: before the wait) and its x pieces issued, then body(t, a_lo, a_hi, piece, live) for every
-// n-tile t of every chunk (live: the piece is inside k and its x row inside m). after_issue() runs once,
-// right after the first group's x pieces are on their way.
-template <typename T, int NT, int CH, bool kStageX, typename AfterIssue, typename Body>
-__device__ __forceinline__ void mma_walk_pieces(const LinearParams& p, const MmaLane<T, NT>& L, int first, int end,
-                                                int stride, bool first_loaded, uint4 (&wa)[CH][2],
-                                                AfterIssue after_issue, Body body) {
-  const int lane = threadIdx.x % 32, q = lane % 4;
-  auto& xs = mma_shared<NT, CH, kStageX>()[threadIdx.x / 32].x_stage;
-  for (int c0 = first; c0 < end; c0 += stride * CH) {
-    if (c0 != first || !first_loaded) mma_load_weights<T, NT, CH>(p, L, c0, end, stride, wa);
-    uint4 xb[kStageX ? 1 : CH][NT];
-    mma_issue_x<T, NT, CH, kStageX>(p, L, c0, end, stride, xs, xb);
-    if (c0 == first) after_issue();
-    mma_x_landed<kStageX>();
-#pragma unroll
-    for (int u = 0; u < CH; ++u) {
-      uint32_t a_lo[4], a_hi[4];
-      mma_a_fragments(wa[u], a_lo, a_hi);
-      const int c = c0 + u * stride;
-      const bool in = c < end && c * 32 + q * 8 < p.k;
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-        body(t, a_lo, a_hi, kStageX ? xs[u][t][lane] : xb[kStageX ? 0 : u][t], in && L.xlive[t]);
-    }
-  }
-}
-
 // mma_accumulate plus the statistics (above): the same loads and products, and an MMA pair per piece that
 // sums x and x^2 (SelfNormLane; the weight rows' sums were taken before the wait: mma_weight_sums).
 // The owning warps' residuals (mma_load_output_residual) are issued here, behind the first group's x pieces:
