@@ -593,6 +593,12 @@ __host__ __device__ inline bool mma_short(int64_t chunks) {
 #define FUSED_ATTN_MMA_STAGE_X 1
 #endif
 constexpr bool kMmaStageX = FUSED_ATTN_MMA_STAGE_X != 0;
+// The fence between a staged group's copies and its first weight read (mma_walk_pieces);
+// FUSED_ATTN_MMA_X_FENCE=0 builds without it, for A/Bs.
+#ifndef FUSED_ATTN_MMA_X_FENCE
+#define FUSED_ATTN_MMA_X_FENCE 1
+#endif
+constexpr bool kMmaXFence = FUSED_ATTN_MMA_X_FENCE != 0;
 template <int NT>
 inline bool mma_stage_x(int64_t blocks, int sms) {
   return kMmaStageX && NT == 2 && blocks <= int64_t(sms) * kMmaShortMinBlocks;
@@ -723,6 +729,11 @@ __device__ __forceinline__ void mma_walk_pieces(const LinearParams& p, const Mma
     if (c0 != first || !first_loaded) mma_load_weights<T, NT, CH>(p, L, c0, end, stride, wa);
     uint4 xb[kStageX ? 1 : CH][NT];
     mma_issue_x<T, NT, CH, kStageX>(p, L, c0, end, stride, xs, xb);
+    // Every staged piece issued before anything reads the weight registers: without this fence ptxas
+    // interleaved the A-fragment moves with the copies, and the moves' wait for the weights (in-order
+    // issue) held back the group's last pieces, a second round trip before the first MMA (16 rows:
+    // 3 of 6 pieces behind it; bench/NOTES.md, session 24). __syncwarp is the fence ptxas keeps.
+    if constexpr (kStageX && kMmaXFence) __syncwarp();
     if (c0 == first) after_issue();
     mma_x_landed<kStageX>();
 #pragma unroll
