@@ -54,3 +54,42 @@ def test_sm90a_kernels_are_enabled_only_when_sm90_devices_run_the_9_0a_build(arc
     """The wgmma flash kernel is selected only where an sm_90 device cannot load a plain sm_90 pass (whose
     version of it is empty)."""
     assert (build.arch_defines(archs) == ["-DFUSED_ATTN_SM90A"]) == defined
+
+
+# The staged 16-row tensor-core GEMVs issue every x piece of a group before their first weight read
+# (bench/sass_issue_order.py; the fence in mma_walk_pieces). A performance property of the compiled code,
+# checked from SASS: without the fence ptxas put three of six pieces behind the weights' arrival.
+_SASS_STAGED = """
+        Function : _ZN10fused_attn6linear17linear_mma_kernelI6__halfLi2ELb1ELb1ELb0ELb0EEEvNS_12LinearParamsE
+        /*0100*/  @!P2 LDG.E.NA.LTC256B.128.CONSTANT R16, desc[UR6][R8.64] ;  /* 0x0 */
+        /*0110*/  ACQBULK ;  /* 0x0 */
+        /*0120*/  LDGSTS.E.128 [R5], desc[UR6][R40.64], P1 ;  /* 0x0 */
+        /*0130*/  {between}  /* 0x0 */
+        /*0140*/  LDGSTS.E.128 [R5+0x200], desc[UR6][R36.64], P2 ;  /* 0x0 */
+        /*0150*/  HMMA.16816.F32 R44, R36, R40, R44 ;  /* 0x0 */
+"""
+
+
+@pytest.mark.parametrize("between, late", [("IMAD.MOV.U32 R38, RZ, RZ, R17 ;", 1),  # reads a weight register
+                                           ("IMAD.MOV.U32 R17, RZ, RZ, R2 ;", 0),    # writes one: not a read
+                                           ("IMAD.MOV.U32 R38, RZ, RZ, R29 ;", 0)])  # another register
+def test_sass_issue_order_counts_pieces_behind_a_weight_read(between, late):
+    from bench import sass_issue_order as order
+
+    funcs = order.functions(_SASS_STAGED.format(between=between))
+    (lines,) = funcs.values()
+    assert order.issue_order(lines) == (2, late)
+
+
+def test_staged_gemv_issues_x_before_its_first_weight_read(capsys):
+    from bench import sass_issue_order as order
+    from conftest import HAS_NVCC, NO_NVCC_REASON
+
+    if not HAS_NVCC:
+        pytest.skip(NO_NVCC_REASON)
+    if order.find_cuobjdump() is None:
+        pytest.skip("needs cuobjdump (CUDA toolkit, PATH or Triton's copy)")
+    rc = order.main([])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.count("staged") == 4, out  # fp16 / bf16 x whole-K / split-K
