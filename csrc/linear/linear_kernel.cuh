@@ -599,9 +599,12 @@ constexpr bool kMmaStageX = FUSED_ATTN_MMA_STAGE_X != 0;
 #define FUSED_ATTN_MMA_X_FENCE 1
 #endif
 constexpr bool kMmaXFence = FUSED_ATTN_MMA_X_FENCE != 0;
+// Whether a short-build grid of `blocks` blocks is resident at once on `sms` SMs (one wave).
+inline bool mma_one_wave(int64_t blocks, int sms) { return blocks <= int64_t(sms) * kMmaShortMinBlocks; }
+
 template <int NT>
 inline bool mma_stage_x(int64_t blocks, int sms) {
-  return kMmaStageX && NT == 2 && blocks <= int64_t(sms) * kMmaShortMinBlocks;
+  return kMmaStageX && NT == 2 && mma_one_wave(blocks, sms);
 }
 
 // One lane's operands in the tensor-core kernels (linear_mma_kernel, linear_splitk.cuh) for the tile
@@ -1104,8 +1107,6 @@ struct SelfNormLane {
   float c[NT][4];
 };
 
-
-
 // The per-warp statistics the block combines (kSelfNorm): each x row's (sum x~, sum x~^2) and each tile
 // row's weight sum over the warp's chunks. Apart from MmaWarpShared: the redo pass stages x again.
 struct SelfNormShared {
@@ -1455,22 +1456,29 @@ void launch_nb(const LinearParams& params, int threads, cudaStream_t stream, con
 }  // namespace linear
 
 namespace linear {
-template <typename T, int MT, bool kNormX>
+// kSelfNorm has the short build only: its launches come through linear_mma_self_norm_fits, which admits no
+// other.
+template <typename T, int MT, bool kNormX, bool kSelfNorm = false>
 void launch_mma_builds(const LinearParams& params, int sms, cudaStream_t stream) {
   const LinearParams p = with_linear_pdl_early(params);
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  constexpr auto short_build = linear_mma_kernel<T, MT / 8, true, false, kNormX>;
-  constexpr auto staged_build = linear_mma_kernel<T, MT / 8, true, MT == 16, kNormX>;
-  constexpr auto long_build = linear_mma_kernel<T, MT / 8, false, false, kNormX>;
-  static const bool pdl_short = programmatic_capable(short_build), pdl_staged = programmatic_capable(staged_build),
-                    pdl_long = programmatic_capable(long_build);
+  constexpr auto short_build = linear_mma_kernel<T, MT / 8, true, false, kNormX, kSelfNorm>;
+  constexpr auto staged_build = linear_mma_kernel<T, MT / 8, true, MT == 16, kNormX, kSelfNorm>;
+  static const bool pdl_short = programmatic_capable(short_build), pdl_staged = programmatic_capable(staged_build);
   const bool is_short = mma_short((p.k + 31) / 32);
-  const bool staged = is_short && mma_stage_x<MT / 8>(grid.x, sms);
-  launch_programmatic(staged ? pdl_staged : is_short ? pdl_short : pdl_long,
-                      staged ? staged_build : is_short ? short_build : long_build, grid, dim3(kLinearMmaThreads), 0,
-                      stream, p);
+  if constexpr (!kSelfNorm) {
+    constexpr auto long_build = linear_mma_kernel<T, MT / 8, false, false, kNormX>;
+    static const bool pdl_long = programmatic_capable(long_build);
+    if (!is_short) {
+      launch_programmatic(pdl_long, long_build, grid, dim3(kLinearMmaThreads), 0, stream, p);
+      return;
+    }
+  }
+  const bool staged = mma_stage_x<MT / 8>(grid.x, sms);
+  launch_programmatic(staged ? pdl_staged : pdl_short, staged ? staged_build : short_build, grid,
+                      dim3(kLinearMmaThreads), 0, stream, p);
 }
 }  // namespace linear
 
@@ -1490,21 +1498,12 @@ bool linear_mma_self_norm_fits(int64_t k, int64_t blocks, int sms) {
   static const bool built =
       cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true, false, false, true>) == cudaSuccess &&
       attr.binaryVersion >= 80;
-  return built && linear::mma_short((k + 31) / 32) && blocks <= int64_t(sms) * linear::kMmaShortMinBlocks;
+  return built && linear::mma_short((k + 31) / 32) && linear::mma_one_wave(blocks, sms);
 }
 
 template <typename T, int MT>
-void launch_linear_mma_self_norm(const LinearParams& params, int sms, cudaStream_t stream) {
-  const LinearParams p = linear::with_linear_pdl_early(params);
-  constexpr int NT = MT / 8;
-  const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
-  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  constexpr auto short_build = linear::linear_mma_kernel<T, NT, true, false, false, true>;
-  constexpr auto staged_build = linear::linear_mma_kernel<T, NT, true, NT == 2, false, true>;
-  static const bool pdl_short = programmatic_capable(short_build), pdl_staged = programmatic_capable(staged_build);
-  const bool staged = linear::mma_stage_x<NT>(grid.x, sms);
-  launch_programmatic(staged ? pdl_staged : pdl_short, staged ? staged_build : short_build, grid,
-                      dim3(kLinearMmaThreads), 0, stream, p);
+void launch_linear_mma_self_norm(const LinearParams& p, int sms, cudaStream_t stream) {
+  linear::launch_mma_builds<T, MT, false, true>(p, sms, stream);
 }
 
 template <typename T, int MT>
