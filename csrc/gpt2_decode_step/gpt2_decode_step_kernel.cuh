@@ -254,6 +254,24 @@ struct Consumer {
   // Registers loaded between grid.arrive() and grid.wait(), converted after it: a conversion before
   // the wait would stall the thread on the load there.
   T bias_r[kStepPrefetch], res_r[kStepPrefetch];
+  // The stage trace (bench/trace_gpt2_step.py; built only with -DFUSED_ATTN_STEP_TRACE=<marks per block>,
+  // compiled out otherwise): at each mark() thread 0 of every block stores (%globaltimer, clock64) into
+  // [blocks, marks, 2] uint64 past f in the workspace (the caller allocates it). The marks, in order: the
+  // start; per layer 27 (run()'s numbered comments, gemv's two per stage); ln_f + lm_head 6.
+#ifdef FUSED_ATTN_STEP_TRACE
+  unsigned long long* trace = nullptr;
+  int nmark = 0;
+  __device__ void mark() {
+    if (tid == 0 && nmark < FUSED_ATTN_STEP_TRACE) {
+      unsigned long long* t = trace + (size_t(blockIdx.x) * FUSED_ATTN_STEP_TRACE + nmark) * 2;
+      t[0] = global_ns();
+      t[1] = clock64();
+    }
+    ++nmark;
+  }
+#else
+  __device__ void mark() {}
+#endif
 
   __device__ T* x() const { return static_cast<T*>(p.x); }
 
@@ -400,6 +418,7 @@ struct Consumer {
       // Parts of K per row, so that the rows of a small chunk still spread over all warps.
       const int P = min(nseg, max(1, (2 * kStepConsumerWarps + R - 1) / R));
       wait_slot(full + s, (chunk / p.ring) & 1);
+      if (r0 == n0) mark();  // the stage's first chunk has landed
       const T* w = reinterpret_cast<const T*>(ring + size_t(s) * p.slot_bytes);
       // Partial sums in alternate halves of red: the next chunk's writes never meet this one's reads.
       float* part = red + (chunk & 1) * (p.red_floats / 2);
@@ -433,6 +452,7 @@ struct Consumer {
         }
       }
       consumers_sync();
+      if (r0 == n0) mark();  // its dot products are done
       if (tid == 0) mbarrier_arrive(empty + s);  // every consumer is done reading the slot
       const int e0 = (r0 - n0) * B, e1 = e0 + R * B;
       for (int e = e0 + ((tid - e0) % kStepConsumers + kStepConsumers) % kStepConsumers; e < e1;
@@ -532,6 +552,11 @@ struct Consumer {
   }
 
   __device__ void run() {
+#ifdef FUSED_ATTN_STEP_TRACE
+    trace = reinterpret_cast<unsigned long long*>(
+        (reinterpret_cast<uintptr_t>(static_cast<T*>(p.f) + int64_t(p.batch) * p.n_inner) + 15) & ~uintptr_t(15));
+#endif
+    mark();  // start
     if (tid < p.batch) {
       const int b = tid, s = p.seqlens[b], lp = p.leftpad[b], ps = p.pos[b];
       const int64_t tk = p.token[b];
@@ -547,6 +572,7 @@ struct Consumer {
       // ln_1 -> c_attn: q to the workspace, k and v into the cache.
       Stage<T> st = stage_of<T>(p, 4 * l + kQkv);
       if (l > 0) grid.arrive();
+      mark();  // 0 arrive (qkv)
       prefetch_norm(2 * l);
       prefetch_pairs(st, false);
       if (l > 0) {
@@ -555,43 +581,65 @@ struct Consumer {
         cp_async_wait<0>();
         consumers_sync();  // the norm's weights, valid[] and the other per-sequence values
       }
+      mark();  // 1 waited
       stage_norm(l == 0);
-      gemv(st);
+      mark();  // 2 normed
+      gemv(st);  // 3 slot ready, 4 dots
+      mark();  // 5 epilogue done
       grid.arrive();
+      mark();  // 6 arrive (attention)
       grid.wait();
+      mark();  // 7 waited
       // Attention of each (sequence, head) over its cache.
       attention(l);
+      mark();  // 8 attention done
       // attn.c_proj + residual.
       st = stage_of<T>(p, 4 * l + kOut);
       grid.arrive();
+      mark();  // 9 arrive (out)
       prefetch_pairs(st, true);
       grid.wait();
+      mark();  // 10 waited
       stage_copy(static_cast<const T*>(p.a), p.n_embd);
-      gemv(st);
+      mark();  // 11 staged
+      gemv(st);  // 12 slot ready, 13 dots
+      mark();  // 14 epilogue done
       // ln_2 -> c_fc -> GELU.
       st = stage_of<T>(p, 4 * l + kFc);
       grid.arrive();
+      mark();  // 15 arrive (fc)
       prefetch_norm(2 * l + 1);
       prefetch_pairs(st, false);
       grid.wait();
+      mark();  // 16 waited
       stage_norm(false);
-      gemv(st);
+      mark();  // 17 normed
+      gemv(st);  // 18 slot ready, 19 dots
+      mark();  // 20 epilogue done
       // mlp.c_proj + residual.
       st = stage_of<T>(p, 4 * l + kProj);
       grid.arrive();
+      mark();  // 21 arrive (proj)
       prefetch_pairs(st, true);
       grid.wait();
+      mark();  // 22 waited
       stage_copy(static_cast<const T*>(p.f), p.n_inner);
-      gemv(st);
+      mark();  // 23 staged
+      gemv(st);  // 24 slot ready, 25 dots
+      mark();  // 26 epilogue done
     }
     // ln_f -> lm_head.
     grid.arrive();
+    mark();  // arrive (head)
     prefetch_norm(2 * L);
     grid.wait();
+    mark();  // waited
     grid.finish();
     launch_dependents();  // the sampler's launch may start under the lm_head
     stage_norm(false);
-    gemv(stage_of<T>(p, 4 * L));
+    mark();  // normed
+    gemv(stage_of<T>(p, 4 * L));  // slot ready, dots (the first chunk's)
+    mark();  // every chunk done
   }
 };
 
