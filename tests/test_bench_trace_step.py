@@ -1,6 +1,7 @@
 """bench/trace_gpt2_step.py: the summary of the persistent step's stage trace, and its mark names against the
 kernel's marks (CPU only)."""
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def test_mark_names_follow_the_kernel():
     assert per_head == len(t.HEAD)
     assert body[:body.index("for (int l")].count("mark();") == 1  # the start
     assert len(t.mark_names(12)) <= t.MARKS
-    assert f"FUSED_ATTN_STEP_TRACE" in KERNEL.read_text()
+    assert "FUSED_ATTN_STEP_TRACE" in KERNEL.read_text()
 
 
 def test_summarize_reads_intervals_and_spread():
@@ -42,19 +43,13 @@ def test_summarize_reads_intervals_and_spread():
     # layers 1 and 2's first interval (proj.done -> arrive.qkv) ends at marks L1.arrive.qkv and L2.arrive.qkv
     first = 1 + len(t.LAYER)  # L1.arrive.qkv
     key = " 0 proj.done -> arrive.qkv"
-    want = statistics_median([first, first + len(t.LAYER)])
+    want = statistics.median([first, first + len(t.LAYER)])  # interval ending at mark m lasts m us
     assert s["per_layer"][key][0] == pytest.approx(want, abs=1e-9)
     assert len(s["per_layer"]) == len(t.LAYER)
     assert s["single"][0][0] == "start -> L0.arrive.qkv"
     assert s["single"][0][2] == pytest.approx(1.5)  # the late block's first interval: 1 + 0.5
     assert all(v == pytest.approx(0.5) for v in s["spread"].values())
     assert len(s["spread"]) == 3 * 5 + 1
-
-
-def statistics_median(idx):
-    vals = sorted(float(i) for i in idx)  # interval i (0-based) lasts i + 1 us; idx are 1-based marks
-    mid = len(vals) // 2
-    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
 
 
 def test_summarize_refuses_a_wrong_mark_count():

@@ -256,8 +256,10 @@ struct Consumer {
   T bias_r[kStepPrefetch], res_r[kStepPrefetch];
   // The stage trace (bench/trace_gpt2_step.py; built only with -DFUSED_ATTN_STEP_TRACE=<marks per block>,
   // compiled out otherwise): at each mark() thread 0 of every block stores (%globaltimer, clock64) into
-  // [blocks, marks, 2] uint64 past f in the workspace (the caller allocates it). The marks, in order: the
-  // start; per layer 27 (run()'s numbered comments, gemv's two per stage); ln_f + lm_head 6.
+  // [blocks, marks, 2] uint64 past f in the workspace, at f's end rounded up to 16 bytes (workspace_bytes;
+  // the caller allocates the room). The summary reads %globaltimer (comparable across blocks); clock64 is
+  // there for cycle-resolution intervals within a block. The marks, in order: the start; per layer 27
+  // (run()'s numbered comments, gemv's two per stage); ln_f + lm_head 6.
 #ifdef FUSED_ATTN_STEP_TRACE
   unsigned long long* trace = nullptr;
   int nmark = 0;
