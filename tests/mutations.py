@@ -209,6 +209,13 @@ MUTATIONS: list[Mutation] = [
              "static_cast<uint64_t>(at) <= static_cast<uint64_t>(p.history_len)",
              _t(f"{T_SAMPLE}::test_history_gpu", f"{T_SAMPLE}::test_cuda_graph_replay_records_the_history_gpu"),
              gpu=True, why="a full history's row writes one past its end (the next row or its padding)"),
+    Mutation("kernel-linear-stats-out-on-the-plain-build", "csrc/linear/linear.cpp",
+             "            wide ? launch_linear_mma_stats_out<scalar_t, 16>(p, sms, stream)\n"
+             "                 : launch_linear_mma_stats_out<scalar_t, 8>(p, sms, stream);",
+             "            wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream)\n"
+             "                 : launch_linear_mma<scalar_t, 8>(p, sms, stream);",
+             _t("tests/test_row_stats.py::test_row_stats_match_reference_gpu"), gpu=True,
+             why="row_stats launches take the build without the statistics' epilogue: they are never written"),
     Mutation("gpt2-decode-ignores-left-padding", "fused_attn/gpt2.py",
              "cache.leftpad.copy_(s - attention_mask.sum(-1))", "cache.leftpad.zero_()",
              _t(f"{T_GPT2}::test_decode_logits_match_teacher_forced_cpu"),

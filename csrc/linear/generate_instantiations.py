@@ -8,7 +8,7 @@ rows per block (1, 2, 4) and both load paths (16-byte, element-wise): 6 kernels 
 units that ninja compiles side by side (``_norm``: with the LayerNorm / RMSNorm prologue; the units
 without it also the 6 kernels with the post-normalization, kPost); the
 float16 / bfloat16 units of MT 8 and 16 without the norm also the tensor-core kernels (linear_mma_kernel
-and linear_splitk.cuh's split-K kernel), with the norm the tensor-core kernels that normalize x from row
+and linear_splitk.cuh's split-K kernel, each also in the builds that write row statistics), with the norm the tensor-core kernels that normalize x from row
 statistics (launch_linear_mma_stats) or, at MT 8, from x's own pieces (launch_linear_mma_self_norm). The files are committed; the build does not run this
 script (tests/test_build.py checks they are current).
 """
@@ -40,9 +40,13 @@ def units() -> dict[str, str]:
                 mma = dt != "fp32" and mt in MMA_ROWS
                 if mma and not norm:
                     decls += (f"template void launch_linear_mma<{T}, {mt}>(const LinearParams&, int, cudaStream_t);\n"
+                              f"template void launch_linear_mma_stats_out<{T}, {mt}>(const LinearParams&, int, "
+                              f"cudaStream_t);\n"
                               f"template int linear_mma_arch<{T}, {mt}>();\n"
                               f"template void launch_linear_splitk<{T}, {mt}>(const LinearParams&, int, int, "
                               f"cudaStream_t);\n"
+                              f"template void launch_linear_splitk_stats_out<{T}, {mt}>(const LinearParams&, int, "
+                              f"int, cudaStream_t);\n"
                               f"template int linear_splitk_arch<{T}, {mt}>();\n")
                 if mma and norm:  # the tensor-core kernels normalizing from row statistics / from x itself
                     decls += (f"template void launch_linear_mma_stats<{T}, {mt}>(const LinearParams&, int, "

@@ -337,17 +337,26 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
       // Otherwise the tensor-core kernels take no norm (linear_impl normalized 2-16 rows of 16-bit x first).
       if (p.m >= kMmaMinRows && p.vec && !normed && mma_blocks >= sms) {
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
-          wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream)
-               : launch_linear_mma<scalar_t, 8>(p, sms, stream);
-          if (p.norm == kNormStatsOut) rs->kernel_wrote = true;
+          if (p.norm == kNormStatsOut) {
+            wide ? launch_linear_mma_stats_out<scalar_t, 16>(p, sms, stream)
+                 : launch_linear_mma_stats_out<scalar_t, 8>(p, sms, stream);
+            rs->kernel_wrote = true;
+          } else {
+            wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream) : launch_linear_mma<scalar_t, 8>(p, sms, stream);
+          }
           return;
         }
       } else if (p.m >= kMmaMinRows && p.vec && !normed) {
         if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
           const int splits = splitk_splits(mma_blocks, p.k, sms);
-          wide ? launch_linear_splitk<scalar_t, 16>(p, splits, sms, stream)
-               : launch_linear_splitk<scalar_t, 8>(p, splits, sms, stream);
-          if (p.norm == kNormStatsOut) rs->kernel_wrote = true;
+          if (p.norm == kNormStatsOut) {
+            wide ? launch_linear_splitk_stats_out<scalar_t, 16>(p, splits, sms, stream)
+                 : launch_linear_splitk_stats_out<scalar_t, 8>(p, splits, sms, stream);
+            rs->kernel_wrote = true;
+          } else {
+            wide ? launch_linear_splitk<scalar_t, 16>(p, splits, sms, stream)
+                 : launch_linear_splitk<scalar_t, 8>(p, splits, sms, stream);
+          }
           return;
         }
       }

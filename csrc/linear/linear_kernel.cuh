@@ -1037,7 +1037,10 @@ __device__ __forceinline__ void mma_store_stats(const LinearParams& p, int64_t c
   }
 }
 
-template <typename T>
+// kStatsOut: the build that may write the row statistics (p.norm == kNormStatsOut, linear_row_stats'
+// launches); the default builds have no such branch: in every tensor-core launch of GPT-2's step it cost
+// the B16 step 4-6 us (ptxas's register choices around it; H200, bench/NOTES.md session 26).
+template <typename T, bool kStatsOut = false>
 __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, int t, const float (&s)[4],
                                           const MmaOutputIn& o) {
   const bool swiglu = p.activation == kActSwiglu;
@@ -1053,7 +1056,7 @@ __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, i
       v[i] = store_output<T>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f);
     }
   }
-  if (p.norm == kNormStatsOut) mma_store_stats(p, col0, t, v);  // block-uniform
+  if (kStatsOut && p.norm == kNormStatsOut) mma_store_stats(p, col0, t, v);  // block-uniform
 }
 
 // kSelfNorm: x's rows normalized inside the launch from x's own pieces (p.norm kNormLayer / kNormRms with no
@@ -1339,7 +1342,9 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
 // 4-8 rows with the norm folded into the weight (kSelfNorm, below).
 // kNormX: x's rows normalized from row statistics (p.norm kNormStatsLayer / kNormStatsRms; above).
 // kSelfNorm: x's rows normalized from their own pieces (p.norm kNormLayer / kNormRms; mma_accumulate_self).
-template <typename T, int NT, bool kShort, bool kStageX, bool kNormX = false, bool kSelfNorm = false>
+// kStatsOut: the build whose epilogue may write the row statistics (mma_store).
+template <typename T, int NT, bool kShort, bool kStageX, bool kNormX = false, bool kSelfNorm = false,
+          bool kStatsOut = false>
 __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)
     linear_mma_kernel(const LinearParams p) {
   static_assert(!(kNormX && kSelfNorm), "one source of x's row statistics");
@@ -1387,7 +1392,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   float s[4];
   if (mma_block_sum<NT, CH, kStageX>(acc, s)) {
     if constexpr (kNormX) mma_norm_epilogue<T>(warp, row_sums, s);
-    mma_store<T>(p, col0, warp, s, out_in);
+    mma_store<T, kStatsOut>(p, col0, warp, s, out_in);
   }
 #else
   __trap();  // launched only where linear_mma_arch says it was compiled (sm_80 and later)
@@ -1457,19 +1462,19 @@ void launch_nb(const LinearParams& params, int threads, cudaStream_t stream, con
 
 namespace linear {
 // kSelfNorm has the short build only: its launches come through linear_mma_self_norm_fits, which admits no
-// other.
-template <typename T, int MT, bool kNormX, bool kSelfNorm = false>
+// other. kStatsOut: the builds that may write the row statistics.
+template <typename T, int MT, bool kNormX, bool kSelfNorm = false, bool kStatsOut = false>
 void launch_mma_builds(const LinearParams& params, int sms, cudaStream_t stream) {
   const LinearParams p = with_linear_pdl_early(params);
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  constexpr auto short_build = linear_mma_kernel<T, MT / 8, true, false, kNormX, kSelfNorm>;
-  constexpr auto staged_build = linear_mma_kernel<T, MT / 8, true, MT == 16, kNormX, kSelfNorm>;
+  constexpr auto short_build = linear_mma_kernel<T, MT / 8, true, false, kNormX, kSelfNorm, kStatsOut>;
+  constexpr auto staged_build = linear_mma_kernel<T, MT / 8, true, MT == 16, kNormX, kSelfNorm, kStatsOut>;
   static const bool pdl_short = programmatic_capable(short_build), pdl_staged = programmatic_capable(staged_build);
   const bool is_short = mma_short((p.k + 31) / 32);
   if constexpr (!kSelfNorm) {
-    constexpr auto long_build = linear_mma_kernel<T, MT / 8, false, false, kNormX>;
+    constexpr auto long_build = linear_mma_kernel<T, MT / 8, false, false, kNormX, false, kStatsOut>;
     static const bool pdl_long = programmatic_capable(long_build);
     if (!is_short) {
       launch_programmatic(pdl_long, long_build, grid, dim3(kLinearMmaThreads), 0, stream, p);
@@ -1485,6 +1490,11 @@ void launch_mma_builds(const LinearParams& params, int sms, cudaStream_t stream)
 template <typename T, int MT>
 void launch_linear_mma(const LinearParams& p, int sms, cudaStream_t stream) {
   linear::launch_mma_builds<T, MT, false>(p, sms, stream);
+}
+
+template <typename T, int MT>
+void launch_linear_mma_stats_out(const LinearParams& p, int sms, cudaStream_t stream) {
+  linear::launch_mma_builds<T, MT, false, false, true>(p, sms, stream);
 }
 
 template <typename T, int MT>

@@ -20,7 +20,8 @@ enum LinearActivation : int { kActNone = 0, kActGeluTanh = 1, kActSwiglu = 2 };
 enum LinearNorm : int { kNormNone = 0, kNormLayer = 1, kNormRms = 2 };
 
 // Row statistics handed from one launch to the next (schemas linear_row_stats and linear_stats_norm;
-// the tensor-core kernels only). A pre-LN transformer's residual projection writes, per row of its
+// the tensor-core kernels only: written by their stats-out builds, launch_linear_mma_stats_out /
+// launch_linear_splitk_stats_out). A pre-LN transformer's residual projection writes, per row of its
 // output y and per group of kStatsGroup consecutive columns (one tensor-core block's outputs), the
 // group's mean and M2 (sum of squared distances to that mean) of y as stored: float2 [m][groups],
 // groups = ceil(n_out / kStatsGroup). The next projection combines a row's groups (M2 = sum of
@@ -139,6 +140,10 @@ constexpr int kLinearMmaThreads = 256;
 // linear_kernel.cuh).
 template <typename T, int MT>
 void launch_linear_mma(const LinearParams& p, int sms, cudaStream_t stream);
+// The same kernel's builds that also write the row statistics (p.norm kNormStatsOut, above): apart, so
+// that the plain builds carry no branch for them (bench/NOTES.md session 26).
+template <typename T, int MT>
+void launch_linear_mma_stats_out(const LinearParams& p, int sms, cudaStream_t stream);
 template <typename T, int MT>
 int linear_mma_arch();
 // The same kernel normalizing x's rows from row statistics (p.norm kNormStatsLayer / kNormStatsRms,
@@ -161,6 +166,9 @@ bool linear_mma_self_norm_fits(int64_t k, int64_t blocks, int sms);
 constexpr int kLinearMaxSplits = 8;
 template <typename T, int MT>
 void launch_linear_splitk(const LinearParams& p, int splits, int sms, cudaStream_t stream);
+// Its builds that also write the row statistics (as launch_linear_mma_stats_out).
+template <typename T, int MT>
+void launch_linear_splitk_stats_out(const LinearParams& p, int splits, int sms, cudaStream_t stream);
 template <typename T, int MT>
 int linear_splitk_arch();
 
