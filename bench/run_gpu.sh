@@ -16,7 +16,10 @@
 # GRAPH_AB: ';'-separated nvcc flag sets for the graphab step (each built beside the default, e.g.
 #   GRAPH_AB='-DFUSED_ATTN_PDL_EARLY=1'), GRAPH_AB_ARGS its bench.time_decode_graph arguments.
 # PDL_TIMEOUT the pdl step's limit per trigger point (its files: PDL_TEST_FILES below).
-# steps: ab graphab build tests pdl wide bench decode norm attention linear sample layer gpt2step sanitize bytes gpt2 gpt2bench profile
+# FLAG_NVCC_FLAGS: the flagtests step's nvcc flags (an experiment switch, e.g. '-DFUSED_ATTN_ACT_BUILDS=1'): the
+#   GPU tests of FLAG_TEST_FILES (default the tensor-core linear's users below) on the library built with them,
+#   the correctness half of a switch whose speed the graphab step measures; FLAG_TIMEOUT its limit.
+# steps: ab graphab build tests pdl flagtests wide bench decode norm attention linear sample layer gpt2step sanitize bytes gpt2 gpt2bench profile
 # (default: build tests bench decode attention sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -98,6 +101,17 @@ if has pdl; then
       >> "$OUT/pdl_tests.log" 2>&1 || rc=1
     tail -1 "$OUT/pdl_tests.log"
   done
+fi
+if has flagtests; then
+  # FUSED_ATTN_NVCC_FLAGS gives the library its own cache entry (fused_attn/build.py): the default build is untouched.
+  log "flagtests (${FLAG_NVCC_FLAGS:-no flags})"
+  FUSED_ATTN_NVCC_FLAGS="${FLAG_NVCC_FLAGS:-}" python3 -m fused_attn.build 2>&1 | tail -1
+  FUSED_ATTN_NVCC_FLAGS="${FLAG_NVCC_FLAGS:-}" FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} \
+    timeout -s INT -k 30 ${FLAG_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rfE -m gpu \
+    ${FLAG_TEST_FILES:-tests/test_linear.py tests/test_mlp.py tests/test_row_stats.py tests/test_gpt2.py} \
+    > "$OUT/flag_tests.log" 2>&1 || rc=1
+  tail -1 "$OUT/flag_tests.log"
+  grep -E "^FAILED|^ERROR" "$OUT/flag_tests.log" | head -20
 fi
 if has wide; then
   # FUSED_ATTN_DECODE_WIDE is read once per process: decode attention's GPU tests (and GPT-2's) with every

@@ -81,7 +81,10 @@ def test_sass_issue_order_counts_pieces_behind_a_weight_read(between, late):
     assert order.issue_order(lines) == (2, late)
 
 
-def test_staged_gemv_issues_x_before_its_first_weight_read(capsys):
+# Staged builds per flag set: fp16 / bf16 x whole-K / split-K x (plain, stats-out); with the activation builds
+# (FUSED_ATTN_ACT_BUILDS=1, linear_kernel.cuh) the plain one is three, one per activation.
+@pytest.mark.parametrize("flags, staged", [([], 8), (["--nvcc-flag=-DFUSED_ATTN_ACT_BUILDS=1"], 16)])
+def test_staged_gemv_issues_x_before_its_first_weight_read(capsys, flags, staged):
     from bench import sass_issue_order as order
     from conftest import HAS_NVCC, NO_NVCC_REASON
 
@@ -89,7 +92,7 @@ def test_staged_gemv_issues_x_before_its_first_weight_read(capsys):
         pytest.skip(NO_NVCC_REASON)
     if order.find_cuobjdump() is None:
         pytest.skip("needs cuobjdump (CUDA toolkit, PATH or Triton's copy)")
-    rc = order.main([])
+    rc = order.main(flags)
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert out.count("staged") == 8, out  # fp16 / bf16 x whole-K / split-K x plain / stats-out builds
+    assert out.count("staged") == staged, out

@@ -242,13 +242,23 @@ struct OutputIn {
   float bias, bias_up, residual;
 };
 
-template <typename T>
+// The activation a build computes: its template's kAct, or in the kActRuntime build p.activation.
+template <int kAct>
+__device__ __forceinline__ int build_activation(const LinearParams& p) {
+  if constexpr (kAct == kActRuntime) {
+    return p.activation;
+  } else {
+    return kAct;
+  }
+}
+
+template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ void load_output_bias(const LinearParams& p, int64_t col, bool live, OutputIn& in) {
   const T* bias = static_cast<const T*>(p.bias);
   const bool b = live && bias != nullptr;
   // plain loads, issued where they stand (before the wait); the bias is a constant
   in.bias = b ? to_float(bias[col]) : 0.f;
-  in.bias_up = b && p.activation == kActSwiglu ? to_float(bias[p.n_out + col]) : 0.f;
+  in.bias_up = b && build_activation<kAct>(p) == kActSwiglu ? to_float(bias[p.n_out + col]) : 0.f;
 }
 
 template <typename T>
@@ -262,16 +272,16 @@ __device__ __forceinline__ void load_output_residual(const LinearParams& p, int 
 // The epilogue of output (x row m, column col): `sum` is x · w_col (the gate's with SwiGLU, `up` the
 // up row's), then bias, the activation, the residual (`in`, loaded ahead), one rounding to T. Returns the
 // value stored (the row statistics of kNormStatsOut are of y as stored).
-template <typename T>
+template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ float store_output(const LinearParams& p, int m, int64_t col, float sum, float up,
                                               const OutputIn& in) {
   const bool biased = p.bias != nullptr;
   float y;
-  if (p.activation == kActSwiglu) {
+  if (build_activation<kAct>(p) == kActSwiglu) {
     y = silu(biased ? sum + in.bias : sum) * (biased ? up + in.bias_up : up);
   } else {
     y = biased ? sum + in.bias : sum;
-    if (p.activation == kActGeluTanh) y = gelu_tanh(y);
+    if (build_activation<kAct>(p) == kActGeluTanh) y = gelu_tanh(y);
   }
   if (p.residual != nullptr) y += in.residual;
   const T stored = from_float<T>(y);
@@ -280,12 +290,12 @@ __device__ __forceinline__ float store_output(const LinearParams& p, int m, int6
 }
 
 // The same with the bias and residual loaded here (an output no thread loaded ahead).
-template <typename T>
+template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ float store_output(const LinearParams& p, int m, int64_t col, float sum, float up) {
   OutputIn in;
-  load_output_bias<T>(p, col, true, in);
+  load_output_bias<T, kAct>(p, col, true, in);
   load_output_residual<T>(p, m, col, true, in);
-  return store_output<T>(p, m, col, sum, up, in);
+  return store_output<T, kAct>(p, m, col, sum, up, in);
 }
 
 // The post-normalization (LinearPost q): called by every thread of every block after its
@@ -618,9 +628,9 @@ struct MmaLane {
   bool xlive[NT];
 };
 
-template <typename T, int NT>
+template <typename T, int NT, int kAct = kActRuntime>
 __device__ __forceinline__ MmaLane<T, NT> mma_lane(const LinearParams& p, int64_t col0, int lane) {
-  const bool swiglu = p.activation == kActSwiglu;
+  const bool swiglu = build_activation<kAct>(p) == kActSwiglu;
   const int g = lane / 4, q = lane % 4;
   MmaLane<T, NT> L;
 #pragma unroll
@@ -971,8 +981,9 @@ struct MmaOutput {
   bool live;
 };
 
+template <int kAct = kActRuntime>
 __device__ __forceinline__ MmaOutput mma_output_at(const LinearParams& p, int64_t col0, int t, int i) {
-  const bool swiglu = p.activation == kActSwiglu;
+  const bool swiglu = build_activation<kAct>(p) == kActSwiglu;
   const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int m = 8 * t + 2 * q + i % 2;
   const int64_t col = swiglu ? col0 + g : col0 + g + 8 * (i / 2);
@@ -981,31 +992,32 @@ __device__ __forceinline__ MmaOutput mma_output_at(const LinearParams& p, int64_
 
 // The owning lane's weight-row sums for its four sums s[i] (the weight row of mma_output_at's column; with
 // SwiGLU s[2..3] are the up row n_out + col's), before the wait.
+template <int kAct = kActRuntime>
 __device__ __forceinline__ void mma_load_row_sums(const LinearParams& p, int64_t col0, int t, float (&sums)[4]) {
   const float* row_sums = static_cast<const float*>(p.norm_bias);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int64_t col = mma_output_at(p, col0, t, i).col;
-    const int64_t row = p.activation == kActSwiglu && i >= 2 ? p.n_out + col : col;
+    const int64_t col = mma_output_at<kAct>(p, col0, t, i).col;
+    const int64_t row = build_activation<kAct>(p) == kActSwiglu && i >= 2 ? p.n_out + col : col;
     sums[i] = col < p.n_out ? row_sums[row] : 0.f;
   }
 }
 
-template <typename T>
+template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ void mma_load_output_bias(const LinearParams& p, int64_t col0, int t, MmaOutputIn& o) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const MmaOutput at = mma_output_at(p, col0, t, i);
-    load_output_bias<T>(p, at.col, at.live, o.in[i]);
+    const MmaOutput at = mma_output_at<kAct>(p, col0, t, i);
+    load_output_bias<T, kAct>(p, at.col, at.live, o.in[i]);
   }
 }
 
-template <typename T>
+template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ void mma_load_output_residual(const LinearParams& p, int64_t col0, int t,
                                                          MmaOutputIn& o) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const MmaOutput at = mma_output_at(p, col0, t, i);
+    const MmaOutput at = mma_output_at<kAct>(p, col0, t, i);
     load_output_residual<T>(p, at.m, at.col, at.live, o.in[i]);
   }
 }
@@ -1040,20 +1052,20 @@ __device__ __forceinline__ void mma_store_stats(const LinearParams& p, int64_t c
 // kStatsOut: the build that may write the row statistics (p.norm == kNormStatsOut, linear_row_stats'
 // launches); the default builds have no such branch: in every tensor-core launch of GPT-2's step it cost
 // the B16 step 4-6 us (ptxas's register choices around it; H200, bench/NOTES.md session 26).
-template <typename T, bool kStatsOut = false>
+template <typename T, bool kStatsOut = false, int kAct = kActRuntime>
 __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, int t, const float (&s)[4],
                                           const MmaOutputIn& o) {
-  const bool swiglu = p.activation == kActSwiglu;
+  const bool swiglu = build_activation<kAct>(p) == kActSwiglu;
   float v[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const MmaOutput at = mma_output_at(p, col0, t, i);
+    const MmaOutput at = mma_output_at<kAct>(p, col0, t, i);
     v[i] = 0.f;
     if (!at.live) continue;
     if constexpr (kOutputAhead) {
-      v[i] = store_output<T>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f, o.in[i]);
+      v[i] = store_output<T, kAct>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f, o.in[i]);
     } else {
-      v[i] = store_output<T>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f);
+      v[i] = store_output<T, kAct>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f);
     }
   }
   if (kStatsOut && p.norm == kNormStatsOut) mma_store_stats(p, col0, t, v);  // block-uniform
@@ -1151,13 +1163,13 @@ __device__ __forceinline__ void mma_weight_sums(const uint4 (&wa)[CH][2]) {
 // The owning warps' residuals (mma_load_output_residual) are issued here, behind the first group's x pieces:
 // issued right after the wait (as the plain kernel does), the 16-row build, whose registers are full, spills
 // them at once and so waited a whole round trip for them before its first x load.
-template <typename T, int NT, int CH, bool kStageX>
+template <typename T, int NT, int CH, bool kStageX, int kAct = kActRuntime>
 __device__ __forceinline__ void mma_accumulate_self(const LinearParams& p, const MmaLane<T, NT>& L, int first,
                                                     int end, int stride, uint4 (&wa)[CH][2], float (&acc)[NT][4],
                                                     SelfNormLane<NT>& st, int64_t col0, MmaOutputIn& out_in) {
   const int warp = threadIdx.x / 32;
   const auto residuals = [&] {
-    if (kOutputAhead && warp < NT) mma_load_output_residual<T>(p, col0, warp, out_in);
+    if (kOutputAhead && warp < NT) mma_load_output_residual<T, kAct>(p, col0, warp, out_in);
   };
   const uint32_t one = ones_pair<T>();
   const auto body = [&](int t, const uint32_t (&a_lo)[4], const uint32_t (&a_hi)[4], const uint4& b, bool) {
@@ -1272,7 +1284,7 @@ __device__ __forceinline__ void self_norm_exact_stats(const LinearParams& p, con
 // barrier); every warp combines the 16 rows (lane m % 16: row m) into mean and rstd, identically, so the
 // redo decision is block-uniform. Then either the owning warps' epilogue, rstd (s - mean sum(w)), or every
 // warp's redo pass on normalized x and the plain epilogue.
-template <typename T, int NT, int CH, bool kStageX>
+template <typename T, int NT, int CH, bool kStageX, int kAct = kActRuntime>
 __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int64_t col0, const MmaLane<T, NT>& L,
                                                      int chunks, const float (&acc)[NT][4], SelfNormLane<NT>& st,
                                                      const MmaOutputIn& out_in) {
@@ -1309,7 +1321,7 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
       for (int v = 0; v < kMmaWarps; ++v) ws += ns.wsum[v][g + 8 * (i / 2)];
       s[i] = rstd_i * fmaf(-mean_i, ws, s[i]);
     }
-    mma_store<T>(p, col0, warp, s, out_in);
+    mma_store<T, false, kAct>(p, col0, warp, s, out_in);
     return;
   }
   // The redo pass (every warp): the rows' statistics again, exactly (self_norm_exact_stats), then the block's
@@ -1331,7 +1343,7 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
   __syncwarp();
   mma_accumulate_centered<T, NT, CH, kStageX>(p, L, warp, chunks, kMmaWarps, mu, rs, acc2);
   float s[4];
-  if (mma_block_sum<NT, CH, kStageX>(acc2, s)) mma_store<T>(p, col0, warp, s, out_in);
+  if (mma_block_sum<NT, CH, kStageX>(acc2, s)) mma_store<T, false, kAct>(p, col0, warp, s, out_in);
 }
 #endif
 
@@ -1343,8 +1355,9 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
 // kNormX: x's rows normalized from row statistics (p.norm kNormStatsLayer / kNormStatsRms; above).
 // kSelfNorm: x's rows normalized from their own pieces (p.norm kNormLayer / kNormRms; mma_accumulate_self).
 // kStatsOut: the build whose epilogue may write the row statistics (mma_store).
+// kAct: the activation compiled in, or kActRuntime (p.activation; launch_mma_builds says which runs).
 template <typename T, int NT, bool kShort, bool kStageX, bool kNormX = false, bool kSelfNorm = false,
-          bool kStatsOut = false>
+          bool kStatsOut = false, int kAct = kActRuntime>
 __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)
     linear_mma_kernel(const LinearParams p) {
   static_assert(!(kNormX && kSelfNorm), "one source of x's row statistics");
@@ -1352,8 +1365,9 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const int warp = threadIdx.x / 32;
-  const int64_t col0 = int64_t(blockIdx.x) * (p.activation == kActSwiglu ? 8 : 16);
-  const MmaLane<T, NT> L = mma_lane<T, NT>(p, col0, threadIdx.x % 32);
+  const bool swiglu = kAct == kActRuntime ? p.activation == kActSwiglu : kAct == kActSwiglu;
+  const int64_t col0 = int64_t(blockIdx.x) * (swiglu ? 8 : 16);
+  const MmaLane<T, NT> L = mma_lane<T, NT, kAct>(p, col0, threadIdx.x % 32);
   float acc[NT][4];
 #pragma unroll
   for (int t = 0; t < NT; ++t)
@@ -1365,21 +1379,21 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   uint4 wa[CH][2];
   mma_load_weights<T, NT, CH>(p, L, warp, chunks, kMmaWarps, wa);
   MmaOutputIn out_in;  // the owning warps' (warp < NT) epilogue operands, loaded ahead
-  if (kOutputAhead && warp < NT) mma_load_output_bias<T>(p, col0, warp, out_in);
+  if (kOutputAhead && warp < NT) mma_load_output_bias<T, kAct>(p, col0, warp, out_in);
   float row_sums[4];  // kNormX: the owning warps' weight-row sums
-  if (kNormX && warp < NT) mma_load_row_sums(p, col0, warp, row_sums);
+  if (kNormX && warp < NT) mma_load_row_sums<kAct>(p, col0, warp, row_sums);
   if constexpr (kSelfNorm) mma_weight_sums<T, CH>(wa);
   wait_for_primary();
-  if (kOutputAhead && !kSelfNorm && warp < NT) mma_load_output_residual<T>(p, col0, warp, out_in);
+  if (kOutputAhead && !kSelfNorm && warp < NT) mma_load_output_residual<T, kAct>(p, col0, warp, out_in);
   if constexpr (kSelfNorm) {
     SelfNormLane<NT> st;
 #pragma unroll
     for (int t = 0; t < NT; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) st.c[t][i] = 0.f;
-    mma_accumulate_self<T, NT, CH, kStageX>(p, L, warp, chunks, kMmaWarps, wa, acc, st, col0, out_in);
+    mma_accumulate_self<T, NT, CH, kStageX, kAct>(p, L, warp, chunks, kMmaWarps, wa, acc, st, col0, out_in);
     launch_dependents();
-    mma_self_norm_finish<T, NT, CH, kStageX>(p, col0, L, chunks, acc, st, out_in);
+    mma_self_norm_finish<T, NT, CH, kStageX, kAct>(p, col0, L, chunks, acc, st, out_in);
     return;
   }
   if constexpr (kNormX) {
@@ -1392,7 +1406,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   float s[4];
   if (mma_block_sum<NT, CH, kStageX>(acc, s)) {
     if constexpr (kNormX) mma_norm_epilogue<T>(warp, row_sums, s);
-    mma_store<T, kStatsOut>(p, col0, warp, s, out_in);
+    mma_store<T, kStatsOut, kAct>(p, col0, warp, s, out_in);
   }
 #else
   __trap();  // launched only where linear_mma_arch says it was compiled (sm_80 and later)
@@ -1461,20 +1475,47 @@ void launch_nb(const LinearParams& params, int threads, cudaStream_t stream, con
 }  // namespace linear
 
 namespace linear {
+// The activation builds (nvcc flag FUSED_ATTN_ACT_BUILDS=1; off by default until measured on the GPU): the
+// plain and self-normalizing tensor-core launches (linear_mma_kernel, linear_splitk_kernel) run a build with
+// p.activation compiled in (kAct kActNone, kActGeluTanh or kActSwiglu) instead of the kActRuntime build that
+// reads it: no SwiGLU column and row arithmetic before the wait, no activation switch in the epilogue. Why it
+// might matter: one block-uniform branch in mma_store (the row statistics, now their own builds) cost GPT-2's
+// batch-16 step 4-6 us through ptxas's register choices around it (H200, bench/NOTES.md session 26). The
+// statistics builds (kNormX, kStatsOut) keep kActRuntime either way.
+#ifndef FUSED_ATTN_ACT_BUILDS
+#define FUSED_ATTN_ACT_BUILDS 0
+#endif
+constexpr bool kActBuilds = FUSED_ATTN_ACT_BUILDS != 0;
+
+// Calls launch(std::integral_constant<int, kAct>) with the build activation of p: p.activation's own build
+// where kSplit (the caller's builds may be activation builds) and kActBuilds, else kActRuntime.
+template <int kAct>
+using ActBuild = std::integral_constant<int, kAct>;
+template <bool kSplit, typename Launch>
+void with_build_activation(const LinearParams& p, const Launch& launch) {
+  if constexpr (kActBuilds && kSplit) {
+    // linear.cpp admits no other code
+    if (p.activation == kActGeluTanh) return launch(ActBuild<kActGeluTanh>{});
+    if (p.activation == kActSwiglu) return launch(ActBuild<kActSwiglu>{});
+    return launch(ActBuild<kActNone>{});
+  } else {
+    return launch(ActBuild<kActRuntime>{});
+  }
+}
+
 // kSelfNorm has the short build only: its launches come through linear_mma_self_norm_fits, which admits no
 // other. kStatsOut: the builds that may write the row statistics.
-template <typename T, int MT, bool kNormX, bool kSelfNorm = false, bool kStatsOut = false>
-void launch_mma_builds(const LinearParams& params, int sms, cudaStream_t stream) {
-  const LinearParams p = with_linear_pdl_early(params);
+template <typename T, int MT, bool kNormX, bool kSelfNorm, bool kStatsOut, int kAct>
+void launch_mma_act(const LinearParams& p, int sms, cudaStream_t stream) {
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  constexpr auto short_build = linear_mma_kernel<T, MT / 8, true, false, kNormX, kSelfNorm, kStatsOut>;
-  constexpr auto staged_build = linear_mma_kernel<T, MT / 8, true, MT == 16, kNormX, kSelfNorm, kStatsOut>;
+  constexpr auto short_build = linear_mma_kernel<T, MT / 8, true, false, kNormX, kSelfNorm, kStatsOut, kAct>;
+  constexpr auto staged_build = linear_mma_kernel<T, MT / 8, true, MT == 16, kNormX, kSelfNorm, kStatsOut, kAct>;
   static const bool pdl_short = programmatic_capable(short_build), pdl_staged = programmatic_capable(staged_build);
   const bool is_short = mma_short((p.k + 31) / 32);
   if constexpr (!kSelfNorm) {
-    constexpr auto long_build = linear_mma_kernel<T, MT / 8, false, false, kNormX, false, kStatsOut>;
+    constexpr auto long_build = linear_mma_kernel<T, MT / 8, false, false, kNormX, false, kStatsOut, kAct>;
     static const bool pdl_long = programmatic_capable(long_build);
     if (!is_short) {
       launch_programmatic(pdl_long, long_build, grid, dim3(kLinearMmaThreads), 0, stream, p);
@@ -1484,6 +1525,14 @@ void launch_mma_builds(const LinearParams& params, int sms, cudaStream_t stream)
   const bool staged = mma_stage_x<MT / 8>(grid.x, sms);
   launch_programmatic(staged ? pdl_staged : pdl_short, staged ? staged_build : short_build, grid,
                       dim3(kLinearMmaThreads), 0, stream, p);
+}
+
+template <typename T, int MT, bool kNormX, bool kSelfNorm = false, bool kStatsOut = false>
+void launch_mma_builds(const LinearParams& params, int sms, cudaStream_t stream) {
+  const LinearParams p = with_linear_pdl_early(params);
+  with_build_activation<!kNormX && !kStatsOut>(p, [&](auto act) {
+    launch_mma_act<T, MT, kNormX, kSelfNorm, kStatsOut, decltype(act)::value>(p, sms, stream);
+  });
 }
 }  // namespace linear
 

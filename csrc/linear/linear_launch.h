@@ -15,6 +15,9 @@ namespace fused_attn {
 // kActSwiglu: the weight holds gate rows [0, n_out) over up rows [n_out, 2 n_out) and the output is
 // silu(gate) * up.
 enum LinearActivation : int { kActNone = 0, kActGeluTanh = 1, kActSwiglu = 2 };
+// A tensor-core build's activation (linear_kernel.cuh): one of the codes above, compiled in, or kActRuntime,
+// read from LinearParams::activation by the one build that serves them all.
+constexpr int kActRuntime = -1;
 
 // The pre-normalization, as the schema's `int norm` (fused_attn/linear.py names them).
 enum LinearNorm : int { kNormNone = 0, kNormLayer = 1, kNormRms = 2 };

@@ -65,7 +65,7 @@ __device__ __forceinline__ void splitk_reduce_init(int rank) {
 // start's. (Measured against the pushes under a release / acquire cluster barrier: bench/NOTES.md,
 // session 22; rank 0 reading each split's shared memory in turn between two barriers measured 20 us
 // slower per GPT-2 B16 step: session 15.)
-template <typename T, int NT, bool kStatsOut = false>
+template <typename T, int NT, bool kStatsOut = false, int kAct = kActRuntime>
 __device__ __forceinline__ void splitk_reduce_store(const LinearParams& p, int64_t col0, bool owner, float (&s)[4],
                                                     const MmaOutputIn& out_in, int splits, int rank) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -92,7 +92,7 @@ __device__ __forceinline__ void splitk_reduce_store(const LinearParams& p, int64
     s[2] += other[r - 1].z;
     s[3] += other[r - 1].w;
   }
-  mma_store<T, kStatsOut>(p, col0, warp, s, out_in);
+  mma_store<T, kStatsOut, kAct>(p, col0, warp, s, out_in);
 }
 #endif
 
@@ -100,8 +100,8 @@ __device__ __forceinline__ void splitk_reduce_store(const LinearParams& p, int64
 // (blockIdx.y) the split of K.
 // kShort: linear_mma_kernel's short build (CH chunks in flight, kMmaShortMinBlocks blocks per SM),
 // for a split whose warps' share of K is in flight before the wait; else the long one. kStatsOut: the build
-// whose epilogue may write the row statistics (mma_store).
-template <typename T, int NT, bool kShort, bool kStageX, bool kStatsOut = false>
+// whose epilogue may write the row statistics (mma_store). kAct: as linear_mma_kernel's.
+template <typename T, int NT, bool kShort, bool kStageX, bool kStatsOut = false, int kAct = kActRuntime>
 __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)
     linear_splitk_kernel(const LinearParams p) {
   constexpr int CH = kShort ? kMmaShortChunks : kMmaLongChunks;
@@ -115,8 +115,9 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   const int chunks = (p.k + 31) / 32, per = (chunks + splits - 1) / splits;
   const int begin = rank * per, end = min(chunks, begin + per);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t col0 = int64_t(blockIdx.x) * (p.activation == kActSwiglu ? 8 : 16);
-  const MmaLane<T, NT> L = mma_lane<T, NT>(p, col0, lane);
+  const bool swiglu = kAct == kActRuntime ? p.activation == kActSwiglu : kAct == kActSwiglu;
+  const int64_t col0 = int64_t(blockIdx.x) * (swiglu ? 8 : 16);
+  const MmaLane<T, NT> L = mma_lane<T, NT, kAct>(p, col0, lane);
   float acc[NT][4];
 #pragma unroll
   for (int t = 0; t < NT; ++t)
@@ -126,15 +127,15 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   mma_load_weights<T, NT, CH>(p, L, begin + warp, end, kMmaWarps, wa);
   MmaOutputIn out_in;  // rank 0's owning warps' epilogue operands, loaded ahead (bias before the wait)
   const bool stores = kOutputAhead && rank == 0 && warp < NT;
-  if (stores) mma_load_output_bias<T>(p, col0, warp, out_in);
+  if (stores) mma_load_output_bias<T, kAct>(p, col0, warp, out_in);
   wait_for_primary();  // x and (rank 0's epilogue) the residual are the previous kernel's outputs
-  if (stores) mma_load_output_residual<T>(p, col0, warp, out_in);
+  if (stores) mma_load_output_residual<T, kAct>(p, col0, warp, out_in);
   mma_accumulate<T, NT, CH, kStageX>(p, L, begin + warp, end, kMmaWarps, wa, acc);
   launch_dependents();
 
   float s[4];
   const bool owner = mma_block_sum<NT, CH, kStageX>(acc, s);  // warp t < NT holds n-tile t of this split
-  splitk_reduce_store<T, NT, kStatsOut>(p, col0, owner, s, out_in, splits, rank);
+  splitk_reduce_store<T, NT, kStatsOut, kAct>(p, col0, owner, s, out_in, splits, rank);
 #else
   __trap();  // launched only where linear_splitk_arch says it was compiled (sm_90 and later)
 #endif
@@ -143,19 +144,27 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
 }  // namespace linear
 
 namespace linear {
-template <typename T, int MT, bool kStatsOut>
-void launch_splitk_builds(const LinearParams& params, int splits, int sms, cudaStream_t stream) {
-  const LinearParams p = with_linear_pdl_early(params);
+template <typename T, int MT, bool kStatsOut, int kAct>
+void launch_splitk_act(const LinearParams& p, int splits, int sms, cudaStream_t stream) {
   static_assert(MT == 8 || MT == 16, "the tensor-core kernels take one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block), unsigned(splits));
   const int64_t chunks = (p.k + 31) / 32, per_split = (chunks + splits - 1) / splits;
   const bool is_short = mma_short(per_split);
   const bool staged = is_short && mma_stage_x<MT / 8>(int64_t(grid.x) * splits, sms);
-  const auto kernel = staged     ? linear_splitk_kernel<T, MT / 8, true, MT == 16, kStatsOut>
-                      : is_short ? linear_splitk_kernel<T, MT / 8, true, false, kStatsOut>
-                                 : linear_splitk_kernel<T, MT / 8, false, false, kStatsOut>;
+  const auto kernel = staged     ? linear_splitk_kernel<T, MT / 8, true, MT == 16, kStatsOut, kAct>
+                      : is_short ? linear_splitk_kernel<T, MT / 8, true, false, kStatsOut, kAct>
+                                 : linear_splitk_kernel<T, MT / 8, false, false, kStatsOut, kAct>;
   launch_clustered(true, dim3(1, unsigned(splits), 1), kernel, grid, dim3(kLinearMmaThreads), 0, stream, p);
+}
+
+// The build activation as launch_mma_builds picks it (the statistics builds keep kActRuntime).
+template <typename T, int MT, bool kStatsOut>
+void launch_splitk_builds(const LinearParams& params, int splits, int sms, cudaStream_t stream) {
+  const LinearParams p = with_linear_pdl_early(params);
+  with_build_activation<!kStatsOut>(p, [&](auto act) {
+    launch_splitk_act<T, MT, kStatsOut, decltype(act)::value>(p, splits, sms, stream);
+  });
 }
 }  // namespace linear
 
