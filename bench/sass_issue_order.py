@@ -50,8 +50,10 @@ def find_cuobjdump() -> str | None:
     return next((str(c) for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
 
 
-def compile_units(out_dir: Path, extra_flags: list[str]) -> list[Path]:
-    """The 16-row linear units as sm_90a cubins, with the library's own nvcc flags (and extra_flags)."""
+def compile_units(out_dir: Path, extra_flags: list[str], units: tuple[str, ...] = UNITS,
+                  log: dict[Path, str] | None = None) -> list[Path]:
+    """Linear units (default: the 16-row ones) as sm_90a cubins, with the library's own nvcc flags (and
+    extra_flags); `log`, if given, receives each cubin's compiler messages (ptxas's, with -Xptxas -v)."""
     from fused_attn import build
 
     cuda_home = build.find_cuda_home()
@@ -61,13 +63,15 @@ def compile_units(out_dir: Path, extra_flags: list[str]) -> list[Path]:
     nvcc = cuda_home / "bin" / "nvcc"
     includes = [f"-I{p}" for p in cpp.include_paths()] + [f"-I{build.CSRC}"]
     cubins = []
-    for unit in UNITS:
+    for unit in units:
         cubin = out_dir / (Path(unit).stem + ".cubin")
         cmd = [str(nvcc), *build.CUDA_CFLAGS, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
                "-DFUSED_ATTN_SM90A", *extra_flags, *includes, "-cubin", str(build.CSRC / "linear" / unit), "-o", str(cubin)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"nvcc must compile {unit}, got exit status {r.returncode}:\n{r.stderr[-2000:]}")
+        if log is not None:
+            log[cubin] = r.stderr
         cubins.append(cubin)
     return cubins
 

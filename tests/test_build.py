@@ -96,3 +96,37 @@ def test_staged_gemv_issues_x_before_its_first_weight_read(capsys, flags, staged
     out = capsys.readouterr().out
     assert rc == 0, out
     assert out.count("staged") == staged, out
+
+
+_PTXAS_LOG = """ptxas info    : Compiling entry function '_Z1kv' for 'sm_90a'
+ptxas info    : Function properties for _Z1kv
+    8 bytes stack frame, 8 bytes spill stores, 16 bytes spill loads
+ptxas info    : Used 80 registers, used 1 barriers, 8 bytes cumulative stack size, 24576 bytes smem
+ptxas info    : Function properties for _Z1jv
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 78 registers, used 1 barriers, 24576 bytes smem
+"""
+_SASS_COUNTS = """
+        Function : _Z1kv
+        /*0000*/  STL [R1], R12 ;  /* 0x0 */
+        /*0010*/  LDG.E.NA.LTC256B.128.CONSTANT R16, desc[UR6][R8.64] ;  /* 0x0 */
+        /*0020*/  ACQBULK ;  /* 0x0 */
+        /*0030*/  NOP ;  /* 0x0 */
+        /*0040*/  LDG.E.128 R40, desc[UR6][R2.64] ;  /* 0x0 */
+        /*0050*/  HMMA.16816.F32 R44, R36, R40, R44 ;  /* 0x0 */
+        /*0060*/  HMMA.16816.F32 R44, R36, R40, R44 ;  /* 0x0 */
+        /*0070*/  LDL.LU R10, [R1] ;  /* 0x0 */
+        /*0080*/  STG.E.U16 desc[UR6][R4.64], R10 ;  /* 0x0 */
+        /*0090*/  EXIT ;  /* 0x0 */
+"""
+
+
+def test_sass_stats_reads_ptxas_usage_and_static_counts():
+    from bench import sass_issue_order as order
+    from bench import sass_stats
+
+    assert sass_stats.ptxas_usage(_PTXAS_LOG) == {"_Z1kv": (80, 8, 16), "_Z1jv": (78, 0, 0)}
+    (lines,) = order.functions(_SASS_COUNTS).values()
+    # 9 without the NOP; 2 before the wait; the wait and a load up to the first MMA; 3 after the last MMA; one
+    # STL and one LDL
+    assert sass_stats.counts(lines) == (9, 2, 2, 3, 2)
