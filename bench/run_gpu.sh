@@ -106,11 +106,17 @@ if has flagtests; then
   # FUSED_ATTN_NVCC_FLAGS gives the library its own cache entry (fused_attn/build.py): the default build is untouched.
   log "flagtests (${FLAG_NVCC_FLAGS:-no flags})"
   FUSED_ATTN_NVCC_FLAGS="${FLAG_NVCC_FLAGS:-}" python3 -m fused_attn.build 2>&1 | tail -1
-  FUSED_ATTN_NVCC_FLAGS="${FLAG_NVCC_FLAGS:-}" FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} \
-    timeout -s INT -k 30 ${FLAG_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rfE -m gpu \
-    ${FLAG_TEST_FILES:-tests/test_linear.py tests/test_mlp.py tests/test_row_stats.py tests/test_gpt2.py} \
-    > "$OUT/flag_tests.log" 2>&1 || rc=1
-  tail -1 "$OUT/flag_tests.log"
+  pids=()
+  for f in ${FLAG_TEST_FILES:-tests/test_linear.py tests/test_mlp.py tests/test_row_stats.py tests/test_gpt2.py}; do
+    # one pytest process per file, side by side on the GPU (as the tests step), each with its own log
+    FUSED_ATTN_NVCC_FLAGS="${FLAG_NVCC_FLAGS:-}" FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} \
+      timeout -s INT -k 30 ${FLAG_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rfE -m gpu "$f" \
+      > "/tmp/flag_$(basename "$f" .py).log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait $pid || rc=1; done
+  for log in /tmp/flag_*.log; do echo "=== $log"; cat "$log"; rm -f "$log"; done > "$OUT/flag_tests.log"
+  grep -E "^=== |passed|failed|KeyboardInterrupt" "$OUT/flag_tests.log" | grep -v "^E " | tail -12
   grep -E "^FAILED|^ERROR" "$OUT/flag_tests.log" | head -20
 fi
 if has wide; then

@@ -1365,6 +1365,8 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const int warp = threadIdx.x / 32;
+  // Spelled out here, not through build_activation: that form moved ptxas's schedule of the kActRuntime builds
+  // (bench/NOTES.md, session 26 continued).
   const bool swiglu = kAct == kActRuntime ? p.activation == kActSwiglu : kAct == kActSwiglu;
   const int64_t col0 = int64_t(blockIdx.x) * (swiglu ? 8 : 16);
   const MmaLane<T, NT> L = mma_lane<T, NT, kAct>(p, col0, threadIdx.x % 32);
