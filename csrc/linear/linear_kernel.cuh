@@ -1483,7 +1483,9 @@ namespace linear {
 // reads it: no SwiGLU column and row arithmetic before the wait, no activation switch in the epilogue. Why it
 // might matter: one block-uniform branch in mma_store (the row statistics, now their own builds) cost GPT-2's
 // batch-16 step 4-6 us through ptxas's register choices around it (H200, bench/NOTES.md session 26). The
-// statistics builds (kNormX, kStatsOut) keep kActRuntime either way.
+// statistics builds (kNormX, kStatsOut) keep kActRuntime either way. FUSED_ATTN_ACT_BUILDS=2: the same, except
+// that the 16-row register-path build (grids of many waves: the lm_head at 9-16 rows) keeps kActRuntime, where
+// its activation build spills 8 bytes (bench/NOTES.md, session 26 continued): the A/B's third arm.
 #ifndef FUSED_ATTN_ACT_BUILDS
 #define FUSED_ATTN_ACT_BUILDS 0
 #endif
@@ -1512,7 +1514,8 @@ void launch_mma_act(const LinearParams& p, int sms, cudaStream_t stream) {
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  constexpr auto short_build = linear_mma_kernel<T, MT / 8, true, false, kNormX, kSelfNorm, kStatsOut, kAct>;
+  constexpr int kShortAct = FUSED_ATTN_ACT_BUILDS == 2 && MT == 16 ? kActRuntime : kAct;
+  constexpr auto short_build = linear_mma_kernel<T, MT / 8, true, false, kNormX, kSelfNorm, kStatsOut, kShortAct>;
   constexpr auto staged_build = linear_mma_kernel<T, MT / 8, true, MT == 16, kNormX, kSelfNorm, kStatsOut, kAct>;
   static const bool pdl_short = programmatic_capable(short_build), pdl_staged = programmatic_capable(staged_build);
   const bool is_short = mma_short((p.k + 31) / 32);
