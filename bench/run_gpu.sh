@@ -63,32 +63,43 @@ import time; t0 = time.perf_counter(); import torch; t1 = time.perf_counter()
 import fused_attn; fused_attn.load(); t2 = time.perf_counter()
 print(f'warm: import torch {t1 - t0:.2f} s, import fused_attn + load cached library {t2 - t1:.2f} s')" 2>&1 | tee -a "$OUT/gpu.txt"
 fi
+# pytest_side_by_side LOG LIMIT PROFILE MARK GROUP...: one pytest process per GROUP (a space-separated list of
+# test files), all sharing the GPU, each with its own log; LOG joins them, and their summary lines and failures
+# are printed. SIGINT at LIMIT: pytest stops as on Ctrl-C and still prints its summary and the failures so far
+# (session 10 lost a failure's traceback to a plain kill); -k 30: killed if it does not stop. The caller's
+# environment (FUSED_ATTN_NVCC_FLAGS, say) reaches every process.
+pytest_side_by_side() {
+  local out=$1 limit=$2 profile=$3 mark=$4 group i n=0
+  shift 4
+  local pids=()
+  for group in "$@"; do
+    FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=$profile timeout -s INT -k 30 "$limit" \
+      python3 -m pytest $group ${mark:+-m "$mark"} -q -p no:cacheprovider -rfEs --durations=5 \
+      > "/tmp/side_by_side_$n.log" 2>&1 &
+    pids+=($!)
+    n=$((n + 1))
+  done
+  for pid in "${pids[@]}"; do wait $pid || rc=1; done
+  for ((i = 0; i < n; i++)); do
+    echo "=== group $i"; cat "/tmp/side_by_side_$i.log"; rm -f "/tmp/side_by_side_$i.log"
+  done > "$out"
+  grep -E "^=== group|passed|failed|error|KeyboardInterrupt" "$out" | grep -v "^E " | tail -12
+  grep -E "^FAILED|Error" "$out" | head -20
+}
 if has tests; then
   # The suite no longer fits one serial run in a device call: TESTS_JOBS pytest processes share the GPU,
-  # each on a group of test files (dealt largest first), each with its own log; tests.log joins them.
+  # each on a group of test files (dealt largest first); tests.log joins their logs.
   # TESTS_FILES narrows the files (default: all of tests/test_*.py); TESTS_MARK the marker expression
   # (default "gpu": the CPU tests, which CI runs on every commit, took most of a device call; "" runs all).
   jobs=${TESTS_JOBS:-4}
-  mark=${TESTS_MARK-gpu}
   log "tests ($jobs processes)"
   files=$(ls -S ${TESTS_FILES:-tests/test_*.py})
-  pids=()
+  groups=()
   for j in $(seq 0 $((jobs - 1))); do
     group=$(echo $files | tr ' ' '\n' | awk -v j=$j -v n=$jobs 'NR % n == j')
-    [ -z "$group" ] && continue
-    # SIGINT at the limit: pytest stops as on Ctrl-C and still prints its summary and the failures so far
-    # (session 10 lost a failure's traceback to a plain kill); -k 30: killed if it does not stop.
-    FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu} timeout -s INT -k 30 ${TESTS_TIMEOUT:-300} \
-      python3 -m pytest $group ${mark:+-m "$mark"} -q -p no:cacheprovider -rfEs --durations=5 \
-      > "/tmp/tests_$j.log" 2>&1 &
-    pids+=($!)
+    [ -n "$group" ] && groups+=("$(echo $group)")
   done
-  for pid in "${pids[@]}"; do wait $pid || rc=1; done
-  for j in $(seq 0 $((jobs - 1))); do
-    [ -f "/tmp/tests_$j.log" ] && { echo "=== group $j"; cat "/tmp/tests_$j.log"; rm -f "/tmp/tests_$j.log"; }
-  done > "$OUT/tests.log"
-  grep -E "^=== group|passed|failed|error|KeyboardInterrupt" "$OUT/tests.log" | grep -v "^E " | tail -12
-  grep -E "^FAILED|Error" "$OUT/tests.log" | head -20
+  pytest_side_by_side "$OUT/tests.log" ${TESTS_TIMEOUT:-300} ${HYPOTHESIS_PROFILE:-gpu} "${TESTS_MARK-gpu}" "${groups[@]}"
 fi
 if has pdl; then
   # FUSED_ATTN_PDL_EARLY is read once per process: the PDL-chained ops' GPU tests with every launch
@@ -106,18 +117,8 @@ if has flagtests; then
   # FUSED_ATTN_NVCC_FLAGS gives the library its own cache entry (fused_attn/build.py): the default build is untouched.
   log "flagtests (${FLAG_NVCC_FLAGS:-no flags})"
   FUSED_ATTN_NVCC_FLAGS="${FLAG_NVCC_FLAGS:-}" python3 -m fused_attn.build 2>&1 | tail -1
-  pids=()
-  for f in ${FLAG_TEST_FILES:-tests/test_linear.py tests/test_mlp.py tests/test_row_stats.py tests/test_gpt2.py}; do
-    # one pytest process per file, side by side on the GPU (as the tests step), each with its own log
-    FUSED_ATTN_NVCC_FLAGS="${FLAG_NVCC_FLAGS:-}" FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} \
-      timeout -s INT -k 30 ${FLAG_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rfE -m gpu "$f" \
-      > "/tmp/flag_$(basename "$f" .py).log" 2>&1 &
-    pids+=($!)
-  done
-  for pid in "${pids[@]}"; do wait $pid || rc=1; done
-  for log in /tmp/flag_*.log; do echo "=== $log"; cat "$log"; rm -f "$log"; done > "$OUT/flag_tests.log"
-  grep -E "^=== |passed|failed|KeyboardInterrupt" "$OUT/flag_tests.log" | grep -v "^E " | tail -12
-  grep -E "^FAILED|^ERROR" "$OUT/flag_tests.log" | head -20
+  FUSED_ATTN_NVCC_FLAGS="${FLAG_NVCC_FLAGS:-}" pytest_side_by_side "$OUT/flag_tests.log" ${FLAG_TIMEOUT:-300} \
+    ${HYPOTHESIS_PROFILE:-dev} gpu ${FLAG_TEST_FILES:-tests/test_linear.py tests/test_mlp.py tests/test_row_stats.py tests/test_gpt2.py}
 fi
 if has wide; then
   # FUSED_ATTN_DECODE_WIDE is read once per process: decode attention's GPU tests (and GPT-2's) with every

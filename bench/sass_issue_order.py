@@ -125,21 +125,26 @@ def demangle(name: str) -> str:
     return re.sub(r"\(fused_attn::.*", "", text.replace("void fused_attn::linear::", ""))
 
 
-def report(cubins: list[Path], cuobjdump: str) -> list[tuple[str, bool, int, int]]:
-    """(kernel, staged, pieces, late) for every tensor-core linear kernel in the cubins."""
-    rows = []
+def tensor_core_kernels(cubins: list[Path], cuobjdump: str):
+    """(cubin, mangled name, instructions) of every tensor-core linear kernel in the cubins."""
     for cubin in cubins:
         sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
         for name, lines in functions(sass).items():
-            if "linear_mma_kernel" not in name and "linear_splitk_kernel" not in name:
-                continue
-            order = issue_order(lines)
-            if order is None:
-                continue
-            kernel = demangle(name)
-            args = [a.strip() for a in kernel[kernel.find("<") + 1:kernel.rfind(">")].split(",")]
-            staged = len(args) >= 4 and args[1] == "2" and args[2] == "true" and args[3] == "true"
-            rows.append((kernel, staged, *order))
+            if "linear_mma_kernel" in name or "linear_splitk_kernel" in name:
+                yield cubin, name, lines
+
+
+def report(cubins: list[Path], cuobjdump: str) -> list[tuple[str, bool, int, int]]:
+    """(kernel, staged, pieces, late) for every tensor-core linear kernel in the cubins."""
+    rows = []
+    for _, name, lines in tensor_core_kernels(cubins, cuobjdump):
+        order = issue_order(lines)
+        if order is None:
+            continue
+        kernel = demangle(name)
+        args = [a.strip() for a in kernel[kernel.find("<") + 1:kernel.rfind(">")].split(",")]
+        staged = len(args) >= 4 and args[1] == "2" and args[2] == "true" and args[3] == "true"
+        rows.append((kernel, staged, *order))
     return rows
 
 

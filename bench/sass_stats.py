@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -54,15 +53,11 @@ def counts(lines: list[str]) -> tuple[int, int, int, int, int]:
 
 def report(cubins: list[Path], log: dict[Path, str], cuobjdump: str) -> list[tuple]:
     """One row per tensor-core linear kernel: (kernel, registers, spill stores, spill loads, *counts)."""
+    usage = {cubin: ptxas_usage(text) for cubin, text in log.items()}
     rows = []
-    for cubin in cubins:
-        usage = ptxas_usage(log.get(cubin, ""))
-        sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-        for name, lines in order.functions(sass).items():
-            if "linear_mma_kernel" not in name and "linear_splitk_kernel" not in name:
-                continue
-            regs, stores, loads = usage.get(name, (-1, -1, -1))
-            rows.append((order.demangle(name), regs, stores, loads, *counts(lines)))
+    for cubin, name, lines in order.tensor_core_kernels(cubins, cuobjdump):
+        regs, stores, loads = usage.get(cubin, {}).get(name, (-1, -1, -1))
+        rows.append((order.demangle(name), regs, stores, loads, *counts(lines)))
     return sorted(rows)
 
 
