@@ -14,9 +14,9 @@
 # SANITIZE_ONLY the sanitize step's case groups, e.g. SANITIZE_ONLY=step,attention (tests/sanitizer_cases.py --only).
 # STEP_ARGS the gpt2step step (bench_gpt2_decode_step), e.g. STEP_ARGS='-k b1-' or STEP_ARGS=--full (adds bfloat16).
 # GRAPH_AB: ';'-separated nvcc flag sets for the graphab step (each built beside the default, e.g.
-#   GRAPH_AB='-DFUSED_ATTN_PDL_EARLY=1'), GRAPH_AB_ARGS its bench.time_decode_graph arguments.
+#   GRAPH_AB='-DMY_SWITCH=1'), GRAPH_AB_ARGS its bench.time_decode_graph arguments.
 # PDL_TIMEOUT the pdl step's limit per trigger point (its files: PDL_TEST_FILES below).
-# FLAG_NVCC_FLAGS: the flagtests step's nvcc flags (an experiment switch, e.g. '-DFUSED_ATTN_ACT_BUILDS=1'): the
+# FLAG_NVCC_FLAGS: the flagtests step's nvcc flags (an experiment switch, e.g. '-DMY_SWITCH=1'): the
 #   GPU tests of FLAG_TEST_FILES (default the tensor-core linear's users below) on the library built with them,
 #   the correctness half of a switch whose speed the graphab step measures; FLAG_TIMEOUT its limit.
 # steps: ab graphab build tests pdl flagtests wide bench decode norm attention linear sample layer gpt2step sanitize bytes gpt2 gpt2bench profile

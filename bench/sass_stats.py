@@ -1,7 +1,7 @@
 """Registers, spills and static SASS counts of the tensor-core linear kernels, build by build (no GPU needed).
 
     python -m bench.sass_stats                                           # fp16 m8 and m16, the default build
-    python -m bench.sass_stats --nvcc-flag=-DFUSED_ATTN_ACT_BUILDS=1     # the activation builds
+    python -m bench.sass_stats --nvcc-flag=-DMY_SWITCH=1                # an experiment switch's builds
     python -m bench.sass_stats --units linear_inst_bf16_m16.cu linear_inst_fp16_m8_norm.cu
 
 For each linear_mma_kernel / linear_splitk_kernel of the units (compiled for sm_90a with the library's flags,
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--units", nargs="+", default=list(UNITS), help="csrc/linear units to compile")
     ap.add_argument("--nvcc-flag", action="append", default=[],
-                    help="an extra nvcc flag, e.g. -DFUSED_ATTN_ACT_BUILDS=1")
+                    help="an extra nvcc flag (an experiment switch), e.g. -DMY_SWITCH=1")
     args = ap.parse_args(argv)
     cuobjdump = order.find_cuobjdump()
     if cuobjdump is None:

@@ -1477,27 +1477,23 @@ void launch_nb(const LinearParams& params, int threads, cudaStream_t stream, con
 }  // namespace linear
 
 namespace linear {
-// The activation builds (nvcc flag FUSED_ATTN_ACT_BUILDS=1; off by default until measured on the GPU): the
-// plain and self-normalizing tensor-core launches (linear_mma_kernel, linear_splitk_kernel) run a build with
-// p.activation compiled in (kAct kActNone, kActGeluTanh or kActSwiglu) instead of the kActRuntime build that
-// reads it: no SwiGLU column and row arithmetic before the wait, no activation switch in the epilogue. Why it
-// might matter: one block-uniform branch in mma_store (the row statistics, now their own builds) cost GPT-2's
-// batch-16 step 4-6 us through ptxas's register choices around it (H200, bench/NOTES.md session 26). The
-// statistics builds (kNormX, kStatsOut) keep kActRuntime either way. FUSED_ATTN_ACT_BUILDS=2: the same, except
-// that the 16-row register-path build (grids of many waves: the lm_head at 9-16 rows) keeps kActRuntime, where
-// its activation build spills 8 bytes (bench/NOTES.md, session 26 continued): the A/B's third arm.
-#ifndef FUSED_ATTN_ACT_BUILDS
-#define FUSED_ATTN_ACT_BUILDS 0
-#endif
-constexpr bool kActBuilds = FUSED_ATTN_ACT_BUILDS != 0;
+// The activation builds: the plain and self-normalizing tensor-core launches (linear_mma_kernel,
+// linear_splitk_kernel) run a build with p.activation compiled in (kAct kActNone, kActGeluTanh or kActSwiglu)
+// instead of one kActRuntime build that reads it: no SwiGLU column and row arithmetic before the wait, no
+// activation switch in the epilogue. Measured against the kActRuntime build in one call (H100, GPT-2's captured
+// decode step, fp16, prompt 128, two rounds; bench/NOTES.md session 27): batch 1 unchanged (its GEMVs are the
+// one-row kernels), batch 4 -9..-12 us a step, batch 8 -7..-9, batch 16 -5. The 16-row register-path build (the
+// lm_head at 9-16 rows) spills 8 bytes under it; keeping that one build at kActRuntime measured the same
+// (within 1 us), so every plain build is an activation build. The statistics builds (kNormX, kStatsOut) keep
+// kActRuntime: linear_row_stats and the stats-normalized launch are not on GPT-2's default step.
 
 // Calls launch(std::integral_constant<int, kAct>) with the build activation of p: p.activation's own build
-// where kSplit (the caller's builds may be activation builds) and kActBuilds, else kActRuntime.
+// where kPerActivation (the caller's builds are activation builds), else kActRuntime.
 template <int kAct>
 using ActBuild = std::integral_constant<int, kAct>;
-template <bool kSplit, typename Launch>
+template <bool kPerActivation, typename Launch>
 void with_build_activation(const LinearParams& p, const Launch& launch) {
-  if constexpr (kActBuilds && kSplit) {
+  if constexpr (kPerActivation) {
     // linear.cpp admits no other code
     if (p.activation == kActGeluTanh) return launch(ActBuild<kActGeluTanh>{});
     if (p.activation == kActSwiglu) return launch(ActBuild<kActSwiglu>{});
@@ -1514,8 +1510,7 @@ void launch_mma_act(const LinearParams& p, int sms, cudaStream_t stream) {
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  constexpr int kShortAct = FUSED_ATTN_ACT_BUILDS == 2 && MT == 16 ? kActRuntime : kAct;
-  constexpr auto short_build = linear_mma_kernel<T, MT / 8, true, false, kNormX, kSelfNorm, kStatsOut, kShortAct>;
+  constexpr auto short_build = linear_mma_kernel<T, MT / 8, true, false, kNormX, kSelfNorm, kStatsOut, kAct>;
   constexpr auto staged_build = linear_mma_kernel<T, MT / 8, true, MT == 16, kNormX, kSelfNorm, kStatsOut, kAct>;
   static const bool pdl_short = programmatic_capable(short_build), pdl_staged = programmatic_capable(staged_build);
   const bool is_short = mma_short((p.k + 31) / 32);
