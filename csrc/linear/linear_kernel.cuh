@@ -248,24 +248,42 @@ __device__ __forceinline__ int build_activation(const LinearParams& p) {
   if constexpr (kAct == kActRuntime) {
     return p.activation;
   } else {
-    return kAct;
+    return kAct & kActCodeMask;
+  }
+}
+
+// Whether the launch has a bias / a residual: compiled in where the build's code has kEpiKnown, else read.
+template <int kAct>
+__device__ __forceinline__ bool build_has_bias(const LinearParams& p) {
+  if constexpr (kAct != kActRuntime && (kAct & kEpiKnown) != 0) {
+    return (kAct & kEpiBias) != 0;
+  } else {
+    return p.bias != nullptr;
+  }
+}
+template <int kAct>
+__device__ __forceinline__ bool build_has_residual(const LinearParams& p) {
+  if constexpr (kAct != kActRuntime && (kAct & kEpiKnown) != 0) {
+    return (kAct & kEpiResidual) != 0;
+  } else {
+    return p.residual != nullptr;
   }
 }
 
 template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ void load_output_bias(const LinearParams& p, int64_t col, bool live, OutputIn& in) {
   const T* bias = static_cast<const T*>(p.bias);
-  const bool b = live && bias != nullptr;
+  const bool b = live && build_has_bias<kAct>(p);
   // plain loads, issued where they stand (before the wait); the bias is a constant
   in.bias = b ? to_float(bias[col]) : 0.f;
   in.bias_up = b && build_activation<kAct>(p) == kActSwiglu ? to_float(bias[p.n_out + col]) : 0.f;
 }
 
-template <typename T>
+template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ void load_output_residual(const LinearParams& p, int m, int64_t col, bool live,
                                                      OutputIn& in) {
   // plain: after the wait (an __ldg could be hoisted above it)
-  in.residual = live && p.residual != nullptr ? to_float(static_cast<const T*>(p.residual)[m * p.r_stride + col])
+  in.residual = live && build_has_residual<kAct>(p) ? to_float(static_cast<const T*>(p.residual)[m * p.r_stride + col])
                                               : 0.f;
 }
 
@@ -275,7 +293,7 @@ __device__ __forceinline__ void load_output_residual(const LinearParams& p, int 
 template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ float store_output(const LinearParams& p, int m, int64_t col, float sum, float up,
                                               const OutputIn& in) {
-  const bool biased = p.bias != nullptr;
+  const bool biased = build_has_bias<kAct>(p);
   float y;
   if (build_activation<kAct>(p) == kActSwiglu) {
     y = silu(biased ? sum + in.bias : sum) * (biased ? up + in.bias_up : up);
@@ -283,7 +301,7 @@ __device__ __forceinline__ float store_output(const LinearParams& p, int m, int6
     y = biased ? sum + in.bias : sum;
     if (build_activation<kAct>(p) == kActGeluTanh) y = gelu_tanh(y);
   }
-  if (p.residual != nullptr) y += in.residual;
+  if (build_has_residual<kAct>(p)) y += in.residual;
   const T stored = from_float<T>(y);
   static_cast<T*>(p.out)[m * p.o_stride + col] = stored;
   return to_float(stored);
@@ -294,7 +312,7 @@ template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ float store_output(const LinearParams& p, int m, int64_t col, float sum, float up) {
   OutputIn in;
   load_output_bias<T, kAct>(p, col, true, in);
-  load_output_residual<T>(p, m, col, true, in);
+  load_output_residual<T, kAct>(p, m, col, true, in);
   return store_output<T, kAct>(p, m, col, sum, up, in);
 }
 
@@ -1018,7 +1036,7 @@ __device__ __forceinline__ void mma_load_output_residual(const LinearParams& p, 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const MmaOutput at = mma_output_at<kAct>(p, col0, t, i);
-    load_output_residual<T>(p, at.m, at.col, at.live, o.in[i]);
+    load_output_residual<T, kAct>(p, at.m, at.col, at.live, o.in[i]);
   }
 }
 
@@ -1367,7 +1385,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   const int warp = threadIdx.x / 32;
   // Spelled out here, not through build_activation: that form moved ptxas's schedule of the kActRuntime builds
   // (bench/NOTES.md, session 26 continued).
-  const bool swiglu = kAct == kActRuntime ? p.activation == kActSwiglu : kAct == kActSwiglu;
+  const bool swiglu = kAct == kActRuntime ? p.activation == kActSwiglu : (kAct & kActCodeMask) == kActSwiglu;
   const int64_t col0 = int64_t(blockIdx.x) * (swiglu ? 8 : 16);
   const MmaLane<T, NT> L = mma_lane<T, NT, kAct>(p, col0, threadIdx.x % 32);
   float acc[NT][4];
@@ -1491,13 +1509,36 @@ namespace linear {
 // where kPerActivation (the caller's builds are activation builds), else kActRuntime.
 template <int kAct>
 using ActBuild = std::integral_constant<int, kAct>;
+// The epilogue builds (nvcc flag FUSED_ATTN_EPI_BUILDS=1; off by default until measured on the GPU): each
+// activation build comes in four, with the bias's and the residual's presence compiled in (kEpiKnown) instead
+// of read from p.bias / p.residual: GPT-2's c_attn and c_fc have a bias and no residual, its projections both,
+// its lm_head neither. The same kind of change as the activation builds (a runtime choice in the epilogue
+// that ptxas schedules around); four times their instantiations.
+#ifndef FUSED_ATTN_EPI_BUILDS
+#define FUSED_ATTN_EPI_BUILDS 0
+#endif
+constexpr bool kEpiBuilds = FUSED_ATTN_EPI_BUILDS != 0;
+
+template <int kActCode, typename Launch>
+void with_build_epilogue(const LinearParams& p, const Launch& launch) {
+  if constexpr (kEpiBuilds) {
+    const bool bias = p.bias != nullptr, residual = p.residual != nullptr;
+    if (bias && residual) return launch(ActBuild<kActCode | kEpiKnown | kEpiBias | kEpiResidual>{});
+    if (bias) return launch(ActBuild<kActCode | kEpiKnown | kEpiBias>{});
+    if (residual) return launch(ActBuild<kActCode | kEpiKnown | kEpiResidual>{});
+    return launch(ActBuild<kActCode | kEpiKnown>{});
+  } else {
+    return launch(ActBuild<kActCode>{});
+  }
+}
+
 template <bool kPerActivation, typename Launch>
 void with_build_activation(const LinearParams& p, const Launch& launch) {
   if constexpr (kPerActivation) {
     // linear.cpp admits no other code
-    if (p.activation == kActGeluTanh) return launch(ActBuild<kActGeluTanh>{});
-    if (p.activation == kActSwiglu) return launch(ActBuild<kActSwiglu>{});
-    return launch(ActBuild<kActNone>{});
+    if (p.activation == kActGeluTanh) return with_build_epilogue<kActGeluTanh>(p, launch);
+    if (p.activation == kActSwiglu) return with_build_epilogue<kActSwiglu>(p, launch);
+    return with_build_epilogue<kActNone>(p, launch);
   } else {
     return launch(ActBuild<kActRuntime>{});
   }

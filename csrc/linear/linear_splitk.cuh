@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   const int begin = rank * per, end = min(chunks, begin + per);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Spelled out, not through build_activation, as in linear_mma_kernel (which says why).
-  const bool swiglu = kAct == kActRuntime ? p.activation == kActSwiglu : kAct == kActSwiglu;
+  const bool swiglu = kAct == kActRuntime ? p.activation == kActSwiglu : (kAct & kActCodeMask) == kActSwiglu;
   const int64_t col0 = int64_t(blockIdx.x) * (swiglu ? 8 : 16);
   const MmaLane<T, NT> L = mma_lane<T, NT, kAct>(p, col0, lane);
   float acc[NT][4];
