@@ -252,28 +252,21 @@ __device__ __forceinline__ int build_activation(const LinearParams& p) {
   }
 }
 
-// Whether the launch has a bias / a residual: compiled in where the build's code has kEpiKnown, else read.
-template <int kAct>
-__device__ __forceinline__ bool build_has_bias(const LinearParams& p) {
+// Whether the launch has the operand (kBit kEpiBias: p.bias, kEpiResidual: p.residual): compiled in where the
+// build's code has kEpiKnown, else read from the pointer.
+template <int kAct, int kBit>
+__device__ __forceinline__ bool build_has(const void* operand) {
   if constexpr (kAct != kActRuntime && (kAct & kEpiKnown) != 0) {
-    return (kAct & kEpiBias) != 0;
+    return (kAct & kBit) != 0;
   } else {
-    return p.bias != nullptr;
-  }
-}
-template <int kAct>
-__device__ __forceinline__ bool build_has_residual(const LinearParams& p) {
-  if constexpr (kAct != kActRuntime && (kAct & kEpiKnown) != 0) {
-    return (kAct & kEpiResidual) != 0;
-  } else {
-    return p.residual != nullptr;
+    return operand != nullptr;
   }
 }
 
 template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ void load_output_bias(const LinearParams& p, int64_t col, bool live, OutputIn& in) {
   const T* bias = static_cast<const T*>(p.bias);
-  const bool b = live && build_has_bias<kAct>(p);
+  const bool b = live && build_has<kAct, kEpiBias>(p.bias);
   // plain loads, issued where they stand (before the wait); the bias is a constant
   in.bias = b ? to_float(bias[col]) : 0.f;
   in.bias_up = b && build_activation<kAct>(p) == kActSwiglu ? to_float(bias[p.n_out + col]) : 0.f;
@@ -283,7 +276,7 @@ template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ void load_output_residual(const LinearParams& p, int m, int64_t col, bool live,
                                                      OutputIn& in) {
   // plain: after the wait (an __ldg could be hoisted above it)
-  in.residual = live && build_has_residual<kAct>(p) ? to_float(static_cast<const T*>(p.residual)[m * p.r_stride + col])
+  in.residual = live && build_has<kAct, kEpiResidual>(p.residual) ? to_float(static_cast<const T*>(p.residual)[m * p.r_stride + col])
                                               : 0.f;
 }
 
@@ -293,7 +286,7 @@ __device__ __forceinline__ void load_output_residual(const LinearParams& p, int 
 template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ float store_output(const LinearParams& p, int m, int64_t col, float sum, float up,
                                               const OutputIn& in) {
-  const bool biased = build_has_bias<kAct>(p);
+  const bool biased = build_has<kAct, kEpiBias>(p.bias);
   float y;
   if (build_activation<kAct>(p) == kActSwiglu) {
     y = silu(biased ? sum + in.bias : sum) * (biased ? up + in.bias_up : up);
@@ -301,7 +294,7 @@ __device__ __forceinline__ float store_output(const LinearParams& p, int m, int6
     y = biased ? sum + in.bias : sum;
     if (build_activation<kAct>(p) == kActGeluTanh) y = gelu_tanh(y);
   }
-  if (build_has_residual<kAct>(p)) y += in.residual;
+  if (build_has<kAct, kEpiResidual>(p.residual)) y += in.residual;
   const T stored = from_float<T>(y);
   static_cast<T*>(p.out)[m * p.o_stride + col] = stored;
   return to_float(stored);
