@@ -252,21 +252,24 @@ __device__ __forceinline__ int build_activation(const LinearParams& p) {
   }
 }
 
-// Whether the launch has the operand (kBit kEpiBias: p.bias, kEpiResidual: p.residual): compiled in where the
-// build's code has kEpiKnown, else read from the pointer.
+// Whether the launch has a bias (kBit kEpiBias) / a residual (kEpiResidual): compiled in where the build's code
+// has kEpiKnown, else read from p.bias / p.residual.
 template <int kAct, int kBit>
-__device__ __forceinline__ bool build_has(const void* operand) {
+__device__ __forceinline__ bool build_has(const LinearParams& p) {
+  static_assert(kBit == kEpiBias || kBit == kEpiResidual, "a bias or a residual");
   if constexpr (kAct != kActRuntime && (kAct & kEpiKnown) != 0) {
     return (kAct & kBit) != 0;
+  } else if constexpr (kBit == kEpiBias) {
+    return p.bias != nullptr;
   } else {
-    return operand != nullptr;
+    return p.residual != nullptr;
   }
 }
 
 template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ void load_output_bias(const LinearParams& p, int64_t col, bool live, OutputIn& in) {
   const T* bias = static_cast<const T*>(p.bias);
-  const bool b = live && build_has<kAct, kEpiBias>(p.bias);
+  const bool b = live && build_has<kAct, kEpiBias>(p);
   // plain loads, issued where they stand (before the wait); the bias is a constant
   in.bias = b ? to_float(bias[col]) : 0.f;
   in.bias_up = b && build_activation<kAct>(p) == kActSwiglu ? to_float(bias[p.n_out + col]) : 0.f;
@@ -276,8 +279,8 @@ template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ void load_output_residual(const LinearParams& p, int m, int64_t col, bool live,
                                                      OutputIn& in) {
   // plain: after the wait (an __ldg could be hoisted above it)
-  in.residual = live && build_has<kAct, kEpiResidual>(p.residual) ? to_float(static_cast<const T*>(p.residual)[m * p.r_stride + col])
-                                              : 0.f;
+  const T* residual = static_cast<const T*>(p.residual);
+  in.residual = live && build_has<kAct, kEpiResidual>(p) ? to_float(residual[m * p.r_stride + col]) : 0.f;
 }
 
 // The epilogue of output (x row m, column col): `sum` is x · w_col (the gate's with SwiGLU, `up` the
@@ -286,7 +289,7 @@ __device__ __forceinline__ void load_output_residual(const LinearParams& p, int 
 template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ float store_output(const LinearParams& p, int m, int64_t col, float sum, float up,
                                               const OutputIn& in) {
-  const bool biased = build_has<kAct, kEpiBias>(p.bias);
+  const bool biased = build_has<kAct, kEpiBias>(p);
   float y;
   if (build_activation<kAct>(p) == kActSwiglu) {
     y = silu(biased ? sum + in.bias : sum) * (biased ? up + in.bias_up : up);
@@ -294,7 +297,7 @@ __device__ __forceinline__ float store_output(const LinearParams& p, int m, int6
     y = biased ? sum + in.bias : sum;
     if (build_activation<kAct>(p) == kActGeluTanh) y = gelu_tanh(y);
   }
-  if (build_has<kAct, kEpiResidual>(p.residual)) y += in.residual;
+  if (build_has<kAct, kEpiResidual>(p)) y += in.residual;
   const T stored = from_float<T>(y);
   static_cast<T*>(p.out)[m * p.o_stride + col] = stored;
   return to_float(stored);
