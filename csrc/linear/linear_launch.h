@@ -18,9 +18,9 @@ enum LinearActivation : int { kActNone = 0, kActGeluTanh = 1, kActSwiglu = 2 };
 // A tensor-core build's activation (linear_kernel.cuh): one of the codes above, compiled in, or kActRuntime,
 // read from LinearParams::activation by the one build that serves them all.
 constexpr int kActRuntime = -1;
-// The epilogue builds (nvcc flag FUSED_ATTN_EPI_BUILDS, linear_kernel.cuh): a build's code also says at compile
-// time whether the launch has a bias and a residual. Its low bits (kActCodeMask) are the activation;
-// kEpiKnown marks kEpiBias / kEpiResidual as valid (without it the build reads p.bias / p.residual).
+// The epilogue builds (linear_kernel.cuh's with_build_epilogue): a build's code also says at compile time whether
+// the launch has a bias and a residual. Its low bits (kActCodeMask) are the activation; kEpiKnown marks
+// kEpiBias / kEpiResidual as valid (without it the build reads p.bias / p.residual).
 constexpr int kActCodeMask = 3, kEpiBias = 4, kEpiResidual = 8, kEpiKnown = 16;
 
 // The pre-normalization, as the schema's `int norm` (fused_attn/linear.py names them).
