@@ -38,11 +38,11 @@ def case_of(**kw):
 
 
 def make_inputs(c, device):
-    gen = torch.Generator().manual_seed(c["seed"])
+    gen = torch.Generator(device=device).manual_seed(c["seed"])  # drawn on the device: test_linear says why
     fc_rows = 2 * c["hidden"] if c["activation"] == "swiglu" else c["hidden"]
 
     def randn(*shape, scale=1.0):
-        return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(c["dtype"]).to(device)
+        return (torch.randn(shape, generator=gen, dtype=torch.float64, device=device) * scale).to(c["dtype"])
 
     x = randn(c["m"], c["d"], scale=c.get("scale", 1.0))  # scale: the extreme-magnitude examples
     w_fc, w_proj = randn(fc_rows, c["d"], scale=c["d"] ** -0.5), randn(c["d_out"], c["hidden"], scale=c["hidden"] ** -0.5)
