@@ -1501,8 +1501,6 @@ namespace linear {
 // (within 1 us), so every plain build is an activation build. The statistics builds (kNormX, kStatsOut) keep
 // kActRuntime: linear_row_stats and the stats-normalized launch are not on GPT-2's default step.
 
-// Calls launch(std::integral_constant<int, kAct>) with the build activation of p: p.activation's own build
-// where kPerActivation (the caller's builds are activation builds), else kActRuntime.
 template <int kAct>
 using ActBuild = std::integral_constant<int, kAct>;
 // The epilogue builds: each activation build comes in four, with the bias's and the residual's presence
@@ -1520,6 +1518,8 @@ void with_build_epilogue(const LinearParams& p, const Launch& launch) {
   return launch(ActBuild<kActCode | kEpiKnown>{});
 }
 
+// Calls launch(std::integral_constant<int, kAct>) with p's build: where kPerActivation (the caller's builds are
+// activation builds), p.activation's own, with its bias and residual (with_build_epilogue); else kActRuntime.
 template <bool kPerActivation, typename Launch>
 void with_build_activation(const LinearParams& p, const Launch& launch) {
   if constexpr (kPerActivation) {
