@@ -13,8 +13,9 @@
 # SAMPLE_ARGS the sample step (bench_sample), e.g. SAMPLE_ARGS='-k r1-'.
 # SANITIZE_ONLY the sanitize step's case groups, e.g. SANITIZE_ONLY=step,attention (tests/sanitizer_cases.py --only).
 # STEP_ARGS the gpt2step step (bench_gpt2_decode_step), e.g. STEP_ARGS='-k b1-' or STEP_ARGS=--full (adds bfloat16).
-# GRAPH_AB: ';'-separated nvcc flag sets for the graphab step (each built beside the default, e.g.
-#   GRAPH_AB='-DMY_SWITCH=1'), GRAPH_AB_ARGS its bench.time_decode_graph arguments.
+# GRAPH_AB: ';'-separated variants for the graphab step, each nvcc flags (built beside the default) and / or
+#   NAME=VALUE environment settings, e.g. GRAPH_AB='-DMY_SWITCH=1;FUSED_ATTN_STATS_CHAIN=1 -DMY_SWITCH=1';
+#   GRAPH_AB_ARGS its bench.time_decode_graph arguments.
 # PDL_TIMEOUT the pdl step's limit per trigger point (its files: PDL_TEST_FILES below).
 # FLAG_NVCC_FLAGS: the flagtests step's nvcc flags (an experiment switch, e.g. '-DMY_SWITCH=1'): the
 #   GPU tests of FLAG_TEST_FILES (default the tensor-core linear's users below) on the library built with them,
@@ -41,14 +42,22 @@ fi
 if has graphab; then
   # Our captured GPT-2 decode step, hot, under the default build, each GRAPH_AB flag set and FUSED_ATTN_PDL=0:
   # quick same-call A/Bs of kernel variants (bench/time_decode_graph.py).
+  # A variant's words of the form NAME=VALUE are environment settings for its processes (e.g.
+  # GRAPH_AB='FUSED_ATTN_STATS_CHAIN=1;FUSED_ATTN_STATS_CHAIN=1 -DMY_SWITCH=1'), the others its nvcc flags.
   log "graphab"
   python3 -m fused_attn.build 2>&1 | tail -1
   IFS=';' read -ra variants <<< "${GRAPH_AB:-}"
-  for v in "${variants[@]}"; do FUSED_ATTN_NVCC_FLAGS="$v" python3 -m fused_attn.build 2>&1 | tail -1; done
+  variant_env() {  # the env arguments of variant $1: its settings and FUSED_ATTN_NVCC_FLAGS (its other words)
+    local w flags=()
+    for w in $1; do if [[ $w =~ ^[A-Z_][A-Z0-9_]*= ]]; then echo "$w"; else flags+=("$w"); fi; done
+    echo "FUSED_ATTN_NVCC_FLAGS=${flags[*]}"
+  }
+  for v in "${variants[@]}"; do mapfile -t e < <(variant_env "$v"); env "${e[@]}" python3 -m fused_attn.build 2>&1 | tail -1; done
   for round in 1 2; do
     timeout 120 python3 -m bench.time_decode_graph --tag "default r$round" ${GRAPH_AB_ARGS:-} 2>&1 | grep -v "^\[transformers\]" | tee -a "$OUT/graphab.txt" || rc=1
     for v in "${variants[@]}"; do
-      FUSED_ATTN_NVCC_FLAGS="$v" timeout 120 python3 -m bench.time_decode_graph --tag "$v r$round" ${GRAPH_AB_ARGS:-} 2>&1 \
+      mapfile -t e < <(variant_env "$v")
+      env "${e[@]}" timeout 120 python3 -m bench.time_decode_graph --tag "$v r$round" ${GRAPH_AB_ARGS:-} 2>&1 \
         | grep -v "^\[transformers\]" | tee -a "$OUT/graphab.txt" || rc=1
     done
   done
