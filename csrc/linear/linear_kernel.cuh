@@ -1584,7 +1584,8 @@ template <typename T, int MT>
 bool linear_mma_self_norm_fits(int64_t k, int64_t blocks, int sms) {
   cudaFuncAttributes attr{};
   static const bool built =
-      cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true, false, false, true>) == cudaSuccess &&
+      cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true, false, false, true, false,
+                                                             kArchProbeBuild>) == cudaSuccess &&
       attr.binaryVersion >= 80;
   return built && linear::mma_short((k + 31) / 32) && linear::mma_one_wave(blocks, sms);
 }
@@ -1597,7 +1598,8 @@ void launch_linear_mma_self_norm(const LinearParams& p, int sms, cudaStream_t st
 template <typename T, int MT>
 int linear_mma_arch() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true, false>) == cudaSuccess
+  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true, false, false, false, false,
+                                                                 kArchProbeBuild>) == cudaSuccess
              ? attr.binaryVersion
              : 0;
 }

@@ -22,6 +22,9 @@ constexpr int kActRuntime = -1;
 // the launch has a bias and a residual. Its low bits (kActCodeMask) are the activation; kEpiKnown marks
 // kEpiBias / kEpiResidual as valid (without it the build reads p.bias / p.residual).
 constexpr int kActCodeMask = 3, kEpiBias = 4, kEpiResidual = 8, kEpiKnown = 16;
+// The build the arch queries (linear_mma_arch, linear_splitk_arch, linear_mma_self_norm_fits) read: one that
+// every plain launcher instantiates (no activation, bias or residual), so no query compiles a kernel of its own.
+constexpr int kArchProbeBuild = kActNone | kEpiKnown;
 
 // The pre-normalization, as the schema's `int norm` (fused_attn/linear.py names them).
 enum LinearNorm : int { kNormNone = 0, kNormLayer = 1, kNormRms = 2 };

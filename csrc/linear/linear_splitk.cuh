@@ -183,9 +183,8 @@ template <typename T, int MT>
 int linear_splitk_arch() {
   static const int arch = [] {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, linear::linear_splitk_kernel<T, MT / 8, true, false>) == cudaSuccess
-               ? attr.binaryVersion
-               : 0;
+    constexpr auto kernel = linear::linear_splitk_kernel<T, MT / 8, true, false, false, kArchProbeBuild>;
+    return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.binaryVersion : 0;
   }();
   return arch;
 }
