@@ -1503,11 +1503,6 @@ namespace linear {
 
 template <int kAct>
 using ActBuild = std::integral_constant<int, kAct>;
-// Experiment switch (bench/NOTES.md session 28): the statistics builds as activation / epilogue builds too.
-#ifndef FUSED_ATTN_STATS_ACT_BUILDS
-#define FUSED_ATTN_STATS_ACT_BUILDS 0
-#endif
-constexpr bool kStatsActBuilds = FUSED_ATTN_STATS_ACT_BUILDS != 0;
 // The epilogue builds: each activation build comes in four, with the bias's and the residual's presence
 // compiled in (kEpiKnown) instead of read from p.bias / p.residual (GPT-2's c_attn and c_fc have a bias and no
 // residual, its projections both, its lm_head neither): no residual address arithmetic after the wait where
@@ -1564,7 +1559,7 @@ void launch_mma_act(const LinearParams& p, int sms, cudaStream_t stream) {
 template <typename T, int MT, bool kNormX, bool kSelfNorm = false, bool kStatsOut = false>
 void launch_mma_builds(const LinearParams& params, int sms, cudaStream_t stream) {
   const LinearParams p = with_linear_pdl_early(params);
-  with_build_activation<kStatsActBuilds || (!kNormX && !kStatsOut)>(p, [&](auto act) {
+  with_build_activation<!kNormX && !kStatsOut>(p, [&](auto act) {
     launch_mma_act<T, MT, kNormX, kSelfNorm, kStatsOut, decltype(act)::value>(p, sms, stream);
   });
 }

@@ -163,7 +163,7 @@ void launch_splitk_act(const LinearParams& p, int splits, int sms, cudaStream_t 
 template <typename T, int MT, bool kStatsOut>
 void launch_splitk_builds(const LinearParams& params, int splits, int sms, cudaStream_t stream) {
   const LinearParams p = with_linear_pdl_early(params);
-  with_build_activation<kStatsActBuilds || !kStatsOut>(p, [&](auto act) {
+  with_build_activation<!kStatsOut>(p, [&](auto act) {
     launch_splitk_act<T, MT, kStatsOut, decltype(act)::value>(p, splits, sms, stream);
   });
 }
