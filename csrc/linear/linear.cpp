@@ -51,13 +51,16 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 // 14.4 -> 10.4, Llama's 118.5 -> 98.8, 768x768 6.4 -> 6.6 (the one loss); GPT-2's batch-4 decode step
 // 349-350 -> 294 us. 2-3 rows were not measured and stay on the CUDA-core kernel.
 constexpr int kMmaMinRows = 4;
-// Experiment switch (bench/NOTES.md session 28): FUSED_ATTN_MMA_MIN_ROWS=n moves the tensor-core threshold.
-int mma_min_rows() {
-  static const int rows = [] {
-    const char* env = std::getenv("FUSED_ATTN_MMA_MIN_ROWS");
-    return env == nullptr ? kMmaMinRows : std::max(1, std::atoi(env));
-  }();
-  return rows;
+// Experiment switches (bench/NOTES.md session 28), environment, read once: FUSED_ATTN_MMA_MIN_ROWS=n moves
+// the tensor-core threshold for every launch, FUSED_ATTN_MMA_PLAIN_MIN_ROWS=n for the launches without a
+// norm before or after the product (plain).
+int env_rows(const char* name) {
+  const char* env = std::getenv(name);
+  return env == nullptr ? kMmaMinRows : std::max(1, std::atoi(env));
+}
+bool mma_rows(int64_t m, bool plain) {
+  static const int all = env_rows("FUSED_ATTN_MMA_MIN_ROWS"), plain_rows = env_rows("FUSED_ATTN_MMA_PLAIN_MIN_ROWS");
+  return m >= all || (plain && m >= plain_rows);
 }
 
 // The widths our layer_norm op takes on CUDA (csrc/layer_norm/layer_norm.cpp): the separate
@@ -211,7 +214,7 @@ bool self_norm_in_mma(const at::Tensor& x, const at::Tensor& weight, const Norm&
     return env == nullptr || std::string(env) != "0";
   }();
   if (!enabled || norm.norm == kNormNone || norm.weight.defined() || norm.bias.defined()) return false;
-  if (x.scalar_type() == at::kFloat || m < mma_min_rows() || m > kSelfNormMaxRows || k % 8 != 0 ||
+  if (x.scalar_type() == at::kFloat || !mma_rows(m, false) || m > kSelfNormMaxRows || k % 8 != 0 ||
       !vector_ready(weight, 8))
     return false;
   const int sms = sm_count(x);
@@ -321,6 +324,7 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t mma_blocks = mma_tiles(p.n_out, activation);
   const bool stats_out = rs != nullptr && rs->out.defined() && activation != kActSwiglu;
+  const bool plain = !normed && post == nullptr;
   FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
       const bool wide = p.m > 8;
@@ -337,13 +341,13 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
         wide ? launch_linear_mma_stats<scalar_t, 16>(p, sms, stream) : launch_linear_mma_stats<scalar_t, 8>(p, sms, stream);
         return;
       }
-      if (stats_out && p.m >= mma_min_rows() && p.vec && !normed) {  // both tensor-core kernels write them
+      if (stats_out && mma_rows(p.m, plain) && p.vec && !normed) {  // both tensor-core kernels write them
         p.norm = int(kNormStatsOut);
         p.norm_weight = rs->out.data_ptr();
         p.xs_pitch = int(stats_groups(p.n_out));
       }
       // Otherwise the tensor-core kernels take no norm (linear_impl normalized 2-16 rows of 16-bit x first).
-      if (p.m >= mma_min_rows() && p.vec && !normed && mma_blocks >= sms) {
+      if (mma_rows(p.m, plain) && p.vec && !normed && mma_blocks >= sms) {
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
           if (p.norm == kNormStatsOut) {
             wide ? launch_linear_mma_stats_out<scalar_t, 16>(p, sms, stream)
@@ -354,7 +358,7 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
           }
           return;
         }
-      } else if (p.m >= mma_min_rows() && p.vec && !normed) {
+      } else if (mma_rows(p.m, plain) && p.vec && !normed) {
         if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
           const int splits = splitk_splits(mma_blocks, p.k, sms);
           if (p.norm == kNormStatsOut) {
@@ -492,7 +496,7 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   // The path launch_gemv will take (the split-K kernel: no norm, 16-byte weight rows and an sm_90
   // device; x is made 16-byte ready below).
   GemvPath path = GemvPath::kCudaCores;
-  if (x.scalar_type() != at::kFloat && m >= mma_min_rows()) {
+  if (x.scalar_type() != at::kFloat && mma_rows(m, norm.norm == kNormNone && post == nullptr)) {
     if (mma_tiles(n_out, activation) >= sm_count(x)) {
       path = GemvPath::kTensorCores;
     } else if (norm.norm == kNormNone && k % 8 == 0 && vector_ready(weight, 8) &&
