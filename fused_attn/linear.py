@@ -5,7 +5,7 @@ The projections of a transformer layer. Public wrapper, argument validation, the
 kernel, the CPU path (``fused_attn.reference.linear`` in float32) and autograd. The CUDA kernel is in
 ``csrc/linear/``: for up to ``MAX_GEMV_ROWS`` rows of x (decode) our weight-streaming kernel, which
 reads the weight once at the copy bandwidth with bias, activation and residual in its epilogue (on
-CUDA cores; from 4 rows in float16 / bfloat16 on tensor cores, mma.sync with the weight as the
+CUDA cores; from 2 rows in float16 / bfloat16 on tensor cores, mma.sync with the weight as the
 16-row operand, K split over the blocks of a thread-block cluster where the weight has fewer 16-row
 tiles than the GPU has SMs, e.g. GPT-2's 768 outputs); above that, cuBLAS (in float16 / bfloat16 one
 cuBLASLt call with the bias, GELU and, without GELU, the residual as its C operand in the epilogue;
@@ -14,7 +14,7 @@ the gate and up columns). With ``norm`` and one row of x, the norm runs in our k
 bfloat16 without the norm's weight and bias (a caller that folded them into ``weight`` and ``bias``, as
 ``fused_attn.gpt2``'s "folded" backend does) folded into the dot products (the row's sums ride along
 the matmul and its rstd is applied in the epilogue: nothing waits for the statistics), otherwise in the
-kernel's prologue. At 4-8 rows without the norm's weight and bias the tensor-core kernel does the same
+kernel's prologue. At 2-8 rows without the norm's weight and bias the tensor-core kernel does the same
 where it runs in one wave (in_features <= 768, 1-3 tiles of 16 weight rows per SM: GPT-2's c_attn and
 c_fc): the MMAs multiply x as it is, the row statistics are summed from x's pieces alongside, and the
 epilogue applies rstd (w · x - mean sum(w)); a block with a row whose mean is more than 8 standard
@@ -279,8 +279,8 @@ def linear(
             exactly as ``fused_attn.layer_norm(y, post_norm_weight, post_norm_bias, post_eps)`` /
             ``rms_norm(y, post_norm_weight, post_eps)`` return them for the returned y. A pre-LN
             transformer's projection + residual and the next norm in one launch: the last block of our
-            kernel to finish normalizes the rows (up to 3 rows in float16 / bfloat16, where the
-            CUDA-core kernel runs: from 4 rows the tensor-core kernels do, which have no such pass; 16 in
+            kernel to finish normalizes the rows (one row in float16 / bfloat16, where the
+            CUDA-core kernel runs: from 2 rows the tensor-core kernels do, which have no such pass; 16 in
             float32; outputs up to 1024 wide, without ``norm``); elsewhere ``layer_norm``'s kernel runs
             after the matmul (same result, one launch more). Either way ``y`` is bit for bit what
             ``linear`` without ``post_norm`` returns.
@@ -292,18 +292,18 @@ def linear(
         row_stats: also return y's row statistics for the next launch's ``norm_stats``: float32
             ``[..., ceil(out / 16), 2]``, per row of y as returned and per group of 16 consecutive columns
             (the last one shorter) the group's mean and the sum of squared distances to it
-            (``fused_attn.reference.row_stats``). Written by the tensor-core kernels' epilogue (4-16 rows
+            (``fused_attn.reference.row_stats``). Written by the tensor-core kernels' epilogue (2-16 rows
             in float16 / bfloat16, no swiglu); elsewhere computed from y after (PyTorch ops, same values up
             to float32 rounding). Not with ``post_norm``.
         norm_stats: with ``norm``, x's rows' statistics as ``row_stats`` returned them (the launch before
             wrote x): the norm uses them instead of computing its own, so the previous launch's epilogue
             and this launch's matmul replace a norm launch between them. They must be x's: nothing checks
-            it. The tensor-core kernel (4-16 rows in float16 / bfloat16 where the weight has at least 16
+            it. The tensor-core kernel (2-16 rows in float16 / bfloat16 where the weight has at least 16
             rows per SM, no ``norm_weight`` / ``norm_bias``: fold them into weight and bias) subtracts each
             row's mean rounded to x's dtype from x, multiplies, and applies rstd with a correction by
             ``weight_sums`` in the epilogue; elsewhere x is normalized as ``norm`` alone normalizes it
-            (``layer_norm``'s launch first, with x's own statistics, which norm_stats must equal). At 1-3
-            rows, or without the tensor-core kernel, both options therefore cost more than plain ``norm``:
+            (``layer_norm``'s launch first, with x's own statistics, which norm_stats must equal). At one
+            row, or without the tensor-core kernel, both options therefore cost more than plain ``norm``:
             they pay off only on the tensor-core path. With a gradient wanted, the norm computes its own statistics (the
             same values up to float32 rounding) so that the gradient flows through them. Not with
             ``post_norm``. In float16 a row whose values lie more than 65504 from its mean overflows.

@@ -93,7 +93,7 @@ def mlp(
         norm, norm_weight, norm_bias, eps: the pre-normalization of x (a pre-LN block's ln_2):
             ``fused_attn.linear``'s arguments of those names. With the one launch, x is normalized
             by ``fused_attn.layer_norm`` / ``rms_norm`` first (what ``linear`` does at 2-16 rows, but at
-            4-8 rows without ``norm_weight`` / ``norm_bias`` where its tensor-core kernel folds the norm).
+            2-8 rows without ``norm_weight`` / ``norm_bias`` where its tensor-core kernel folds the norm).
         single_launch: True: the ``mlp`` op (one launch where its kernel applies, see the module
             docstring); False (default, the measured winner): two ``linear`` launches. An input that requires grad always runs the
             two launches (their backward).

@@ -169,11 +169,11 @@ def test_every_row_count_and_epilogue_gpu(m, activation, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [4, 5, 8, 9, 16])
+@pytest.mark.parametrize("m", [2, 3, 4, 5, 8, 9, 16])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_tensor_core_path_gpu(m, activation, dtype):
-    """The tensor-core kernel (float16 / bfloat16, 4-16 rows, 16-byte rows, >= 2112 output columns on an
+    """The tensor-core kernel (float16 / bfloat16, 2-16 rows, 16-byte rows, >= 2112 output columns on an
     H100): a K with a partial last chunk of 32 and a partial last tile of output columns, and Llama's
     widths (the kernel's long build: more than 3 chunks of 32 k per warp), GPT-2's 768 x 2304 (the short
     build); beside it the split-K kernel at N = 768 (too few tiles for the tensor-core one: on sm_90), and
@@ -224,7 +224,7 @@ def test_many_rows_epilogue_gpu(dtype):
                             k=72)
 
 
-# (K, output columns) of the split-K kernel (float16 / bfloat16, 4-16 rows, fewer 16-row tiles than SMs,
+# (K, output columns) of the split-K kernel (float16 / bfloat16, 2-16 rows, fewer 16-row tiles than SMs,
 # sm_90): GPT-2's c_proj (3072 -> 768) and attention c_proj (768 -> 768), Llama's down K over few
 # columns, odd tile counts with a partial last tile (776: 49 tiles, 200: 13; on an H100 3080 x 776 runs
 # 6 splits, the last one short), a K with a partial last chunk of 32 over 3 splits, one chunk (a
@@ -233,7 +233,7 @@ SPLIT_K_SHAPES = [(3072, 768), (768, 768), (11008, 200), (3080, 776), (72, 200),
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", list(range(4, MAX_GEMV_ROWS + 1)))
+@pytest.mark.parametrize("m", list(range(2, MAX_GEMV_ROWS + 1)))
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_split_k_path_gpu(m, activation, dtype):
@@ -259,12 +259,14 @@ def _kernels_run(fn) -> list[str]:
 @pytest.mark.parametrize("m,k,n,kernel", [(16, 3072, 768, "linear_splitk_kernel"),
                                           (5, 768, 768, "linear_splitk_kernel"),
                                           (16, 4096, 4096, "linear_mma_kernel"),
-                                          (4, 3072, 768, "linear_splitk_kernel"),
-                                          (3, 3072, 768, "linear_gemv_kernel")])
+                                          (2, 3072, 768, "linear_splitk_kernel"),
+                                          (2, 768, 2304, "linear_mma_kernel"),
+                                          (1, 3072, 768, "linear_gemv_kernel"),
+                                          (1, 768, 2304, "linear_gemv_kernel")])
 def test_kernel_choice_gpu(m, k, n, kernel):
     """linear.cpp's dispatch at GPT-2 / Llama decode shapes, read from the kernel names torch.profiler
-    records: 4-16 rows over fewer 16-row tiles than SMs take the split-K kernel (sm_90), one tile per SM
-    or more the tensor-core kernel, up to 3 rows the CUDA-core kernel."""
+    records: 2-16 rows over fewer 16-row tiles than SMs take the split-K kernel (sm_90), one tile per SM
+    or more the tensor-core kernel, one row the CUDA-core kernel."""
     props = torch.cuda.get_device_properties(0)
     if kernel == "linear_splitk_kernel" and props.major < 9:
         pytest.skip("the split-K kernel needs sm_90 (thread-block clusters)")
@@ -592,7 +594,7 @@ def test_norm_rows_match_layer_norm_gpu(m, norm, dtype):
     product). The float32 statistics are the same formulas summed in another order, so an element may
     differ by one rounding of x's dtype, or (near 0, where that rounding is finer) by the statistics'
     float32 error (tolerances.NORM_ULPS); in float16 / bfloat16, 99% of them are bit for bit equal.
-    N = 2304: the tensor-core kernel from 4 rows in float16 / bfloat16; 17 rows: layer_norm's kernel."""
+    N = 2304: the tensor-core kernel from 2 rows in float16 / bfloat16; 17 rows: layer_norm's kernel."""
     from fused_attn.layer_norm import layer_norm, rms_norm
 
     gen = torch.Generator().manual_seed(m)
@@ -708,24 +710,24 @@ def plain_rows(m: int, k: int, dtype, gen) -> torch.Tensor:
 
 def self_norm_expected(m: int, k: int, n_out: int, act) -> bool:
     """Whether linear(norm=..., no norm weight or bias) at m 16-bit rows normalizes inside the tensor-core
-    kernel (csrc/linear/linear.cpp, self_norm_in_mma): 4-8 rows, its short build (k <= 768) in one wave
+    kernel (csrc/linear/linear.cpp, self_norm_in_mma): 2-8 rows, its short build (k <= 768) in one wave
     (16-column tiles between the SM count and three per SM; 8 with SwiGLU)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cols = 8 if act == "swiglu" else 16
     tiles = (n_out + cols - 1) // cols
-    return 4 <= m <= 8 and k % 8 == 0 and k <= 768 and sms <= tiles <= 3 * sms and os.environ.get("FUSED_ATTN_SELF_NORM") != "0"
+    return 2 <= m <= 8 and k % 8 == 0 and k <= 768 and sms <= tiles <= 3 * sms and os.environ.get("FUSED_ATTN_SELF_NORM") != "0"
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", ["mixed", "plain"])
-@pytest.mark.parametrize("m", [4, 5, 8, 9, 16])
+@pytest.mark.parametrize("m", [2, 3, 4, 5, 8, 9, 16])
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("k,n,act", [(768, 2304, None), (768, 3072, "gelu_tanh"), (4096, 2200, None),
                                      (1000, 4400, "swiglu"), (512, 4000, "swiglu"), (200, 2200, None)])
 def test_weightless_norm_rows_gpu(k, n, act, dtype, norm, m, rows):
     """linear(x [m, k], norm=..., no norm weight or bias: weights folded at load time, as GPT-2's
-    graph-fused step passes them) at 4-16 rows where the tensor-core kernel runs (one 16-row tile per SM
+    graph-fused step passes them) at 2-16 rows where the tensor-core kernel runs (one 16-row tile per SM
     or more), against float64 (check_weightless_norm). Rows "mixed": every FOLD_ROWS kind (an offset row
     of 1e4 + N(0, 1) and a constant row send the self-normalizing kernel's block to its redo pass), in
     float16 one spanning float16's range; "plain": means within 7.5 standard deviations (its fast path).
@@ -905,7 +907,7 @@ def test_norm_bad_inputs_through_the_op_gpu():
 
 
 # (m, k, n, dtype, activation, post_norm, affine, layout): GPT-2's residual projections at 1-3 rows
-# (folded: the CUDA-core kernel's last block normalizes), rows wider than the fold takes (1025), 4-16
+# (one row folded: the CUDA-core kernel's last block normalizes), rows wider than the fold takes (1025), 2-16
 # rows in 16-bit types (tensor-core / split-K kernels: layer_norm's launch after), float32 up to 16
 # rows (folded), cuBLAS rows, element-wise loads (odd k), odd widths, float32 and absent affines.
 POST_CASES = [
@@ -1019,10 +1021,11 @@ def test_post_norm_with_pre_norm_and_constant_rows(device):
 
 @pytest.mark.gpu
 def test_post_norm_folds_into_one_launch_gpu():
-    """At GPT-2's decode shapes on the CUDA-core kernel (1-3 rows, 768 outputs) the norm runs in the
-    linear's own launch: one kernel, no layer_norm kernel; from 4 rows (split-K: the tensor-core kernels
-    since session 16) the norm is a launch of its own, so that y stays bit for bit linear's."""
-    for m, want in ((1, 1), (3, 1), (4, 2), (16, 2)):
+    """At GPT-2's decode shapes on the CUDA-core kernel (one row, 768 outputs) the norm runs in the
+    linear's own launch: one kernel, no layer_norm kernel; from 2 rows (split-K: the tensor-core kernels
+    since session 16 from 4 rows, session 28 from 2) the norm is a launch of its own, so that y stays bit
+    for bit linear's. float32 keeps the CUDA-core kernel, folded, up to 16 rows."""
+    for m, want in ((1, 1), (2, 2), (3, 2), (4, 2), (16, 2)):
         x, w, b, r, pw, pb = post_inputs(m, 768, 768, torch.float16, None, "layer_norm", "same", "contiguous", "cuda")
         ws = torch.zeros(1, dtype=torch.int32, device="cuda")
         call = lambda: linear(x, w, b, residual=r, post_norm="layer_norm", post_norm_weight=pw,  # noqa: E731

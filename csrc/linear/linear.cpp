@@ -4,8 +4,8 @@
 // (norm), our kernels normalize x in their prologue; where they do not run, or the normalized rows do
 // not fit kLinearNormSmemBytes of shared memory, x is normalized first by our layer_norm op (the same
 // result, one launch more). linear_post_norm also returns the output's rows normalized: the CUDA-core
-// kernel's last block does it (up to 3 rows in float16 / bfloat16: from kMmaMinRows the tensor-core
-// kernels run, which have no such pass; 16 in float32; outputs up to kLinearPostNormMaxWidth wide,
+// kernel's last block does it (one row in float16 / bfloat16: from kMmaMinRows the tensor-core kernels
+// run, which have no such pass; 16 in float32; outputs up to kLinearPostNormMaxWidth wide,
 // without a pre-normalization); elsewhere our layer_norm op runs after the matmul (the same result, one
 // launch more). Host C++ (g++): the kernels are launched through
 // linear_launch.h.
@@ -44,23 +44,28 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 
 // Rows of x from which float16 / bfloat16 run a tensor-core kernel (16-byte rows): linear_mma_kernel
 // where the weight has at least one block of 16 rows per SM, else the split-K kernel (sm_90: clusters),
-// else the CUDA-core kernel (1-3 rows). At 4 rows the CUDA-core kernel's FMAs and conversions per weight
+// else the CUDA-core kernel (one row). At 4 rows the CUDA-core kernel's FMAs and conversions per weight
 // byte already cost more than the tensor-core kernels' padding to 16 rows: measured on an H100 (fp16,
 // bench_linear / bench_mlp at M 4, cold L2, p50 us, CUDA-core -> tensor-core, bench/NOTES.md session 16):
 // 3072x768 9.2 -> 7.9, 768x3072 9.9 -> 7.1, 4096x11008 43.8 -> 37.7, 11008x4096 48.0 -> 40.9, GPT-2's MLP
 // 14.4 -> 10.4, Llama's 118.5 -> 98.8, 768x768 6.4 -> 6.6 (the one loss); GPT-2's batch-4 decode step
-// 349-350 -> 294 us. 2-3 rows were not measured and stay on the CUDA-core kernel.
-constexpr int kMmaMinRows = 4;
-// Experiment switches (bench/NOTES.md session 28), environment, read once: FUSED_ATTN_MMA_MIN_ROWS=n moves
-// the tensor-core threshold for every launch, FUSED_ATTN_MMA_PLAIN_MIN_ROWS=n for the launches without a
-// norm before or after the product (plain).
-int env_rows(const char* name) {
-  const char* env = std::getenv(name);
-  return env == nullptr ? kMmaMinRows : std::max(1, std::atoi(env));
-}
-bool mma_rows(int64_t m, bool plain) {
-  static const int all = env_rows("FUSED_ATTN_MMA_MIN_ROWS"), plain_rows = env_rows("FUSED_ATTN_MMA_PLAIN_MIN_ROWS");
-  return m >= all || (plain && m >= plain_rows);
+// 349-350 -> 294 us. 2-3 rows, measured in GPT-2's captured decode step (H100, fp16, prompt 128, us a
+// step, two rounds; bench/NOTES.md session 28): batch 2 270.8 / 269.2 -> 227.3 / 227.5, batch 3 303.4 /
+// 301.5 -> 226.3 / 226.4 (there the CUDA-core kernels did 2-3 FMAs a weight element behind a separate
+// norm launch; on tensor cores the norm folds into c_attn / c_fc, self_norm_in_mma), batches 1 and 4 the
+// same kernels. One row stays on the CUDA-core kernel, which folds the norm and the post-norm into its
+// launch (every launch on tensor cores from one row: batch 1 +5..+6 us).
+constexpr int kMmaMinRows = 2;
+// Experiment switch (bench/NOTES.md session 28), environment, read once: FUSED_ATTN_MMA_ONE_ROW=1 runs
+// one row's plain launches (no norm before or after the product) on linear_mma_kernel where it applies,
+// =2 on the split-K kernel too.
+bool mma_rows(int64_t m, bool plain, bool split_k) {
+  if (m >= kMmaMinRows) return true;
+  static const int one_row = [] {
+    const char* env = std::getenv("FUSED_ATTN_MMA_ONE_ROW");
+    return env == nullptr ? 0 : std::atoi(env);
+  }();
+  return m == 1 && plain && (one_row == 2 || (one_row == 1 && !split_k));
 }
 
 // The widths our layer_norm op takes on CUDA (csrc/layer_norm/layer_norm.cpp): the separate
@@ -69,7 +74,7 @@ constexpr int64_t kNormOpMinWidth = 64;
 constexpr int64_t kNormOpMaxWidth = 16384;
 
 
-// Which of our kernels runs at 4-16 rows (m <= 3: the CUDA-core kernel; float32: always it).
+// Which of our kernels runs at 2-16 rows (one row: the CUDA-core kernel; float32: always it).
 enum class GemvPath { kCudaCores, kTensorCores, kSplitK };
 
 // At 5-16 rows our kernels do not always beat cuBLAS (plus its epilogue passes). Measured (H100,
@@ -197,7 +202,7 @@ struct PostNorm {
   at::Tensor out;
 };
 
-// A norm over 4-8 rows of 16-bit x without the norm's weight and bias (the caller folded them into the
+// A norm over 2-8 rows of 16-bit x without the norm's weight and bias (the caller folded them into the
 // weight, as fused_attn.gpt2's "folded" layer_norm does) normalizes inside the tensor-core kernel
 // (kSelfNorm, linear_kernel.cuh: statistics from x's own pieces, applied in the epilogue) where that kernel
 // runs: its short build (k <= 768) in one wave; else our layer_norm launch first, as before. Measured in
@@ -214,7 +219,7 @@ bool self_norm_in_mma(const at::Tensor& x, const at::Tensor& weight, const Norm&
     return env == nullptr || std::string(env) != "0";
   }();
   if (!enabled || norm.norm == kNormNone || norm.weight.defined() || norm.bias.defined()) return false;
-  if (x.scalar_type() == at::kFloat || !mma_rows(m, false) || m > kSelfNormMaxRows || k % 8 != 0 ||
+  if (x.scalar_type() == at::kFloat || !mma_rows(m, false, false) || m > kSelfNormMaxRows || k % 8 != 0 ||
       !vector_ready(weight, 8))
     return false;
   const int sms = sm_count(x);
@@ -328,7 +333,7 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
       const bool wide = p.m > 8;
-      if (norm.in_mma && p.vec) {  // linear_impl's self_norm_in_mma held (4-8 rows)
+      if (norm.in_mma && p.vec) {  // linear_impl's self_norm_in_mma held (2-8 rows)
         launch_linear_mma_self_norm<scalar_t, 8>(p, sms, stream);
         return;
       }
@@ -341,13 +346,13 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
         wide ? launch_linear_mma_stats<scalar_t, 16>(p, sms, stream) : launch_linear_mma_stats<scalar_t, 8>(p, sms, stream);
         return;
       }
-      if (stats_out && mma_rows(p.m, plain) && p.vec && !normed) {  // both tensor-core kernels write them
+      if (stats_out && mma_rows(p.m, plain, mma_blocks < sms) && p.vec && !normed) {  // both tensor-core kernels write them
         p.norm = int(kNormStatsOut);
         p.norm_weight = rs->out.data_ptr();
         p.xs_pitch = int(stats_groups(p.n_out));
       }
       // Otherwise the tensor-core kernels take no norm (linear_impl normalized 2-16 rows of 16-bit x first).
-      if (mma_rows(p.m, plain) && p.vec && !normed && mma_blocks >= sms) {
+      if (mma_rows(p.m, plain, false) && p.vec && !normed && mma_blocks >= sms) {
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
           if (p.norm == kNormStatsOut) {
             wide ? launch_linear_mma_stats_out<scalar_t, 16>(p, sms, stream)
@@ -358,7 +363,7 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
           }
           return;
         }
-      } else if (mma_rows(p.m, plain) && p.vec && !normed) {
+      } else if (mma_rows(p.m, plain, true) && p.vec && !normed) {
         if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
           const int splits = splitk_splits(mma_blocks, p.k, sms);
           if (p.norm == kNormStatsOut) {
@@ -483,7 +488,7 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   // The kernels' prologue (normalize in shared memory, then multiply) measured slower than the two
   // launches in GPT-2's chained step at every batch (bench/NOTES.md, sessions 7, 10 and 13). One row
   // keeps it in the launch: the prologue, or without the norm's weight and bias the fold into the dot
-  // products (linear_kernel.cuh, kFold); 4-8 rows without them, where the tensor-core kernel runs in one
+  // products (linear_kernel.cuh, kFold); 2-8 rows without them, where the tensor-core kernel runs in one
   // wave, the same fold on tensor cores (self_norm_in_mma, kSelfNorm).
   if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m >= 2 && m <= kMaxGemvRows) {
     if (rs == nullptr && post == nullptr && self_norm_in_mma(x, weight, norm, m, k, n_out, activation)) {
@@ -496,7 +501,8 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   // The path launch_gemv will take (the split-K kernel: no norm, 16-byte weight rows and an sm_90
   // device; x is made 16-byte ready below).
   GemvPath path = GemvPath::kCudaCores;
-  if (x.scalar_type() != at::kFloat && mma_rows(m, norm.norm == kNormNone && post == nullptr)) {
+  const bool plain = norm.norm == kNormNone && post == nullptr;
+  if (x.scalar_type() != at::kFloat && mma_rows(m, plain, mma_tiles(n_out, activation) < sm_count(x))) {
     if (mma_tiles(n_out, activation) >= sm_count(x)) {
       path = GemvPath::kTensorCores;
     } else if (norm.norm == kNormNone && k % 8 == 0 && vector_ready(weight, 8) &&

@@ -1365,7 +1365,7 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
 // flight, kMmaShortMinBlocks blocks per SM), else the long one (kMmaLongChunks, unbounded). No norm in
 // the plain build: linear.cpp normalizes 2-16 16-bit rows in a launch of their own (the prologue measured
 // slower in GPT-2's step, and session 14's fold into the products slower still: bench/NOTES.md), except
-// 4-8 rows with the norm folded into the weight (kSelfNorm, below).
+// 2-8 rows with the norm folded into the weight (kSelfNorm, below).
 // kNormX: x's rows normalized from row statistics (p.norm kNormStatsLayer / kNormStatsRms; above).
 // kSelfNorm: x's rows normalized from their own pieces (p.norm kNormLayer / kNormRms; mma_accumulate_self).
 // kStatsOut: the build whose epilogue may write the row statistics (mma_store).

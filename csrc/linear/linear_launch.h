@@ -163,7 +163,7 @@ void launch_linear_mma_stats(const LinearParams& p, int sms, cudaStream_t stream
 // The same kernel normalizing x's rows itself (p.norm kNormLayer / kNormRms, no norm weight or bias: folded
 // into the weight by the caller; kSelfNorm in linear_kernel.cuh): the short build only (a warp's share of K
 // within kMmaShortChunks chunks of 32: K <= 768), in a grid the SMs hold at once; linear.cpp checks both.
-// Instantiated at MT 8 (4-8 rows: linear.cpp's kSelfNormMaxRows).
+// Instantiated at MT 8 (2-8 rows: linear.cpp's kMmaMinRows .. kSelfNormMaxRows).
 template <typename T, int MT>
 void launch_linear_mma_self_norm(const LinearParams& p, int sms, cudaStream_t stream);
 // Whether it takes k and a grid of `blocks` (16-column tiles) on `sms` SMs, and was compiled (sm_80+).
