@@ -5,7 +5,8 @@ The projections of a transformer layer. Public wrapper, argument validation, the
 kernel, the CPU path (``fused_attn.reference.linear`` in float32) and autograd. The CUDA kernel is in
 ``csrc/linear/``: for up to ``MAX_GEMV_ROWS`` rows of x (decode) our weight-streaming kernel, which
 reads the weight once at the copy bandwidth with bias, activation and residual in its epilogue (on
-CUDA cores; from 2 rows in float16 / bfloat16 on tensor cores, mma.sync with the weight as the
+CUDA cores; from 2 rows in float16 / bfloat16 on tensor cores (one row too where no norm is folded
+in, K <= 4096 and the weight has a 16-row tile per SM), mma.sync with the weight as the
 16-row operand, K split over the blocks of a thread-block cluster where the weight has fewer 16-row
 tiles than the GPU has SMs, e.g. GPT-2's 768 outputs); above that, cuBLAS (in float16 / bfloat16 one
 cuBLASLt call with the bias, GELU and, without GELU, the residual as its C operand in the epilogue;

@@ -169,11 +169,11 @@ def test_every_row_count_and_epilogue_gpu(m, activation, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [2, 3, 4, 5, 8, 9, 16])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 16])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_tensor_core_path_gpu(m, activation, dtype):
-    """The tensor-core kernel (float16 / bfloat16, 2-16 rows, 16-byte rows, >= 2112 output columns on an
+    """The tensor-core kernel (float16 / bfloat16, 2-16 rows; one row without a norm at K <= 4096, 16-byte rows, >= 2112 output columns on an
     H100): a K with a partial last chunk of 32 and a partial last tile of output columns, and Llama's
     widths (the kernel's long build: more than 3 chunks of 32 k per warp), GPT-2's 768 x 2304 (the short
     build); beside it the split-K kernel at N = 768 (too few tiles for the tensor-core one: on sm_90), and
@@ -262,11 +262,13 @@ def _kernels_run(fn) -> list[str]:
                                           (2, 3072, 768, "linear_splitk_kernel"),
                                           (2, 768, 2304, "linear_mma_kernel"),
                                           (1, 3072, 768, "linear_gemv_kernel"),
-                                          (1, 768, 2304, "linear_gemv_kernel")])
+                                          (1, 768, 2304, "linear_mma_kernel"),
+                                          (1, 11008, 4096, "linear_gemv_kernel")])
 def test_kernel_choice_gpu(m, k, n, kernel):
     """linear.cpp's dispatch at GPT-2 / Llama decode shapes, read from the kernel names torch.profiler
     records: 2-16 rows over fewer 16-row tiles than SMs take the split-K kernel (sm_90), one tile per SM
-    or more the tensor-core kernel, one row the CUDA-core kernel."""
+    or more the tensor-core kernel; one row the CUDA-core kernel, except the tensor-core kernel's class
+    (a tile per SM) at K <= 4096 (linear.cpp's kMmaOneRowMaxK)."""
     props = torch.cuda.get_device_properties(0)
     if kernel == "linear_splitk_kernel" and props.major < 9:
         pytest.skip("the split-K kernel needs sm_90 (thread-block clusters)")
