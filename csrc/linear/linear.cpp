@@ -56,14 +56,16 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 // same kernels. One row stays on the CUDA-core kernel, which folds the norm and the post-norm into its
 // launch (every launch on tensor cores from one row: batch 1 +5..+6 us).
 constexpr int kMmaMinRows = 2;
-// One row of x on tensor cores too where the launch folds no norm before or after the product (plain), the
-// weight has a 16-row tile per SM (linear_mma_kernel, not split-K) and K <= kMmaOneRowMaxK. Measured on an
-// H100 (fp16, cold L2, p50 us, CUDA-core -> tensor-core; bench/NOTES.md session 28): GPT-2's MLP (c_fc on
-// it, c_proj split-K class: unchanged) 10.05 -> 9.06, 4096x4096 18.0 -> 16.8, 768x2304 / 768x3072 and
-// 4096x11008 within 0.2; 11008x4096 36.3 -> 38.1 (the CUDA-core kernel streams long rows better: hence the
-// K bound); the split-K shapes lose at one row (768x768 5.3 -> 5.8, GPT-2's B1 step +5..+7 us with its
-// residual projections there), so they stay. GPT-2's B1 step has no launch of this class (c_attn / c_fc fold
-// their norms, the lm_head its ln_f): unchanged.
+// One row of x on tensor cores too where the launch folds no norm into x (plain; a post-norm then follows in
+// layer_norm's launch, as from 2 rows, so that y stays bit for bit linear's), the weight has a 16-row tile per
+// SM (linear_mma_kernel, not split-K) and K <= kMmaOneRowMaxK. Measured on an H100 (fp16, bench_mlp /
+// bench_linear at M 1, cold L2, p50 us, CUDA-core -> tensor-core in one call; bench/NOTES.md session 28):
+// GPT-2's MLP (c_fc on it; c_proj, split-K class, unchanged) 10.05 -> 9.06, 4096x4096 18.0 -> 16.8, 768x2304 /
+// 768x3072 / 4096x11008 within 0.2, 11008x4096 36.3 -> 38.1 (the CUDA-core kernel streams long rows better:
+// hence the K bound; Llama-2-7B's MLP 95.1 -> 97.8 without it). On this rule, another call: GPT-2's MLP 9.04
+// against compiled 19.84 (2.19x), Llama's 96.7 against 111.6. The split-K shapes lose at one row (768x768 5.3
+// -> 5.8; GPT-2's B1 step +5..+7 us with its residual projections there), so they stay. GPT-2's B1 step has no
+// launch of this class (c_attn / c_fc fold their norms, the lm_head its ln_f): unchanged.
 constexpr int64_t kMmaOneRowMaxK = 4096;
 bool mma_rows(int64_t m, bool plain, bool split_k) { return m >= kMmaMinRows || (m == 1 && plain && !split_k); }
 
@@ -328,7 +330,7 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t mma_blocks = mma_tiles(p.n_out, activation);
   const bool stats_out = rs != nullptr && rs->out.defined() && activation != kActSwiglu;
-  const bool plain = !normed && post == nullptr && p.k <= kMmaOneRowMaxK;
+  const bool plain = !normed && p.k <= kMmaOneRowMaxK;  // mma_rows; a post-norm follows as at 2-16 rows
   FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
       const bool wide = p.m > 8;
@@ -500,7 +502,7 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   // The path launch_gemv will take (the split-K kernel: no norm, 16-byte weight rows and an sm_90
   // device; x is made 16-byte ready below).
   GemvPath path = GemvPath::kCudaCores;
-  const bool plain = norm.norm == kNormNone && post == nullptr && k <= kMmaOneRowMaxK;
+  const bool plain = norm.norm == kNormNone && k <= kMmaOneRowMaxK;
   if (x.scalar_type() != at::kFloat && mma_rows(m, plain, mma_tiles(n_out, activation) < sm_count(x))) {
     if (mma_tiles(n_out, activation) >= sm_count(x)) {
       path = GemvPath::kTensorCores;

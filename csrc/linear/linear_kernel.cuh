@@ -297,7 +297,10 @@ __device__ __forceinline__ float store_output(const LinearParams& p, int m, int6
     y = biased ? sum + in.bias : sum;
     if (build_activation<kAct>(p) == kActGeluTanh) y = gelu_tanh(y);
   }
-  if (build_has<kAct, kEpiResidual>(p)) y += in.residual;
+  // __fadd_rn: never contracted with the activation's last product into an FMA, which nvcc does where the
+  // activation is compiled in and not where it is read at run time (the statistics builds): y must be the
+  // same bits from every build (row_stats, post_norm: "bit for bit linear's").
+  if (build_has<kAct, kEpiResidual>(p)) y = __fadd_rn(y, in.residual);
   const T stored = from_float<T>(y);
   static_cast<T*>(p.out)[m * p.o_stride + col] = stored;
   return to_float(stored);
