@@ -173,8 +173,8 @@ def test_every_row_count_and_epilogue_gpu(m, activation, dtype):
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_tensor_core_path_gpu(m, activation, dtype):
-    """The tensor-core kernel (float16 / bfloat16, 2-16 rows; one row without a norm at K <= 4096, 16-byte rows, >= 2112 output columns on an
-    H100): a K with a partial last chunk of 32 and a partial last tile of output columns, and Llama's
+    """The tensor-core kernel (float16 / bfloat16, 2-16 rows, one row without a norm at K <= 4096; 16-byte
+    rows, >= 2112 output columns on an H100): a K with a partial last chunk of 32 and a partial last tile of output columns, and Llama's
     widths (the kernel's long build: more than 3 chunks of 32 k per warp), GPT-2's 768 x 2304 (the short
     build); beside it the split-K kernel at N = 768 (too few tiles for the tensor-core one: on sm_90), and
     K 11008, where these rows go to cuBLAS. With 9-16 rows the short build stages x through shared memory

@@ -67,7 +67,10 @@ constexpr int kMmaMinRows = 2;
 // -> 5.8; GPT-2's B1 step +5..+7 us with its residual projections there), so they stay. GPT-2's B1 step has no
 // launch of this class (c_attn / c_fc fold their norms, the lm_head its ln_f): unchanged.
 constexpr int64_t kMmaOneRowMaxK = 4096;
-bool mma_rows(int64_t m, bool plain, bool split_k) { return m >= kMmaMinRows || (m == 1 && plain && !split_k); }
+// normed: a norm folded into x (the CUDA-core kernel's prologue or fold); split_k: fewer 16-row tiles than SMs.
+bool mma_rows(int64_t m, int64_t k, bool normed, bool split_k) {
+  return m >= kMmaMinRows || (m == 1 && !normed && !split_k && k <= kMmaOneRowMaxK);
+}
 
 // The widths our layer_norm op takes on CUDA (csrc/layer_norm/layer_norm.cpp): the separate
 // normalization where the kernels' prologue does not run.
@@ -220,7 +223,7 @@ bool self_norm_in_mma(const at::Tensor& x, const at::Tensor& weight, const Norm&
     return env == nullptr || std::string(env) != "0";
   }();
   if (!enabled || norm.norm == kNormNone || norm.weight.defined() || norm.bias.defined()) return false;
-  if (x.scalar_type() == at::kFloat || !mma_rows(m, false, false) || m > kSelfNormMaxRows || k % 8 != 0 ||
+  if (x.scalar_type() == at::kFloat || !mma_rows(m, k, true, false) || m > kSelfNormMaxRows || k % 8 != 0 ||
       !vector_ready(weight, 8))
     return false;
   const int sms = sm_count(x);
@@ -330,7 +333,8 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t mma_blocks = mma_tiles(p.n_out, activation);
   const bool stats_out = rs != nullptr && rs->out.defined() && activation != kActSwiglu;
-  const bool plain = !normed && p.k <= kMmaOneRowMaxK;  // mma_rows; a post-norm follows as at 2-16 rows
+  // A post-norm does not keep one row off tensor cores: layer_norm's launch follows, as at 2-16 rows.
+  const bool on_mma = mma_rows(p.m, p.k, normed, mma_blocks < sms) && p.vec && !normed;
   FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
       const bool wide = p.m > 8;
@@ -347,13 +351,13 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
         wide ? launch_linear_mma_stats<scalar_t, 16>(p, sms, stream) : launch_linear_mma_stats<scalar_t, 8>(p, sms, stream);
         return;
       }
-      if (stats_out && mma_rows(p.m, plain, mma_blocks < sms) && p.vec && !normed) {  // both tensor-core kernels write them
+      if (stats_out && on_mma) {  // both tensor-core kernels write them
         p.norm = int(kNormStatsOut);
         p.norm_weight = rs->out.data_ptr();
         p.xs_pitch = int(stats_groups(p.n_out));
       }
       // Otherwise the tensor-core kernels take no norm (linear_impl normalized 2-16 rows of 16-bit x first).
-      if (mma_rows(p.m, plain, false) && p.vec && !normed && mma_blocks >= sms) {
+      if (on_mma && mma_blocks >= sms) {
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
           if (p.norm == kNormStatsOut) {
             wide ? launch_linear_mma_stats_out<scalar_t, 16>(p, sms, stream)
@@ -364,7 +368,7 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
           }
           return;
         }
-      } else if (mma_rows(p.m, plain, true) && p.vec && !normed) {
+      } else if (on_mma) {
         if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
           const int splits = splitk_splits(mma_blocks, p.k, sms);
           if (p.norm == kNormStatsOut) {
@@ -502,9 +506,9 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   // The path launch_gemv will take (the split-K kernel: no norm, 16-byte weight rows and an sm_90
   // device; x is made 16-byte ready below).
   GemvPath path = GemvPath::kCudaCores;
-  const bool plain = norm.norm == kNormNone && k <= kMmaOneRowMaxK;
-  if (x.scalar_type() != at::kFloat && mma_rows(m, plain, mma_tiles(n_out, activation) < sm_count(x))) {
-    if (mma_tiles(n_out, activation) >= sm_count(x)) {
+  const bool split_k_class = mma_tiles(n_out, activation) < sm_count(x);
+  if (x.scalar_type() != at::kFloat && mma_rows(m, k, norm.norm != kNormNone, split_k_class)) {
+    if (!split_k_class) {
       path = GemvPath::kTensorCores;
     } else if (norm.norm == kNormNone && k % 8 == 0 && vector_ready(weight, 8) &&
                at::cuda::getDeviceProperties(x.device().index())->major >= 9) {
