@@ -14,7 +14,9 @@ on the stream at the call's start, at each token and after the call, with no syn
 each round checks that their total agrees with the host wall time around the call within 1%
 (extra_info ``max_clock_vs_wall_pct``). extra_info: tokens/s, TTFT (ms), TBT p50/p95 (ms), the
 weight-bandwidth floor (every parameter read once at the measured copy bandwidth: ``weight_floor_ms``)
-and ``pct_of_weight_floor`` (floor / TBT p50), speedup vs
+and ``pct_of_weight_floor`` (floor / TBT p50); the step-bytes floor, which adds the K / V cache a step must read
+(``kv_bytes_per_step``: every row's own keys, padding excluded, averaged over the decode steps;
+``step_floor_ms``, ``pct_of_step_floor``: at batch 16 the cache is a third of a step's bytes), speedup vs
 hf-eager in the same run (for hf-fused: against hf-eager rounds interleaved with its own,
 --bench-gpt2-paired-rounds of each, since the two differ by less than the drift between
 cases; 5 rounds left one of four cases at 0.98x on host jitter, 12 settled all four). Each round is one whole
@@ -91,6 +93,19 @@ def weight_floor_ms(hf_model, dtype: torch.dtype, copy_gbps: float) -> tuple[int
     return nbytes, nbytes / (copy_gbps * 1e9) * 1e3
 
 
+def kv_bytes_per_step(config, lengths: list[int], new_tokens: int, dtype: torch.dtype) -> int:
+    """Bytes of K and V one decode step must read, averaged over a generate's decode steps: the step that
+    feeds generated token s (s = 1 .. new_tokens - 1; token 1 comes from the prefill) attends, in every
+    layer, over row i's lengths[i] + s keys (its prompt without the padding, then its tokens), K and V
+    each hidden_size wide. The mean of s is new_tokens / 2. The cache append (one position a row) and
+    the padded positions a kernel may skip are not counted: this is what any decode step has to read."""
+    if new_tokens < 2:
+        return 0
+    elem = torch.empty((), dtype=dtype).element_size()
+    mean_keys = sum(lengths) + len(lengths) * new_tokens / 2
+    return round(2 * config.num_hidden_layers * config.hidden_size * elem * mean_keys)
+
+
 def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, request, ceilings_gbps):
     from fused_attn.generate import DTYPES, run_backend
     from tests.prompts import left_padded
@@ -142,8 +157,12 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
                 max_clock_vs_wall_pct=round(clock_vs_wall, 3))
     if ceilings_gbps:  # % of the weight-bandwidth floor: what a decode step at copy speed would take
         nbytes, floor_ms = weight_floor_ms(hf_model, dtype, ceilings_gbps["copy"])
+        kv = kv_bytes_per_step(hf_model.config, lengths, NEW_TOKENS, dtype)
+        step_ms = (nbytes + kv) / (ceilings_gbps["copy"] * 1e9) * 1e3
         info.update(weight_bytes=nbytes, weight_floor_ms=round(floor_ms, 4),
-                    pct_of_weight_floor=round(100 * floor_ms / info["tbt_p50_ms"], 1))
+                    pct_of_weight_floor=round(100 * floor_ms / info["tbt_p50_ms"], 1),
+                    kv_bytes_per_step=kv, step_floor_ms=round(step_ms, 4),
+                    pct_of_step_floor=round(100 * step_ms / info["tbt_p50_ms"], 1))
     tps = info["tokens_per_s"]
     medians[(benchmark.group, c["backend"])] = tps
     if c["backend"] == "hf-eager" and not c["sample"]:

@@ -65,6 +65,21 @@ def test_weight_floor_counts_every_parameter_once():
     assert nbytes == 2 * 500_500 and ms == pytest.approx(2 * 500_500 / 1e12 * 1e3)
 
 
+def test_kv_bytes_per_step_counts_each_rows_own_keys_over_the_decode_steps():
+    """GPT-2 small at batch 16, prompt 128 (rows 128 .. 64 long), 128 new tokens, float16: the steps
+    feeding tokens 1 .. 127 read 16 rows x (length + s) keys, K and V, 12 layers x 768 x 2 bytes."""
+    from types import SimpleNamespace
+
+    from bench.bench_gpt2 import kv_bytes_per_step
+
+    config = SimpleNamespace(num_hidden_layers=12, hidden_size=768)
+    lengths = prompt_lengths(16, 128)
+    keys = sum(sum(n + s for n in lengths) for s in range(1, 128)) / 127  # mean over the decode steps
+    assert kv_bytes_per_step(config, lengths, 128, torch.float16) == round(2 * 12 * 768 * 2 * keys)
+    assert kv_bytes_per_step(config, [128], 128, torch.float32) == round(2 * 12 * 768 * 4 * (128 + 64))
+    assert kv_bytes_per_step(config, [5, 3], 1, torch.float16) == 0  # one token: no decode step
+
+
 @pytest.mark.parametrize("backend", ["hf-eager", "graph"])
 def test_sampled_cases_run_with_the_benchmarks_sampling_settings(backend):
     """--full's ``-sample`` cases call run_backend with SAMPLING: every kind of backend takes it and
