@@ -1,7 +1,7 @@
 """GPT-2 end to end: tokens/s, TTFT and TBT per backend (fused_attn.generate.run_backend).
 
 Backends: fused_attn.generate.BACKENDS (hf-eager ... graph-fused, graph-norms, graph-persistent); batch
-{1, 16} ({1, 4, 16, 64} with --full); prompt {128, 512}; 128 new tokens, greedy (with --full also
+{1, 16} ({1, 4, 16, 64} with --full; --bench-gpt2-batches 2,3 for others); prompt {128, 512}; 128 new tokens, greedy (with --full also
 sampled: temperature 0.8, top-k 50, cases named ``-sample``, their own groups); float16 by default,
 float16, bfloat16 and float32 with --full. Model: GPT-2 small's
 configuration with seeded random weights (same shapes and cost as the real checkpoint),
@@ -58,12 +58,23 @@ def prompt_lengths(batch: int, prompt: int) -> list[int]:
     return [prompt - i * (prompt // 2) // (batch - 1) for i in range(batch)]
 
 
+def gpt2_batches(option: str | None, full: bool) -> tuple[int, ...]:
+    """The batch sizes of the cases: --bench-gpt2-batches (a comma list of positive integers), else
+    1, 4, 16, 64 with --full and 1, 16 without."""
+    if option is None:
+        return (1, 4, 16, 64) if full else (1, 16)
+    words = [w.strip() for w in option.split(",")]
+    if not words or not all(w.isdigit() and int(w) > 0 for w in words):
+        raise pytest.UsageError(f"--bench-gpt2-batches must be a comma list of positive integers, got {option!r}")
+    return tuple(dict.fromkeys(int(w) for w in words))
+
+
 def pytest_generate_tests(metafunc):
     if "gpt2_case" not in metafunc.fixturenames:
         return
     full = metafunc.config.getoption("--full")
     dtypes = ["float16", "bfloat16", "float32"] if full else ["float16"]
-    batches = (1, 4, 16, 64) if full else (1, 16)
+    batches = gpt2_batches(metafunc.config.getoption("--bench-gpt2-batches"), full)
     decoding = (False, True) if full else (False,)
     cases = [dict(batch=b, prompt=p, dtype=d, backend=k, sample=smp)
              for smp in decoding for d in dtypes for b in batches for p in (128, 512) for k in BACKENDS]

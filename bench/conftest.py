@@ -33,6 +33,8 @@ def pytest_addoption(parser):
     g.addoption("--bench-seqlens", default=None, help="comma list of N for the GPT-2 shapes")
     g.addoption("--bench-rounds", type=int, default=int(os.environ.get("FUSED_ATTN_BENCH_ROUNDS", 60)))
     g.addoption("--bench-warmup", type=int, default=int(os.environ.get("FUSED_ATTN_BENCH_WARMUP", 5)))
+    g.addoption("--bench-gpt2-batches", default=None,
+                help="comma list of batch sizes for bench_gpt2 (default 1,16; 1,4,16,64 with --full)")
     g.addoption("--bench-gpt2-rounds", type=int, default=5, help="whole generate() calls per GPT-2 case")
     g.addoption("--bench-gpt2-paired-rounds", type=int, default=12,
                 help="hf-fused rounds, each after an interleaved hf-eager round (their difference is small)")

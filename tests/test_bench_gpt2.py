@@ -19,6 +19,17 @@ def test_prompt_lengths_are_distinct_and_span_half_the_prompt():
     assert prompt_lengths(16, 512)[-1] == 256
 
 
+def test_gpt2_batches_take_the_option_or_the_sweeps_default():
+    from bench.bench_gpt2 import gpt2_batches
+
+    assert gpt2_batches(None, False) == (1, 16) and gpt2_batches(None, True) == (1, 4, 16, 64)
+    assert gpt2_batches("2, 3,2", False) == (2, 3)
+    for bad in ("", "0", "2,x", "-1", "1.5"):
+        with pytest.raises(pytest.UsageError, match=r"--bench-gpt2-batches must be a comma list of positive "
+                                                    r"integers, got "):
+            gpt2_batches(bad, False)
+
+
 def test_result_splits_marks_into_ttft_and_token_gaps():
     r = _result("x", torch.zeros(1, 3), [0.0, 1.0, 1.5, 2.5, 2.75], 3.0)
     assert (r.ttft_s, r.step_s, r.total_s, r.wall_s) == (1.0, [0.5, 1.25], 2.75, 3.0)
