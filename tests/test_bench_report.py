@@ -294,3 +294,22 @@ def test_readme_table_has_one_row_per_case_of_our_provider(tmp_path):
                      and e["causal"] == r["causal"])
         assert f" {r['p50_us']:.1f} " in line and f" {eager['p50_us']:.1f} " in line
         assert f" {r['speedup_vs_eager']:.2f} " in line
+
+
+def test_gpt2_table_shows_the_floors_where_a_case_has_them():
+    """bench_gpt2's % of the weight floor and of the step-bytes floor (weights + K/V cache): a column each
+    once any case has it, "-" where a case has not (a run without measured ceilings)."""
+    data = json.loads(GPT2_RUN.read_text())
+    data["_path"] = str(GPT2_RUN)
+    for i, b in enumerate(data["benchmarks"]):
+        if i % 2 == 0:
+            b["extra_info"].update(pct_of_weight_floor=30.0 + i, pct_of_step_floor=40.0 + i)
+    fam = report.families(data, "backend")[0]
+    header, *lines = report.model_table(fam, False)
+    assert header.index("TBT p95 ms") < header.index("% weight floor") < header.index("% step floor")
+    for i, b in enumerate(data["benchmarks"]):
+        e = b["extra_info"]
+        row = [ln for ln in lines if ln.split()[:4] == [str(e["batch"]), str(e["prompt"]), e["dtype"], e["backend"]]]
+        assert len(row) == 1
+        want = f"{30.0 + i:.1f}" if i % 2 == 0 else "-"
+        assert row[0].split()[8] == want, (row, want)
