@@ -129,6 +129,7 @@ std::vector<torch::Tensor> run(int cluster, int consumer_clusters, int consumer_
 
 def summarize(ends: torch.Tensor, stamps: torch.Tensor) -> dict:
     """Consumer stamps relative to the producer's last block end, in microseconds."""
+    ends, stamps = ends.cpu(), stamps.cpu()  # one copy each, not an item() per stamp
     end = int(ends.max())
     entered = [(int(t) - end) / 1e3 for t in stamps[:, 0]]
     waited = [(int(t) - end) / 1e3 for t in stamps[:, 1]]
