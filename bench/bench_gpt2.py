@@ -39,6 +39,7 @@ import statistics
 import pytest
 import torch
 
+from bench.harness import positive_ints
 from fused_attn.generate import BACKENDS, COMPILED, STATIC, nearest_rank
 from fused_attn.gpt2_decode_step import is_batch_too_large
 
@@ -63,10 +64,10 @@ def gpt2_batches(option: str | None, full: bool) -> tuple[int, ...]:
     1, 4, 16, 64 with --full and 1, 16 without."""
     if option is None:
         return (1, 4, 16, 64) if full else (1, 16)
-    words = [w.strip() for w in option.split(",")]
-    if not words or not all(w.isdigit() and int(w) > 0 for w in words):
-        raise pytest.UsageError(f"--bench-gpt2-batches must be a comma list of positive integers, got {option!r}")
-    return tuple(dict.fromkeys(int(w) for w in words))
+    try:
+        return tuple(dict.fromkeys(positive_ints(option)))
+    except ValueError as e:
+        raise pytest.UsageError(f"--bench-gpt2-batches {e}") from None
 
 
 def pytest_generate_tests(metafunc):
@@ -101,7 +102,12 @@ def weight_floor_ms(hf_model, dtype: torch.dtype, copy_gbps: float) -> tuple[int
     """(bytes, ms): every parameter read once per decode step (the tied lm_head reads wte, the
     embeddings a row each: counted whole, a slight overestimate) at the measured copy bandwidth."""
     nbytes = sum(p.numel() for p in hf_model.parameters()) * torch.empty((), dtype=dtype).element_size()
-    return nbytes, nbytes / (copy_gbps * 1e9) * 1e3
+    return nbytes, copy_ms(nbytes, copy_gbps)
+
+
+def copy_ms(nbytes: int, copy_gbps: float) -> float:
+    """Milliseconds to move nbytes at the measured copy bandwidth (the floors' one conversion)."""
+    return nbytes / (copy_gbps * 1e9) * 1e3
 
 
 def kv_bytes_per_step(config, lengths: list[int], new_tokens: int, dtype: torch.dtype) -> int:
@@ -169,7 +175,7 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
     if ceilings_gbps:  # % of the weight-bandwidth floor: what a decode step at copy speed would take
         nbytes, floor_ms = weight_floor_ms(hf_model, dtype, ceilings_gbps["copy"])
         kv = kv_bytes_per_step(hf_model.config, lengths, NEW_TOKENS, dtype)
-        step_ms = (nbytes + kv) / (ceilings_gbps["copy"] * 1e9) * 1e3
+        step_ms = copy_ms(nbytes + kv, ceilings_gbps["copy"])
         info.update(weight_bytes=nbytes, weight_floor_ms=round(floor_ms, 4),
                     pct_of_weight_floor=round(100 * floor_ms / info["tbt_p50_ms"], 1),
                     kv_bytes_per_step=kv, step_floor_ms=round(step_ms, 4),

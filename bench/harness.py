@@ -162,6 +162,17 @@ class DeviceTimer:
         return times
 
 
+def positive_ints(text: str) -> list[int]:
+    """A command line's comma list of positive integers ("1,4, 16"); ValueError naming what it got."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ValueError(f"must be a comma list of positive integers, got {text!r}")
+    return values
+
+
 def percentiles(times_us: list[float]) -> dict[str, float]:
     qs = statistics.quantiles(times_us, n=20, method="inclusive") if len(times_us) > 1 else times_us * 19
     return {"p5_us": round(qs[0], 2), "p50_us": round(statistics.median(times_us), 2), "p95_us": round(qs[18], 2)}

@@ -43,6 +43,8 @@ from pathlib import Path
 import torch
 from torch.utils.cpp_extension import load_inline
 
+from bench.harness import positive_ints
+
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 
 SOURCE = r"""
@@ -139,12 +141,9 @@ def summarize(ends: torch.Tensor, stamps: torch.Tensor) -> dict:
 
 def int_list(text: str) -> list[int]:
     try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"must be a comma list of positive integers, got {text!r}")
-    return values
+        return positive_ints(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
