@@ -105,12 +105,30 @@ def labels(bench: dict) -> dict:
     return _LABELS[module].get(function_name(bench), {})
 
 
-def case_keys(bench: dict) -> list[str]:
-    """The parameters of a case, in the order of its parametrization (one dict parameter is opened)."""
+def case_params(bench: dict) -> dict:
+    """The parameters of a case (one dict parameter is opened)."""
     params = bench.get("params") or {}
     if len(params) == 1 and isinstance(next(iter(params.values())), dict):
         params = next(iter(params.values()))
-    return [k for k in params if k in bench["extra_info"]]
+    return params
+
+
+def case_keys(bench: dict) -> list[str]:
+    """The parameters of a case, in the order of its parametrization: those its extra_info repeats, and its
+    flags (bool parameters, e.g. bench_gpt2's ``sample``), which tell apart cases that are otherwise alike."""
+    params = case_params(bench)
+    return [k for k in params if k in bench["extra_info"] or isinstance(params[k], bool)]
+
+
+def case_row(bench: dict) -> dict:
+    """A case's table row: its flags, then its extra_info, then its name."""
+    flags = {k: v for k, v in case_params(bench).items() if isinstance(v, bool)}
+    return flags | bench["extra_info"] | {"name": bench["name"]}
+
+
+def _param_order(v) -> tuple:
+    """A parameter's sort key: a flag's True first (causal cases first), a case without the parameter last."""
+    return (1, 0) if v is None else (0, not v) if isinstance(v, bool) else (0, v)
 
 
 class Family:
@@ -118,7 +136,7 @@ class Family:
 
     def __init__(self, name: str, benches: list[dict]):
         self.name, self.labels = name, labels(benches[0])
-        self.keys = case_keys(benches[0])
+        self.keys = list(dict.fromkeys(k for b in benches for k in case_keys(b)))  # a flag some cases lack too
         self.who = "provider" if "provider" in benches[0]["extra_info"] else "backend"
         if self.who not in self.keys:
             self.keys.append(self.who)
@@ -128,8 +146,8 @@ class Family:
         self.order = [w for w in order if w in seen]
         rank = {w: i for i, w in enumerate(self.order)}
         flags = [k for k in self.keys if k not in ("shape", "dtype", self.who)]
-        self.rows = sorted((b["extra_info"] | {"name": b["name"]} for b in benches), key=lambda r: (
-            str(r.get("dtype", "")), *[(not r[k]) if isinstance(r[k], bool) else r[k] for k in flags],
+        self.rows = sorted((case_row(b) for b in benches), key=lambda r: (
+            str(r.get("dtype", "")), *[_param_order(r.get(k)) for k in flags],
             r.get("shape", []), rank[r[self.who]]))
         ours = [w for w in self.order if w.startswith(OURS_PREFIX)]
         self.ours = ours[-1] if ours else None

@@ -313,3 +313,25 @@ def test_gpt2_table_shows_the_floors_where_a_case_has_them():
         assert len(row) == 1
         want = f"{30.0 + i:.1f}" if i % 2 == 0 else "-"
         assert row[0].split()[8] == want, (row, want)
+
+
+def test_gpt2_sampled_cases_get_a_sample_column():
+    """bench_gpt2's ``sample`` flag is a case parameter its extra_info does not repeat: a greedy and a sampled
+    case of one batch, prompt, dtype and backend are two rows told apart by a "sample" column (session 30's
+    run 0046 printed them as if greedy)."""
+    data = json.loads(GPT2_RUN.read_text())
+    data["_path"] = str(GPT2_RUN)
+    greedy = next(b for b in data["benchmarks"] if b["name"] == "bench_gpt2[graph-b1-p128-float16]")
+    sampled = json.loads(json.dumps(greedy))
+    sampled["name"] = "bench_gpt2[graph-b1-p128-float16-sample]"
+    sampled["extra_info"].update(temperature=0.8, top_k=50, tokens_per_s=1234.5)
+    for b, flag in ((greedy, False), (sampled, True)):
+        b["params"] = {"gpt2_case": {k: b["extra_info"][k] for k in ("batch", "prompt", "dtype", "backend")}
+                       | {"sample": flag}}
+    data["benchmarks"].append(sampled)
+    fam = report.families(data, "backend")[0]
+    header, *lines = report.model_table(fam, False)
+    assert header.split()[:5] == ["batch", "prompt", "dtype", "backend", "sample"]
+    rows = [ln.split() for ln in lines if ln.split()[:4] == ["1", "128", "float16", "graph"]]
+    assert [(r[4], r[5]) for r in rows] == [("yes", "1234.5"), ("no", f"{greedy['extra_info']['tokens_per_s']:.1f}")]
+    assert all(len(ln.split()) == len(rows[0]) for ln in lines)  # cases without the flag print a dash
