@@ -24,6 +24,13 @@ eager and compiled: argmax, the index_put into history, ``counters.add_(1)``; un
 (and the history's again after it): the argmax in out and in each row's history column, nothing else in
 the history written, the counters + 1.
 
+The sample+top-k groups (op "topk": GPT-2's sampled chat setting, temperature 1 and top_k 50, the draw
+among the 50 largest logits of each row): eager = torch.topk, the logits below the 50th set to -inf, then
+the Gumbel-max chain above; compiled = torch.compile of it; unfused = the same topk and masked_fill, then
+fused_attn.sample (3 launches: our GPT-2's sampled step before session 30); fused = ``sample(...,
+top_k=50)`` (one launch: a radix select of the 50th largest inside the kernel). Rows 1, 16, 64 of GPT-2's
+vocabulary and 1 of Llama 3's. The check before timing: every drawn token is among its row's top 50.
+
 extra_info: bytes (the logits read, the int64 tokens written; with the counters read and written, and
 the history index read and the tokens' history elements written where the group has them), GB/s, % of
 copy and of a same-bytes copy (at these sizes, ~0.1-16 MB, the same-bytes copy and the empty kernel are
@@ -47,6 +54,8 @@ CPU_SHAPES = ((1, 1000), (4, 3000))
 PROVIDERS = ("eager", "compiled", "fused")
 ADVANCE_PROVIDERS = ("eager", "compiled", "unfused", "fused")
 ADVANCE_SHAPES = ((1, 50257), (16, 50257))
+TOPK_SHAPES = ((1, 50257), (16, 50257), (64, 50257), (1, 128256))
+TOP_K = 50
 HISTORY_LEN = 1024  # GPT-2's context: the history's columns
 HISTORY_FILL = -7  # what the history holds before a call (never a token, nor the -1 of an out-of-range index)
 GPU_ONLY = ("compiled",)
@@ -60,9 +69,13 @@ HISTORY_NOTES = {"eager": "argmax + history index_put + counters.add_(1)",
                  "compiled": "torch.compile(argmax + history index_put + counters.add_(1))",
                  "unfused": "fused_attn.sample(advance=counters) + history index_put: 2 launches",
                  "fused": "fused_attn.sample(advance=counters, history=, history_index=): 1 launch"}
+TOPK_NOTES = {"eager": f"topk({TOP_K}) + masked_fill + Gumbel-max chain in PyTorch ops",
+              "compiled": f"torch.compile(topk({TOP_K}) + masked_fill + Gumbel-max chain)",
+              "unfused": f"topk({TOP_K}) + masked_fill + fused_attn.sample: 3 launches",
+              "fused": f"fused_attn.sample(top_k={TOP_K}): 1 launch"}
 # op -> (group name, notes); the plain sample group is op None
 GROUPS = {None: ("sample", NOTES), "advance": ("sample+advance", ADVANCE_NOTES),
-          "history": ("sample+history", HISTORY_NOTES)}
+          "history": ("sample+history", HISTORY_NOTES), "topk": (f"sample+top-{TOP_K}", TOPK_NOTES)}
 REPORT_LABELS = {"bench_sample": dict(title="sample (next token: argmax, or Gumbel-max at temperature 1)",
                                       shape="rows x vocab, temperature", order=PROVIDERS)}
 
@@ -72,10 +85,13 @@ def make_cases(config, cuda: bool | None = None) -> list[dict]:
     shapes, dtypes = (([(r, v) for v in VOCABS for r in ROWS], dtypes_for(config)) if cuda
                       else (CPU_SHAPES, ["float32"]))
     advance_shapes = ADVANCE_SHAPES if cuda else CPU_SHAPES
+    topk_shapes = TOPK_SHAPES if cuda else CPU_SHAPES
     return ([dict(shape=s, temperature=t, dtype=d, provider=p) for s in shapes for t in TEMPERATURES
              for d in dtypes for p in PROVIDERS]
             + [dict(shape=s, temperature=0.0, dtype=d, provider=p, op=op) for op in ("advance", "history")
-               for s in advance_shapes for d in dtypes for p in ADVANCE_PROVIDERS])
+               for s in advance_shapes for d in dtypes for p in ADVANCE_PROVIDERS]
+            + [dict(shape=s, temperature=1.0, dtype=d, provider=p, op="topk") for s in topk_shapes for d in dtypes
+               for p in ADVANCE_PROVIDERS])
 
 
 def case_id(c: dict) -> str:
@@ -107,6 +123,27 @@ def provider_fn(provider: str, logits: torch.Tensor, temperature: float):
         offset = torch.zeros(1, dtype=torch.int64, device=logits.device)
         return lambda: sample(logits, temperature, seed=1, offset=offset)
     raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
+
+
+def eager_sample_top_k(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    kth = logits.topk(TOP_K, dim=-1).values[..., -1:]
+    return eager_sample(logits.masked_fill(logits < kth, float("-inf")), temperature)
+
+
+def top_k_provider_fn(provider: str, logits: torch.Tensor, temperature: float):
+    """The sample+top-k group's providers: a draw among each row's TOP_K largest logits."""
+    from fused_attn import sample
+    from fused_attn.sample import top_k_filter
+
+    peer = chain_provider(provider, eager_sample_top_k, logits, temperature)
+    if peer is not None:
+        return peer
+    offset = torch.zeros(1, dtype=torch.int64, device=logits.device)
+    if provider == "unfused":
+        return lambda: sample(top_k_filter(logits, temperature, TOP_K), temperature, seed=1, offset=offset)
+    if provider == "fused":
+        return lambda: sample(logits, temperature, top_k=TOP_K, seed=1, offset=offset)
+    raise ValueError(f"provider must be one of {ADVANCE_PROVIDERS}, got {provider!r}")
 
 
 def eager_sample_advance(logits: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
@@ -196,6 +233,8 @@ def bench_sample(benchmark, case, device, timer, ceilings_gbps, launch_floor_us,
     counters = history = None
     if op is None:
         fn = provider_fn(provider, logits, temperature)
+    elif op == "topk":
+        fn = top_k_provider_fn(provider, logits, temperature)
     else:
         counters = torch.zeros(3, rows, dtype=torch.int32, device=device)
         read, write = read + counters.numel() * 4, write + counters.numel() * 4
@@ -206,7 +245,12 @@ def bench_sample(benchmark, case, device, timer, ceilings_gbps, launch_floor_us,
             read, write = read + index.numel() * 4, write + rows * 8
         else:
             fn = advance_provider_fn(provider, logits, counters)
-    check(provider, fn(), logits, temperature)
+    got = fn()
+    check(provider, got, logits, temperature)
+    if op == "topk":
+        kth = logits.topk(TOP_K, dim=-1).values[..., -1]
+        inside = logits.gather(-1, got[:, None])[:, 0] >= kth
+        assert bool(inside.all()), f"{provider}: a token outside the top {TOP_K}"
     if counters is not None:
         assert torch.equal(counters, torch.ones_like(counters)), f"{provider}: the counters did not advance by 1"
     if history is not None:

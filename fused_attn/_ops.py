@@ -96,14 +96,17 @@ _define(
 # The next token of each row of logits [..., vocab] (returns int64 [...]): the argmax at temperature 0,
 # else a sample of softmax(logits / temperature) by the Gumbel-max trick with Philox4x32-10 uniforms of
 # (seed, offset + offsets[row], row, column): offsets None, or int32 / int64 with 1 element or one per row.
+# top_k > 0 (sampling only): the draw among the top_k largest logits of the row and any equal to the
+# top_k-th (torch.topk's order: NaN largest; a NaN top_k-th keeps every column); 0 or >= vocab: all.
 # sample_out's advance (int32 / int64 [k, rows]): column r += 1 once row r's token is written (a decode
 # loop's per-row counters, advanced in the same launch); offsets may be one of its rows, never shared.
 # history (int64 [rows, L], last dim stride 1, stride(0) >= L) with history_index (int32 / int64 [rows]),
 # both or neither: row r's token also goes to history[r, history_index[r]], the index read before the row
 # advances (it may be one of advance's rows); an index outside [0, L) writes nothing there and -1 to out[r].
-_define("sample(Tensor logits, float temperature, int seed, int offset, Tensor? offsets) -> Tensor")
+_define("sample(Tensor logits, float temperature, int seed, int offset, Tensor? offsets, int top_k=0) -> Tensor")
 _define(
-    "sample_out(Tensor logits, float temperature, int seed, int offset, Tensor? offsets, *, Tensor(a!) out, "
+    "sample_out(Tensor logits, float temperature, int seed, int offset, Tensor? offsets, int top_k=0, *, "
+    "Tensor(a!) out, "
     "Tensor(b!)? advance=None, Tensor(c!)? history=None, Tensor? history_index=None) -> ()"
 )
 # y = act(x @ weight^T + bias) + residual: x [..., in_features], weight [out_features, in_features]

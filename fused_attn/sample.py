@@ -16,9 +16,10 @@ loop's per-row counters, each + 1 in the same launch once its row's token is wri
 token-history ``[rows, L]`` into which each row's token is also written, at the column
 ``history_index[row]`` read from device memory before the row advances its counters (an index outside
 [0, L) writes nothing there and -1 into ``out``), so a decode loop replaying a CUDA graph keeps its
-tokens without a copy per step. ``top_k`` is applied here, before the op, as PyTorch ops (topk, then the
-logits below the k-th largest set to -inf: ties with the k-th are kept, as in Hugging Face's
-``TopKLogitsWarper``).
+tokens without a copy per step. ``top_k`` (sampling only) restricts the draw to the k largest logits and any
+equal to the k-th, as Hugging Face's ``TopKLogitsWarper`` does: on CUDA inside the same launch (a radix select
+of the k-th largest over the row's blocks, csrc/sample/sample_kernel.cuh), on the CPU as PyTorch ops (topk,
+then the logits below the k-th set to -inf): NaN counts as the largest, and a NaN k-th keeps every column.
 
 Gradients: none; the result is an integer index (as ``torch.argmax``'s).
 """
@@ -204,7 +205,7 @@ def sample(
             without a contiguous last dim is copied once); at most 65535 rows on CUDA.
         temperature: finite, >= 0; 0 is greedy (top_k then changes nothing).
         top_k: 0 (every token) or keep the k largest logits of each row (and any tied with the k-th);
-            k >= vocab keeps all.
+            k >= vocab keeps all. On CUDA in the same launch (no topk kernels).
         seed, offset: the generator's key and counter, ints in [0, 2**63). ``offset`` may instead be an
             int32 / int64 tensor on logits' device with 1 element or one per row, read when the kernel
             runs: a CUDA graph that replays this call draws new numbers when the caller advances it.
@@ -243,18 +244,25 @@ def sample(
         _check_advance(advance, logits, offsets, out, storage)
     if history is not None or history_index is not None:
         _check_history(history, history_index, logits, offsets, out, advance, storage)
-    if temperature > 0 and 0 < top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, -math.inf)
     if logits.device.type == "cuda":  # meta tensors (and torch.compile's tracing) run the fake kernel: no build
         _ops.ensure_loaded()
     if out is None and advance is None and history is None:
-        return torch.ops.fused_attn.sample(logits, temperature, seed, offset, offsets)
+        return torch.ops.fused_attn.sample(logits, temperature, seed, offset, offsets, top_k)
     if out is None:
         out = torch.empty(logits.shape[:-1], dtype=torch.int64, device=logits.device)
-    torch.ops.fused_attn.sample_out(logits, temperature, seed, offset, offsets, out=out, advance=advance,
+    torch.ops.fused_attn.sample_out(logits, temperature, seed, offset, offsets, top_k, out=out, advance=advance,
                                     history=history, history_index=history_index)
     return out
+
+
+def top_k_filter(logits: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
+    """``logits`` with every logit below the row's top_k-th largest set to -inf, where top_k applies (a draw,
+    0 < top_k < vocab): the CPU path's filter, and the definition the CUDA kernel's radix select matches
+    (torch.topk's order: NaN largest; ``<`` against a NaN top_k-th is false, so it masks nothing)."""
+    if temperature > 0 and 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    return logits
 
 
 # --------------------------------------------------------------------------- CPU, fake
@@ -266,9 +274,10 @@ def _row_offsets(logits, offset: int, offsets) -> torch.Tensor:
     return base if offsets is None else base + offsets.reshape(-1).to(torch.int64).expand(rows)
 
 
-def _cpu(logits, temperature, seed, offset, offsets) -> torch.Tensor:
-    check_args(logits, temperature, 0, seed, offset, offsets)
-    return reference.sample(logits, temperature, seed, _row_offsets(logits, offset, offsets))
+def _cpu(logits, temperature, seed, offset, offsets, top_k) -> torch.Tensor:
+    check_args(logits, temperature, top_k, seed, offset, offsets)
+    return reference.sample(top_k_filter(logits, temperature, top_k), temperature, seed,
+                            _row_offsets(logits, offset, offsets))
 
 
 def _register() -> None:
@@ -276,32 +285,32 @@ def _register() -> None:
     tensors never need the CUDA library."""
 
     @torch.library.register_fake("fused_attn::sample")
-    def _fake(logits, temperature, seed, offset, offsets):
-        check_args(logits, temperature, 0, seed, offset, offsets)
+    def _fake(logits, temperature, seed, offset, offsets, top_k=0):
+        check_args(logits, temperature, top_k, seed, offset, offsets)
         return torch.empty(logits.shape[:-1], dtype=torch.int64, device=logits.device)
 
     @torch.library.register_fake("fused_attn::sample_out")
-    def _fake_out(logits, temperature, seed, offset, offsets, *, out, advance=None, history=None,
+    def _fake_out(logits, temperature, seed, offset, offsets, top_k=0, *, out, advance=None, history=None,
                   history_index=None):
-        check_args(logits, temperature, 0, seed, offset, offsets)
+        check_args(logits, temperature, top_k, seed, offset, offsets)
         if advance is not None:
             _check_advance(advance, logits, offsets, out, storage=False)
         if history is not None or history_index is not None:
             _check_history(history, history_index, logits, offsets, out, advance, storage=False)
 
     @torch.library.register_kernel("fused_attn::sample", "cpu")
-    def _cpu_kernel(logits, temperature, seed, offset, offsets):
-        return _cpu(logits, temperature, seed, offset, offsets)
+    def _cpu_kernel(logits, temperature, seed, offset, offsets, top_k=0):
+        return _cpu(logits, temperature, seed, offset, offsets, top_k)
 
     @torch.library.register_kernel("fused_attn::sample_out", "cpu")
-    def _cpu_kernel_out(logits, temperature, seed, offset, offsets, *, out, advance=None, history=None,
+    def _cpu_kernel_out(logits, temperature, seed, offset, offsets, top_k=0, *, out, advance=None, history=None,
                         history_index=None):
         _check_out(out, logits)
         if advance is not None:
             _check_advance(advance, logits, offsets, out)
         if history is not None or history_index is not None:
             _check_history(history, history_index, logits, offsets, out, advance)
-        tokens = _cpu(logits, temperature, seed, offset, offsets)
+        tokens = _cpu(logits, temperature, seed, offset, offsets, top_k)
         if history is not None:
             tokens = _record(tokens, history, history_index)
         out.copy_(tokens)  # every offset and history index read before the advance

@@ -334,9 +334,11 @@ MLP_CASES = [dict(m=4, d=768, hidden=3072, d_out=768), dict(m=16, d=64, hidden=3
 # 2 and 8 blocks, a misaligned head and a tail in every block, rows read through a stride, per-row offsets.
 SAMPLE_CASES = [
     dict(rows=3, vocab=7, dtype=torch.float32, layout="contiguous", temperature=0.0),
-    dict(rows=16, vocab=50257, dtype=torch.float16, layout="contiguous", temperature=1.0, offsets="per_row"),
+    dict(rows=16, vocab=50257, dtype=torch.float16, layout="contiguous", temperature=1.0, offsets="per_row",
+         top_k=50),  # the radix select: histograms read across the cluster
     dict(rows=5, vocab=4097, dtype=torch.bfloat16, layout="misaligned", temperature=0.0, kind="ties"),
-    dict(rows=4, vocab=33000, dtype=torch.float32, layout="strided_rows", temperature=0.7, offsets="one"),
+    dict(rows=4, vocab=33000, dtype=torch.float32, layout="strided_rows", temperature=0.7, offsets="one",
+         top_k=1000),
     dict(rows=2, vocab=128256, dtype=torch.float16, layout="transposed", temperature=0.0, kind="nan"),
 ]
 

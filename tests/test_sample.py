@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fused_attn import reference
-from fused_attn.sample import sample
+from fused_attn.sample import sample, top_k_filter
 from tests.streams import on_side_stream_without_sync
 from tests.test_decode_attention import with_examples
 
@@ -39,12 +39,13 @@ def sample_case(draw, cuda):
                 seed=draw(st.integers(0, 2**63 - 1)), offset=draw(st.integers(0, 2**63 - 1)),
                 offsets=draw(st.sampled_from([None, "one", "per_row"])),
                 offsets_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+                top_k=draw(st.one_of(st.sampled_from([0, 0, 1, 2, 3, 50]), st.integers(0, vocab + 2))),
                 data_seed=draw(st.integers(0, 2**31 - 1)))
 
 
 def case_of(**kw):
     base = dict(rows=4, vocab=50257, lead="2d", dtype=torch.float16, kind="randn", layout="contiguous",
-                temperature=0.0, seed=0, offset=0, offsets=None, offsets_dtype=torch.int64, data_seed=0)
+                temperature=0.0, seed=0, offset=0, offsets=None, offsets_dtype=torch.int64, top_k=0, data_seed=0)
     base.update(kw)
     return base
 
@@ -60,6 +61,19 @@ EDGE_EXAMPLES = [
     case_of(rows=0, vocab=100),
     case_of(rows=7, vocab=32000, dtype=torch.bfloat16, layout="transposed", temperature=1.0, offsets="one",
             offsets_dtype=torch.int32),
+    # top_k inside the kernel: GPT-2's chat setting; ties at the k-th (kept); a NaN k-th (nothing masked) or
+    # NaNs among the kept; rows of -inf and half -inf (the k-th -inf: everything kept); -0 / +0 ties;
+    # float32's four passes; k = vocab - 1; k >= vocab (no filter); huge logits; temperature 0 (ignored)
+    case_of(rows=16, temperature=0.8, top_k=50, seed=11, offsets="per_row"),
+    case_of(rows=3, vocab=50257, kind="ties", temperature=5.0, top_k=3, layout="misaligned"),
+    case_of(rows=5, vocab=4097, kind="nan", temperature=1.0, top_k=5),
+    case_of(rows=5, vocab=300, kind="nan", temperature=1.0, top_k=200),
+    case_of(rows=6, vocab=4097, kind="neg_inf_rows", temperature=0.8, top_k=2500),
+    case_of(rows=6, vocab=1000, kind="zeros", temperature=1.0, top_k=1),
+    case_of(rows=4, vocab=128256, dtype=torch.float32, temperature=1.0, top_k=40, kind="large"),
+    case_of(rows=2, vocab=9, dtype=torch.float32, temperature=2.0, top_k=8),
+    case_of(rows=7, vocab=32000, dtype=torch.bfloat16, temperature=1.0, top_k=32000, layout="strided_rows"),
+    case_of(rows=3, vocab=50257, temperature=0.0, top_k=5),
 ]
 
 
@@ -113,15 +127,20 @@ def make_offsets(case, device):
 
 
 def perturbed_scores(logits: torch.Tensor, case, offsets: torch.Tensor | None, offset: int) -> torch.Tensor:
-    """float32 [rows, vocab]: what the kernel maximizes (the CPU reference's scores)."""
-    x = logits.reshape(-1, logits.shape[-1]).cpu().to(torch.float32)
+    """float32 [rows, vocab]: what the kernel maximizes (the CPU reference's scores), -inf at the columns
+    top_k drops (computed in the logits' own dtype on the CPU: torch.topk, then ``<`` the k-th)."""
+    x = logits.reshape(-1, logits.shape[-1]).cpu()
+    dropped = top_k_filter(x, case["temperature"], case["top_k"]) != x
+    dropped &= ~x.isnan()  # NaN != NaN: a kept NaN is not a dropped column
+    x = x.to(torch.float32)
     if case["temperature"] == 0:
         return x
     rows = x.shape[0]
     base = torch.full((rows,), offset, dtype=torch.int64)
     if offsets is not None:
         base = base + offsets.cpu().reshape(-1).to(torch.int64).expand(rows)
-    return x / case["temperature"] + reference.gumbel_noise(rows, x.shape[1], case["seed"], base)
+    scores = x / case["temperature"] + reference.gumbel_noise(rows, x.shape[1], case["seed"], base)
+    return scores.masked_fill(dropped, -math.inf)
 
 
 def check_case(case, device):
@@ -129,9 +148,9 @@ def check_case(case, device):
     offsets, offset = make_offsets(case, device)
     off = offsets if offsets is not None else offset
     out = torch.full(logits.shape[:-1], -7, dtype=torch.int64, device=device)  # poisoned: -7 is never a token
-    got = sample(logits, case["temperature"], seed=case["seed"], offset=off, out=out)
+    got = sample(logits, case["temperature"], top_k=case["top_k"], seed=case["seed"], offset=off, out=out)
     assert got is out
-    also = sample(logits, case["temperature"], seed=case["seed"], offset=off)
+    also = sample(logits, case["temperature"], top_k=case["top_k"], seed=case["seed"], offset=off)
     assert torch.equal(also, out), "sample and sample_out differ"
     check_advance(logits, case, device, out)
     assert got.shape == logits.shape[:-1] and got.dtype == torch.int64
@@ -179,7 +198,8 @@ def check_advance(logits, case, device, want_tokens):
     elif offsets is not None:
         off = offsets
     out = torch.full(logits.shape[:-1], -7, dtype=torch.int64, device=device)
-    got = sample(logits, case["temperature"], seed=case["seed"], offset=off, out=out, advance=advance)
+    got = sample(logits, case["temperature"], top_k=case["top_k"], seed=case["seed"], offset=off, out=out,
+                 advance=advance)
     assert got is out and torch.equal(out, want_tokens), "advance changed the tokens"
     want = torch.where(region, before + 1, before)
     assert torch.equal(buf, want), "advance must add 1 to each counter of [k, rows] and write nothing else"
@@ -235,7 +255,7 @@ def check_history(case, device):
     logits = make_logits(case, device)
     offsets, offset = make_offsets(case, device)
     off = offsets if offsets is not None else offset
-    want = sample(logits, case["temperature"], seed=case["seed"], offset=off).reshape(-1).cpu()
+    want = sample(logits, case["temperature"], top_k=case["top_k"], seed=case["seed"], offset=off).reshape(-1).cpu()
     rows, L, width = want.numel(), case["history_len"], case["history_len"] + case["history_pad"]
     buf = torch.full(((rows + 1) * width + 1,), POISON, dtype=torch.int64, device=device)
     history = buf.as_strided((rows, L), (width, 1), 1)
@@ -256,8 +276,8 @@ def check_history(case, device):
     before = buf.cpu().clone()
     counters = None if advance is None else advance.cpu().clone()
     out = torch.full(logits.shape[:-1], -7, dtype=torch.int64, device=device)
-    got = sample(logits, case["temperature"], seed=case["seed"], offset=off, out=out, advance=advance,
-                 history=history, history_index=history_index)
+    got = sample(logits, case["temperature"], top_k=case["top_k"], seed=case["seed"], offset=off, out=out,
+                 advance=advance, history=history, history_index=history_index)
     assert got is out
     ok = (index >= 0) & (index < L)
     assert torch.equal(out.reshape(-1).cpu(), torch.where(ok, want, -1)), \
@@ -332,6 +352,24 @@ def test_frequencies_follow_softmax(device, temperature, top_k):
     expected = p[keep] * rows
     chi2 = ((counts[keep] - expected) ** 2 / expected).sum().item()
     assert chi2 < 20.5, f"chi-square {chi2:.1f} for counts {counts.tolist()} against {expected.tolist()}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_top_k_draws_exactly_the_kept_columns(device, dtype):
+    """GPT-2's vocabulary on CUDA (7 blocks of a cluster a row), -5 everywhere but a few columns spread over
+    the blocks: top_k 2 keeps the largest (3.0) and the three tied at 2.0; at temperature 100 the draws (one
+    offset a row) hit all four and nothing else, and top_k 1 always gives the largest. Independent of the
+    reference's filter: the kept set is written down here. The CPU's Philox is slow: a smaller row there."""
+    vocab, rows = (50257, 4000) if device == "cuda" else (3001, 400)
+    x = torch.full((vocab,), -5.0, dtype=torch.float64)
+    cols = [7, 100, vocab * 2 // 5, vocab * 4 // 5, vocab - 1, vocab - 2]
+    x[cols] = torch.tensor([1.0, 3.0, 2.0, 2.0, 2.0, 1.99], dtype=torch.float64)
+    x = x.to(dtype).to(device).expand(rows, -1)
+    got = sample(x, 100.0, top_k=2, seed=5, offset=torch.arange(rows, device=device)).cpu()
+    assert set(got.tolist()) == set(cols[1:5]), f"top_k 2 drew {sorted(set(got.tolist()))}"
+    one = sample(x, 100.0, top_k=1, seed=5, offset=torch.arange(rows, device=device)).cpu()
+    assert bool((one == 100).all()), "top_k 1 must always draw the largest logit"
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

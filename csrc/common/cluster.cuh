@@ -37,6 +37,13 @@ __device__ __forceinline__ uint32_t cluster_addr(const void* local, int rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(smem_addr(local)), "r"(rank));
   return a;
 }
+// A 32-bit load from the shared memory of a block of the cluster (an address from cluster_addr).
+__device__ __forceinline__ uint32_t load_cluster_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
 // Remote stores whose bytes complete on the receiving block's mbarrier (no fence, nothing to wait for here).
 __device__ __forceinline__ void push_f32(uint32_t addr, float v, uint32_t bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr),

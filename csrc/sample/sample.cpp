@@ -29,7 +29,7 @@ constexpr int64_t kColumnsPerBlock = 4096;
 
 // The locals are named after the arguments: the check macros stringify them into the message.
 void check_args(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
-                const std::optional<at::Tensor>& offsets_opt) {
+                const std::optional<at::Tensor>& offsets_opt, int64_t top_k) {
   FA_CHECK_CUDA(logits);
   FA_CHECK_ARG(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kHalf ||
                    logits.scalar_type() == at::kBFloat16,
@@ -44,6 +44,7 @@ void check_args(const at::Tensor& logits, double temperature, int64_t seed, int6
                num_str(temperature));
   FA_CHECK_ARG(seed >= 0, seed, "be >= 0", num_str(seed));
   FA_CHECK_ARG(offset >= 0, offset, "be >= 0", num_str(offset));
+  FA_CHECK_ARG(top_k >= 0 && top_k < (int64_t(1) << 31), top_k, "be an int in [0, 2147483648)", num_str(top_k));
   if (offsets_opt.has_value()) {
     const at::Tensor& offsets = *offsets_opt;
     FA_CHECK_SAME_DEVICE(offsets, logits);
@@ -139,7 +140,7 @@ void check_history(const at::Tensor& logits, const std::optional<at::Tensor>& of
 }
 
 void launch(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
-            const std::optional<at::Tensor>& offsets_opt, const at::Tensor& out,
+            const std::optional<at::Tensor>& offsets_opt, int64_t top_k, const at::Tensor& out,
             const std::optional<at::Tensor>& advance = std::nullopt,
             const std::optional<at::Tensor>& history = std::nullopt,
             const std::optional<at::Tensor>& history_index = std::nullopt) {
@@ -164,6 +165,8 @@ void launch(const at::Tensor& logits, double temperature, int64_t seed, int64_t 
   p.offset = static_cast<uint64_t>(offset);
   p.seed = static_cast<uint64_t>(seed);
   p.temperature = float(temperature);
+  // Filtering only where it can drop a column: a draw (greedy ignores top_k) and fewer than vocab kept.
+  p.top_k = temperature > 0 && top_k > 0 && top_k < p.vocab ? top_k : 0;
   if (advance.has_value() && advance->numel() > 0) {
     p.advance = advance->data_ptr();
     p.adv_k = int(advance->size(0));
@@ -208,18 +211,18 @@ at::IntArrayRef row_shape(const at::Tensor& logits) { return logits.sizes().slic
 
 // Argument order follows the schemas in fused_attn/_ops.py (the only place schemas are defined).
 at::Tensor sample(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
-                  const std::optional<at::Tensor>& offsets) {
-  check_args(logits, temperature, seed, offset, offsets);
+                  const std::optional<at::Tensor>& offsets, int64_t top_k) {
+  check_args(logits, temperature, seed, offset, offsets, top_k);
   at::Tensor out = at::empty(row_shape(logits), logits.options().dtype(at::kLong));
-  launch(logits, temperature, seed, offset, offsets, out);
+  launch(logits, temperature, seed, offset, offsets, top_k, out);
   return out;
 }
 
 void sample_out(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
-                const std::optional<at::Tensor>& offsets, const at::Tensor& out,
+                const std::optional<at::Tensor>& offsets, int64_t top_k, const at::Tensor& out,
                 const std::optional<at::Tensor>& advance, const std::optional<at::Tensor>& history,
                 const std::optional<at::Tensor>& history_index) {
-  check_args(logits, temperature, seed, offset, offsets);
+  check_args(logits, temperature, seed, offset, offsets, top_k);
   FA_CHECK_SAME_DEVICE(out, logits);
   FA_CHECK_ARG(out.scalar_type() == at::kLong, out, "have dtype int64", dtype_str(out.scalar_type()));
   FA_CHECK_SHAPE(out, row_shape(logits));
@@ -228,7 +231,7 @@ void sample_out(const at::Tensor& logits, double temperature, int64_t seed, int6
   FA_CHECK_ARG(history_index.has_value() || !history.has_value(), history_index, "be given with history", "None");
   FA_CHECK_ARG(history.has_value() || !history_index.has_value(), history, "be given with history_index", "None");
   if (history.has_value()) check_history(logits, offsets, out, advance, *history, *history_index);
-  launch(logits, temperature, seed, offset, offsets, out, advance, history, history_index);
+  launch(logits, temperature, seed, offset, offsets, top_k, out, advance, history, history_index);
 }
 
 TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) {

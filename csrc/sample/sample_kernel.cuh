@@ -17,6 +17,14 @@
 // index into 64 bits, so one unsigned max picks the largest score and, among equal scores, the lowest
 // column: torch.argmax's rule (NaN counts as the maximum, the first of equal maxima wins).
 //
+// top_k (sampling only): the draw is restricted to the row's top_k largest logits and any equal to the
+// top_k-th. The top_k-th is found by a radix select over order-preserving keys of the logits' own bits (16
+// for float16 / bfloat16, 32 for float32), 8 bits a pass, most significant first: each pass counts, in a
+// 256-bin histogram, the columns whose key matches the digits chosen so far; the row's blocks add up each
+// other's histograms through distributed shared memory behind a cluster barrier, and every block picks the
+// same digit (where the count from the top first reaches top_k). Two passes for 16-bit logits (the row is
+// re-read from L2 each pass), then the draw skips the columns below the threshold. One launch, as before.
+//
 // The one thread that writes a row's token also records it in a token history at a column read from
 // device memory, then advances the row's counters (SampleParams): a decode loop's per-token bookkeeping in
 // the same launch.
@@ -131,6 +139,120 @@ __device__ __forceinline__ void advance_row(const SampleParams& p, int64_t row) 
   }
 }
 
+// The order-preserving key of a logit's own bits (the low kKeyBits<T> bits): a larger value has a larger
+// key; NaN (any payload) above +inf, -0 equal to +0 (torch.topk's order and `<`'s equalities).
+template <typename T>
+constexpr int kKeyBits = 8 * int(sizeof(T));
+__device__ __forceinline__ uint32_t order_key(float v) {
+  if (v != v) return 0xFFFFFFFFu;
+  const uint32_t bits = __float_as_uint(v == 0.f ? 0.f : v);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+__device__ __forceinline__ uint32_t order_key16(uint16_t bits, uint16_t inf_bits) {
+  if ((bits & 0x7FFFu) > inf_bits) return 0xFFFFu;  // NaN
+  if (bits == 0x8000u) bits = 0;                      // -0 as +0
+  return (bits & 0x8000u) ? (~bits & 0xFFFFu) : (bits | 0x8000u);
+}
+__device__ __forceinline__ uint32_t order_key(__half v) { return order_key16(__half_as_ushort(v), 0x7C00u); }
+__device__ __forceinline__ uint32_t order_key(__nv_bfloat16 v) {
+  return order_key16(__bfloat16_as_ushort(v), 0x7F80u);
+}
+
+// The row's top_k-th largest key (top_k >= 1, at most the row's columns), by radix select over the
+// block's columns [c0, c1) and, in a cluster, the other blocks' (see the header). Every thread of every
+// block of the row returns the same key. hist: this block's [2][256] counters (double-buffered: a pass
+// writes one buffer while slower blocks may still read the other pass's). In a cluster the caller has
+// arrived on the cluster barrier once (the kernel's start); this waits for that phase, and arrives once
+// more after its last remote read, for the caller to wait on before it exits.
+template <typename T>
+__device__ uint32_t top_k_threshold(const SampleParams& p, const T* logits, int64_t c0, int64_t c1,
+                                    uint32_t (*hist)[256]) {
+  __shared__ uint32_t pick_digit, pick_rank;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int nt = int(blockDim.x);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int blocks = p.cluster ? int(cg::this_cluster().num_blocks()) : 1;
+  if (p.cluster) cluster_wait();  // the start's phase: every block of the row is running
+#else
+  const int blocks = 1;
+#endif
+  uint32_t prefix = 0, mask = 0, rank = uint32_t(p.top_k);  // the rank-th largest among the matching keys
+  int pass = 0;
+  for (int shift = kKeyBits<T> - 8; shift >= 0; shift -= 8, ++pass) {
+    uint32_t* h = hist[pass & 1];
+    for (int i = tid; i < 256; i += nt) h[i] = 0;
+    __syncthreads();
+    constexpr int U = 4;  // columns in flight per thread
+    for (int64_t base = c0; base < c1; base += int64_t(nt) * U) {  // the same trips for a warp's lanes
+      T v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t c = base + int64_t(u) * nt + tid;
+        v[u] = c < c1 ? logits[c] : T(0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t c = base + int64_t(u) * nt + tid;
+        const uint32_t key = order_key(v[u]);
+        const bool counted = c < c1 && (key & mask) == prefix;
+        const uint32_t digit = (key >> shift) & 0xFFu;
+        // Lanes with the same digit add once (logits crowd a few bins): one atomic per distinct digit.
+        const uint32_t peers = __match_any_sync(0xFFFFFFFFu, counted ? digit : 0x100u + uint32_t(lane));
+        if (counted && lane == __ffs(peers) - 1) atomicAdd(&h[digit], uint32_t(__popc(peers)));
+      }
+    }
+    __syncthreads();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (p.cluster) {
+      cluster_arrive_release();  // this block's histogram is complete
+      cluster_wait();            // and every block's
+    }
+#endif
+    // Thread t < 256 holds the row's count of digit 255 - t; an inclusive scan over t is the count of the
+    // matching keys from the top down to that digit.
+    uint32_t count = 0;
+    if (tid < 256) {
+      const int digit = 255 - tid;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      if (p.cluster) {
+        for (int r = 0; r < blocks; ++r) count += load_cluster_u32(cluster_addr(&h[digit], r));
+      } else {
+        count = h[digit];
+      }
+#else
+      count = h[digit];
+#endif
+    }
+    uint32_t incl = count;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const uint32_t up = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+      if (lane >= o) incl += up;
+    }
+    __shared__ uint32_t warp_total[kSampleThreads / 32];
+    if (lane == 31) warp_total[warp] = incl;
+    __syncthreads();
+    if (tid < 256) {
+      for (int w = 0; w < warp; ++w) incl += warp_total[w];
+      const uint32_t excl = incl - count;
+      if (excl < rank && rank <= incl) {  // exactly one digit: the matching keys number at least rank
+        pick_digit = uint32_t(255 - tid);
+        pick_rank = rank - excl;
+      }
+    }
+    __syncthreads();
+    prefix |= pick_digit << shift;
+    mask |= 0xFFu << shift;
+    rank = pick_rank;
+    __syncthreads();  // pick_digit / pick_rank and warp_total are rewritten by the next pass
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.cluster) cluster_arrive_release();  // done reading the other blocks' histograms
+#endif
+  (void)blocks;
+  return prefix;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleParams p) {
   constexpr int VEC = 16 / int(sizeof(T));  // columns per 16-byte piece
@@ -169,10 +291,17 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
   }
   auto score = [&](float v, uint32_t bits) { return rng.on ? v / p.temperature + gumbel(bits) : v; };
 
-  // This block's columns [c0, c1): a scalar head up to the first 16-byte boundary (rows need not
-  // start on one: GPT-2's 50257 columns), whole 16-byte pieces, a scalar tail.
+  // top_k: the threshold key, and whether it filters at all (a NaN top_k-th keeps every column).
   const int64_t c0 = int64_t(part) * p.chunk;
   const int64_t c1 = c0 + p.chunk < p.vocab ? c0 + p.chunk : p.vocab;
+  __shared__ uint32_t hist[2][256];
+  const bool top_k = rng.on && p.top_k > 0;
+  const uint32_t tau = top_k ? top_k_threshold<T>(p, logits, c0, c1, hist) : 0u;
+  const bool filter = top_k && tau != (kKeyBits<T> == 32 ? 0xFFFFFFFFu : 0xFFFFu);
+  auto kept = [&](T v) { return !filter || order_key(v) >= tau; };
+
+  // This block's columns [c0, c1): a scalar head up to the first 16-byte boundary (rows need not
+  // start on one: GPT-2's 50257 columns), whole 16-byte pieces, a scalar tail.
   const int64_t mis = int64_t(reinterpret_cast<uintptr_t>(logits + c0) / sizeof(T)) % VEC;
   const int64_t a0 = c0 + (VEC - mis) % VEC < c1 ? c0 + (VEC - mis) % VEC : c1;
   const int64_t pieces = (c1 - a0) / VEC;
@@ -202,7 +331,7 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
         const int64_t c = col + e;
         if (rng.on && (e == 0 || c % 4 == 0)) w = rng.draw(c / 4);  // a new Philox group
         const unsigned long long key = pack(score(to_float(piece[u].v[e]), word(w, int(c % 4))), c);
-        best = key > best ? key : best;
+        best = key > best && kept(piece[u].v[e]) ? key : best;
       }
     }
   }
@@ -210,8 +339,9 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
   for (int64_t i = threadIdx.x; i < scalars; i += blockDim.x) {
     const int64_t c = i < head ? c0 + i : a1 + (i - head);
     const uint32_t bits = rng.on ? word(rng.draw(c / 4), int(c % 4)) : 0u;
-    const unsigned long long key = pack(score(to_float(logits[c]), bits), c);
-    best = key > best ? key : best;
+    const T v = logits[c];
+    const unsigned long long key = pack(score(to_float(v), bits), c);
+    best = key > best && kept(v) ? key : best;
   }
 
   // Block maximum: shuffles, then the warps' maxima through shared memory.

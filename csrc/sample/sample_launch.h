@@ -39,6 +39,10 @@ struct SampleParams {
   bool history_index64;
   uint64_t seed;
   float temperature;       // 0: greedy (argmax); > 0: a sample of softmax(logits / temperature)
+  // > 0 (only with temperature > 0 and top_k < vocab): the sample is drawn from the top_k largest logits
+  // of the row and any equal to the top_k-th (Hugging Face's TopKLogitsWarper; torch.topk's order: NaN
+  // largest, -0 equal to +0; a NaN top_k-th keeps every column, as `logits < NaN` masks none).
+  int64_t top_k;
   int64_t chunk;           // columns per block
   int blocks_per_row;      // > 1 only with cluster
   bool cluster;            // a row's blocks merge through distributed shared memory
