@@ -188,7 +188,7 @@ __device__ uint32_t top_k_threshold(const SampleParams& p, const T* logits, int6
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t c = base + int64_t(u) * nt + tid;
-        v[u] = c < c1 ? logits[c] : T(0.f);
+        v[u] = c < c1 ? logits[c] : from_float<T>(0.f);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
