@@ -130,7 +130,7 @@ def perturbed_scores(logits: torch.Tensor, case, offsets: torch.Tensor | None, o
     """float32 [rows, vocab]: what the kernel maximizes (the CPU reference's scores), -inf at the columns
     top_k drops (computed in the logits' own dtype on the CPU: torch.topk, then ``<`` the k-th)."""
     x = logits.reshape(-1, logits.shape[-1]).cpu()
-    dropped = top_k_filter(x, case["temperature"], case["top_k"]) != x
+    dropped = top_k_filter(x, case["temperature"], case.get("top_k", 0)) != x
     dropped &= ~x.isnan()  # NaN != NaN: a kept NaN is not a dropped column
     x = x.to(torch.float32)
     if case["temperature"] == 0:
