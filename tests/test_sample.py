@@ -74,6 +74,11 @@ EDGE_EXAMPLES = [
     case_of(rows=2, vocab=9, dtype=torch.float32, temperature=2.0, top_k=8),
     case_of(rows=7, vocab=32000, dtype=torch.bfloat16, temperature=1.0, top_k=32000, layout="strided_rows"),
     case_of(rows=3, vocab=50257, temperature=0.0, top_k=5),
+    # 64 rows: the only row count that splits GPT-2's row over a 4-block cluster (fewer rows get 8); run
+    # 0047's check drew a token outside the top 50 once there on the path with top_k applied before the op
+    # (session 30, unexplained): the draws against the reference, with and without top_k
+    case_of(rows=64, vocab=50257, temperature=1.0, seed=9, offsets="per_row"),
+    case_of(rows=64, vocab=50257, temperature=1.0, top_k=50, seed=9, offsets="per_row"),
 ]
 
 
@@ -370,6 +375,26 @@ def test_top_k_draws_exactly_the_kept_columns(device, dtype):
     assert set(got.tolist()) == set(cols[1:5]), f"top_k 2 drew {sorted(set(got.tolist()))}"
     one = sample(x, 100.0, top_k=1, seed=5, offset=torch.arange(rows, device=device)).cpu()
     assert bool((one == 100).all()), "top_k 1 must always draw the largest logit"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 16, 64])
+def test_pre_masked_logits_draw_inside_the_kept_columns_gpu(rows):
+    """bench_sample's "unfused" provider as a test: logits already masked to their top 50 (-inf elsewhere),
+    then sample at temperature 1 with top_k 0, 20 offsets: every token among its row's 50. At 64 rows (a
+    4-block cluster a row) run 0047's check failed once (session 30, not reproduced yet); 1 and 16 rows
+    (8-block clusters) are the control. Also the same draws with top_k 50 inside the kernel."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    logits = (torch.randn(rows, 50257, generator=gen, device="cuda") * 3).to(torch.float16)
+    kth = logits.topk(50, dim=-1).values[..., -1:]
+    masked = top_k_filter(logits, 1.0, 50)
+    for step in range(20):
+        offset = torch.full((1,), step, dtype=torch.int64, device="cuda")
+        for name, got in (("pre-masked", sample(masked, 1.0, seed=1, offset=offset)),
+                          ("top_k 50", sample(logits, 1.0, top_k=50, seed=1, offset=offset))):
+            inside = logits.gather(-1, got[:, None]) >= kth
+            assert bool(inside.all()), (f"{name}, offset {step}: rows {(~inside[:, 0]).nonzero()[:, 0].tolist()} "
+                                        f"drew {got[~inside[:, 0]].tolist()}, outside their top 50")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
