@@ -126,8 +126,9 @@ def provider_fn(provider: str, logits: torch.Tensor, temperature: float):
 
 
 def eager_sample_top_k(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    kth = logits.topk(TOP_K, dim=-1).values[..., -1:]
-    return eager_sample(logits.masked_fill(logits < kth, float("-inf")), temperature)
+    from fused_attn.sample import top_k_filter  # PyTorch ops: topk, <, masked_fill
+
+    return eager_sample(top_k_filter(logits, temperature, TOP_K), temperature)
 
 
 def top_k_provider_fn(provider: str, logits: torch.Tensor, temperature: float):

@@ -66,16 +66,31 @@ __device__ __forceinline__ float gumbel(uint32_t bits) {
   return -logf(-logf(u));
 }
 
-// The 64-bit reduction key of (score, column): larger is better.
+// The order-preserving key of a value's own bits (the low kKeyBits<T> bits): a larger value has a larger
+// key; NaN (any payload) above +inf (kNanKey<T>), -0 equal to +0 (torch.argmax's and torch.topk's order,
+// and `<`'s equalities). The scores' keys (pack) are float32's; top_k's are the logits' own dtype's.
+template <typename T>
+constexpr int kKeyBits = 8 * int(sizeof(T));
+template <typename T>
+constexpr uint32_t kNanKey = kKeyBits<T> == 32 ? 0xFFFFFFFFu : 0xFFFFu;
+__device__ __forceinline__ uint32_t order_key(float v) {
+  if (v != v) return kNanKey<float>;
+  const uint32_t bits = __float_as_uint(v == 0.f ? 0.f : v);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+__device__ __forceinline__ uint32_t order_key16(uint16_t bits, uint16_t inf_bits) {
+  if ((bits & 0x7FFFu) > inf_bits) return kNanKey<__half>;
+  if (bits == 0x8000u) bits = 0;  // -0 as +0
+  return (bits & 0x8000u) ? (~bits & 0xFFFFu) : (bits | 0x8000u);
+}
+__device__ __forceinline__ uint32_t order_key(__half v) { return order_key16(__half_as_ushort(v), 0x7C00u); }
+__device__ __forceinline__ uint32_t order_key(__nv_bfloat16 v) {
+  return order_key16(__bfloat16_as_ushort(v), 0x7F80u);
+}
+
+// The 64-bit reduction key of (score, column): larger is better (the lower column among equal scores).
 __device__ __forceinline__ unsigned long long pack(float score, int64_t col) {
-  uint32_t key;
-  if (score != score) {
-    key = 0xFFFFFFFFu;  // NaN: above everything
-  } else {
-    const uint32_t bits = __float_as_uint(score == 0.f ? 0.f : score);  // -0 as +0
-    key = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-  }
-  return (static_cast<unsigned long long>(key) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(col));
+  return (static_cast<unsigned long long>(order_key(score)) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(col));
 }
 
 __device__ __forceinline__ int64_t unpack_col(unsigned long long best) {
@@ -137,25 +152,6 @@ __device__ __forceinline__ void advance_row(const SampleParams& p, int64_t row) 
       atomicAdd(static_cast<int*>(p.advance) + at, 1);
     }
   }
-}
-
-// The order-preserving key of a logit's own bits (the low kKeyBits<T> bits): a larger value has a larger
-// key; NaN (any payload) above +inf, -0 equal to +0 (torch.topk's order and `<`'s equalities).
-template <typename T>
-constexpr int kKeyBits = 8 * int(sizeof(T));
-__device__ __forceinline__ uint32_t order_key(float v) {
-  if (v != v) return 0xFFFFFFFFu;
-  const uint32_t bits = __float_as_uint(v == 0.f ? 0.f : v);
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-__device__ __forceinline__ uint32_t order_key16(uint16_t bits, uint16_t inf_bits) {
-  if ((bits & 0x7FFFu) > inf_bits) return 0xFFFFu;  // NaN
-  if (bits == 0x8000u) bits = 0;                      // -0 as +0
-  return (bits & 0x8000u) ? (~bits & 0xFFFFu) : (bits | 0x8000u);
-}
-__device__ __forceinline__ uint32_t order_key(__half v) { return order_key16(__half_as_ushort(v), 0x7C00u); }
-__device__ __forceinline__ uint32_t order_key(__nv_bfloat16 v) {
-  return order_key16(__bfloat16_as_ushort(v), 0x7F80u);
 }
 
 // The row's top_k-th largest key (top_k >= 1, at most the row's columns), by radix select over the
@@ -297,7 +293,7 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
   __shared__ uint32_t hist[2][256];
   const bool top_k = rng.on && p.top_k > 0;
   const uint32_t tau = top_k ? top_k_threshold<T>(p, logits, c0, c1, hist) : 0u;
-  const bool filter = top_k && tau != (kKeyBits<T> == 32 ? 0xFFFFFFFFu : 0xFFFFu);
+  const bool filter = top_k && tau != kNanKey<T>;
   auto kept = [&](T v) { return !filter || order_key(v) >= tau; };
 
   // This block's columns [c0, c1): a scalar head up to the first 16-byte boundary (rows need not
