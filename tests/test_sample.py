@@ -754,6 +754,26 @@ def test_bad_inputs_through_the_op_gpu():
         torch.ops.fused_attn.sample(_x(65536, 2, device="cuda"), 0.0, 0, 0, None)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_bad_top_k_through_the_op(device):
+    """top_k's check for calls that skip the Python wrapper (the C++ launcher's on CUDA, the CPU kernel's on
+    the CPU: the same message), in both ops."""
+    x = _x(3, 5, device=device)
+    for top_k in (-1, 2**31):
+        match = rf"top_k must be an int in \[0, 2147483648\), got {top_k}"
+        with pytest.raises(ValueError, match=match):
+            torch.ops.fused_attn.sample(x, 1.0, 0, 0, None, top_k)
+        with pytest.raises(ValueError, match=match):
+            torch.ops.fused_attn.sample_out(x, 1.0, 0, 0, None, top_k, out=torch.zeros(3, dtype=torch.long,
+                                                                                    device=device))
+
+
+def test_top_k_with_logits_requiring_grad_gives_an_index_without_grad():
+    x = torch.randn(2, 50, requires_grad=True)
+    got = sample(x, 1.0, top_k=5)
+    assert got.dtype == torch.int64 and not got.requires_grad
+
+
 TENSOR_OPTIONS = ("advance", "history", "history_index")
 
 
