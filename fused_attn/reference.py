@@ -486,7 +486,7 @@ def philox4x32_10(c: list[torch.Tensor], key: tuple[int, int]) -> list[torch.Ten
 
 
 def gumbel_noise(rows: int, vocab: int, seed: int, offsets: torch.Tensor) -> torch.Tensor:
-    """float32 [rows, vocab]: G = -log(-log U) with U = (top 24 bits + 0.5) / 2**24 of the Philox word
+    """float32 [rows, vocab]: G = -log(-log U) with U = (top 23 bits + 0.5) / 2**23 of the Philox word
     ``col % 4`` of counter (col // 4, row, offset low, offset high), key (seed low, seed high);
     ``offsets`` int64 [rows] (each row's offset, wrapped to 64 bits)."""
     col = torch.arange(vocab, dtype=torch.int64).repeat(rows)
@@ -495,8 +495,15 @@ def gumbel_noise(rows: int, vocab: int, seed: int, offsets: torch.Tensor) -> tor
     words = philox4x32_10([col >> 2, row, off & _MASK32, (off >> 32) & _MASK32], (seed, seed >> 32))
     pick = col & 3
     bits = torch.where(pick == 0, words[0], torch.where(pick == 1, words[1], torch.where(pick == 2, words[2], words[3])))
-    bits = bits.view(rows, vocab)
-    u = ((bits >> 8).to(torch.float32) + 0.5) * 2.0 ** -24
+    return gumbel_of_bits(bits.view(rows, vocab))
+
+
+def gumbel_of_bits(bits: torch.Tensor) -> torch.Tensor:
+    """float32 G = -log(-log U) of 32-bit words (int64 tensor), U = (top 23 bits + 0.5) / 2**23: exact in
+    float32 and inside (0, 1), so G is finite (within [-2.8, 16.7]) and a -inf logit's score stays -inf.
+    (24 bits would round U = (2**24 - 1 + 0.5) / 2**24 up to 1 in float32: G = +inf, and -inf + inf = NaN,
+    the argmax: a masked column drawn, one word in 2**24.)"""
+    u = ((bits >> 9).to(torch.float32) + 0.5) * 2.0 ** -23
     return -torch.log(-torch.log(u))
 
 

@@ -337,6 +337,33 @@ def test_gumbel_noise_moments():
     assert abs(g.std().item() - math.pi / math.sqrt(6)) < 0.01
 
 
+def test_gumbel_noise_is_finite_and_increasing_at_the_extreme_words():
+    """U must stay inside (0, 1) in float32 for every word: G finite, and strictly increasing in the word's
+    top 23 bits (the Gumbel-max trick's noise is a monotone map of U)."""
+    words = torch.tensor([0, 0x1FF, 0x200, 0x7FFFFFFF, 0x80000000, 0xFFFFFC00, 0xFFFFFE00, 0xFFFFFEFF,
+                          0xFFFFFF00, 0xFFFFFFFF], dtype=torch.int64)
+    g = reference.gumbel_of_bits(words)
+    assert bool(torch.isfinite(g).all()), f"non-finite noise {g.tolist()} for words {[hex(w) for w in words.tolist()]}"
+    top = (words >> 9).tolist()
+    for i in range(len(top) - 1):
+        assert (g[i + 1] > g[i]).item() if top[i + 1] > top[i] else (g[i + 1] == g[i]).item(), (hex(words[i]), hex(words[i + 1]))
+
+
+@pytest.mark.parametrize("top_k", [0, 5])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_masked_column_never_drawn_at_the_all_ones_word(device, top_k):
+    """Seed 1, offset 0: row 26's Philox word at column 138 has its top 24 bits all ones, the word that
+    made U = 1 and G = +inf under the old 24-bit uniform, so a -inf logit there scored -inf + inf = NaN
+    and was drawn (run 0047, session 31). Every column but 0 is -inf here: every row must draw 0."""
+    c = torch.tensor([138 // 4])
+    word = reference.philox4x32_10([c, torch.tensor([26]), torch.tensor([0]), torch.tensor([0])], (1, 0))[138 % 4]
+    assert int(word) >> 8 == 0xFFFFFF, "the test's premise: the all-ones word at row 26, column 138"
+    x = torch.full((27, 140), -math.inf, device=device)
+    x[:, 0] = 0.0
+    got = sample(x, 1.0, top_k=top_k, seed=1, offset=torch.zeros(1, dtype=torch.int64, device=device))
+    assert got.tolist() == [0] * 27, f"drew {got.tolist()}"
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.5, 0), (2.0, 3)])
 def test_frequencies_follow_softmax(device, temperature, top_k):

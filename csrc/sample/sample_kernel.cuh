@@ -60,9 +60,12 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint32_t k0, uint32_t k1
   return c;
 }
 
-// The Gumbel noise of a 32-bit draw: U = (top 24 bits + 0.5) / 2^24, exact in float32 and inside (0, 1).
+// The Gumbel noise of a 32-bit draw: U = (top 23 bits + 0.5) / 2^23, exact in float32 and inside (0, 1),
+// so G is finite: at most -log(-log(1 - 2^-24)) = 16.6. (Sessions 12-30 used the top 24 bits: 2^24 - 1 + 0.5
+// rounds to 2^24 in float32, so one word in 2^24 gave U = 1 and G = +inf, and a -inf (masked) logit's score
+// -inf + inf = NaN, the maximum: a masked column drawn. Found by run 0047's check at 64 rows.)
 __device__ __forceinline__ float gumbel(uint32_t bits) {
-  const float u = (float(bits >> 8) + 0.5f) * 5.9604644775390625e-8f;
+  const float u = (float(bits >> 9) + 0.5f) * 1.1920928955078125e-7f;
   return -logf(-logf(u));
 }
 
