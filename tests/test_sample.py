@@ -79,6 +79,11 @@ EDGE_EXAMPLES = [
     # (session 30, unexplained): the draws against the reference, with and without top_k
     case_of(rows=64, vocab=50257, temperature=1.0, seed=9, offsets="per_row"),
     case_of(rows=64, vocab=50257, temperature=1.0, top_k=50, seed=9, offsets="per_row"),
+    # top_k's columns staged in shared memory or not (launch_sample): float32 128256 above (64 KB a block:
+    # the opt-in beyond 48 KB); 262144 float32 columns (128 KB a block: read from global memory each pass);
+    # 300 rows (one block a row, no cluster: GPT-2's 100 KB row from global memory), misaligned
+    case_of(rows=1, vocab=262144, dtype=torch.float32, temperature=1.0, top_k=100, seed=3),
+    case_of(rows=300, vocab=50257, temperature=0.7, top_k=50, layout="misaligned", offsets="per_row", seed=4),
 ]
 
 

@@ -1,7 +1,7 @@
 // Launcher of sample and sample_out (schemas: fused_attn/_ops.py): the checks that guard memory, the
 // [rows, vocab] view of the logits, and the split of a row over a cluster's blocks. Host C++ (g++): the
-// kernel is launched through sample_launch.h. top_k is applied in Python (fused_attn/sample.py) before
-// the op.
+// kernel is launched through sample_launch.h. top_k is applied inside the kernel (a radix select over the
+// row; fused_attn/sample.py's top_k_filter is the CPU path's definition of it).
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/cuda/CUDAContext.h>

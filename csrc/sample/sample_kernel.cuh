@@ -17,13 +17,15 @@
 // index into 64 bits, so one unsigned max picks the largest score and, among equal scores, the lowest
 // column: torch.argmax's rule (NaN counts as the maximum, the first of equal maxima wins).
 //
-// top_k (sampling only): the draw is restricted to the row's top_k largest logits and any equal to the
-// top_k-th. The top_k-th is found by a radix select over order-preserving keys of the logits' own bits (16
-// for float16 / bfloat16, 32 for float32), 8 bits a pass, most significant first: each pass counts, in a
-// 256-bin histogram, the columns whose key matches the digits chosen so far; the row's blocks add up each
-// other's histograms through distributed shared memory behind a cluster barrier, and every block picks the
-// same digit (where the count from the top first reaches top_k). Two passes for 16-bit logits (the row is
-// re-read from L2 each pass), then the draw skips the columns below the threshold. One launch, as before.
+// top_k (sampling only; its own instantiation): the draw is restricted to the row's top_k largest logits
+// and any equal to the top_k-th. Each block first copies its columns into shared memory (cp.async, one
+// read of the logits). The top_k-th is found by a radix select over order-preserving keys of the logits'
+// own bits (16 for float16 / bfloat16, 32 for float32), 8 bits a pass, most significant first: each pass
+// counts, in a 256-bin histogram, the columns whose key matches the digits chosen so far; the row's blocks
+// add up each other's histograms through distributed shared memory behind a cluster barrier, and every
+// block picks the same digit (where the count from the top first reaches top_k). Two passes for 16-bit
+// logits, then the draw scores only the columns at or above the threshold (their Philox words alone). One
+// launch, as before.
 //
 // The one thread that writes a row's token also records it in a token history at a column read from
 // device memory, then advances the row's counters (SampleParams): a decode loop's per-token bookkeeping in
@@ -157,48 +159,83 @@ __device__ __forceinline__ void advance_row(const SampleParams& p, int64_t row) 
   }
 }
 
-// The row's top_k-th largest key (top_k >= 1, at most the row's columns), by radix select over the
-// block's columns [c0, c1) and, in a cluster, the other blocks' (see the header). Every thread of every
-// block of the row returns the same key. hist: this block's [2][256] counters (double-buffered: a pass
-// writes one buffer while slower blocks may still read the other pass's). In a cluster the caller has
-// arrived on the cluster barrier once (the kernel's start); this waits for that phase, and arrives once
-// more after its last remote read, for the caller to wait on before it exits.
+// A block's columns [c0, c1) as a scalar head up to the first 16-byte boundary of the logits (rows need
+// not start on one: GPT-2's 50257 columns), whole 16-byte pieces [a0, a1), a scalar tail.
+struct Chunk {
+  int64_t c0, c1, a0, a1, pieces, mis;  // mis: (logits + c0)'s misalignment in elements
+  __device__ __forceinline__ int64_t scalars() const { return (a0 - c0) + (c1 - a1); }
+  // The column of scalar i < scalars().
+  __device__ __forceinline__ int64_t scalar_col(int64_t i) const { return i < a0 - c0 ? c0 + i : a1 + (i - (a0 - c0)); }
+};
 template <typename T>
-__device__ uint32_t top_k_threshold(const SampleParams& p, const T* logits, int64_t c0, int64_t c1,
-                                    uint32_t (*hist)[256]) {
+__device__ __forceinline__ Chunk make_chunk(const T* logits, int64_t c0, int64_t c1) {
+  constexpr int VEC = 16 / int(sizeof(T));
+  Chunk k;
+  k.c0 = c0;
+  k.c1 = c1;
+  k.mis = int64_t(reinterpret_cast<uintptr_t>(logits + c0) / sizeof(T)) % VEC;
+  k.a0 = c0 + (VEC - k.mis) % VEC < c1 ? c0 + (VEC - k.mis) % VEC : c1;
+  k.pieces = (c1 - k.a0) / VEC;
+  k.a1 = k.a0 + k.pieces * VEC;
+  return k;
+}
+
+template <typename T>
+union Piece {
+  uint4 raw;
+  T v[16 / sizeof(T)];
+};
+
+// The row's top_k-th largest key (top_k >= 1, at most the row's columns), by radix select over the
+// block's columns (column c at base[c - c0], base 16-byte aligned where logits + c0 is: shared memory
+// where staged) and, in a cluster, the other blocks' (see the header). Every thread of every block of the
+// row returns the same key. A pass reads the block's columns in 16-byte pieces, one piece a thread a
+// trip (the trips warp-uniform for __match_any_sync). hist: this block's [2][256] counters (double-
+// buffered: a pass writes one buffer while slower blocks may still read the other pass's). In a cluster
+// the caller has arrived on the cluster barrier once (the kernel's start); this waits for that phase, and
+// arrives once more after its last remote read, for the caller to wait on before it exits.
+template <typename T>
+__device__ uint32_t top_k_threshold(const SampleParams& p, const T* base, const Chunk& k, uint32_t (*hist)[256]) {
+  constexpr int VEC = 16 / int(sizeof(T));
   __shared__ uint32_t pick_digit, pick_rank;
+  __shared__ uint32_t warp_total[kSampleThreads / 32];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int nt = int(blockDim.x);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const int blocks = p.cluster ? int(cg::this_cluster().num_blocks()) : 1;
-  if (p.cluster) cluster_wait();  // the start's phase: every block of the row is running
-#else
-  const int blocks = 1;
 #endif
+  for (int i = tid; i < 2 * 256; i += nt) hist[i / 256][i % 256] = 0;  // both passes' buffers
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.cluster) cluster_wait();  // the start's phase: every block of the row is running
+#endif
+  __syncthreads();
   uint32_t prefix = 0, mask = 0, rank = uint32_t(p.top_k);  // the rank-th largest among the matching keys
   int pass = 0;
   for (int shift = kKeyBits<T> - 8; shift >= 0; shift -= 8, ++pass) {
     uint32_t* h = hist[pass & 1];
-    for (int i = tid; i < 256; i += nt) h[i] = 0;
-    __syncthreads();
-    constexpr int U = 4;  // columns in flight per thread
-    for (int64_t base = c0; base < c1; base += int64_t(nt) * U) {  // the same trips for a warp's lanes
-      T v[U];
+    if (pass >= 2) {  // float32's third and fourth passes reuse the buffers (read behind the last barrier)
+      for (int i = tid; i < 256; i += nt) h[i] = 0;
+      __syncthreads();
+    }
+    // Lanes with the same digit add once (logits crowd a few bins): one atomic per distinct digit.
+    auto count = [&](bool in, T v) {
+      const uint32_t key = order_key(v);
+      const bool counted = in && (key & mask) == prefix;
+      const uint32_t digit = (key >> shift) & 0xFFu;
+      const uint32_t peers = __match_any_sync(0xFFFFFFFFu, counted ? digit : 0x100u + uint32_t(lane));
+      if (counted && lane == __ffs(peers) - 1) atomicAdd(&h[digit], uint32_t(__popc(peers)));
+    };
+    const uint4* pieces = reinterpret_cast<const uint4*>(base + (k.a0 - k.c0));
+    for (int64_t j0 = 0; j0 < k.pieces; j0 += nt) {
+      const int64_t j = j0 + tid;
+      Piece<T> piece;
+      piece.raw = j < k.pieces ? pieces[j] : make_uint4(0, 0, 0, 0);
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t c = base + int64_t(u) * nt + tid;
-        v[u] = c < c1 ? logits[c] : from_float<T>(0.f);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t c = base + int64_t(u) * nt + tid;
-        const uint32_t key = order_key(v[u]);
-        const bool counted = c < c1 && (key & mask) == prefix;
-        const uint32_t digit = (key >> shift) & 0xFFu;
-        // Lanes with the same digit add once (logits crowd a few bins): one atomic per distinct digit.
-        const uint32_t peers = __match_any_sync(0xFFFFFFFFu, counted ? digit : 0x100u + uint32_t(lane));
-        if (counted && lane == __ffs(peers) - 1) atomicAdd(&h[digit], uint32_t(__popc(peers)));
-      }
+      for (int e = 0; e < VEC; ++e) count(j < k.pieces, piece.v[e]);
+    }
+    for (int64_t i0 = 0; i0 < k.scalars(); i0 += nt) {
+      const int64_t i = i0 + tid;
+      count(i < k.scalars(), i < k.scalars() ? base[k.scalar_col(i) - k.c0] : from_float<T>(0.f));
     }
     __syncthreads();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -209,31 +246,37 @@ __device__ uint32_t top_k_threshold(const SampleParams& p, const T* logits, int6
 #endif
     // Thread t < 256 holds the row's count of digit 255 - t; an inclusive scan over t is the count of the
     // matching keys from the top down to that digit.
-    uint32_t count = 0;
+    uint32_t count_t = 0;
     if (tid < 256) {
       const int digit = 255 - tid;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       if (p.cluster) {
-        for (int r = 0; r < blocks; ++r) count += load_cluster_u32(cluster_addr(&h[digit], r));
+        // Every block's count in flight at once, then the sum (the loads are volatile: issued in order).
+        uint32_t part[kSampleMaxBlocksPerRow];
+#pragma unroll
+        for (int r = 0; r < kSampleMaxBlocksPerRow; ++r) {
+          part[r] = r < blocks ? load_cluster_u32(cluster_addr(&h[digit], r)) : 0u;
+        }
+#pragma unroll
+        for (int r = 0; r < kSampleMaxBlocksPerRow; ++r) count_t += part[r];
       } else {
-        count = h[digit];
+        count_t = h[digit];
       }
 #else
-      count = h[digit];
+      count_t = h[digit];
 #endif
     }
-    uint32_t incl = count;
+    uint32_t incl = count_t;
 #pragma unroll
     for (int o = 1; o < 32; o *= 2) {
       const uint32_t up = __shfl_up_sync(0xFFFFFFFFu, incl, o);
       if (lane >= o) incl += up;
     }
-    __shared__ uint32_t warp_total[kSampleThreads / 32];
     if (lane == 31) warp_total[warp] = incl;
     __syncthreads();
     if (tid < 256) {
       for (int w = 0; w < warp; ++w) incl += warp_total[w];
-      const uint32_t excl = incl - count;
+      const uint32_t excl = incl - count_t;
       if (excl < rank && rank <= incl) {  // exactly one digit: the matching keys number at least rank
         pick_digit = uint32_t(255 - tid);
         pick_rank = rank - excl;
@@ -248,11 +291,60 @@ __device__ uint32_t top_k_threshold(const SampleParams& p, const T* logits, int6
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.cluster) cluster_arrive_release();  // done reading the other blocks' histograms
 #endif
-  (void)blocks;
   return prefix;
 }
 
+// top_k's part of a block: its columns staged in shared memory (where p.stage: one read of the logits
+// for the select's passes and the draw), the threshold (top_k_threshold), then the Gumbel-max over the
+// kept columns alone (the Philox draws only for those: ~top_k a row instead of every column). Returns
+// the block's best packed key (0 where it keeps none).
 template <typename T>
+__device__ unsigned long long top_k_block_best(const SampleParams& p, const T* logits, const Chunk& k, const Rng& rng) {
+  constexpr int VEC = 16 / int(sizeof(T));
+  extern __shared__ __align__(16) unsigned char sample_stage[];
+  __shared__ uint32_t hist[2][256];
+  const int tid = threadIdx.x, nt = int(blockDim.x);
+  const T* base = logits + k.c0;  // column c at base[c - c0]
+  if (p.stage) {
+    // The same 16-byte phase as logits + c0, so the pieces land on 16-byte boundaries.
+    T* s = reinterpret_cast<T*>(sample_stage) + k.mis;
+    uint4* dst = reinterpret_cast<uint4*>(s + (k.a0 - k.c0));
+    const uint4* src = reinterpret_cast<const uint4*>(logits + k.a0);
+    for (int64_t j = tid; j < k.pieces; j += nt) cp_async16(dst + j, src + j, true);
+    cp_async_commit();
+    for (int64_t i = tid; i < k.scalars(); i += nt) s[k.scalar_col(i) - k.c0] = logits[k.scalar_col(i)];
+    cp_async_wait<0>();
+    __syncthreads();
+    base = s;
+  }
+  const uint32_t tau = top_k_threshold<T>(p, base, k, hist);
+  const bool filter = tau != kNanKey<T>;  // a NaN top_k-th keeps every column
+  unsigned long long best = 0;  // below every packed key
+  int64_t group = -1;
+  uint4 w = make_uint4(0, 0, 0, 0);
+  auto consider = [&](T v, int64_t c) {
+    if (filter && order_key(v) < tau) return;
+    if (c / 4 != group) {  // a new Philox group (columns in order within a thread)
+      group = c / 4;
+      w = rng.draw(group);
+    }
+    const unsigned long long key = pack(to_float(v) / p.temperature + gumbel(word(w, int(c % 4))), c);
+    best = key > best ? key : best;
+  };
+  const uint4* pieces = reinterpret_cast<const uint4*>(base + (k.a0 - k.c0));
+  for (int64_t j = tid; j < k.pieces; j += nt) {
+    Piece<T> piece;
+    piece.raw = pieces[j];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) consider(piece.v[e], k.a0 + j * VEC + e);
+  }
+  for (int64_t i = tid; i < k.scalars(); i += nt) consider(base[k.scalar_col(i) - k.c0], k.scalar_col(i));
+  return best;
+}
+
+// kTopK: p.top_k > 0 (a draw restricted to the top_k; the launcher sets it only at temperature > 0). Its
+// own instantiation, so the greedy and plain-sampling code is the same as without top_k.
+template <typename T, bool kTopK>
 __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleParams p) {
   constexpr int VEC = 16 / int(sizeof(T));  // columns per 16-byte piece
   const int64_t row = blockIdx.y;
@@ -290,57 +382,45 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
   }
   auto score = [&](float v, uint32_t bits) { return rng.on ? v / p.temperature + gumbel(bits) : v; };
 
-  // top_k: the threshold key, and whether it filters at all (a NaN top_k-th keeps every column).
+  // This block's columns [c0, c1) (Chunk: a scalar head, 16-byte pieces, a scalar tail).
   const int64_t c0 = int64_t(part) * p.chunk;
-  const int64_t c1 = c0 + p.chunk < p.vocab ? c0 + p.chunk : p.vocab;
-  __shared__ uint32_t hist[2][256];
-  const bool top_k = rng.on && p.top_k > 0;
-  const uint32_t tau = top_k ? top_k_threshold<T>(p, logits, c0, c1, hist) : 0u;
-  const bool filter = top_k && tau != kNanKey<T>;
-  auto kept = [&](T v) { return !filter || order_key(v) >= tau; };
-
-  // This block's columns [c0, c1): a scalar head up to the first 16-byte boundary (rows need not
-  // start on one: GPT-2's 50257 columns), whole 16-byte pieces, a scalar tail.
-  const int64_t mis = int64_t(reinterpret_cast<uintptr_t>(logits + c0) / sizeof(T)) % VEC;
-  const int64_t a0 = c0 + (VEC - mis) % VEC < c1 ? c0 + (VEC - mis) % VEC : c1;
-  const int64_t pieces = (c1 - a0) / VEC;
-  const int64_t a1 = a0 + pieces * VEC;
+  const Chunk k = make_chunk(logits, c0, c0 + p.chunk < p.vocab ? c0 + p.chunk : p.vocab);
   unsigned long long best = 0;  // below every packed key
-  constexpr int U = 2;  // pieces in flight per thread before any is used
-  for (int64_t j0 = threadIdx.x; j0 < pieces; j0 += int64_t(blockDim.x) * U) {
-    union {
-      uint4 raw;
-      T v[VEC];
-    } piece[U];
+  if constexpr (kTopK) {
+    best = top_k_block_best<T>(p, logits, k, rng);
+  } else {
+    const int64_t a0 = k.a0, pieces = k.pieces;
+    constexpr int U = 2;  // pieces in flight per thread before any is used
+    for (int64_t j0 = threadIdx.x; j0 < pieces; j0 += int64_t(blockDim.x) * U) {
+      Piece<T> piece[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t j = j0 + int64_t(u) * blockDim.x;
-      // A plain load: the logits are the previous kernel's output under PDL (an __ldg may be hoisted
-      // above wait_for_primary()).
-      if (j < pieces) piece[u].raw = reinterpret_cast<const uint4*>(logits + a0)[j];
-    }
+      for (int u = 0; u < U; ++u) {
+        const int64_t j = j0 + int64_t(u) * blockDim.x;
+        // A plain load: the logits are the previous kernel's output under PDL (an __ldg may be hoisted
+        // above wait_for_primary()).
+        if (j < pieces) piece[u].raw = reinterpret_cast<const uint4*>(logits + a0)[j];
+      }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t j = j0 + int64_t(u) * blockDim.x;
-      if (j >= pieces) break;
-      const int64_t col = a0 + j * VEC;
-      uint4 w = make_uint4(0, 0, 0, 0);
+      for (int u = 0; u < U; ++u) {
+        const int64_t j = j0 + int64_t(u) * blockDim.x;
+        if (j >= pieces) break;
+        const int64_t col = a0 + j * VEC;
+        uint4 w = make_uint4(0, 0, 0, 0);
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const int64_t c = col + e;
-        if (rng.on && (e == 0 || c % 4 == 0)) w = rng.draw(c / 4);  // a new Philox group
-        const unsigned long long key = pack(score(to_float(piece[u].v[e]), word(w, int(c % 4))), c);
-        best = key > best && kept(piece[u].v[e]) ? key : best;
+        for (int e = 0; e < VEC; ++e) {
+          const int64_t c = col + e;
+          if (rng.on && (e == 0 || c % 4 == 0)) w = rng.draw(c / 4);  // a new Philox group
+          const unsigned long long key = pack(score(to_float(piece[u].v[e]), word(w, int(c % 4))), c);
+          best = key > best ? key : best;
+        }
       }
     }
-  }
-  const int64_t head = a0 - c0, scalars = head + (c1 - a1);
-  for (int64_t i = threadIdx.x; i < scalars; i += blockDim.x) {
-    const int64_t c = i < head ? c0 + i : a1 + (i - head);
-    const uint32_t bits = rng.on ? word(rng.draw(c / 4), int(c % 4)) : 0u;
-    const T v = logits[c];
-    const unsigned long long key = pack(score(to_float(v), bits), c);
-    best = key > best && kept(v) ? key : best;
+    for (int64_t i = threadIdx.x; i < k.scalars(); i += blockDim.x) {
+      const int64_t c = k.scalar_col(i);
+      const uint32_t bits = rng.on ? word(rng.draw(c / 4), int(c % 4)) : 0u;
+      const unsigned long long key = pack(score(to_float(logits[c]), bits), c);
+      best = key > best ? key : best;
+    }
   }
 
   // Block maximum: shuffles, then the warps' maxima through shared memory.
@@ -393,15 +473,28 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
 
 template <typename T>
 void launch_sample(const SampleParams& params, cudaStream_t stream) {
-  const SampleParams p = with_pdl_early(params, params.rows);
+  SampleParams p = with_pdl_early(params, params.rows);
+  size_t smem = 0;
+  p.stage = false;
+  if (p.top_k > 0) {  // the block's columns staged where they fit (top_k_block_best)
+    const size_t bytes = (size_t(p.chunk) + 16 / sizeof(T)) * sizeof(T);
+    p.stage = bytes <= size_t(kSampleStageMaxBytes);
+    if (p.stage) {
+      smem = (bytes + 15) / 16 * 16;
+      if (smem > 48 * 1024) {
+        cudaFuncSetAttribute(sample::sample_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+      }
+    }
+  }
   // A row's blocks form one cluster where p.cluster (launch_clustered adds the attribute above 1 block).
-  launch_clustered(p.programmatic, dim3(unsigned(p.cluster ? p.blocks_per_row : 1), 1, 1), sample::sample_kernel<T>,
-                   dim3(unsigned(p.blocks_per_row), unsigned(p.rows)), dim3(kSampleThreads), 0, stream, p);
+  launch_clustered(p.programmatic, dim3(unsigned(p.cluster ? p.blocks_per_row : 1), 1, 1),
+                   p.top_k > 0 ? sample::sample_kernel<T, true> : sample::sample_kernel<T, false>,
+                   dim3(unsigned(p.blocks_per_row), unsigned(p.rows)), dim3(kSampleThreads), smem, stream, p);
 }
 
 template <typename T>
 bool sample_sm90_capable() {
-  static const bool capable = programmatic_capable(sample::sample_kernel<T>);
+  static const bool capable = programmatic_capable(sample::sample_kernel<T, false>);
   return capable;
 }
 

@@ -11,6 +11,10 @@ namespace fused_attn {
 constexpr int kSampleThreads = 512;
 // Blocks per row when they merge in a thread-block cluster (the portable cluster size limit).
 constexpr int kSampleMaxBlocksPerRow = 8;
+// top_k: a block's columns are staged in shared memory (one read for the select's passes and the draw)
+// where they fit in this many bytes; beyond it (a single block per row of a large vocabulary: no
+// clusters) every pass reads them from global memory again.
+constexpr int kSampleStageMaxBytes = 96 * 1024;
 
 struct SampleParams {
   const void* logits;     // [rows, vocab], row stride row_stride elements, last dim contiguous
@@ -44,6 +48,7 @@ struct SampleParams {
   // largest, -0 equal to +0; a NaN top_k-th keeps every column, as `logits < NaN` masks none).
   int64_t top_k;
   int64_t chunk;           // columns per block
+  bool stage;              // top_k: the block's columns are staged in dynamic shared memory (launch_sample)
   int blocks_per_row;      // > 1 only with cluster
   bool cluster;            // a row's blocks merge through distributed shared memory
   bool programmatic;       // launched as a programmatic dependent (common/pdl.cuh)
