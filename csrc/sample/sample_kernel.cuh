@@ -190,7 +190,7 @@ union Piece {
 // block's columns (column c at base[c - c0], base 16-byte aligned where logits + c0 is: shared memory
 // where staged) and, in a cluster, the other blocks' (see the header). Every thread of every block of the
 // row returns the same key. A pass reads the block's columns in 16-byte pieces, one piece a thread a
-// trip (the trips warp-uniform for __match_any_sync). hist: this block's [2][256] counters (double-
+// trip. hist: this block's [2][256] counters (double-
 // buffered: a pass writes one buffer while slower blocks may still read the other pass's). In a cluster
 // the caller has arrived on the cluster barrier once (the kernel's start); this waits for that phase, and
 // arrives once more after its last remote read, for the caller to wait on before it exits.
@@ -217,13 +217,12 @@ __device__ uint32_t top_k_threshold(const SampleParams& p, const T* base, const 
       for (int i = tid; i < 256; i += nt) h[i] = 0;
       __syncthreads();
     }
-    // Lanes with the same digit add once (logits crowd a few bins): one atomic per distinct digit.
+    // An increment whose result is unused: one ATOMS.POPC.INC a warp, which adds the lanes that share an
+    // address at once (logits crowd a few bins). Session 30 aggregated with __match_any_sync first: its
+    // result latency was half of the select's stall samples (ncu, session 31).
     auto count = [&](bool in, T v) {
       const uint32_t key = order_key(v);
-      const bool counted = in && (key & mask) == prefix;
-      const uint32_t digit = (key >> shift) & 0xFFu;
-      const uint32_t peers = __match_any_sync(0xFFFFFFFFu, counted ? digit : 0x100u + uint32_t(lane));
-      if (counted && lane == __ffs(peers) - 1) atomicAdd(&h[digit], uint32_t(__popc(peers)));
+      if (in && (key & mask) == prefix) atomicAdd(&h[(key >> shift) & 0xFFu], 1u);
     };
     const uint4* pieces = reinterpret_cast<const uint4*>(base + (k.a0 - k.c0));
     for (int64_t j0 = 0; j0 < k.pieces; j0 += nt) {
