@@ -46,6 +46,7 @@ from bench.bench_decode_attention import dtypes_for
 from bench.bench_linear import chain_provider
 from bench.harness import bandwidth_info, percentiles, same_run_speedups, start_case
 from fused_attn.generate import DTYPES
+from fused_attn.sample import top_k_filter  # PyTorch ops: topk, <, masked_fill (the peers' filter)
 
 ROWS = (1, 16, 64)
 VOCABS = (50257, 128256)
@@ -126,15 +127,12 @@ def provider_fn(provider: str, logits: torch.Tensor, temperature: float):
 
 
 def eager_sample_top_k(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    from fused_attn.sample import top_k_filter  # PyTorch ops: topk, <, masked_fill
-
     return eager_sample(top_k_filter(logits, temperature, TOP_K), temperature)
 
 
 def top_k_provider_fn(provider: str, logits: torch.Tensor, temperature: float):
     """The sample+top-k group's providers: a draw among each row's TOP_K largest logits."""
     from fused_attn import sample
-    from fused_attn.sample import top_k_filter
 
     peer = chain_provider(provider, eager_sample_top_k, logits, temperature)
     if peer is not None:

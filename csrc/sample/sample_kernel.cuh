@@ -159,6 +159,15 @@ __device__ __forceinline__ void advance_row(const SampleParams& p, int64_t row) 
   }
 }
 
+// Columns of T in a 16-byte piece, and a piece as its columns.
+template <typename T>
+constexpr int kVec = 16 / int(sizeof(T));
+template <typename T>
+union Piece {
+  uint4 raw;
+  T v[kVec<T>];
+};
+
 // A block's columns [c0, c1) as a scalar head up to the first 16-byte boundary of the logits (rows need
 // not start on one: GPT-2's 50257 columns), whole 16-byte pieces [a0, a1), a scalar tail.
 struct Chunk {
@@ -169,7 +178,7 @@ struct Chunk {
 };
 template <typename T>
 __device__ __forceinline__ Chunk make_chunk(const T* logits, int64_t c0, int64_t c1) {
-  constexpr int VEC = 16 / int(sizeof(T));
+  constexpr int VEC = kVec<T>;
   Chunk k;
   k.c0 = c0;
   k.c1 = c1;
@@ -180,23 +189,19 @@ __device__ __forceinline__ Chunk make_chunk(const T* logits, int64_t c0, int64_t
   return k;
 }
 
-template <typename T>
-union Piece {
-  uint4 raw;
-  T v[16 / sizeof(T)];
-};
+
 
 // The row's top_k-th largest key (top_k >= 1, at most the row's columns), by radix select over the
 // block's columns (column c at base[c - c0], base 16-byte aligned where logits + c0 is: shared memory
 // where staged) and, in a cluster, the other blocks' (see the header). Every thread of every block of the
 // row returns the same key. A pass reads the block's columns in 16-byte pieces, one piece a thread a
-// trip. hist: this block's [2][256] counters (double-
-// buffered: a pass writes one buffer while slower blocks may still read the other pass's). In a cluster
+// trip. hist: this block's [2][256] counters (double-buffered: a pass writes one buffer while slower
+// blocks may still read the other pass's). In a cluster
 // the caller has arrived on the cluster barrier once (the kernel's start); this waits for that phase, and
 // arrives once more after its last remote read, for the caller to wait on before it exits.
 template <typename T>
 __device__ uint32_t top_k_threshold(const SampleParams& p, const T* base, const Chunk& k, uint32_t (*hist)[256]) {
-  constexpr int VEC = 16 / int(sizeof(T));
+  constexpr int VEC = kVec<T>;
   __shared__ uint32_t pick_digit, pick_rank;
   __shared__ uint32_t warp_total[kSampleThreads / 32];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -299,7 +304,7 @@ __device__ uint32_t top_k_threshold(const SampleParams& p, const T* base, const 
 // the block's best packed key (0 where it keeps none).
 template <typename T>
 __device__ unsigned long long top_k_block_best(const SampleParams& p, const T* logits, const Chunk& k, const Rng& rng) {
-  constexpr int VEC = 16 / int(sizeof(T));
+  constexpr int VEC = kVec<T>;
   extern __shared__ __align__(16) unsigned char sample_stage[];
   __shared__ uint32_t hist[2][256];
   const int tid = threadIdx.x, nt = int(blockDim.x);
@@ -345,7 +350,7 @@ __device__ unsigned long long top_k_block_best(const SampleParams& p, const T* l
 // own instantiation, so the greedy and plain-sampling code is the same as without top_k.
 template <typename T, bool kTopK>
 __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleParams p) {
-  constexpr int VEC = 16 / int(sizeof(T));  // columns per 16-byte piece
+  constexpr int VEC = kVec<T>;
   const int64_t row = blockIdx.y;
   const int part = blockIdx.x;
   const T* logits = static_cast<const T*>(p.logits) + row * p.row_stride;
@@ -476,7 +481,7 @@ void launch_sample(const SampleParams& params, cudaStream_t stream) {
   size_t smem = 0;
   p.stage = false;
   if (p.top_k > 0) {  // the block's columns staged where they fit (top_k_block_best)
-    const size_t bytes = (size_t(p.chunk) + 16 / sizeof(T)) * sizeof(T);
+    const size_t bytes = (size_t(p.chunk) + sample::kVec<T>) * sizeof(T);  // chunk + the misalignment pad
     p.stage = bytes <= size_t(kSampleStageMaxBytes);
     if (p.stage) {
       smem = (bytes + 15) / 16 * 16;
