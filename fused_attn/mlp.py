@@ -28,8 +28,6 @@ start (two register sets, 2 blocks per SM) was slower still.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from fused_attn import _ops
@@ -41,8 +39,6 @@ from fused_attn.softmax import _requires_grad
 MLP_ACTIVATIONS = ("gelu_tanh", "swiglu")
 # The op's int32 workspace: the single launch's two counters (kMlpWorkspaceWords in csrc/mlp/mlp_launch.h).
 WORKSPACE_WORDS = 2
-_EXP_SLICED = os.environ.get("FUSED_ATTN_EXP_MLP_SLICED") == "1"
-_EXP_WORKSPACES: dict = {}
 
 
 def new_workspace(device) -> torch.Tensor:
@@ -119,10 +115,6 @@ def mlp(
     eps = check_norm(x, ncode, norm_weight, norm_bias, eps)
     if workspace is not None:
         check_workspace(x, workspace, WORKSPACE_WORDS)
-    if _EXP_SLICED and x.device.type == "cuda":  # scratch A/B (session 32): the sliced kernel where it applies
-        single_launch = True
-        if workspace is None:
-            workspace = _EXP_WORKSPACES.setdefault(x.device, new_workspace(x.device))
     if single_launch and not _requires_grad(x, w_fc, b_fc, w_proj, b_proj, residual, norm_weight, norm_bias):
         if ncode == NORMS["rms_norm"]:
             x = rms_norm(x, norm_weight, eps)

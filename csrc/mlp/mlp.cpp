@@ -14,7 +14,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -132,24 +131,6 @@ int mlp_splits(int device, int64_t fc_tiles, int64_t proj_tiles, int64_t hidden)
   return 0;
 }
 
-// Scratch (session 32's A/B, not a product path): FUSED_ATTN_EXP_MLP_SLICED=1 runs mlp_sliced_kernel where it
-// applies, with a per-device float32 accumulator kept here (zeros; each launch leaves it zero).
-bool exp_sliced() {
-  static const bool on = [] {
-    const char* env = std::getenv("FUSED_ATTN_EXP_MLP_SLICED");
-    return env != nullptr && env[0] == '1';
-  }();
-  return on;
-}
-float* sliced_accumulator(const at::Tensor& like, int64_t floats) {
-  static std::mutex mu;
-  static std::map<int, at::Tensor> bufs;
-  const std::lock_guard<std::mutex> lock(mu);
-  at::Tensor& buf = bufs[like.device().index()];
-  if (!buf.defined() || buf.numel() < floats) buf = at::zeros({floats}, like.options().dtype(at::kFloat));
-  return buf.data_ptr<float>();
-}
-
 }  // namespace
 
 // Argument order follows the schema in fused_attn/_ops.py.
@@ -167,49 +148,6 @@ at::Tensor mlp(const at::Tensor& x, const at::Tensor& w_fc, const std::optional<
   const bool candidate = sixteen_bit && m >= 1 && m <= kLinearMaxRows && d > 0 && d % 8 == 0 && hidden > 0 &&
                          hidden % 8 == 0 && d_out > 0 && vector_ready(w_fc, 8) && vector_ready(w_proj, 8) &&
                          at::cuda::getDeviceProperties(device)->major >= 9;
-  if (candidate && exp_sliced() && activation == kActGeluTanh && d % 64 == 0 && hidden % (kMlpSlice * kMlpSlicedCluster) == 0 &&
-      d_out % 128 == 0) {
-    const int smem = x.scalar_type() == at::kHalf ? mlp_sliced_smem<__half>(int(d), int(d_out))
-                                                  : mlp_sliced_smem<__nv_bfloat16>(int(d), int(d_out));
-    if (smem > 0 && smem <= int(at::cuda::getDeviceProperties(device)->sharedMemPerBlockOptin)) {
-      at::Tensor x2 = x.reshape({m, d});
-      if (x2.stride(1) != 1 || !vector_ready(x2, 8)) x2 = x2.clone(at::MemoryFormat::Contiguous);
-      std::optional<at::Tensor> residual2;
-      if (residual.has_value()) {
-        residual2 = residual->reshape({m, d_out});
-        if (residual2->stride(1) != 1) residual2 = residual2->contiguous();
-      }
-      std::optional<at::Tensor> b_fc_c, b_proj_c;
-      if (b_fc.has_value()) b_fc_c = b_fc->contiguous();
-      if (b_proj.has_value()) b_proj_c = b_proj->contiguous();
-      at::Tensor out = at::empty({m, d_out}, x.options().memory_format(at::MemoryFormat::Contiguous));
-      MlpSlicedParams p{};
-      p.x = x2.data_ptr();
-      p.x_stride = x2.stride(0);
-      p.w_fc = w_fc.data_ptr();
-      p.fc_stride = w_fc.stride(0);
-      p.b_fc = b_fc_c.has_value() ? b_fc_c->data_ptr() : nullptr;
-      p.w_proj = w_proj.data_ptr();
-      p.proj_stride = w_proj.stride(0);
-      p.b_proj = b_proj_c.has_value() ? b_proj_c->data_ptr() : nullptr;
-      p.residual = residual2.has_value() ? residual2->data_ptr() : nullptr;
-      p.r_stride = residual2.has_value() ? residual2->stride(0) : 0;
-      p.out = out.data_ptr();
-      p.o_stride = out.stride(0);
-      p.acc = sliced_accumulator(x, 16 * d_out + kMlpSlicedCluster);
-      p.counters = reinterpret_cast<unsigned*>(p.acc + 16 * d_out);
-      p.m = int(m);
-      p.d = int(d);
-      p.hidden = int(hidden);
-      p.n = int(d_out);
-      const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-      const cudaError_t err = x.scalar_type() == at::kHalf ? launch_mlp_sliced<__half>(p, stream)
-                                                           : launch_mlp_sliced<__nv_bfloat16>(p, stream);
-      C10_CUDA_CHECK(err);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      return out.view(out_shape);
-    }
-  }
   int splits = 0;
   const int64_t fc_tiles = (hidden + (activation == kActSwiglu ? 7 : 15)) / (activation == kActSwiglu ? 8 : 16);
   const int64_t proj_tiles = (d_out + 15) / 16;

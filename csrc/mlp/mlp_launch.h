@@ -34,37 +34,4 @@ cudaError_t launch_mlp(const MlpParams& p, int splits, cudaStream_t stream);
 template <typename T, int MT>
 int mlp_max_clusters(int splits);
 
-// The sliced single launch (mlp_sliced_kernel.cuh): GELU tanh, 1 to 16 rows of x [m, d], W_fc [hidden, d],
-// W_proj [n, hidden] (nn.Linear's layouts, last dims contiguous, rows 16-byte aligned), biases [hidden] /
-// [n] contiguous or nullptr, residual and out [m, n]. acc: m x n float32 zeros, counters:
-// kMlpSlicedCluster zeros; every launch leaves both zero (one launch at a time per workspace).
-struct MlpSlicedParams {
-  const void* x;
-  int64_t x_stride;
-  const void* w_fc;
-  int64_t fc_stride;
-  const void* b_fc;
-  const void* w_proj;
-  int64_t proj_stride;
-  const void* b_proj;
-  const void* residual;
-  int64_t r_stride;
-  void* out;
-  int64_t o_stride;
-  float* acc;
-  unsigned* counters;
-  int m, d, hidden, n;
-  bool pdl_early;
-};
-constexpr int kMlpSlice = 32;          // hidden columns a block owns
-constexpr int kMlpSlicedCluster = 4;   // blocks whose partials are added through distributed shared memory
-constexpr int kMlpSlicedThreads = 256;
-// Defined in mlp_sliced_kernel.cuh, instantiated in mlp_inst_*.cu for __half / __nv_bfloat16.
-// mlp_sliced_smem: the launch's dynamic shared memory for (d, n), or -1 where the kernel was not compiled
-// for sm_90.
-template <typename T>
-cudaError_t launch_mlp_sliced(const MlpSlicedParams& p, cudaStream_t stream);
-template <typename T>
-int mlp_sliced_smem(int d, int n);
-
 }  // namespace fused_attn
