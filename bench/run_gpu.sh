@@ -20,6 +20,9 @@
 # FLAG_NVCC_FLAGS: the flagtests step's nvcc flags (an experiment switch, e.g. '-DMY_SWITCH=1'): the
 #   GPU tests of FLAG_TEST_FILES (default the tensor-core linear's users below) on the library built with them,
 #   the correctness half of a switch whose speed the graphab step measures; FLAG_TIMEOUT its limit.
+# FUSED_ATTN_COMMIT: the commit of the tree being run (e.g. FUSED_ATTN_COMMIT=$(git rev-parse --short HEAD), set
+#   where the tree is committed): the benchmark JSONs' commit_info. The device copy's .git can predate the tree,
+#   so without it the JSONs may name an older commit (stored runs 0039-0050 do; their file names carry the tree).
 # steps: ab graphab build tests pdl flagtests wide bench decode norm attention linear sample layer gpt2step sanitize bytes gpt2 gpt2bench profile
 # (default: build tests bench decode attention sanitize bytes).
 set -uo pipefail
@@ -33,6 +36,8 @@ log() { echo "== $* ($(date +%T))"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch,transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
+[ -n "${FUSED_ATTN_COMMIT:-}" ] && echo "commit (FUSED_ATTN_COMMIT) $FUSED_ATTN_COMMIT" | tee -a "$OUT/gpu.txt" \
+  || echo "warning: FUSED_ATTN_COMMIT unset: the JSONs' commit is this copy's .git HEAD, which may predate the tree" | tee -a "$OUT/gpu.txt"
 
 if has ab; then
   log "ab (kernel variants)"
