@@ -64,6 +64,15 @@ _define(
     "Tensor(c!) out) -> ()"
 )
 
+# A pre-LN block's QKV projection and its decode attention in one launch (one new token per sequence):
+# x [batch, 1, d] normalized (LayerNorm without affine, eps), qkv = that · w_qkvᵀ + b_qkv (w_qkv [3 d, d]:
+# the norm's weight and bias folded in), k / v appended to the caches [batch, d / 64, max_len, 64] at
+# slot cache_seqlens[b], attention over slots cache_leftpad[b] .. cache_seqlens[b]; returns [batch, 1, d].
+_define(
+    "qkv_decode_attention(Tensor x, Tensor w_qkv, Tensor? b_qkv, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+    "Tensor cache_seqlens, Tensor? cache_leftpad, float eps, float scale) -> Tensor"
+)
+
 # LayerNorm over the last dim of x [..., width] (rms: RMSNorm, no centering), float32 statistics;
 # weight / bias [width] (x's dtype or float32) or None. add_layer_norm first adds residual (x's shape
 # and dtype) and returns (y, h = x + residual in x's dtype): the pre-LN transformer's add + norm.

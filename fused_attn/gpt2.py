@@ -46,6 +46,7 @@ from fused_attn.gpt2_decode_step import GPT2StepWeights, gpt2_decode_step, new_w
 from fused_attn.layer_norm import layer_norm
 from fused_attn.linear import linear, packed_in_out
 from fused_attn.mlp import mlp
+from fused_attn.qkv_decode_attention import qkv_decode_attention
 from fused_attn.sample import sample
 from fused_attn.softmax import _requires_grad, scaled_masked_softmax
 
@@ -83,6 +84,10 @@ RANDOM_NAME = "gpt2-random"
 _STATS_CHAIN = os.environ.get("FUSED_ATTN_STATS_CHAIN", "0")
 if _STATS_CHAIN not in ("0", "1"):
     raise ValueError(f"FUSED_ATTN_STATS_CHAIN must be 0 or 1, got {_STATS_CHAIN!r}")
+# FUSED_ATTN_QKV_ATTENTION=1: the decode step's c_attn and decode attention as one qkv_decode_attention launch
+# at 1 to 4 rows (session 32's A/B; off by default until measured).
+_QKV_ATTENTION = os.environ.get("FUSED_ATTN_QKV_ATTENTION") == "1"
+_QKV_ATTENTION_ROWS = 4
 _STATS_CHAIN_OFF = _STATS_CHAIN == "0"
 
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"),
@@ -292,6 +297,15 @@ class Attention(nn.Module):
         post = dict(post_ln=post_ln, workspace=workspace) if post_ln is not None else {}
         post["row_stats"] = row_stats
         b, s, _ = x.shape
+        if (_QKV_ATTENTION and cache is not None and attend_cache and lengths is not None and self.backend == "fused"
+                and ln is not None and norm_stats is None and s == 1 and b <= _QKV_ATTENTION_ROWS and x.is_cuda
+                and x.dtype in (torch.float16, torch.bfloat16) and self.head_dim == 64
+                and x.shape[-1] % 256 == 0 and x.shape[-1] <= 1024):
+            folded = ln.folded_into(self.c_attn.weight_nk, self.c_attn.bias, self.c_attn, x)
+            if folded is not None and x.is_contiguous():  # scratch A/B (session 32): c_attn + attention, one launch
+                a = qkv_decode_attention(x, *folded, cache.k, cache.v, lengths[0], lengths[1], eps=ln.eps,
+                                         scale=self.scale)
+                return self.c_proj(a, residual=residual, **post)
         qkv = self.c_attn(x, ln=ln, norm_stats=norm_stats)
         q, k, v = qkv.view(b, s, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if cache is not None and attend_cache and lengths is not None and self.backend == "fused":

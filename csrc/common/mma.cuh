@@ -41,6 +41,17 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// 16 bytes of a weight: read once, so past L1, with a 256-byte L2 prefetch (the next pieces of the row).
+// Non-coherent: only for data no kernel of the PDL chain writes (a GEMV's weights), so it may be issued
+// before wait_for_primary().
+__device__ __forceinline__ uint4 load_stream(const void* ptr) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(ptr));
+  return r;
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }

@@ -74,15 +74,6 @@ namespace fused_attn {
 
 namespace linear {
 
-// 16 bytes of W: read once, so past L1, with a 256-byte L2 prefetch (the next pieces of the row).
-__device__ __forceinline__ uint4 load_stream(const void* ptr) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(ptr));
-  return r;
-}
-
 template <typename T>
 struct Piece {
   static constexpr int VEC = 16 / int(sizeof(T));

@@ -1,0 +1,310 @@
+// qkv_decode_attention_kernel: a pre-LN block's QKV projection and its decode attention in one launch, one
+// thread-block cluster per (sequence, head), for one new token per sequence (plain decoding).
+//
+//     xn  = (x - mean(x)) * rsqrt(var(x) + eps)          (LayerNorm without affine: folded into w_qkv, b_qkv)
+//     qkv = xn · w_qkvᵀ + b_qkv, rounded to T             (the head's 3 x 64 columns only)
+//     k, v appended to the cache at slot cache_seqlens[b]; o = softmax(q · Kᵀ · scale) · V over slots
+//     cache_leftpad[b] .. cache_seqlens[b], rounded to T into out[b, 0, head * 64 ..]
+//
+// Why: at batch 1 the QKV GEMV and decode attention are two launches a layer of ~4.4 us each on GPT-2's
+// critical path (bench/profile), joined by a programmatic-dependent-launch hop although the attention of
+// head h needs only head h's 192 columns. Here a cluster of kQkvClusterBlocks blocks per head computes
+// those columns (24 a block: their weight rows, 36 KB a block for GPT-2 small, loaded into registers
+// before griddepcontrol.wait), exchanges them through distributed shared memory behind one cluster
+// barrier, splits the head's keys over its blocks and merges the blocks' softmax partials in rank 0.
+//
+// Each warp normalizes the whole row of x itself (the row is 768 values: 3 16-byte pieces a lane) with
+// two warp reductions, so no block barrier stands between x and the dot products. float32 throughout,
+// q / k / v rounded to T once (as the two-launch chain stores them), o rounded once.
+//
+// Loads after the wait go to L2 (ld.cg, a relaxed load for the lengths): L1 is not coherent.
+// Lengths out of bounds (cache_seqlens[b] outside [0, max_len - 1], cache_leftpad[b] outside [0,
+// cache_seqlens[b]]): that sequence's output is NaN and its cache is not written.
+//
+// Shapes: head_dim 64, d = heads x 64 with d / 256 in [1, kQkvMaxPieces] (16-byte pieces a lane a row).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "../common/cluster.cuh"
+#include "../common/mma.cuh"
+#include "../common/pdl.cuh"
+#include "../common/vec_dtypes.cuh"
+#include "qkv_decode_attention_launch.h"
+
+namespace fused_attn {
+
+namespace qkv {
+
+constexpr int kWarps = kQkvThreads / 32;
+constexpr int kRowsPerBlock = 3 * kQkvHeadDim / kQkvClusterBlocks;  // 24
+constexpr int kRowsPerWarp = kRowsPerBlock / kWarps;                // 3
+constexpr int kKeysPerPass = 8;                                     // keys a warp loads at once
+static_assert(kRowsPerWarp * kWarps * kQkvClusterBlocks == 3 * kQkvHeadDim, "the head's rows over the cluster");
+
+struct Shared {
+  float qkv[3 * kQkvHeadDim];  // the head's q, k, v (as rounded to T), written by every rank
+  float m[kWarps], l[kWarps];
+  float o[kWarps][kQkvHeadDim];
+  float pm[kQkvClusterBlocks], pl[kQkvClusterBlocks];  // rank 0: the ranks' partials
+  float po[kQkvClusterBlocks][kQkvHeadDim];
+};
+
+template <typename T>
+__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
+  const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = to_float(e[i]);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// A length after the wait: a relaxed GPU-scope load (L2), never an L1 line left by the hint's read before it.
+__device__ __forceinline__ int load_length_gpu(const int* ptr) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_cluster_f32(uint32_t addr, float v) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+#endif
+
+// P: 16-byte pieces of x a lane holds (d = P x 256).
+template <typename T, int P>
+__global__ void __launch_bounds__(kQkvThreads, 1) qkv_decode_attention_kernel(const QkvParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ Shared sh;
+  const int rank = int(blockIdx.x), head = int(blockIdx.y), b = int(blockIdx.z);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int d = P * 256;
+  cluster_arrive_relaxed();  // phase 1: this block has started (remote stores into it wait for that)
+
+  // 1. This warp's 3 weight rows (head-local rows rank * 24 + warp * 3 + i of [q; k; v]) and biases,
+  //    before the wait: they are constants.
+  const T* w = static_cast<const T*>(p.w_qkv);
+  uint4 wr[kRowsPerWarp][P];
+  float bias[kRowsPerWarp];
+  int64_t grow[kRowsPerWarp];  // the rows' indices in w_qkv
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int hr = rank * kRowsPerBlock + warp * kRowsPerWarp + i;  // 0..191: q, k, v of this head
+    grow[i] = int64_t(hr / kQkvHeadDim) * d + head * kQkvHeadDim + hr % kQkvHeadDim;
+#pragma unroll
+    for (int c = 0; c < P; ++c)
+      wr[i][c] = load_stream(reinterpret_cast<const uint4*>(w + grow[i] * p.w_stride) + lane + 32 * c);
+    bias[i] = p.b_qkv != nullptr ? to_float(static_cast<const T*>(p.b_qkv)[grow[i]]) : 0.f;
+  }
+  T* kc = static_cast<T*>(p.k_cache) + int64_t(b) * p.k_stride_b + int64_t(head) * p.k_stride_h;
+  T* vc = static_cast<T*>(p.v_cache) + int64_t(b) * p.v_stride_b + int64_t(head) * p.v_stride_h;
+  launch_dependents_early(p.pdl_early);
+  if (p.pdl_early) {  // this rank's cached K / V rows into L2 (a hint from lengths read before the wait, as
+                      // decode_attention's prefetch_cache: a stale length only makes a wrong hint)
+    const int len0 = p.cache_seqlens[b], left0 = p.cache_leftpad != nullptr ? p.cache_leftpad[b] : 0;
+    if (len0 >= 0 && len0 < p.max_len && left0 >= 0 && left0 <= len0) {
+      const int per0 = (len0 - left0 + 1 + kQkvClusterBlocks - 1) / kQkvClusterBlocks;
+      const int kb = left0 + rank * per0, ke = min(len0, kb + per0);  // slot len0 is this step's
+      for (int j = kb + int(threadIdx.x); j < ke; j += kQkvThreads) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + int64_t(j) * p.k_stride_s));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + int64_t(j) * p.v_stride_s));
+      }
+    }
+  }
+  wait_for_primary();  // x and the cache's lengths are earlier kernels' outputs
+
+  // 2. The row of x, normalized by every warp on its own (two warp reductions: mean, then variance).
+  const T* xrow = static_cast<const T*>(p.x) + int64_t(b) * p.x_stride;
+  float xv[P][8];
+#pragma unroll
+  for (int c = 0; c < P; ++c) unpack8<T>(__ldcg(reinterpret_cast<const uint4*>(xrow) + lane + 32 * c), xv[c]);
+  float s = 0.f;
+#pragma unroll
+  for (int c = 0; c < P; ++c)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s += xv[c][e];
+  const float mean = warp_sum(s) / float(d);
+  float s2 = 0.f;
+#pragma unroll
+  for (int c = 0; c < P; ++c)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      xv[c][e] -= mean;
+      s2 += xv[c][e] * xv[c][e];
+    }
+  const float rstd = rsqrtf(warp_sum(s2) / float(d) + p.eps);
+
+  // 3. The warp's 3 columns: dot products, bias, one rounding to T; sent to every rank of the cluster.
+  float col[kRowsPerWarp];
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < P; ++c) {
+      float wf[8];
+      unpack8<T>(wr[i][c], wf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc = fmaf(wf[e], xv[c][e], acc);
+    }
+    col[i] = to_float(from_float<T>(warp_sum(acc) * rstd + bias[i]));
+  }
+  cluster_wait();  // phase 1: every block has started
+  if (lane < kQkvClusterBlocks) {
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i)
+      store_cluster_f32(cluster_addr(&sh.qkv[rank * kRowsPerBlock + warp * kRowsPerWarp + i], lane), col[i]);
+  }
+  cluster_arrive_release();
+  cluster_wait();  // phase 2: q, k, v of the head are in every block's shared memory
+
+  // 4. Lengths; rank 0 appends k and v.
+  const int max_len = p.max_len;
+  const int len = load_length_gpu(p.cache_seqlens + b);
+  const int left = p.cache_leftpad != nullptr ? load_length_gpu(p.cache_leftpad + b) : 0;
+  const bool valid = len >= 0 && len < max_len && left >= 0 && left <= len;
+  if (valid && rank == 0 && threadIdx.x < 2 * kQkvHeadDim) {
+    const int t = threadIdx.x % kQkvHeadDim;
+    if (threadIdx.x < kQkvHeadDim)
+      kc[int64_t(len) * p.k_stride_s + t] = from_float<T>(sh.qkv[kQkvHeadDim + t]);
+    else
+      vc[int64_t(len) * p.v_stride_s + t] = from_float<T>(sh.qkv[2 * kQkvHeadDim + t]);
+  }
+
+  // 5. This rank's keys: slots [left, len] split over the cluster; warp w takes every kWarps-th.
+  //    Slot len (the new key) is read from shared memory, not from the cache rank 0 writes.
+  const float q0 = sh.qkv[2 * lane] * p.scale, q1 = sh.qkv[2 * lane + 1] * p.scale;
+  const int n_keys = valid ? len - left + 1 : 0;
+  const int per = (n_keys + kQkvClusterBlocks - 1) / kQkvClusterBlocks;
+  const int k_begin = left + rank * per, k_end = min(left + n_keys, k_begin + per);
+  float m = -INFINITY, l = 0.f, o0 = 0.f, o1 = 0.f;
+  for (int base = k_begin + warp; base < k_end; base += kWarps * kKeysPerPass) {
+    float kx[kKeysPerPass], ky[kKeysPerPass], vx[kKeysPerPass], vy[kKeysPerPass];
+#pragma unroll
+    for (int j = 0; j < kKeysPerPass; ++j) {
+      const int slot = base + j * kWarps;
+      kx[j] = ky[j] = vx[j] = vy[j] = 0.f;
+      if (slot < k_end) {
+        if (slot == len) {
+          kx[j] = sh.qkv[kQkvHeadDim + 2 * lane];
+          ky[j] = sh.qkv[kQkvHeadDim + 2 * lane + 1];
+          vx[j] = sh.qkv[2 * kQkvHeadDim + 2 * lane];
+          vy[j] = sh.qkv[2 * kQkvHeadDim + 2 * lane + 1];
+        } else {
+          const uint32_t ku = __ldcg(reinterpret_cast<const unsigned*>(kc + int64_t(slot) * p.k_stride_s + 2 * lane));
+          const uint32_t vu = __ldcg(reinterpret_cast<const unsigned*>(vc + int64_t(slot) * p.v_stride_s + 2 * lane));
+          const T* ke = reinterpret_cast<const T*>(&ku);
+          const T* ve = reinterpret_cast<const T*>(&vu);
+          kx[j] = to_float(ke[0]);
+          ky[j] = to_float(ke[1]);
+          vx[j] = to_float(ve[0]);
+          vy[j] = to_float(ve[1]);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kKeysPerPass; ++j) {
+      if (base + j * kWarps < k_end) {
+        const float sc = warp_sum(q0 * kx[j] + q1 * ky[j]);
+        const float m_new = fmaxf(m, sc);
+        const float corr = __expf(m - m_new), pj = __expf(sc - m_new);
+        l = l * corr + pj;
+        o0 = o0 * corr + pj * vx[j];
+        o1 = o1 * corr + pj * vy[j];
+        m = m_new;
+      }
+    }
+  }
+  // 6. The warps' partials, then the block's, pushed into rank 0.
+  if (lane == 0) {
+    sh.m[warp] = m;
+    sh.l[warp] = l;
+  }
+  sh.o[warp][2 * lane] = o0;
+  sh.o[warp][2 * lane + 1] = o1;
+  __syncthreads();
+  if (warp == 0) {
+    float bm = -INFINITY;
+#pragma unroll
+    for (int w2 = 0; w2 < kWarps; ++w2) bm = fmaxf(bm, sh.m[w2]);
+    float bl = 0.f, b0 = 0.f, b1 = 0.f;
+#pragma unroll
+    for (int w2 = 0; w2 < kWarps; ++w2) {
+      const float f = sh.l[w2] > 0.f ? __expf(sh.m[w2] - bm) : 0.f;
+      bl += sh.l[w2] * f;
+      b0 += sh.o[w2][2 * lane] * f;
+      b1 += sh.o[w2][2 * lane + 1] * f;
+    }
+    if (lane == 0) {
+      store_cluster_f32(cluster_addr(&sh.pm[rank], 0), bm);
+      store_cluster_f32(cluster_addr(&sh.pl[rank], 0), bl);
+    }
+    store_cluster_f32(cluster_addr(&sh.po[rank][2 * lane], 0), b0);
+    store_cluster_f32(cluster_addr(&sh.po[rank][2 * lane + 1], 0), b1);
+  }
+  cluster_arrive_release();
+  if (rank != 0) return;  // rank 0 reads only its own shared memory from here
+  cluster_wait();  // phase 3: every rank's partial is in rank 0
+  if (warp == 0) {
+    float gm = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < kQkvClusterBlocks; ++r) gm = fmaxf(gm, sh.pm[r]);
+    float gl = 0.f, g0 = 0.f, g1 = 0.f;
+#pragma unroll
+    for (int r = 0; r < kQkvClusterBlocks; ++r) {
+      const float f = sh.pl[r] > 0.f ? __expf(sh.pm[r] - gm) : 0.f;
+      gl += sh.pl[r] * f;
+      g0 += sh.po[r][2 * lane] * f;
+      g1 += sh.po[r][2 * lane + 1] * f;
+    }
+    T* out = static_cast<T*>(p.out) + int64_t(b) * p.o_stride + head * kQkvHeadDim + 2 * lane;
+    out[0] = from_float<T>(valid ? g0 / gl : NAN);
+    out[1] = from_float<T>(valid ? g1 / gl : NAN);
+  }
+#else
+  __trap();  // launched only where the launcher found it compiled for sm_90
+#endif
+}
+
+}  // namespace qkv
+
+template <typename T>
+cudaError_t launch_qkv_decode_attention(const QkvParams& params, cudaStream_t stream) {
+  QkvParams p = params;
+  p.pdl_early = pdl_early(p.batch);
+  const dim3 grid(kQkvClusterBlocks, unsigned(p.heads), unsigned(p.batch));
+  const dim3 cluster(kQkvClusterBlocks, 1, 1);
+  switch (p.d / 256) {
+    case 1:
+      return launch_clustered(true, cluster, qkv::qkv_decode_attention_kernel<T, 1>, grid, dim3(kQkvThreads), 0,
+                              stream, p);
+    case 2:
+      return launch_clustered(true, cluster, qkv::qkv_decode_attention_kernel<T, 2>, grid, dim3(kQkvThreads), 0,
+                              stream, p);
+    case 3:
+      return launch_clustered(true, cluster, qkv::qkv_decode_attention_kernel<T, 3>, grid, dim3(kQkvThreads), 0,
+                              stream, p);
+    case 4:
+      return launch_clustered(true, cluster, qkv::qkv_decode_attention_kernel<T, 4>, grid, dim3(kQkvThreads), 0,
+                              stream, p);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T>
+bool qkv_decode_attention_compiled() {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, qkv::qkv_decode_attention_kernel<T, 3>) == cudaSuccess &&
+         attr.binaryVersion >= 90;
+}
+
+}  // namespace fused_attn

@@ -1,0 +1,124 @@
+"""``qkv_decode_attention``: a pre-LN block's QKV projection and its decode attention in one launch.
+
+For one new token per sequence (plain decoding), with x the block's input (the residual stream):
+
+    qkv = layer_norm(x) · w_qkvᵀ + b_qkv      (the norm without weight and bias: fold them into w_qkv, b_qkv,
+                                               as fused_attn.gpt2.folded_linear does; qkv rounded to x's dtype)
+    q, k, v = qkv split into 3 x heads x 64
+    k, v written into the caches at slot cache_seqlens[b]; o = softmax(q · Kᵀ · scale) · V over slots
+    cache_leftpad[b] .. cache_seqlens[b]
+
+which is ``fused_attn.linear(x, w_qkv, b_qkv, norm="layer_norm")`` followed by ``fused_attn.decode_attention``
+with ``k_new`` / ``v_new``. On CUDA (float16 / bfloat16, head_dim 64, d a multiple of 256 up to 1024, sm_90)
+one launch (``csrc/qkv_decode_attention/``: a thread-block cluster per (sequence, head) computes the head's
+192 columns, exchanges them through distributed shared memory and attends with the keys split over the
+cluster); on the CPU the same arithmetic in float32 (the reference). No gradient.
+
+Status: an experiment (session 32) toward issue 13's batch-1 bar; not used by GPT-2 unless
+``FUSED_ATTN_QKV_ATTENTION=1``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fused_attn import _ops, reference
+from fused_attn.decode_attention import check_lengths
+
+HEAD_DIM = 64
+
+
+def check_qkv_args(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale) -> None:
+    """Raise TypeError / ValueError naming the bad argument (csrc/qkv_decode_attention checks the same)."""
+    for name, t in (("x", x), ("w_qkv", w_qkv), ("k_cache", k_cache), ("v_cache", v_cache),
+                    ("cache_seqlens", cache_seqlens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dim() != 3 or x.shape[1] != 1:
+        raise ValueError(f"x must have shape [batch, 1, d], got {tuple(x.shape)}")
+    batch, _, d = x.shape
+    if d % HEAD_DIM != 0 or d == 0:
+        raise ValueError(f"x must have d a positive multiple of {HEAD_DIM}, got {tuple(x.shape)}")
+    heads = d // HEAD_DIM
+    for name, t, shape in (("w_qkv", w_qkv, (3 * d, d)), ("b_qkv", b_qkv, (3 * d,))):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+        if t.dtype != x.dtype or t.device != x.device:
+            raise ValueError(f"{name} must have x's dtype and device ({x.dtype}, {x.device}), got {t.dtype}, {t.device}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4 or t.shape[0] != batch or t.shape[1] != heads or t.shape[3] != HEAD_DIM:
+            raise ValueError(f"{name} must have shape [{batch}, {heads}, max_len, {HEAD_DIM}], got {tuple(t.shape)}")
+        if t.dtype != x.dtype or t.device != x.device:
+            raise ValueError(f"{name} must have x's dtype and device ({x.dtype}, {x.device}), got {t.dtype}, {t.device}")
+    if v_cache.shape[2] != k_cache.shape[2]:
+        raise ValueError(f"v_cache must have k_cache's max_len {k_cache.shape[2]}, got {tuple(v_cache.shape)}")
+    for name, t in (("cache_seqlens", cache_seqlens), ("cache_leftpad", cache_leftpad)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if t.dtype != torch.int32 or tuple(t.shape) != (batch,) or t.device != x.device:
+            raise ValueError(f"{name} must be an int32 [{batch}] tensor on x's device, got {t.dtype} "
+                             f"{tuple(t.shape)} on {t.device}")
+    if not isinstance(eps, float) or not eps >= 0.0:
+        raise ValueError(f"eps must be a float >= 0, got {eps!r}")
+    if not isinstance(scale, float) or scale != scale:
+        raise ValueError(f"scale must be a float, got {scale!r}")
+
+
+def qkv_decode_attention(x: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, cache_seqlens: torch.Tensor, cache_leftpad: torch.Tensor | None = None,
+                         *, eps: float = 1e-5, scale: float | None = None) -> torch.Tensor:
+    """See the module docstring. x ``[batch, 1, d]``; w_qkv ``[3 d, d]`` (rows: q, k, v, each heads x 64);
+    b_qkv ``[3 d]`` or None; caches ``[batch, d / 64, max_len, 64]`` (written at slot cache_seqlens[b]);
+    cache_seqlens / cache_leftpad int32 ``[batch]`` on x's device. Returns ``[batch, 1, d]`` (the heads'
+    outputs side by side, the layout the output projection reads)."""
+    scale = HEAD_DIM ** -0.5 if scale is None else float(scale)
+    eps = float(eps)
+    check_qkv_args(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale)
+    if x.device.type == "cuda":
+        _ops.ensure_loaded()
+    return torch.ops.fused_attn.qkv_decode_attention(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad,
+                                                     eps, scale)
+
+
+def _cpu(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale) -> torch.Tensor:
+    batch, _, d = x.shape
+    heads = d // HEAD_DIM
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xn = F.layer_norm(x.to(compute), (d,), eps=eps)
+    qkv = xn @ w_qkv.to(compute).T
+    if b_qkv is not None:
+        qkv = qkv + b_qkv.to(compute)
+    q, k, v = qkv.to(x.dtype).view(batch, 1, 3, heads, HEAD_DIM).permute(2, 0, 3, 1, 4).unbind(0)
+    seqlens = cache_seqlens.tolist()
+    leftpad = None if cache_leftpad is None else cache_leftpad.tolist()
+    check_lengths(seqlens, leftpad, 1, k_cache.shape[2], True)
+    out, _, _ = reference.decode_attention(q, k_cache, v_cache, cache_seqlens, k, v, cache_leftpad, scale,
+                                           compute_dtype=compute)
+    for b, n in enumerate(seqlens):
+        k_cache[b, :, n:n + 1] = k[b]
+        v_cache[b, :, n:n + 1] = v[b]
+    return out.to(x.dtype).transpose(1, 2).reshape(batch, 1, d)
+
+
+def _register() -> None:
+    lib = "fused_attn::qkv_decode_attention"
+
+    @torch.library.register_fake(lib)
+    def _fake(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale):
+        check_qkv_args(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale)
+        return x.new_empty(x.shape)
+
+    @torch.library.register_kernel(lib, "cpu")
+    def _cpu_kernel(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale):
+        check_qkv_args(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale)
+        return _cpu(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale)
+
+
+_register()

@@ -1,0 +1,144 @@
+"""qkv_decode_attention (fused_attn/qkv_decode_attention.py, csrc/qkv_decode_attention/): the fused QKV
+projection + decode attention against a float64 reference, beside the two-op chain it replaces
+(fused_attn.linear with the weightless norm, then fused_attn.decode_attention with k_new / v_new)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fused_attn import decode_attention, linear, qkv_decode_attention
+
+HD = 64
+
+
+def make_case(dtype, device, batch, d, max_len, seed, bias=True, leftpad=True):
+    g = torch.Generator().manual_seed(seed)
+    heads = d // HD
+    x = (torch.randn(batch, 1, d, generator=g) * 3 + 0.5).to(dtype)
+    w = (torch.randn(3 * d, d, generator=g) * d ** -0.5).to(dtype)
+    b = (torch.randn(3 * d, generator=g) * 0.5).to(dtype) if bias else None
+    kc = torch.randn(batch, heads, max_len, HD, generator=g).to(dtype)
+    vc = torch.randn(batch, heads, max_len, HD, generator=g).to(dtype)
+    lens = torch.randint(0, max_len, (batch,), generator=g, dtype=torch.int32)
+    lens[0] = max_len - 1  # the last slot
+    if batch > 1:
+        lens[1] = 0  # only the new key
+    left = (torch.rand(batch, generator=g) * (lens.float() + 1)).floor().to(torch.int32).clamp(max=lens) \
+        if leftpad else None
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return to(x), to(w), to(b), to(kc), to(vc), to(lens), to(left)
+
+
+def reference64(x, w, b, kc, vc, lens, left, eps, scale):
+    """float64, q / k / v rounded to x's dtype as the op stores them; returns (out, k_new, v_new)."""
+    batch, _, d = x.shape
+    heads = d // HD
+    xn = F.layer_norm(x.double().cpu(), (d,), eps=eps)
+    qkv = xn @ w.double().cpu().T + (0 if b is None else b.double().cpu())
+    q, k, v = qkv.to(x.dtype).double().view(batch, 3, heads, HD).unbind(1)
+    out = torch.empty(batch, heads, HD, dtype=torch.float64)
+    for i in range(batch):
+        n = int(lens[i])
+        lo = 0 if left is None else int(left[i])
+        keys = torch.cat([kc[i, :, lo:n].double().cpu(), k[i][:, None]], 1)
+        vals = torch.cat([vc[i, :, lo:n].double().cpu(), v[i][:, None]], 1)
+        p = torch.softmax((keys @ q[i][:, :, None]).squeeze(-1) * scale, -1)
+        out[i] = (p[:, None, :] @ vals).squeeze(1)
+    return out.reshape(batch, 1, d), k, v
+
+
+def chain(x, w, b, kc, vc, lens, left, eps, scale):
+    batch, _, d = x.shape
+    qkv = linear(x, w, b, norm="layer_norm", eps=eps)
+    q, k, v = qkv.view(batch, 1, 3, d // HD, HD).permute(2, 0, 3, 1, 4).unbind(0)
+    a = decode_attention(q, kc, vc, lens, k_new=k, v_new=v, cache_leftpad=left, scale=scale)
+    return a.transpose(1, 2).reshape(batch, 1, d)
+
+
+def check_against_chain(device, dtype, batch, d, max_len, seed, bias=True, leftpad=True):
+    eps, scale = 1e-5, HD ** -0.5
+    x, w, b, kc, vc, lens, left = make_case(dtype, device, batch, d, max_len, seed, bias, leftpad)
+    kc0, vc0 = kc.clone(), vc.clone()
+    ref, k_ref, v_ref = reference64(x, w, b, kc, vc, lens, left, eps, scale)
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = chain(x, w, b, kc2, vc2, lens, left, eps, scale)
+    got = qkv_decode_attention(x, w, b, kc, vc, lens, left, eps=eps, scale=scale)
+    assert got.shape == (batch, 1, d) and torch.isfinite(got).all()
+    err = (got.double().cpu() - ref).abs().max().item()
+    err_chain = (want.double().cpu() - ref).abs().max().item()
+    ulp = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}.get(dtype, 2.0 ** -20)
+    assert err <= 2 * err_chain + ulp * ref.abs().max().item(), (err, err_chain)
+    # The caches: slot lens[b] holds k / v (as rounded; one ulp from the reference's rounding at most),
+    # every other slot unchanged.
+    for i in range(batch):
+        n = int(lens[i])
+        for cache, cache0, new in ((kc, kc0, k_ref), (vc, vc0, v_ref)):
+            c = cache[i].double().cpu()
+            assert torch.allclose(c[:, n], new[i], rtol=2 * ulp, atol=1e-3), (i, n)
+            keep = torch.ones(max_len, dtype=torch.bool)
+            keep[n] = False
+            assert torch.equal(cache[i][:, keep.to(cache.device)], cache0[i][:, keep.to(cache.device)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch,d", [(1, 256), (3, 768)])
+def test_cpu_path_matches_the_chain(dtype, batch, d):
+    check_against_chain("cpu", dtype, batch, d, 40, seed=batch * 7 + d)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("batch,d,max_len", [(1, 768, 300), (3, 768, 200), (2, 256, 97), (4, 1024, 1100), (1, 512, 9)])
+@pytest.mark.parametrize("bias,leftpad", [(True, True), (False, False)])
+def test_matches_reference_gpu(dtype, batch, d, max_len, bias, leftpad):
+    for seed in range(3):
+        check_against_chain("cuda", dtype, batch, d, max_len, seed, bias, leftpad)
+
+
+@pytest.mark.gpu
+def test_lengths_out_of_bounds_give_nan_and_leave_the_cache_gpu():
+    x, w, b, kc, vc, lens, left = make_case(torch.float16, "cuda", 3, 768, 50, seed=5)
+    lens = torch.tensor([50, -1, 10], dtype=torch.int32, device="cuda")  # slot 50 is past max_len; -1
+    left = torch.tensor([0, 0, 11], dtype=torch.int32, device="cuda")  # leftpad past seqlens
+    kc0, vc0 = kc.clone(), vc.clone()
+    out = qkv_decode_attention(x, w, b, kc, vc, lens, left)
+    assert torch.isnan(out).all()
+    assert torch.equal(kc, kc0) and torch.equal(vc, vc0)
+
+
+@pytest.mark.gpu
+def test_graph_replay_at_growing_lengths_gpu():
+    dtype, batch, d, max_len = torch.float16, 2, 768, 64
+    x, w, b, kc, vc, lens, left = make_case(dtype, "cuda", batch, d, max_len, seed=11)
+    lens.copy_(torch.tensor([5, 9], dtype=torch.int32))
+    left.copy_(torch.tensor([0, 3], dtype=torch.int32))
+    qkv_decode_attention(x, w, b, kc, vc, lens, left)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = qkv_decode_attention(x, w, b, kc, vc, lens, left)
+    for step in range(4):
+        x.copy_(torch.randn(batch, 1, d).to(dtype))
+        lens.add_(1)
+        kc_ref, vc_ref = kc.clone(), vc.clone()
+        want = chain(x, w, b, kc_ref, vc_ref, lens, left, 1e-5, HD ** -0.5)
+        g.replay()
+        torch.cuda.synchronize()
+        ref, _, _ = reference64(x, w, b, kc_ref, vc_ref, lens, left, 1e-5, HD ** -0.5)
+        err = (out.double().cpu() - ref).abs().max().item()
+        err_chain = (want.double().cpu() - ref).abs().max().item()
+        assert err <= 2 * err_chain + 2.0 ** -10 * ref.abs().max().item(), (step, err, err_chain)
+
+
+def test_argument_errors_name_the_argument():
+    x, w, b, kc, vc, lens, left = make_case(torch.float32, "cpu", 2, 256, 20, seed=1)
+    with pytest.raises(ValueError, match="w_qkv must have shape"):
+        qkv_decode_attention(x, w[:-1], b, kc, vc, lens, left)
+    with pytest.raises(ValueError, match="k_cache must have shape"):
+        qkv_decode_attention(x, w, b, kc[:, :1], vc, lens, left)
+    with pytest.raises(ValueError, match="cache_seqlens must be an int32"):
+        qkv_decode_attention(x, w, b, kc, vc, lens.long(), left)
+    with pytest.raises(ValueError, match="x must have shape"):
+        qkv_decode_attention(x[:, :0], w, b, kc, vc, lens, left)
