@@ -84,10 +84,15 @@ RANDOM_NAME = "gpt2-random"
 _STATS_CHAIN = os.environ.get("FUSED_ATTN_STATS_CHAIN", "0")
 if _STATS_CHAIN not in ("0", "1"):
     raise ValueError(f"FUSED_ATTN_STATS_CHAIN must be 0 or 1, got {_STATS_CHAIN!r}")
-# FUSED_ATTN_QKV_ATTENTION=1: the decode step's c_attn and decode attention as one qkv_decode_attention launch
-# at 1 to 4 rows (session 32's A/B; off by default until measured).
-_QKV_ATTENTION = os.environ.get("FUSED_ATTN_QKV_ATTENTION") == "1"
-_QKV_ATTENTION_ROWS = 4
+# The decode step's c_attn (with the folded ln_1) and decode attention as one qkv_decode_attention launch at
+# one row; FUSED_ATTN_QKV_ATTENTION=0 runs the two launches (the A/B). Measured on an H200 (bench/NOTES.md,
+# session 32): batch 1 206 -> 191 us a step; batch 4 220 -> 270 (every sequence's cluster reads the head's
+# c_attn rows again), hence one row only.
+_QKV_ATTENTION_ENV = os.environ.get("FUSED_ATTN_QKV_ATTENTION", "1")
+if _QKV_ATTENTION_ENV not in ("0", "1"):
+    raise ValueError(f"FUSED_ATTN_QKV_ATTENTION must be 0 or 1, got {_QKV_ATTENTION_ENV!r}")
+_QKV_ATTENTION = _QKV_ATTENTION_ENV == "1"
+_QKV_ATTENTION_ROWS = 1
 _STATS_CHAIN_OFF = _STATS_CHAIN == "0"
 
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"),
@@ -302,7 +307,7 @@ class Attention(nn.Module):
                 and x.dtype in (torch.float16, torch.bfloat16) and self.head_dim == 64
                 and x.shape[-1] % 256 == 0 and x.shape[-1] <= 1024):
             folded = ln.folded_into(self.c_attn.weight_nk, self.c_attn.bias, self.c_attn, x)
-            if folded is not None and x.is_contiguous():  # scratch A/B (session 32): c_attn + attention, one launch
+            if folded is not None and x.is_contiguous():  # c_attn + attention in one launch (qkv_decode_attention)
                 a = qkv_decode_attention(x, *folded, cache.k, cache.v, lengths[0], lengths[1], eps=ln.eps,
                                          scale=self.scale)
                 return self.c_proj(a, residual=residual, **post)

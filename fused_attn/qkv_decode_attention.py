@@ -14,8 +14,10 @@ one launch (``csrc/qkv_decode_attention/``: a thread-block cluster per (sequence
 192 columns, exchanges them through distributed shared memory and attends with the keys split over the
 cluster); on the CPU the same arithmetic in float32 (the reference). No gradient.
 
-Status: an experiment (session 32) toward issue 13's batch-1 bar; not used by GPT-2 unless
-``FUSED_ATTN_QKV_ATTENTION=1``.
+GPT-2's decode step (fused_attn.gpt2, backends with layer_norm "folded") runs it at batch 1 in place of c_attn
+and decode_attention (``FUSED_ATTN_QKV_ATTENTION=0``: the two launches). Measured on an H200 (bench/NOTES.md,
+session 32): batch 1 206 -> 191 us a step, bench_gpt2 0.197 ms a token (2.50x compile-graph); batch 4 slower
+(220 -> 270 us: each sequence's cluster reads the head's 192 weight rows again), so not used there.
 """
 
 from __future__ import annotations

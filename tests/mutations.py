@@ -34,6 +34,7 @@ T_SOFTMAX = "tests/test_softmax.py"
 T_HF = "tests/test_hf.py"
 T_GPT2 = "tests/test_gpt2.py"
 T_DECODE = "tests/test_decode_attention.py"
+T_QKV = "tests/test_qkv_decode_attention.py"
 T_NORM = "tests/test_layer_norm.py"
 T_LINEAR = "tests/test_linear.py"
 T_MLP = "tests/test_mlp.py"
@@ -200,6 +201,14 @@ MUTATIONS: list[Mutation] = [
              "    if (filter && order_key(v) < tau) return;",
              "    if (filter && order_key(v) <= tau) return;",
              _t(f"{T_SAMPLE}::test_top_k_draws_exactly_the_kept_columns"), gpu=True),
+    Mutation("qkv-cpu-ignores-leftpad", "fused_attn/qkv_decode_attention.py",
+             "out, _, _ = reference.decode_attention(q, k_cache, v_cache, cache_seqlens, k, v, cache_leftpad, scale,",
+             "out, _, _ = reference.decode_attention(q, k_cache, v_cache, cache_seqlens, k, v, None, scale,",
+             _t(f"{T_QKV}::test_cpu_path_matches_the_chain")),
+    Mutation("qkv-kernel-new-key-from-the-cache", "csrc/qkv_decode_attention/qkv_decode_attention_kernel.cuh",
+             "        if (slot == len) {", "        if (slot == len && false) {",
+             _t(f"{T_QKV}::test_matches_reference_gpu"), gpu=True,
+             why="the new slot read from the cache rank 0 is writing, not from shared memory: a race"),
     Mutation("reference-gumbel-uniform-reaches-one", "fused_attn/reference.py",
              "u = ((bits >> 9).to(torch.float32) + 0.5) * 2.0 ** -23",
              "u = ((bits >> 8).to(torch.float32) + 0.5) * 2.0 ** -24",

@@ -13,6 +13,9 @@
 // before griddepcontrol.wait), exchanges them through distributed shared memory behind one cluster
 // barrier, splits the head's keys over its blocks and merges the blocks' softmax partials in rank 0.
 //
+// Measured (H200, bench/NOTES.md session 32): GPT-2's batch-1 step 206 -> 191 us; at batch 4 slower (220 ->
+// 270: each sequence's cluster streams the head's rows again), so GPT-2 uses it at one row only.
+//
 // Each warp normalizes the whole row of x itself (the row is 768 values: 3 16-byte pieces a lane) with
 // two warp reductions, so no block barrier stands between x and the dot products. float32 throughout,
 // q / k / v rounded to T once (as the two-launch chain stores them), o rounded once.
