@@ -13,13 +13,14 @@ normalized rows in shared memory), the one-row fold of a weightless norm into th
 post_norm= pass of the last block, and mlp's single launch; sample: greedy and sampled, one block and a
 cluster per row, misaligned and strided rows, the token history; gpt2_decode_step: a small model
 at batch 1 and 3 (float16, float32) and every kind of invalid row (out-of-range lengths, position or
-token: nothing read or written out of bounds).
+token: nothing read or written out of bounds); qkv_decode_attention: the cluster's exchange and merge
+(batch 1-3, d 256 / 768, leftpad, the new key only, the last slot) and out-of-bounds lengths.
 
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py
     compute-sanitizer --tool racecheck python tests/sanitizer_cases.py --quick
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py --only step,attention
 
-(--only: a comma-separated subset of softmax, decode, norm, attention, linear, sample, step.)
+(--only: a comma-separated subset of softmax, decode, norm, attention, linear, sample, step, qkv.)
 
 Exits non-zero if any result differs from the float64 reference.
 """
@@ -40,7 +41,7 @@ from tests.test_softmax import scores_of  # noqa: E402
 from tests.tolerances import assert_close, softmax_tolerance  # noqa: E402
 
 
-GROUPS = ("softmax", "decode", "norm", "attention", "linear", "sample", "step")
+GROUPS = ("softmax", "decode", "norm", "attention", "linear", "sample", "step", "qkv")
 
 
 def main(argv: list[str]) -> int:
@@ -53,7 +54,8 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"--only must name groups among {', '.join(GROUPS)}, got {argv[at + 1:at + 2]}")
     cases = softmax_cases(quick) if "softmax" in only else 0
     for name, run in (("decode", decode_cases), ("norm", norm_cases), ("attention", attention_cases),
-                      ("linear", linear_cases), ("sample", sample_cases), ("step", step_cases)):
+                      ("linear", linear_cases), ("sample", sample_cases), ("step", step_cases),
+                      ("qkv", qkv_cases)):
         if name in only:
             cases += run(quick)
     torch.cuda.synchronize()
@@ -365,6 +367,19 @@ def step_cases(quick: bool) -> int:
     for which, value in invalid:
         check_invalid_row("cuda", torch.float32, which, value)
     return len(runs) + len(invalid)
+
+
+
+def qkv_cases(quick: bool) -> int:
+    from tests.test_qkv_decode_attention import (check_against_chain,
+                                                 test_lengths_out_of_bounds_give_nan_and_leave_the_cache_gpu)
+
+    shapes = [(1, 768, 300), (3, 256, 40)] if quick else [(1, 768, 300), (3, 256, 40), (2, 1024, 70), (3, 768, 9)]
+    for i, (batch, d, max_len) in enumerate(shapes):
+        check_against_chain("cuda", torch.float16 if i % 2 == 0 else torch.bfloat16, batch, d, max_len, seed=i,
+                            leftpad=i != 1)
+    test_lengths_out_of_bounds_give_nan_and_leave_the_cache_gpu()
+    return len(shapes) + 1
 
 
 if __name__ == "__main__":
