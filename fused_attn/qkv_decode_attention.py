@@ -12,7 +12,8 @@ which is ``fused_attn.linear(x, w_qkv, b_qkv, norm="layer_norm")`` followed by `
 with ``k_new`` / ``v_new``. On CUDA (float16 / bfloat16, head_dim 64, d a multiple of 256 up to 1024, sm_90)
 one launch (``csrc/qkv_decode_attention/``: a thread-block cluster per (sequence, head) computes the head's
 192 columns, exchanges them through distributed shared memory and attends with the keys split over the
-cluster); on the CPU the same arithmetic in float32 (the reference). No gradient.
+cluster); on the CPU the same arithmetic in float32 (the reference). No gradient: an input that requires grad
+raises.
 
 GPT-2's decode step (fused_attn.gpt2, backends with layer_norm "folded") runs it at batch 1 in place of c_attn
 and decode_attention (``FUSED_ATTN_QKV_ATTENTION=0``: the two launches). Measured on an H200 (bench/NOTES.md,
@@ -109,6 +110,20 @@ def _cpu(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, s
     return out.to(x.dtype).transpose(1, 2).reshape(batch, 1, d)
 
 
+_NAMES = ("x", "w_qkv", "b_qkv", "k_cache", "v_cache")
+
+
+def _autograd(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale):
+    for name, t in zip(_NAMES, (x, w_qkv, b_qkv, k_cache, v_cache)):
+        if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"{name} must not require grad (qkv_decode_attention writes into the caches and records "
+                             "no gradient; fused_attn.reference.decode_attention after a linear is differentiable), "
+                             "got requires_grad=True")
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.fused_attn.qkv_decode_attention(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens,
+                                                         cache_leftpad, eps, scale)
+
+
 def _register() -> None:
     lib = "fused_attn::qkv_decode_attention"
 
@@ -121,6 +136,8 @@ def _register() -> None:
     def _cpu_kernel(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale):
         check_qkv_args(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale)
         return _cpu(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale)
+
+    _ops.LIB.impl("qkv_decode_attention", _autograd, "Autograd")
 
 
 _register()

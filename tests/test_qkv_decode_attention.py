@@ -142,3 +142,15 @@ def test_argument_errors_name_the_argument():
         qkv_decode_attention(x, w, b, kc, vc, lens.long(), left)
     with pytest.raises(ValueError, match="x must have shape"):
         qkv_decode_attention(x[:, :0], w, b, kc, vc, lens, left)
+
+
+def test_an_input_requiring_grad_raises():
+    x, w, b, kc, vc, lens, left = make_case(torch.float32, "cpu", 1, 256, 8, seed=2)
+    with pytest.raises(ValueError, match="w_qkv must not require grad"):
+        qkv_decode_attention(x, w.requires_grad_(), b, kc, vc, lens, left)
+
+
+def test_opcheck_cpu():
+    """The schema's mutations, the fake kernel and the autograd registration (torch.library.opcheck)."""
+    x, w, b, kc, vc, lens, left = make_case(torch.float32, "cpu", 2, 256, 12, seed=4)
+    torch.library.opcheck(torch.ops.fused_attn.qkv_decode_attention, (x, w, b, kc, vc, lens, left, 1e-5, 0.125))
