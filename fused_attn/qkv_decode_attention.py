@@ -86,6 +86,7 @@ def qkv_decode_attention(x: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tens
     check_qkv_args(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale)
     if x.device.type == "cuda":
         _ops.ensure_loaded()
+        x, w_qkv = x.contiguous(), w_qkv.contiguous()  # the kernel's 16-byte rows (caches are the caller's)
     return torch.ops.fused_attn.qkv_decode_attention(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad,
                                                      eps, scale)
 

@@ -18,34 +18,34 @@
 
 namespace fused_attn {
 
+// A cache: [batch, heads, max_len >= 1, 64] on x's device in x's dtype, 16-byte aligned rows (macros, so that
+// the message names the argument).
+#define FA_CHECK_QKV_CACHE(c)                                                                                      \
+  FA_CHECK_SAME_DEVICE(c, x);                                                                                      \
+  FA_CHECK_SAME_DTYPE(c, x);                                                                                       \
+  FA_CHECK_DIM(c, 4, "[batch, heads, max_len, 64]");                                                               \
+  FA_CHECK_ARG((c).size(0) == batch && (c).size(1) == heads && (c).size(3) == kQkvHeadDim && (c).size(2) >= 1, c,  \
+               "have shape [" + std::to_string(batch) + ", " + std::to_string(heads) + ", max_len >= 1, 64]",       \
+               shape_str((c).sizes()));                                                                            \
+  FA_CHECK_ARG((c).stride(3) == 1 && (c).stride(2) % 8 == 0 && (c).stride(1) % 8 == 0 && (c).stride(0) % 8 == 0 && \
+                   aligned16(c),                                                                                   \
+               c, "have a contiguous last dim, 16-byte aligned rows and base", "strides " + shape_str((c).strides()))
+// Lengths: int32 [batch], contiguous, on x's device.
+#define FA_CHECK_QKV_LENGTHS(t)                                                                            \
+  FA_CHECK_SAME_DEVICE(t, x);                                                                              \
+  FA_CHECK_ARG((t).scalar_type() == at::kInt, t, "have dtype torch.int32", dtype_str((t).scalar_type())); \
+  FA_CHECK_ARG((t).dim() == 1 && (t).size(0) == batch && (t).stride(0) == 1, t,                            \
+               "be a contiguous [" + std::to_string(batch) + "] tensor", shape_str((t).sizes()))
+
 namespace {
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-void check_cache(const at::Tensor& c, const at::Tensor& x, int64_t batch, int64_t heads) {
-  FA_CHECK_SAME_DEVICE(c, x);
-  FA_CHECK_SAME_DTYPE(c, x);
-  FA_CHECK_DIM(c, 4, "[batch, heads, max_len, 64]");
-  FA_CHECK_ARG(c.size(0) == batch && c.size(1) == heads && c.size(3) == kQkvHeadDim && c.size(2) >= 1, c,
-               "have shape [" + std::to_string(batch) + ", " + std::to_string(heads) + ", max_len >= 1, 64]",
-               shape_str(c.sizes()));
-  FA_CHECK_ARG(c.stride(3) == 1 && c.stride(2) % 8 == 0 && c.stride(1) % 8 == 0 && c.stride(0) % 8 == 0 &&
-                   aligned16(c),
-               c, "have a contiguous last dim, 16-byte aligned rows and base", "strides " + shape_str(c.strides()));
-}
-
-void check_lengths(const at::Tensor& t, const at::Tensor& x, int64_t batch) {
-  FA_CHECK_SAME_DEVICE(t, x);
-  FA_CHECK_ARG(t.scalar_type() == at::kInt, t, "have dtype torch.int32", dtype_str(t.scalar_type()));
-  FA_CHECK_ARG(t.dim() == 1 && t.size(0) == batch && t.stride(0) == 1, t,
-               "be a contiguous [" + std::to_string(batch) + "] tensor", shape_str(t.sizes()));
-}
-
 }  // namespace
 
-at::Tensor qkv_decode_attention(const at::Tensor& x, const at::Tensor& w_qkv, const std::optional<at::Tensor>& b_qkv,
+at::Tensor qkv_decode_attention(const at::Tensor& x, const at::Tensor& w_qkv, const std::optional<at::Tensor>& b_qkv_opt,
                                 const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-                                const std::optional<at::Tensor>& cache_leftpad, double eps, double scale) {
+                                const std::optional<at::Tensor>& cache_leftpad_opt, double eps, double scale) {
   FA_CHECK_CUDA(x);
   FA_CHECK_ARG(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, x,
                "have dtype float16 or bfloat16 on CUDA", dtype_str(x.scalar_type()));
@@ -62,20 +62,24 @@ at::Tensor qkv_decode_attention(const at::Tensor& x, const at::Tensor& w_qkv, co
   FA_CHECK_ARG(w_qkv.stride(1) == 1 && w_qkv.stride(0) % 8 == 0 && aligned16(w_qkv), w_qkv,
                "have a contiguous last dim and 16-byte aligned rows", "strides " + shape_str(w_qkv.strides()));
   std::optional<at::Tensor> bias;
-  if (b_qkv.has_value()) {
-    FA_CHECK_SAME_DEVICE((*b_qkv), x);
-    FA_CHECK_SAME_DTYPE((*b_qkv), x);
-    FA_CHECK_ARG(b_qkv->dim() == 1 && b_qkv->size(0) == 3 * d, (*b_qkv), "have shape (" + std::to_string(3 * d) + ",)",
-                 shape_str(b_qkv->sizes()));
-    bias = b_qkv->contiguous();
+  if (b_qkv_opt.has_value()) {
+    const at::Tensor& b_qkv = *b_qkv_opt;
+    FA_CHECK_SAME_DEVICE(b_qkv, x);
+    FA_CHECK_SAME_DTYPE(b_qkv, x);
+    FA_CHECK_ARG(b_qkv.dim() == 1 && b_qkv.size(0) == 3 * d, b_qkv, "have shape (" + std::to_string(3 * d) + ",)",
+                 shape_str(b_qkv.sizes()));
+    bias = b_qkv.contiguous();
   }
   const int64_t heads = d / kQkvHeadDim;
-  check_cache(k_cache, x, batch, heads);
-  check_cache(v_cache, x, batch, heads);
+  FA_CHECK_QKV_CACHE(k_cache);
+  FA_CHECK_QKV_CACHE(v_cache);
   FA_CHECK_ARG(k_cache.size(2) == v_cache.size(2), v_cache, "have k_cache's max_len " + std::to_string(k_cache.size(2)),
                shape_str(v_cache.sizes()));
-  check_lengths(cache_seqlens, x, batch);
-  if (cache_leftpad.has_value()) check_lengths(*cache_leftpad, x, batch);
+  FA_CHECK_QKV_LENGTHS(cache_seqlens);
+  if (cache_leftpad_opt.has_value()) {
+    const at::Tensor& cache_leftpad = *cache_leftpad_opt;
+    FA_CHECK_QKV_LENGTHS(cache_leftpad);
+  }
   const c10::cuda::CUDAGuard guard(x.device());
   FA_CHECK_ARG(at::cuda::getDeviceProperties(x.device().index())->major >= 9 &&
                    (x.scalar_type() == at::kHalf ? qkv_decode_attention_compiled<__half>()
@@ -97,7 +101,7 @@ at::Tensor qkv_decode_attention(const at::Tensor& x, const at::Tensor& w_qkv, co
   p.v_stride_h = v_cache.stride(1);
   p.v_stride_s = v_cache.stride(2);
   p.cache_seqlens = cache_seqlens.data_ptr<int>();
-  p.cache_leftpad = cache_leftpad.has_value() ? cache_leftpad->data_ptr<int>() : nullptr;
+  p.cache_leftpad = cache_leftpad_opt.has_value() ? cache_leftpad_opt->data_ptr<int>() : nullptr;
   p.out = out.data_ptr();
   p.o_stride = out.stride(0);
   p.batch = int(batch);

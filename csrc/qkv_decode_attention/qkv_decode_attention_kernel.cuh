@@ -25,6 +25,9 @@
 // cache_seqlens[b]]): that sequence's output is NaN and its cache is not written.
 //
 // Shapes: head_dim 64, d = heads x 64 with d / 256 in [1, kQkvMaxPieces] (16-byte pieces a lane a row).
+//
+// Tests: tests/test_qkv_decode_attention.py, tests/sanitizer_cases.py (group qkv); measured in GPT-2's step:
+// bench/bench_gpt2.py (batch 1), python -m bench.time_decode_graph (FUSED_ATTN_QKV_ATTENTION=0 for the A/B).
 #pragma once
 
 #include <cuda_bf16.h>
