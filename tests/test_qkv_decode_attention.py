@@ -7,16 +7,18 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from fused_attn import decode_attention, linear, qkv_decode_attention
 
 HD = 64
 
 
-def make_case(dtype, device, batch, d, max_len, seed, bias=True, leftpad=True):
+def make_case(dtype, device, batch, d, max_len, seed, bias=True, leftpad=True, mag=3.0):
     g = torch.Generator().manual_seed(seed)
     heads = d // HD
-    x = (torch.randn(batch, 1, d, generator=g) * 3 + 0.5).to(dtype)
+    x = (torch.randn(batch, 1, d, generator=g) * mag + 0.5).to(dtype)
     w = (torch.randn(3 * d, d, generator=g) * d ** -0.5).to(dtype)
     b = (torch.randn(3 * d, generator=g) * 0.5).to(dtype) if bias else None
     kc = torch.randn(batch, heads, max_len, HD, generator=g).to(dtype)
@@ -57,9 +59,9 @@ def chain(x, w, b, kc, vc, lens, left, eps, scale):
     return a.transpose(1, 2).reshape(batch, 1, d)
 
 
-def check_against_chain(device, dtype, batch, d, max_len, seed, bias=True, leftpad=True):
+def check_against_chain(device, dtype, batch, d, max_len, seed, bias=True, leftpad=True, mag=3.0):
     eps, scale = 1e-5, HD ** -0.5
-    x, w, b, kc, vc, lens, left = make_case(dtype, device, batch, d, max_len, seed, bias, leftpad)
+    x, w, b, kc, vc, lens, left = make_case(dtype, device, batch, d, max_len, seed, bias, leftpad, mag)
     kc0, vc0 = kc.clone(), vc.clone()
     ref, k_ref, v_ref = reference64(x, w, b, kc, vc, lens, left, eps, scale)
     kc2, vc2 = kc.clone(), vc.clone()
@@ -86,6 +88,29 @@ def check_against_chain(device, dtype, batch, d, max_len, seed, bias=True, leftp
 @pytest.mark.parametrize("batch,d", [(1, 256), (3, 768)])
 def test_cpu_path_matches_the_chain(dtype, batch, d):
     check_against_chain("cpu", dtype, batch, d, 40, seed=batch * 7 + d)
+
+
+# Drawn cases: batch, heads (d = 64 heads, a multiple of 256 as the kernel takes), cache length (1: only the
+# new key), bias and left padding on or off, and x's magnitude (the norm's input: tiny, unit, and near
+# float16's range).
+QKV_CASE = dict(batch=st.integers(1, 4), heads=st.sampled_from([4, 8, 12, 16]), max_len=st.integers(1, 300),
+                seed=st.integers(0, 2**31 - 1), bias=st.booleans(), leftpad=st.booleans(),
+                mag=st.sampled_from([1e-3, 1.0, 3.0, 1e3]))
+
+
+@given(**QKV_CASE)
+@example(batch=1, heads=12, max_len=1, seed=0, bias=True, leftpad=False, mag=3.0)
+@example(batch=3, heads=4, max_len=257, seed=1, bias=False, leftpad=True, mag=1e3)
+def test_cpu_path_matches_the_chain_drawn(batch, heads, max_len, seed, bias, leftpad, mag):
+    check_against_chain("cpu", torch.float32, batch, heads * HD, max_len, seed, bias, leftpad, mag)
+
+
+@pytest.mark.gpu
+@given(dtype=st.sampled_from([torch.float16, torch.bfloat16]), **QKV_CASE)
+@example(dtype=torch.float16, batch=1, heads=12, max_len=1, seed=0, bias=True, leftpad=False, mag=1e3)
+@example(dtype=torch.bfloat16, batch=4, heads=16, max_len=300, seed=2, bias=True, leftpad=True, mag=1e-3)
+def test_matches_reference_gpu_drawn(dtype, batch, heads, max_len, seed, bias, leftpad, mag):
+    check_against_chain("cuda", dtype, batch, heads * HD, max_len, seed, bias, leftpad, mag)
 
 
 @pytest.mark.gpu
