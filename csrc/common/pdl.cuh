@@ -28,6 +28,19 @@ __device__ __forceinline__ void wait_for_primary() {
 #endif
 }
 
+// A value an earlier kernel of the chain may have written (a length), read after wait_for_primary(): a
+// relaxed GPU-scope load, which goes to L2, never to an L1 line that a read before the wait left (L1 is not
+// coherent). decode_attention and qkv_decode_attention read their lengths so.
+__device__ __forceinline__ int load_after_wait(const int* ptr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+#else
+  return *static_cast<const volatile int*>(ptr);
+#endif
+}
+
 // Where the decode chain's kernels (linear, layer_norm, decode_attention, sample) let their dependent
 // launch. Each launch decides (its params' pdl_early, from pdl_early() below): early, every block
 // triggers first thing, before it waits: the next kernel's blocks are scheduled as soon as all of this

@@ -67,17 +67,7 @@ struct Row {
 // goes to L2: a plain load could hit the L1 line the first read left (L1 is not coherent), stale if
 // an earlier kernel of the PDL chain was still writing the lengths then (sample(advance=) just before).
 __device__ __forceinline__ int load_length(const int* ptr, bool before_wait) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  int v;
-  if (before_wait) {
-    v = *ptr;
-  } else {
-    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
-  }
-  return v;
-#else
-  return *static_cast<const volatile int*>(ptr);
-#endif
+  return before_wait ? *ptr : load_after_wait(ptr);
 }
 
 __device__ __forceinline__ bool lengths_ok(const DecodeParams& p, int b, int& cached, int& end, int& start,

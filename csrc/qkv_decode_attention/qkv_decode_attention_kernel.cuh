@@ -42,6 +42,7 @@
 #include "../common/cluster.cuh"
 #include "../common/mma.cuh"
 #include "../common/pdl.cuh"
+#include "../common/reduce.cuh"
 #include "../common/vec_dtypes.cuh"
 #include "qkv_decode_attention_launch.h"
 
@@ -70,11 +71,7 @@ __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
   for (int i = 0; i < 8; ++i) f[i] = to_float(e[i]);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+__device__ __forceinline__ float warp_sum(float v) { return group_reduce<32>(v, nullptr, SumOp()); }
 
 // Lane `lane`'s two output columns of N softmax partials (m, l, o: the log-sum-exp merge, in index order;
 // a partial with l = 0 had no keys and counts for nothing).
@@ -95,12 +92,6 @@ __device__ __forceinline__ void merge_partials(const float* m, const float* l, c
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// A length after the wait: a relaxed GPU-scope load (L2), never an L1 line left by the hint's read before it.
-__device__ __forceinline__ int load_length_gpu(const int* ptr) {
-  int v;
-  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
-  return v;
-}
 __device__ __forceinline__ void store_cluster_f32(uint32_t addr, float v) {
   asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
 }
@@ -194,8 +185,8 @@ __global__ void __launch_bounds__(kQkvThreads, 1) qkv_decode_attention_kernel(co
 
   // 4. Lengths; rank 0 appends k and v.
   const int max_len = p.max_len;
-  const int len = load_length_gpu(p.cache_seqlens + b);
-  const int left = p.cache_leftpad != nullptr ? load_length_gpu(p.cache_leftpad + b) : 0;
+  const int len = load_after_wait(p.cache_seqlens + b);
+  const int left = p.cache_leftpad != nullptr ? load_after_wait(p.cache_leftpad + b) : 0;
   const bool valid = len >= 0 && len < max_len && left >= 0 && left <= len;
   if (valid && rank == 0 && threadIdx.x < 2 * kQkvHeadDim) {
     const int t = threadIdx.x % kQkvHeadDim;
