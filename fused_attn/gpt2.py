@@ -85,14 +85,18 @@ _STATS_CHAIN = os.environ.get("FUSED_ATTN_STATS_CHAIN", "0")
 if _STATS_CHAIN not in ("0", "1"):
     raise ValueError(f"FUSED_ATTN_STATS_CHAIN must be 0 or 1, got {_STATS_CHAIN!r}")
 # The decode step's c_attn (with the folded ln_1) and decode attention as one qkv_decode_attention launch at
-# one row; FUSED_ATTN_QKV_ATTENTION=0 runs the two launches (the A/B). Measured on an H200 (bench/NOTES.md,
-# session 32): batch 1 206 -> 191 us a step; batch 4 220 -> 270 (every sequence's cluster reads the head's
-# c_attn rows again), hence one row only.
+# up to FUSED_ATTN_QKV_ATTENTION_ROWS rows (default 16); FUSED_ATTN_QKV_ATTENTION=0 runs the two launches (the
+# A/B). Measured on an H200 (bench/NOTES.md, session 32): batch 1 206 -> 191 us a step. Session 33 gave the
+# kernel clusters of 2-8 sequences (before: one cluster a sequence, so batch 4 read the head's rows 4 times:
+# 220 -> 270 us); its batch 4-16 figures are in bench/NOTES.md, session 33.
 _QKV_ATTENTION_ENV = os.environ.get("FUSED_ATTN_QKV_ATTENTION", "1")
 if _QKV_ATTENTION_ENV not in ("0", "1"):
     raise ValueError(f"FUSED_ATTN_QKV_ATTENTION must be 0 or 1, got {_QKV_ATTENTION_ENV!r}")
 _QKV_ATTENTION = _QKV_ATTENTION_ENV == "1"
-_QKV_ATTENTION_ROWS = 1
+_QKV_ATTENTION_ROWS_ENV = os.environ.get("FUSED_ATTN_QKV_ATTENTION_ROWS", "16")
+if not _QKV_ATTENTION_ROWS_ENV.isdigit():
+    raise ValueError(f"FUSED_ATTN_QKV_ATTENTION_ROWS must be a non-negative integer, got {_QKV_ATTENTION_ROWS_ENV!r}")
+_QKV_ATTENTION_ROWS = int(_QKV_ATTENTION_ROWS_ENV)
 _STATS_CHAIN_OFF = _STATS_CHAIN == "0"
 
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"),

@@ -374,12 +374,14 @@ def qkv_cases(quick: bool) -> int:
     from tests.test_qkv_decode_attention import (check_against_chain,
                                                  test_lengths_out_of_bounds_give_nan_and_leave_the_cache_gpu)
 
-    shapes = [(1, 768, 300), (3, 256, 40)] if quick else [(1, 768, 300), (3, 256, 40), (2, 1024, 70), (3, 768, 9)]
+    shapes = [(1, 768, 300), (3, 256, 40), (16, 768, 70)] if quick else \
+        [(1, 768, 300), (3, 256, 40), (2, 1024, 70), (3, 768, 9), (16, 768, 70), (13, 512, 33)]
     for i, (batch, d, max_len) in enumerate(shapes):
         check_against_chain("cuda", torch.float16 if i % 2 == 0 else torch.bfloat16, batch, d, max_len, seed=i,
                             leftpad=i != 1)
-    test_lengths_out_of_bounds_give_nan_and_leave_the_cache_gpu()
-    return len(shapes) + 1
+    for batch in (3, 11):
+        test_lengths_out_of_bounds_give_nan_and_leave_the_cache_gpu(batch)
+    return len(shapes) + 2
 
 
 if __name__ == "__main__":

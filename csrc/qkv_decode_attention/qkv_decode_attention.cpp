@@ -86,6 +86,7 @@ at::Tensor qkv_decode_attention(const at::Tensor& x, const at::Tensor& w_qkv, co
                                                  : qkv_decode_attention_compiled<__nv_bfloat16>()),
                x, "be on an sm_90 device (the kernel uses thread-block clusters)", "an earlier architecture");
   at::Tensor out = at::empty({batch, 1, d}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (batch == 0) return out;
   QkvParams p{};
   p.x = x.data_ptr();
   p.x_stride = x.stride(0);

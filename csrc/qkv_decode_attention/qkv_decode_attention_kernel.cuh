@@ -37,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <type_traits>
 #include <cstdint>
 
 #include "../common/cluster.cuh"
@@ -56,12 +57,24 @@ constexpr int kRowsPerWarp = kRowsPerBlock / kWarps;                // 3
 constexpr int kKeysPerPass = 8;                                     // keys a warp loads at once
 static_assert(kRowsPerWarp * kWarps * kQkvClusterBlocks == 3 * kQkvHeadDim, "the head's rows over the cluster");
 
+// S: the ranks that attend one sequence (kQkvClusterBlocks / G; the session-32 kernel's G = 1 has S = 8).
+template <int S>
 struct Shared {
-  float qkv[3 * kQkvHeadDim];  // the head's q, k, v (as rounded to T), written by every rank
+  float qkv[3 * kQkvHeadDim];  // q, k, v of the sequence this rank attends (as rounded to T), written by the ranks
   float m[kWarps], l[kWarps];
   float o[kWarps][kQkvHeadDim];
-  float pm[kQkvClusterBlocks], pl[kQkvClusterBlocks];  // rank 0: the ranks' partials
-  float po[kQkvClusterBlocks][kQkvHeadDim];
+  float pm[S], pl[S];  // a sequence's lead rank (split 0): the S ranks' partials
+  float po[S][kQkvHeadDim];
+};
+
+// G > 1 rows a cluster: x's G rows normalized (rounded to T; each row kXnPad elements longer than d so that the
+// B fragments' 16-byte reads of rows n and n + 1 fall in different bank halves), and the warps' partial
+// products (24 rows x 8 columns a warp; columns >= G unused).
+constexpr int kXnPad = 32;
+template <typename T, int G, int P>
+struct SharedRows : Shared<kQkvClusterBlocks / G> {
+  T xn[G][P * 256 + kXnPad];
+  float red[kWarps][kRowsPerBlock][8];
 };
 
 template <typename T>
@@ -97,51 +110,12 @@ __device__ __forceinline__ void store_cluster_f32(uint32_t addr, float v) {
 }
 #endif
 
-// P: 16-byte pieces of x a lane holds (d = P x 256).
+// x's row for sequence row `bx`: P pieces of 8 a lane, minus the row's mean; rstd its 1 / sqrt(var + eps)
+// (two warp reductions: mean, then variance).
 template <typename T, int P>
-__global__ void __launch_bounds__(kQkvThreads, 1) qkv_decode_attention_kernel(const QkvParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ Shared sh;
-  const int rank = int(blockIdx.x), head = int(blockIdx.y), b = int(blockIdx.z);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+__device__ __forceinline__ void centered_row(const QkvParams& p, int bx, int lane, float (&xv)[P][8], float& rstd) {
+  const T* xrow = static_cast<const T*>(p.x) + int64_t(bx) * p.x_stride;
   const int d = P * 256;
-  cluster_arrive_relaxed();  // phase 1: this block has started (remote stores into it wait for that)
-
-  // 1. This warp's 3 weight rows (head-local rows rank * 24 + warp * 3 + i of [q; k; v]) and biases,
-  //    before the wait: they are constants.
-  const T* w = static_cast<const T*>(p.w_qkv);
-  uint4 wr[kRowsPerWarp][P];
-  float bias[kRowsPerWarp];
-  int64_t grow[kRowsPerWarp];  // the rows' indices in w_qkv
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    const int hr = rank * kRowsPerBlock + warp * kRowsPerWarp + i;  // 0..191: q, k, v of this head
-    grow[i] = int64_t(hr / kQkvHeadDim) * d + head * kQkvHeadDim + hr % kQkvHeadDim;
-#pragma unroll
-    for (int c = 0; c < P; ++c)
-      wr[i][c] = load_stream(reinterpret_cast<const uint4*>(w + grow[i] * p.w_stride) + lane + 32 * c);
-    bias[i] = p.b_qkv != nullptr ? to_float(static_cast<const T*>(p.b_qkv)[grow[i]]) : 0.f;
-  }
-  T* kc = static_cast<T*>(p.k_cache) + int64_t(b) * p.k_stride_b + int64_t(head) * p.k_stride_h;
-  T* vc = static_cast<T*>(p.v_cache) + int64_t(b) * p.v_stride_b + int64_t(head) * p.v_stride_h;
-  launch_dependents_early(p.pdl_early);
-  if (p.pdl_early) {  // this rank's cached K / V rows into L2 (a hint from lengths read before the wait, as
-                      // decode_attention's prefetch_cache: a stale length only makes a wrong hint)
-    const int len0 = p.cache_seqlens[b], left0 = p.cache_leftpad != nullptr ? p.cache_leftpad[b] : 0;
-    if (len0 >= 0 && len0 < p.max_len && left0 >= 0 && left0 <= len0) {
-      const int per0 = (len0 - left0 + 1 + kQkvClusterBlocks - 1) / kQkvClusterBlocks;
-      const int kb = left0 + rank * per0, ke = min(len0, kb + per0);  // slot len0 is this step's
-      for (int j = kb + int(threadIdx.x); j < ke; j += kQkvThreads) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + int64_t(j) * p.k_stride_s));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + int64_t(j) * p.v_stride_s));
-      }
-    }
-  }
-  wait_for_primary();  // x and the cache's lengths are earlier kernels' outputs
-
-  // 2. The row of x, normalized by every warp on its own (two warp reductions: mean, then variance).
-  const T* xrow = static_cast<const T*>(p.x) + int64_t(b) * p.x_stride;
-  float xv[P][8];
 #pragma unroll
   for (int c = 0; c < P; ++c) unpack8<T>(__ldcg(reinterpret_cast<const uint4*>(xrow) + lane + 32 * c), xv[c]);
   float s = 0.f;
@@ -158,37 +132,183 @@ __global__ void __launch_bounds__(kQkvThreads, 1) qkv_decode_attention_kernel(co
       xv[c][e] -= mean;
       s2 += xv[c][e] * xv[c][e];
     }
-  const float rstd = rsqrtf(warp_sum(s2) / float(d) + p.eps);
+  rstd = rsqrtf(warp_sum(s2) / float(d) + p.eps);
+}
 
-  // 3. The warp's 3 columns: dot products, bias, one rounding to T; sent to every rank of the cluster.
-  float col[kRowsPerWarp];
+// G: sequences a cluster (1, 2, 4 or 8; the launcher picks it from the batch). P: 16-byte pieces of x a lane
+// holds (d = P x 256).
+//   G = 1 (session 32's kernel): every warp normalizes the row itself and computes 3 columns on CUDA cores;
+//     the 8 ranks split the sequence's keys.
+//   G > 1: warp g < G normalizes row g into shared memory (rounded to T), the 8 warps split d and multiply
+//     the block's 24 rows by the G rows with mma.sync (the rows as M, padded to 32; the sequences as N,
+//     padded to 8), the warps' partials are summed in shared memory, and each sequence's 192 columns go to
+//     the S = 8 / G ranks that attend it (rank r: sequence r / S, a 1 / S share of its keys).
+template <typename T, int G, int P>
+__global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attention_kernel(const QkvParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int S = kQkvClusterBlocks / G;
+  using Sh = std::conditional_t<G == 1, Shared<S>, SharedRows<T, G, P>>;
+  __shared__ Sh sh;
+  const int rank = int(blockIdx.x), head = int(blockIdx.y);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int d = P * 256;
+  // This rank's sequence (row of x) and its share of that sequence's keys.
+  const int g_mine = G == 1 ? 0 : rank / S, split = G == 1 ? rank : rank % S, lead = rank - split;
+  const int b_raw = int(blockIdx.z) * G + g_mine;
+  const bool live = G == 1 || b_raw < p.batch;  // the last cluster's slots past the batch only join the barriers
+  const int b = G == 1 ? b_raw : min(b_raw, p.batch - 1);
+  cluster_arrive_relaxed();  // phase 1: this block has started (remote stores into it wait for that)
+
+  // 1. The block's 24 weight rows (head-local rows rank * 24 .. + 23 of [q; k; v]) and biases, before the
+  //    wait: they are constants.
+  const T* w = static_cast<const T*>(p.w_qkv);
+  auto w_row = [&](int i) {  // head-local row i -> its index in w_qkv
+    const int hr = rank * kRowsPerBlock + i;
+    return int64_t(hr / kQkvHeadDim) * d + head * kQkvHeadDim + hr % kQkvHeadDim;
+  };
+  // G = 1: this warp's 3 rows, whole.  G > 1: rows lane / 4, 8 + lane / 4 and 16 + lane / 4, this warp's d / 8
+  // columns: 16 bytes at column warp * d / 8 + 32 c + 8 (lane % 4) for c < P (an A fragment's k pairs relabelled:
+  // the B fragments read x's columns the same way).
+  uint4 wr[kRowsPerWarp][P];
+  float bias[kRowsPerWarp];
+  float bias_t = 0.f;  // G > 1: thread t < 24 G's row t % 24
+  if constexpr (G == 1) {
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    float acc = 0.f;
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int64_t grow = w_row(warp * kRowsPerWarp + i);
+#pragma unroll
+      for (int c = 0; c < P; ++c)
+        wr[i][c] = load_stream(reinterpret_cast<const uint4*>(w + grow * p.w_stride) + lane + 32 * c);
+      bias[i] = p.b_qkv != nullptr ? to_float(static_cast<const T*>(p.b_qkv)[grow]) : 0.f;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int64_t grow = w_row(8 * i + lane / 4);
+#pragma unroll
+      for (int c = 0; c < P; ++c)
+        wr[i][c] = load_stream(w + grow * p.w_stride + warp * (d / 8) + 32 * c + 8 * (lane % 4));
+    }
+    if (p.b_qkv != nullptr && threadIdx.x < kRowsPerBlock * G)
+      bias_t = to_float(static_cast<const T*>(p.b_qkv)[w_row(threadIdx.x % kRowsPerBlock)]);
+  }
+  T* kc = static_cast<T*>(p.k_cache) + int64_t(b) * p.k_stride_b + int64_t(head) * p.k_stride_h;
+  T* vc = static_cast<T*>(p.v_cache) + int64_t(b) * p.v_stride_b + int64_t(head) * p.v_stride_h;
+  launch_dependents_early(p.pdl_early);
+  if (p.pdl_early && live) {  // this rank's cached K / V rows into L2 (a hint from lengths read before the wait,
+                              // as decode_attention's prefetch_cache: a stale length only makes a wrong hint)
+    const int len0 = p.cache_seqlens[b], left0 = p.cache_leftpad != nullptr ? p.cache_leftpad[b] : 0;
+    if (len0 >= 0 && len0 < p.max_len && left0 >= 0 && left0 <= len0) {
+      const int per0 = (len0 - left0 + 1 + S - 1) / S;
+      const int kb = left0 + split * per0, ke = min(len0, kb + per0);  // slot len0 is this step's
+      for (int j = kb + int(threadIdx.x); j < ke; j += kQkvThreads) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + int64_t(j) * p.k_stride_s));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + int64_t(j) * p.v_stride_s));
+      }
+    }
+  }
+  wait_for_primary();  // x and the cache's lengths are earlier kernels' outputs
+
+  if constexpr (G == 1) {
+    // 2. The row of x, normalized by every warp on its own.
+    float xv[P][8], rstd;
+    centered_row<T, P>(p, b, lane, xv, rstd);
+
+    // 3. The warp's 3 columns: dot products, bias, one rounding to T; sent to every rank of the cluster.
+    float col[kRowsPerWarp];
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      float acc = 0.f;
+#pragma unroll
+      for (int c = 0; c < P; ++c) {
+        float wf[8];
+        unpack8<T>(wr[i][c], wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc = fmaf(wf[e], xv[c][e], acc);
+      }
+      col[i] = to_float(from_float<T>(warp_sum(acc) * rstd + bias[i]));
+    }
+    cluster_wait();  // phase 1: every block has started
+    if (lane < kQkvClusterBlocks) {
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; ++i)
+        store_cluster_f32(cluster_addr(&sh.qkv[rank * kRowsPerBlock + warp * kRowsPerWarp + i], lane), col[i]);
+    }
+  } else {
+    // 2. Warp g < G: row g of the cluster's rows, normalized and rounded to T into shared memory (zeros past
+    //    the batch).
+    const int b0 = int(blockIdx.z) * G;
+    if (warp < G) {
+      uint4* dst = reinterpret_cast<uint4*>(sh.xn[warp]);
+      if (b0 + warp < p.batch) {
+        float xv[P][8], rstd;
+        centered_row<T, P>(p, b0 + warp, lane, xv, rstd);
+#pragma unroll
+        for (int c = 0; c < P; ++c) {
+          uint4 u;
+          u.x = pack2<T>(xv[c][0] * rstd, xv[c][1] * rstd);
+          u.y = pack2<T>(xv[c][2] * rstd, xv[c][3] * rstd);
+          u.z = pack2<T>(xv[c][4] * rstd, xv[c][5] * rstd);
+          u.w = pack2<T>(xv[c][6] * rstd, xv[c][7] * rstd);
+          dst[lane + 32 * c] = u;
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < P; ++c) dst[lane + 32 * c] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    __syncthreads();
+
+    // 3. The warp's share of d: rows 0-15 (m-tile 0) and 16-23 (m-tile 1, its rows 24-31 zero) times the G
+    //    rows (n = lane / 4; n >= G reads zeros), two k16 steps a 16-byte piece.
+    float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
+    const int n = lane / 4;
 #pragma unroll
     for (int c = 0; c < P; ++c) {
-      float wf[8];
-      unpack8<T>(wr[i][c], wf);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc = fmaf(wf[e], xv[c][e], acc);
+      const uint4 xu = n < G ? *reinterpret_cast<const uint4*>(&sh.xn[n < G ? n : 0][warp * (d / 8) + 32 * c +
+                                                                                   8 * (lane % 4)])
+                             : make_uint4(0u, 0u, 0u, 0u);
+      const uint32_t a0[4] = {wr[0][c].x, wr[1][c].x, wr[0][c].y, wr[1][c].y};
+      const uint32_t a1[4] = {wr[0][c].z, wr[1][c].z, wr[0][c].w, wr[1][c].w};
+      const uint32_t c0[4] = {wr[2][c].x, 0u, wr[2][c].y, 0u};
+      const uint32_t c1[4] = {wr[2][c].z, 0u, wr[2][c].w, 0u};
+      mma16816<T>(acc0, a0, xu.x, xu.y);
+      mma16816<T>(acc0, a1, xu.z, xu.w);
+      mma16816<T>(acc1, c0, xu.x, xu.y);
+      mma16816<T>(acc1, c1, xu.z, xu.w);
     }
-    col[i] = to_float(from_float<T>(warp_sum(acc) * rstd + bias[i]));
-  }
-  cluster_wait();  // phase 1: every block has started
-  if (lane < kQkvClusterBlocks) {
+    // D fragments: acc0[0 / 1] row lane / 4, columns 2 (lane % 4) + 0 / 1; acc0[2 / 3] row 8 + lane / 4;
+    // acc1[0 / 1] row 16 + lane / 4 (acc1[2 / 3]: the zero rows).
+    {
+      const int r = lane / 4, col = 2 * (lane % 4);
+      sh.red[warp][r][col] = acc0[0];
+      sh.red[warp][r][col + 1] = acc0[1];
+      sh.red[warp][8 + r][col] = acc0[2];
+      sh.red[warp][8 + r][col + 1] = acc0[3];
+      sh.red[warp][16 + r][col] = acc1[0];
+      sh.red[warp][16 + r][col + 1] = acc1[1];
+    }
+    __syncthreads();
+    cluster_wait();  // phase 1: every block has started
+    if (threadIdx.x < kRowsPerBlock * G) {  // column (row i of the block, sequence row t / 24): to its S ranks
+      const int i = threadIdx.x % kRowsPerBlock, t = threadIdx.x / kRowsPerBlock;
+      float v = 0.f;
 #pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i)
-      store_cluster_f32(cluster_addr(&sh.qkv[rank * kRowsPerBlock + warp * kRowsPerWarp + i], lane), col[i]);
+      for (int w8 = 0; w8 < kWarps; ++w8) v += sh.red[w8][i][t];
+      v = to_float(from_float<T>(v + bias_t));
+#pragma unroll
+      for (int s = 0; s < S; ++s) store_cluster_f32(cluster_addr(&sh.qkv[rank * kRowsPerBlock + i], t * S + s), v);
+    }
   }
   cluster_arrive_release();
-  cluster_wait();  // phase 2: q, k, v of the head are in every block's shared memory
+  cluster_wait();  // phase 2: q, k, v of this rank's sequence are in its shared memory
 
-  // 4. Lengths; rank 0 appends k and v.
+  // 4. Lengths; the sequence's lead rank appends k and v.
   const int max_len = p.max_len;
-  const int len = load_after_wait(p.cache_seqlens + b);
-  const int left = p.cache_leftpad != nullptr ? load_after_wait(p.cache_leftpad + b) : 0;
-  const bool valid = len >= 0 && len < max_len && left >= 0 && left <= len;
-  if (valid && rank == 0 && threadIdx.x < 2 * kQkvHeadDim) {
+  const int len = live ? load_after_wait(p.cache_seqlens + b) : 0;
+  const int left = live && p.cache_leftpad != nullptr ? load_after_wait(p.cache_leftpad + b) : 0;
+  const bool valid = live && len >= 0 && len < max_len && left >= 0 && left <= len;
+  if (valid && split == 0 && threadIdx.x < 2 * kQkvHeadDim) {
     const int t = threadIdx.x % kQkvHeadDim;
     if (threadIdx.x < kQkvHeadDim)
       kc[int64_t(len) * p.k_stride_s + t] = from_float<T>(sh.qkv[kQkvHeadDim + t]);
@@ -196,12 +316,12 @@ __global__ void __launch_bounds__(kQkvThreads, 1) qkv_decode_attention_kernel(co
       vc[int64_t(len) * p.v_stride_s + t] = from_float<T>(sh.qkv[2 * kQkvHeadDim + t]);
   }
 
-  // 5. This rank's keys: slots [left, len] split over the cluster; warp w takes every kWarps-th.
-  //    Slot len (the new key) is read from shared memory, not from the cache rank 0 writes.
+  // 5. This rank's keys: slots [left, len] split over the sequence's S ranks; warp w takes every kWarps-th.
+  //    Slot len (the new key) is read from shared memory, not from the cache the lead rank writes.
   const float q0 = sh.qkv[2 * lane] * p.scale, q1 = sh.qkv[2 * lane + 1] * p.scale;
   const int n_keys = valid ? len - left + 1 : 0;
-  const int per = (n_keys + kQkvClusterBlocks - 1) / kQkvClusterBlocks;
-  const int k_begin = left + rank * per, k_end = min(left + n_keys, k_begin + per);
+  const int per = (n_keys + S - 1) / S;
+  const int k_begin = left + split * per, k_end = min(left + n_keys, k_begin + per);
   float m = -INFINITY, l = 0.f, o0 = 0.f, o1 = 0.f;
   for (int base = k_begin + warp; base < k_end; base += kWarps * kKeysPerPass) {
     float kx[kKeysPerPass], ky[kKeysPerPass], vx[kKeysPerPass], vy[kKeysPerPass];
@@ -240,7 +360,7 @@ __global__ void __launch_bounds__(kQkvThreads, 1) qkv_decode_attention_kernel(co
       }
     }
   }
-  // 6. The warps' partials, then the block's, pushed into rank 0.
+  // 6. The warps' partials, then the block's: S = 1 writes it; else it is pushed into the lead rank.
   if (lane == 0) {
     sh.m[warp] = m;
     sh.l[warp] = l;
@@ -248,25 +368,34 @@ __global__ void __launch_bounds__(kQkvThreads, 1) qkv_decode_attention_kernel(co
   sh.o[warp][2 * lane] = o0;
   sh.o[warp][2 * lane + 1] = o1;
   __syncthreads();
-  if (warp == 0) {
-    float bm, bl, b0, b1;
-    merge_partials<kWarps>(sh.m, sh.l, sh.o, lane, bm, bl, b0, b1);
-    if (lane == 0) {
-      store_cluster_f32(cluster_addr(&sh.pm[rank], 0), bm);
-      store_cluster_f32(cluster_addr(&sh.pl[rank], 0), bl);
+  T* out = static_cast<T*>(p.out) + int64_t(b) * p.o_stride + head * kQkvHeadDim + 2 * lane;
+  if constexpr (S == 1) {  // no remote stores into this block after phase 2: it may exit on its own
+    if (warp == 0 && live) {
+      float bm, bl, b0v, b1v;
+      merge_partials<kWarps>(sh.m, sh.l, sh.o, lane, bm, bl, b0v, b1v);
+      out[0] = from_float<T>(valid ? b0v / bl : NAN);
+      out[1] = from_float<T>(valid ? b1v / bl : NAN);
     }
-    store_cluster_f32(cluster_addr(&sh.po[rank][2 * lane], 0), b0);
-    store_cluster_f32(cluster_addr(&sh.po[rank][2 * lane + 1], 0), b1);
-  }
-  cluster_arrive_release();
-  if (rank != 0) return;  // rank 0 reads only its own shared memory from here
-  cluster_wait();  // phase 3: every rank's partial is in rank 0
-  if (warp == 0) {
-    float gm, gl, g0, g1;
-    merge_partials<kQkvClusterBlocks>(sh.pm, sh.pl, sh.po, lane, gm, gl, g0, g1);
-    T* out = static_cast<T*>(p.out) + int64_t(b) * p.o_stride + head * kQkvHeadDim + 2 * lane;
-    out[0] = from_float<T>(valid ? g0 / gl : NAN);
-    out[1] = from_float<T>(valid ? g1 / gl : NAN);
+  } else {
+    if (warp == 0) {
+      float bm, bl, b0v, b1v;
+      merge_partials<kWarps>(sh.m, sh.l, sh.o, lane, bm, bl, b0v, b1v);
+      if (lane == 0) {
+        store_cluster_f32(cluster_addr(&sh.pm[split], lead), bm);
+        store_cluster_f32(cluster_addr(&sh.pl[split], lead), bl);
+      }
+      store_cluster_f32(cluster_addr(&sh.po[split][2 * lane], lead), b0v);
+      store_cluster_f32(cluster_addr(&sh.po[split][2 * lane + 1], lead), b1v);
+    }
+    cluster_arrive_release();
+    if (split != 0) return;  // a lead reads only its own shared memory from here
+    cluster_wait();  // phase 3: every rank's partial is in its lead
+    if (warp == 0 && live) {
+      float gm, gl, g0, g1;
+      merge_partials<S>(sh.pm, sh.pl, sh.po, lane, gm, gl, g0, g1);
+      out[0] = from_float<T>(valid ? g0 / gl : NAN);
+      out[1] = from_float<T>(valid ? g1 / gl : NAN);
+    }
   }
 #else
   __trap();  // launched only where the launcher found it compiled for sm_90
@@ -275,34 +404,56 @@ __global__ void __launch_bounds__(kQkvThreads, 1) qkv_decode_attention_kernel(co
 
 }  // namespace qkv
 
+namespace qkv {
+
+// Sequences a cluster for a batch: 1 at one row (8 ranks split the keys), else the smallest of 2 / 4 / 8 that
+// holds the batch (8 from 5 rows: a cluster per 8 sequences of a head, one rank per sequence).
+inline int rows_per_cluster(int batch) { return batch <= 1 ? 1 : batch <= 2 ? 2 : batch <= 4 ? 4 : 8; }
+
+template <typename T, int G>
+cudaError_t launch_rows(const QkvParams& p, cudaStream_t stream) {
+  const dim3 grid(kQkvClusterBlocks, unsigned(p.heads), unsigned((p.batch + G - 1) / G));
+  const dim3 cluster(kQkvClusterBlocks, 1, 1);
+  switch (p.d / 256) {
+    case 1:
+      return launch_clustered(true, cluster, qkv_decode_attention_kernel<T, G, 1>, grid, dim3(kQkvThreads), 0, stream,
+                              p);
+    case 2:
+      return launch_clustered(true, cluster, qkv_decode_attention_kernel<T, G, 2>, grid, dim3(kQkvThreads), 0, stream,
+                              p);
+    case 3:
+      return launch_clustered(true, cluster, qkv_decode_attention_kernel<T, G, 3>, grid, dim3(kQkvThreads), 0, stream,
+                              p);
+    case 4:
+      return launch_clustered(true, cluster, qkv_decode_attention_kernel<T, G, 4>, grid, dim3(kQkvThreads), 0, stream,
+                              p);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace qkv
+
 template <typename T>
 cudaError_t launch_qkv_decode_attention(const QkvParams& params, cudaStream_t stream) {
   QkvParams p = params;
   p.pdl_early = pdl_early(p.batch);
-  const dim3 grid(kQkvClusterBlocks, unsigned(p.heads), unsigned(p.batch));
-  const dim3 cluster(kQkvClusterBlocks, 1, 1);
-  switch (p.d / 256) {
+  switch (qkv::rows_per_cluster(p.batch)) {
     case 1:
-      return launch_clustered(true, cluster, qkv::qkv_decode_attention_kernel<T, 1>, grid, dim3(kQkvThreads), 0,
-                              stream, p);
+      return qkv::launch_rows<T, 1>(p, stream);
     case 2:
-      return launch_clustered(true, cluster, qkv::qkv_decode_attention_kernel<T, 2>, grid, dim3(kQkvThreads), 0,
-                              stream, p);
-    case 3:
-      return launch_clustered(true, cluster, qkv::qkv_decode_attention_kernel<T, 3>, grid, dim3(kQkvThreads), 0,
-                              stream, p);
+      return qkv::launch_rows<T, 2>(p, stream);
     case 4:
-      return launch_clustered(true, cluster, qkv::qkv_decode_attention_kernel<T, 4>, grid, dim3(kQkvThreads), 0,
-                              stream, p);
+      return qkv::launch_rows<T, 4>(p, stream);
     default:
-      return cudaErrorInvalidValue;
+      return qkv::launch_rows<T, 8>(p, stream);
   }
 }
 
 template <typename T>
 bool qkv_decode_attention_compiled() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, qkv::qkv_decode_attention_kernel<T, 3>) == cudaSuccess &&
+  return cudaFuncGetAttributes(&attr, qkv::qkv_decode_attention_kernel<T, 1, 3>) == cudaSuccess &&
          attr.binaryVersion >= 90;
 }
 
