@@ -73,7 +73,7 @@ struct Shared {
 constexpr int kXnPad = 32;
 template <typename T, int G, int P>
 struct SharedRows : Shared<kQkvClusterBlocks / G> {
-  T xn[G][P * 256 + kXnPad];
+  alignas(16) T xn[G][P * 256 + kXnPad];  // read as 16-byte pieces
   float red[kWarps][kRowsPerBlock][8];
 };
 
