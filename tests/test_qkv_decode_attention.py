@@ -74,13 +74,14 @@ def check_against_chain(device, dtype, batch, d, max_len, seed, bias=True, leftp
     err_chain = (want.double().cpu() - ref).abs().max().item()
     ulp = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}.get(dtype, 2.0 ** -20)
     assert err <= 2 * err_chain + ulp * ref.abs().max().item(), (err, err_chain)
-    # The caches: slot lens[b] holds k / v (as rounded; one ulp from the reference's rounding at most),
-    # every other slot unchanged.
+    # The caches: slot lens[b] holds k / v within 2x the chain's error there (plus two ulps: at 2-16 rows
+    # the kernel rounds the normalized x to the dtype, as the chain's norm does), every other slot unchanged.
     for i in range(batch):
         n = int(lens[i])
-        for cache, cache0, new in ((kc, kc0, k_ref), (vc, vc0, v_ref)):
-            c = cache[i].double().cpu()
-            assert torch.allclose(c[:, n], new[i], rtol=2 * ulp, atol=1e-3), (i, n)
+        for cache, chain_cache, cache0, new in ((kc, kc2, kc0, k_ref), (vc, vc2, vc0, v_ref)):
+            e = (cache[i][:, n].double().cpu() - new[i]).abs().max().item()
+            e_chain = (chain_cache[i][:, n].double().cpu() - new[i]).abs().max().item()
+            assert e <= 2 * e_chain + 2 * ulp * new[i].abs().max().item(), (i, n, e, e_chain)
             keep = torch.ones(max_len, dtype=torch.bool)
             keep[n] = False
             assert torch.equal(cache[i][:, keep.to(cache.device)], cache0[i][:, keep.to(cache.device)])

@@ -54,7 +54,8 @@ namespace qkv {
 constexpr int kWarps = kQkvThreads / 32;
 constexpr int kRowsPerBlock = 3 * kQkvHeadDim / kQkvClusterBlocks;  // 24
 constexpr int kRowsPerWarp = kRowsPerBlock / kWarps;                // 3
-constexpr int kKeysPerPass = 8;                                     // keys a warp loads at once
+constexpr int kKeysPerPass = 8;                                     // keys a warp loads at once (G = 1)
+constexpr int kRowsKeys = 16;  // keys a warp loads at once (G > 1): the transposed butterfly's 16
 static_assert(kRowsPerWarp * kWarps * kQkvClusterBlocks == 3 * kQkvHeadDim, "the head's rows over the cluster");
 
 // S: the ranks that attend one sequence (kQkvClusterBlocks / G; the session-32 kernel's G = 1 has S = 8).
@@ -209,6 +210,35 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
   }
   wait_for_primary();  // x and the cache's lengths are earlier kernels' outputs
 
+  // The lengths and this rank's keys: slots [left, len] split over the sequence's S ranks; warp w takes every
+  // kWarps-th. Slot len (the new key) is read from shared memory, not from the cache the lead rank writes.
+  // (G = 1 reads them after the exchange, as session 32's kernel: its registers are the projection's here.)
+  int len = 0, left = 0, k_begin = 0, k_end = 0;
+  bool valid = false;
+  auto read_lengths = [&] {
+    len = live ? load_after_wait(p.cache_seqlens + b) : 0;
+    left = live && p.cache_leftpad != nullptr ? load_after_wait(p.cache_leftpad + b) : 0;
+    valid = live && len >= 0 && len < p.max_len && left >= 0 && left <= len;
+    const int n_keys = valid ? len - left + 1 : 0;
+    const int per = (n_keys + S - 1) / S;
+    k_begin = left + split * per;
+    k_end = min(left + n_keys, k_begin + per);
+  };
+  if constexpr (G > 1) read_lengths();
+  // G > 1: a warp's keys go kRowsKeys a pass (slot k_begin + warp + kWarps (pass kRowsKeys + j)), this lane's two
+  // columns of K and V as packed pairs; the first pass is requested here, under the projection below.
+  uint32_t kbuf[kRowsKeys], vbuf[kRowsKeys];
+  auto request = [&](uint32_t(&kr)[kRowsKeys], uint32_t(&vr)[kRowsKeys], int pass) {
+#pragma unroll
+    for (int j = 0; j < kRowsKeys; ++j) {
+      const int slot = k_begin + warp + kWarps * (pass * kRowsKeys + j);
+      const bool cached = slot < k_end && slot != len;
+      kr[j] = cached ? __ldcg(reinterpret_cast<const unsigned*>(kc + int64_t(slot) * p.k_stride_s + 2 * lane)) : 0u;
+      vr[j] = cached ? __ldcg(reinterpret_cast<const unsigned*>(vc + int64_t(slot) * p.v_stride_s + 2 * lane)) : 0u;
+    }
+  };
+  if constexpr (G > 1) request(kbuf, vbuf, 0);
+
   if constexpr (G == 1) {
     // 2. The row of x, normalized by every warp on its own.
     float xv[P][8], rstd;
@@ -303,11 +333,8 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
   cluster_arrive_release();
   cluster_wait();  // phase 2: q, k, v of this rank's sequence are in its shared memory
 
-  // 4. Lengths; the sequence's lead rank appends k and v.
-  const int max_len = p.max_len;
-  const int len = live ? load_after_wait(p.cache_seqlens + b) : 0;
-  const int left = live && p.cache_leftpad != nullptr ? load_after_wait(p.cache_leftpad + b) : 0;
-  const bool valid = live && len >= 0 && len < max_len && left >= 0 && left <= len;
+  // 4. The sequence's lead rank appends k and v.
+  if constexpr (G == 1) read_lengths();
   if (valid && split == 0 && threadIdx.x < 2 * kQkvHeadDim) {
     const int t = threadIdx.x % kQkvHeadDim;
     if (threadIdx.x < kQkvHeadDim)
@@ -316,47 +343,100 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
       vc[int64_t(len) * p.v_stride_s + t] = from_float<T>(sh.qkv[2 * kQkvHeadDim + t]);
   }
 
-  // 5. This rank's keys: slots [left, len] split over the sequence's S ranks; warp w takes every kWarps-th.
-  //    Slot len (the new key) is read from shared memory, not from the cache the lead rank writes.
+  // 5. Attention over this rank's keys.
   const float q0 = sh.qkv[2 * lane] * p.scale, q1 = sh.qkv[2 * lane + 1] * p.scale;
-  const int n_keys = valid ? len - left + 1 : 0;
-  const int per = (n_keys + S - 1) / S;
-  const int k_begin = left + split * per, k_end = min(left + n_keys, k_begin + per);
   float m = -INFINITY, l = 0.f, o0 = 0.f, o1 = 0.f;
-  for (int base = k_begin + warp; base < k_end; base += kWarps * kKeysPerPass) {
-    float kx[kKeysPerPass], ky[kKeysPerPass], vx[kKeysPerPass], vy[kKeysPerPass];
+  if constexpr (G == 1) {  // session 32's loop: a key's score is one warp reduction
+    for (int base = k_begin + warp; base < k_end; base += kWarps * kKeysPerPass) {
+      float kx[kKeysPerPass], ky[kKeysPerPass], vx[kKeysPerPass], vy[kKeysPerPass];
 #pragma unroll
-    for (int j = 0; j < kKeysPerPass; ++j) {
-      const int slot = base + j * kWarps;
-      kx[j] = ky[j] = vx[j] = vy[j] = 0.f;
-      if (slot < k_end) {
-        if (slot == len) {
-          kx[j] = sh.qkv[kQkvHeadDim + 2 * lane];
-          ky[j] = sh.qkv[kQkvHeadDim + 2 * lane + 1];
-          vx[j] = sh.qkv[2 * kQkvHeadDim + 2 * lane];
-          vy[j] = sh.qkv[2 * kQkvHeadDim + 2 * lane + 1];
-        } else {
-          const uint32_t ku = __ldcg(reinterpret_cast<const unsigned*>(kc + int64_t(slot) * p.k_stride_s + 2 * lane));
-          const uint32_t vu = __ldcg(reinterpret_cast<const unsigned*>(vc + int64_t(slot) * p.v_stride_s + 2 * lane));
-          const T* ke = reinterpret_cast<const T*>(&ku);
-          const T* ve = reinterpret_cast<const T*>(&vu);
-          kx[j] = to_float(ke[0]);
-          ky[j] = to_float(ke[1]);
-          vx[j] = to_float(ve[0]);
-          vy[j] = to_float(ve[1]);
+      for (int j = 0; j < kKeysPerPass; ++j) {
+        const int slot = base + j * kWarps;
+        kx[j] = ky[j] = vx[j] = vy[j] = 0.f;
+        if (slot < k_end) {
+          if (slot == len) {
+            kx[j] = sh.qkv[kQkvHeadDim + 2 * lane];
+            ky[j] = sh.qkv[kQkvHeadDim + 2 * lane + 1];
+            vx[j] = sh.qkv[2 * kQkvHeadDim + 2 * lane];
+            vy[j] = sh.qkv[2 * kQkvHeadDim + 2 * lane + 1];
+          } else {
+            const uint32_t ku = __ldcg(reinterpret_cast<const unsigned*>(kc + int64_t(slot) * p.k_stride_s + 2 * lane));
+            const uint32_t vu = __ldcg(reinterpret_cast<const unsigned*>(vc + int64_t(slot) * p.v_stride_s + 2 * lane));
+            const T* ke = reinterpret_cast<const T*>(&ku);
+            const T* ve = reinterpret_cast<const T*>(&vu);
+            kx[j] = to_float(ke[0]);
+            ky[j] = to_float(ke[1]);
+            vx[j] = to_float(ve[0]);
+            vy[j] = to_float(ve[1]);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kKeysPerPass; ++j) {
+        if (base + j * kWarps < k_end) {
+          const float sc = warp_sum(q0 * kx[j] + q1 * ky[j]);
+          const float m_new = fmaxf(m, sc);
+          const float corr = __expf(m - m_new), pj = __expf(sc - m_new);
+          l = l * corr + pj;
+          o0 = o0 * corr + pj * vx[j];
+          o1 = o1 * corr + pj * vy[j];
+          m = m_new;
         }
       }
     }
+  } else {  // kRowsKeys keys a pass: their scores reduced together (transposed butterfly), one rescale a pass,
+            // the next pass's loads in flight during this one's arithmetic
+    for (int pass = 0; k_begin + warp + kWarps * pass * kRowsKeys < k_end; ++pass) {
+      uint32_t knext[kRowsKeys], vnext[kRowsKeys];
+      const bool more = k_begin + warp + kWarps * (pass + 1) * kRowsKeys < k_end;
+      if (more) request(knext, vnext, pass + 1);
+      auto is_new = [&](int j) { return k_begin + warp + kWarps * (pass * kRowsKeys + j) == len; };
+      float sc[kRowsKeys];
 #pragma unroll
-    for (int j = 0; j < kKeysPerPass; ++j) {
-      if (base + j * kWarps < k_end) {
-        const float sc = warp_sum(q0 * kx[j] + q1 * ky[j]);
-        const float m_new = fmaxf(m, sc);
-        const float corr = __expf(m - m_new), pj = __expf(sc - m_new);
-        l = l * corr + pj;
-        o0 = o0 * corr + pj * vx[j];
-        o1 = o1 * corr + pj * vy[j];
-        m = m_new;
+      for (int j = 0; j < kRowsKeys; ++j) {
+        const T* ke = reinterpret_cast<const T*>(&kbuf[j]);
+        const float kx = is_new(j) ? sh.qkv[kQkvHeadDim + 2 * lane] : to_float(ke[0]);
+        const float ky = is_new(j) ? sh.qkv[kQkvHeadDim + 2 * lane + 1] : to_float(ke[1]);
+        sc[j] = q0 * kx + q1 * ky;
+      }
+      // Transposed butterfly: after the stages over lane bits 0-3, lane l holds key (l's low 4 bits reversed)'s
+      // sum over 16 lanes; the xor-16 step adds the other half-warp's.
+#pragma unroll
+      for (int half = kRowsKeys / 2, bit = 1; half >= 1; half /= 2, bit *= 2) {
+        const bool upper = (lane & bit) != 0;
+#pragma unroll
+        for (int i = 0; i < half; ++i) {
+          const float send = upper ? sc[i] : sc[i + half], keep = upper ? sc[i + half] : sc[i];
+          sc[i] = keep + __shfl_xor_sync(0xffffffffu, send, bit);
+        }
+      }
+      const int mine = __brev(unsigned(lane) & 15u) >> 28;  // the key this lane's sum belongs to
+      float s_mine = sc[0] + __shfl_xor_sync(0xffffffffu, sc[0], 16);
+      if (k_begin + warp + kWarps * (pass * kRowsKeys + mine) >= k_end) s_mine = -INFINITY;
+      float pm = s_mine;
+#pragma unroll
+      for (int bit = 1; bit < 16; bit *= 2) pm = fmaxf(pm, __shfl_xor_sync(0xffffffffu, pm, bit));
+      const float m_new = fmaxf(m, pm);  // finite: the pass's first key is in range
+      const float corr = __expf(m - m_new), p_mine = __expf(s_mine - m_new);
+      float lp = 0.f, op0 = 0.f, op1 = 0.f;
+#pragma unroll
+      for (int j = 0; j < kRowsKeys; ++j) {
+        const float pj = __shfl_sync(0xffffffffu, p_mine, int(__brev(unsigned(j)) >> 28));
+        const T* ve = reinterpret_cast<const T*>(&vbuf[j]);
+        lp += pj;
+        op0 = fmaf(pj, is_new(j) ? sh.qkv[2 * kQkvHeadDim + 2 * lane] : to_float(ve[0]), op0);
+        op1 = fmaf(pj, is_new(j) ? sh.qkv[2 * kQkvHeadDim + 2 * lane + 1] : to_float(ve[1]), op1);
+      }
+      l = l * corr + lp;
+      o0 = o0 * corr + op0;
+      o1 = o1 * corr + op1;
+      m = m_new;
+      if (more) {
+#pragma unroll
+        for (int j = 0; j < kRowsKeys; ++j) {
+          kbuf[j] = knext[j];
+          vbuf[j] = vnext[j];
+        }
       }
     }
   }
