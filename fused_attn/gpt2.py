@@ -85,15 +85,15 @@ _STATS_CHAIN = os.environ.get("FUSED_ATTN_STATS_CHAIN", "0")
 if _STATS_CHAIN not in ("0", "1"):
     raise ValueError(f"FUSED_ATTN_STATS_CHAIN must be 0 or 1, got {_STATS_CHAIN!r}")
 # The decode step's c_attn (with the folded ln_1) and decode attention as one qkv_decode_attention launch at
-# up to FUSED_ATTN_QKV_ATTENTION_ROWS rows (default 16); FUSED_ATTN_QKV_ATTENTION=0 runs the two launches (the
-# A/B). Measured on an H200 (bench/NOTES.md, session 32): batch 1 206 -> 191 us a step. Session 33 gave the
-# kernel clusters of 2-8 sequences (before: one cluster a sequence, so batch 4 read the head's rows 4 times:
-# 220 -> 270 us); its batch 4-16 figures are in bench/NOTES.md, session 33.
+# up to FUSED_ATTN_QKV_ATTENTION_ROWS rows (default 8); FUSED_ATTN_QKV_ATTENTION=0 runs the two launches (the
+# A/B). Measured (bench/NOTES.md, sessions 32-33), us a step against the two launches: H200 batch 1 206 -> 191;
+# H100 batch 1 214 -> 205, batch 4 233 -> 215 (clusters of 4 sequences), batch 8 even (262), batch 16 320 ->
+# 340 (two clusters of 8 a head, two blocks a SM), hence 8 rows.
 _QKV_ATTENTION_ENV = os.environ.get("FUSED_ATTN_QKV_ATTENTION", "1")
 if _QKV_ATTENTION_ENV not in ("0", "1"):
     raise ValueError(f"FUSED_ATTN_QKV_ATTENTION must be 0 or 1, got {_QKV_ATTENTION_ENV!r}")
 _QKV_ATTENTION = _QKV_ATTENTION_ENV == "1"
-_QKV_ATTENTION_ROWS_ENV = os.environ.get("FUSED_ATTN_QKV_ATTENTION_ROWS", "16")
+_QKV_ATTENTION_ROWS_ENV = os.environ.get("FUSED_ATTN_QKV_ATTENTION_ROWS", "8")
 if not _QKV_ATTENTION_ROWS_ENV.isdigit():
     raise ValueError(f"FUSED_ATTN_QKV_ATTENTION_ROWS must be a non-negative integer, got {_QKV_ATTENTION_ROWS_ENV!r}")
 _QKV_ATTENTION_ROWS = int(_QKV_ATTENTION_ROWS_ENV)
