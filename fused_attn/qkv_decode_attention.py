@@ -10,15 +10,19 @@ For one new token per sequence (plain decoding), with x the block's input (the r
 
 which is ``fused_attn.linear(x, w_qkv, b_qkv, norm="layer_norm")`` followed by ``fused_attn.decode_attention``
 with ``k_new`` / ``v_new``. On CUDA (float16 / bfloat16, head_dim 64, d a multiple of 256 up to 1024, sm_90)
-one launch (``csrc/qkv_decode_attention/``: a thread-block cluster per (sequence, head) computes the head's
-192 columns, exchanges them through distributed shared memory and attends with the keys split over the
-cluster); on the CPU the reference, in float64. No gradient: an input that requires grad
-raises.
+one launch (``csrc/qkv_decode_attention/``): a thread-block cluster of 8 blocks per (head, group of G
+sequences) computes the head's 192 columns for its G rows, exchanges them through distributed shared memory
+and attends, each sequence's keys split over 8 / G blocks. G is 1 at batch 1 (the columns on CUDA cores from
+x normalized in float32), 2 / 4 at 2 / 3-4 rows and 8 from 5 rows (the columns on tensor cores from x
+normalized and rounded to x's dtype, as the chain's norm rounds it). On the CPU: the reference, in float64.
+No gradient: an input that requires grad raises.
 
-GPT-2's decode step (fused_attn.gpt2, backends with layer_norm "folded") runs it at batch 1 in place of c_attn
-and decode_attention (``FUSED_ATTN_QKV_ATTENTION=0``: the two launches). Measured on an H200 (bench/NOTES.md,
-session 32): batch 1 206 -> 191 us a step, bench_gpt2 0.197 ms a token (2.50x compile-graph); batch 4 slower
-(220 -> 270 us: each sequence's cluster reads the head's 192 weight rows again), so not used there.
+GPT-2's decode step (fused_attn.gpt2, backends with layer_norm "folded") runs it at up to 8 rows in place of
+c_attn and decode_attention (``FUSED_ATTN_QKV_ATTENTION=0``: the two launches; ``FUSED_ATTN_QKV_ATTENTION_ROWS``:
+the largest batch that takes it). Measured, us a step against the two launches (bench/NOTES.md, sessions 32-33):
+H200 batch 1 206 -> 191; H100 batch 1 214 -> 205, batch 4 233 -> 215 (bench_gpt2 0.216 ms a token, 2.66x
+compile-graph, run 0054), batch 8 even, batch 16 320 -> 340 (two clusters a head read the rows twice and
+attend a whole sequence a block), so not used at 16 rows.
 """
 
 from __future__ import annotations

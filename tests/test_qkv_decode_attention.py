@@ -4,6 +4,10 @@ projection + decode attention against a float64 reference, beside the two-op cha
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -194,3 +198,13 @@ def test_opcheck_cpu():
     """The schema's mutations, the fake kernel and the autograd registration (torch.library.opcheck)."""
     x, w, b, kc, vc, lens, left = make_case(torch.float32, "cpu", 2, 256, 12, seed=4)
     torch.library.opcheck(torch.ops.fused_attn.qkv_decode_attention, (x, w, b, kc, vc, lens, left, 1e-5, 0.125))
+
+
+@pytest.mark.parametrize("name,value", [("FUSED_ATTN_QKV_ATTENTION_ROWS", "eight"), ("FUSED_ATTN_QKV_ATTENTION_ROWS", "-1"),
+                                        ("FUSED_ATTN_QKV_ATTENTION", "2")])
+def test_gpt2_switches_refuse_malformed_values(name, value):
+    """GPT-2's switches for this op are read at import: a malformed value raises, naming the variable."""
+    env = dict(os.environ, **{name: value})
+    r = subprocess.run([sys.executable, "-c", "import fused_attn.gpt2"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0 and f"{name} must" in r.stderr, r.stderr[-2000:]

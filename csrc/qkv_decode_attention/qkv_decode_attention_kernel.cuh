@@ -1,35 +1,42 @@
 // qkv_decode_attention_kernel: a pre-LN block's QKV projection and its decode attention in one launch, one
-// thread-block cluster per (sequence, head), for one new token per sequence (plain decoding).
+// thread-block cluster of 8 blocks per (head, group of G sequences), for one new token per sequence.
 //
 //     xn  = (x - mean(x)) * rsqrt(var(x) + eps)          (LayerNorm without affine: folded into w_qkv, b_qkv)
 //     qkv = xn · w_qkvᵀ + b_qkv, rounded to T             (the head's 3 x 64 columns only)
 //     k, v appended to the cache at slot cache_seqlens[b]; o = softmax(q · Kᵀ · scale) · V over slots
 //     cache_leftpad[b] .. cache_seqlens[b], rounded to T into out[b, 0, head * 64 ..]
 //
-// Why: at batch 1 the QKV GEMV and decode attention are two launches a layer of ~4.4 us each on GPT-2's
-// critical path (bench/profile), joined by a programmatic-dependent-launch hop although the attention of
-// head h needs only head h's 192 columns. Here a cluster of kQkvClusterBlocks blocks per head computes
-// those columns (24 a block: their weight rows, 36 KB a block for GPT-2 small, loaded into registers
-// before griddepcontrol.wait), exchanges them through distributed shared memory behind one cluster
-// barrier, splits the head's keys over its blocks and merges the blocks' softmax partials in rank 0.
+// Why: the QKV GEMV and decode attention are two launches a layer on GPT-2's critical path (bench/profile),
+// joined by a programmatic-dependent-launch hop although the attention of head h needs only head h's 192
+// columns. Here each of a cluster's 8 blocks holds 24 of the head's rows (36 KB for GPT-2 small, loaded into
+// registers before griddepcontrol.wait), the columns go through distributed shared memory behind one cluster
+// barrier, and each sequence's keys are split over S = 8 / G blocks (S > 1: merged in the sequence's lead).
 //
-// Measured (H200, bench/NOTES.md session 32): GPT-2's batch-1 step 206 -> 191 us; at batch 4 slower (220 ->
-// 270: each sequence's cluster streams the head's rows again), so GPT-2 uses it at one row only.
+// G = 1 (batch 1): every warp normalizes the row itself (3 16-byte pieces a lane, two warp reductions, float32)
+// and computes 3 columns on CUDA cores; no block barrier stands between x and the dot products.
+// G = 2 / 4 / 8 (2 / 3-4 / 5+ rows; session 33): warp g normalizes row g into shared memory, rounded to T (as the
+// two-launch chain's norm rounds it), the warps split d and run mma.sync with the block's rows as M and the G
+// rows as N, and the attention takes 16 keys a warp a pass (their scores reduced by one transposed butterfly,
+// the next pass requested before this one's arithmetic; the first pass right after the wait).
 //
-// Each warp normalizes the whole row of x itself (the row is 768 values: 3 16-byte pieces a lane) with
-// two warp reductions, so no block barrier stands between x and the dot products. (The mean is float32 with no
-// cancellation redo, unlike linear's kSelfNorm: at 16-bit inputs its error stays far below the inputs' own
-// rounding; the drawn tests include rows of |mean| / std = 500.) float32 throughout,
-// q / k / v rounded to T once (as the two-launch chain stores them), o rounded once.
+// Measured in GPT-2's step (bench/NOTES.md, sessions 32-33), us against the two launches: H200 batch 1 206 ->
+// 191; H100 batch 1 214 -> 205, batch 4 233 -> 215, batch 8 even, batch 16 320 -> 340 (two clusters a head
+// read the rows twice, two blocks a SM): GPT-2 uses it at up to 8 rows.
+//
+// (The mean is float32 with no cancellation redo, unlike linear's kSelfNorm: at 16-bit inputs its error stays
+// far below the inputs' own rounding; the drawn tests include rows of |mean| / std = 500.) float32
+// throughout otherwise; q / k / v rounded to T once (as the chain stores them), o rounded once.
 //
 // Loads after the wait go to L2 (ld.cg, a relaxed load for the lengths): L1 is not coherent.
 // Lengths out of bounds (cache_seqlens[b] outside [0, max_len - 1], cache_leftpad[b] outside [0,
-// cache_seqlens[b]]): that sequence's output is NaN and its cache is not written.
+// cache_seqlens[b]]): that sequence's output is NaN and its cache is not written. A cluster's slots past the
+// batch compute nothing that is stored and only join the cluster barriers.
 //
 // Shapes: head_dim 64, d = heads x 64 with d / 256 in [1, kQkvMaxPieces] (16-byte pieces a lane a row).
 //
 // Tests: tests/test_qkv_decode_attention.py, tests/sanitizer_cases.py (group qkv); measured in GPT-2's step:
-// bench/bench_gpt2.py (batch 1), python -m bench.time_decode_graph (FUSED_ATTN_QKV_ATTENTION=0 for the A/B).
+// bench/bench_gpt2.py, python -m bench.time_decode_graph (FUSED_ATTN_QKV_ATTENTION=0 /
+// FUSED_ATTN_QKV_ATTENTION_ROWS for the A/B).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -9,7 +9,7 @@
 namespace fused_attn {
 
 constexpr int kQkvHeadDim = 64;        // the kernel's head dimension
-constexpr int kQkvClusterBlocks = 8;   // blocks a (sequence, head): the head's 192 columns, 24 a block
+constexpr int kQkvClusterBlocks = 8;   // blocks a (head, group of sequences): the head's 192 columns, 24 a block
 constexpr int kQkvThreads = 256;
 constexpr int kQkvMaxPieces = 4;       // d / 256 at most (16-byte pieces of x a lane holds)
 
