@@ -65,24 +65,42 @@ constexpr int kKeysPerPass = 8;                                     // keys a wa
 constexpr int kRowsKeys = 16;  // keys a warp loads at once (G > 1): the transposed butterfly's 16
 static_assert(kRowsPerWarp * kWarps * kQkvClusterBlocks == 3 * kQkvHeadDim, "the head's rows over the cluster");
 
-// S: the ranks that attend one sequence (kQkvClusterBlocks / G; the session-32 kernel's G = 1 has S = 8).
-template <int S>
+// S: the ranks that attend one sequence (kQkvClusterBlocks / G, at least 1; the session-32 kernel's G = 1 has
+// S = 8). R: the sequences a rank attends (G / 8, at least 1: G = 16 runs two groups of 8 warps a block).
+template <int G>
+constexpr int ranks_a_sequence() { return G < kQkvClusterBlocks ? kQkvClusterBlocks / G : 1; }
+template <int G>
+constexpr int sequences_a_rank() { return G > kQkvClusterBlocks ? G / kQkvClusterBlocks : 1; }
+
+template <int S, int R>
 struct Shared {
-  float qkv[3 * kQkvHeadDim];  // q, k, v of the sequence this rank attends (as rounded to T), written by the ranks
-  float m[kWarps], l[kWarps];
-  float o[kWarps][kQkvHeadDim];
+  float qkv[R][3 * kQkvHeadDim];  // q, k, v of the sequences this rank attends (as rounded to T), from the ranks
+  float m[kWarps * R], l[kWarps * R];
+  float o[kWarps * R][kQkvHeadDim];
   float pm[S], pl[S];  // a sequence's lead rank (split 0): the S ranks' partials
   float po[S][kQkvHeadDim];
 };
 
-// G > 1 rows a cluster: x's G rows normalized (rounded to T; each row kXnPad elements longer than d so that the
-// B fragments' 16-byte reads of rows n and n + 1 fall in different bank halves), and the warps' partial
-// products (24 rows x 8 columns a warp; columns >= G unused).
+// G > 1 rows a cluster: x's G rows normalized (rounded to T, as 16-byte pieces; each row kXnPad elements longer
+// than d so that the B fragments' 16-byte reads of rows n and n + 1 fall in different bank halves), and the
+// warps' partial products (24 rows x 8 columns a warp, columns >= G unused; G = 16: 16 columns, in the rows'
+// place: written after a barrier that follows the last read of the rows, to stay under 48 KB).
 constexpr int kXnPad = 32;
 template <typename T, int G, int P>
-struct SharedRows : Shared<kQkvClusterBlocks / G> {
+struct RowsScratch {
   alignas(16) T xn[G][P * 256 + kXnPad];  // read as 16-byte pieces
   float red[kWarps][kRowsPerBlock][8];
+};
+template <typename T, int P>
+struct RowsScratch<T, 16, P> {
+  union {
+    alignas(16) T xn[16][P * 256 + kXnPad];
+    float red[kWarps][kRowsPerBlock][16];
+  };
+};
+template <typename T, int G, int P>
+struct SharedRows : Shared<ranks_a_sequence<G>(), sequences_a_rank<G>()> {
+  RowsScratch<T, G, P> rows;
 };
 
 template <typename T>
@@ -152,16 +170,21 @@ __device__ __forceinline__ void centered_row(const QkvParams& p, int bx, int lan
 //     padded to 8), the warps' partials are summed in shared memory, and each sequence's 192 columns go to
 //     the S = 8 / G ranks that attend it (rank r: sequence r / S, a 1 / S share of its keys).
 template <typename T, int G, int P>
-__global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attention_kernel(const QkvParams p) {
+__global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 || G > 8 ? 1 : 2)
+    qkv_decode_attention_kernel(const QkvParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int S = kQkvClusterBlocks / G;
-  using Sh = std::conditional_t<G == 1, Shared<S>, SharedRows<T, G, P>>;
+  constexpr int S = ranks_a_sequence<G>(), R = sequences_a_rank<G>();
+  using Sh = std::conditional_t<G == 1, Shared<S, R>, SharedRows<T, G, P>>;
   __shared__ Sh sh;
   const int rank = int(blockIdx.x), head = int(blockIdx.y);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // R > 1: warp group grp (8 warps, threads tig of 256) attends the rank's sequence grp; wig: the warp in it.
+  const int grp = R > 1 ? warp / kWarps : 0, wig = R > 1 ? warp % kWarps : warp;
+  const unsigned tig = R > 1 ? threadIdx.x % kQkvThreads : threadIdx.x;
   const int d = P * 256;
-  // This rank's sequence (row of x) and its share of that sequence's keys.
-  const int g_mine = G == 1 ? 0 : rank / S, split = G == 1 ? rank : rank % S, lead = rank - split;
+  // This warp's sequence (row of x) and its rank's share of that sequence's keys.
+  const int g_mine = G == 1 ? 0 : R > 1 ? rank * R + grp : rank / S, split = G == 1 ? rank : rank % S;
+  const int lead = rank - split;
   const int b_raw = int(blockIdx.z) * G + g_mine;
   const bool live = G == 1 || b_raw < p.batch;  // the last cluster's slots past the batch only join the barriers
   const int b = G == 1 ? b_raw : min(b_raw, p.batch - 1);
@@ -195,7 +218,7 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
       const int64_t grow = w_row(8 * i + lane / 4);
 #pragma unroll
       for (int c = 0; c < P; ++c)
-        wr[i][c] = load_stream(w + grow * p.w_stride + warp * (d / 8) + 32 * c + 8 * (lane % 4));
+        wr[i][c] = load_stream(w + grow * p.w_stride + wig * (d / 8) + 32 * c + 8 * (lane % 4));
     }
     if (p.b_qkv != nullptr && threadIdx.x < kRowsPerBlock * G)
       bias_t = to_float(static_cast<const T*>(p.b_qkv)[w_row(threadIdx.x % kRowsPerBlock)]);
@@ -209,7 +232,7 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
     if (len0 >= 0 && len0 < p.max_len && left0 >= 0 && left0 <= len0) {
       const int per0 = (len0 - left0 + 1 + S - 1) / S;
       const int kb = left0 + split * per0, ke = min(len0, kb + per0);  // slot len0 is this step's
-      for (int j = kb + int(threadIdx.x); j < ke; j += kQkvThreads) {
+      for (int j = kb + int(tig); j < ke; j += kQkvThreads) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + int64_t(j) * p.k_stride_s));
         asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + int64_t(j) * p.v_stride_s));
       }
@@ -238,7 +261,7 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
   auto request = [&](uint32_t(&kr)[kRowsKeys], uint32_t(&vr)[kRowsKeys], int pass) {
 #pragma unroll
     for (int j = 0; j < kRowsKeys; ++j) {
-      const int slot = k_begin + warp + kWarps * (pass * kRowsKeys + j);
+      const int slot = k_begin + wig + kWarps * (pass * kRowsKeys + j);
       const bool cached = slot < k_end && slot != len;
       kr[j] = cached ? __ldcg(reinterpret_cast<const unsigned*>(kc + int64_t(slot) * p.k_stride_s + 2 * lane)) : 0u;
       vr[j] = cached ? __ldcg(reinterpret_cast<const unsigned*>(vc + int64_t(slot) * p.v_stride_s + 2 * lane)) : 0u;
@@ -269,14 +292,14 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
     if (lane < kQkvClusterBlocks) {
 #pragma unroll
       for (int i = 0; i < kRowsPerWarp; ++i)
-        store_cluster_f32(cluster_addr(&sh.qkv[rank * kRowsPerBlock + warp * kRowsPerWarp + i], lane), col[i]);
+        store_cluster_f32(cluster_addr(&sh.qkv[0][rank * kRowsPerBlock + warp * kRowsPerWarp + i], lane), col[i]);
     }
   } else {
     // 2. Warp g < G: row g of the cluster's rows, normalized and rounded to T into shared memory (zeros past
     //    the batch).
     const int b0 = int(blockIdx.z) * G;
     if (warp < G) {
-      uint4* dst = reinterpret_cast<uint4*>(sh.xn[warp]);
+      uint4* dst = reinterpret_cast<uint4*>(sh.rows.xn[warp]);
       if (b0 + warp < p.batch) {
         float xv[P][8], rstd;
         centered_row<T, P>(p, b0 + warp, lane, xv, rstd);
@@ -296,14 +319,14 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
     }
     __syncthreads();
 
-    // 3. The warp's share of d: rows 0-15 (m-tile 0) and 16-23 (m-tile 1, its rows 24-31 zero) times the G
-    //    rows (n = lane / 4; n >= G reads zeros), two k16 steps a 16-byte piece.
+    // 3. The warp's share of d: rows 0-15 (m-tile 0) and 16-23 (m-tile 1, its rows 24-31 zero) times 8 of
+    //    the G rows (n = lane / 4, plus 8 in group 1 of G = 16; n >= G reads zeros), two k16 steps a piece.
     float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
-    const int n = lane / 4;
+    const int n = grp * 8 + lane / 4;
 #pragma unroll
     for (int c = 0; c < P; ++c) {
-      const uint4 xu = n < G ? *reinterpret_cast<const uint4*>(&sh.xn[n < G ? n : 0][warp * (d / 8) + 32 * c +
-                                                                                   8 * (lane % 4)])
+      const uint4 xu = n < G ? *reinterpret_cast<const uint4*>(&sh.rows.xn[n < G ? n : 0][wig * (d / 8) + 32 * c +
+                                                                                        8 * (lane % 4)])
                              : make_uint4(0u, 0u, 0u, 0u);
       const uint32_t a0[4] = {wr[0][c].x, wr[1][c].x, wr[0][c].y, wr[1][c].y};
       const uint32_t a1[4] = {wr[0][c].z, wr[1][c].z, wr[0][c].w, wr[1][c].w};
@@ -316,25 +339,31 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
     }
     // D fragments: acc0[0 / 1] row lane / 4, columns 2 (lane % 4) + 0 / 1; acc0[2 / 3] row 8 + lane / 4;
     // acc1[0 / 1] row 16 + lane / 4 (acc1[2 / 3]: the zero rows).
+    if constexpr (G > 8) __syncthreads();  // red takes the rows' place
     {
-      const int r = lane / 4, col = 2 * (lane % 4);
-      sh.red[warp][r][col] = acc0[0];
-      sh.red[warp][r][col + 1] = acc0[1];
-      sh.red[warp][8 + r][col] = acc0[2];
-      sh.red[warp][8 + r][col + 1] = acc0[3];
-      sh.red[warp][16 + r][col] = acc1[0];
-      sh.red[warp][16 + r][col + 1] = acc1[1];
+      const int r = lane / 4, col = grp * 8 + 2 * (lane % 4);
+      sh.rows.red[wig][r][col] = acc0[0];
+      sh.rows.red[wig][r][col + 1] = acc0[1];
+      sh.rows.red[wig][8 + r][col] = acc0[2];
+      sh.rows.red[wig][8 + r][col + 1] = acc0[3];
+      sh.rows.red[wig][16 + r][col] = acc1[0];
+      sh.rows.red[wig][16 + r][col + 1] = acc1[1];
     }
     __syncthreads();
     cluster_wait();  // phase 1: every block has started
-    if (threadIdx.x < kRowsPerBlock * G) {  // column (row i of the block, sequence row t / 24): to its S ranks
+    if (threadIdx.x < kRowsPerBlock * G) {  // column (row i of the block, sequence row t / 24): to the ranks of t
       const int i = threadIdx.x % kRowsPerBlock, t = threadIdx.x / kRowsPerBlock;
       float v = 0.f;
 #pragma unroll
-      for (int w8 = 0; w8 < kWarps; ++w8) v += sh.red[w8][i][t];
+      for (int w8 = 0; w8 < kWarps; ++w8) v += sh.rows.red[w8][i][t];
       v = to_float(from_float<T>(v + bias_t));
+      if constexpr (R > 1) {
+        store_cluster_f32(cluster_addr(&sh.qkv[t % R][rank * kRowsPerBlock + i], t / R), v);
+      } else {
 #pragma unroll
-      for (int s = 0; s < S; ++s) store_cluster_f32(cluster_addr(&sh.qkv[rank * kRowsPerBlock + i], t * S + s), v);
+        for (int s = 0; s < S; ++s)
+          store_cluster_f32(cluster_addr(&sh.qkv[0][rank * kRowsPerBlock + i], t * S + s), v);
+      }
     }
   }
   cluster_arrive_release();
@@ -342,16 +371,17 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
 
   // 4. The sequence's lead rank appends k and v.
   if constexpr (G == 1) read_lengths();
-  if (valid && split == 0 && threadIdx.x < 2 * kQkvHeadDim) {
-    const int t = threadIdx.x % kQkvHeadDim;
-    if (threadIdx.x < kQkvHeadDim)
-      kc[int64_t(len) * p.k_stride_s + t] = from_float<T>(sh.qkv[kQkvHeadDim + t]);
+  const float* qkv_s = sh.qkv[grp];  // this warp's sequence's q, k, v
+  if (valid && split == 0 && tig < 2 * kQkvHeadDim) {
+    const int t = tig % kQkvHeadDim;
+    if (tig < kQkvHeadDim)
+      kc[int64_t(len) * p.k_stride_s + t] = from_float<T>(qkv_s[kQkvHeadDim + t]);
     else
-      vc[int64_t(len) * p.v_stride_s + t] = from_float<T>(sh.qkv[2 * kQkvHeadDim + t]);
+      vc[int64_t(len) * p.v_stride_s + t] = from_float<T>(qkv_s[2 * kQkvHeadDim + t]);
   }
 
   // 5. Attention over this rank's keys.
-  const float q0 = sh.qkv[2 * lane] * p.scale, q1 = sh.qkv[2 * lane + 1] * p.scale;
+  const float q0 = qkv_s[2 * lane] * p.scale, q1 = qkv_s[2 * lane + 1] * p.scale;
   float m = -INFINITY, l = 0.f, o0 = 0.f, o1 = 0.f;
   if constexpr (G == 1) {  // session 32's loop: a key's score is one warp reduction
     for (int base = k_begin + warp; base < k_end; base += kWarps * kKeysPerPass) {
@@ -362,10 +392,10 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
         kx[j] = ky[j] = vx[j] = vy[j] = 0.f;
         if (slot < k_end) {
           if (slot == len) {
-            kx[j] = sh.qkv[kQkvHeadDim + 2 * lane];
-            ky[j] = sh.qkv[kQkvHeadDim + 2 * lane + 1];
-            vx[j] = sh.qkv[2 * kQkvHeadDim + 2 * lane];
-            vy[j] = sh.qkv[2 * kQkvHeadDim + 2 * lane + 1];
+            kx[j] = qkv_s[kQkvHeadDim + 2 * lane];
+            ky[j] = qkv_s[kQkvHeadDim + 2 * lane + 1];
+            vx[j] = qkv_s[2 * kQkvHeadDim + 2 * lane];
+            vy[j] = qkv_s[2 * kQkvHeadDim + 2 * lane + 1];
           } else {
             const uint32_t ku = __ldcg(reinterpret_cast<const unsigned*>(kc + int64_t(slot) * p.k_stride_s + 2 * lane));
             const uint32_t vu = __ldcg(reinterpret_cast<const unsigned*>(vc + int64_t(slot) * p.v_stride_s + 2 * lane));
@@ -393,17 +423,17 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
     }
   } else {  // kRowsKeys keys a pass: their scores reduced together (transposed butterfly), one rescale a pass,
             // the next pass's loads in flight during this one's arithmetic
-    for (int pass = 0; k_begin + warp + kWarps * pass * kRowsKeys < k_end; ++pass) {
+    for (int pass = 0; k_begin + wig + kWarps * pass * kRowsKeys < k_end; ++pass) {
       uint32_t knext[kRowsKeys], vnext[kRowsKeys];
-      const bool more = k_begin + warp + kWarps * (pass + 1) * kRowsKeys < k_end;
+      const bool more = k_begin + wig + kWarps * (pass + 1) * kRowsKeys < k_end;
       if (more) request(knext, vnext, pass + 1);
-      auto is_new = [&](int j) { return k_begin + warp + kWarps * (pass * kRowsKeys + j) == len; };
+      auto is_new = [&](int j) { return k_begin + wig + kWarps * (pass * kRowsKeys + j) == len; };
       float sc[kRowsKeys];
 #pragma unroll
       for (int j = 0; j < kRowsKeys; ++j) {
         const T* ke = reinterpret_cast<const T*>(&kbuf[j]);
-        const float kx = is_new(j) ? sh.qkv[kQkvHeadDim + 2 * lane] : to_float(ke[0]);
-        const float ky = is_new(j) ? sh.qkv[kQkvHeadDim + 2 * lane + 1] : to_float(ke[1]);
+        const float kx = is_new(j) ? qkv_s[kQkvHeadDim + 2 * lane] : to_float(ke[0]);
+        const float ky = is_new(j) ? qkv_s[kQkvHeadDim + 2 * lane + 1] : to_float(ke[1]);
         sc[j] = q0 * kx + q1 * ky;
       }
       // Transposed butterfly: after the stages over lane bits 0-3, lane l holds key (l's low 4 bits reversed)'s
@@ -419,7 +449,7 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
       }
       const int mine = __brev(unsigned(lane) & 15u) >> 28;  // the key this lane's sum belongs to
       float s_mine = sc[0] + __shfl_xor_sync(0xffffffffu, sc[0], 16);
-      if (k_begin + warp + kWarps * (pass * kRowsKeys + mine) >= k_end) s_mine = -INFINITY;
+      if (k_begin + wig + kWarps * (pass * kRowsKeys + mine) >= k_end) s_mine = -INFINITY;
       float pm = s_mine;
 #pragma unroll
       for (int bit = 1; bit < 16; bit *= 2) pm = fmaxf(pm, __shfl_xor_sync(0xffffffffu, pm, bit));
@@ -431,8 +461,8 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
         const float pj = __shfl_sync(0xffffffffu, p_mine, int(__brev(unsigned(j)) >> 28));
         const T* ve = reinterpret_cast<const T*>(&vbuf[j]);
         lp += pj;
-        op0 = fmaf(pj, is_new(j) ? sh.qkv[2 * kQkvHeadDim + 2 * lane] : to_float(ve[0]), op0);
-        op1 = fmaf(pj, is_new(j) ? sh.qkv[2 * kQkvHeadDim + 2 * lane + 1] : to_float(ve[1]), op1);
+        op0 = fmaf(pj, is_new(j) ? qkv_s[2 * kQkvHeadDim + 2 * lane] : to_float(ve[0]), op0);
+        op1 = fmaf(pj, is_new(j) ? qkv_s[2 * kQkvHeadDim + 2 * lane + 1] : to_float(ve[1]), op1);
       }
       l = l * corr + lp;
       o0 = o0 * corr + op0;
@@ -457,9 +487,10 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
   __syncthreads();
   T* out = static_cast<T*>(p.out) + int64_t(b) * p.o_stride + head * kQkvHeadDim + 2 * lane;
   if constexpr (S == 1) {  // no remote stores into this block after phase 2: it may exit on its own
-    if (warp == 0 && live) {
+    if (wig == 0 && live) {
       float bm, bl, b0v, b1v;
-      merge_partials<kWarps>(sh.m, sh.l, sh.o, lane, bm, bl, b0v, b1v);
+      merge_partials<kWarps>(sh.m + grp * kWarps, sh.l + grp * kWarps, sh.o + grp * kWarps, lane, bm, bl, b0v,
+                             b1v);
       out[0] = from_float<T>(valid ? b0v / bl : NAN);
       out[1] = from_float<T>(valid ? b1v / bl : NAN);
     }
@@ -493,27 +524,35 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attent
 
 namespace qkv {
 
+// FUSED_ATTN_QKV_WIDE=<batch> in the environment (read once per process; fused_attn.load() refuses a value
+// that is not a non-negative integer): from that batch (at least 9), clusters of 16 sequences, two 8-warp
+// groups a block (each head's rows read once at 9-16 rows). Unset or 0: never (an experiment, not measured).
+inline long qkv_wide_batch() {
+  static const long batch = env_count("FUSED_ATTN_QKV_WIDE", 0);
+  return batch;
+}
+
 // Sequences a cluster for a batch: 1 at one row (8 ranks split the keys), else the smallest of 2 / 4 / 8 that
-// holds the batch (8 from 5 rows: a cluster per 8 sequences of a head, one rank per sequence).
-inline int rows_per_cluster(int batch) { return batch <= 1 ? 1 : batch <= 2 ? 2 : batch <= 4 ? 4 : 8; }
+// holds the batch (8 from 5 rows: a cluster per 8 sequences of a head, one rank per sequence), or 16 where
+// FUSED_ATTN_QKV_WIDE asks for it.
+inline int rows_per_cluster(int batch) {
+  if (batch > 8 && qkv_wide_batch() > 0 && batch >= qkv_wide_batch()) return 16;
+  return batch <= 1 ? 1 : batch <= 2 ? 2 : batch <= 4 ? 4 : 8;
+}
 
 template <typename T, int G>
 cudaError_t launch_rows(const QkvParams& p, cudaStream_t stream) {
   const dim3 grid(kQkvClusterBlocks, unsigned(p.heads), unsigned((p.batch + G - 1) / G));
-  const dim3 cluster(kQkvClusterBlocks, 1, 1);
+  const dim3 cluster(kQkvClusterBlocks, 1, 1), block(kQkvThreads * sequences_a_rank<G>());
   switch (p.d / 256) {
     case 1:
-      return launch_clustered(true, cluster, qkv_decode_attention_kernel<T, G, 1>, grid, dim3(kQkvThreads), 0, stream,
-                              p);
+      return launch_clustered(true, cluster, qkv_decode_attention_kernel<T, G, 1>, grid, block, 0, stream, p);
     case 2:
-      return launch_clustered(true, cluster, qkv_decode_attention_kernel<T, G, 2>, grid, dim3(kQkvThreads), 0, stream,
-                              p);
+      return launch_clustered(true, cluster, qkv_decode_attention_kernel<T, G, 2>, grid, block, 0, stream, p);
     case 3:
-      return launch_clustered(true, cluster, qkv_decode_attention_kernel<T, G, 3>, grid, dim3(kQkvThreads), 0, stream,
-                              p);
+      return launch_clustered(true, cluster, qkv_decode_attention_kernel<T, G, 3>, grid, block, 0, stream, p);
     case 4:
-      return launch_clustered(true, cluster, qkv_decode_attention_kernel<T, G, 4>, grid, dim3(kQkvThreads), 0, stream,
-                              p);
+      return launch_clustered(true, cluster, qkv_decode_attention_kernel<T, G, 4>, grid, block, 0, stream, p);
     default:
       return cudaErrorInvalidValue;
   }
@@ -532,6 +571,8 @@ cudaError_t launch_qkv_decode_attention(const QkvParams& params, cudaStream_t st
       return qkv::launch_rows<T, 2>(p, stream);
     case 4:
       return qkv::launch_rows<T, 4>(p, stream);
+    case 16:
+      return qkv::launch_rows<T, 16>(p, stream);
     default:
       return qkv::launch_rows<T, 8>(p, stream);
   }
