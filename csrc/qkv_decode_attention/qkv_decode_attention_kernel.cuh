@@ -14,10 +14,11 @@
 //
 // G = 1 (batch 1): every warp normalizes the row itself (3 16-byte pieces a lane, two warp reductions, float32)
 // and computes 3 columns on CUDA cores; no block barrier stands between x and the dot products.
-// G = 2 / 4 / 8 (2 / 3-4 / 5+ rows; session 33): warp g normalizes row g into shared memory, rounded to T (as the
-// two-launch chain's norm rounds it), the warps split d and run mma.sync with the block's rows as M and the G
-// rows as N, and the attention takes 16 keys a warp a pass (their scores reduced by one transposed butterfly,
-// the next pass requested before this one's arithmetic; the first pass right after the wait).
+// G = 2 / 4 / 8 (2 / 3-4 / 5+ rows; session 33; 16 behind FUSED_ATTN_QKV_WIDE, two 8-warp groups a block):
+// warp g normalizes row g into shared memory, rounded to T (as the two-launch chain's norm rounds it), the
+// warps split d and run mma.sync with the block's rows as M and the G rows as N, and the attention takes 16
+// keys a warp a pass (their scores reduced by one transposed butterfly, the next pass requested before this
+// one's arithmetic; the first pass right after the wait).
 //
 // Measured in GPT-2's step (bench/NOTES.md, sessions 32-33), us against the two launches: H200 batch 1 206 ->
 // 191; H100 batch 1 214 -> 205, batch 4 233 -> 215, batch 8 even, batch 16 320 -> 340 (two clusters a head
@@ -169,6 +170,9 @@ __device__ __forceinline__ void centered_row(const QkvParams& p, int bx, int lan
 //     the block's 24 rows by the G rows with mma.sync (the rows as M, padded to 32; the sequences as N,
 //     padded to 8), the warps' partials are summed in shared memory, and each sequence's 192 columns go to
 //     the S = 8 / G ranks that attend it (rank r: sequence r / S, a 1 / S share of its keys).
+//   G = 16 (FUSED_ATTN_QKV_WIDE; not measured yet): 512 threads, two groups of 8 warps. The 16 warps normalize the
+//     16 rows; warps w and w + 8 hold the same weight fragments and take rows 0-7 and 8-15 as N; rank r attends
+//     sequences 2r (group 0) and 2r + 1 (group 1), each group as a G = 8 block attends its one sequence.
 template <typename T, int G, int P>
 __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 || G > 8 ? 1 : 2)
     qkv_decode_attention_kernel(const QkvParams p) {
@@ -197,9 +201,9 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
     const int hr = rank * kRowsPerBlock + i;
     return int64_t(hr / kQkvHeadDim) * d + head * kQkvHeadDim + hr % kQkvHeadDim;
   };
-  // G = 1: this warp's 3 rows, whole.  G > 1: rows lane / 4, 8 + lane / 4 and 16 + lane / 4, this warp's d / 8
-  // columns: 16 bytes at column warp * d / 8 + 32 c + 8 (lane % 4) for c < P (an A fragment's k pairs relabelled:
-  // the B fragments read x's columns the same way).
+  // G = 1: this warp's 3 rows, whole.  G > 1: rows lane / 4, 8 + lane / 4 and 16 + lane / 4, the d / 8 columns
+  // of warp wig: 16 bytes at column wig * d / 8 + 32 c + 8 (lane % 4) for c < P (an A fragment's k pairs
+  // relabelled: the B fragments read x's columns the same way).
   uint4 wr[kRowsPerWarp][P];
   float bias[kRowsPerWarp];
   float bias_t = 0.f;  // G > 1: thread t < 24 G's row t % 24
