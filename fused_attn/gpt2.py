@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -49,6 +50,15 @@ from fused_attn.mlp import mlp
 from fused_attn.qkv_decode_attention import qkv_decode_attention
 from fused_attn.sample import sample
 from fused_attn.softmax import _requires_grad, scaled_masked_softmax
+
+
+def _env_switch(name: str, default: str, pattern: str, expected: str) -> str:
+    """An environment switch read once, at import: its value, or a ValueError naming it."""
+    value = os.environ.get(name, default)
+    if not re.fullmatch(pattern, value):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return value
+
 
 RANDOM_NAME = "gpt2-random"
 # Backends per module kind; the first is the default.
@@ -81,22 +91,14 @@ RANDOM_NAME = "gpt2-random"
 # (GPT2._stats_chain); unset or 0: a launch per norm. Off by default: measured slower (H100, fp16, graph-fused,
 # prompt 128: batch 4 +11 us a step, 8 +13-16, 16 +19, 16 at prompt 512 +40; bench/NOTES.md session 20).
 # Read once, at import.
-_STATS_CHAIN = os.environ.get("FUSED_ATTN_STATS_CHAIN", "0")
-if _STATS_CHAIN not in ("0", "1"):
-    raise ValueError(f"FUSED_ATTN_STATS_CHAIN must be 0 or 1, got {_STATS_CHAIN!r}")
+_STATS_CHAIN = _env_switch("FUSED_ATTN_STATS_CHAIN", "0", "[01]", "0 or 1")
 # The decode step's c_attn (with the folded ln_1) and decode attention as one qkv_decode_attention launch at
 # up to FUSED_ATTN_QKV_ATTENTION_ROWS rows (default 8); FUSED_ATTN_QKV_ATTENTION=0 runs the two launches (the
 # A/B). Measured (bench/NOTES.md, sessions 32-33), us a step against the two launches: H200 batch 1 206 -> 191;
 # H100 batch 1 214 -> 205, batch 4 233 -> 215 (clusters of 4 sequences), batch 8 even (262), batch 16 320 ->
 # 340 (two clusters of 8 a head, two blocks a SM), hence 8 rows.
-_QKV_ATTENTION_ENV = os.environ.get("FUSED_ATTN_QKV_ATTENTION", "1")
-if _QKV_ATTENTION_ENV not in ("0", "1"):
-    raise ValueError(f"FUSED_ATTN_QKV_ATTENTION must be 0 or 1, got {_QKV_ATTENTION_ENV!r}")
-_QKV_ATTENTION = _QKV_ATTENTION_ENV == "1"
-_QKV_ATTENTION_ROWS_ENV = os.environ.get("FUSED_ATTN_QKV_ATTENTION_ROWS", "8")
-if not _QKV_ATTENTION_ROWS_ENV.isdigit():
-    raise ValueError(f"FUSED_ATTN_QKV_ATTENTION_ROWS must be a non-negative integer, got {_QKV_ATTENTION_ROWS_ENV!r}")
-_QKV_ATTENTION_ROWS = int(_QKV_ATTENTION_ROWS_ENV)
+_QKV_ATTENTION = _env_switch("FUSED_ATTN_QKV_ATTENTION", "1", "[01]", "0 or 1") == "1"
+_QKV_ATTENTION_ROWS = int(_env_switch("FUSED_ATTN_QKV_ATTENTION_ROWS", "8", "[0-9]{1,9}", "a non-negative integer"))
 _STATS_CHAIN_OFF = _STATS_CHAIN == "0"
 
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"),

@@ -490,18 +490,16 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
   sh.o[warp][2 * lane + 1] = o1;
   __syncthreads();
   T* out = static_cast<T*>(p.out) + int64_t(b) * p.o_stride + head * kQkvHeadDim + 2 * lane;
-  if constexpr (S == 1) {  // no remote stores into this block after phase 2: it may exit on its own
-    if (wig == 0 && live) {
-      float bm, bl, b0v, b1v;
-      merge_partials<kWarps>(sh.m + grp * kWarps, sh.l + grp * kWarps, sh.o + grp * kWarps, lane, bm, bl, b0v,
-                             b1v);
-      out[0] = from_float<T>(valid ? b0v / bl : NAN);
-      out[1] = from_float<T>(valid ? b1v / bl : NAN);
-    }
-  } else {
-    if (warp == 0) {
-      float bm, bl, b0v, b1v;
-      merge_partials<kWarps>(sh.m, sh.l, sh.o, lane, bm, bl, b0v, b1v);
+  auto write_out = [&](float sum0, float sum1, float sum_p) {  // lane's two columns, NaN for bad lengths
+    out[0] = from_float<T>(valid ? sum0 / sum_p : NAN);
+    out[1] = from_float<T>(valid ? sum1 / sum_p : NAN);
+  };
+  if (wig == 0 && (S > 1 || live)) {  // the warp group's partial (the block's where R = 1)
+    float bm, bl, b0v, b1v;
+    merge_partials<kWarps>(sh.m + grp * kWarps, sh.l + grp * kWarps, sh.o + grp * kWarps, lane, bm, bl, b0v, b1v);
+    if constexpr (S == 1) {  // no remote stores into this block after phase 2: it may exit on its own
+      write_out(b0v, b1v, bl);
+    } else {
       if (lane == 0) {
         store_cluster_f32(cluster_addr(&sh.pm[split], lead), bm);
         store_cluster_f32(cluster_addr(&sh.pl[split], lead), bl);
@@ -509,14 +507,15 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
       store_cluster_f32(cluster_addr(&sh.po[split][2 * lane], lead), b0v);
       store_cluster_f32(cluster_addr(&sh.po[split][2 * lane + 1], lead), b1v);
     }
+  }
+  if constexpr (S > 1) {
     cluster_arrive_release();
     if (split != 0) return;  // a lead reads only its own shared memory from here
     cluster_wait();  // phase 3: every rank's partial is in its lead
     if (warp == 0 && live) {
       float gm, gl, g0, g1;
       merge_partials<S>(sh.pm, sh.pl, sh.po, lane, gm, gl, g0, g1);
-      out[0] = from_float<T>(valid ? g0 / gl : NAN);
-      out[1] = from_float<T>(valid ? g1 / gl : NAN);
+      write_out(g0, g1, gl);
     }
   }
 #else
