@@ -218,7 +218,7 @@ with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) a
         for dtype in (torch.float16, torch.bfloat16):
             check_against_chain("cuda", dtype, batch, d, max_len, seed=i, leftpad=i % 2 == 0)
     test_lengths_out_of_bounds_give_nan_and_leave_the_cache_gpu(11)
-names = {e.name for e in prof.key_averages()}
+names = {e.key for e in prof.key_averages()}
 wide = [n for n in names if "qkv_decode_attention_kernel<" in n and ", 16, " in n]
 assert wide, sorted(n for n in names if "qkv" in n)
 print("wide kernels:", sorted(wide))
