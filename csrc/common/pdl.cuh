@@ -13,7 +13,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
 namespace fused_attn {
 
@@ -85,22 +84,10 @@ inline long pdl_early_rows() {
 
 inline bool pdl_early(long rows) { return rows <= pdl_early_rows(); }
 
-// SCRATCH (session 34's A/B, bench/NOTES.md): FUSED_ATTN_PDL_LATE=<kind,kind,...> keeps the late trigger for
-// the launches of those kinds whatever their rows (norm, c_attn, linear, linear_act, attention, qkv, mlp,
-// sample). Unset: pdl_early(rows).
-inline bool pdl_kind_late(const char* kind) {
-  static const std::string late = [] {
-    const char* env = std::getenv("FUSED_ATTN_PDL_LATE");
-    return "," + std::string(env == nullptr ? "" : env) + ",";
-  }();
-  return late.find("," + std::string(kind) + ",") != std::string::npos;
-}
-inline bool pdl_early(long rows, const char* kind) { return !pdl_kind_late(kind) && pdl_early(rows); }
-
 // A kernel's params (any struct with a pdl_early field) with the flag set for a launch of `rows` rows.
 template <typename Params>
-Params with_pdl_early(Params p, long rows, const char* kind) {
-  p.pdl_early = pdl_early(rows, kind);
+Params with_pdl_early(Params p, long rows) {
+  p.pdl_early = pdl_early(rows);
   return p;
 }
 

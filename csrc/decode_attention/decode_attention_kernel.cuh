@@ -813,7 +813,7 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
 template <typename Kernel>
 void launch_attention_kernel(const DecodeParams& params, Kernel kernel, int smem, cudaStream_t stream,
                              int threads = kDecodeThreads) {
-  const DecodeParams p = with_pdl_early(params, params.batch, "attention");
+  const DecodeParams p = with_pdl_early(params, params.batch);
   launch_clustered(p.programmatic, dim3(1, p.cluster ? unsigned(p.num_splits) : 1u, 1), kernel,
                    dim3(unsigned(p.batch) * p.nheads_kv * p.row_chunks, p.num_splits), dim3(unsigned(threads)), smem,
                    stream, p);
@@ -834,7 +834,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   constexpr bool kHasDeep = kDecodeDeep && R == 1;
   using Deep = DecodeTile<T, HD, R, true>;
   const int64_t split_slots = (int64_t(p.max_len) + p.num_splits - 1) / p.num_splits;
-  const bool deep = kHasDeep && pdl_early(p.batch, "attention") && split_slots <= int64_t(Deep::STAGES) * Deep::TILE;
+  const bool deep = kHasDeep && pdl_early(p.batch) && split_slots <= int64_t(Deep::STAGES) * Deep::TILE;
   // The wide build likewise: one row per block, at the batches FUSED_ATTN_DECODE_WIDE names.
   constexpr int kWide = R == 1 ? kDecodeWideThreads : kDecodeThreads;
   const long wide_from = decode_wide_batch();
@@ -879,7 +879,7 @@ int decode_mma_arch() {
 
 template <typename T>
 void launch_decode_combine(const DecodeParams& params, bool programmatic, cudaStream_t stream) {
-  const DecodeParams p = with_pdl_early(params, params.batch, "attention");
+  const DecodeParams p = with_pdl_early(params, params.batch);
   launch_programmatic(programmatic, decode_combine_kernel<T>, dim3(unsigned(int64_t(p.batch) * p.nheads_q * p.seqlen_new)),
                       dim3(128), 0, stream, p);
 }

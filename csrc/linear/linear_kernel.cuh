@@ -395,9 +395,8 @@ __device__ void post_normalize(const LinearParams& p, const LinearPost& q) {
 // step: -10 us a step, bench/NOTES.md session 19); the same early trigger on every launch of 8-16 rows
 // costs the step 15 us (session 18): the run-ahead is one kernel deep here, not the whole chain.
 inline LinearParams with_linear_pdl_early(const LinearParams& params) {
-  const char* kind = params.activation != kActNone ? "linear_act" : params.n == 3 * params.k ? "c_attn" : "linear";
-  LinearParams p = with_pdl_early(params, params.m, kind);
-  p.pdl_early = !pdl_kind_late(kind) && (p.pdl_early || (params.activation != kActNone && pdl_early_rows() > 0));
+  LinearParams p = with_pdl_early(params, params.m);
+  p.pdl_early = p.pdl_early || (params.activation != kActNone && pdl_early_rows() > 0);
   return p;
 }
 

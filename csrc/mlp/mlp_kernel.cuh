@@ -146,7 +146,7 @@ template <typename T, int MT>
 cudaError_t launch_mlp(const MlpParams& params, int splits, cudaStream_t stream) {
   static_assert(MT == 8 || MT == 16, "the tensor-core kernels take one or two n-tiles of 8 rows of x");
   MlpParams p = params;
-  p.fc = with_pdl_early(p.fc, p.fc.m, "mlp");
+  p.fc = with_pdl_early(p.fc, p.fc.m);
   const dim3 grid(unsigned((p.proj.n_out + 15) / 16), unsigned(splits));
   return launch_clustered(true, dim3(1, unsigned(splits), 1), mlp::mlp_kernel<T, MT / 8>, grid, dim3(kMlpThreads), 0,
                           stream, p);

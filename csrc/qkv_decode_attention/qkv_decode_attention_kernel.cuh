@@ -566,7 +566,7 @@ cudaError_t launch_rows(const QkvParams& p, cudaStream_t stream) {
 template <typename T>
 cudaError_t launch_qkv_decode_attention(const QkvParams& params, cudaStream_t stream) {
   QkvParams p = params;
-  p.pdl_early = pdl_early(p.batch, "qkv");
+  p.pdl_early = pdl_early(p.batch);
   switch (qkv::rows_per_cluster(p.batch)) {
     case 1:
       return qkv::launch_rows<T, 1>(p, stream);

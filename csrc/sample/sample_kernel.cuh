@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
 
 template <typename T>
 void launch_sample(const SampleParams& params, cudaStream_t stream) {
-  SampleParams p = with_pdl_early(params, params.rows, "sample");
+  SampleParams p = with_pdl_early(params, params.rows);
   size_t smem = 0;
   p.stage = false;
   if (p.top_k > 0) {  // the block's columns staged where they fit (top_k_block_best)
