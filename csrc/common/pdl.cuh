@@ -60,12 +60,14 @@ __device__ __forceinline__ void launch_dependents_early(bool early) {
 // value that is not a non-negative integer): launches of at most that many rows (a GEMV's M, a norm's
 // rows, decode attention's and the sampler's batch) trigger early, larger ones late. Measured on an H100
 // (bench/NOTES.md, session 10), our captured GPT-2 step with the early trigger against the late one:
-// -7% at batch 1, -2% at 2, -6% at 4, +8% at 8, +6% at 16. From 8 rows the blocks that run ahead
-// (several kernels deep: each triggers its own dependent at once) hold SM slots and DRAM queues that
-// the running kernel needs. Hence the default: early up to 4 rows.
+// -7% at batch 1, -2% at 2, -6% at 4, +8% at 8, +6% at 16. Re-measured on session 33's kernels (session 34,
+// H100): -7% at 8 (the fused QKV + attention launch serves 5-8 rows there; 272 -> 253 us), +3% at 16, where
+// the blocks that run ahead (several kernels deep: each triggers its own dependent at once) hold SM slots and
+// DRAM queues that the running kernel needs (decode attention's 192 blocks during c_attn's weight stream;
+// keeping single kinds late at 16 rows measured no better). Hence the default: early up to 8 rows.
 // One exception by what follows: a linear with an activation epilogue (an MLP's first projection, whose
 // consumer is a GEMV) triggers early at any row count (linear_kernel.cuh, with_linear_pdl_early).
-constexpr long kPdlEarlyRowsDefault = 4;
+constexpr long kPdlEarlyRowsDefault = 8;
 
 // A non-negative integer from the environment, or `fallback` where it is unset or malformed (fused_attn.load()
 // refuses a malformed value first: fused_attn/_ops.py, INT_SWITCHES). Callers read it once per process.
