@@ -137,7 +137,7 @@ def bench_qkv_decode_attention(benchmark, case, device, timer, ceilings_gbps, la
     out = fn()  # appends; every later call appends the same values at the same slot
     ref = _cpu(*(t[k].double().cpu() for k in ("x", "w", "bias", "k_cache", "v_cache")),
                t["cache_seqlens"].cpu(), None, EPS, HEAD_DIM ** -0.5)
-    check_output(provider, out, ref)
+    check_output(provider, out.cpu(), ref)
     del out, ref
     times = timer.run(benchmark, fn)
     read, write = modeled_traffic(shape, dtype)
