@@ -170,7 +170,7 @@ __device__ __forceinline__ void centered_row(const QkvParams& p, int bx, int lan
 //     the block's 24 rows by the G rows with mma.sync (the rows as M, padded to 32; the sequences as N,
 //     padded to 8), the warps' partials are summed in shared memory, and each sequence's 192 columns go to
 //     the S = 8 / G ranks that attend it (rank r: sequence r / S, a 1 / S share of its keys).
-//   G = 16 (FUSED_ATTN_QKV_WIDE; not measured yet): 512 threads, two groups of 8 warps. The 16 warps normalize the
+//   G = 16 (FUSED_ATTN_QKV_WIDE; measured slower, off by default: see qkv_wide_batch): 512 threads, two groups of 8 warps. The 16 warps normalize the
 //     16 rows; warps w and w + 8 hold the same weight fragments and take rows 0-7 and 8-15 as N; rank r attends
 //     sequences 2r (group 0) and 2r + 1 (group 1), each group as a G = 8 block attends its one sequence.
 template <typename T, int G, int P>
@@ -529,7 +529,9 @@ namespace qkv {
 
 // FUSED_ATTN_QKV_WIDE=<batch> in the environment (read once per process; fused_attn.load() refuses a value
 // that is not a non-negative integer): from that batch (at least 9), clusters of 16 sequences, two 8-warp
-// groups a block (each head's rows read once at 9-16 rows). Unset or 0: never (an experiment, not measured).
+// groups a block (each head's rows read once at 9-16 rows). Unset or 0: never. Measured in GPT-2's captured fp16
+// step on an H100 (bench/NOTES.md, session 34): batch 16 +20 us against the two launches (+7 with every launch
+// triggering early): each SM attends two whole sequences, slower than the launch boundary this saves.
 inline long qkv_wide_batch() {
   static const long batch = env_count("FUSED_ATTN_QKV_WIDE", 0);
   return batch;
