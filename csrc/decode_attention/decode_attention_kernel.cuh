@@ -830,12 +830,13 @@ inline long decode_wide_batch() {
 template <typename T, int HD, int R>
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   // The kDeep build where it was measured faster (decode_attention_launch.h): one row per block, the early
-  // trigger at no more than 4 rows (where it was measured: the early trigger's default reached 8 rows only in
-  // session 34), and a split's share of the cache's slots no more than the deep pipeline's tiles hold.
+  // trigger at no more than kDecodeDeepMaxBatch rows, and a split's share of the cache's slots no more than the
+  // deep pipeline's tiles hold.
   constexpr bool kHasDeep = kDecodeDeep && R == 1;
   using Deep = DecodeTile<T, HD, R, true>;
   const int64_t split_slots = (int64_t(p.max_len) + p.num_splits - 1) / p.num_splits;
-  const bool deep = kHasDeep && p.batch <= 4 && pdl_early(p.batch) && split_slots <= int64_t(Deep::STAGES) * Deep::TILE;
+  const bool deep = kHasDeep && p.batch <= kDecodeDeepMaxBatch && pdl_early(p.batch) &&
+                    split_slots <= int64_t(Deep::STAGES) * Deep::TILE;
   // The wide build likewise: one row per block, at the batches FUSED_ATTN_DECODE_WIDE names.
   constexpr int kWide = R == 1 ? kDecodeWideThreads : kDecodeThreads;
   const long wide_from = decode_wide_batch();

@@ -75,8 +75,10 @@ struct DecodeGeometry {
 // of them in flight while it computes one), about 32 KB of K and V per block, 48 KB in the kDeep build.
 // TILE: keys per stage.
 //
-// kDeep: launched for one query row per block at batch <= 4 where the launch triggers its dependent early
-// (pdl.cuh; the early trigger's default covers 8 rows since session 34, kDeep stays where it was measured) and a split's share of the cache's slots fits in the deep pipeline (STAGES x TILE keys).
+// kDeep: launched for one query row per block at batch <= kDecodeDeepMaxBatch where the launch triggers its
+// dependent early (pdl.cuh; the early trigger's default covers 8 rows since session 34, kDeep stays at the
+// batches where it was measured) and a split's share of the cache's slots fits in the deep pipeline
+// (STAGES x TILE keys).
 // Measured on an H100 (bench/NOTES.md session 19), 48 KB against 32 KB: GPT-2's fp16 captured step at
 // batch 4 -20 us (-7%), batch 1 -1 us, batches 8 and 16 (late trigger) +0..+5 us; the op alone at
 // Llama-2-7B's MHA shape, batch 1, +13% at 8k keys and +9% at 32k (8 splits of 1024 / 4096 slots: fewer
@@ -88,6 +90,7 @@ struct DecodeGeometry {
 #define FUSED_ATTN_DECODE_DEEP 1
 #endif
 constexpr bool kDecodeDeep = FUSED_ATTN_DECODE_DEEP != 0;
+constexpr int64_t kDecodeDeepMaxBatch = 4;
 template <typename T, int HD, int R, bool kDeep = false, int NT = kDecodeThreads>
 struct DecodeTile {
   static constexpr int U = NT >= 256 ? 1 : 2;

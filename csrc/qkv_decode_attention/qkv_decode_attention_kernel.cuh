@@ -170,9 +170,10 @@ __device__ __forceinline__ void centered_row(const QkvParams& p, int bx, int lan
 //     the block's 24 rows by the G rows with mma.sync (the rows as M, padded to 32; the sequences as N,
 //     padded to 8), the warps' partials are summed in shared memory, and each sequence's 192 columns go to
 //     the S = 8 / G ranks that attend it (rank r: sequence r / S, a 1 / S share of its keys).
-//   G = 16 (FUSED_ATTN_QKV_WIDE; measured slower, off by default: see qkv_wide_batch): 512 threads, two groups of 8 warps. The 16 warps normalize the
-//     16 rows; warps w and w + 8 hold the same weight fragments and take rows 0-7 and 8-15 as N; rank r attends
-//     sequences 2r (group 0) and 2r + 1 (group 1), each group as a G = 8 block attends its one sequence.
+//   G = 16 (FUSED_ATTN_QKV_WIDE; measured slower, off by default: see qkv_wide_batch): 512 threads, two groups
+//     of 8 warps. The 16 warps normalize the 16 rows; warps w and w + 8 hold the same weight fragments and take
+//     rows 0-7 and 8-15 as N; rank r attends sequences 2r (group 0) and 2r + 1 (group 1), each group as a G = 8
+//     block attends its one sequence.
 template <typename T, int G, int P>
 __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 || G > 8 ? 1 : 2)
     qkv_decode_attention_kernel(const QkvParams p) {
