@@ -96,9 +96,21 @@ _STATS_CHAIN = _env_switch("FUSED_ATTN_STATS_CHAIN", "0", "[01]", "0 or 1")
 # up to FUSED_ATTN_QKV_ATTENTION_ROWS rows (default 8); FUSED_ATTN_QKV_ATTENTION=0 runs the two launches (the
 # A/B). Measured (bench/NOTES.md, sessions 32-33), us a step against the two launches: H200 batch 1 206 -> 191;
 # H100 batch 1 214 -> 205, batch 4 233 -> 215 (clusters of 4 sequences), batch 8 even (262), batch 16 320 ->
-# 340 (two clusters of 8 a head, two blocks a SM), hence 8 rows.
+# 340 (two clusters of 8 a head, two blocks a SM), hence 8 rows. And only where the cache holds at most
+# FUSED_ATTN_QKV_ATTENTION_SLOTS slots (default 256): the op attends with 8 blocks a head, where decode_attention
+# splits long caches over more, so at a 512-token prompt it loses (H100, session 34: batch 1 223 -> 242 us a
+# step, batch 4 262 -> 298; alone, cold, 1024 slots: 0.82x the two launches at batch 1). Measured winning up to
+# 256 slots (prompt 128 + 128 new tokens); between 256 and 512 unmeasured, so the two launches.
 _QKV_ATTENTION = _env_switch("FUSED_ATTN_QKV_ATTENTION", "1", "[01]", "0 or 1") == "1"
 _QKV_ATTENTION_ROWS = int(_env_switch("FUSED_ATTN_QKV_ATTENTION_ROWS", "8", "[0-9]{1,9}", "a non-negative integer"))
+_QKV_ATTENTION_SLOTS = int(_env_switch("FUSED_ATTN_QKV_ATTENTION_SLOTS", "256", "[0-9]{1,9}",
+                                       "a non-negative integer"))
+
+
+def _qkv_attention_applies(rows: int, slots: int) -> bool:
+    """Whether a decode step of ``rows`` sequences over a cache of ``slots`` slots runs c_attn and the attention
+    as one qkv_decode_attention launch (by the switches above; the layer checks the op's other conditions)."""
+    return _QKV_ATTENTION and rows <= _QKV_ATTENTION_ROWS and slots <= _QKV_ATTENTION_SLOTS
 _STATS_CHAIN_OFF = _STATS_CHAIN == "0"
 
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"),
@@ -308,8 +320,9 @@ class Attention(nn.Module):
         post = dict(post_ln=post_ln, workspace=workspace) if post_ln is not None else {}
         post["row_stats"] = row_stats
         b, s, _ = x.shape
-        if (_QKV_ATTENTION and cache is not None and attend_cache and lengths is not None and self.backend == "fused"
-                and ln is not None and norm_stats is None and s == 1 and b <= _QKV_ATTENTION_ROWS and x.is_cuda
+        if (cache is not None and attend_cache and lengths is not None and self.backend == "fused"
+                and _qkv_attention_applies(b, cache.k.shape[-2])
+                and ln is not None and norm_stats is None and s == 1 and x.is_cuda
                 and x.dtype in (torch.float16, torch.bfloat16) and self.head_dim == 64
                 and x.shape[-1] % 256 == 0 and x.shape[-1] <= 1024):
             folded = ln.folded_into(self.c_attn.weight_nk, self.c_attn.bias, self.c_attn, x)

@@ -201,13 +201,36 @@ def test_opcheck_cpu():
 
 
 @pytest.mark.parametrize("name,value", [("FUSED_ATTN_QKV_ATTENTION_ROWS", "eight"), ("FUSED_ATTN_QKV_ATTENTION_ROWS", "-1"),
-                                        ("FUSED_ATTN_QKV_ATTENTION", "2")])
+                                        ("FUSED_ATTN_QKV_ATTENTION", "2"), ("FUSED_ATTN_QKV_ATTENTION_SLOTS", "256k")])
 def test_gpt2_switches_refuse_malformed_values(name, value):
     """GPT-2's switches for this op are read at import: a malformed value raises, naming the variable."""
     env = dict(os.environ, **{name: value})
     r = subprocess.run([sys.executable, "-c", "import fused_attn.gpt2"], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode != 0 and f"{name} must" in r.stderr, r.stderr[-2000:]
+
+
+RULE_CHECK = """
+from fused_attn.gpt2 import _qkv_attention_applies as f
+print([f(r, n) for r, n in ((1, 256), (8, 256), (9, 256), (16, 256), (1, 257), (4, 640), (8, 1024), (1, 1))])
+"""
+
+
+@pytest.mark.parametrize("env,want", [
+    ({}, [True, True, False, False, False, False, False, True]),
+    ({"FUSED_ATTN_QKV_ATTENTION_SLOTS": "1024"}, [True, True, False, False, True, True, True, True]),
+    ({"FUSED_ATTN_QKV_ATTENTION_ROWS": "16"}, [True, True, True, True, False, False, False, True]),
+    ({"FUSED_ATTN_QKV_ATTENTION": "0", "FUSED_ATTN_QKV_ATTENTION_SLOTS": "1024"}, [False] * 8),
+])
+def test_gpt2_rule_by_rows_and_slots(env, want):
+    """GPT-2's step takes the fused launch at up to 8 rows over caches of up to 256 slots by default (measured
+    slower at a 512-token prompt: bench/NOTES.md session 34); the switches move both bounds, and
+    FUSED_ATTN_QKV_ATTENTION=0 turns it off. A fresh process each (the switches are read at import)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FUSED_ATTN_QKV_ATTENTION")}
+    r = subprocess.run([sys.executable, "-c", RULE_CHECK], env=dict(clean, **env), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == str(want)
 
 
 WIDE_CHECK = """
