@@ -105,13 +105,14 @@ _QKV_ATTENTION = _env_switch("FUSED_ATTN_QKV_ATTENTION", "1", "[01]", "0 or 1") 
 _QKV_ATTENTION_ROWS = int(_env_switch("FUSED_ATTN_QKV_ATTENTION_ROWS", "8", "[0-9]{1,9}", "a non-negative integer"))
 _QKV_ATTENTION_SLOTS = int(_env_switch("FUSED_ATTN_QKV_ATTENTION_SLOTS", "256", "[0-9]{1,9}",
                                        "a non-negative integer"))
+_STATS_CHAIN_OFF = _STATS_CHAIN == "0"
 
 
 def _qkv_attention_applies(rows: int, slots: int) -> bool:
     """Whether a decode step of ``rows`` sequences over a cache of ``slots`` slots runs c_attn and the attention
     as one qkv_decode_attention launch (by the switches above; the layer checks the op's other conditions)."""
     return _QKV_ATTENTION and rows <= _QKV_ATTENTION_ROWS and slots <= _QKV_ATTENTION_SLOTS
-_STATS_CHAIN_OFF = _STATS_CHAIN == "0"
+
 
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"),
             "layer_norm": ("eager", "fused", "folded", "epilogue"),
