@@ -66,6 +66,17 @@ constexpr int kKeysPerPass = 8;                                     // keys a wa
 constexpr int kRowsKeys = 16;  // keys a warp loads at once (G > 1): the transposed butterfly's 16
 static_assert(kRowsPerWarp * kWarps * kQkvClusterBlocks == 3 * kQkvHeadDim, "the head's rows over the cluster");
 
+// -DFUSED_ATTN_QKV_ONE_ROW_PASSES=1 (an A/B build, off by default: not measured yet, bench/NOTES.md session 34):
+// G = 1 attends as G > 1 does (16 keys a warp a pass, one transposed butterfly, the lengths read and the first
+// pass requested right after the wait, under the row's normalization and dot products) instead of session 32's
+// loop (8 keys a pass after the exchange, a warp reduction and a rescale a key). Why: at a 512-token prompt the
+// fused launch loses 19 us a step at batch 1 against c_attn + decode_attention (session 34), and alone at 1024
+// slots 3 us a launch; the G > 1 loop took 75-104 us off the batch-8 / 16 steps in session 33.
+#ifndef FUSED_ATTN_QKV_ONE_ROW_PASSES
+#define FUSED_ATTN_QKV_ONE_ROW_PASSES 0
+#endif
+constexpr bool kOneRowPasses = FUSED_ATTN_QKV_ONE_ROW_PASSES != 0;
+
 // S: the ranks that attend one sequence (kQkvClusterBlocks / G, at least 1; the session-32 kernel's G = 1 has
 // S = 8). R: the sequences a rank attends (G / 8, at least 1: G = 16 runs two groups of 8 warps a block).
 template <int G>
@@ -247,7 +258,8 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
 
   // The lengths and this rank's keys: slots [left, len] split over the sequence's S ranks; warp w takes every
   // kWarps-th. Slot len (the new key) is read from shared memory, not from the cache the lead rank writes.
-  // (G = 1 reads them after the exchange, as session 32's kernel: its registers are the projection's here.)
+  // (G = 1 reads them after the exchange, as session 32's kernel: its registers are the projection's here;
+  // kOneRowPasses: here, as G > 1.)
   int len = 0, left = 0, k_begin = 0, k_end = 0;
   bool valid = false;
   auto read_lengths = [&] {
@@ -259,9 +271,11 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
     k_begin = left + split * per;
     k_end = min(left + n_keys, k_begin + per);
   };
-  if constexpr (G > 1) read_lengths();
-  // G > 1: a warp's keys go kRowsKeys a pass (slot k_begin + warp + kWarps (pass kRowsKeys + j)), this lane's two
-  // columns of K and V as packed pairs; the first pass is requested here, under the projection below.
+  constexpr bool kPasses = G > 1 || kOneRowPasses;  // the attention's loop: 16 keys a warp a pass
+  if constexpr (kPasses) read_lengths();
+  // kPasses (G > 1, or G = 1 with kOneRowPasses): a warp's keys go kRowsKeys a pass (slot k_begin + warp +
+  // kWarps (pass kRowsKeys + j)), this lane's two columns of K and V as packed pairs; the first pass is requested
+  // here, under the projection below.
   uint32_t kbuf[kRowsKeys], vbuf[kRowsKeys];
   auto request = [&](uint32_t(&kr)[kRowsKeys], uint32_t(&vr)[kRowsKeys], int pass) {
 #pragma unroll
@@ -272,7 +286,7 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
       vr[j] = cached ? __ldcg(reinterpret_cast<const unsigned*>(vc + int64_t(slot) * p.v_stride_s + 2 * lane)) : 0u;
     }
   };
-  if constexpr (G > 1) request(kbuf, vbuf, 0);
+  if constexpr (kPasses) request(kbuf, vbuf, 0);
 
   if constexpr (G == 1) {
     // 2. The row of x, normalized by every warp on its own.
@@ -375,7 +389,7 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
   cluster_wait();  // phase 2: q, k, v of this rank's sequence are in its shared memory
 
   // 4. The sequence's lead rank appends k and v.
-  if constexpr (G == 1) read_lengths();
+  if constexpr (!kPasses) read_lengths();
   const float* qkv_s = sh.qkv[grp];  // this warp's sequence's q, k, v
   if (valid && split == 0 && tig < 2 * kQkvHeadDim) {
     const int t = tig % kQkvHeadDim;
@@ -388,7 +402,7 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
   // 5. Attention over this rank's keys.
   const float q0 = qkv_s[2 * lane] * p.scale, q1 = qkv_s[2 * lane + 1] * p.scale;
   float m = -INFINITY, l = 0.f, o0 = 0.f, o1 = 0.f;
-  if constexpr (G == 1) {  // session 32's loop: a key's score is one warp reduction
+  if constexpr (!kPasses) {  // session 32's loop: a key's score is one warp reduction
     for (int base = k_begin + warp; base < k_end; base += kWarps * kKeysPerPass) {
       float kx[kKeysPerPass], ky[kKeysPerPass], vx[kKeysPerPass], vy[kKeysPerPass];
 #pragma unroll
