@@ -206,7 +206,7 @@ MUTATIONS: list[Mutation] = [
              "out, _, _ = reference.decode_attention(q, k_cache, v_cache, cache_seqlens, k, v, None, scale,",
              _t(f"{T_QKV}::test_cpu_path_matches_the_chain")),
     Mutation("qkv-kernel-new-key-from-the-cache", "csrc/qkv_decode_attention/qkv_decode_attention_kernel.cuh",
-             "      auto is_new = [&](int j) { return k_begin + wig + kWarps * (pass * kRowsKeys + j) == len; };",
+             "      auto is_new = [&](int j) { return pass_slot(pass, j) == len; };",
              "      auto is_new = [&](int j) { return false; };",
              _t(f"{T_QKV}::test_matches_reference_gpu"), gpu=True,
              why="2-16 rows: the new slot taken from the K / V requested before the lead rank wrote it (zeros), "

@@ -276,11 +276,12 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
   // kPasses (G > 1, or G = 1 with kOneRowPasses): a warp's keys go kRowsKeys a pass (slot k_begin + warp +
   // kWarps (pass kRowsKeys + j)), this lane's two columns of K and V as packed pairs; the first pass is requested
   // here, under the projection below.
+  auto pass_slot = [&](int pass, int j) { return k_begin + wig + kWarps * (pass * kRowsKeys + j); };
   uint32_t kbuf[kRowsKeys], vbuf[kRowsKeys];
   auto request = [&](uint32_t(&kr)[kRowsKeys], uint32_t(&vr)[kRowsKeys], int pass) {
 #pragma unroll
     for (int j = 0; j < kRowsKeys; ++j) {
-      const int slot = k_begin + wig + kWarps * (pass * kRowsKeys + j);
+      const int slot = pass_slot(pass, j);
       const bool cached = slot < k_end && slot != len;
       kr[j] = cached ? __ldcg(reinterpret_cast<const unsigned*>(kc + int64_t(slot) * p.k_stride_s + 2 * lane)) : 0u;
       vr[j] = cached ? __ldcg(reinterpret_cast<const unsigned*>(vc + int64_t(slot) * p.v_stride_s + 2 * lane)) : 0u;
@@ -442,11 +443,11 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
     }
   } else {  // kRowsKeys keys a pass: their scores reduced together (transposed butterfly), one rescale a pass,
             // the next pass's loads in flight during this one's arithmetic
-    for (int pass = 0; k_begin + wig + kWarps * pass * kRowsKeys < k_end; ++pass) {
+    for (int pass = 0; pass_slot(pass, 0) < k_end; ++pass) {
       uint32_t knext[kRowsKeys], vnext[kRowsKeys];
-      const bool more = k_begin + wig + kWarps * (pass + 1) * kRowsKeys < k_end;
+      const bool more = pass_slot(pass + 1, 0) < k_end;
       if (more) request(knext, vnext, pass + 1);
-      auto is_new = [&](int j) { return k_begin + wig + kWarps * (pass * kRowsKeys + j) == len; };
+      auto is_new = [&](int j) { return pass_slot(pass, j) == len; };
       float sc[kRowsKeys];
 #pragma unroll
       for (int j = 0; j < kRowsKeys; ++j) {
@@ -468,7 +469,7 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
       }
       const int mine = __brev(unsigned(lane) & 15u) >> 28;  // the key this lane's sum belongs to
       float s_mine = sc[0] + __shfl_xor_sync(0xffffffffu, sc[0], 16);
-      if (k_begin + wig + kWarps * (pass * kRowsKeys + mine) >= k_end) s_mine = -INFINITY;
+      if (pass_slot(pass, mine) >= k_end) s_mine = -INFINITY;
       float pm = s_mine;
 #pragma unroll
       for (int bit = 1; bit < 16; bit *= 2) pm = fmaxf(pm, __shfl_xor_sync(0xffffffffu, pm, bit));
