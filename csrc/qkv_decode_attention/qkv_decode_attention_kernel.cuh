@@ -16,13 +16,16 @@
 // and computes 3 columns on CUDA cores; no block barrier stands between x and the dot products.
 // G = 2 / 4 / 8 (2 / 3-4 / 5+ rows; session 33; 16 behind FUSED_ATTN_QKV_WIDE, two 8-warp groups a block):
 // warp g normalizes row g into shared memory, rounded to T (as the two-launch chain's norm rounds it), the
-// warps split d and run mma.sync with the block's rows as M and the G rows as N, and the attention takes 16
-// keys a warp a pass (their scores reduced by one transposed butterfly, the next pass requested before this
-// one's arithmetic; the first pass right after the wait).
+// warps split d and run mma.sync with the block's rows as M and the G rows as N.
+// Every G attends 16 keys a warp a pass: their scores reduced by one transposed butterfly, one rescale a pass,
+// the next pass requested before this one's arithmetic, the lengths read and the first pass requested right
+// after the wait (under the projection). Session 32's G = 1 loop (8 keys a pass, requested after the cluster
+// exchange, a warp reduction and a rescale a key) was replaced in session 35: H200, GPT-2's step at a 512-token
+// prompt, batch 1, 223.1 -> 192.9 us (at a 128-token prompt 190.8 / 191.4, even).
 //
-// Measured in GPT-2's step (bench/NOTES.md, sessions 32-33), us against the two launches: H200 batch 1 206 ->
-// 191; H100 batch 1 214 -> 205, batch 4 233 -> 215, batch 8 even, batch 16 320 -> 340 (two clusters a head
-// read the rows twice, two blocks a SM): GPT-2 uses it at up to 8 rows.
+// Measured in GPT-2's step (bench/NOTES.md, sessions 32-35), us against the two launches: H200 batch 1 206 ->
+// 191, and at a 512-token prompt 212.5 -> 192.9; H100 batch 1 214 -> 205, batch 4 233 -> 215, batch 8 even,
+// batch 16 320 -> 340 (two clusters a head read the rows twice, two blocks a SM): GPT-2 uses it at up to 8 rows.
 //
 // (The mean is float32 with no cancellation redo, unlike linear's kSelfNorm: at 16-bit inputs its error stays
 // far below the inputs' own rounding; the drawn tests include rows of |mean| / std = 500.) float32
@@ -62,20 +65,8 @@ namespace qkv {
 constexpr int kWarps = kQkvThreads / 32;
 constexpr int kRowsPerBlock = 3 * kQkvHeadDim / kQkvClusterBlocks;  // 24
 constexpr int kRowsPerWarp = kRowsPerBlock / kWarps;                // 3
-constexpr int kKeysPerPass = 8;                                     // keys a warp loads at once (G = 1)
-constexpr int kRowsKeys = 16;  // keys a warp loads at once (G > 1): the transposed butterfly's 16
+constexpr int kRowsKeys = 16;  // keys a warp loads at once: the transposed butterfly's 16
 static_assert(kRowsPerWarp * kWarps * kQkvClusterBlocks == 3 * kQkvHeadDim, "the head's rows over the cluster");
-
-// -DFUSED_ATTN_QKV_ONE_ROW_PASSES=1 (an A/B build, off by default: not measured yet, bench/NOTES.md session 34):
-// G = 1 attends as G > 1 does (16 keys a warp a pass, one transposed butterfly, the lengths read and the first
-// pass requested right after the wait, under the row's normalization and dot products) instead of session 32's
-// loop (8 keys a pass after the exchange, a warp reduction and a rescale a key). Why: at a 512-token prompt the
-// fused launch loses 19 us a step at batch 1 against c_attn + decode_attention (session 34), and alone at 1024
-// slots 3 us a launch; the G > 1 loop took 75-104 us off the batch-8 / 16 steps in session 33.
-#ifndef FUSED_ATTN_QKV_ONE_ROW_PASSES
-#define FUSED_ATTN_QKV_ONE_ROW_PASSES 0
-#endif
-constexpr bool kOneRowPasses = FUSED_ATTN_QKV_ONE_ROW_PASSES != 0;
 
 // S: the ranks that attend one sequence (kQkvClusterBlocks / G, at least 1; the session-32 kernel's G = 1 has
 // S = 8). R: the sequences a rank attends (G / 8, at least 1: G = 16 runs two groups of 8 warps a block).
@@ -175,8 +166,8 @@ __device__ __forceinline__ void centered_row(const QkvParams& p, int bx, int lan
 
 // G: sequences a cluster (1, 2, 4 or 8; the launcher picks it from the batch). P: 16-byte pieces of x a lane
 // holds (d = P x 256).
-//   G = 1 (session 32's kernel): every warp normalizes the row itself and computes 3 columns on CUDA cores;
-//     the 8 ranks split the sequence's keys.
+//   G = 1: every warp normalizes the row itself and computes 3 columns on CUDA cores; the 8 ranks split the
+//     sequence's keys.
 //   G > 1: warp g < G normalizes row g into shared memory (rounded to T), the 8 warps split d and multiply
 //     the block's 24 rows by the G rows with mma.sync (the rows as M, padded to 32; the sequences as N,
 //     padded to 8), the warps' partials are summed in shared memory, and each sequence's 192 columns go to
@@ -258,8 +249,6 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
 
   // The lengths and this rank's keys: slots [left, len] split over the sequence's S ranks; warp w takes every
   // kWarps-th. Slot len (the new key) is read from shared memory, not from the cache the lead rank writes.
-  // (G = 1 reads them after the exchange, as session 32's kernel: its registers are the projection's here;
-  // kOneRowPasses: here, as G > 1.)
   int len = 0, left = 0, k_begin = 0, k_end = 0;
   bool valid = false;
   auto read_lengths = [&] {
@@ -271,11 +260,9 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
     k_begin = left + split * per;
     k_end = min(left + n_keys, k_begin + per);
   };
-  constexpr bool kPasses = G > 1 || kOneRowPasses;  // the attention's loop: 16 keys a warp a pass
-  if constexpr (kPasses) read_lengths();
-  // kPasses (G > 1, or G = 1 with kOneRowPasses): a warp's keys go kRowsKeys a pass (slot k_begin + warp +
-  // kWarps (pass kRowsKeys + j)), this lane's two columns of K and V as packed pairs; the first pass is requested
-  // here, under the projection below.
+  read_lengths();
+  // A warp's keys go kRowsKeys a pass (slot k_begin + warp + kWarps (pass kRowsKeys + j)), this lane's two
+  // columns of K and V as packed pairs; the first pass is requested here, under the projection below.
   auto pass_slot = [&](int pass, int j) { return k_begin + wig + kWarps * (pass * kRowsKeys + j); };
   uint32_t kbuf[kRowsKeys], vbuf[kRowsKeys];
   auto request = [&](uint32_t(&kr)[kRowsKeys], uint32_t(&vr)[kRowsKeys], int pass) {
@@ -287,7 +274,7 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
       vr[j] = cached ? __ldcg(reinterpret_cast<const unsigned*>(vc + int64_t(slot) * p.v_stride_s + 2 * lane)) : 0u;
     }
   };
-  if constexpr (kPasses) request(kbuf, vbuf, 0);
+  request(kbuf, vbuf, 0);
 
   if constexpr (G == 1) {
     // 2. The row of x, normalized by every warp on its own.
@@ -390,7 +377,6 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
   cluster_wait();  // phase 2: q, k, v of this rank's sequence are in its shared memory
 
   // 4. The sequence's lead rank appends k and v.
-  if constexpr (!kPasses) read_lengths();
   const float* qkv_s = sh.qkv[grp];  // this warp's sequence's q, k, v
   if (valid && split == 0 && tig < 2 * kQkvHeadDim) {
     const int t = tig % kQkvHeadDim;
@@ -403,97 +389,58 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
   // 5. Attention over this rank's keys.
   const float q0 = qkv_s[2 * lane] * p.scale, q1 = qkv_s[2 * lane + 1] * p.scale;
   float m = -INFINITY, l = 0.f, o0 = 0.f, o1 = 0.f;
-  if constexpr (!kPasses) {  // session 32's loop: a key's score is one warp reduction
-    for (int base = k_begin + warp; base < k_end; base += kWarps * kKeysPerPass) {
-      float kx[kKeysPerPass], ky[kKeysPerPass], vx[kKeysPerPass], vy[kKeysPerPass];
+  // kRowsKeys keys a pass: their scores reduced together (transposed butterfly), one rescale a pass, the next
+  // pass's loads in flight during this one's arithmetic.
+  for (int pass = 0; pass_slot(pass, 0) < k_end; ++pass) {
+    uint32_t knext[kRowsKeys], vnext[kRowsKeys];
+    const bool more = pass_slot(pass + 1, 0) < k_end;
+    if (more) request(knext, vnext, pass + 1);
+    auto is_new = [&](int j) { return pass_slot(pass, j) == len; };
+    float sc[kRowsKeys];
 #pragma unroll
-      for (int j = 0; j < kKeysPerPass; ++j) {
-        const int slot = base + j * kWarps;
-        kx[j] = ky[j] = vx[j] = vy[j] = 0.f;
-        if (slot < k_end) {
-          if (slot == len) {
-            kx[j] = qkv_s[kQkvHeadDim + 2 * lane];
-            ky[j] = qkv_s[kQkvHeadDim + 2 * lane + 1];
-            vx[j] = qkv_s[2 * kQkvHeadDim + 2 * lane];
-            vy[j] = qkv_s[2 * kQkvHeadDim + 2 * lane + 1];
-          } else {
-            const uint32_t ku = __ldcg(reinterpret_cast<const unsigned*>(kc + int64_t(slot) * p.k_stride_s + 2 * lane));
-            const uint32_t vu = __ldcg(reinterpret_cast<const unsigned*>(vc + int64_t(slot) * p.v_stride_s + 2 * lane));
-            const T* ke = reinterpret_cast<const T*>(&ku);
-            const T* ve = reinterpret_cast<const T*>(&vu);
-            kx[j] = to_float(ke[0]);
-            ky[j] = to_float(ke[1]);
-            vx[j] = to_float(ve[0]);
-            vy[j] = to_float(ve[1]);
-          }
-        }
-      }
+    for (int j = 0; j < kRowsKeys; ++j) {
+      const T* ke = reinterpret_cast<const T*>(&kbuf[j]);
+      const float kx = is_new(j) ? qkv_s[kQkvHeadDim + 2 * lane] : to_float(ke[0]);
+      const float ky = is_new(j) ? qkv_s[kQkvHeadDim + 2 * lane + 1] : to_float(ke[1]);
+      sc[j] = q0 * kx + q1 * ky;
+    }
+    // Transposed butterfly: after the stages over lane bits 0-3, lane l holds key (l's low 4 bits reversed)'s
+    // sum over 16 lanes; the xor-16 step adds the other half-warp's.
 #pragma unroll
-      for (int j = 0; j < kKeysPerPass; ++j) {
-        if (base + j * kWarps < k_end) {
-          const float sc = warp_sum(q0 * kx[j] + q1 * ky[j]);
-          const float m_new = fmaxf(m, sc);
-          const float corr = __expf(m - m_new), pj = __expf(sc - m_new);
-          l = l * corr + pj;
-          o0 = o0 * corr + pj * vx[j];
-          o1 = o1 * corr + pj * vy[j];
-          m = m_new;
-        }
+    for (int half = kRowsKeys / 2, bit = 1; half >= 1; half /= 2, bit *= 2) {
+      const bool upper = (lane & bit) != 0;
+#pragma unroll
+      for (int i = 0; i < half; ++i) {
+        const float send = upper ? sc[i] : sc[i + half], keep = upper ? sc[i + half] : sc[i];
+        sc[i] = keep + __shfl_xor_sync(0xffffffffu, send, bit);
       }
     }
-  } else {  // kRowsKeys keys a pass: their scores reduced together (transposed butterfly), one rescale a pass,
-            // the next pass's loads in flight during this one's arithmetic
-    for (int pass = 0; pass_slot(pass, 0) < k_end; ++pass) {
-      uint32_t knext[kRowsKeys], vnext[kRowsKeys];
-      const bool more = pass_slot(pass + 1, 0) < k_end;
-      if (more) request(knext, vnext, pass + 1);
-      auto is_new = [&](int j) { return pass_slot(pass, j) == len; };
-      float sc[kRowsKeys];
+    const int mine = __brev(unsigned(lane) & 15u) >> 28;  // the key this lane's sum belongs to
+    float s_mine = sc[0] + __shfl_xor_sync(0xffffffffu, sc[0], 16);
+    if (pass_slot(pass, mine) >= k_end) s_mine = -INFINITY;
+    float pm = s_mine;
+#pragma unroll
+    for (int bit = 1; bit < 16; bit *= 2) pm = fmaxf(pm, __shfl_xor_sync(0xffffffffu, pm, bit));
+    const float m_new = fmaxf(m, pm);  // finite: the pass's first key is in range
+    const float corr = __expf(m - m_new), p_mine = __expf(s_mine - m_new);
+    float lp = 0.f, op0 = 0.f, op1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < kRowsKeys; ++j) {
+      const float pj = __shfl_sync(0xffffffffu, p_mine, int(__brev(unsigned(j)) >> 28));
+      const T* ve = reinterpret_cast<const T*>(&vbuf[j]);
+      lp += pj;
+      op0 = fmaf(pj, is_new(j) ? qkv_s[2 * kQkvHeadDim + 2 * lane] : to_float(ve[0]), op0);
+      op1 = fmaf(pj, is_new(j) ? qkv_s[2 * kQkvHeadDim + 2 * lane + 1] : to_float(ve[1]), op1);
+    }
+    l = l * corr + lp;
+    o0 = o0 * corr + op0;
+    o1 = o1 * corr + op1;
+    m = m_new;
+    if (more) {
 #pragma unroll
       for (int j = 0; j < kRowsKeys; ++j) {
-        const T* ke = reinterpret_cast<const T*>(&kbuf[j]);
-        const float kx = is_new(j) ? qkv_s[kQkvHeadDim + 2 * lane] : to_float(ke[0]);
-        const float ky = is_new(j) ? qkv_s[kQkvHeadDim + 2 * lane + 1] : to_float(ke[1]);
-        sc[j] = q0 * kx + q1 * ky;
-      }
-      // Transposed butterfly: after the stages over lane bits 0-3, lane l holds key (l's low 4 bits reversed)'s
-      // sum over 16 lanes; the xor-16 step adds the other half-warp's.
-#pragma unroll
-      for (int half = kRowsKeys / 2, bit = 1; half >= 1; half /= 2, bit *= 2) {
-        const bool upper = (lane & bit) != 0;
-#pragma unroll
-        for (int i = 0; i < half; ++i) {
-          const float send = upper ? sc[i] : sc[i + half], keep = upper ? sc[i + half] : sc[i];
-          sc[i] = keep + __shfl_xor_sync(0xffffffffu, send, bit);
-        }
-      }
-      const int mine = __brev(unsigned(lane) & 15u) >> 28;  // the key this lane's sum belongs to
-      float s_mine = sc[0] + __shfl_xor_sync(0xffffffffu, sc[0], 16);
-      if (pass_slot(pass, mine) >= k_end) s_mine = -INFINITY;
-      float pm = s_mine;
-#pragma unroll
-      for (int bit = 1; bit < 16; bit *= 2) pm = fmaxf(pm, __shfl_xor_sync(0xffffffffu, pm, bit));
-      const float m_new = fmaxf(m, pm);  // finite: the pass's first key is in range
-      const float corr = __expf(m - m_new), p_mine = __expf(s_mine - m_new);
-      float lp = 0.f, op0 = 0.f, op1 = 0.f;
-#pragma unroll
-      for (int j = 0; j < kRowsKeys; ++j) {
-        const float pj = __shfl_sync(0xffffffffu, p_mine, int(__brev(unsigned(j)) >> 28));
-        const T* ve = reinterpret_cast<const T*>(&vbuf[j]);
-        lp += pj;
-        op0 = fmaf(pj, is_new(j) ? qkv_s[2 * kQkvHeadDim + 2 * lane] : to_float(ve[0]), op0);
-        op1 = fmaf(pj, is_new(j) ? qkv_s[2 * kQkvHeadDim + 2 * lane + 1] : to_float(ve[1]), op1);
-      }
-      l = l * corr + lp;
-      o0 = o0 * corr + op0;
-      o1 = o1 * corr + op1;
-      m = m_new;
-      if (more) {
-#pragma unroll
-        for (int j = 0; j < kRowsKeys; ++j) {
-          kbuf[j] = knext[j];
-          vbuf[j] = vnext[j];
-        }
+        kbuf[j] = knext[j];
+        vbuf[j] = vnext[j];
       }
     }
   }
