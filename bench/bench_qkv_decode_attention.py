@@ -8,8 +8,9 @@ L - 1 and attends with q over the L valid slots:
             exact, max_len = L), what a gpt-fast-style PyTorch step runs
   compiled  torch.compile of ``eager`` (one compile per case)
   unfused   fused_attn.linear(norm="layer_norm") + fused_attn.decode_attention(k_new=, v_new=): our two
-            launches (GPT-2's step at batch > 8 or over caches of more than 256 slots)
-  fused     fused_attn.qkv_decode_attention: one launch (GPT-2's step at batch 1-8 over up to 256 slots)
+            launches (GPT-2's step at batch > 8, or at 2-8 over caches of more than 256 slots)
+  fused     fused_attn.qkv_decode_attention: one launch (GPT-2's step at batch 1 over any cache, 2-8 over up
+            to 256 slots)
 
 Shapes [B, H, L] with head_dim 64, d = 64 H: GPT-2 small (H 12) and medium (H 16) at B 1, 4, 8 and 16 (clusters
 of 1, 4 and 8 sequences; 16: two clusters a head), L 128 / 1024. The append is idempotent (the same k / v at the

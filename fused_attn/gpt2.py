@@ -94,13 +94,14 @@ RANDOM_NAME = "gpt2-random"
 _STATS_CHAIN = _env_switch("FUSED_ATTN_STATS_CHAIN", "0", "[01]", "0 or 1")
 # The decode step's c_attn (with the folded ln_1) and decode attention as one qkv_decode_attention launch at
 # up to FUSED_ATTN_QKV_ATTENTION_ROWS rows (default 8); FUSED_ATTN_QKV_ATTENTION=0 runs the two launches (the
-# A/B). Measured (bench/NOTES.md, sessions 32-33), us a step against the two launches: H200 batch 1 206 -> 191;
+# A/B). Measured (bench/NOTES.md, sessions 32-35), us a step against the two launches: H200 batch 1 206 -> 191;
 # H100 batch 1 214 -> 205, batch 4 233 -> 215 (clusters of 4 sequences), batch 8 even (262), batch 16 320 ->
-# 340 (two clusters of 8 a head, two blocks a SM), hence 8 rows. And only where the cache holds at most
-# FUSED_ATTN_QKV_ATTENTION_SLOTS slots (default 256): the op attends with 8 blocks a head, where decode_attention
-# splits long caches over more, so at a 512-token prompt it loses (H100, session 34: batch 1 223 -> 242 us a
-# step, batch 4 262 -> 298; alone, cold, 1024 slots: 0.82x the two launches at batch 1). Measured winning up to
-# 256 slots (prompt 128 + 128 new tokens); between 256 and 512 unmeasured, so the two launches.
+# 340 (two clusters of 8 a head, two blocks a SM), hence 8 rows. At 2 rows and more only where the cache holds
+# at most FUSED_ATTN_QKV_ATTENTION_SLOTS slots (default 256): the op attends with 8 blocks a head, where
+# decode_attention splits long caches over more (H200, session 35: batch 4 at 328 / 456 / 584 slots +6.6 /
+# +1.1 / +29 us a step, batch 8 at 328 / 456 +22 / +48). At one row at any length: since session 35 its one-row
+# attention is the 16-keys-a-pass loop, and it wins at every length measured (H200: 200 slots 190.8 us against
+# 206; 584 slots 192.9 against 212.5; 972 slots 199.7 against 224.3).
 _QKV_ATTENTION = _env_switch("FUSED_ATTN_QKV_ATTENTION", "1", "[01]", "0 or 1") == "1"
 _QKV_ATTENTION_ROWS = int(_env_switch("FUSED_ATTN_QKV_ATTENTION_ROWS", "8", "[0-9]{1,9}", "a non-negative integer"))
 _QKV_ATTENTION_SLOTS = int(_env_switch("FUSED_ATTN_QKV_ATTENTION_SLOTS", "256", "[0-9]{1,9}",
@@ -110,8 +111,9 @@ _STATS_CHAIN_OFF = _STATS_CHAIN == "0"
 
 def _qkv_attention_applies(rows: int, slots: int) -> bool:
     """Whether a decode step of ``rows`` sequences over a cache of ``slots`` slots runs c_attn and the attention
-    as one qkv_decode_attention launch (by the switches above; the layer checks the op's other conditions)."""
-    return _QKV_ATTENTION and rows <= _QKV_ATTENTION_ROWS and slots <= _QKV_ATTENTION_SLOTS
+    as one qkv_decode_attention launch (by the switches above; the layer checks the op's other conditions): one
+    row at any cache length, more rows over caches of at most FUSED_ATTN_QKV_ATTENTION_SLOTS slots."""
+    return _QKV_ATTENTION and rows <= _QKV_ATTENTION_ROWS and (rows == 1 or slots <= _QKV_ATTENTION_SLOTS)
 
 
 BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"),

@@ -684,12 +684,13 @@ def test_decode_step_is_one_decode_attention_per_layer(device, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("new_tokens,fused_launch", [(256 - 9, True), (256 - 9 + 1, False)])
-def test_fused_qkv_attention_up_to_256_slots_gpu(new_tokens, fused_launch, monkeypatch):
-    """graph-fused's decode step takes c_attn + attention as one qkv_decode_attention launch where the cache holds
-    at most 256 slots (FUSED_ATTN_QKV_ATTENTION_SLOTS' default), and c_attn + decode_attention over a longer
-    cache (float16, rows of 9 / 5 / 2 tokens, left padded; each path's numbers are checked by
-    tests/test_qkv_decode_attention.py and the graph tests here)."""
+@pytest.mark.parametrize("rows,new_tokens,fused_launch", [((9, 5, 2), 256 - 9, True), ((9, 5, 2), 256 - 9 + 1, False),
+                                                     ((9,), 256 - 9 + 1, True), ((9,), 500 - 9, True)])
+def test_fused_qkv_attention_by_rows_and_slots_gpu(rows, new_tokens, fused_launch, monkeypatch):
+    """graph-fused's decode step takes c_attn + attention as one qkv_decode_attention launch at one row over any
+    cache, and at 2-8 rows where the cache holds at most 256 slots (FUSED_ATTN_QKV_ATTENTION_SLOTS' default);
+    c_attn + decode_attention over a longer cache at 2-8 rows (float16, left padded; each path's numbers are
+    checked by tests/test_qkv_decode_attention.py and the graph tests here)."""
     import fused_attn.gpt2 as gpt2_module
 
     if any(k.startswith("FUSED_ATTN_QKV_ATTENTION") for k in os.environ):
@@ -706,12 +707,12 @@ def test_fused_qkv_attention_up_to_256_slots_gpu(new_tokens, fused_launch, monke
     monkeypatch.setattr(gpt2_module, "decode_attention", spy("decode", gpt2_module.decode_attention))
     config = dict(TINY, n_embd=256, n_head=4, n_positions=512)  # head_dim 64, a width the op takes
     hf = hf_model(config)
-    ids, mask = left_padded(config["vocab_size"], (9, 5, 2), "cuda")
+    ids, mask = left_padded(config["vocab_size"], rows, "cuda")
     m = GPT2.from_hf(hf, dtype=torch.float16, device="cuda", backends=GRAPH_BACKENDS["graph-fused"])
     tokens = m.generate(ids, mask, max_new_tokens=new_tokens, use_graph=False)
     steps = (new_tokens - 1) * config["n_layer"]  # the first new token comes from the prefill
     assert calls == ({"qkv": steps, "decode": 0} if fused_launch else {"qkv": 0, "decode": steps}), calls
-    assert tokens.shape == (3, 9 + new_tokens)
+    assert tokens.shape == (len(rows), 9 + new_tokens)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
