@@ -97,11 +97,11 @@ _STATS_CHAIN = _env_switch("FUSED_ATTN_STATS_CHAIN", "0", "[01]", "0 or 1")
 # A/B). Measured (bench/NOTES.md, sessions 32-35), us a step against the two launches: H200 batch 1 206 -> 191;
 # H100 batch 1 214 -> 205, batch 4 233 -> 215 (clusters of 4 sequences), batch 8 even (262), batch 16 320 ->
 # 340 (two clusters of 8 a head, two blocks a SM), hence 8 rows. At 2 rows and more only where the cache holds
-# at most FUSED_ATTN_QKV_ATTENTION_SLOTS slots (default 256): the op attends with 8 blocks a head, where
-# decode_attention splits long caches over more (H200, session 35: batch 4 at 328 / 456 / 584 slots +6.6 /
-# +1.1 / +29 us a step, batch 8 at 328 / 456 +22 / +48). At one row at any length: since session 35 its one-row
-# attention is the 16-keys-a-pass loop, and it wins at every length measured (H200: 200 slots 190.8 us against
-# 206; 584 slots 192.9 against 212.5; 972 slots 199.7 against 224.3).
+# at most FUSED_ATTN_QKV_ATTENTION_SLOTS slots (default 256): the op attends a sequence with 8 / G blocks (4 at
+# 2 rows, one from 5), where decode_attention splits long caches over more (H200, session 35: batch 4 at 328 /
+# 456 / 584 slots +6.6 / +1.1 / +29 us a step, batch 8 at 328 / 456 +22 / +48). At one row at any length: its
+# one-row attention is the 16-keys-a-pass loop since session 35, and it wins at every length measured (H200,
+# against the two launches: 584 slots 192.9 us against 212.5, 972 slots 199.7 against 224.3).
 _QKV_ATTENTION = _env_switch("FUSED_ATTN_QKV_ATTENTION", "1", "[01]", "0 or 1") == "1"
 _QKV_ATTENTION_ROWS = int(_env_switch("FUSED_ATTN_QKV_ATTENTION_ROWS", "8", "[0-9]{1,9}", "a non-negative integer"))
 _QKV_ATTENTION_SLOTS = int(_env_switch("FUSED_ATTN_QKV_ATTENTION_SLOTS", "256", "[0-9]{1,9}",
