@@ -235,29 +235,3 @@ def test_gpt2_rule_by_rows_and_slots(env, want):
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == str(want)
-
-
-WIDE_CHECK = """
-import torch
-from tests.test_qkv_decode_attention import check_against_chain, test_lengths_out_of_bounds_give_nan_and_leave_the_cache_gpu
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-    for i, (batch, d, max_len) in enumerate([(9, 768, 300), (16, 768, 129), (13, 1024, 70), (16, 256, 33)]):
-        for dtype in (torch.float16, torch.bfloat16):
-            check_against_chain("cuda", dtype, batch, d, max_len, seed=i, leftpad=i % 2 == 0)
-    test_lengths_out_of_bounds_give_nan_and_leave_the_cache_gpu(11)
-names = {e.key for e in prof.key_averages()}
-wide = [n for n in names if "qkv_decode_attention_kernel<" in n and ", 16, " in n]
-assert wide, sorted(n for n in names if "qkv" in n)
-print("wide kernels:", sorted(wide))
-"""
-
-
-@pytest.mark.gpu
-def test_wide_clusters_match_reference_gpu():
-    """FUSED_ATTN_QKV_WIDE=9: clusters of 16 sequences (two 8-warp groups a block) at 9-16 rows, checked as the
-    other batches are, in a fresh process (the switch is read once); the profiler confirms the 16-sequence
-    kernel ran."""
-    env = dict(os.environ, FUSED_ATTN_QKV_WIDE="9")
-    r = subprocess.run([sys.executable, "-c", WIDE_CHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "wide kernels:" in r.stdout

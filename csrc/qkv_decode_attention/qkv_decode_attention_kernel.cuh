@@ -14,8 +14,7 @@
 //
 // G = 1 (batch 1): every warp normalizes the row itself (3 16-byte pieces a lane, two warp reductions, float32)
 // and computes 3 columns on CUDA cores; no block barrier stands between x and the dot products.
-// G = 2 / 4 / 8 (2 / 3-4 / 5+ rows; session 33; 16 behind FUSED_ATTN_QKV_WIDE, two 8-warp groups a block):
-// warp g normalizes row g into shared memory, rounded to T (as the two-launch chain's norm rounds it), the
+// G = 2 / 4 / 8 (2 / 3-4 / 5+ rows; session 33): warp g normalizes row g into shared memory, rounded to T (as the two-launch chain's norm rounds it), the
 // warps split d and run mma.sync with the block's rows as M and the G rows as N.
 // Every G attends 16 keys a warp a pass: their scores reduced by one transposed butterfly, one rescale a pass,
 // the next pass requested before this one's arithmetic, the lengths read and the first pass requested right
@@ -68,41 +67,30 @@ constexpr int kRowsPerWarp = kRowsPerBlock / kWarps;                // 3
 constexpr int kRowsKeys = 16;  // keys a warp loads at once: the transposed butterfly's 16
 static_assert(kRowsPerWarp * kWarps * kQkvClusterBlocks == 3 * kQkvHeadDim, "the head's rows over the cluster");
 
-// S: the ranks that attend one sequence (kQkvClusterBlocks / G, at least 1; the session-32 kernel's G = 1 has
-// S = 8). R: the sequences a rank attends (G / 8, at least 1: G = 16 runs two groups of 8 warps a block).
+// S: the ranks that attend one sequence (kQkvClusterBlocks / G: 8 at one row, 1 from 5 rows).
 template <int G>
-constexpr int ranks_a_sequence() { return G < kQkvClusterBlocks ? kQkvClusterBlocks / G : 1; }
-template <int G>
-constexpr int sequences_a_rank() { return G > kQkvClusterBlocks ? G / kQkvClusterBlocks : 1; }
+constexpr int ranks_a_sequence() { return kQkvClusterBlocks / G; }
 
-template <int S, int R>
+template <int S>
 struct Shared {
-  float qkv[R][3 * kQkvHeadDim];  // q, k, v of the sequences this rank attends (as rounded to T), from the ranks
-  float m[kWarps * R], l[kWarps * R];
-  float o[kWarps * R][kQkvHeadDim];
+  float qkv[3 * kQkvHeadDim];  // q, k, v of the sequence this rank attends (as rounded to T), from the ranks
+  float m[kWarps], l[kWarps];
+  float o[kWarps][kQkvHeadDim];
   float pm[S], pl[S];  // a sequence's lead rank (split 0): the S ranks' partials
   float po[S][kQkvHeadDim];
 };
 
 // G > 1 rows a cluster: x's G rows normalized (rounded to T, as 16-byte pieces; each row kXnPad elements longer
 // than d so that the B fragments' 16-byte reads of rows n and n + 1 fall in different bank halves), and the
-// warps' partial products (24 rows x 8 columns a warp, columns >= G unused; G = 16: 16 columns, in the rows'
-// place: written after a barrier that follows the last read of the rows, to stay under 48 KB).
+// warps' partial products (24 rows x 8 columns a warp, columns >= G unused).
 constexpr int kXnPad = 32;
 template <typename T, int G, int P>
 struct RowsScratch {
   alignas(16) T xn[G][P * 256 + kXnPad];  // read as 16-byte pieces
   float red[kWarps][kRowsPerBlock][8];
 };
-template <typename T, int P>
-struct RowsScratch<T, 16, P> {
-  union {
-    alignas(16) T xn[16][P * 256 + kXnPad];
-    float red[kWarps][kRowsPerBlock][16];
-  };
-};
 template <typename T, int G, int P>
-struct SharedRows : Shared<ranks_a_sequence<G>(), sequences_a_rank<G>()> {
+struct SharedRows : Shared<ranks_a_sequence<G>()> {
   RowsScratch<T, G, P> rows;
 };
 
@@ -172,25 +160,20 @@ __device__ __forceinline__ void centered_row(const QkvParams& p, int bx, int lan
 //     the block's 24 rows by the G rows with mma.sync (the rows as M, padded to 32; the sequences as N,
 //     padded to 8), the warps' partials are summed in shared memory, and each sequence's 192 columns go to
 //     the S = 8 / G ranks that attend it (rank r: sequence r / S, a 1 / S share of its keys).
-//   G = 16 (FUSED_ATTN_QKV_WIDE; measured slower, off by default: see qkv_wide_batch): 512 threads, two groups
-//     of 8 warps. The 16 warps normalize the 16 rows; warps w and w + 8 hold the same weight fragments and take
-//     rows 0-7 and 8-15 as N; rank r attends sequences 2r (group 0) and 2r + 1 (group 1), each group as a G = 8
-//     block attends its one sequence.
+// (Sessions 33-34 also built G = 16 at 9-16 rows, two groups of 8 warps a block each attending a whole
+// sequence: +20 us a step at batch 16 on an H100, removed in session 35; bench/NOTES.md.)
 template <typename T, int G, int P>
-__global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 || G > 8 ? 1 : 2)
-    qkv_decode_attention_kernel(const QkvParams p) {
+__global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attention_kernel(const QkvParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int S = ranks_a_sequence<G>(), R = sequences_a_rank<G>();
-  using Sh = std::conditional_t<G == 1, Shared<S, R>, SharedRows<T, G, P>>;
+  static_assert(G == 1 || G == 2 || G == 4 || G == 8, "sequences a cluster");
+  constexpr int S = ranks_a_sequence<G>();
+  using Sh = std::conditional_t<G == 1, Shared<S>, SharedRows<T, G, P>>;
   __shared__ Sh sh;
   const int rank = int(blockIdx.x), head = int(blockIdx.y);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // R > 1: warp group grp (8 warps, threads tig of 256) attends the rank's sequence grp; wig: the warp in it.
-  const int grp = R > 1 ? warp / kWarps : 0, wig = R > 1 ? warp % kWarps : warp;
-  const unsigned tig = R > 1 ? threadIdx.x % kQkvThreads : threadIdx.x;
   const int d = P * 256;
-  // This warp's sequence (row of x) and its rank's share of that sequence's keys.
-  const int g_mine = G == 1 ? 0 : R > 1 ? rank * R + grp : rank / S, split = G == 1 ? rank : rank % S;
+  // This block's sequence (row of x) and its rank's share of that sequence's keys.
+  const int g_mine = G == 1 ? 0 : rank / S, split = G == 1 ? rank : rank % S;
   const int lead = rank - split;
   const int b_raw = int(blockIdx.z) * G + g_mine;
   const bool live = G == 1 || b_raw < p.batch;  // the last cluster's slots past the batch only join the barriers
@@ -205,7 +188,7 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
     return int64_t(hr / kQkvHeadDim) * d + head * kQkvHeadDim + hr % kQkvHeadDim;
   };
   // G = 1: this warp's 3 rows, whole.  G > 1: rows lane / 4, 8 + lane / 4 and 16 + lane / 4, the d / 8 columns
-  // of warp wig: 16 bytes at column wig * d / 8 + 32 c + 8 (lane % 4) for c < P (an A fragment's k pairs
+  // of the warp: 16 bytes at column warp * d / 8 + 32 c + 8 (lane % 4) for c < P (an A fragment's k pairs
   // relabelled: the B fragments read x's columns the same way).
   uint4 wr[kRowsPerWarp][P];
   float bias[kRowsPerWarp];
@@ -225,7 +208,7 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
       const int64_t grow = w_row(8 * i + lane / 4);
 #pragma unroll
       for (int c = 0; c < P; ++c)
-        wr[i][c] = load_stream(w + grow * p.w_stride + wig * (d / 8) + 32 * c + 8 * (lane % 4));
+        wr[i][c] = load_stream(w + grow * p.w_stride + warp * (d / 8) + 32 * c + 8 * (lane % 4));
     }
     if (p.b_qkv != nullptr && threadIdx.x < kRowsPerBlock * G)
       bias_t = to_float(static_cast<const T*>(p.b_qkv)[w_row(threadIdx.x % kRowsPerBlock)]);
@@ -239,7 +222,7 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
     if (len0 >= 0 && len0 < p.max_len && left0 >= 0 && left0 <= len0) {
       const int per0 = (len0 - left0 + 1 + S - 1) / S;
       const int kb = left0 + split * per0, ke = min(len0, kb + per0);  // slot len0 is this step's
-      for (int j = kb + int(tig); j < ke; j += kQkvThreads) {
+      for (int j = kb + int(threadIdx.x); j < ke; j += kQkvThreads) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + int64_t(j) * p.k_stride_s));
         asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + int64_t(j) * p.v_stride_s));
       }
@@ -263,7 +246,7 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
   read_lengths();
   // A warp's keys go kRowsKeys a pass (slot k_begin + warp + kWarps (pass kRowsKeys + j)), this lane's two
   // columns of K and V as packed pairs; the first pass is requested here, under the projection below.
-  auto pass_slot = [&](int pass, int j) { return k_begin + wig + kWarps * (pass * kRowsKeys + j); };
+  auto pass_slot = [&](int pass, int j) { return k_begin + warp + kWarps * (pass * kRowsKeys + j); };
   uint32_t kbuf[kRowsKeys], vbuf[kRowsKeys];
   auto request = [&](uint32_t(&kr)[kRowsKeys], uint32_t(&vr)[kRowsKeys], int pass) {
 #pragma unroll
@@ -299,7 +282,7 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
     if (lane < kQkvClusterBlocks) {
 #pragma unroll
       for (int i = 0; i < kRowsPerWarp; ++i)
-        store_cluster_f32(cluster_addr(&sh.qkv[0][rank * kRowsPerBlock + warp * kRowsPerWarp + i], lane), col[i]);
+        store_cluster_f32(cluster_addr(&sh.qkv[rank * kRowsPerBlock + warp * kRowsPerWarp + i], lane), col[i]);
     }
   } else {
     // 2. Warp g < G: row g of the cluster's rows, normalized and rounded to T into shared memory (zeros past
@@ -327,12 +310,12 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
     __syncthreads();
 
     // 3. The warp's share of d: rows 0-15 (m-tile 0) and 16-23 (m-tile 1, its rows 24-31 zero) times 8 of
-    //    the G rows (n = lane / 4, plus 8 in group 1 of G = 16; n >= G reads zeros), two k16 steps a piece.
+    //    the G rows (n = lane / 4; n >= G reads zeros), two k16 steps a piece.
     float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
-    const int n = grp * 8 + lane / 4;
+    const int n = lane / 4;
 #pragma unroll
     for (int c = 0; c < P; ++c) {
-      const uint4 xu = n < G ? *reinterpret_cast<const uint4*>(&sh.rows.xn[n < G ? n : 0][wig * (d / 8) + 32 * c +
+      const uint4 xu = n < G ? *reinterpret_cast<const uint4*>(&sh.rows.xn[n < G ? n : 0][warp * (d / 8) + 32 * c +
                                                                                         8 * (lane % 4)])
                              : make_uint4(0u, 0u, 0u, 0u);
       const uint32_t a0[4] = {wr[0][c].x, wr[1][c].x, wr[0][c].y, wr[1][c].y};
@@ -346,15 +329,14 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
     }
     // D fragments: acc0[0 / 1] row lane / 4, columns 2 (lane % 4) + 0 / 1; acc0[2 / 3] row 8 + lane / 4;
     // acc1[0 / 1] row 16 + lane / 4 (acc1[2 / 3]: the zero rows).
-    if constexpr (G > 8) __syncthreads();  // red takes the rows' place
     {
-      const int r = lane / 4, col = grp * 8 + 2 * (lane % 4);
-      sh.rows.red[wig][r][col] = acc0[0];
-      sh.rows.red[wig][r][col + 1] = acc0[1];
-      sh.rows.red[wig][8 + r][col] = acc0[2];
-      sh.rows.red[wig][8 + r][col + 1] = acc0[3];
-      sh.rows.red[wig][16 + r][col] = acc1[0];
-      sh.rows.red[wig][16 + r][col + 1] = acc1[1];
+      const int r = lane / 4, col = 2 * (lane % 4);
+      sh.rows.red[warp][r][col] = acc0[0];
+      sh.rows.red[warp][r][col + 1] = acc0[1];
+      sh.rows.red[warp][8 + r][col] = acc0[2];
+      sh.rows.red[warp][8 + r][col + 1] = acc0[3];
+      sh.rows.red[warp][16 + r][col] = acc1[0];
+      sh.rows.red[warp][16 + r][col + 1] = acc1[1];
     }
     __syncthreads();
     cluster_wait();  // phase 1: every block has started
@@ -364,23 +346,18 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
 #pragma unroll
       for (int w8 = 0; w8 < kWarps; ++w8) v += sh.rows.red[w8][i][t];
       v = to_float(from_float<T>(v + bias_t));
-      if constexpr (R > 1) {
-        store_cluster_f32(cluster_addr(&sh.qkv[t % R][rank * kRowsPerBlock + i], t / R), v);
-      } else {
 #pragma unroll
-        for (int s = 0; s < S; ++s)
-          store_cluster_f32(cluster_addr(&sh.qkv[0][rank * kRowsPerBlock + i], t * S + s), v);
-      }
+      for (int s = 0; s < S; ++s) store_cluster_f32(cluster_addr(&sh.qkv[rank * kRowsPerBlock + i], t * S + s), v);
     }
   }
   cluster_arrive_release();
   cluster_wait();  // phase 2: q, k, v of this rank's sequence are in its shared memory
 
   // 4. The sequence's lead rank appends k and v.
-  const float* qkv_s = sh.qkv[grp];  // this warp's sequence's q, k, v
-  if (valid && split == 0 && tig < 2 * kQkvHeadDim) {
-    const int t = tig % kQkvHeadDim;
-    if (tig < kQkvHeadDim)
+  const float* qkv_s = sh.qkv;  // the sequence's q, k, v
+  if (valid && split == 0 && threadIdx.x < 2 * kQkvHeadDim) {
+    const int t = threadIdx.x % kQkvHeadDim;
+    if (threadIdx.x < kQkvHeadDim)
       kc[int64_t(len) * p.k_stride_s + t] = from_float<T>(qkv_s[kQkvHeadDim + t]);
     else
       vc[int64_t(len) * p.v_stride_s + t] = from_float<T>(qkv_s[2 * kQkvHeadDim + t]);
@@ -457,9 +434,9 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
     out[0] = from_float<T>(valid ? sum0 / sum_p : NAN);
     out[1] = from_float<T>(valid ? sum1 / sum_p : NAN);
   };
-  if (wig == 0 && (S > 1 || live)) {  // the warp group's partial (the block's where R = 1)
+  if (warp == 0 && (S > 1 || live)) {  // the block's partial
     float bm, bl, b0v, b1v;
-    merge_partials<kWarps>(sh.m + grp * kWarps, sh.l + grp * kWarps, sh.o + grp * kWarps, lane, bm, bl, b0v, b1v);
+    merge_partials<kWarps>(sh.m, sh.l, sh.o, lane, bm, bl, b0v, b1v);
     if constexpr (S == 1) {  // no remote stores into this block after phase 2: it may exit on its own
       write_out(b0v, b1v, bl);
     } else {
@@ -490,28 +467,16 @@ __global__ void __launch_bounds__(kQkvThreads * sequences_a_rank<G>(), G == 1 ||
 
 namespace qkv {
 
-// FUSED_ATTN_QKV_WIDE=<batch> in the environment (read once per process; fused_attn.load() refuses a value
-// that is not a non-negative integer): from that batch (at least 9), clusters of 16 sequences, two 8-warp
-// groups a block (each head's rows read once at 9-16 rows). Unset or 0: never. Measured in GPT-2's captured fp16
-// step on an H100 (bench/NOTES.md, session 34): batch 16 +20 us against the two launches (+7 with every launch
-// triggering early): each SM attends two whole sequences, slower than the launch boundary this saves.
-inline long qkv_wide_batch() {
-  static const long batch = env_count("FUSED_ATTN_QKV_WIDE", 0);
-  return batch;
-}
-
 // Sequences a cluster for a batch: 1 at one row (8 ranks split the keys), else the smallest of 2 / 4 / 8 that
-// holds the batch (8 from 5 rows: a cluster per 8 sequences of a head, one rank per sequence), or 16 where
-// FUSED_ATTN_QKV_WIDE asks for it.
+// holds the batch (8 from 5 rows: a cluster per 8 sequences of a head, one rank per sequence).
 inline int rows_per_cluster(int batch) {
-  if (batch > 8 && qkv_wide_batch() > 0 && batch >= qkv_wide_batch()) return 16;
   return batch <= 1 ? 1 : batch <= 2 ? 2 : batch <= 4 ? 4 : 8;
 }
 
 template <typename T, int G>
 cudaError_t launch_rows(const QkvParams& p, cudaStream_t stream) {
   const dim3 grid(kQkvClusterBlocks, unsigned(p.heads), unsigned((p.batch + G - 1) / G));
-  const dim3 cluster(kQkvClusterBlocks, 1, 1), block(kQkvThreads * sequences_a_rank<G>());
+  const dim3 cluster(kQkvClusterBlocks, 1, 1), block(kQkvThreads);
   switch (p.d / 256) {
     case 1:
       return launch_clustered(true, cluster, qkv_decode_attention_kernel<T, G, 1>, grid, block, 0, stream, p);
@@ -539,8 +504,6 @@ cudaError_t launch_qkv_decode_attention(const QkvParams& params, cudaStream_t st
       return qkv::launch_rows<T, 2>(p, stream);
     case 4:
       return qkv::launch_rows<T, 4>(p, stream);
-    case 16:
-      return qkv::launch_rows<T, 16>(p, stream);
     default:
       return qkv::launch_rows<T, 8>(p, stream);
   }
