@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
+import statistics
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -126,7 +127,9 @@ def critical_path(prof, skip_steps: int = 2) -> list[str]:
     each credited with its end minus the latest end before it. Under programmatic dependent launch a
     kernel starts early and waits, so its own duration says little; this increment is what the step
     would lose without it (the gaps between replays go to the first kernel of a step). Per family:
-    launches per step, us per step, us per launch."""
+    launches per step, us per step, us per launch, and the head start: the median over its launches of the
+    latest end before it minus its start (> 0: it ran that long under the kernel before it, its pre-wait
+    loads overlapping that kernel; <= 0: it started only after, e.g. its blocks found no room on the SMs)."""
     evts = [e for e in prof.events() if not _is_cpu(e) and e.name not in LABELS]
     evts.sort(key=lambda e: e.time_range.end)
     ends = [e.time_range.end for e in evts if "sample" in e.name]
@@ -136,6 +139,7 @@ def critical_path(prof, skip_steps: int = 2) -> list[str]:
     steps = len(ends) - 1 - skip_steps
     inc: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
+    heads: dict[str, list[float]] = defaultdict(list)
     last = lo
     for e in evts:
         if e.time_range.end <= lo or e.time_range.end > hi:
@@ -143,12 +147,15 @@ def critical_path(prof, skip_steps: int = 2) -> list[str]:
         fam = _family(e.name)
         inc[fam] += max(0.0, e.time_range.end - last)
         count[fam] += 1
+        heads[fam].append(last - e.time_range.start)
         last = max(last, e.time_range.end)
     total = hi - lo
-    lines = [f"{'kernel (decode steps ' + str(steps) + ')':<90} {'per step':>8} {'us/step':>8} {'us/launch':>9} {'share':>6}"]
+    lines = [f"{'kernel (decode steps ' + str(steps) + ')':<90} {'per step':>8} {'us/step':>8} {'us/launch':>9} "
+             f"{'share':>6} {'head us':>7}"]
     for fam in sorted(inc, key=lambda f: -inc[f]):
         lines.append(f"{fam:<90} {count[fam] / steps:>8.1f} {inc[fam] / steps:>8.2f} "
-                     f"{inc[fam] / max(1, count[fam]):>9.2f} {100 * inc[fam] / total:>5.1f}%")
+                     f"{inc[fam] / max(1, count[fam]):>9.2f} {100 * inc[fam] / total:>5.1f}% "
+                     f"{statistics.median(heads[fam]):>7.2f}")
     lines.append(f"{'step (sample end to sample end)':<90} {sum(count.values()) / steps:>8.1f} {total / steps:>8.2f}")
     return lines
 

@@ -70,8 +70,30 @@ def test_critical_path_credits_each_kernel_with_its_end_past_the_latest_end():
         events += [ev(gemv, t - 5, t + 3), ev("void tiny_kernel()", t + 2, t + 4), ev("void sample_kernel()", t + 3, t + 5)]
         t += 5
     rows = {ln[:90].strip(): ln[90:].split() for ln in profile.critical_path(SimpleNamespace(events=lambda: events))}
-    assert rows["linear_gemv_kernel<__half, 1, 4>"] == ["1.0", "3.00", "3.00", "60.0%"]
-    assert rows["tiny_kernel"] == ["1.0", "1.00", "1.00", "20.0%"]
-    assert rows["sample_kernel"] == ["1.0", "1.00", "1.00", "20.0%"]
+    # the last column, the head start: the GEMV starts 5 us before the sampler before it ends, the tiny kernel
+    # 1 us before the GEMV ends, the sampler 1 us before the tiny kernel ends
+    assert rows["linear_gemv_kernel<__half, 1, 4>"] == ["1.0", "3.00", "3.00", "60.0%", "5.00"]
+    assert rows["tiny_kernel"] == ["1.0", "1.00", "1.00", "20.0%", "1.00"]
+    assert rows["sample_kernel"] == ["1.0", "1.00", "1.00", "20.0%", "1.00"]
     assert rows["step (sample end to sample end)"] == ["3.0", "5.00"]
     assert profile.critical_path(SimpleNamespace(events=lambda: events[:6]))[0].startswith("(fewer than 4")
+
+
+def test_critical_path_head_start_is_negative_for_a_kernel_that_starts_after_the_one_before_ends():
+    """A kernel whose blocks start only after the kernel before it has ended (no room on the SMs, no
+    programmatic launch) shows a negative head start: the gap it began after that end."""
+    import torch
+    from types import SimpleNamespace
+
+    gpu = torch.autograd.DeviceType.CUDA
+
+    def ev(name, start, end):
+        return SimpleNamespace(name=name, device_type=gpu, time_range=SimpleNamespace(start=start, end=end))
+
+    events, t = [], 0.0
+    for _ in range(5):  # per step: a kernel 2 us after the sampler's end, the sampler 1 us before it ends
+        events += [ev("void late_kernel()", t + 2, t + 6), ev("void sample_kernel()", t + 5, t + 8)]
+        t += 8
+    rows = {ln[:90].strip(): ln[90:].split() for ln in profile.critical_path(SimpleNamespace(events=lambda: events))}
+    assert rows["late_kernel"] == ["1.0", "6.00", "6.00", "75.0%", "-2.00"]
+    assert rows["sample_kernel"] == ["1.0", "2.00", "2.00", "25.0%", "1.00"]
