@@ -67,6 +67,18 @@ constexpr int kRowsPerWarp = kRowsPerBlock / kWarps;                // 3
 constexpr int kRowsKeys = 16;  // keys a warp loads at once: the transposed butterfly's 16
 static_assert(kRowsPerWarp * kWarps * kQkvClusterBlocks == 3 * kQkvHeadDim, "the head's rows over the cluster");
 
+// -DFUSED_ATTN_QKV_ROWS_MIN_BLOCKS=<n> (an A/B build, default 2; not measured yet, bench/NOTES.md session 35):
+// the G > 1 builds' blocks a SM for ptxas (__launch_bounds__). 2 gives them 121-128 registers, 32 K a block of
+// 256 threads: such a block cannot become resident beside two blocks of the split-K projection that runs
+// before it in GPT-2's step (78-80 registers, 20 K a block), so at 16 rows its weight and first-pass loads
+// may wait for that launch to end. 3 caps them at 80 registers (20 K a block; ptxas spills 152-340 bytes a
+// thread at d 256-1024), the footprint of the two launches' c_attn. The hypothesis for the fused launch being
+// faster alone at 16 rows (run 0058) and slower in the step (+19.5 us, H200).
+#ifndef FUSED_ATTN_QKV_ROWS_MIN_BLOCKS
+#define FUSED_ATTN_QKV_ROWS_MIN_BLOCKS 2
+#endif
+constexpr int kQkvRowsMinBlocks = FUSED_ATTN_QKV_ROWS_MIN_BLOCKS;
+
 // S: the ranks that attend one sequence (kQkvClusterBlocks / G: 8 at one row, 1 from 5 rows).
 template <int G>
 constexpr int ranks_a_sequence() { return kQkvClusterBlocks / G; }
@@ -163,7 +175,7 @@ __device__ __forceinline__ void centered_row(const QkvParams& p, int bx, int lan
 // (Sessions 33-34 also built G = 16 at 9-16 rows, two groups of 8 warps a block each attending a whole
 // sequence: +20 us a step at batch 16 on an H100, removed in session 35; bench/NOTES.md.)
 template <typename T, int G, int P>
-__global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : 2) qkv_decode_attention_kernel(const QkvParams p) {
+__global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : kQkvRowsMinBlocks) qkv_decode_attention_kernel(const QkvParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(G == 1 || G == 2 || G == 4 || G == 8, "sequences a cluster");
   constexpr int S = ranks_a_sequence<G>();
