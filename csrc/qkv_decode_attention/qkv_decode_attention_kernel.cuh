@@ -14,8 +14,9 @@
 //
 // G = 1 (batch 1): every warp normalizes the row itself (3 16-byte pieces a lane, two warp reductions, float32)
 // and computes 3 columns on CUDA cores; no block barrier stands between x and the dot products.
-// G = 2 / 4 / 8 (2 / 3-4 / 5+ rows; session 33): warp g normalizes row g into shared memory, rounded to T (as the two-launch chain's norm rounds it), the
-// warps split d and run mma.sync with the block's rows as M and the G rows as N.
+// G = 2 / 4 / 8 (2 / 3-4 / 5+ rows; session 33): warp g normalizes row g into shared memory, rounded to T (as
+// the two-launch chain's norm rounds it), the warps split d and run mma.sync with the block's rows as M and the
+// G rows as N.
 // Every G attends 16 keys a warp a pass: their scores reduced by one transposed butterfly, one rescale a pass,
 // the next pass requested before this one's arithmetic, the lengths read and the first pass requested right
 // after the wait (under the projection). Session 32's G = 1 loop (8 keys a pass, requested after the cluster
@@ -175,7 +176,8 @@ __device__ __forceinline__ void centered_row(const QkvParams& p, int bx, int lan
 // (Sessions 33-34 also built G = 16 at 9-16 rows, two groups of 8 warps a block each attending a whole
 // sequence: +20 us a step at batch 16 on an H100, removed in session 35; bench/NOTES.md.)
 template <typename T, int G, int P>
-__global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : kQkvRowsMinBlocks) qkv_decode_attention_kernel(const QkvParams p) {
+__global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : kQkvRowsMinBlocks)
+    qkv_decode_attention_kernel(const QkvParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(G == 1 || G == 2 || G == 4 || G == 8, "sequences a cluster");
   constexpr int S = ranks_a_sequence<G>();
