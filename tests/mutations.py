@@ -215,7 +215,7 @@ MUTATIONS: list[Mutation] = [
              "      const uint32_t a0[4] = {wr[0][c].x, wr[1][c].x, wr[0][c].y, wr[1][c].y};",
              "      const uint32_t a0[4] = {wr[0][c].y, wr[1][c].y, wr[0][c].x, wr[1][c].x};",
              _t(f"{T_QKV}::test_matches_reference_gpu"), gpu=True,
-             why="2-16 rows: the A fragment's two k halves against the B fragment's, misaligned"),
+             why="2-8 rows: the A fragment's two k halves against the B fragment's, misaligned"),
     Mutation("gpt2-qkv-rule-ignores-slots", "fused_attn/gpt2.py",
              "return _QKV_ATTENTION and rows <= _QKV_ATTENTION_ROWS and (rows == 1 or slots <= _QKV_ATTENTION_SLOTS)",
              "return _QKV_ATTENTION and rows <= _QKV_ATTENTION_ROWS",
