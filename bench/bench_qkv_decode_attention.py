@@ -14,7 +14,8 @@ L - 1 and attends with q over the L valid slots:
 
 Shapes [B, H, L] with head_dim 64, d = 64 H: GPT-2 small (H 12) and medium (H 16) at B 1, 4, 8 and 16 (clusters
 of 1, 4 and 8 sequences; 16: two clusters a head), L 128 / 1024. The append is idempotent (the same k / v at the
-same slot every call). Each provider's output is checked once before timing against the float64 computation of the op (its CPU path in float64).
+same slot every call). Each provider's output is checked once before timing against the float64 computation of
+the op (its CPU path in float64).
 extra_info: p5/p50/p95 (cold L2, bench/harness.py), modeled bytes (w_qkv, b_qkv, K and V over L slots,
 x, out, the appended k / v), GB/s, % of copy bandwidth, the same-bytes copy and empty-kernel floors, and
 speedups vs eager, compiled and unfused in this run. Quick default float16; --full adds bfloat16. Without

@@ -65,6 +65,9 @@ _GPT2_PROMPT_OUT = "        return o.view(b, s, h * d)\n"
 _GPT2_PROMPT_OUT_OFF = "        return o.view(b, s, h * d) * 1.01\n"
 
 
+# GPT-2's rule for the fused QKV + attention launch (fused_attn/gpt2.py, _qkv_attention_applies): two mutations' anchor.
+QKV_RULE = "return _QKV_ATTENTION and rows <= _QKV_ATTENTION_ROWS and (rows == 1 or slots <= _QKV_ATTENTION_SLOTS)"
+
 MUTATIONS: list[Mutation] = [
     # ------------------------------------------------------------ the bugs issue 16 lists
     Mutation("hf-static-cache-key-slice-removed", "fused_attn/hf.py",
@@ -216,13 +219,11 @@ MUTATIONS: list[Mutation] = [
              "      const uint32_t a0[4] = {wr[0][c].y, wr[1][c].y, wr[0][c].x, wr[1][c].x};",
              _t(f"{T_QKV}::test_matches_reference_gpu"), gpu=True,
              why="2-8 rows: the A fragment's two k halves against the B fragment's, misaligned"),
-    Mutation("gpt2-qkv-rule-ignores-slots", "fused_attn/gpt2.py",
-             "return _QKV_ATTENTION and rows <= _QKV_ATTENTION_ROWS and (rows == 1 or slots <= _QKV_ATTENTION_SLOTS)",
+    Mutation("gpt2-qkv-rule-ignores-slots", "fused_attn/gpt2.py", QKV_RULE,
              "return _QKV_ATTENTION and rows <= _QKV_ATTENTION_ROWS",
              _t(f"{T_QKV}::test_gpt2_rule_by_rows_and_slots"),
              why="GPT-2's step would take the fused launch at 2-8 rows over long caches, where it measured slower"),
-    Mutation("gpt2-qkv-rule-bounds-one-row", "fused_attn/gpt2.py",
-             "return _QKV_ATTENTION and rows <= _QKV_ATTENTION_ROWS and (rows == 1 or slots <= _QKV_ATTENTION_SLOTS)",
+    Mutation("gpt2-qkv-rule-bounds-one-row", "fused_attn/gpt2.py", QKV_RULE,
              "return _QKV_ATTENTION and rows <= _QKV_ATTENTION_ROWS and slots <= _QKV_ATTENTION_SLOTS",
              _t(f"{T_QKV}::test_gpt2_rule_by_rows_and_slots"),
              why="one row over a long cache would take the two launches, measured 20-25 us a step slower"),

@@ -51,17 +51,20 @@ def test_part_times_use_kernel_time_under_cpu_scopes_not_gpu_ranges():
     assert times["residual"] == 100.0 - 94.0
 
 
+def ev(name: str, start: float, end: float):
+    """A profiler device event of kernel `name` over [start, end] (us), as critical_path reads it."""
+    import torch
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=name, device_type=torch.autograd.DeviceType.CUDA,
+                           time_range=SimpleNamespace(start=start, end=end))
+
+
 def test_critical_path_credits_each_kernel_with_its_end_past_the_latest_end():
     """Under programmatic dependent launch a kernel starts before the previous one ends: its increment
     is its end minus the latest end before it (not its duration), the increments add up to the step, and
     only the steps after the skipped ones (each ending with `sample`) count."""
-    import torch
     from types import SimpleNamespace
-
-    gpu = torch.autograd.DeviceType.CUDA
-
-    def ev(name, start, end):
-        return SimpleNamespace(name=name, device_type=gpu, time_range=SimpleNamespace(start=start, end=end))
 
     gemv = "void fused_attn::linear::linear_gemv_kernel<__half, 1, 4>(fused_attn::LinearParams)"
     events, t = [], 0.0
@@ -82,13 +85,7 @@ def test_critical_path_credits_each_kernel_with_its_end_past_the_latest_end():
 def test_critical_path_head_start_is_negative_for_a_kernel_that_starts_after_the_one_before_ends():
     """A kernel whose blocks start only after the kernel before it has ended (no room on the SMs, no
     programmatic launch) shows a negative head start: the gap it began after that end."""
-    import torch
     from types import SimpleNamespace
-
-    gpu = torch.autograd.DeviceType.CUDA
-
-    def ev(name, start, end):
-        return SimpleNamespace(name=name, device_type=gpu, time_range=SimpleNamespace(start=start, end=end))
 
     events, t = [], 0.0
     for _ in range(5):  # per step: a kernel 2 us after the sampler's end, the sampler 1 us before it ends
