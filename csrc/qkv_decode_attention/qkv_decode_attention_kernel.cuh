@@ -68,17 +68,8 @@ constexpr int kRowsPerWarp = kRowsPerBlock / kWarps;                // 3
 constexpr int kRowsKeys = 16;  // keys a warp loads at once: the transposed butterfly's 16
 static_assert(kRowsPerWarp * kWarps * kQkvClusterBlocks == 3 * kQkvHeadDim, "the head's rows over the cluster");
 
-// -DFUSED_ATTN_QKV_ROWS_MIN_BLOCKS=<n> (an A/B build, default 2; not measured yet, bench/NOTES.md session 35):
-// the G > 1 builds' blocks a SM for ptxas (__launch_bounds__). 2 gives them 121-128 registers, 32 K a block of
-// 256 threads: such a block cannot become resident beside two blocks of the split-K projection that runs
-// before it in GPT-2's step (78-80 registers, 20 K a block), so at 16 rows its weight and first-pass loads
-// may wait for that launch to end. 3 caps them at 80 registers (20 K a block; ptxas spills 152-340 bytes a
-// thread at d 256-1024), the footprint of the two launches' c_attn. The hypothesis for the fused launch being
-// faster alone at 16 rows (run 0058) and slower in the step (+19.5 us, H200).
-#ifndef FUSED_ATTN_QKV_ROWS_MIN_BLOCKS
-#define FUSED_ATTN_QKV_ROWS_MIN_BLOCKS 2
-#endif
-constexpr int kQkvRowsMinBlocks = FUSED_ATTN_QKV_ROWS_MIN_BLOCKS;
+// The G > 1 builds' blocks a SM for ptxas (__launch_bounds__): 2 gives them 121-128 registers, no spills.
+constexpr int kQkvRowsMinBlocks = 2;
 
 // S: the ranks that attend one sequence (kQkvClusterBlocks / G: 8 at one row, 1 from 5 rows).
 template <int G>
@@ -243,6 +234,11 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : kQkvRowsMinBlocks)
     }
   }
   wait_for_primary();  // x and the cache's lengths are earlier kernels' outputs
+#ifndef FUSED_ATTN_X_QKV_NO_LATE
+  // The late trigger (a no-op after the early one): the next launch (c_proj, a split-K GEMV) may start and
+  // fetch its weights under this launch's projection and attention, as decode_attention lets it.
+  launch_dependents();
+#endif
 
   // The lengths and this rank's keys: slots [left, len] split over the sequence's S ranks; warp w takes every
   // kWarps-th. Slot len (the new key) is read from shared memory, not from the cache the lead rank writes.
