@@ -397,8 +397,6 @@ __device__ void post_normalize(const LinearParams& p, const LinearPost& q) {
 inline LinearParams with_linear_pdl_early(const LinearParams& params) {
   LinearParams p = with_pdl_early(params, params.m);
   p.pdl_early = p.pdl_early || (params.activation != kActNone && pdl_early_rows() > 0);
-  static const long x_early_k = env_count("FUSED_ATTN_X_EARLY_K", 0);  // SCRATCH A/B (session 36)
-  p.pdl_early = p.pdl_early || (x_early_k > 0 && params.k >= x_early_k);
   return p;
 }
 
