@@ -25,7 +25,8 @@
 //
 // Measured in GPT-2's step (bench/NOTES.md, sessions 32-35), us against the two launches: H200 batch 1 206 ->
 // 191, and at a 512-token prompt 212.5 -> 192.9; H100 batch 1 214 -> 205, batch 4 233 -> 215, batch 8 even,
-// batch 16 320 -> 340 (two clusters a head read the rows twice, two blocks a SM): GPT-2 uses it at up to 8 rows.
+// batch 16 320 -> 340 (two clusters a head read the rows twice, two blocks a SM); H200 batch 16, session 36, with
+// the late trigger after the wait: 295.6 against 292.6. GPT-2 uses it at up to 8 rows.
 //
 // (The mean is float32 with no cancellation redo, unlike linear's kSelfNorm: at 16-bit inputs its error stays
 // far below the inputs' own rounding; the drawn tests include rows of |mean| / std = 500.) float32
@@ -234,11 +235,11 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : kQkvRowsMinBlocks)
     }
   }
   wait_for_primary();  // x and the cache's lengths are earlier kernels' outputs
-#ifndef FUSED_ATTN_X_QKV_NO_LATE
   // The late trigger (a no-op after the early one): the next launch (c_proj, a split-K GEMV) may start and
-  // fetch its weights under this launch's projection and attention, as decode_attention lets it.
+  // fetch its weights under this launch's projection and attention, as decode_attention lets it. Without it
+  // (before session 36) a late launch let its dependent start only when the whole grid had exited: GPT-2's step
+  // at 16 rows through this op, H200, 311.4 -> 295.6 us (bench/NOTES.md session 36); 1-8 rows even.
   launch_dependents();
-#endif
 
   // The lengths and this rank's keys: slots [left, len] split over the sequence's S ranks; warp w takes every
   // kWarps-th. Slot len (the new key) is read from shared memory, not from the cache the lead rank writes.
