@@ -4,8 +4,6 @@
 namespace fused_attn {
 template void launch_linear_gemv<__half, 16, true>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
 template void launch_linear_mma_stats<__half, 16>(const LinearParams&, int, cudaStream_t);
-#ifdef FUSED_ATTN_X_SN16
 template void launch_linear_mma_self_norm<__half, 16>(const LinearParams&, int, cudaStream_t);
 template bool linear_mma_self_norm_fits<__half, 16>(int64_t, int64_t, int);
-#endif
 }  // namespace fused_attn
