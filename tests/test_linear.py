@@ -717,7 +717,7 @@ def self_norm_expected(m: int, k: int, n_out: int, act) -> bool:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cols = 8 if act == "swiglu" else 16
     tiles = (n_out + cols - 1) // cols
-    return 2 <= m <= (16 if os.environ.get("FUSED_ATTN_X_SN16") else 8) and k % 8 == 0 and k <= 768 and sms <= tiles <= 3 * sms and os.environ.get("FUSED_ATTN_SELF_NORM") != "0"
+    return 2 <= m <= 8 and k % 8 == 0 and k <= 768 and sms <= tiles <= 3 * sms and os.environ.get("FUSED_ATTN_SELF_NORM") != "0"
 
 
 @pytest.mark.gpu

@@ -215,15 +215,7 @@ struct PostNorm {
 // the plain one at 16 rows, 0.8 at 8, against the ~1.4 us norm launch it saves), so from 9 rows the norm
 // keeps its launch (kSelfNormMaxRows).
 // FUSED_ATTN_SELF_NORM=0 turns it off (the two launches), for A/Bs.
-// SCRATCH A/B (session 36): FUSED_ATTN_X_SN16=1, the self-normalizing kernel at 9-16 rows too.
-inline bool x_sn16() {
-  static const bool on = [] {
-    const char* env = std::getenv("FUSED_ATTN_X_SN16");
-    return env != nullptr && std::string(env) == "1";
-  }();
-  return on;
-}
-const int64_t kSelfNormMaxRows = 8;
+constexpr int64_t kSelfNormMaxRows = 8;
 bool self_norm_in_mma(const at::Tensor& x, const at::Tensor& weight, const Norm& norm, int64_t m, int64_t k,
                       int64_t n_out, int64_t activation) {
   static const bool enabled = [] {
@@ -231,7 +223,7 @@ bool self_norm_in_mma(const at::Tensor& x, const at::Tensor& weight, const Norm&
     return env == nullptr || std::string(env) != "0";
   }();
   if (!enabled || norm.norm == kNormNone || norm.weight.defined() || norm.bias.defined()) return false;
-  if (x.scalar_type() == at::kFloat || !mma_rows(m, k, true, false) || m > (x_sn16() ? 16 : kSelfNormMaxRows) || k % 8 != 0 ||
+  if (x.scalar_type() == at::kFloat || !mma_rows(m, k, true, false) || m > kSelfNormMaxRows || k % 8 != 0 ||
       !vector_ready(weight, 8))
     return false;
   const int sms = sm_count(x);
@@ -239,8 +231,7 @@ bool self_norm_in_mma(const at::Tensor& x, const at::Tensor& weight, const Norm&
   if (blocks < sms) return false;  // the split-K kernel's shapes
   bool fits = false;
   FA_DISPATCH_FLOAT(x.scalar_type(), x, [&] {
-    if constexpr (!std::is_same_v<scalar_t, float>)
-      fits = m > 8 ? linear_mma_self_norm_fits<scalar_t, 16>(k, blocks, sms) : linear_mma_self_norm_fits<scalar_t, 8>(k, blocks, sms);
+    if constexpr (!std::is_same_v<scalar_t, float>) fits = linear_mma_self_norm_fits<scalar_t, 8>(k, blocks, sms);
   });
   return fits;
 }
@@ -348,10 +339,6 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
     if constexpr (!std::is_same_v<scalar_t, float>) {
       const bool wide = p.m > 8;
       if (norm.in_mma && p.vec) {  // linear_impl's self_norm_in_mma held (2-8 rows)
-        if (wide) {
-          launch_linear_mma_self_norm<scalar_t, 16>(p, sms, stream);
-          return;
-        }
         launch_linear_mma_self_norm<scalar_t, 8>(p, sms, stream);
         return;
       }

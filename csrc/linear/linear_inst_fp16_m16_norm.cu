@@ -4,6 +4,4 @@
 namespace fused_attn {
 template void launch_linear_gemv<__half, 16, true>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
 template void launch_linear_mma_stats<__half, 16>(const LinearParams&, int, cudaStream_t);
-template void launch_linear_mma_self_norm<__half, 16>(const LinearParams&, int, cudaStream_t);
-template bool linear_mma_self_norm_fits<__half, 16>(int64_t, int64_t, int);
 }  // namespace fused_attn

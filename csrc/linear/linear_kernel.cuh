@@ -1392,9 +1392,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   if (kOutputAhead && warp < NT) mma_load_output_bias<T, kAct>(p, col0, warp, out_in);
   float row_sums[4];  // kNormX: the owning warps' weight-row sums
   if (kNormX && warp < NT) mma_load_row_sums<kAct>(p, col0, warp, row_sums);
-#ifdef FUSED_ATTN_X_WSUM_EARLY
   if constexpr (kSelfNorm) mma_weight_sums<T, CH>(wa);
-#endif
   wait_for_primary();
   if (kOutputAhead && !kSelfNorm && warp < NT) mma_load_output_residual<T, kAct>(p, col0, warp, out_in);
   if constexpr (kSelfNorm) {
@@ -1404,9 +1402,6 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
 #pragma unroll
       for (int i = 0; i < 4; ++i) st.c[t][i] = 0.f;
     mma_accumulate_self<T, NT, CH, kStageX, kAct>(p, L, warp, chunks, kMmaWarps, wa, acc, st, col0, out_in);
-#ifndef FUSED_ATTN_X_WSUM_EARLY  // SCRATCH A/B (session 36): the weight sums after the main loop, off the pre-wait path
-    mma_weight_sums<T, CH>(wa);
-#endif
     launch_dependents();
     mma_self_norm_finish<T, NT, CH, kStageX, kAct>(p, col0, L, chunks, acc, st, out_in);
     return;
