@@ -94,11 +94,11 @@ RANDOM_NAME = "gpt2-random"
 _STATS_CHAIN = _env_switch("FUSED_ATTN_STATS_CHAIN", "0", "[01]", "0 or 1")
 # The decode step's c_attn (with the folded ln_1) and decode attention as one qkv_decode_attention launch at
 # up to FUSED_ATTN_QKV_ATTENTION_ROWS rows (default 8); FUSED_ATTN_QKV_ATTENTION=0 runs the two launches (the
-# A/B). Measured (bench/NOTES.md, sessions 32-35), us a step against the two launches: H200 batch 1 206 -> 191;
+# A/B). Measured (bench/NOTES.md, sessions 32-36), us a step against the two launches: H200 batch 1 206 -> 191;
 # H100 batch 1 214 -> 205, batch 4 233 -> 215 (clusters of 4 sequences), batch 8 even (262), batch 16 320 ->
-# 340 (two clusters of 8 a head, two blocks a SM; H200 session 36, with the op's late trigger after its wait: 295.6
-# against 292.6), hence 8 rows. At 2 rows and more only where the cache holds
-# at most FUSED_ATTN_QKV_ATTENTION_SLOTS slots (default 256): the op attends a sequence with 8 / G blocks (4 at
+# 340 (two clusters of 8 a head, two blocks a SM; H200, session 36, with the op's late trigger after its wait:
+# 295.6 against 292.6), hence 8 rows. At 2 rows and more only where the cache holds at most
+# FUSED_ATTN_QKV_ATTENTION_SLOTS slots (default 256): the op attends a sequence with 8 / G blocks (4 at
 # 2 rows, one from 5), where decode_attention splits long caches over more (H200, session 35: batch 4 at 328 /
 # 456 / 584 slots +6.6 / +1.1 / +29 us a step, batch 8 at 328 / 456 +22 / +48). At one row at any length: its
 # one-row attention is the 16-keys-a-pass loop since session 35, and it wins at every length measured (H200,

@@ -69,7 +69,9 @@ constexpr int kRowsPerWarp = kRowsPerBlock / kWarps;                // 3
 constexpr int kRowsKeys = 16;  // keys a warp loads at once: the transposed butterfly's 16
 static_assert(kRowsPerWarp * kWarps * kQkvClusterBlocks == 3 * kQkvHeadDim, "the head's rows over the cluster");
 
-// The G > 1 builds' blocks a SM for ptxas (__launch_bounds__): 2 gives them 121-128 registers, no spills.
+// The G > 1 builds' blocks a SM for ptxas (__launch_bounds__): 2 gives them 121-127 registers, no spills. 3 (80
+// registers, to fit beside the split-K projection's blocks) spilled in the attention loop: GPT-2's batch-8 step
+// +84 us on an H200 (bench/NOTES.md, session 36).
 constexpr int kQkvRowsMinBlocks = 2;
 
 // S: the ranks that attend one sequence (kQkvClusterBlocks / G: 8 at one row, 1 from 5 rows).
