@@ -20,12 +20,8 @@ No gradient: an input that requires grad raises.
 GPT-2's decode step (fused_attn.gpt2, backends with layer_norm "folded") runs it in place of c_attn and
 decode_attention at one row over any cache and at 2-8 rows over caches of up to 256 slots
 (``FUSED_ATTN_QKV_ATTENTION=0``: the two launches; ``FUSED_ATTN_QKV_ATTENTION_ROWS`` / ``_SLOTS``: the largest
-batch / the largest cache from 2 rows that takes it; beyond 256 slots at 2-8 rows the two launches measured
-faster, sessions 34-35). Measured, us a step against the two launches (bench/NOTES.md, sessions 32-35):
-H200 batch 1 206 -> 191 (at 584 / 972 slots 212.5 -> 192.9 / 224.3 -> 199.7); H100 batch 1 214 -> 205,
-batch 4 233 -> 215 (bench_gpt2 0.216 ms a token, 2.66x compile-graph, run 0054), batch 8 even, batch 16
-320 -> 340 (two clusters a head read the rows twice and attend a whole sequence a block), so not used at 16
-rows.
+batch / the largest cache from 2 rows that takes it). The measurements behind that rule are in the comment
+above fused_attn.gpt2._qkv_attention_applies (and bench/NOTES.md, sessions 32-36).
 """
 
 from __future__ import annotations
