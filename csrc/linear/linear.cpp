@@ -106,19 +106,16 @@ int64_t mma_tiles(int64_t n_out, int64_t activation) {
   return (n_out + cols - 1) / cols;
 }
 
-// Blocks of the split-K kernel per tile: the most that keep the grid at 1.5 blocks a SM on average, but
-// enough that tiles x splits covers every SM once, at most a portable cluster, and no split without a
-// chunk of 32 k (the count recomputed from the chunks per split, so the last split is the short one).
-// GPT-2's projections (48 tiles) on 132 SMs: 4 splits. Until session 37 the grid covered the SMs twice
-// (6 there); measured in GPT-2's captured step on an H200 (bench/NOTES.md, session 37), splits 3 / 4 / 5 /
-// 6 / 7 / 8 forced on every split-K launch, us a step: B4 192.2 / 192.4 / 197.0 / 198.7 / 227.9 / 233.6,
-// B8 235.2 / 228.7 / 236.4 / 241.1 / 268.6 / 276.4, B16 306.6 / 304.0 / 302.4 / 305.5 / 330.1 / 347.6. The
-// blocks run ahead of their wait under PDL (head start ~4-6 us), so fewer of them leave the SMs to the
-// kernel they overlap.
+// Blocks of the split-K kernel per tile: the most that keep the grid at <= 1.5 blocks a SM, but at least
+// enough that tiles x splits covers every SM once; at most a portable cluster, and no split without a chunk
+// of 32 k (the count recomputed from the chunks per split, so the last split is the short one). GPT-2's
+// projections (48 tiles, 132 SMs): 4 splits, where the rule before session 37 (the SMs covered twice) gave
+// 6. Measured in GPT-2's captured step on an H200 (bench/NOTES.md, session 37; interleaved, us a step, 6 ->
+// 4 splits): B4 198.6 -> 191.9, B8 241.4 -> 227.2, B16 305.0 -> 302.8, B1 unchanged (no split-K launch);
+// 7 or 8 splits cost 27-42 us more than 6. Why fewer wins was not located (the split-K blocks start ~4-6 us
+// under the kernel before them, PDL, and hold its SM slots: the guess). Not measured on an H100.
 int splitk_splits(int64_t tiles, int64_t k, int sms) {
   const int64_t chunks = std::max<int64_t>(1, (k + 31) / 32);
-  if (const char* x = std::getenv("FUSED_ATTN_X_SPLITS"); x != nullptr && *x)  // SCRATCH (session 37), reverted
-    return int(std::min<int64_t>(std::atoi(x), chunks));
   const int64_t cover = (sms + tiles - 1) / tiles, fill = 3 * int64_t(sms) / (2 * tiles);
   const int64_t want = std::min<int64_t>({kLinearMaxSplits, std::max<int64_t>({cover, fill, 1}), chunks});
   const int64_t per = (chunks + want - 1) / want;
@@ -193,9 +190,6 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const std::option
 }
 
 int sm_count(const at::Tensor& t) {
-  const char* x = std::getenv("FUSED_ATTN_X_SMS_LINEAR");  // SCRATCH (session 37 probe), reverted
-  if (x == nullptr || !*x) x = std::getenv("FUSED_ATTN_X_SMS");
-  if (x != nullptr && *x) return std::atoi(x);
   return at::cuda::getDeviceProperties(t.device().index())->multiProcessorCount;
 }
 
