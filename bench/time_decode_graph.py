@@ -12,11 +12,18 @@ over the rounds, one line per case, prefixed with `--tag`. Not a benchmark (benc
 bench/bench_gpt2_decode_step.py are): no cold L2, no JSON; two variants compare only within one device
 call. The first replayed step's tokens are checked against an eager step's from the same state: a variant
 that races shows here as a difference.
+
+A case's time can depend on the cases run before it in the same process, not only on its kernels: on an
+H200 (bench/NOTES.md, session 37) the same batch-16 step measured 288-289 us a step as the first or second
+case of a process and 300-303 as the third (after batches 4 and 8), with or without `--free-between`. Compare
+variants with the same `--batches` list, one process each. Each line prints the memory the process held
+when the case began (torch.cuda.memory_allocated / memory_reserved).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 
@@ -27,7 +34,11 @@ from fused_attn.gpt2 import GPT2, _DecodeGraph, load_hf_model
 
 
 def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, reps: int, prompt_len: int,
-             decode_splits: int | None = None):
+             decode_splits: int | None = None, free_between: bool = False):
+    if free_between:  # the earlier cases' models and graphs collected, their cached blocks returned to the driver
+        gc.collect()
+        torch.cuda.empty_cache()
+    held = torch.cuda.memory_allocated() / 2**20, torch.cuda.memory_reserved() / 2**20
     m = GPT2.from_hf(hf, dtype=dtype, device="cuda", backends=GRAPH_BACKENDS[backend])
     for block in m.h:  # decode_attention's split count in the fused step (None: its heuristic)
         block.attn.decode_splits = decode_splits
@@ -67,7 +78,7 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / replays)
-    return statistics.median(times), min(times), max(times), agree
+    return statistics.median(times), min(times), max(times), agree, held
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tag", default="")
     ap.add_argument("--decode-splits", type=int, default=None,
                     help="decode_attention's num_splits in every layer (default: its heuristic)")
+    ap.add_argument("--free-between", action="store_true",
+                    help="gc.collect() and torch.cuda.empty_cache() before each case")
     args = ap.parse_args(argv)
     hf = load_hf_model()
     dtype = getattr(torch, args.dtype)
@@ -89,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     bad = False
     for backend in args.backends.split(","):
         for b in (int(x) for x in args.batches.split(",")):
-            med, lo, hi, agree = run_case(hf, backend, dtype, b, args.replays, args.reps, args.prompt,
-                                          args.decode_splits)
+            med, lo, hi, agree, held = run_case(hf, backend, dtype, b, args.replays, args.reps, args.prompt,
+                                                args.decode_splits, args.free_between)
             print(f"{args.tag} {backend} B{b}: {med * 1e3:.1f} us/step (min {lo * 1e3:.1f}, max {hi * 1e3:.1f}); "
-                  f"first token agrees with eager {agree:.3f}", flush=True)
+                  f"first token agrees with eager {agree:.3f}; held at the start {held[0]:.0f} MB allocated, "
+                  f"{held[1]:.0f} MB reserved", flush=True)
             bad |= agree < 0.99
     return 1 if bad else 0
 
