@@ -279,7 +279,8 @@ print("ok")
 @pytest.mark.parametrize("forced", ["1", "3", "8", "50"])
 def test_forced_split_count_gpu(forced):
     """FUSED_ATTN_SPLITK_SPLITS (the A/B switch of linear.cpp's split rule): every split-K launch takes the
-    forced count, capped at 8 and at k's chunks of 32, and computes what the rule's count computes."""
+    forced count, capped at 8 and at k's chunks of 32, and its outputs pass test_split_k_path_gpu's checks
+    (float64 reference, poisoned outputs)."""
     import subprocess
     import sys
 

@@ -106,14 +106,6 @@ int64_t mma_tiles(int64_t n_out, int64_t activation) {
   return (n_out + cols - 1) / cols;
 }
 
-// Blocks of the split-K kernel per tile: the most that keep the grid at <= 1.5 blocks a SM, but at least
-// enough that tiles x splits covers every SM once; at most a portable cluster, and no split without a chunk
-// of 32 k (the count recomputed from the chunks per split, so the last split is the short one). GPT-2's
-// projections (48 tiles, 132 SMs): 4 splits, where the rule before session 37 (the SMs covered twice) gave
-// 6. Measured in GPT-2's captured step on an H200 (bench/NOTES.md, session 37; interleaved, us a step, 6 ->
-// 4 splits): B4 198.6 -> 191.9, B8 241.4 -> 227.2, B16 305.0 -> 302.8, B1 unchanged (no split-K launch);
-// 7 or 8 splits cost 27-42 us more than 6. Why fewer wins was not located (the split-K blocks start ~4-6 us
-// under the kernel before them, PDL, and hold its SM slots: the guess). Not measured on an H100.
 // FUSED_ATTN_SPLITK_SPLITS=<n> in the environment (read once per process; fused_attn.load() refuses a value
 // that is not a non-negative integer): every split-K launch asks for n splits instead of the rule's count (still
 // at most a portable cluster and the chunks of k), for A/Bs of the rule; 0 or unset: the rule.
@@ -128,6 +120,14 @@ int64_t forced_splitk_splits() {
   return n;
 }
 
+// Blocks of the split-K kernel per tile: the most that keep the grid at <= 1.5 blocks a SM, but at least
+// enough that tiles x splits covers every SM once; at most a portable cluster, and no split without a chunk
+// of 32 k (the count recomputed from the chunks per split, so the last split is the short one). GPT-2's
+// projections (48 tiles, 132 SMs): 4 splits, where the rule before session 37 (the SMs covered twice) gave
+// 6. Measured in GPT-2's captured step on an H200 (bench/NOTES.md, session 37; interleaved, us a step, 6 ->
+// 4 splits): B4 198.6 -> 191.9, B8 241.4 -> 227.2, B16 305.0 -> 302.8, B1 unchanged (no split-K launch);
+// 7 or 8 splits cost 27-42 us more than 6. Why fewer wins was not located (the split-K blocks start ~4-6 us
+// under the kernel before them, PDL, and hold its SM slots: the guess). Not measured on an H100.
 int splitk_splits(int64_t tiles, int64_t k, int sms) {
   const int64_t chunks = std::max<int64_t>(1, (k + 31) / 32);
   const int64_t cover = (sms + tiles - 1) / tiles, fill = 3 * int64_t(sms) / (2 * tiles);
