@@ -181,11 +181,9 @@ _loaded = False
 
 
 # The environment switches the CUDA library reads once per process, each a non-negative integer: the rows
-# up to which launches trigger their dependents early (common/pdl.cuh), the batch from which decode
-# attention's one-row launches take the wide build (decode_attention_kernel.cuh), and the split count every
-# split-K launch asks for (csrc/linear/linear.cpp, splitk_splits; 0: its rule).
-INT_SWITCHES = {"FUSED_ATTN_PDL_EARLY": "rows", "FUSED_ATTN_DECODE_WIDE": "batch",
-                "FUSED_ATTN_SPLITK_SPLITS": "splits"}
+# up to which launches trigger their dependents early (common/pdl.cuh), and the batch from which decode
+# attention's one-row launches take the wide build (decode_attention_kernel.cuh).
+INT_SWITCHES = {"FUSED_ATTN_PDL_EARLY": "rows", "FUSED_ATTN_DECODE_WIDE": "batch"}
 
 
 def check_environment() -> None:

@@ -246,54 +246,6 @@ def test_split_k_path_gpu(m, activation, dtype):
                               lead="3d" if i == 0 else "2d", seed=m * 100 + i), "cuda")
 
 
-# Run in a process of its own (FUSED_ATTN_SPLITK_SPLITS is read once per process): the split-K shapes at 5 and
-# 16 rows, each checked as test_split_k_path_gpu checks them, and each launch's grid.y (the split count) read
-# from a torch.profiler trace against the count the forced value should give.
-_FORCED_SPLITS = """
-import json, math, os, sys, tempfile
-import torch
-from torch.profiler import ProfilerActivity, profile
-from tests.test_linear import SPLIT_K_SHAPES, case_of, run_and_check
-
-forced = int(os.environ["FUSED_ATTN_SPLITK_SPLITS"])
-for m in (5, 16):
-    for i, (k, n) in enumerate(SPLIT_K_SHAPES):
-        case = case_of(m=m, k=k, n=n, dtype=torch.float16, activation="gelu_tanh", seed=m * 100 + i)
-        run_and_check(case, "cuda")  # loads the library outside the profile
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            run_and_check(case, "cuda")
-            torch.cuda.synchronize()
-        with tempfile.TemporaryDirectory() as d:
-            prof.export_chrome_trace(os.path.join(d, "t.json"))
-            events = json.load(open(os.path.join(d, "t.json")))["traceEvents"]
-        grids = [e["args"]["grid"] for e in events if "linear_splitk_kernel" in e.get("name", "")]
-        chunks = math.ceil(k / 32)
-        want = min(8, forced, chunks)
-        splits = math.ceil(chunks / math.ceil(chunks / want))
-        assert grids and all(g[1] == splits for g in grids), (m, k, n, forced, splits, grids)
-print("ok")
-"""
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("forced", ["1", "3", "8", "50"])
-def test_forced_split_count_gpu(forced):
-    """FUSED_ATTN_SPLITK_SPLITS (the A/B switch of linear.cpp's split rule): every split-K launch takes the
-    forced count, capped at 8 and at k's chunks of 32, and its outputs pass test_split_k_path_gpu's checks
-    (float64 reference, poisoned outputs)."""
-    import subprocess
-    import sys
-
-    if torch.cuda.get_device_properties(0).major < 9:
-        pytest.skip("the split-K kernel needs sm_90 (thread-block clusters)")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "FUSED_ATTN_SPLITK_SPLITS": forced,
-           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, "-c", _FORCED_SPLITS], cwd=root, env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout[-2000:] + run.stderr[-4000:]
-
-
 def _kernels_run(fn) -> list[str]:
     from torch.profiler import ProfilerActivity, profile
 
