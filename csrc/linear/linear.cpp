@@ -106,20 +106,6 @@ int64_t mma_tiles(int64_t n_out, int64_t activation) {
   return (n_out + cols - 1) / cols;
 }
 
-// FUSED_ATTN_SPLITK_SPLITS=<n> in the environment (read once per process; fused_attn.load() refuses a value
-// that is not a non-negative integer): every split-K launch asks for n splits instead of the rule's count (still
-// at most a portable cluster and the chunks of k), for A/Bs of the rule; 0 or unset: the rule.
-int64_t forced_splitk_splits() {
-  static const int64_t n = [] {
-    const char* env = std::getenv("FUSED_ATTN_SPLITK_SPLITS");
-    if (env == nullptr || *env == '\0') return int64_t(0);
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    return *end == '\0' && v >= 0 ? int64_t(v) : int64_t(0);
-  }();
-  return n;
-}
-
 // Blocks of the split-K kernel per tile: the most that keep the grid at <= 1.5 blocks a SM, but at least
 // enough that tiles x splits covers every SM once; at most a portable cluster, and no split without a chunk
 // of 32 k (the count recomputed from the chunks per split, so the last split is the short one). GPT-2's
@@ -131,8 +117,7 @@ int64_t forced_splitk_splits() {
 int splitk_splits(int64_t tiles, int64_t k, int sms) {
   const int64_t chunks = std::max<int64_t>(1, (k + 31) / 32);
   const int64_t cover = (sms + tiles - 1) / tiles, fill = 3 * int64_t(sms) / (2 * tiles);
-  const int64_t rule = std::max<int64_t>({cover, fill, 1}), forced = forced_splitk_splits();
-  const int64_t want = std::min<int64_t>({kLinearMaxSplits, forced > 0 ? forced : rule, chunks});
+  const int64_t want = std::min<int64_t>({kLinearMaxSplits, std::max(cover, fill), chunks});
   const int64_t per = (chunks + want - 1) / want;
   return int((chunks + per - 1) / per);
 }

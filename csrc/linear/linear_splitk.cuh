@@ -5,9 +5,8 @@
 // The same weight stream as linear_mma_kernel (linear_kernel.cuh): K x N x sizeof(T) bytes read once
 // (4.7 MB at 3072 x 768 in 16-bit types, ~1.6 us at the copy bandwidth), x (a few KB) from L1. The
 // tile of 16 weight rows (8 gate over 8 up rows with SwiGLU) is split along K over the blocks of a
-// thread-block cluster (grid: tiles x splits, cluster 1 x splits; the launcher picks splits so that
-// tiles x splits is about 1.5 blocks a SM, at most 8, the portable cluster size: linear.cpp's
-// splitk_splits): each block computes the
+// thread-block cluster (grid: tiles x splits, cluster 1 x splits; linear.cpp's splitk_splits keeps the
+// grid near 1.5 blocks a SM, at most 8 splits, the portable cluster size): each block computes the
 // mma.sync partial sums of its slice of K with linear_mma_kernel's lane operands, loop and block sum
 // (mma_lane, mma_accumulate, mma_block_sum); every other block of the cluster pushes its sums into the
 // rank-0 block's shared memory (distributed shared memory, st.async onto rank 0's mbarrier) and exits,
