@@ -17,7 +17,8 @@ A case's time can depend on the cases run before it in the same process, not onl
 H200 (bench/NOTES.md, session 37) the same batch-16 step measured 288-289 us a step as the first or second
 case of a process and 300-303 as the third (after batches 4 and 8), with or without `--free-between`. Compare
 variants with the same `--batches` list, one process each. Each line prints the memory the process held
-when the case began (torch.cuda.memory_allocated / memory_reserved).
+when the case began (torch.cuda.memory_allocated / memory_reserved) and the address its wte (the tied lm_head)
+landed at; `--hold-mb` moves where the models land.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
         torch.cuda.empty_cache()
     held = torch.cuda.memory_allocated() / 2**20, torch.cuda.memory_reserved() / 2**20
     m = GPT2.from_hf(hf, dtype=dtype, device="cuda", backends=GRAPH_BACKENDS[backend])
+    where = m.wte.weight.data_ptr() / 2**20  # the largest weight's (the tied lm_head's) address, in MB
     for block in m.h:  # decode_attention's split count in the fused step (None: its heuristic)
         block.attn.decode_splits = decode_splits
     c = m.config
@@ -78,7 +80,7 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / replays)
-    return statistics.median(times), min(times), max(times), agree, held
+    return statistics.median(times), min(times), max(times), agree, held + (where,)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="decode_attention's num_splits in every layer (default: its heuristic)")
     ap.add_argument("--free-between", action="store_true",
                     help="gc.collect() and torch.cuda.empty_cache() before each case")
+    ap.add_argument("--hold-mb", type=int, default=0,
+                    help="allocate this many MB before the first case and keep them (moves where the models land)")
     args = ap.parse_args(argv)
+    hold = torch.empty(args.hold_mb << 20, dtype=torch.uint8, device="cuda") if args.hold_mb else None  # noqa: F841
     hf = load_hf_model()
     dtype = getattr(torch, args.dtype)
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} {args.dtype} prompt {args.prompt} "
@@ -106,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 args.decode_splits, args.free_between)
             print(f"{args.tag} {backend} B{b}: {med * 1e3:.1f} us/step (min {lo * 1e3:.1f}, max {hi * 1e3:.1f}); "
                   f"first token agrees with eager {agree:.3f}; held at the start {held[0]:.0f} MB allocated, "
-                  f"{held[1]:.0f} MB reserved", flush=True)
+                  f"{held[1]:.0f} MB reserved; wte at {held[2]:#x} MB", flush=True)
             bad |= agree < 0.99
     return 1 if bad else 0
 
