@@ -41,7 +41,7 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
         torch.cuda.empty_cache()
     held = torch.cuda.memory_allocated() / 2**20, torch.cuda.memory_reserved() / 2**20
     m = GPT2.from_hf(hf, dtype=dtype, device="cuda", backends=GRAPH_BACKENDS[backend])
-    where = m.wte.weight.data_ptr() / 2**20  # the largest weight's (the tied lm_head's) address, in MB
+    where = m.wte.weight.data_ptr() >> 20  # the largest weight's (the tied lm_head's) address, in MB
     for block in m.h:  # decode_attention's split count in the fused step (None: its heuristic)
         block.attn.decode_splits = decode_splits
     c = m.config
