@@ -13,12 +13,13 @@ bench/bench_gpt2_decode_step.py are): no cold L2, no JSON; two variants compare 
 call. The first replayed step's tokens are checked against an eager step's from the same state: a variant
 that races shows here as a difference.
 
-A case's time can depend on the cases run before it in the same process, not only on its kernels: on an
-H200 (bench/NOTES.md, session 37) the same batch-16 step measured 288-289 us a step as the first or second
-case of a process and 300-303 as the third (after batches 4 and 8), with or without `--free-between`. Compare
-variants with the same `--batches` list, one process each. Each line prints the memory the process held
-when the case began (torch.cuda.memory_allocated / memory_reserved) and the address its wte (the tied lm_head)
-landed at; `--hold-mb` moves where the models land.
+A process's captured steps get slower, all at once and for good, after it has used a few streams or
+captured a few graphs (bench/NOTES.md, session 38: on an H200 the batch-16 step goes from ~289 to ~303 us, on
+the programmatic edges; no such change with FUSED_ATTN_PDL=0). Any process that does real work is past that
+point, so by default the tool passes it before the first case (`--settle`, a small op on each of that many
+fresh streams), and the cases' order no longer matters; `--settle 0` measures a young process. Each line
+prints the memory the process held when the case began (torch.cuda.memory_allocated / memory_reserved) and
+the address its wte (the tied lm_head) landed at; `--hold-mb` moves where the models land.
 """
 
 from __future__ import annotations
@@ -83,6 +84,19 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
     return statistics.median(times), min(times), max(times), agree, held + (where,)
 
 
+def settle(n: int) -> None:
+    """A small op on each of ``n`` fresh pool streams: the process past the point where its programmatic
+    edges slow down (three were enough on an H200), as any process that has done real work is."""
+    keep = []
+    for _ in range(n):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            keep.append(torch.ones(1024, device="cuda") + 1)
+        torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backends", default="graph-fused")
@@ -98,12 +112,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="gc.collect() and torch.cuda.empty_cache() before each case")
     ap.add_argument("--hold-mb", type=int, default=0,
                     help="allocate this many MB before the first case and keep them (moves where the models land)")
+    ap.add_argument("--settle", type=int, default=6,
+                    help="fresh streams used before the first case (0: a young process; see the module's text)")
     args = ap.parse_args(argv)
+    settle(args.settle)
     hold = torch.empty(args.hold_mb << 20, dtype=torch.uint8, device="cuda") if args.hold_mb else None  # noqa: F841
     hf = load_hf_model()
     dtype = getattr(torch, args.dtype)
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} {args.dtype} prompt {args.prompt} "
-          f"{args.replays} replays x {args.reps}", flush=True)
+          f"{args.replays} replays x {args.reps}; settled with {args.settle} streams", flush=True)
     bad = False
     for backend in args.backends.split(","):
         for b in (int(x) for x in args.batches.split(",")):
