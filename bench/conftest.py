@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.harness import DeviceTimer, matmul_peak, measure_ceilings
+from bench.harness import DeviceTimer, matmul_peak, measure_ceilings, settle_process
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -144,6 +144,13 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     else:
         info.update(gpu_name="none")
     machine_info["fused_attn"] = info
+
+
+@pytest.fixture(scope="session", autouse=True)
+def settled_process():
+    """Every case measured in the process state users run in, whatever the selection and order
+    (harness.settle_process: our programmatic launches are slower in a process past a few stream joins)."""
+    settle_process()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """Device timing for the benchmarks and tools (bench/conftest.py, bench_<op>.py, bench.ab, bench.bytes).
 
 The one definition of the CUDA-event timing loop (``events_around``), the percentiles of a
-case, the device's bandwidth ceilings and the read/write roofline.
+case, the device's bandwidth ceilings and the read/write roofline, and of the process state every
+measurement starts from (``settle_process``).
 
 Each timed round: zero a 256 MiB buffer (evicts the previous round's data, its dirty outputs
 included), read another 256 MiB buffer (evicts the zeroing's own dirty lines: L2 then holds only
@@ -186,6 +187,30 @@ def roofline_us(read: int, write: int, ceilings: dict[str, float]) -> float:
     measured in GB/s: mixed traffic at the copy rate, and each direction at its own rate
     (a causal softmax writes twice what it reads and is bound by the write rate)."""
     return max((read + write) / ceilings["copy"], read / ceilings["read"], write / ceilings["write"]) / 1e3
+
+
+# Streams joined into the launching stream before anything is measured (settle_process).
+SETTLE_STREAMS = 6
+
+
+def settle_process(streams: int = SETTLE_STREAMS) -> None:
+    """Put this process where any process that has done real work is: a small op on each of `streams`
+    fresh streams, each joined back into the current stream. On an H200 (bench/NOTES.md, session 38) a
+    process's programmatic launches (our kernels' PDL edges) reach the SMs ~0.35 us later once it has
+    joined a few other streams or captured a few graphs, for good and process-wide (batch-16 GPT-2 step
+    ~289 -> ~303 us a step; three joins were enough); launches without the attribute do not change. Without
+    this the first cases of a process, or a selection with no graph-capturing peer before ours, would
+    measure a young process that users never run. No-op without a GPU."""
+    if not torch.cuda.is_available():
+        return
+    keep = []
+    for _ in range(streams):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            keep.append(torch.ones(1024, device="cuda") + 1)
+        torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
 
 
 def measure_ceilings(nbytes: int = 1 << 30, reps: int = 15) -> dict[str, float]:

@@ -16,8 +16,8 @@ that races shows here as a difference.
 A process's captured steps get slower, all at once and for good, after it has used a few streams or
 captured a few graphs (bench/NOTES.md, session 38: on an H200 the batch-16 step goes from ~289 to ~303 us, on
 the programmatic edges; no such change with FUSED_ATTN_PDL=0). Any process that does real work is past that
-point, so by default the tool passes it before the first case (`--settle`, a small op on each of that many
-fresh streams), and the cases' order no longer matters; `--settle 0` measures a young process. Each line
+point, so by default the tool passes it before the first case (`--settle`: bench.harness.settle_process),
+and the cases' order no longer matters; `--settle 0` measures a young process. Each line
 prints the memory the process held when the case began (torch.cuda.memory_allocated / memory_reserved) and
 the address its wte (the tied lm_head) landed at; `--hold-mb` moves where the models land.
 """
@@ -31,6 +31,7 @@ import sys
 
 import torch
 
+from bench.harness import SETTLE_STREAMS, settle_process
 from fused_attn.generate import GRAPH_BACKENDS, make_batch
 from fused_attn.gpt2 import GPT2, _DecodeGraph, load_hf_model
 
@@ -84,19 +85,6 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
     return statistics.median(times), min(times), max(times), agree, held + (where,)
 
 
-def settle(n: int) -> None:
-    """A small op on each of ``n`` fresh pool streams: the process past the point where its programmatic
-    edges slow down (three were enough on an H200), as any process that has done real work is."""
-    keep = []
-    for _ in range(n):
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            keep.append(torch.ones(1024, device="cuda") + 1)
-        torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backends", default="graph-fused")
@@ -112,10 +100,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="gc.collect() and torch.cuda.empty_cache() before each case")
     ap.add_argument("--hold-mb", type=int, default=0,
                     help="allocate this many MB before the first case and keep them (moves where the models land)")
-    ap.add_argument("--settle", type=int, default=6,
+    ap.add_argument("--settle", type=int, default=SETTLE_STREAMS,
                     help="fresh streams used before the first case (0: a young process; see the module's text)")
     args = ap.parse_args(argv)
-    settle(args.settle)
+    settle_process(args.settle)
     hold = torch.empty(args.hold_mb << 20, dtype=torch.uint8, device="cuda") if args.hold_mb else None  # noqa: F841
     hf = load_hf_model()
     dtype = getattr(torch, args.dtype)
