@@ -198,7 +198,7 @@ def settle_process(streams: int = SETTLE_STREAMS) -> None:
     fresh streams, each joined back into the current stream. On an H200 (bench/NOTES.md, session 38) a
     process's programmatic launches (our kernels' PDL edges) reach the SMs ~0.35 us later once it has
     joined a few other streams or captured a few graphs, for good and process-wide (batch-16 GPT-2 step
-    ~289 -> ~303 us a step; three joins were enough); launches without the attribute do not change. Without
+    ~289 -> ~303 us a step; three to five joins were enough); launches without the attribute do not change. Without
     this the first cases of a process, or a selection with no graph-capturing peer before ours, would
     measure a young process that users never run. No-op without a GPU."""
     if not torch.cuda.is_available():

@@ -13,13 +13,14 @@ bench/bench_gpt2_decode_step.py are): no cold L2, no JSON; two variants compare 
 call. The first replayed step's tokens are checked against an eager step's from the same state: a variant
 that races shows here as a difference.
 
-A process's captured steps get slower, all at once and for good, after it has used a few streams or
-captured a few graphs (bench/NOTES.md, session 38: on an H200 the batch-16 step goes from ~289 to ~303 us, on
-the programmatic edges; no such change with FUSED_ATTN_PDL=0). Any process that does real work is past that
-point, so by default the tool passes it before the first case (`--settle`: bench.harness.settle_process),
-and the cases' order no longer matters; `--settle 0` measures a young process. Each line
-prints the memory the process held when the case began (torch.cuda.memory_allocated / memory_reserved) and
-the address its wte (the tied lm_head) landed at; `--hold-mb` moves where the models land.
+A process's captured steps get slower, all at once and for good, once it has joined a few other streams
+into its own or captured a few graphs (bench/NOTES.md, session 38: on an H200 the batch-16 step goes from
+~289 to ~303 us, on the programmatic edges; no such change with FUSED_ATTN_PDL=0). Any process that does
+real work is past that point, so by default the tool passes it before the first case (`--settle`:
+bench.harness.settle_process) and the cases' order no longer matters; `--settle 0` measures a young
+process. Each line prints the memory the process held when the case began (torch.cuda.memory_allocated /
+memory_reserved) and the address its wte (the tied lm_head) landed at; `--hold-mb` moves where the models
+land.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / replays)
-    return statistics.median(times), min(times), max(times), agree, held + (where,)
+    return statistics.median(times), min(times), max(times), agree, held, where
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hold-mb", type=int, default=0,
                     help="allocate this many MB before the first case and keep them (moves where the models land)")
     ap.add_argument("--settle", type=int, default=SETTLE_STREAMS,
-                    help="fresh streams used before the first case (0: a young process; see the module's text)")
+                    help="fresh streams joined before the first case (0: a young process; see the module's text)")
     args = ap.parse_args(argv)
     settle_process(args.settle)
     hold = torch.empty(args.hold_mb << 20, dtype=torch.uint8, device="cuda") if args.hold_mb else None  # noqa: F841
@@ -112,11 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     bad = False
     for backend in args.backends.split(","):
         for b in (int(x) for x in args.batches.split(",")):
-            med, lo, hi, agree, held = run_case(hf, backend, dtype, b, args.replays, args.reps, args.prompt,
+            med, lo, hi, agree, held, where = run_case(hf, backend, dtype, b, args.replays, args.reps, args.prompt,
                                                 args.decode_splits, args.free_between)
             print(f"{args.tag} {backend} B{b}: {med * 1e3:.1f} us/step (min {lo * 1e3:.1f}, max {hi * 1e3:.1f}); "
                   f"first token agrees with eager {agree:.3f}; held at the start {held[0]:.0f} MB allocated, "
-                  f"{held[1]:.0f} MB reserved; wte at {held[2]:#x} MB", flush=True)
+                  f"{held[1]:.0f} MB reserved; wte at {where:#x} MB", flush=True)
             bad |= agree < 0.99
     return 1 if bad else 0
 
