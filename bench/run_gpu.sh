@@ -117,7 +117,7 @@ if has tests; then
 fi
 if has pdl; then
   # FUSED_ATTN_PDL_EARLY is read once per process: the PDL-chained ops' GPU tests with every launch
-  # triggering late (0) and early (64), beside the default (4 rows) that the tests step runs.
+  # triggering late (0) and early (64), beside the default (8 rows) that the tests step runs.
   log "pdl (both trigger points)"
   for rows in 0 64; do
     echo "== FUSED_ATTN_PDL_EARLY=$rows" >> "$OUT/pdl_tests.log"
