@@ -13,14 +13,11 @@ bench/bench_gpt2_decode_step.py are): no cold L2, no JSON; two variants compare 
 call. The first replayed step's tokens are checked against an eager step's from the same state: a variant
 that races shows here as a difference.
 
-A process's captured steps get slower, all at once and for good, once it has joined a few other streams
-into its own or captured a few graphs (bench/NOTES.md, session 38: on an H200 the batch-16 step goes from
-~289 to ~303 us, on the programmatic edges; no such change with FUSED_ATTN_PDL=0). Any process that does
-real work is past that point, so by default the tool passes it before the first case (`--settle`:
-bench.harness.settle_process) and the cases' order no longer matters; `--settle 0` measures a young
-process. Each line prints the memory the process held when the case began (torch.cuda.memory_allocated /
-memory_reserved) and the address its wte (the tied lm_head) landed at; `--hold-mb` moves where the models
-land.
+Cases run in a settled process (`--settle`, default bench.harness.SETTLE_STREAMS; 0: a young one):
+bench.harness.settle_process says why, and with it the cases' order no longer moves their times. Each
+line prints the memory the process held when the case began (torch.cuda.memory_allocated /
+memory_reserved) and the address its wte (the tied lm_head) landed at; `--hold-mb` moves where the
+models land.
 """
 
 from __future__ import annotations
