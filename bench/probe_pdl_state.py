@@ -12,8 +12,9 @@ graph of --links dependent kernels, each launched with programmatic stream seria
 (griddepcontrol.wait), spins --body cycles and triggers its dependent (griddepcontrol.launch_dependents,
 the late trigger). The graph is captured on a stream of its own and replayed on the legacy default stream,
 as PyTorch does. Per action (one process each) it prints the us a link young, after each of --repeat
-repetitions of the action, and after the program destroys what the actions created and after
-cudaDeviceReset (a new context, the graph built again):
+repetitions of the action (young and after the last, also replayed on a stream of the greatest priority),
+after the program destroys what the actions created, and after cudaDeviceReset (a new context, the graph
+built again):
 
 - join: a fresh non-blocking stream that waits for the default stream, runs an empty kernel, and is waited
   for by the default stream (PyTorch's `wait_stream` both ways around a side-stream op);
@@ -106,17 +107,17 @@ static void destroy_chain(Chain& c) {
   c = Chain{};
 }
 
-// us a link: the median over `rounds` of `replays` back-to-back replays on the legacy default stream.
-static double time_chain(const Chain& c, int links, int replays, int rounds) {
+// us a link: the median over `rounds` of `replays` back-to-back replays on `stream` (0: the legacy default).
+static double time_chain(const Chain& c, int links, int replays, int rounds, cudaStream_t stream = 0) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   std::vector<double> us;
-  CK(cudaGraphLaunch(c.exec, 0));
+  CK(cudaGraphLaunch(c.exec, stream));
   for (int r = 0; r < rounds; ++r) {
-    CK(cudaEventRecord(a, 0));
-    for (int i = 0; i < replays; ++i) CK(cudaGraphLaunch(c.exec, 0));
-    CK(cudaEventRecord(b, 0));
+    CK(cudaEventRecord(a, stream));
+    for (int i = 0; i < replays; ++i) CK(cudaGraphLaunch(c.exec, stream));
+    CK(cudaEventRecord(b, stream));
     CK(cudaEventSynchronize(b));
     float ms = 0.f;
     CK(cudaEventElapsedTime(&ms, a, b));
@@ -217,12 +218,22 @@ int main(int argc, char** argv) {
   cudaStream_t same;
   CK(cudaStreamCreateWithFlags(&same, cudaStreamNonBlocking));
   Chain c = build_chain(links, blocks, pre, body);
+  // A stream of the greatest priority: whether the state is the default priority's hardware queue's.
+  int least = 0, greatest = 0;
+  CK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t high;
+  CK(cudaStreamCreateWithPriority(&high, cudaStreamNonBlocking, greatest));
   Made made;
   std::printf("%s young: %.3f us a link\n", action, time_chain(c, links, replays, rounds));
+  std::printf("%s young, on a stream of priority %d: %.3f us a link\n", action, greatest,
+              time_chain(c, links, replays, rounds, high));
   for (int i = 1; i <= repeat; ++i) {
     act(action, same, c.sink, made);
     std::printf("%s after %d: %.3f us a link\n", action, i, time_chain(c, links, replays, rounds));
   }
+  std::printf("%s after %d, on the stream of priority %d: %.3f us a link\n", action, repeat, greatest,
+              time_chain(c, links, replays, rounds, high));
+  CK(cudaStreamDestroy(high));
   release(made);
   std::printf("%s after its streams, events and graphs are destroyed: %.3f us a link\n", action,
               time_chain(c, links, replays, rounds));

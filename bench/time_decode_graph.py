@@ -3,6 +3,7 @@ kernel variants built side by side (FUSED_ATTN_NVCC_FLAGS) or switched by enviro
 
     python -m bench.time_decode_graph --backends graph-fused,graph-norms --batches 1,4,16
     python -m bench.time_decode_graph --batches 8 --decode-splits 1     (decode_attention's split count forced)
+    python -m bench.time_decode_graph --batches 16 --steps-per-graph 4  (four decode steps in each graph)
     FUSED_ATTN_NVCC_FLAGS=-DX python -m bench.time_decode_graph --tag X
 
 Per (backend, batch): a random 128-token prompt (left-padded batch) is prefilled, the step captured, then
@@ -31,11 +32,11 @@ import torch
 
 from bench.harness import SETTLE_STREAMS, settle_process
 from fused_attn.generate import GRAPH_BACKENDS, make_batch
-from fused_attn.gpt2 import GPT2, _DecodeGraph, load_hf_model
+from fused_attn.gpt2 import GPT2, _capture, load_hf_model
 
 
 def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, reps: int, prompt_len: int,
-             decode_splits: int | None = None, free_between: bool = False):
+             decode_splits: int | None = None, free_between: bool = False, steps: int = 1):
     if free_between:  # the earlier cases' models and graphs collected, their cached blocks returned to the driver
         gc.collect()
         torch.cuda.empty_cache()
@@ -47,7 +48,8 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
     c = m.config
     gen = torch.Generator().manual_seed(0)
     ids, mask = make_batch(torch.randint(0, c.vocab_size, (prompt_len,), generator=gen), batch)
-    cache = m.decode_cache(batch, ids.shape[1] + replays + 8)
+    replays = max(1, replays // steps)  # graph replays a round, each `steps` decode steps
+    cache = m.decode_cache(batch, ids.shape[1] + (replays + 1) * steps + 8)
     with torch.no_grad():
         m.prefill(cache, ids.cuda(), mask.cuda())
     saved = [t.clone() for t in cache.buffers()]
@@ -56,14 +58,20 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
         for dst, src in zip(cache.buffers(), saved):
             dst.copy_(src)
 
-    # One eager step's next token, then the same step replayed from the same state: equal (same kernels). The
-    # token is read from the cache, so every backend's step is checked (the persistent one never calls
+    # `steps` eager steps' last token, then the same steps replayed from the same state: equal (same kernels).
+    # The token is read from the cache, so every backend's step is checked (the persistent one never calls
     # m.logits).
     with torch.no_grad():
-        m.decode_step(cache)
+        for _ in range(steps):
+            m.decode_step(cache)
     token_eager = cache.token.clone()
     restore()
-    g = _DecodeGraph(m, cache)
+
+    def run_steps():
+        for _ in range(steps):
+            m.decode_step(cache)
+
+    g, _ = _capture(cache, run_steps)  # as fused_attn.gpt2._DecodeGraph captures its one step
     restore()
     g.replay()
     torch.cuda.synchronize()
@@ -79,7 +87,7 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
             g.replay()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / replays)
+        times.append(start.elapsed_time(end) / (replays * steps))
     return statistics.median(times), min(times), max(times), agree, held, where
 
 
@@ -98,9 +106,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="gc.collect() and torch.cuda.empty_cache() before each case")
     ap.add_argument("--hold-mb", type=int, default=0,
                     help="allocate this many MB before the first case and keep them (moves where the models land)")
+    ap.add_argument("--steps-per-graph", type=int, default=1,
+                    help="decode steps captured in one graph (--replays counts steps; times are per step)")
     ap.add_argument("--settle", type=int, default=SETTLE_STREAMS,
                     help="fresh streams joined before the first case (0: a young process; see the module's text)")
     args = ap.parse_args(argv)
+    if args.steps_per_graph < 1:
+        ap.error(f"--steps-per-graph must be at least 1, got {args.steps_per_graph}")
     settle_process(args.settle)
     hold = torch.empty(args.hold_mb << 20, dtype=torch.uint8, device="cuda") if args.hold_mb else None  # noqa: F841
     hf = load_hf_model()
@@ -111,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     for backend in args.backends.split(","):
         for b in (int(x) for x in args.batches.split(",")):
             med, lo, hi, agree, held, where = run_case(hf, backend, dtype, b, args.replays, args.reps, args.prompt,
-                                                args.decode_splits, args.free_between)
-            print(f"{args.tag} {backend} B{b}: {med * 1e3:.1f} us/step (min {lo * 1e3:.1f}, max {hi * 1e3:.1f}); "
+                                                args.decode_splits, args.free_between, args.steps_per_graph)
+            per = f" ({args.steps_per_graph} steps a graph)" if args.steps_per_graph > 1 else ""
+            print(f"{args.tag} {backend}{per} B{b}: {med * 1e3:.1f} us/step (min {lo * 1e3:.1f}, max {hi * 1e3:.1f}); "
                   f"first token agrees with eager {agree:.3f}; held at the start {held[0]:.0f} MB allocated, "
                   f"{held[1]:.0f} MB reserved; wte at {where:#x} MB", flush=True)
             bad |= agree < 0.99
