@@ -181,9 +181,10 @@ _loaded = False
 
 
 # The environment switches the CUDA library reads once per process, each a non-negative integer: the rows
-# up to which launches trigger their dependents early (common/pdl.cuh), and the batch from which decode
-# attention's one-row launches take the wide build (decode_attention_kernel.cuh).
-INT_SWITCHES = {"FUSED_ATTN_PDL_EARLY": "rows", "FUSED_ATTN_DECODE_WIDE": "batch"}
+# up to which launches trigger their dependents early (common/pdl.cuh; _NORM: the norms' own limit), and the
+# batch from which decode attention's one-row launches take the wide build (decode_attention_kernel.cuh).
+INT_SWITCHES = {"FUSED_ATTN_PDL_EARLY": "rows", "FUSED_ATTN_PDL_EARLY_NORM": "rows",
+                "FUSED_ATTN_DECODE_WIDE": "batch"}
 
 
 def check_environment() -> None:

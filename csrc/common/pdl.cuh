@@ -86,6 +86,16 @@ inline long pdl_early_rows() {
 
 inline bool pdl_early(long rows) { return rows <= pdl_early_rows(); }
 
+// FUSED_ATTN_PDL_EARLY_NORM=<rows>: the same limit for the norms alone (layer_norm / rms_norm, with or without
+// the residual add; default FUSED_ATTN_PDL_EARLY's). An A/B switch (bench/NOTES.md, session 38): in a settled
+// process every programmatic launch reaches the SMs ~0.35 us later, and the 16-row GEMVs after the norms
+// (GPT-2's c_attn, c_fc) had ~0.6 us of head start; a norm that triggers early lets them fetch their weights
+// under it, one kernel deep, where session 34's all-early run let decode attention run ahead as well.
+inline long pdl_early_norm_rows() {
+  static const long rows = env_count("FUSED_ATTN_PDL_EARLY_NORM", pdl_early_rows());
+  return rows;
+}
+
 // A kernel's params (any struct with a pdl_early field) with the flag set for a launch of `rows` rows.
 template <typename Params>
 Params with_pdl_early(Params p, long rows) {
