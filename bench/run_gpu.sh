@@ -116,12 +116,12 @@ if has tests; then
   pytest_side_by_side "$OUT/tests.log" ${TESTS_TIMEOUT:-300} ${HYPOTHESIS_PROFILE:-gpu} "${TESTS_MARK-gpu}" "${groups[@]}"
 fi
 if has pdl; then
-  # FUSED_ATTN_PDL_EARLY is read once per process: the PDL-chained ops' GPU tests with every launch
-  # triggering late (0) and early (64), beside the default (8 rows) that the tests step runs.
-  log "pdl (both trigger points)"
-  for rows in 0 64; do
-    echo "== FUSED_ATTN_PDL_EARLY=$rows" >> "$OUT/pdl_tests.log"
-    FUSED_ATTN_PDL_EARLY=$rows FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} \
+  # FUSED_ATTN_PDL_EARLY(_NORM) are read once per process: the PDL-chained ops' GPU tests with every launch
+  # triggering late (0), early (64), and only the norms early, beside the default (8 rows) that the tests step runs.
+  log "pdl (the trigger points)"
+  for setting in "FUSED_ATTN_PDL_EARLY=0" "FUSED_ATTN_PDL_EARLY=64" "FUSED_ATTN_PDL_EARLY=0 FUSED_ATTN_PDL_EARLY_NORM=64"; do
+    echo "== $setting" >> "$OUT/pdl_tests.log"
+    env $setting FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} \
       timeout -s INT -k 30 ${PDL_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -rfE -m gpu $PDL_TEST_FILES \
       >> "$OUT/pdl_tests.log" 2>&1 || rc=1
     tail -1 "$OUT/pdl_tests.log"
