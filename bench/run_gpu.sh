@@ -117,7 +117,8 @@ if has tests; then
 fi
 if has pdl; then
   # FUSED_ATTN_PDL_EARLY(_NORM) are read once per process: the PDL-chained ops' GPU tests with every launch
-  # triggering late (0), early (64), and only the norms early, beside the default (8 rows) that the tests step runs.
+  # triggering late (0), early (64), and only the norms early, beside the default (8 rows, the norms 16) that the
+  # tests step runs.
   log "pdl (the trigger points)"
   for setting in "FUSED_ATTN_PDL_EARLY=0" "FUSED_ATTN_PDL_EARLY=64" "FUSED_ATTN_PDL_EARLY=0 FUSED_ATTN_PDL_EARLY_NORM=64"; do
     echo "== $setting" >> "$OUT/pdl_tests.log"

@@ -87,12 +87,23 @@ inline long pdl_early_rows() {
 inline bool pdl_early(long rows) { return rows <= pdl_early_rows(); }
 
 // FUSED_ATTN_PDL_EARLY_NORM=<rows>: the same limit for the norms alone (layer_norm / rms_norm, with or without
-// the residual add; default FUSED_ATTN_PDL_EARLY's). An A/B switch (bench/NOTES.md, session 38): in a settled
-// process every programmatic launch reaches the SMs ~0.35 us later, and the 16-row GEMVs after the norms
-// (GPT-2's c_attn, c_fc) had ~0.6 us of head start; a norm that triggers early lets them fetch their weights
-// under it, one kernel deep, where session 34's all-early run let decode attention run ahead as well.
+// the residual add, and the embedding's gathered-row norm). Unset, it is FUSED_ATTN_PDL_EARLY's value where
+// that is set (so FUSED_ATTN_PDL_EARLY=0 / 64 still put every launch late / early), else
+// kPdlEarlyNormRowsDefault. Why the norms differ (bench/NOTES.md, sessions 38-39, H200): in a process that has
+// joined a few streams or captured a few graphs (any real one), every programmatic launch reaches the SMs
+// ~0.35 us after its primary's trigger, and the 16-row GEMVs after the norms (GPT-2's c_attn, c_fc), launched
+// at the norm's late trigger, had ~0.2 us of head start left to fetch their weights in. A norm that triggers
+// early lets them stream their weights under it, one kernel deep (the GEMVs still trigger late at 16 rows,
+// so decode attention and the projections do not run ahead as they did with every launch early, +7 us).
+// Measured: GPT-2's B16 step 302.3 -> 276.6 us (-8.5%).
+constexpr long kPdlEarlyNormRowsDefault = 16;
+
 inline long pdl_early_norm_rows() {
-  static const long rows = env_count("FUSED_ATTN_PDL_EARLY_NORM", pdl_early_rows());
+  static const long rows = [] {
+    const char* all = std::getenv("FUSED_ATTN_PDL_EARLY");
+    const long fallback = all != nullptr && *all != '\0' ? pdl_early_rows() : kPdlEarlyNormRowsDefault;
+    return env_count("FUSED_ATTN_PDL_EARLY_NORM", fallback);
+  }();
   return rows;
 }
 

@@ -232,7 +232,7 @@ void launch_layer_norm_class(const NormParams& p, cudaStream_t stream) {
   constexpr int kRowsPerBlock = kThreads / TPR;
   const int64_t blocks = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
   NormParams q = p;
-  q.pdl_early = p.rows <= pdl_early_norm_rows();  // common/pdl.cuh: FUSED_ATTN_PDL_EARLY, or _NORM's own
+  q.pdl_early = p.rows <= pdl_early_norm_rows();  // common/pdl.cuh: the norms' own limit (16 rows)
   FA_BOOL_SWITCH(p.residual != nullptr, kResidual, [&] {
     // Programmatic where the kernel has the sm_90 code (common/pdl.cuh); checked once per kernel.
     static const bool pdl = programmatic_capable(layer_norm_kernel<T, VEC, ELEMS / VEC, TPR, RMS, kResidual>);
