@@ -397,12 +397,6 @@ __device__ void post_normalize(const LinearParams& p, const LinearPost& q) {
 inline LinearParams with_linear_pdl_early(const LinearParams& params) {
   LinearParams p = with_pdl_early(params, params.m);
   p.pdl_early = p.pdl_early || (params.activation != kActNone && pdl_early_rows() > 0);
-  // SCRATCH (session 39 call 3): early by kind at up to N rows, FUSED_ATTN_X_EARLY_RESIDUAL (a residual
-  // projection, whose dependent is a norm) and FUSED_ATTN_X_EARLY_PLAIN (no activation, no residual: c_attn, lm_head).
-  static const long x_res = env_count("FUSED_ATTN_X_EARLY_RESIDUAL", 0);
-  static const long x_plain = env_count("FUSED_ATTN_X_EARLY_PLAIN", 0);
-  if (params.residual != nullptr && params.m <= x_res) p.pdl_early = true;
-  if (params.residual == nullptr && params.activation == kActNone && params.m <= x_plain) p.pdl_early = true;
   return p;
 }
 
