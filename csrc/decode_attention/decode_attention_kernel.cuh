@@ -821,9 +821,9 @@ void launch_attention_kernel(const DecodeParams& params, Kernel kernel, int smem
 
 // FUSED_ATTN_DECODE_WIDE=<batch> in the environment (read once per process; fused_attn.load() refuses a
 // value that is not a non-negative integer): one-row launches of at least that batch run decode_kernel's
-// wide build (decode_attention_launch.h). Unset or 0: never (the default; measured in session 20, bench/NOTES.md).
+// wide build (decode_attention_launch.h); 0: never. Unset: kDecodeWideBatchDefault (bench/NOTES.md, session 39).
 inline long decode_wide_batch() {
-  static const long batch = env_count("FUSED_ATTN_DECODE_WIDE", 0);
+  static const long batch = env_count("FUSED_ATTN_DECODE_WIDE", kDecodeWideBatchDefault);
   return batch;
 }
 

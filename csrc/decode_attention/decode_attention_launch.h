@@ -61,8 +61,11 @@ constexpr int kDecodeThreads = 128;
 // scheduler 1-2 warps (GPT-2 at batch 16: ncu, bench/NOTES.md session 19): the four warps of the
 // 128-thread build each run a ~1.4 k-instruction chain at ~8 cycles an instruction. Launched only where
 // FUSED_ATTN_DECODE_WIDE (decode_wide_batch) asks for it. Measured on an H100 (bench/NOTES.md session 20):
-// GPT-2's batch-16 step -4..-7 us, batch 8 +2..+3, batch 16 at a 512-token prompt even; off by default.
+// GPT-2's batch-16 step -4..-7 us, batch 8 +2..+3, batch 16 at a 512-token prompt even; on an H200 in a
+// settled process (session 39): batch 16 -3.3 us at a 128-token prompt, -4.0 at 512. Hence from batch 16 on
+// by default (kDecodeWideBatchDefault); batch 8 keeps the 128-thread build.
 constexpr int kDecodeWideThreads = 256;
+constexpr long kDecodeWideBatchDefault = 16;
 constexpr int kMaxClusterSplits = 16;  // Hopper's largest (non-portable) cluster
 template <typename T, int HD, int NT = kDecodeThreads>
 struct DecodeGeometry {
