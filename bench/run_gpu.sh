@@ -137,12 +137,16 @@ if has flagtests; then
 fi
 if has wide; then
   # FUSED_ATTN_DECODE_WIDE is read once per process: decode attention's GPU tests (and GPT-2's) with every
-  # one-row launch on the wide build (decode_attention_launch.h), which the default leaves off.
+  # one-row launch on the wide build (1) and none (0), beside the default (from batch 16: decode_attention_launch.h)
+  # that the tests step runs.
   log "wide (decode attention's 256-thread build)"
-  FUSED_ATTN_DECODE_WIDE=1 FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} \
-    timeout -s INT -k 30 ${WIDE_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -rfE -m gpu \
-    tests/test_decode_attention.py tests/test_gpt2.py > "$OUT/wide_tests.log" 2>&1 || rc=1
-  tail -1 "$OUT/wide_tests.log"
+  for batch in 1 0; do
+    echo "== FUSED_ATTN_DECODE_WIDE=$batch" >> "$OUT/wide_tests.log"
+    FUSED_ATTN_DECODE_WIDE=$batch FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} \
+      timeout -s INT -k 30 ${WIDE_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -rfE -m gpu \
+      tests/test_decode_attention.py tests/test_gpt2.py >> "$OUT/wide_tests.log" 2>&1 || rc=1
+    tail -1 "$OUT/wide_tests.log"
+  done
 fi
 if has gpt2; then
   log "gpt2: GPU tests of the HF integration and our GPT-2, then backend comparisons"
