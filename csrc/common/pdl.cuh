@@ -64,7 +64,8 @@ __device__ __forceinline__ void launch_dependents_early(bool early) {
 // H100): -7% at 8 (the fused QKV + attention launch serves 5-8 rows there; 272 -> 253 us), +3% at 16, where
 // the blocks that run ahead (several kernels deep: each triggers its own dependent at once) hold SM slots and
 // DRAM queues that the running kernel needs (decode attention's 192 blocks during c_attn's weight stream;
-// keeping single kinds late at 16 rows measured no better). Hence the default: early up to 8 rows.
+// keeping single kinds late at 16 rows measured no better). Hence the default: early up to 8 rows (the norms:
+// 16, pdl_early_norm_rows below).
 // One exception by what follows: a linear with an activation epilogue (an MLP's first projection, whose
 // consumer is a GEMV) triggers early at any row count (linear_kernel.cuh, with_linear_pdl_early).
 constexpr long kPdlEarlyRowsDefault = 8;
