@@ -863,11 +863,10 @@ def test_ops_work_after_import_without_a_build(tmp_path):
                                        ("FUSED_ATTN_DECODE_WIDE", "batch")])
 @pytest.mark.parametrize("value", ["-1", "1.5", "yes", " 4", "0x10"])
 def test_a_malformed_integer_switch_is_refused_before_the_library_loads(name, unit, value, monkeypatch):
-    """FUSED_ATTN_PDL_EARLY (rows up to which kernels trigger their dependents early: common/pdl.cuh; _NORM: the
-    norms' own limit) and
-    FUSED_ATTN_DECODE_WIDE (the batch from which decode attention takes its wide build) are read once by the
-    CUDA library, which would fall back to its default on a malformed value: loading refuses it
-    first, naming the variable and the value."""
+    """FUSED_ATTN_PDL_EARLY (rows up to which kernels trigger their dependents early: common/pdl.cuh),
+    FUSED_ATTN_PDL_EARLY_NORM (the norms' own limit) and FUSED_ATTN_DECODE_WIDE (the batch from which decode
+    attention takes its wide build) are read once by the CUDA library, which would fall back to its default
+    on a malformed value: loading refuses it first, naming the variable and the value."""
     from fused_attn import _ops, build
 
     def no_build(*args, **kwargs):
