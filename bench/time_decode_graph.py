@@ -11,8 +11,8 @@ Per (backend, batch): a random 128-token prompt (left-padded batch) is prefilled
 replays), timed with CUDA events around the round. Printed: the median and the spread of ms per step
 over the rounds, one line per case, prefixed with `--tag`. Not a benchmark (bench/bench_gpt2.py and
 bench/bench_gpt2_decode_step.py are): no cold L2, no JSON; two variants compare only within one device
-call. The first replayed step's tokens are checked against an eager step's from the same state: a variant
-that races shows here as a difference.
+call. The first replay's last tokens are checked against as many eager steps' from the same state: a
+variant that races shows here as a difference.
 
 Cases run in a settled process (`--settle`, default bench.harness.SETTLE_STREAMS; 0: a young one):
 bench.harness.settle_process says why, and with it the cases' order no longer moves their times. Each
@@ -58,19 +58,17 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
         for dst, src in zip(cache.buffers(), saved):
             dst.copy_(src)
 
-    # `steps` eager steps' last token, then the same steps replayed from the same state: equal (same kernels).
-    # The token is read from the cache, so every backend's step is checked (the persistent one never calls
-    # m.logits).
-    with torch.no_grad():
-        for _ in range(steps):
-            m.decode_step(cache)
-    token_eager = cache.token.clone()
-    restore()
-
     def run_steps():
         for _ in range(steps):
             m.decode_step(cache)
 
+    # `steps` eager steps' last token, then the same steps replayed from the same state: equal (same kernels).
+    # The token is read from the cache, so every backend's step is checked (the persistent one never calls
+    # m.logits).
+    with torch.no_grad():
+        run_steps()
+    token_eager = cache.token.clone()
+    restore()
     g, _ = _capture(cache, run_steps)  # as fused_attn.gpt2._DecodeGraph captures its one step
     restore()
     g.replay()

@@ -100,11 +100,8 @@ inline bool pdl_early(long rows) { return rows <= pdl_early_rows(); }
 constexpr long kPdlEarlyNormRowsDefault = 16;
 
 inline long pdl_early_norm_rows() {
-  static const long rows = [] {
-    const char* all = std::getenv("FUSED_ATTN_PDL_EARLY");
-    const long fallback = all != nullptr && *all != '\0' ? pdl_early_rows() : kPdlEarlyNormRowsDefault;
-    return env_count("FUSED_ATTN_PDL_EARLY_NORM", fallback);
-  }();
+  static const long rows =
+      env_count("FUSED_ATTN_PDL_EARLY_NORM", env_count("FUSED_ATTN_PDL_EARLY", kPdlEarlyNormRowsDefault));
   return rows;
 }
 
