@@ -8,6 +8,7 @@ same dtype), poisoned outputs, opcheck, torch.compile and CUDA graphs. The spec 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -451,8 +452,6 @@ def test_wgmma_cases_gpu(case):
 def wgmma_launches(fn):
     """fn's result and the Hopper flash kernel's launches during it, (head dim, tile, TMA loader) each, read
     from the kernel names torch.profiler records (attention_flash_wgmma_kernel<T, HD, kTile, kTma, kMask>)."""
-    import re
-
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
