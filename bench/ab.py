@@ -1,13 +1,26 @@
-"""A/B timing of build-time kernel variants in one GPU session.
+"""A/B timing of code variants against the tree as it is, in one GPU session.
 
-    python -m bench.ab [--rounds 50] [--repeat 3]
+    python -m bench.ab --list                                  # the named variants and what they measured
+    python -m bench.ab decode-wide-from-8                      # against the default, bench.time_decode_graph
+    python -m bench.ab flash-tma-off --cmd "python3 -m pytest bench/bench_attention.py -k causal" --repeat 2
+    python -m bench.ab pdl-early-all --no-default --cmd "python3 -m pytest -q -m gpu tests/test_gpt2.py"
 
-Builds every variant in VARIANTS in parallel (each its own cache entry, through
-FUSED_ATTN_NVCC_FLAGS), then times fused_v1 for each in a separate process on the same
-inputs (CUDA events, cold L2, median) and prints one table: variant x shape, p50, % of the
-measured copy bandwidth and of the read/write roofline, beside the time of a device copy of the
-same bytes; the empty kernel's time per variant heads it. Versions that win here become the default in
-csrc/softmax/softmax_kernel.cuh; the table goes into bench/NOTES.md.
+A variant is a list of edits (file, anchor, replacement); each anchor must occur exactly once in its file, as
+tests/mutations.py's anchors must. Each variant, and the default (no edit), gets its own copy of the
+repository under --workdir (the files git tracks plus the untracked ones it does not ignore:
+tests.mutations.copy_repo), its own library cache (FUSED_ATTN_CACHE beside the copy) and its own build; then
+the command runs in each copy in turn, --repeat rounds interleaved, and one table prints each case's time
+per variant beside the default's. The checkout is only read. A copy keeps its path and its files' times
+between calls, so a second call rebuilds only what its edits touch.
+
+Times are read from the command's output: lines "<case>: <time> us" (bench.time_decode_graph prints one a
+case), or for a pytest command pytest-benchmark's JSON (this script adds --benchmark-json): each case's
+extra_info p50_us, else its median. A command without times (a test run) reports its exit status and last
+line, which is how a variant's correctness is checked on the GPU.
+
+VARIANTS is the record of what was measured: each names its edits and the measurement that left the default
+where it is. A new experiment is a new entry (an edit of the heuristics tables, or of a kernel), never a
+macro or an environment switch in the shipped code.
 """
 
 from __future__ import annotations
@@ -15,100 +28,243 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
-# name -> extra nvcc flags. The production headers carry no experiment switches: an experiment
-# adds its `#ifdef` to the kernel on a branch, lists its -D flags here, runs this A/B, and then
-# either becomes the default (the switch removed) or is dropped; the outcome goes into
-# bench/NOTES.md (v1d-v1k list the switches measured so far and their numbers).
-VARIANTS = {
-    "default": "",
-}
-SHAPES = [((1, 12, 128, 128), True), ((1, 12, 128, 128), False), ((8, 12, 128, 128), True),
-          ((8, 12, 128, 128), False), ((16, 12, 128, 128), True), ((16, 12, 128, 128), False),
-          ((16, 12, 256, 256), True), ((1, 12, 512, 512), True), ((8, 12, 512, 512), True),
-          ((8, 12, 512, 512), False), ((16, 12, 512, 512), True), ((16, 12, 512, 512), False),
-          ((8, 12, 1024, 1024), True)]
+from tests.mutations import copy_repo
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = "default"
+DEFAULT_CMD = "python3 -m bench.time_decode_graph"
+DEFAULT_WORKDIR = Path("/tmp/fused_attn_ab")
 
 
-def worker(rounds: int) -> None:
-    import torch
+@dataclass(frozen=True)
+class Edit:
+    path: str  # relative to the repository root
+    old: str   # the anchor: exactly once in the file
+    new: str
 
-    import fused_attn
-    from bench.bench_softmax import modeled_traffic
-    from bench.harness import DeviceTimer, measure_ceilings, roofline_us
-    from fused_attn.softmax import scaled_masked_softmax
 
-    fused_attn.load()
-    timer = DeviceTimer(torch.device("cuda"), rounds, 5)
-    ceilings = measure_ceilings()
-    rows = []
-    for shape, causal in SHAPES:
-        x = torch.randn(shape, device="cuda", dtype=torch.float16)
-        out = torch.empty_like(x)
-        fn = lambda: scaled_masked_softmax(x, 0.125, causal=causal, out=out)  # noqa: E731
-        times = timer.sample(fn)
-        read, write = modeled_traffic("fused_v1", shape, torch.float16, causal)
-        p50 = statistics.median(times)
-        rows.append(dict(shape="x".join(map(str, shape)), causal=causal, p50_us=round(p50, 1),
-                         pct_copy=round(100 * (read + write) / (p50 * 1e-6) / 1e9 / ceilings["copy"], 1),
-                         pct_roof=round(100 * roofline_us(read, write, ceilings) / p50, 1),
-                         copy_us=round(timer.same_bytes_copy_us(read + write), 1)))
-    print(json.dumps(dict(ceilings={k: round(v, 1) for k, v in ceilings.items()}, rows=rows,
-                          floor_us=round(timer.launch_floor_us(), 2))))
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    edits: tuple[Edit, ...]
+    measured: str = ""  # the measurement that chose the default over this variant
+    cmd: str = field(default=DEFAULT_CMD)  # the command it was measured with
+
+
+ATTN_H = "csrc/attention/attention_heuristics.h"
+DECODE_H = "csrc/decode_attention/decode_attention_heuristics.h"
+PDL_H = "csrc/common/pdl.cuh"
+PDL_ROWS = "constexpr long kPdlEarlyRows = 8;"
+PDL_NORM_ROWS = "constexpr long kPdlEarlyNormRows = 16;"
+WIDE = "constexpr int64_t kDecodeWideMinBatch = 16;"
+NEVER = "int64_t(1) << 40"
+
+_VARIANTS = [
+    Variant("flash-tma-off", (Edit(ATTN_H, "constexpr bool kFlashTma = true;", "constexpr bool kFlashTma = false;"),),
+            "the cp.async loader everywhere: 1.5-1.7x slower than TMA at D128 S4096 (fp16, H100)",
+            "python3 -m pytest bench/bench_attention.py -k fused_flash"),
+    Variant("flash-d64-tile2-always",
+            (Edit(ATTN_H, "return causal && blocks_128 > sms ? 1 : 2;",
+                  "return false && causal && blocks_128 > sms ? 1 : 2;"),),
+            "tile 2 also for causal grids past one 128-row block per SM: B8 H12 causal S512 / S1024 39.1 / 83.9 us "
+            "against tile 1's 35.3 / 76.8 (fp16, H100)",
+            "python3 -m pytest bench/bench_attention.py -k fused_flash"),
+    Variant("flash-order-natural",
+            (Edit(ATTN_H, "constexpr int64_t kFlashLongestFirstMaxWaves = 8;",
+                  "constexpr int64_t kFlashLongestFirstMaxWaves = 0;"),),
+            "each (head, batch)'s causal tiles in turn: B8 H12 S512 D64 35.2 us against longest-first's 30.7, "
+            "H32 D128 S2048 / S4096 +8% / +2..6% (H100)",
+            "python3 -m pytest bench/bench_attention.py -k causal"),
+    Variant("flash-order-longest",
+            (Edit(ATTN_H, "constexpr int64_t kFlashLongestFirstMaxWaves = 8;",
+                  f"constexpr int64_t kFlashLongestFirstMaxWaves = {NEVER};"),),
+            "longest-first past 8 waves too: H32 D128 S16384 causal +4..7% (H100)",
+            "python3 -m pytest bench/bench_attention.py -k causal"),
+    Variant("decode-wide-from-8", (Edit(DECODE_H, WIDE, "constexpr int64_t kDecodeWideMinBatch = 8;"),),
+            "the 256-thread build from batch 8: GPT-2's B8 step +2..+3 us (H100)",
+            "python3 -m bench.time_decode_graph --batches 8,16"),
+    Variant("decode-wide-every-batch", (Edit(DECODE_H, WIDE, "constexpr int64_t kDecodeWideMinBatch = 1;"),),
+            "every one-row launch not on the deep build on the 256-thread build (the correctness run of the wide "
+            "build at every batch)"),
+    Variant("decode-wide-off", (Edit(DECODE_H, WIDE, f"constexpr int64_t kDecodeWideMinBatch = {NEVER};"),),
+            "no wide build: GPT-2's B16 step +3.3 us at a 128-token prompt, +4.0 at 512 (H200, settled process)",
+            "python3 -m bench.time_decode_graph --batches 16"),
+    Variant("decode-deep-off",
+            (Edit(DECODE_H, "constexpr bool kDecodeDeep = true;", "constexpr bool kDecodeDeep = false;"),),
+            "32 KB pipelines only: GPT-2's fp16 B4 step +20 us (+7%), B1 +1 us (H100)",
+            "python3 -m bench.time_decode_graph --batches 1,4"),
+    Variant("decode-mma-one-row",
+            (Edit(DECODE_H, "constexpr int kDecodeMmaMinRows = 4;", "constexpr int kDecodeMmaMinRows = 1;"),),
+            "the tensor-core kernel at one row: GPT-2's step +27 to +42 us, Llama B1 H32 L8192 80-88 us against 54 "
+            "(H100)"),
+    Variant("pdl-early-none", (Edit(PDL_H, PDL_ROWS, "constexpr long kPdlEarlyRows = 0;"),
+                               Edit(PDL_H, PDL_NORM_ROWS, "constexpr long kPdlEarlyNormRows = 0;")),
+            "every launch triggers late: GPT-2's step +7% at batch 1, +2% at 2, +6% at 4, +7% at 8 (H100)"),
+    Variant("pdl-early-all", (Edit(PDL_H, PDL_ROWS, "constexpr long kPdlEarlyRows = 64;"),
+                              Edit(PDL_H, PDL_NORM_ROWS, "constexpr long kPdlEarlyNormRows = 64;")),
+            "every launch triggers early: GPT-2's B16 step +3% (H100), +7 us (H200)"),
+    Variant("pdl-norms-only-early", (Edit(PDL_H, PDL_ROWS, "constexpr long kPdlEarlyRows = 0;"),
+                                     Edit(PDL_H, PDL_NORM_ROWS, "constexpr long kPdlEarlyNormRows = 64;")),
+            "only the norms trigger early (the correctness run of the norms' own trigger point)"),
+]
+VARIANTS: dict[str, Variant] = {v.name: v for v in _VARIANTS}
+
+
+def apply_edit(root: Path, variant: str, e: Edit) -> None:
+    """Replace e's anchor in root's copy of e.path; an anchor found zero or several times is refused."""
+    path = root / e.path
+    text = path.read_text()
+    n = text.count(e.old)
+    if n != 1:
+        raise LookupError(f"{variant}: anchor found {n} times in {e.path} (must be exactly once): {e.old!r}")
+    path.write_text(text.replace(e.old, e.new))
+
+
+def prepare(root: Path, workdir: Path, v: Variant) -> Path:
+    """v's copy of root under workdir (refreshed: the previous copy's files removed) with v's edits applied."""
+    copy = workdir / v.name / "repo"
+    if copy.exists():
+        shutil.rmtree(copy)
+    copy_repo(root, copy)
+    for e in v.edits:
+        apply_edit(copy, v.name, e)
+    return copy
+
+
+def variant_env(copy: Path) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(copy), FUSED_ATTN_CACHE=str(copy.parent / "cache"),
+                PYTHONDONTWRITEBYTECODE="1")
+
+
+_TIME_LINE = re.compile(r"^[ \t]*(?P<case>\S.*?):[ \t]+(?P<us>[0-9]+(?:\.[0-9]+)?)[ \t]*us\b", re.MULTILINE)
+
+
+def times_from_output(output: str) -> dict[str, float]:
+    """The "<case>: <time> us" lines of a command's output, case -> us (a case printed twice: its last time)."""
+    return {m["case"]: float(m["us"]) for m in _TIME_LINE.finditer(output)}
+
+
+def times_from_benchmark_json(path: Path) -> dict[str, float]:
+    """A pytest-benchmark JSON's cases, name -> us: extra_info's p50_us (bench/harness.py), else the median."""
+    data = json.loads(path.read_text())
+    out = {}
+    for b in data.get("benchmarks", []):
+        p50 = b.get("extra_info", {}).get("p50_us")
+        out[b["name"]] = float(p50) if p50 is not None else b["stats"]["median"] * 1e6
+    return out
+
+
+def is_pytest(cmd: str) -> bool:
+    return "pytest" in shlex.split(cmd)
+
+
+def run_cmd(copy: Path, cmd: str, timeout: float, tag: str) -> tuple[int, dict[str, float], str]:
+    """(exit status, case -> us, last output line) of cmd run in copy."""
+    json_path = copy.parent / f"bench-{tag}.json"
+    json_path.unlink(missing_ok=True)
+    full = f"{cmd} --benchmark-json={shlex.quote(str(json_path))}" if is_pytest(cmd) else cmd
+    try:
+        p = subprocess.run(full, shell=True, cwd=copy, env=variant_env(copy), capture_output=True, text=True,
+                           timeout=timeout)
+        rc, output = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired:
+        rc, output = -1, f"timed out after {timeout:.0f} s"
+    times = times_from_output(output)
+    if json_path.is_file():
+        times.update(times_from_benchmark_json(json_path))
+    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+    return rc, times, lines[-1] if lines else ""
+
+
+def build(copies: dict[str, Path]) -> dict[str, str]:
+    """Each copy's library built (in parallel); name -> the failed build's last lines, for those that failed."""
+    procs = {name: subprocess.Popen([sys.executable, "-m", "fused_attn.build"], cwd=copy, env=variant_env(copy),
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for name, copy in copies.items()}
+    failed = {}
+    for name, proc in procs.items():
+        out, _ = proc.communicate()
+        if proc.returncode:
+            failed[name] = "\n".join(out.strip().splitlines()[-20:])
+    return failed
+
+
+def table(names: list[str], runs: dict[str, list[tuple[int, dict[str, float], str]]]) -> str:
+    """One row per case: each variant's median over its rounds, and its ratio to the default's where both ran."""
+    cases: list[str] = []
+    for name in names:
+        for _, times, _ in runs[name]:
+            cases += [c for c in times if c not in cases]
+    head = ["case"] + [f"{n} us" if n == DEFAULT else f"{n} us (x default)" for n in names]
+    rows = [head]
+    for case in cases:
+        med = {n: statistics.median(ts) for n in names
+               if (ts := [times[case] for _, times, _ in runs[n] if case in times])}
+        row = [case]
+        for n in names:
+            if n not in med:
+                row.append("-")
+            elif n != DEFAULT and DEFAULT in med:
+                row.append(f"{med[n]:.1f} ({med[n] / med[DEFAULT]:.3f})")
+            else:
+                row.append(f"{med[n]:.1f}")
+        rows.append(row)
+    rows.append(["exit status / last line"] + [
+        "; ".join(f"{rc}: {last[:60]}" for rc, _, last in runs[n]) for n in names])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--rounds", type=int, default=50, help="timed rounds per case")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of bench/ab.py's VARIANTS")
-    ap.add_argument("--repeat", type=int, default=1, help="run the variant sequence this many times, interleaved")
+    ap.add_argument("variants", nargs="*", help="names from bench/ab.py's VARIANTS")
+    ap.add_argument("--list", action="store_true", help="list the variants, their edits and measurements")
+    ap.add_argument("--cmd", help=f"the command run in each copy (default: the first variant's, else {DEFAULT_CMD})")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of the variant sequence, interleaved")
+    ap.add_argument("--no-default", action="store_true", help="run the variants only (not the unedited tree)")
+    ap.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where the copies and their caches live")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per command run")
     args = ap.parse_args(argv)
-    if args.worker:
-        worker(args.rounds)
+    if args.list:
+        for v in VARIANTS.values():
+            print(f"{v.name}: {v.measured}\n    measured with: {v.cmd}")
+            for e in v.edits:
+                print(f"    {e.path}: {e.old!r} -> {e.new!r}")
         return 0
-    names = args.variants.split(",")
-    envs = {k: dict(os.environ, FUSED_ATTN_NVCC_FLAGS=VARIANTS[k]) for k in names}
-    builds = {k: subprocess.Popen([sys.executable, "-m", "fused_attn.build"], env=envs[k],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in names}
-    for k, proc in builds.items():
-        out, _ = proc.communicate()
-        if proc.returncode:
-            print(f"build of {k} failed:\n{out[-3000:]}")
-            return 1
-    # The variants run one after another, each in its own process; --repeat R runs the whole
-    # sequence R times (ABCD ABCD), so a drift during the session shows as a spread between
-    # repeats of the same variant instead of as a difference between variants.
-    results: dict[str, list[dict]] = {k: [] for k in names}
-    for _ in range(args.repeat):
-        for k in names:
-            r = subprocess.run([sys.executable, "-m", "bench.ab", "--worker", "--rounds", str(args.rounds)],
-                               env=envs[k], capture_output=True, text=True)
-            if r.returncode:
-                print(f"{k} failed:\n{r.stderr[-3000:]}")
-                return 1
-            results[k].append(json.loads(r.stdout.strip().splitlines()[-1]))
-    print("fused_v1 float16 p50 us (% of copy bandwidth / % of read-write roofline), one session"
-          + (f"; median of {args.repeat} interleaved repeats, each repeat's p50 in brackets" if args.repeat > 1 else "")
-          + "; ceilings GB/s: " + "; ".join(f"{k}: {v[0]['ceilings']}" for k, v in results.items()))
-    print("empty kernel us: " + "; ".join(f"{k}: {'/'.join(str(r['floor_us']) for r in v)}" for k, v in results.items()))
-    width = 22 + 8 * (args.repeat if args.repeat > 1 else 0)
-    print(f"{'shape':<22}{'same-bytes copy us':>19}" + "".join(f"{k:>{width}}" for k in names))
-    for i, (shape, causal) in enumerate(SHAPES):
-        label = "x".join(map(str, shape)) + (" c" if causal else "")
-        cells = []
-        for k in names:
-            reps = [rep["rows"][i] for rep in results[k]]
-            mid = sorted(reps, key=lambda r: r["p50_us"])[len(reps) // 2]
-            each = " [" + "/".join(f"{r['p50_us']:.1f}" for r in reps) + "]" if args.repeat > 1 else ""
-            cells.append(f"{mid['p50_us']:>8.1f} ({mid['pct_copy']:>4.1f}/{mid['pct_roof']:>4.1f}%){each}")
-        print(f"{label:<22}{results[names[0]][0]['rows'][i]['copy_us']:>19.1f}" + "".join(f"{c:>{width}}" for c in cells))
-    return 0
+    unknown = [n for n in args.variants if n not in VARIANTS]
+    if unknown:
+        ap.error(f"variants must be names from bench/ab.py's VARIANTS ({', '.join(VARIANTS)}), got {unknown}")
+    if args.repeat < 1:
+        ap.error(f"--repeat must be at least 1, got {args.repeat}")
+    chosen = [VARIANTS[n] for n in args.variants]
+    if not chosen and args.no_default:
+        ap.error("variants must name at least one variant with --no-default, got none")
+    cmd = args.cmd or (chosen[0].cmd if chosen else DEFAULT_CMD)
+    order = ([] if args.no_default else [Variant(DEFAULT, ())]) + chosen
+    copies = {v.name: prepare(ROOT, args.workdir, v) for v in order}
+    failed = build(copies)
+    for name, tail in failed.items():
+        print(f"== {name}: the build failed\n{tail}", file=sys.stderr)
+    names = [v.name for v in order if v.name not in failed]
+    runs: dict[str, list[tuple[int, dict[str, float], str]]] = {n: [] for n in names}
+    for r in range(args.repeat):
+        for n in names:
+            runs[n].append(run_cmd(copies[n], cmd, args.timeout, f"r{r}"))
+    print(f"# {cmd} ({args.repeat} round(s), medians)")
+    print(table(names, runs))
+    bad = bool(failed) or any(rc != 0 for n in names for rc, _, _ in runs[n])
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -1,7 +1,8 @@
 """Quick check of the flash kernel's versions on one GPU (~30 s): the error of mode='flash_mma'
-(mma.sync) and mode='flash_wgmma' (Hopper wgmma; `flash_wgmma_tma` is it with the TMA loader,
-FUSED_ATTN_FLASH_TMA=require) against PyTorch's SDPA and against the float64 reference on the first
-(batch, head), and the TFLOP/s of each beside SDPA's flash and cuDNN backends.
+(mma.sync) and mode='flash_wgmma' (Hopper wgmma, with the loader csrc/attention/attention_heuristics.h
+picks: TMA for these tensors) against PyTorch's SDPA and against the float64 reference on the first
+(batch, head), and the TFLOP/s of each beside SDPA's flash and cuDNN backends. The cp.async loader's
+times: `python -m bench.ab flash-tma-off` (bench/bench_attention.py on a copy of the tree built without TMA).
 
     python -m bench.check_flash_wgmma            # float16
     python -m bench.check_flash_wgmma --bf16     # bfloat16 too
@@ -16,7 +17,6 @@ calls (warm L2: a quick look; bench/bench_attention.py is the measurement). Prin
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
@@ -35,27 +35,11 @@ def sdpa(backend):
     return run
 
 
-def wgmma(loader: str):
-    """mode='flash_wgmma' with FUSED_ATTN_FLASH_TMA=loader (read by the launcher at each call)."""
-    def run(q, k, v, causal):
-        saved = os.environ.get("FUSED_ATTN_FLASH_TMA")
-        os.environ["FUSED_ATTN_FLASH_TMA"] = loader
-        try:
-            return attention(q, k, v, causal=causal, mode="flash_wgmma")
-        finally:
-            if saved is None:
-                del os.environ["FUSED_ATTN_FLASH_TMA"]
-            else:
-                os.environ["FUSED_ATTN_FLASH_TMA"] = saved
-    return run
-
-
 PROVIDERS = {
     "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
     "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
     "flash_mma": lambda q, k, v, causal: attention(q, k, v, causal=causal, mode="flash_mma"),
-    "flash_wgmma": wgmma("0"),
-    "flash_wgmma_tma": wgmma("require"),
+    "flash_wgmma": lambda q, k, v, causal: attention(q, k, v, causal=causal, mode="flash_wgmma"),
 }
 
 

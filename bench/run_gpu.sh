@@ -13,13 +13,15 @@
 # SAMPLE_ARGS the sample step (bench_sample), e.g. SAMPLE_ARGS='-k r1-'.
 # SANITIZE_ONLY the sanitize step's case groups, e.g. SANITIZE_ONLY=step,attention (tests/sanitizer_cases.py --only).
 # STEP_ARGS the gpt2step step (bench_gpt2_decode_step), e.g. STEP_ARGS='-k b1-' or STEP_ARGS=--full (adds bfloat16).
-# GRAPH_AB: ';'-separated variants for the graphab step, each nvcc flags (built beside the default) and / or
-#   NAME=VALUE environment settings, e.g. GRAPH_AB='-DMY_SWITCH=1;FUSED_ATTN_STATS_CHAIN=1 -DMY_SWITCH=1';
-#   GRAPH_AB_ARGS its bench.time_decode_graph arguments.
+# A/B steps run bench/ab.py: each variant (a name from its VARIANTS: edits of a copy of the tree, built
+#   beside the default in its own cache under /tmp/fused_attn_ab) runs the same command as the default.
+# AB_VARIANTS: the ab step's variants (space-separated), AB_CMD its command (default: the first variant's),
+#   AB_REPEAT its interleaved rounds, AB_TIMEOUT its limit per command.
+# GRAPH_AB: the graphab step's variants (space-separated), timed by bench.time_decode_graph with GRAPH_AB_ARGS.
 # PDL_TIMEOUT the pdl step's limit per trigger point (its files: PDL_TEST_FILES below).
-# FLAG_NVCC_FLAGS: the flagtests step's nvcc flags (an experiment switch, e.g. '-DMY_SWITCH=1'): the
-#   GPU tests of FLAG_TEST_FILES (default the tensor-core linear's users below) on the library built with them,
-#   the correctness half of a switch whose speed the graphab step measures; FLAG_TIMEOUT its limit.
+# FLAG_VARIANTS: the flagtests step's variants: the GPU tests of FLAG_TEST_FILES (default the tensor-core
+#   linear's users below) on each variant's library, the correctness half of a variant whose speed the
+#   graphab step measures; FLAG_TIMEOUT its limit.
 # FUSED_ATTN_COMMIT: the commit of the tree being run (e.g. FUSED_ATTN_COMMIT=$(git rev-parse --short HEAD), set
 #   where the tree is committed): the benchmark JSONs' commit_info. The device copy's .git can predate the tree,
 #   so without it the JSONs may name an older commit (stored runs 0039-0050 do; their file names carry the tree).
@@ -40,32 +42,18 @@ python3 -c "import torch,transformers; print('torch', torch.__version__, 'cuda',
   || echo "warning: FUSED_ATTN_COMMIT unset: the JSONs' commit is this copy's .git HEAD, which may predate the tree" | tee -a "$OUT/gpu.txt"
 
 if has ab; then
-  log "ab (kernel variants)"
-  timeout ${AB_TIMEOUT:-200} python3 -m bench.ab --rounds 40 > "$OUT/ab.txt" 2>&1 || rc=1
+  log "ab (${AB_VARIANTS:-no variant}: bench/ab.py)"
+  python3 -m bench.ab ${AB_VARIANTS:-} ${AB_CMD:+--cmd "$AB_CMD"} --repeat ${AB_REPEAT:-2} \
+    --timeout ${AB_TIMEOUT:-200} > "$OUT/ab.txt" 2>&1 || rc=1
   cat "$OUT/ab.txt"
 fi
 if has graphab; then
-  # Our captured GPT-2 decode step, hot, under the default build, each GRAPH_AB flag set and FUSED_ATTN_PDL=0:
-  # quick same-call A/Bs of kernel variants (bench/time_decode_graph.py).
-  # A variant's words of the form NAME=VALUE are environment settings for its processes (e.g.
-  # GRAPH_AB='FUSED_ATTN_STATS_CHAIN=1;FUSED_ATTN_STATS_CHAIN=1 -DMY_SWITCH=1'), the others its nvcc flags.
-  log "graphab"
+  # Our captured GPT-2 decode step, hot (bench/time_decode_graph.py), under the default tree and each GRAPH_AB
+  # variant (bench/ab.py: same call, two interleaved rounds), then the default with FUSED_ATTN_PDL=0.
+  log "graphab (${GRAPH_AB:-no variant})"
+  python3 -m bench.ab ${GRAPH_AB:-} --cmd "python3 -m bench.time_decode_graph ${GRAPH_AB_ARGS:-}" --repeat 2 \
+    --timeout 120 2>&1 | grep -v "^\[transformers\]" | tee -a "$OUT/graphab.txt" || rc=1
   python3 -m fused_attn.build 2>&1 | tail -1
-  IFS=';' read -ra variants <<< "${GRAPH_AB:-}"
-  variant_env() {  # the env arguments of variant $1: its settings and FUSED_ATTN_NVCC_FLAGS (its other words)
-    local w flags=()
-    for w in $1; do if [[ $w =~ ^[A-Z_][A-Z0-9_]*= ]]; then echo "$w"; else flags+=("$w"); fi; done
-    echo "FUSED_ATTN_NVCC_FLAGS=${flags[*]}"
-  }
-  for v in "${variants[@]}"; do mapfile -t e < <(variant_env "$v"); env "${e[@]}" python3 -m fused_attn.build 2>&1 | tail -1; done
-  for round in 1 2; do
-    timeout 120 python3 -m bench.time_decode_graph --tag "default r$round" ${GRAPH_AB_ARGS:-} 2>&1 | grep -v "^\[transformers\]" | tee -a "$OUT/graphab.txt" || rc=1
-    for v in "${variants[@]}"; do
-      mapfile -t e < <(variant_env "$v")
-      env "${e[@]}" timeout 120 python3 -m bench.time_decode_graph --tag "$v r$round" ${GRAPH_AB_ARGS:-} 2>&1 \
-        | grep -v "^\[transformers\]" | tee -a "$OUT/graphab.txt" || rc=1
-    done
-  done
   FUSED_ATTN_PDL=0 timeout 120 python3 -m bench.time_decode_graph --tag "PDL=0" ${GRAPH_AB_ARGS:-} 2>&1 \
     | grep -v "^\[transformers\]" | tee -a "$OUT/graphab.txt" || rc=1
 fi
@@ -80,7 +68,7 @@ fi
 # pytest_side_by_side LOG LIMIT PROFILE MARK GROUP...: one pytest process per GROUP (a space-separated list of
 # test files), all sharing the GPU, each with its own log; LOG joins them, and their summary lines and failures
 # are printed. SIGINT at LIMIT: pytest stops as on Ctrl-C and still prints its summary and the failures so far
-# (session 10 lost a failure's traceback to a plain kill); -k 30: killed if it does not stop. The caller's
+# (a plain kill loses the failures' tracebacks); -k 30: killed if it does not stop. The caller's
 # environment (FUSED_ATTN_NVCC_FLAGS, say) reaches every process.
 pytest_side_by_side() {
   local out=$1 limit=$2 profile=$3 mark=$4 group i n=0
@@ -116,37 +104,33 @@ if has tests; then
   pytest_side_by_side "$OUT/tests.log" ${TESTS_TIMEOUT:-300} ${HYPOTHESIS_PROFILE:-gpu} "${TESTS_MARK-gpu}" "${groups[@]}"
 fi
 if has pdl; then
-  # FUSED_ATTN_PDL_EARLY(_NORM) are read once per process: the PDL-chained ops' GPU tests with every launch
-  # triggering late (0), early (64), and only the norms early, beside the default (8 rows, the norms 16) that the
+  # The PDL-chained ops' GPU tests on copies of the tree with every launch triggering late, early, and only the
+  # norms early (bench/ab.py's pdl-* variants), beside the default trigger points (common/pdl.cuh) that the
   # tests step runs.
   log "pdl (the trigger points)"
-  for setting in "FUSED_ATTN_PDL_EARLY=0" "FUSED_ATTN_PDL_EARLY=64" "FUSED_ATTN_PDL_EARLY=0 FUSED_ATTN_PDL_EARLY_NORM=64"; do
-    echo "== $setting" >> "$OUT/pdl_tests.log"
-    env $setting FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} \
-      timeout -s INT -k 30 ${PDL_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -rfE -m gpu $PDL_TEST_FILES \
-      >> "$OUT/pdl_tests.log" 2>&1 || rc=1
-    tail -1 "$OUT/pdl_tests.log"
-  done
+  FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} python3 -m bench.ab --no-default \
+    pdl-early-none pdl-early-all pdl-norms-only-early --timeout ${PDL_TIMEOUT:-200} \
+    --cmd "python3 -m pytest -q -p no:cacheprovider -rfE -m gpu $PDL_TEST_FILES" > "$OUT/pdl_tests.log" 2>&1 || rc=1
+  tail -3 "$OUT/pdl_tests.log"
 fi
 if has flagtests; then
-  # FUSED_ATTN_NVCC_FLAGS gives the library its own cache entry (fused_attn/build.py): the default build is untouched.
-  log "flagtests (${FLAG_NVCC_FLAGS:-no flags})"
-  FUSED_ATTN_NVCC_FLAGS="${FLAG_NVCC_FLAGS:-}" python3 -m fused_attn.build 2>&1 | tail -1
-  FUSED_ATTN_NVCC_FLAGS="${FLAG_NVCC_FLAGS:-}" pytest_side_by_side "$OUT/flag_tests.log" ${FLAG_TIMEOUT:-300} \
-    ${HYPOTHESIS_PROFILE:-dev} gpu ${FLAG_TEST_FILES:-tests/test_linear.py tests/test_mlp.py tests/test_row_stats.py tests/test_gpt2.py}
+  log "flagtests (${FLAG_VARIANTS:-no variant})"
+  FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} python3 -m bench.ab --no-default \
+    ${FLAG_VARIANTS:-} --timeout ${FLAG_TIMEOUT:-300} --cmd "python3 -m pytest -q -p no:cacheprovider -rfE -m gpu \
+    ${FLAG_TEST_FILES:-tests/test_linear.py tests/test_mlp.py tests/test_row_stats.py tests/test_gpt2.py}" \
+    > "$OUT/flag_tests.log" 2>&1 || rc=1
+  tail -3 "$OUT/flag_tests.log"
 fi
 if has wide; then
-  # FUSED_ATTN_DECODE_WIDE is read once per process: decode attention's GPU tests (and GPT-2's) with every
-  # one-row launch on the wide build (1) and none (0), beside the default (from batch 16: decode_attention_launch.h)
-  # that the tests step runs.
+  # Decode attention's GPU tests (and GPT-2's) on copies of the tree with every one-row launch on the wide build
+  # and none (bench/ab.py's decode-wide-* variants), beside the default (decode_attention_heuristics.h) that the
+  # tests step runs.
   log "wide (decode attention's 256-thread build)"
-  for batch in 1 0; do
-    echo "== FUSED_ATTN_DECODE_WIDE=$batch" >> "$OUT/wide_tests.log"
-    FUSED_ATTN_DECODE_WIDE=$batch FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} \
-      timeout -s INT -k 30 ${WIDE_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -rfE -m gpu \
-      tests/test_decode_attention.py tests/test_gpt2.py >> "$OUT/wide_tests.log" 2>&1 || rc=1
-    tail -1 "$OUT/wide_tests.log"
-  done
+  FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} python3 -m bench.ab --no-default \
+    decode-wide-every-batch decode-wide-off --timeout ${WIDE_TIMEOUT:-240} \
+    --cmd "python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/test_decode_attention.py tests/test_gpt2.py" \
+    > "$OUT/wide_tests.log" 2>&1 || rc=1
+  tail -3 "$OUT/wide_tests.log"
 fi
 if has gpt2; then
   log "gpt2: GPU tests of the HF integration and our GPT-2, then backend comparisons"

@@ -17,9 +17,6 @@ which no Python registration uses, and the fallback stays registered but is neve
 
 from __future__ import annotations
 
-import os
-import re
-
 import torch
 
 LIB = torch.library.Library("fused_attn", "DEF")
@@ -180,30 +177,12 @@ _define(
 _loaded = False
 
 
-# The environment switches the CUDA library reads once per process, each a non-negative integer: the rows
-# up to which launches trigger their dependents early (common/pdl.cuh; _NORM: the norms' own limit), and the
-# batch from which decode attention's one-row launches take the wide build (decode_attention_kernel.cuh).
-INT_SWITCHES = {"FUSED_ATTN_PDL_EARLY": "rows", "FUSED_ATTN_PDL_EARLY_NORM": "rows",
-                "FUSED_ATTN_DECODE_WIDE": "batch"}
-
-
-def check_environment() -> None:
-    """Refuse a malformed value of an environment switch that the CUDA library reads once per process
-    (INT_SWITCHES), before it is loaded: the library itself would fall back to its default."""
-    for name, unit in INT_SWITCHES.items():
-        value = os.environ.get(name, "")
-        if value and not re.fullmatch(r"[0-9]{1,9}", value):
-            raise ValueError(f"{name} must be a non-negative integer ({unit}), got {value!r}")
-
-
 def ensure_loaded() -> bool:
     """Build (first time on this machine) and load the CUDA library; idempotent. Only CUDA
     tensors need it: CPU and meta tensors run the kernels registered from Python."""
     global _loaded
     if not _loaded:
         from fused_attn import build
-
-        check_environment()
 
         torch.ops.load_library(str(build.library_path()))
         _loaded = True

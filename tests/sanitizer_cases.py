@@ -174,48 +174,37 @@ ATTENTION_CASES = [
 ]
 
 
-# The wgmma kernel's TMA loader (FUSED_ATTN_FLASH_TMA=require: the tensor copies or an error): a partial
-# last key tile and query tile, a padded head dim, GQA through the kv head coordinate.
-ATTENTION_TMA_CASES = [
+# The wgmma kernel's loaders (attention_heuristics.h): TMA where q, k and v can be described as tensor maps,
+# cp.async where they cannot (layout kv_broadcast: k and v repeat one kv head, stride 0): a partial last key
+# tile and query tile, a padded head dim, GQA through the kv head coordinate.
+ATTENTION_LOADER_CASES = [
     dict(sq=300, sk=457, d=128, causal=True, group=2, mode="flash_wgmma"),
     dict(sq=129, sk=65, d=80, mask="bool_key", dtype=torch.bfloat16, mode="flash_wgmma", layout="fused_qkv"),
+    dict(sq=300, sk=457, d=128, causal=True, group=2, mode="flash_wgmma", layout="kv_broadcast"),
 ]
 
 
-# Head dim 64's wgmma tiles, each forced (FUSED_ATTN_FLASH_D64_TILE): partial last query and key tiles,
-# causal, GQA, a padded head dim; tile 2's lone consumer with the cp.async loader as well as TMA.
+# Head dim 64's wgmma tiles, each chosen by its shape (attention_heuristics.h's flash_d64_tile): tile 2 at a
+# grid of at most one 128-row block per SM, tile 1 under causal past it (b=12: 3 x 4 x 12 = 144 blocks, more
+# than the 132 SMs of an H100 or H200); partial last query and key tiles, causal, GQA, a padded head dim; tile 2's
+# lone consumer with the cp.async loader as well as TMA.
 ATTENTION_D64_TILE_CASES = [
-    ("0", "1", dict(sq=300, sk=457, d=64, causal=True, group=2, mode="flash_wgmma")),
-    ("1", "1", dict(sq=300, sk=457, d=64, causal=True, group=2, mode="flash_wgmma")),
-    ("2", "1", dict(sq=197, sk=331, d=56, causal=True, mask="additive_key", mode="flash_wgmma")),
-    ("2", "0", dict(sq=129, sk=65, d=64, mask="bool_key", dtype=torch.bfloat16, mode="flash_wgmma",
-                    layout="fused_qkv")),
+    dict(sq=300, sk=457, d=64, causal=True, group=2, b=12, mode="flash_wgmma"),
+    dict(sq=197, sk=331, d=56, causal=True, mask="additive_key", mode="flash_wgmma"),
+    dict(sq=129, sk=65, d=64, mask="bool_key", dtype=torch.bfloat16, mode="flash_wgmma", layout="kv_broadcast"),
 ]
 
 
 def attention_cases(quick: bool) -> int:
-    import os
-
     from tests.test_attention import HOPPER, check_case, gcase
 
-    for i, kw in enumerate(ATTENTION_CASES[:2] if quick else ATTENTION_CASES):
+    wgmma = [] if quick or not HOPPER else ATTENTION_LOADER_CASES + ATTENTION_D64_TILE_CASES
+    cases = (ATTENTION_CASES[:2] if quick else ATTENTION_CASES) + wgmma
+    for i, kw in enumerate(cases):
         check_case(gcase(seed=i, **kw))
-    tma = [] if quick or not HOPPER else ATTENTION_TMA_CASES
-    os.environ["FUSED_ATTN_FLASH_TMA"] = "require"
-    try:
-        for i, kw in enumerate(tma):
-            check_case(gcase(seed=i, **kw))
-    finally:
-        del os.environ["FUSED_ATTN_FLASH_TMA"]
-    tiles = [] if quick or not HOPPER else ATTENTION_D64_TILE_CASES
-    try:
-        for i, (tile, loader, kw) in enumerate(tiles):
-            os.environ["FUSED_ATTN_FLASH_D64_TILE"], os.environ["FUSED_ATTN_FLASH_TMA"] = tile, loader
-            check_case(gcase(seed=i, **kw))
-    finally:
-        os.environ.pop("FUSED_ATTN_FLASH_D64_TILE", None)
-        os.environ.pop("FUSED_ATTN_FLASH_TMA", None)
-    return len(ATTENTION_CASES[:2] if quick else ATTENTION_CASES) + len(tma) + len(tiles)
+    return len(cases)
+
+
 # linear (tests/test_linear.py's run_and_check: poisoned output, against the float64 reference and cuBLAS):
 # K with a partial last loop step, N that gives 4 / 2 / 1 weight rows per block, odd K, misaligned rows.
 LINEAR_CASES = [

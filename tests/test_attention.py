@@ -8,6 +8,7 @@ same dtype), poisoned outputs, opcheck, torch.compile and CUDA graphs. The spec 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -308,7 +309,7 @@ def gpu_case(draw):
 def gpu_inputs(c, device="cuda"):
     """q, k, v and the mask of a case. fused_qkv: the three are [B, H, S, D] views of one [B, S, (Hq + 2 Hkv) D]
     projection (Hugging Face's layout, non-contiguous; needs Sq == Sk, else separate projections per tensor
-    transposed from [B, S, H, D])."""
+    transposed from [B, S, H, D]); kv_broadcast: k and v repeat their first kv head (head stride 0)."""
     hq = c["hkv"] * c["group"]
     gen = torch.Generator(device=device).manual_seed(c["seed"])
     b, sq, sk, d = c["b"], c["sq"], c["sk"], c["d"]
@@ -330,6 +331,8 @@ def gpu_inputs(c, device="cuda"):
         q = rand(b, hq, sq, d, mag=qk).to(c["dtype"])
         k = rand(b, c["hkv"], sk, d, mag=qk).to(c["dtype"])
         v = rand(b, c["hkv"], sk, d, mag=c["v_mag"]).to(c["dtype"])
+    if c["layout"] == "kv_broadcast":  # one kv head's rows for every kv head (stride 0: no TMA tensor map)
+        k, v = k[:, :1].expand(k.shape), v[:, :1].expand(v.shape)
     mask = make_mask(c["mask"], b, hq, sq, sk, c["dtype"], device, c["seed"], c["share"])
     return q, k, v, mask
 
@@ -446,50 +449,51 @@ def test_wgmma_cases_gpu(case):
     check_case(case)
 
 
+def wgmma_launches(fn):
+    """fn's result and the Hopper flash kernel's launches during it, (head dim, tile, TMA loader) each, read
+    from the kernel names torch.profiler records (attention_flash_wgmma_kernel<T, HD, kTile, kTma, kMask>)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        result = fn()
+        torch.cuda.synchronize()
+    launches = []
+    for e in prof.events():
+        m = re.search(r"attention_flash_wgmma_kernel<[^,]+, (\d+), (\d+), (true|false), (true|false)>", e.name)
+        if e.device_type == torch.autograd.DeviceType.CUDA and m:
+            launches.append((int(m[1]), int(m[2]), m[3] == "true"))
+    return result, launches
+
+
+def sm_count() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
 @pytest.mark.gpu
 @needs_wgmma
 @pytest.mark.parametrize("case", WGMMA_EXAMPLES, ids=lambda c: f"{c['dtype']}-d{c['d']}-{c['sq']}x{c['sk']}-"
                                                                f"{'causal' if c['causal'] else 'full'}-{c['mask']}")
-def test_wgmma_cases_tma_loader_gpu(case, monkeypatch):
-    """The same edges with the TMA loader (FUSED_ATTN_FLASH_TMA=require: an error, not cp.async, where it
-    cannot run), against float64; and bit for bit the cp.async loader's output: the shared-memory tiles
-    the consumers read must be the same bytes."""
-    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", "require")
-    check_case(case)
+def test_wgmma_cases_tma_loader_gpu(case):
+    """The TMA loader (attention_heuristics.h's kFlashTma) runs wherever q, k and v can be described as tensor
+    maps, as in every case here; the cp.async loader where they cannot (k and v broadcast over their kv heads:
+    stride 0), with bit for bit the output and lse of the same values copied out (TMA): the shared-memory tiles
+    the consumers read must be the same bytes. Against float64: test_wgmma_cases_gpu."""
     q, k, v, mask = gpu_inputs(case)
-    run = lambda: attention(q, k, v, causal=case["causal"], attn_mask=mask, scale=case["scale"],  # noqa: E731
-                            mode="flash_wgmma", return_lse=True)
-    tma_out, tma_lse = run()
-    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", "0")
-    cp_out, cp_lse = run()
-    assert torch.equal(tma_out, cp_out) and torch.equal(tma_lse, cp_lse)
+    run = lambda k, v: attention(q, k, v, causal=case["causal"], attn_mask=mask,  # noqa: E731
+                                 scale=case["scale"], mode="flash_wgmma", return_lse=True)
+    _, launches = wgmma_launches(lambda: run(k, v))
+    assert launches and all(tma for _, _, tma in launches), launches
+    if k.shape[1] > 1:
+        kb, vb = k[:, :1].expand(k.shape), v[:, :1].expand(v.shape)
+        (cp_out, cp_lse), cp_launches = wgmma_launches(lambda: run(kb, vb))
+        (tma_out, tma_lse), tma_launches = wgmma_launches(lambda: run(kb.contiguous(), vb.contiguous()))
+        assert [tma for _, _, tma in cp_launches] == [False] and [tma for _, _, tma in tma_launches] == [True]
+        assert torch.equal(tma_out, cp_out) and torch.equal(tma_lse, cp_lse)
 
 
-@pytest.mark.gpu
-@needs_wgmma
-def test_tma_loader_falls_back_or_refuses_where_tma_cannot_describe_the_tensors_gpu(monkeypatch):
-    """k and v broadcast over the batch (stride 0: no tensor map): FUSED_ATTN_FLASH_TMA=1 runs the cp.async
-    loader (the same output as with 0), =require says why it cannot; any other value is refused."""
-    q, k, v, _ = gpu_inputs(gcase(b=2, sq=200, sk=200, d=64))
-    k, v = k[:1].expand(2, -1, -1, -1), v[:1].expand(2, -1, -1, -1)
-    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", "0")
-    want = attention(q, k, v, causal=True, mode="flash_wgmma")
-    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", "1")
-    assert torch.equal(attention(q, k, v, causal=True, mode="flash_wgmma"), want)
-    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", "require")
-    with pytest.raises(ValueError, match=r"q, k and v must be 16-byte aligned with strides that are positive "
-                                         r"multiples of 16 bytes \(TMA tensor maps\) with "
-                                         r"FUSED_ATTN_FLASH_TMA=require, got strides q \(.*\), k \(0, "):
-        attention(q, k, v, causal=True, mode="flash_wgmma")
-    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", "yes")
-    with pytest.raises(ValueError, match=r"FUSED_ATTN_FLASH_TMA must be '0', '1' or 'require', got 'yes'"):
-        attention(q, k, v, causal=True, mode="flash_wgmma")
-
-
-# Head dim 64's wgmma cases, run in each tile (FUSED_ATTN_FLASH_D64_TILE: 0 BR 128 / BC 128, 1 BR 128 /
-# BC 64 two blocks per SM, 2 BR 64 with one consumer two blocks per SM): the edges above at d <= 64, a
-# causal grid of many blocks (partial last query and key tiles in each), one query row against many keys,
-# fully masked rows (every key masked; Sq > Sk under causal), large bfloat16 scores.
+# Head dim 64's wgmma cases (tiles 1 and 2: attention_heuristics.h's flash_d64_tile): the edges above at
+# d <= 64, a causal grid of many blocks (partial last query and key tiles in each), one query row against many
+# keys, fully masked rows (every key masked; Sq > Sk under causal), large bfloat16 scores.
 WGMMA_D64_EXAMPLES = [c for c in WGMMA_EXAMPLES if c["d"] <= 64] + [
     gcase(mode="flash_wgmma", b=2, hkv=3, sq=700, sk=700, d=64, causal=True, seed=5),
     gcase(mode="flash_wgmma", sq=1, sk=517, d=64, causal=True, group=2, mask="bool_key", seed=6),
@@ -499,50 +503,52 @@ WGMMA_D64_EXAMPLES = [c for c in WGMMA_EXAMPLES if c["d"] <= 64] + [
 ]
 
 
+def with_blocks_over(case, blocks: int, rows: int = 128):
+    """case with its batch raised until its grid has more than `blocks` blocks of `rows` query rows."""
+    per_batch = -(-case["sq"] // rows) * case["hkv"] * case["group"]
+    return dict(case, b=max(case["b"], blocks // per_batch + 1))
+
+
 @pytest.mark.gpu
 @needs_wgmma
-@pytest.mark.parametrize("loader", ["require", "0"], ids=["tma", "cp_async"])
-@pytest.mark.parametrize("tile", ["0", "1", "2"], ids=lambda t: f"tile{t}")
+@pytest.mark.parametrize("loader", ["tma", "cp_async"])
 @pytest.mark.parametrize("case", WGMMA_D64_EXAMPLES, ids=lambda c: f"{c['dtype']}-d{c['d']}-b{c['b']}-{c['sq']}x"
                                                                    f"{c['sk']}-{'causal' if c['causal'] else 'full'}"
                                                                    f"-{c['mask']}")
-def test_wgmma_d64_tiles_gpu(case, tile, loader, monkeypatch):
-    """Each of head dim 64's tiles with the TMA loader (FUSED_ATTN_FLASH_TMA=require) and the cp.async one
-    (=0), against float64."""
-    monkeypatch.setenv("FUSED_ATTN_FLASH_D64_TILE", tile)
-    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", loader)
-    check_case(case)
+def test_wgmma_d64_tiles_gpu(case, loader):
+    """Each of head dim 64's tiles against float64, with the TMA loader and the cp.async one (k and v broadcast
+    over their kv heads): the case as it is (tile 2 where its grid has at most one 128-row block per SM), and a
+    causal case with its batch raised past one 128-row block per SM (tile 1), each tile read from the kernel
+    names."""
+    sms = sm_count()
+    for c in [case] + ([with_blocks_over(case, sms)] if case["causal"] else []):
+        if loader == "cp_async":
+            c = dict(c, hkv=max(2, c["hkv"]), layout="kv_broadcast")
+        blocks = -(-c["sq"] // 128) * c["hkv"] * c["group"] * c["b"]
+        tile = 1 if c["causal"] and blocks > sms else 2
+        _, launches = wgmma_launches(lambda: check_case(c))  # noqa: B023
+        assert launches == [(64, tile, loader == "tma")], (c, launches)
 
 
 @pytest.mark.gpu
 @needs_wgmma
-def test_wgmma_d64_tile_choice_gpu(monkeypatch):
-    """Unset or 'auto': tile 1 under causal where the grid has more 128-row query blocks than the device has
-    SMs, else tile 2 (bit for bit the forced tile's output); any other value is refused, at head dim 128 too."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for sq, causal, want_tile in ((128 * (sms // 8), True, "2"), (128 * (sms // 8 + 1), True, "1"),
-                                  (128 * (sms // 8 + 1), False, "2")):  # 8 heads: 8 blocks per 128 rows
-        q, k, v, _ = gpu_inputs(gcase(hkv=2, group=4, sq=sq, sk=sq, d=64))
-        run = lambda: attention(q, k, v, causal=causal, mode="flash_wgmma")  # noqa: E731
-        forced = {}
-        for tile in ("1", "2"):
-            monkeypatch.setenv("FUSED_ATTN_FLASH_D64_TILE", tile)
-            forced[tile] = run()
-        assert not torch.equal(forced["1"], forced["2"])  # BC 64 and 128 round differently
-        monkeypatch.setenv("FUSED_ATTN_FLASH_D64_TILE", "auto")
-        assert torch.equal(run(), forced[want_tile])
-        monkeypatch.delenv("FUSED_ATTN_FLASH_D64_TILE")
-        assert torch.equal(run(), forced[want_tile])
-    monkeypatch.setenv("FUSED_ATTN_FLASH_D64_TILE", "3")
-    for d in (64, 128):
-        q, k, v, _ = gpu_inputs(gcase(d=d))
-        with pytest.raises(ValueError, match=r"FUSED_ATTN_FLASH_D64_TILE must be 'auto', '0', '1' or '2', got '3'"):
-            attention(q, k, v, mode="flash_wgmma")
+def test_wgmma_d64_tile_choice_gpu():
+    """attention_heuristics.h's flash_d64_tile at its bound: tile 1 under causal where the grid has more 128-row
+    query blocks than the device has SMs, else tile 2 (also without causal at the same grid); head dim 128 has
+    tile 0 alone."""
+    sms = sm_count()
+    for sq, causal, d, want in ((128 * (sms // 8), True, 64, 2), (128 * (sms // 8 + 1), True, 64, 1),
+                                (128 * (sms // 8 + 1), False, 64, 2),
+                                (128 * (sms // 8 + 1), True, 128, 0)):  # 8 heads: 8 blocks per 128 rows
+        q, k, v, _ = gpu_inputs(gcase(hkv=2, group=4, sq=sq, sk=sq, d=d))
+        _, launches = wgmma_launches(lambda: attention(q, k, v, causal=causal, mode="flash_wgmma"))  # noqa: B023
+        assert launches == [(d, want, True)], (sq, causal, d, launches)
 
 
-# Causal grids whose query tiles own very different numbers of key tiles, for the block order
-# (FUSED_ATTN_FLASH_ORDER): several tiles per (head, batch) with a partial last one, GQA, Sq < Sk, and Sq > Sk
-# (leading tiles that see no key: zeros), at head dims 64 and 128.
+# Causal grids whose query tiles own very different numbers of key tiles, for the block order (attention_
+# heuristics.h's flash_longest_first: longest-first within 8 waves of blocks, as these): several tiles per
+# (head, batch) with a partial last one, GQA, Sq < Sk, and Sq > Sk (leading tiles that see no key: zeros), at
+# head dims 64 and 128.
 WGMMA_ORDER_EXAMPLES = [
     gcase(mode="flash_wgmma", b=2, hkv=3, group=2, sq=700, sk=700, d=64, causal=True, seed=9),
     gcase(mode="flash_wgmma", b=3, hkv=1, group=4, sq=129, sk=1000, d=64, causal=True, mask="bool_key", seed=10),
@@ -556,33 +562,15 @@ WGMMA_ORDER_EXAMPLES = [
 
 @pytest.mark.gpu
 @needs_wgmma
-@pytest.mark.parametrize("loader", ["require", "0"], ids=["tma", "cp_async"])
-@pytest.mark.parametrize("tile", ["0", "1", "2"], ids=lambda t: f"tile{t}")
-def test_wgmma_block_order_gpu(tile, loader, monkeypatch):
-    """FUSED_ATTN_FLASH_ORDER unset ('auto': longest-first for grids of a few waves, as these), 'longest'
-    (causal query tiles longest-first across every (head, batch)) against float64, and bit for bit
-    'natural' (each (head, batch)'s tiles in turn): the same blocks in
-    another order, in each of head dim 64's tiles and at 128; any other value is refused, without causal
-    too."""
-    monkeypatch.setenv("FUSED_ATTN_FLASH_D64_TILE", tile)
-    monkeypatch.setenv("FUSED_ATTN_FLASH_TMA", loader)
-    for case in [c for c in WGMMA_ORDER_EXAMPLES if c["d"] <= 64 or tile == "0"]:  # one tile at 128
-        monkeypatch.delenv("FUSED_ATTN_FLASH_ORDER", raising=False)
-        check_case(case)
-        q, k, v, mask = gpu_inputs(case)
-        run = lambda: attention(q, k, v, causal=True, attn_mask=mask, mode="flash_wgmma",  # noqa: E731
-                                return_lse=True)
-        got = {}
-        for order in ("auto", "longest", "natural"):
-            monkeypatch.setenv("FUSED_ATTN_FLASH_ORDER", order)
-            got[order] = run()
-        assert all(torch.equal(a, b) for o in ("auto", "longest") for a, b in zip(got[o], got["natural"]))
-    monkeypatch.setenv("FUSED_ATTN_FLASH_ORDER", "reversed")
-    q, k, v, _ = gpu_inputs(gcase(d=64))
-    for causal in (False, True):
-        with pytest.raises(ValueError, match=r"FUSED_ATTN_FLASH_ORDER must be 'auto', 'longest' or 'natural', got "
-                                             r"'reversed'"):
-            attention(q, k, v, causal=causal, mode="flash_wgmma")
+@pytest.mark.parametrize("case", WGMMA_ORDER_EXAMPLES, ids=lambda c: f"d{c['d']}-b{c['b']}-{c['sq']}x{c['sk']}")
+def test_wgmma_block_order_gpu(case):
+    """The causal query tiles longest-first across every (head, batch) (grids of a few waves), against float64,
+    with the TMA loader and the cp.async one; and the natural order past 8 waves of blocks: the same case with
+    its batch raised past 8 blocks per SM (head dim 64: two blocks per SM, 128-row tile 1 there)."""
+    check_case(case)
+    check_case(dict(case, hkv=max(2, case["hkv"]), layout="kv_broadcast"))
+    per_sm = 2 if case["d"] <= 64 else 1
+    check_case(with_blocks_over(dict(case, sk=min(case["sk"], 512)), 8 * per_sm * sm_count()))
 
 
 @pytest.mark.gpu

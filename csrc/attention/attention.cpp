@@ -2,8 +2,8 @@
 // choice (auto: flash for float16 / bfloat16 when its kernel was built for this device, else
 // naive; flash: the wgmma kernel where it was built for this device, else the mma.sync one;
 // flash_mma / flash_wgmma pin one of the two), dtype / head-dim dispatch of the flash kernels
-// (and the wgmma one's loader, head dim 64 tile and block order), and the naive and tiled modes'
-// three steps (GEMM, scaled_masked_softmax through the dispatcher, GEMM). Host C++ (g++): the
+// (and the wgmma one's head dim 64 tile and block order: attention_heuristics.h), and the naive and
+// tiled modes' three steps (GEMM, scaled_masked_softmax through the dispatcher, GEMM). Host C++ (g++): the
 // kernels are launched through attention_launch.h.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -13,13 +13,13 @@
 #include <torch/library.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <string>
 
 #include "../common/checks.h"
 #include "../common/static_switch.h"
+#include "attention_heuristics.h"
 #include "attention_launch.h"
 
 namespace fused_attn {
@@ -161,65 +161,8 @@ void check_out(const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse
   }
 }
 
-// How the Hopper flash kernel loads its tiles, from FUSED_ATTN_FLASH_TMA at each call: unset or "1"
-// TMA where q, k and v allow it (else cp.async; the default since session 10 measured it 1.5-1.7x
-// faster at D128 S4096 on an H100: bench/NOTES.md), "0" always cp.async, "require" TMA or an error
-// (tests pin the TMA loader with it: a silent fallback would pass them).
-FlashLoader flash_loader() {
-  const char* env = std::getenv("FUSED_ATTN_FLASH_TMA");
-  const std::string v = env == nullptr ? "1" : env;
-  FA_CHECK_ARG(v == "0" || v == "1" || v == "require", FUSED_ATTN_FLASH_TMA, "be '0', '1' or 'require'",
-               "'" + v + "'");
-  return v == "0" ? FlashLoader::kCpAsync : v == "1" ? FlashLoader::kTmaWherePossible : FlashLoader::kTmaRequired;
-}
-
 // The SMs of the current device (ATen queries each device's properties once).
 int64_t sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
-
-// Head dim 64's tile of the Hopper flash kernel (attention_wgmma.cuh's FlashWgmmaConfig), from
-// FUSED_ATTN_FLASH_D64_TILE at each call: "0", "1" or "2" force that tile; unset or "auto" is tile 1
-// (BR 128, BC 64, two blocks per SM) under causal where the grid has more 128-row query blocks than the
-// device has SMs, else tile 2 (BR 64, one consumer, two blocks per SM). Measured on an H100 (fp16, H12,
-// bench_attention, bench/NOTES.md session 11): tile 1 is the fastest at B8 causal S512 / S1024 (35.3 /
-// 76.8 us against tile 0's 40.6 / 86.0 and tile 2's 39.1 / 83.9), tile 2 at every other GPT-2 shape (B1
-// S512 causal 14.1 against 16.1 and 18.3; B8 S1024 full 78.5 against 83.2 and 85.4). Tile 0 (BR 128,
-// BC 128, one block per SM) only when forced at head dim 64. Read on every wgmma call: a bad value is
-// refused at head dim 128 too.
-int flash_d64_tile(const AttentionParams& p) {
-  const char* env = std::getenv("FUSED_ATTN_FLASH_D64_TILE");
-  const std::string v = env == nullptr ? "auto" : env;
-  FA_CHECK_ARG(v == "auto" || v == "0" || v == "1" || v == "2", FUSED_ATTN_FLASH_D64_TILE,
-               "be 'auto', '0', '1' or '2'", "'" + v + "'");
-  if (v != "auto") return v[0] - '0';
-  if (p.headdim > 64) return 0;
-  const int64_t blocks = (int64_t(p.seqlen_q) + 127) / 128 * p.nheads_q * p.batch;
-  return p.causal && blocks > sm_count() ? 1 : 2;
-}
-
-// Whether the Hopper flash kernel dispatches its query tiles longest-first across every (head, batch)
-// (attention_wgmma.cuh's flash_wgmma_block), from FUSED_ATTN_FLASH_ORDER at each call, under causal only
-// (without it every tile reads every key): "longest" always; "natural" never (each (head, batch)'s tiles
-// in turn, the order before session 12); unset or "auto" where the grid is at most kLongestFirstMaxWaves
-// waves of blocks. Measured on an H100 (bench_attention, bench/NOTES.md session 12), longest-first
-// against natural: B8 H12 S512 D64 30.7 against 35.2 us (2-3 waves: the long tiles no longer start in
-// the last one), H32 D128 S2048 / S4096 -8% / -2..-6% (4-8 waves), but S16384 +4..+7% (31 waves: the
-// blocks in flight span every head, so each head's K and V leave L2 between its tiles). Read on every
-// wgmma call: a bad value is refused without causal too.
-constexpr int64_t kLongestFirstMaxWaves = 8;
-bool flash_longest_first(const AttentionParams& p, int d64_tile) {
-  const char* env = std::getenv("FUSED_ATTN_FLASH_ORDER");
-  const std::string v = env == nullptr ? "auto" : env;
-  FA_CHECK_ARG(v == "auto" || v == "longest" || v == "natural", FUSED_ATTN_FLASH_ORDER,
-               "be 'auto', 'longest' or 'natural'", "'" + v + "'");
-  if (!p.causal || v == "natural") return false;
-  if (v == "longest") return true;
-  // The launch's blocks and blocks per SM (FlashWgmmaConfig: head dim 64's tiles 1 and 2 run two per SM,
-  // tile 2 with 64 query rows).
-  const bool d64 = p.headdim <= 64;
-  const int64_t br = d64 && d64_tile == 2 ? 64 : 128, per_sm = d64 && d64_tile != 0 ? 2 : 1;
-  const int64_t blocks = (int64_t(p.seqlen_q) + br - 1) / br * p.nheads_q * p.batch;
-  return blocks <= kLongestFirstMaxWaves * per_sm * sm_count();
-}
 
 // wgmma: the Hopper version (resolve_mode chose it only where it runs, at head dims <= 128).
 void launch_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -250,24 +193,29 @@ void launch_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     p.m_stride_q = mask.stride(2), p.m_stride_k = mask.stride(3);
   }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const FlashLoader loader = wgmma ? flash_loader() : FlashLoader::kCpAsync;
-  const int d64_tile = wgmma ? flash_d64_tile(p) : 0;
-  p.longest_first = wgmma && flash_longest_first(p, d64_tile);
-  bool launched = true;
+  // The Hopper kernel's tile and block order (attention_heuristics.h), from the shape and the device's SMs.
+  int d64_tile = 2;
+  if (wgmma) {
+    const int64_t sms = sm_count();
+    const int64_t heads = int64_t(p.nheads_q) * p.batch;
+    d64_tile = flash_d64_tile(causal, (int64_t(p.seqlen_q) + 127) / 128 * heads, sms);
+    const int64_t br = flash_block_rows(p.headdim, d64_tile);
+    p.longest_first =
+        flash_longest_first(causal, (int64_t(p.seqlen_q) + br - 1) / br * heads, flash_blocks_per_sm(p.headdim), sms);
+  }
   FA_DISPATCH_FLOAT(q.scalar_type(), q, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
       FA_DECODE_HEADDIM_SWITCH(p.headdim, HD, [&] {
         if constexpr (HD == 64) {
           if (wgmma) {
-            launched = d64_tile == 2   ? launch_attention_flash_wgmma<scalar_t, 64, 2>(p, loader, stream)
-                       : d64_tile == 1 ? launch_attention_flash_wgmma<scalar_t, 64, 1>(p, loader, stream)
-                                       : launch_attention_flash_wgmma<scalar_t, 64, 0>(p, loader, stream);
+            if (d64_tile == 1) launch_attention_flash_wgmma<scalar_t, 64, 1>(p, stream);
+            else launch_attention_flash_wgmma<scalar_t, 64, 2>(p, stream);
             return;
           }
         }
         if constexpr (HD == 128) {
           if (wgmma) {
-            launched = launch_attention_flash_wgmma<scalar_t, 128, 0>(p, loader, stream);
+            launch_attention_flash_wgmma<scalar_t, 128, 0>(p, stream);
             return;
           }
         }
@@ -275,10 +223,6 @@ void launch_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       });
     }
   });
-  TORCH_CHECK_VALUE(launched,
-                    "q, k and v must be 16-byte aligned with strides that are positive multiples of 16 bytes (TMA "
-                    "tensor maps) with FUSED_ATTN_FLASH_TMA=require, got strides q ",
-                    shape_str(q.strides()), ", k ", shape_str(k.strides()), ", v ", shape_str(v.strides()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -4,6 +4,6 @@
 namespace fused_attn {
 template void launch_attention_flash<__half, 128>(const AttentionParams&, cudaStream_t);
 template int attention_flash_arch<__half, 128>();
-template bool launch_attention_flash_wgmma<__half, 128, 0>(const AttentionParams&, FlashLoader, cudaStream_t);
+template void launch_attention_flash_wgmma<__half, 128, 0>(const AttentionParams&, cudaStream_t);
 template int attention_flash_wgmma_arch<__half, 128>();
 }  // namespace fused_attn

@@ -4,8 +4,7 @@
 namespace fused_attn {
 template void launch_attention_flash<__half, 64>(const AttentionParams&, cudaStream_t);
 template int attention_flash_arch<__half, 64>();
-template bool launch_attention_flash_wgmma<__half, 64, 0>(const AttentionParams&, FlashLoader, cudaStream_t);
-template bool launch_attention_flash_wgmma<__half, 64, 1>(const AttentionParams&, FlashLoader, cudaStream_t);
-template bool launch_attention_flash_wgmma<__half, 64, 2>(const AttentionParams&, FlashLoader, cudaStream_t);
+template void launch_attention_flash_wgmma<__half, 64, 1>(const AttentionParams&, cudaStream_t);
+template void launch_attention_flash_wgmma<__half, 64, 2>(const AttentionParams&, cudaStream_t);
 template int attention_flash_wgmma_arch<__half, 64>();
 }  // namespace fused_attn

@@ -31,8 +31,9 @@ struct AttentionParams {
   int group;  // nheads_q / nheads_kv: query head h reads kv head h / group
   bool causal;  // key j visible to query i iff j <= i + seqlen_k - seqlen_q
   // The wgmma kernel's block order (attention_wgmma.cuh's flash_wgmma_block): query tiles longest-first
-  // across every (head, batch); set under causal only (attention.cpp's FUSED_ATTN_FLASH_ORDER), cleared by
-  // the launch past 65535 query tiles (the grid's z). false: the natural order, the mma.sync kernel's.
+  // across every (head, batch); set under causal only (attention_heuristics.h's flash_longest_first),
+  // cleared by the launch past 65535 query tiles (the grid's z). false: the natural order, the mma.sync
+  // kernel's.
   bool longest_first;
   float scale;       // the score multiplier (natural domain: the additive mask is added after it)
   float scale_log2;  // scale * log2(e): scores without a mask live in the log2 domain
@@ -59,16 +60,13 @@ void launch_attention_flash(const AttentionParams& p, cudaStream_t stream);
 // The SM version launch_attention_flash<T, HD>'s kernel was compiled for (0 if none: it needs sm_80).
 template <typename T, int HD>
 int attention_flash_arch();
-// How the Hopper version loads its tiles: cp.async by its loader warpgroup; TMA where q, k and v can
-// be described as tensor maps (common/tma.h), else cp.async; TMA or nothing (no launch).
-enum class FlashLoader { kCpAsync, kTmaWherePossible, kTmaRequired };
-// The Hopper version (attention_wgmma.cuh, instantiated at HD 64 with kTile 0, 1 and 2 and at HD 128
-// with kTile 0): the same semantics on wgmma; runs only where attention_flash_wgmma_arch<T, HD>() is 90
-// (an sm_90a build on an sm_90 device), else 0. kTile: the block's query and key tile and blocks per SM
-// (attention_wgmma.cuh's FlashWgmmaConfig). Returns false (and launches nothing) only for kTmaRequired on
-// tensors TMA cannot describe.
+// The Hopper version (attention_wgmma.cuh, instantiated at HD 64 with kTile 1 and 2 and at HD 128 with
+// kTile 0): the same semantics on wgmma; runs only where attention_flash_wgmma_arch<T, HD>() is 90 (an
+// sm_90a build on an sm_90 device), else 0. kTile: the block's query and key tile and blocks per SM
+// (attention_wgmma.cuh's FlashWgmmaConfig); the tile, the block order and the loader are chosen by
+// attention_heuristics.h.
 template <typename T, int HD, int kTile>
-bool launch_attention_flash_wgmma(const AttentionParams& p, FlashLoader loader, cudaStream_t stream);
+void launch_attention_flash_wgmma(const AttentionParams& p, cudaStream_t stream);
 template <typename T, int HD>
 int attention_flash_wgmma_arch();
 // tiled false: the naive mode's 16 x 16 tile GEMM; true: the tiled mode's register-blocked one.

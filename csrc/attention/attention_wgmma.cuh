@@ -25,28 +25,28 @@
 //      32 bytes of spill); BC 64 halves the causal diagonal's masked work.
 //   2: BR 64 (1 consumer, no ping-pong), BC 128, 2 blocks per SM: 128 on entry, 232 for the consumer;
 //      twice tile 0's blocks, and the other block on an SM takes the ping-pong partner's role.
-// At head dim 64 the tile is chosen per call (attention.cpp, FUSED_ATTN_FLASH_D64_TILE): tile 1 under
+// At head dim 64 the tile is chosen per call (attention_heuristics.h's flash_d64_tile): tile 1 under
 // causal where the grid has more 128-row blocks than the device has SMs, else tile 2. On an H100 (fp16,
-// H12; bench/NOTES.md, session 11) tile 1 is the fastest at B8 causal S512 / S1024 (384-768 blocks: one
-// block's pipeline fill overlaps the other's tiles, and BC 64 halves the diagonal's masked work), tile 2
-// at every other GPT-2 shape (B1: 48-96 blocks of 128 rows on 132 SMs, twice as many of 64), tile 0 at
-// none of them; it stays the head dim 128 kernel.
+// H12, bench_attention) tile 1 is the fastest at B8 causal S512 / S1024 (384-768 blocks: one block's
+// pipeline fill overlaps the other's tiles, and BC 64 halves the diagonal's masked work), tile 2 at every
+// other GPT-2 shape (B1: 48-96 blocks of 128 rows on 132 SMs, twice as many of 64), tile 0 at none of
+// them: head dim 64 is built in tiles 1 and 2, and tile 0 is the head dim 128 kernel.
 //
 // Each tile and loader is built twice, with and without an attn_mask (kMask): the unmasked build has
-// none of the mask's per-score code (two thirds of the SASS: bench/NOTES.md, session 16).
+// none of the mask's per-score code (two thirds of the SASS: bench/NOTES.md).
 //
-// Block order (flash_wgmma_block; attention.cpp, FUSED_ATTN_FLASH_ORDER): under causal the query tiles
+// Block order (flash_wgmma_block; attention_heuristics.h's flash_longest_first): under causal the query tiles
 // go out longest-first across every (head, batch): all the last tiles (the most key tiles, bottom-right
 // aligned also when seqlen_q != seqlen_k) at the lowest block ids, the tiles that see no key at the
 // highest (FlashAttention-2/3's causal order). In the natural order (each (head, batch)'s tiles in turn,
 // the mma.sync kernel's) the long tiles of the last heads start in the last wave, where blocks of very
 // unequal length can leave SMs idle; B8 H12 S512 D64 causal ran at 0.90x SDPA's flash backend in it
-// (bench/NOTES.md, session 11; 1.05x with longest-first, session 12). Without causal the tiles are equal
-// and the natural order stays (consecutive blocks share a head's K and V in L2); by default (auto) also
-// past 8 waves of blocks, where the blocks in flight would span every head and re-read K and V from
-// DRAM (H32 D128 S16384 causal: +4..7% longest-first).
+// (H100, bench_attention; 1.05x with longest-first). Without causal the tiles are equal and the natural
+// order stays (consecutive blocks share a head's K and V in L2); also past 8 waves of blocks, where the
+// blocks in flight would span every head and re-read K and V from DRAM (H32 D128 S16384 causal: +4..7%
+// longest-first).
 //
-// Loads by TMA (kTma, FA3's other loader; chosen per call: attention.cpp, FUSED_ATTN_FLASH_TMA): one
+// Loads by TMA (kTma, FA3's other loader; attention_heuristics.h's kFlashTma, where q, k and v allow it): one
 // thread of the loader warpgroup issues each tile as HD / 64 tensor copies per matrix (a box of 64
 // columns x the tile's rows of one (batch, head): common/tma.h), which land in the same 128-byte
 // swizzled panels the cp.async loader writes (TMA's SWIZZLE_128B puts 16-byte chunk j of box row r at
@@ -68,6 +68,7 @@
 
 #include "../common/tma.h"
 #include "../common/wgmma.cuh"
+#include "attention_heuristics.h"
 #include "attention_kernel.cuh"
 
 namespace fused_attn {
@@ -352,11 +353,11 @@ __global__ void __launch_bounds__(FlashWgmmaConfig<T, HD, kTile>::kThreads,
 }
 
 template <typename T, int HD, int kTile>
-bool launch_attention_flash_wgmma(const AttentionParams& p, FlashLoader loader, cudaStream_t stream) {
+void launch_attention_flash_wgmma(const AttentionParams& p, cudaStream_t stream) {
   using C = FlashWgmmaConfig<T, HD, kTile>;
   FlashTmaMaps maps{};
   bool tma = false;
-  if (loader != FlashLoader::kCpAsync) {
+  if constexpr (kFlashTma) {
     const CUtensorMapDataType type =
         std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     tma = encode_bhsd_map(&maps.q, type, p.q, p.batch, p.nheads_q, p.seqlen_q, p.headdim, p.q_stride_b,
@@ -365,7 +366,6 @@ bool launch_attention_flash_wgmma(const AttentionParams& p, FlashLoader loader, 
                           p.k_stride_h, p.k_stride_s, 64, C::BC) &&
           encode_bhsd_map(&maps.v, type, p.v, p.batch, p.nheads_kv, p.seqlen_k, p.headdim, p.v_stride_b,
                           p.v_stride_h, p.v_stride_s, 64, C::BC);
-    if (!tma && loader == FlashLoader::kTmaRequired) return false;
   }
   // Built with and without the mask's per-score path: an unmasked launch's code has none of it.
   auto* kernel = p.mask != nullptr ? (tma ? attention_flash_wgmma_kernel<T, HD, kTile, true, true>
@@ -381,17 +381,18 @@ bool launch_attention_flash_wgmma(const AttentionParams& p, FlashLoader loader, 
   const dim3 grid = kp.longest_first ? dim3(unsigned(p.nheads_q), unsigned(p.batch), tiles)
                                      : dim3(tiles, unsigned(p.nheads_q), unsigned(p.batch));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(kp, maps);
-  return true;
 }
 
 // 90 when the library was built for sm_90a only among the 9.x targets (FUSED_ATTN_SM90A, set by
-// fused_attn/build.py) and the current device runs that build's kernel (tile 0's: every tile is built in
-// the same unit); else 0.
+// fused_attn/build.py) and the current device runs that build's kernel (one tile's: every tile is built
+// in the same unit); else 0.
 template <typename T, int HD>
 int attention_flash_wgmma_arch() {
 #if defined(FUSED_ATTN_SM90A)
+  constexpr int kTile = HD == 64 ? 2 : 0;
   cudaFuncAttributes attr{};
-  const bool ok = cudaFuncGetAttributes(&attr, attention_flash_wgmma_kernel<T, HD, 0, false, false>) == cudaSuccess;
+  const bool ok =
+      cudaFuncGetAttributes(&attr, attention_flash_wgmma_kernel<T, HD, kTile, false, false>) == cudaSuccess;
   return ok && attr.binaryVersion == 90 ? 90 : 0;
 #else
   return 0;

@@ -1,6 +1,6 @@
 """Write the attention instantiation units: one .cu per (dtype, padded head dim) for the flash
-kernel (float16 / bfloat16; at head dims 64 and 128 also its Hopper wgmma version, at 64 in each of
-its three tiles), and one per dtype for the naive and tiled modes' two GEMMs.
+kernel (float16 / bfloat16; at head dims 64 and 128 also its Hopper wgmma version, at 64 in its
+tiles 1 and 2), and one per dtype for the naive and tiled modes' two GEMMs.
 
     python csrc/attention/generate_instantiations.py          # rewrite the files
     python csrc/attention/generate_instantiations.py --check  # exit 1 if a file is missing or stale
@@ -17,7 +17,7 @@ HERE = Path(__file__).resolve().parent
 DTYPES = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16"}
 FLASH_DTYPES = ("fp16", "bf16")
 HEADDIMS = (32, 64, 128, 256)  # a kernel for HD serves every headdim <= HD that is a multiple of 8
-WGMMA_TILES = {64: (0, 1, 2), 128: (0,)}  # the Hopper kernel's head dims and tiles (attention_wgmma.cuh)
+WGMMA_TILES = {64: (1, 2), 128: (0,)}  # the Hopper kernel's head dims and tiles (attention_wgmma.cuh)
 
 
 def header(include: str) -> str:
@@ -38,7 +38,7 @@ def units() -> dict[str, str]:
             out[f"attention_inst_{dt}_hd{hd}.cu"] = header("attention_wgmma.cuh" if tiles else "attention_kernel.cuh") + (
                 f"template void launch_attention_flash<{T}, {hd}>(const AttentionParams&, cudaStream_t);\n"
                 f"template int attention_flash_arch<{T}, {hd}>();\n") + "".join(
-                f"template bool launch_attention_flash_wgmma<{T}, {hd}, {tile}>(const AttentionParams&, FlashLoader, "
+                f"template void launch_attention_flash_wgmma<{T}, {hd}, {tile}>(const AttentionParams&, "
                 "cudaStream_t);\n" for tile in tiles) + (
                 f"template int attention_flash_wgmma_arch<{T}, {hd}>();\n" if tiles else "") + FOOTER
     for dt, T in DTYPES.items():

@@ -47,63 +47,39 @@ __device__ __forceinline__ int load_after_wait(const int* ptr) {
 // one's have started and SM resources allow, and fetch their weights while this kernel still waits for
 // its own primary, so a chain of GEMVs streams its weights a kernel or two ahead of the dependent
 // arithmetic; decode_attention also prefetches its cached K/V rows into L2 before its wait. Late (the
-// trigger after the wait, as every kernel did until session 10), kernel N + 1 fetches only during N's
-// tail. Early stays correct because every block of these kernels executes wait_for_primary() before it
-// exits: a grid completes only after its primary has, so a dependent's wait (which is for this grid's
-// completion) covers every earlier kernel. A second launch_dependents() (the late one, always there)
-// changes nothing.
+// trigger after the wait), kernel N + 1 fetches only during N's tail. Early stays correct because every
+// block of these kernels executes wait_for_primary() before it exits: a grid completes only after its
+// primary has, so a dependent's wait (which is for this grid's completion) covers every earlier kernel.
+// A second launch_dependents() (the late one, always there) changes nothing.
 __device__ __forceinline__ void launch_dependents_early(bool early) {
   if (early) launch_dependents();
 }
 
-// FUSED_ATTN_PDL_EARLY=<rows> in the environment (read once per process; fused_attn.load() refuses a
-// value that is not a non-negative integer): launches of at most that many rows (a GEMV's M, a norm's
-// rows, decode attention's and the sampler's batch) trigger early, larger ones late. Measured on an H100
-// (bench/NOTES.md, session 10), our captured GPT-2 step with the early trigger against the late one:
-// -7% at batch 1, -2% at 2, -6% at 4, +8% at 8, +6% at 16. Re-measured on session 33's kernels (session 34,
-// H100): -7% at 8 (the fused QKV + attention launch serves 5-8 rows there; 272 -> 253 us), +3% at 16, where
-// the blocks that run ahead (several kernels deep: each triggers its own dependent at once) hold SM slots and
+// The trigger points, in rows (a GEMV's M, a norm's rows, decode attention's and the sampler's batch): the
+// tuning table of every PDL-chained op (bench/ab.py's pdl-* variants move them on a copy of the tree).
+//
+// kPdlEarlyRows: launches of at most this many rows trigger early, larger ones late. GPT-2's captured
+// fp16 step (bench.time_decode_graph), early against late, H100: -7% at batch 1, -2% at 2, -6% at 4, -7%
+// at 8 (the fused QKV + attention launch serves 5-8 rows there; 272 -> 253 us), +3% at 16, where the
+// blocks that run ahead (several kernels deep: each triggers its own dependent at once) hold SM slots and
 // DRAM queues that the running kernel needs (decode attention's 192 blocks during c_attn's weight stream;
-// keeping single kinds late at 16 rows measured no better). Hence the default: early up to 8 rows (the norms:
-// 16, pdl_early_norm_rows below).
+// keeping single kinds late at 16 rows measured no better).
 // One exception by what follows: a linear with an activation epilogue (an MLP's first projection, whose
 // consumer is a GEMV) triggers early at any row count (linear_kernel.cuh, with_linear_pdl_early).
-constexpr long kPdlEarlyRowsDefault = 8;
+constexpr long kPdlEarlyRows = 8;
+// kPdlEarlyNormRows: the same limit for the norms alone (layer_norm / rms_norm, with or without the
+// residual add, and the embedding's gathered-row norm). In a process that has joined a few streams or
+// captured a few graphs (any real one), every programmatic launch reaches the SMs ~0.35 us after its
+// primary's trigger, and the 16-row GEMVs after the norms (GPT-2's c_attn, c_fc), launched at the norm's
+// late trigger, had ~0.2 us of head start left to fetch their weights in. A norm that triggers early lets
+// them stream their weights under it, one kernel deep (the GEMVs still trigger late at 16 rows, so decode
+// attention and the projections do not run ahead as they did with every launch early, +7 us). GPT-2's
+// fp16 B16 step, H200, bench.time_decode_graph: 302.3 -> 276.6 us (-8.5%).
+constexpr long kPdlEarlyNormRows = 16;
 
-// A non-negative integer from the environment, or `fallback` where it is unset or malformed (fused_attn.load()
-// refuses a malformed value first: fused_attn/_ops.py, INT_SWITCHES). Callers read it once per process.
-inline long env_count(const char* name, long fallback) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return fallback;
-  char* end = nullptr;
-  const long v = std::strtol(env, &end, 10);
-  return *end == '\0' && v >= 0 ? v : fallback;
-}
-
-inline long pdl_early_rows() {
-  static const long rows = env_count("FUSED_ATTN_PDL_EARLY", kPdlEarlyRowsDefault);
-  return rows;
-}
-
-inline bool pdl_early(long rows) { return rows <= pdl_early_rows(); }
-
-// FUSED_ATTN_PDL_EARLY_NORM=<rows>: the same limit for the norms alone (layer_norm / rms_norm, with or without
-// the residual add, and the embedding's gathered-row norm). Unset, it is FUSED_ATTN_PDL_EARLY's value where
-// that is set (so FUSED_ATTN_PDL_EARLY=0 / 64 still put every launch late / early), else
-// kPdlEarlyNormRowsDefault. Why the norms differ (bench/NOTES.md, sessions 38-39, H200): in a process that has
-// joined a few streams or captured a few graphs (any real one), every programmatic launch reaches the SMs
-// ~0.35 us after its primary's trigger, and the 16-row GEMVs after the norms (GPT-2's c_attn, c_fc), launched
-// at the norm's late trigger, had ~0.2 us of head start left to fetch their weights in. A norm that triggers
-// early lets them stream their weights under it, one kernel deep (the GEMVs still trigger late at 16 rows,
-// so decode attention and the projections do not run ahead as they did with every launch early, +7 us).
-// Measured: GPT-2's B16 step 302.3 -> 276.6 us (-8.5%).
-constexpr long kPdlEarlyNormRowsDefault = 16;
-
-inline long pdl_early_norm_rows() {
-  static const long rows =
-      env_count("FUSED_ATTN_PDL_EARLY_NORM", env_count("FUSED_ATTN_PDL_EARLY", kPdlEarlyNormRowsDefault));
-  return rows;
-}
+constexpr long pdl_early_rows() { return kPdlEarlyRows; }
+constexpr bool pdl_early(long rows) { return rows <= kPdlEarlyRows; }
+constexpr long pdl_early_norm_rows() { return kPdlEarlyNormRows; }
 
 // A kernel's params (any struct with a pdl_early field) with the flag set for a launch of `rows` rows.
 template <typename Params>
@@ -112,8 +88,9 @@ Params with_pdl_early(Params p, long rows) {
   return p;
 }
 
-// FUSED_ATTN_PDL=0 in the environment launches every kernel without the attribute (each waits for the
-// previous one to complete, as any launch): for telling a PDL race from other causes of a wrong result.
+// FUSED_ATTN_PDL=0 in the environment (read once per process) launches every kernel without the attribute
+// (each waits for the previous one to complete, as any launch): the kill switch, for telling a PDL race
+// from other causes of a wrong result.
 inline bool pdl_enabled() {
   static const bool on = [] {
     const char* env = std::getenv("FUSED_ATTN_PDL");

@@ -1,6 +1,7 @@
 // Launcher of decode_attention (schema: fused_attn/_ops.py): the checks that guard memory, the
-// split-KV heuristic, the cluster-or-combine choice (the partial-result workspace when it is the
-// combine kernel), and dtype / head-dim / rows-per-block dispatch. Host C++ (g++): the kernels are launched through decode_attention_launch.h.
+// split-KV choice and the kernel choice (decode_attention_heuristics.h), the cluster-or-combine choice
+// (the partial-result workspace when it is the combine kernel), and dtype / head-dim / rows-per-block
+// dispatch. Host C++ (g++): the kernels are launched through decode_attention_launch.h.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -15,13 +16,13 @@
 
 #include "../common/checks.h"
 #include "../common/static_switch.h"
+#include "decode_attention_heuristics.h"
 #include "decode_attention_launch.h"
 
 namespace fused_attn {
 
 namespace {
 
-constexpr int kMaxSplits = 256;
 constexpr int kMaxHeaddim = 256;
 
 std::string strides_str(const at::Tensor& t) { return shape_str(t.strides()); }
@@ -133,15 +134,6 @@ int sm_count(const at::Tensor& t) {
   return at::cuda::getDeviceProperties(t.device().index())->multiProcessorCount;
 }
 
-// The tensor-core kernel serves blocks of >= kMmaMinRows query rows (GQA groups x new tokens). One
-// row (MHA decoding) stays on the CUDA-core kernel: there 15 of the 16 MMA rows are padding and the
-// H100 sweep measured it slower (Llama B1 H32 L8192: 80-88 us against 54).
-constexpr int kMmaMinRows = 4;
-
-// Rows of queries per block: the group x new tokens that read one kv head, up to 8 (beyond
-// that, more row chunks: each re-reads the kv head's keys, mostly from L2).
-int rows_per_block(int rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8; }
-
 template <typename T, int HD>
 bool cluster_capable(int R) {
   switch (R) {
@@ -150,22 +142,6 @@ bool cluster_capable(int R) {
     case 4: return decode_cluster_capable<T, HD, 4>();
     default: return decode_cluster_capable<T, HD, 8>();
   }
-}
-
-// About two blocks per SM (rounded down: a batch that already fills the GPU is not split), and no
-// split shorter than kMinKeysPerSplit slots of the cache's capacity. Depends only on shapes, never
-// on the device-side lengths: a captured graph keeps its grid and a split past the current length
-// exits early. Where the device merges the splits in a cluster, up to twice the cluster limit
-// becomes the limit (one launch, no combine kernel: measured faster than more splits plus the
-// combine). H100 measurements behind these choices: bench/NOTES.md, "Session 5"; session 13's sweeps
-// (more splits for small grids: GPT-2's step at batch 4 faster at long caches, the op alone at Llama
-// batch 2 slower) left the rule as it is.
-constexpr int kMinKeysPerSplit = 64;
-int choose_splits(int64_t work, int max_len, int sms, bool cluster_ok) {
-  int64_t splits = std::max<int64_t>(1, 2 * sms / work);
-  splits = std::min<int64_t>(splits, std::max(1, max_len / kMinKeysPerSplit));
-  if (cluster_ok && splits > kMaxClusterSplits && splits <= 2 * kMaxClusterSplits) splits = kMaxClusterSplits;
-  return int(std::clamp<int64_t>(splits, 1, kMaxSplits));
 }
 
 void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -201,7 +177,7 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   p.max_len = int(k_cache.size(2));
   p.group = p.nheads_q / p.nheads_kv;
   p.rows = p.group * p.seqlen_new;
-  const int R = rows_per_block(p.rows);
+  const int R = decode_rows_per_block(p.rows);
   p.scale_log2 = float(scale * 1.4426950408889634);
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -209,7 +185,7 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
     FA_DECODE_HEADDIM_SWITCH(p.headdim, HD, [&] {
       constexpr bool kMmaKernel = !std::is_same_v<scalar_t, float> && (HD == 64 || HD == 128);
       int mma_arch = 0;
-      if constexpr (kMmaKernel) mma_arch = p.rows >= kMmaMinRows ? decode_mma_arch<scalar_t, HD>() : 0;
+      if constexpr (kMmaKernel) mma_arch = decode_use_mma(p.rows) ? decode_mma_arch<scalar_t, HD>() : 0;
       const bool use_mma = mma_arch >= 80;
       p.row_chunks = (p.rows + (use_mma ? 16 : R) - 1) / (use_mma ? 16 : R);
       const int64_t work = int64_t(p.batch) * p.nheads_kv * p.row_chunks;
@@ -217,7 +193,7 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
                    "have batch x nheads_q x seqlen_new below 2**31 blocks", shape_str(q.sizes()));
       const bool cluster_ok = at::cuda::getDeviceProperties(q.device().index())->major >= 9 &&
                               (use_mma ? mma_arch >= 90 : cluster_capable<scalar_t, HD>(R));
-      p.num_splits = num_splits > 0 ? int(num_splits) : choose_splits(work, p.max_len, sm_count(q), cluster_ok);
+      p.num_splits = num_splits > 0 ? int(num_splits) : decode_splits(work, p.max_len, sm_count(q), cluster_ok);
       p.cluster = cluster_ok && p.num_splits > 1 && p.num_splits <= kMaxClusterSplits;
       p.programmatic = cluster_ok;  // the same condition: an sm_90 device, the kernel compiled for it
       at::Tensor partial_o, partial_lse;

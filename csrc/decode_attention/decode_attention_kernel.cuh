@@ -38,6 +38,7 @@
 #include "../common/mma.cuh"
 #include "../common/pdl.cuh"
 #include "../common/vec_dtypes.cuh"
+#include "decode_attention_heuristics.h"
 #include "decode_attention_launch.h"
 
 namespace fused_attn {
@@ -206,7 +207,7 @@ __device__ __forceinline__ void cluster_merge_init(unsigned char* push) {
 // block's share of it, and every block's (max, sum) of the rows, in its own shared memory (`push`,
 // kPushBytes) by st.async stores that count their bytes on its mbarrier; each block waits only for the
 // bytes it owns, then merges its slice locally. No cluster barrier after the start's: measured in the
-// batch-1..8 steps of GPT-2 (bench/NOTES.md, session 21), the merge with a release / acquire cluster
+// batch-1..8 steps of GPT-2 (H100, bench/NOTES.md), the merge with a release / acquire cluster
 // barrier spent 0.5 us in the release alone, ~2 us in all.
 template <typename T, int R, int NW, int HD>
 __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o, const float* sm_m, const float* sm_l,
@@ -819,28 +820,16 @@ void launch_attention_kernel(const DecodeParams& params, Kernel kernel, int smem
                    stream, p);
 }
 
-// FUSED_ATTN_DECODE_WIDE=<batch> in the environment (read once per process; fused_attn.load() refuses a
-// value that is not a non-negative integer): one-row launches of at least that batch run decode_kernel's
-// wide build (decode_attention_launch.h); 0: never. Unset: kDecodeWideBatchDefault (bench/NOTES.md, session 39).
-inline long decode_wide_batch() {
-  static const long batch = env_count("FUSED_ATTN_DECODE_WIDE", kDecodeWideBatchDefault);
-  return batch;
-}
-
 template <typename T, int HD, int R>
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
-  // The kDeep build where it was measured faster (decode_attention_launch.h): one row per block, the early
-  // trigger at no more than kDecodeDeepMaxBatch rows, and a split's share of the cache's slots no more than the
-  // deep pipeline's tiles hold.
+  // The deep and wide builds (one row per block) where decode_attention_heuristics.h takes them.
   constexpr bool kHasDeep = kDecodeDeep && R == 1;
   using Deep = DecodeTile<T, HD, R, true>;
   const int64_t split_slots = (int64_t(p.max_len) + p.num_splits - 1) / p.num_splits;
-  const bool deep = kHasDeep && p.batch <= kDecodeDeepMaxBatch && pdl_early(p.batch) &&
-                    split_slots <= int64_t(Deep::STAGES) * Deep::TILE;
-  // The wide build likewise: one row per block, at the batches FUSED_ATTN_DECODE_WIDE names.
+  const bool deep =
+      kHasDeep && decode_deep(p.batch, pdl_early(p.batch), split_slots, int64_t(Deep::STAGES) * Deep::TILE);
   constexpr int kWide = R == 1 ? kDecodeWideThreads : kDecodeThreads;
-  const long wide_from = decode_wide_batch();
-  const bool wide = kWide != kDecodeThreads && !deep && wide_from > 0 && p.batch >= wide_from;
+  const bool wide = kWide != kDecodeThreads && !deep && decode_wide(p.batch);
   const auto kernel = wide   ? decode_kernel<T, HD, R, false, kWide>
                       : deep ? decode_kernel<T, HD, R, kHasDeep, kDecodeThreads>
                              : decode_kernel<T, HD, R, false, kDecodeThreads>;

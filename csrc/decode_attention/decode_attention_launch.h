@@ -57,16 +57,11 @@ struct DecodeParams {
 // NY keys are in flight per step per block of NT threads, U steps unrolled per loop iteration.
 constexpr int kDecodeThreads = 128;
 // The wide build of decode_kernel (one query row per block): twice the warps per (sequence, head), one
-// key per thread per stage, the same keys and bytes per stage. For batches whose grid leaves each
-// scheduler 1-2 warps (GPT-2 at batch 16: ncu, bench/NOTES.md session 19): the four warps of the
-// 128-thread build each run a ~1.4 k-instruction chain at ~8 cycles an instruction. Launched only where
-// FUSED_ATTN_DECODE_WIDE (decode_wide_batch) asks for it. Measured on an H100 (bench/NOTES.md session 20):
-// GPT-2's batch-16 step -4..-7 us, batch 8 +2..+3, batch 16 at a 512-token prompt even; on an H200 in a
-// settled process (session 39): batch 16 -3.3 us at a 128-token prompt, -4.0 at 512. Hence from batch 16 on
-// by default (kDecodeWideBatchDefault); batch 8 keeps the 128-thread build.
+// key per thread per stage, the same keys and bytes per stage; launched where decode_attention_heuristics.h's
+// decode_wide says.
 constexpr int kDecodeWideThreads = 256;
-constexpr long kDecodeWideBatchDefault = 16;
 constexpr int kMaxClusterSplits = 16;  // Hopper's largest (non-portable) cluster
+constexpr int kMaxSplits = 256;        // the num_splits argument's bound
 template <typename T, int HD, int NT = kDecodeThreads>
 struct DecodeGeometry {
   static constexpr int kVec = 16 / int(sizeof(T));
@@ -76,24 +71,8 @@ struct DecodeGeometry {
 };
 // U: keys per thread per pipeline stage. STAGES: tiles a block has in shared memory (STAGES - 1
 // of them in flight while it computes one), about 32 KB of K and V per block, 48 KB in the kDeep build.
-// TILE: keys per stage.
-//
-// kDeep: launched for one query row per block at batch <= kDecodeDeepMaxBatch where the launch triggers its
-// dependent early (pdl.cuh; the early trigger's default covers 8 rows since session 34, kDeep stays at the
-// batches where it was measured) and a split's share of the cache's slots fits in the deep pipeline
-// (STAGES x TILE keys).
-// Measured on an H100 (bench/NOTES.md session 19), 48 KB against 32 KB: GPT-2's fp16 captured step at
-// batch 4 -20 us (-7%), batch 1 -1 us, batches 8 and 16 (late trigger) +0..+5 us; the op alone at
-// Llama-2-7B's MHA shape, batch 1, +13% at 8k keys and +9% at 32k (8 splits of 1024 / 4096 slots: fewer
-// blocks an SM to hide the longer runs), hence the second condition. At GPT-2's batch 4 a split holds
-// two tiles, so the depth is not what moves there: 16 KB also gains and 24 KB loses. What the shared
-// memory a block holds changes is how many blocks of the launches behind it (the early trigger's
-// run-ahead) fit beside it; not separated further. FUSED_ATTN_DECODE_DEEP=0 builds without it (the A/B).
-#ifndef FUSED_ATTN_DECODE_DEEP
-#define FUSED_ATTN_DECODE_DEEP 1
-#endif
-constexpr bool kDecodeDeep = FUSED_ATTN_DECODE_DEEP != 0;
-constexpr int64_t kDecodeDeepMaxBatch = 4;
+// TILE: keys per stage. kDeep: the deep pipeline, launched where decode_attention_heuristics.h's
+// decode_deep says.
 template <typename T, int HD, int R, bool kDeep = false, int NT = kDecodeThreads>
 struct DecodeTile {
   static constexpr int U = NT >= 256 ? 1 : 2;

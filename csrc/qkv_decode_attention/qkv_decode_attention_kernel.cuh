@@ -14,19 +14,19 @@
 //
 // G = 1 (batch 1): every warp normalizes the row itself (3 16-byte pieces a lane, two warp reductions, float32)
 // and computes 3 columns on CUDA cores; no block barrier stands between x and the dot products.
-// G = 2 / 4 / 8 (2 / 3-4 / 5+ rows; session 33): warp g normalizes row g into shared memory, rounded to T (as
+// G = 2 / 4 / 8 (2 / 3-4 / 5+ rows): warp g normalizes row g into shared memory, rounded to T (as
 // the two-launch chain's norm rounds it), the warps split d and run mma.sync with the block's rows as M and the
 // G rows as N.
 // Every G attends 16 keys a warp a pass: their scores reduced by one transposed butterfly, one rescale a pass,
 // the next pass requested before this one's arithmetic, the lengths read and the first pass requested right
-// after the wait (under the projection). Session 32's G = 1 loop (8 keys a pass, requested after the cluster
-// exchange, a warp reduction and a rescale a key) was replaced in session 35: H200, GPT-2's step at a 512-token
-// prompt, batch 1, 223.1 -> 192.9 us (at a 128-token prompt 190.8 / 191.4, even).
+// after the wait (under the projection). Against a G = 1 loop of 8 keys a pass, requested after the cluster
+// exchange, with a warp reduction and a rescale a key: H200, GPT-2's step at a 512-token prompt, batch 1,
+// 223.1 -> 192.9 us (at a 128-token prompt 190.8 / 191.4, even).
 //
-// Measured in GPT-2's step (bench/NOTES.md, sessions 32-35), us against the two launches: H200 batch 1 206 ->
-// 191, and at a 512-token prompt 212.5 -> 192.9; H100 batch 1 214 -> 205, batch 4 233 -> 215, batch 8 even,
-// batch 16 320 -> 340 (two clusters a head read the rows twice, two blocks a SM); H200 batch 16, session 36, with
-// the late trigger after the wait: 295.6 against 292.6. GPT-2 uses it at up to 8 rows.
+// Measured in GPT-2's step (bench.time_decode_graph; bench/NOTES.md), us against the two launches: H200 batch
+// 1 206 -> 191, and at a 512-token prompt 212.5 -> 192.9; H100 batch 1 214 -> 205, batch 4 233 -> 215, batch 8
+// even, batch 16 320 -> 340 (two clusters a head read the rows twice, two blocks a SM); H200 batch 16 with the
+// late trigger after the wait: 295.6 against 292.6. GPT-2 uses it at up to 8 rows (fused_attn/gpt2.py).
 //
 // (The mean is float32 with no cancellation redo, unlike linear's kSelfNorm: at 16-bit inputs its error stays
 // far below the inputs' own rounding; the drawn tests include rows of |mean| / std = 500.) float32
@@ -40,8 +40,8 @@
 // Shapes: head_dim 64, d = heads x 64 with d / 256 in [1, kQkvMaxPieces] (16-byte pieces a lane a row).
 //
 // Tests: tests/test_qkv_decode_attention.py, tests/sanitizer_cases.py (group qkv); measured in GPT-2's step:
-// bench/bench_gpt2.py, python -m bench.time_decode_graph (FUSED_ATTN_QKV_ATTENTION=0 /
-// FUSED_ATTN_QKV_ATTENTION_ROWS for the A/B).
+// bench/bench_gpt2.py, python -m bench.time_decode_graph (bench/ab.py runs it against a copy of the tree
+// with GPT-2's rule changed, for the A/B).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -71,7 +71,7 @@ static_assert(kRowsPerWarp * kWarps * kQkvClusterBlocks == 3 * kQkvHeadDim, "the
 
 // The G > 1 builds' blocks a SM for ptxas (__launch_bounds__): 2 gives them 121-127 registers, no spills. 3 (80
 // registers, to fit beside the split-K projection's blocks) spilled in the attention loop: GPT-2's batch-8 step
-// +84 us on an H200 (bench/NOTES.md, session 36).
+// +84 us on an H200 (bench.time_decode_graph).
 constexpr int kQkvRowsMinBlocks = 2;
 
 // S: the ranks that attend one sequence (kQkvClusterBlocks / G: 8 at one row, 1 from 5 rows).
@@ -167,8 +167,8 @@ __device__ __forceinline__ void centered_row(const QkvParams& p, int bx, int lan
 //     the block's 24 rows by the G rows with mma.sync (the rows as M, padded to 32; the sequences as N,
 //     padded to 8), the warps' partials are summed in shared memory, and each sequence's 192 columns go to
 //     the S = 8 / G ranks that attend it (rank r: sequence r / S, a 1 / S share of its keys).
-// (Sessions 33-34 also built G = 16 at 9-16 rows, two groups of 8 warps a block each attending a whole
-// sequence: +20 us a step at batch 16 on an H100, removed in session 35; bench/NOTES.md.)
+// (A G = 16 build at 9-16 rows, two groups of 8 warps a block each attending a whole sequence, measured
+// +20 us a step at batch 16 on an H100, bench.time_decode_graph; bench/NOTES.md.)
 template <typename T, int G, int P>
 __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : kQkvRowsMinBlocks)
     qkv_decode_attention_kernel(const QkvParams p) {
@@ -239,8 +239,8 @@ __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : kQkvRowsMinBlocks)
   wait_for_primary();  // x and the cache's lengths are earlier kernels' outputs
   // The late trigger (a no-op after the early one): the next launch (c_proj, a split-K GEMV) may start and
   // fetch its weights under this launch's projection and attention, as decode_attention lets it. Without it
-  // (before session 36) a late launch let its dependent start only when the whole grid had exited: GPT-2's step
-  // at 16 rows through this op, H200, 311.4 -> 295.6 us (bench/NOTES.md session 36); 1-8 rows even.
+  // a late launch lets its dependent start only when the whole grid has exited: GPT-2's step at 16 rows
+  // through this op, H200, bench.time_decode_graph, 311.4 -> 295.6 us with it; 1-8 rows even.
   launch_dependents();
 
   // The lengths and this rank's keys: slots [left, len] split over the sequence's S ranks; warp w takes every

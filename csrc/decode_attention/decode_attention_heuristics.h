@@ -1,0 +1,69 @@
+// Launch choices of decode_attention, as constexpr functions of the shape: the kernel (tensor cores or
+// CUDA cores), the query rows per block, the key-range splits, and the CUDA-core kernel's builds (deep
+// pipeline, wide block). Each entry names the measurement that chose it (bench/NOTES.md has the tables);
+// bench/ab.py's VARIANTS re-measure the alternatives on a copy of the tree. Torch-free and
+// host-compilable: read by decode_attention.cpp and decode_attention_kernel.cuh. The PDL trigger point
+// (the batch up to which a launch triggers its dependent early) is common/pdl.cuh's, shared by the chain.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "decode_attention_launch.h"
+
+namespace fused_attn {
+
+// The tensor-core kernel serves blocks of >= kDecodeMmaMinRows query rows (GQA groups x new tokens). One
+// row (MHA decoding) stays on the CUDA-core kernel: there 15 of the 16 MMA rows are padding, measured
+// slower (Llama B1 H32 L8192, H100, bench_decode_attention: 80-88 us against 54); GPT-2's step with the
+// tensor-core kernel at one row, H100, bench.time_decode_graph: +27 to +42 us.
+constexpr int kDecodeMmaMinRows = 4;
+constexpr bool decode_use_mma(int rows) { return rows >= kDecodeMmaMinRows; }
+
+// Rows of queries per block of the CUDA-core kernel: the group x new tokens that read one kv head, up to 8
+// (beyond that, more row chunks: each re-reads the kv head's keys, mostly from L2).
+constexpr int decode_rows_per_block(int rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8; }
+
+// The splits: about two blocks per SM (rounded down: a batch that already fills the GPU is not split), and
+// no split shorter than kDecodeMinKeysPerSplit slots of the cache's capacity. Depends only on shapes, never
+// on the device-side lengths: a captured graph keeps its grid and a split past the current length exits
+// early. Where the device merges the splits in a cluster, up to twice the cluster limit becomes the limit
+// (one launch, no combine kernel: measured faster than more splits plus the combine). H100,
+// bench_decode_attention and bench.sweep_decode_splits: more splits for small grids made GPT-2's step at
+// batch 4 faster at long caches but the op alone at Llama batch 2 slower, so the rule stays two blocks per SM.
+// work: the blocks before splitting (batch x nheads_kv x row chunks).
+constexpr int kDecodeMinKeysPerSplit = 64;
+constexpr int decode_splits(int64_t work, int max_len, int sms, bool cluster_ok) {
+  int64_t splits = std::max<int64_t>(1, 2 * int64_t(sms) / work);
+  splits = std::min<int64_t>(splits, std::max(1, max_len / kDecodeMinKeysPerSplit));
+  if (cluster_ok && splits > kMaxClusterSplits && splits <= 2 * kMaxClusterSplits) splits = kMaxClusterSplits;
+  return int(std::clamp<int64_t>(splits, 1, kMaxSplits));
+}
+
+// The deep build of the CUDA-core kernel (48 KB of K and V a block in flight instead of 32: DecodeTile's
+// kDeep), for one query row per block at batch <= kDecodeDeepMaxBatch where the launch triggers its
+// dependent early (pdl.cuh) and a split's share of the cache's slots fits in the deep pipeline (STAGES x
+// TILE keys). 48 KB against 32 KB, H100: GPT-2's fp16 captured step (bench.time_decode_graph) at batch 4
+// -20 us (-7%), batch 1 -1 us, batches 8 and 16 (late trigger) +0..+5 us; the op alone at Llama-2-7B's MHA
+// shape, batch 1 (bench_decode_attention), +13% at 8k keys and +9% at 32k (8 splits of 1024 / 4096 slots:
+// fewer blocks an SM to hide the longer runs), hence the split condition. At GPT-2's batch 4 a split holds
+// two tiles, so the depth is not what moves there: 16 KB also gains and 24 KB loses; what the shared
+// memory a block holds changes is how many blocks of the launches behind it (the early trigger's run-ahead)
+// fit beside it.
+constexpr bool kDecodeDeep = true;
+constexpr int64_t kDecodeDeepMaxBatch = 4;
+// split_slots: ceil(max_len / num_splits); deep_slots: the deep pipeline's STAGES x TILE.
+constexpr bool decode_deep(int64_t batch, bool pdl_early, int64_t split_slots, int64_t deep_slots) {
+  return kDecodeDeep && batch <= kDecodeDeepMaxBatch && pdl_early && split_slots <= deep_slots;
+}
+
+// The wide build of the CUDA-core kernel (kDecodeWideThreads, one query row per block) from batch
+// kDecodeWideMinBatch on, where the deep build is not taken. For batches whose grid leaves each scheduler
+// 1-2 warps (GPT-2 at batch 16, ncu): the four warps of the 128-thread build each run a ~1.4 k-instruction
+// chain at ~8 cycles an instruction. GPT-2's fp16 step, bench.time_decode_graph, wide against 128 threads:
+// H100 batch 16 -4..-7 us, batch 8 +2..+3, batch 16 at a 512-token prompt even; H200 in a settled process
+// batch 16 -3.3 us at a 128-token prompt, -4.0 at 512. Batch 8 keeps the 128-thread build.
+constexpr int64_t kDecodeWideMinBatch = 16;
+constexpr bool decode_wide(int64_t batch) { return batch >= kDecodeWideMinBatch; }
+
+}  // namespace fused_attn
