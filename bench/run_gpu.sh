@@ -235,7 +235,7 @@ if has attention; then
   log "attention (bench_attention)"
   # the flash kernel's two versions against SDPA first (~30 s; exits 1 on a wrong answer), then
   # 12 shapes x 2 causal x 8 providers in float16 (192 cases); the materializing providers skip S = 16384
-  timeout 120 python3 -m bench.check_flash_wgmma > "$OUT/check_flash_wgmma.log" 2>&1 || rc=1
+  timeout 120 python3 -m dev.check_flash_wgmma > "$OUT/check_flash_wgmma.log" 2>&1 || rc=1
   cat "$OUT/check_flash_wgmma.log"
   bench_step attention "${ATTN_TIMEOUT:-420}" "${ATTN_ARGS:-}" bench/bench_attention.py
 fi

@@ -2,7 +2,7 @@
 
     ncu --kernel-name regex:gpt2_decode_step --launch-count 1 --set full --import-source yes -o /tmp/r \\
         python -m bench.check_gpt2_decode_step --cases fp16:1 --steps 2 --replays 2
-    python -m bench.ncu_hotspots /tmp/r.ncu-rep --top 30
+    python -m dev.ncu_hotspots /tmp/r.ncu-rep --top 30
 
 Reads `ncu --page source --print-source cuda,sass --csv` (warp-state samples per SASS instruction,
 with the CUDA line each came from: the library is built with -lineinfo), sums the samples per CUDA

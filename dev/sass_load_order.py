@@ -1,8 +1,8 @@
 """Where the 16-row tensor-core GEMVs issue x after their wait, read from their SASS (no GPU needed).
 
-    python -m bench.sass_issue_order              # compile linear_inst_{fp16,bf16}_m16.cu for sm_90a, report
-    python -m bench.sass_issue_order A.cubin ...  # report on cubins built elsewhere
-    python -m bench.sass_issue_order --nvcc-flag=-DFUSED_ATTN_MMA_X_FENCE=0   # the unfenced build: fails
+    python -m dev.sass_load_order              # compile linear_inst_{fp16,bf16}_m16.cu for sm_90a, report
+    python -m dev.sass_load_order A.cubin ...  # report on cubins built elsewhere
+    python -m dev.sass_load_order --nvcc-flag=-DFUSED_ATTN_MMA_X_FENCE=0   # the unfenced build: fails
 
 For each linear_mma_kernel / linear_splitk_kernel: after griddepcontrol.wait (ACQBULK in SASS), the x
 pieces issued before the first MMA (LDGSTS on the staged path, LDG.E.128 on the register path), and how

@@ -2,7 +2,7 @@
 
     ncu --clock-control none --kernel-name regex:softmax_kernel_v1 \\
         --metrics smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,\\
-dram__throughput.avg.pct_of_peak_sustained_elapsed python3 -m bench.issue_metrics
+dram__throughput.avg.pct_of_peak_sustained_elapsed python3 -m dev.ncu_softmax_cases
 
 Runs one fused_v1 call per shape below (float16), nothing else, so each profiled kernel
 is one of these cases in order. Used to tell whether a kernel version is limited by

@@ -1,7 +1,7 @@
 """Whether the slow state of programmatic launches is the CUDA driver's, what enters it, and what leaves it
 (one device call, ~1 min; written in session 38, first run pending: bench/NOTES.md):
 
-    python -m bench.probe_pdl_state [--actions join,joindestroy,graph,waitonly,samejoin] [--links 80] ...
+    python -m dev.probe_pdl_state [--actions join,joindestroy,graph,waitonly,samejoin] [--links 80] ...
 
 Session 38 found that our GPT-2 step's programmatic launches (PDL) reach the SMs ~0.35 us later, for good and
 process-wide, once a PyTorch process has joined a few other streams into its own or captured a few graphs
@@ -263,7 +263,7 @@ def build(folder: Path, arch: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.probe_pdl_state", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m dev.probe_pdl_state", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--actions", default=",".join(ACTIONS), help=f"comma list of {', '.join(ACTIONS)}")
     ap.add_argument("--links", type=int, default=80, help="kernels in the graph")

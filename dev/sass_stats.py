@@ -1,11 +1,11 @@
 """Registers, spills and static SASS counts of the tensor-core linear kernels, build by build (no GPU needed).
 
-    python -m bench.sass_stats                                           # fp16 m8 and m16, the default build
-    python -m bench.sass_stats --nvcc-flag=-DMY_SWITCH=1                # an experiment switch's builds
-    python -m bench.sass_stats --units linear_inst_bf16_m16.cu linear_inst_fp16_m8_norm.cu
+    python -m dev.sass_stats                                           # fp16 m8 and m16, the default build
+    python -m dev.sass_stats --nvcc-flag=-DMY_SWITCH=1                # an experiment switch's builds
+    python -m dev.sass_stats --units linear_inst_bf16_m16.cu linear_inst_fp16_m8_norm.cu
 
 For each linear_mma_kernel / linear_splitk_kernel of the units (compiled for sm_90a with the library's flags,
-as bench.sass_issue_order does): ptxas's registers and spill bytes (stores / loads), and counts of its SASS:
+as dev.sass_load_order does): ptxas's registers and spill bytes (stores / loads), and counts of its SASS:
 every instruction, those before griddepcontrol.wait (ACQBULK: what runs under the previous kernel when the
 launch is programmatic), from the wait to the first MMA (x's loads, the first fragments; negative where an MMA
 comes before the wait, as kSelfNorm's weight sums do), after the last MMA (the block sum and the epilogue), and
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import sass_issue_order as order
+from dev import sass_load_order as order
 
 UNITS = ("linear_inst_fp16_m8.cu", "linear_inst_fp16_m16.cu")
 
@@ -43,7 +43,7 @@ def ptxas_usage(log: str) -> dict[str, tuple[int, int, int]]:
 
 def counts(lines: list[str]) -> tuple[int, int, int, int, int]:
     """(all, before the wait, wait to the first MMA, last MMA to the end, LDL / STL) of one function's
-    instructions (bench.sass_issue_order.functions' lines; NOPs not counted). -1 where there is no wait or
+    instructions (dev.sass_load_order.functions' lines; NOPs not counted). -1 where there is no wait or
     no MMA."""
     ins = [line for line in lines if line != "NOP"]
     wait = next((i for i, line in enumerate(ins) if line.startswith("ACQBULK")), -1)

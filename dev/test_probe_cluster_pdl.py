@@ -1,5 +1,5 @@
-"""bench.probe_cluster_pdl's host side (the probe itself needs an sm_90 GPU: run it with
-`python -m bench.probe_cluster_pdl` on one)."""
+"""dev.probe_cluster_pdl's host side (the probe itself needs an sm_90 GPU: run it with
+`python -m dev.probe_cluster_pdl` on one)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 import pytest
 import torch
 
-from bench.probe_cluster_pdl import int_list, main, summarize
+from dev.probe_cluster_pdl import int_list, main, summarize
 
 
 def test_cluster_sizes_parse_or_name_the_argument():

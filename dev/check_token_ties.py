@@ -1,6 +1,6 @@
 """Where our GPT-2's greedy tokens part from Hugging Face eager's, is it a near tie? (GPU, ~1 min)
 
-    python -m bench.check_token_ties --backend graph-fused --batch 16 --dtype float16
+    python -m dev.check_token_ties --backend graph-fused --batch 16 --dtype float16
 
 The batch of bench_gpt2 (prompt 128 down to 64 tokens, left padded), 128 new tokens, gpt2-random. For
 each row whose tokens differ: the first differing step, and at that step the gap between the two

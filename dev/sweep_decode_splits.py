@@ -1,6 +1,6 @@
 """decode_attention's split count, swept: what the heuristic's choice costs against every other.
 
-    python -m bench.sweep_decode_splits [--shapes 1,32,8,128,32768 ...] [--splits 1,8,16,24,33,64] [--rounds 40]
+    python -m dev.sweep_decode_splits [--shapes 1,32,8,128,32768 ...] [--splits 1,8,16,24,33,64] [--rounds 40]
 
 For each shape [B, Hq, Hkv, D, L] (the cases of bench_decode_attention, same inputs and timing:
 cold L2, CUDA events, p50 over ``--rounds``) prints one line per forced ``num_splits`` and one for the
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=40)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("bench.sweep_decode_splits needs a CUDA device")
+        raise SystemExit("dev.sweep_decode_splits needs a CUDA device")
     from fused_attn import decode_attention
 
     device, dtype = torch.device("cuda"), bd.DTYPES[args.dtype]

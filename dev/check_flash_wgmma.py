@@ -3,8 +3,8 @@
 FUSED_ATTN_FLASH_TMA=require) against PyTorch's SDPA and against the float64 reference on the first
 (batch, head), and the TFLOP/s of each beside SDPA's flash and cuDNN backends.
 
-    python -m bench.check_flash_wgmma            # float16
-    python -m bench.check_flash_wgmma --bf16     # bfloat16 too
+    python -m dev.check_flash_wgmma            # float16
+    python -m dev.check_flash_wgmma --bf16     # bfloat16 too
 
 Shapes: Llama-like B1 H32 S4096 D128 causal and not, GPT-2 B1 H12 S1024 D64 causal. FLOPs are
 4 B H S² D, half under causal. Timing: median of CUDA-event times over 20 calls after 5 warm-up

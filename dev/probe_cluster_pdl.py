@@ -1,6 +1,6 @@
 """Whether a clustered launch starts under the previous kernel's PDL trigger, by cluster size (~30 s):
 
-    python -m bench.probe_cluster_pdl [--clusters 1,2,4,8,12,16] [--consumer-clusters 12] ...
+    python -m dev.probe_cluster_pdl [--clusters 1,2,4,8,12,16] [--consumer-clusters 12] ...
 
 Issue 13's remaining structural route at batch 16 (bench/NOTES.md, session 26's sketch) puts c_attn and
 decode attention in one launch of one 12- or 16-block cluster per head. GPT-2's step gains from PDL only
