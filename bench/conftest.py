@@ -11,6 +11,7 @@ times; the same times give the p5/p50/p95 in `extra_info`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 import torch
 
 from bench.harness import DeviceTimer, matmul_peak, measure_ceilings, settle_process
+from bench.history import host_info, stable_machine_info
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -68,6 +70,12 @@ def pytest_configure(config):
             folder = Path(tempfile.gettempdir()) / "fused_attn_bench_cpu"
         config.option.benchmark_storage = f"file://{folder}"
         config._fused_attn_storage = folder
+        if getattr(config.option, "benchmark_compare", None) is True and torch.cuda.is_available():
+            # A bare --benchmark-compare: pytest-benchmark would compare with the newest file only, and the
+            # stored runs are one file per suite part (bench/results/<GPU>/<date>_<commit>_<part>.json), so
+            # each case is compared with its newest stored measurement instead (pytest_sessionstart).
+            config.option.benchmark_compare = False
+            config._fused_attn_compare = True
     if not torch.cuda.is_available():
         ignored = [flag for flag, dest in (("--benchmark-autosave", "benchmark_autosave"),
                                            ("--benchmark-save", "benchmark_save"),
@@ -86,6 +94,39 @@ def pytest_sessionstart(session):
     bs = getattr(session.config, "_benchmarksession", None)
     if bs is not None and getattr(session.config, "_fused_attn_storage", None) is not None:
         bs.storage.default_machine_id = None
+        if getattr(session.config, "_fused_attn_compare", False):
+            bs.compared_mapping = newest_per_case(session.config._fused_attn_storage, bs.get_machine_info(), bs.logger)
+
+
+def newest_per_case(folder: Path, machine_info: dict, logger) -> dict:
+    """{stored file: {case: its stored benchmark}}, each case from the newest stored run (by datetime) that
+    measured it; one line per file used, and one per machine_info key that differs from this run's."""
+    from pytest_benchmark.stats import normalize_stats
+
+    runs = []
+    for path in folder.glob("*.json"):
+        run = json.loads(path.read_text())
+        runs.append((run.get("datetime", ""), path, run))
+    seen: set[str] = set()
+    mapping = {}
+    for _, path, run in sorted(runs, key=lambda r: r[0], reverse=True):
+        cases = {}
+        for b in run["benchmarks"]:
+            if b["fullname"] not in seen:
+                normalize_stats(b["stats"])
+                cases[b["fullname"]] = b
+        if not cases:
+            continue
+        seen |= set(cases)
+        mapping[path] = cases
+        logger.info(f"Comparing {len(cases)} cases against {path.name}")
+        ours, theirs = stable_machine_info(machine_info), stable_machine_info(run.get("machine_info", {}))
+        flat = lambda d: {**{k: v for k, v in d.items() if k != "fused_attn"}, **d.get("fused_attn", {})}  # noqa: E731
+        ours, theirs = flat(ours), flat(theirs)
+        for key in sorted(set(ours) | set(theirs)):
+            if ours.get(key) != theirs.get(key):
+                logger.warning(f"{path.name} ran with {key} {theirs.get(key)!r}, this run {ours.get(key)!r}")
+    return mapping
 
 
 def _no_gpu_line(config) -> str:
@@ -107,21 +148,15 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(_no_gpu_line(config), yellow=True)
 
 
-def _git_commit() -> str:
-    """FUSED_ATTN_COMMIT when set (the device tool copies a working tree whose .git may be
-    older than the tree), else git's HEAD."""
-    if os.environ.get("FUSED_ATTN_COMMIT"):
-        return os.environ["FUSED_ATTN_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def pytest_benchmark_update_commit_info(config, commit_info):
     # pytest-benchmark reads git itself; on the device machine that .git can predate the
     # copied tree, so the commit named by FUSED_ATTN_COMMIT wins and "dirty" is unknown.
+    # The host's per-run facts live here too, beside the commit: both change from run to run.
+    import platform
+
+    from pytest_benchmark.plugin import get_cpu_info
+
+    commit_info["host"] = host_info({"node": platform.node(), "release": platform.release(), "cpu": get_cpu_info()})
     if os.environ.get("FUSED_ATTN_COMMIT"):
         commit_info.update(id=os.environ["FUSED_ATTN_COMMIT"], dirty=None, source="FUSED_ATTN_COMMIT")
 
@@ -134,8 +169,10 @@ def _driver_version() -> str:
         return "unknown"
 
 
-def pytest_benchmark_update_machine_info(config, machine_info):
-    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "commit": _git_commit()}
+def gpu_info() -> dict:
+    """What a comparison between runs must match: the GPU, its driver, torch and CUDA (no commit, no host:
+    those change from run to run and sit in commit_info)."""
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda}
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         info.update(gpu_name=p.name, sm_count=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1),
@@ -143,7 +180,19 @@ def pytest_benchmark_update_machine_info(config, machine_info):
                     l2_mib=round(getattr(p, "L2_cache_size", 0) / 2**20, 1))
     else:
         info.update(gpu_name="none")
-    machine_info["fused_attn"] = info
+    return info
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_benchmark_generate_machine_info(config):
+    import platform
+
+    return {"system": platform.system(), "machine": platform.machine(),
+            "python_implementation": platform.python_implementation(), "python_version": platform.python_version()}
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    machine_info["fused_attn"] = gpu_info()
 
 
 @pytest.fixture(scope="session", autouse=True)
