@@ -29,7 +29,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 
 def pytest_addoption(parser):
     g = parser.getgroup("fused_attn bench")
-    g.addoption("--full", action="store_true", help="full sweep: every dtype and shape (default: quick)")
+    g.addoption("--full", action="store_true",
+                help="every case: every dtype, shape and provider (default: the headline cases, HEADLINE)")
     g.addoption("--bench-dtypes", default=None, help="comma list of float32,float16,bfloat16")
     g.addoption("--bench-batches", default=None, help="comma list of batch sizes for the GPT-2 shapes")
     g.addoption("--bench-seqlens", default=None, help="comma list of N for the GPT-2 shapes")
@@ -40,6 +41,48 @@ def pytest_addoption(parser):
     g.addoption("--bench-gpt2-rounds", type=int, default=5, help="whole generate() calls per GPT-2 case")
     g.addoption("--bench-gpt2-paired-rounds", type=int, default=12,
                 help="hf-fused rounds, each after an interleaved hf-eager round (their difference is small)")
+
+
+# The headline cases, what `pytest bench` runs on a GPU without --full (in about 10 minutes on an H200):
+# per benchmark function, the case ids (float16, GPT-2's shapes at batch 16 where the op has a batch)
+# whose every provider runs: ours beside its peers. --full runs every case. Without a GPU every case of
+# the small CPU lists runs (the smoke mode checks that each one runs).
+HEADLINE = {
+    "bench_scaled_masked_softmax": r".*-8x12x1024x1024-float16-causal",
+    "bench_scaled_masked_softmax_backward": r".*-8x12x1024x1024-float16-causal",
+    "bench_attention": r".*-b8-hq12-hkv12-d64-s1024-causal-float16",
+    "bench_decode_attention": r".*-b16-hq12-hkv12-d64-l1024-float16",
+    "bench_qkv_decode_attention": r".*-b16-h12-l1024-float16",
+    "bench_layer_norm": r"[^-]+-layer_norm-add-w768-m16-float16",
+    "bench_embedding_layer_norm": r"[^-]+-embed-w768-m16-float16",
+    "bench_linear": r"[^-]+-k768-n2304-m16-float16",
+    "bench_mlp": r".*-gpt2-m16-float16",
+    "bench_sample": r"[^-]+-r16-v50257-t1-float16",
+    "bench_layer": r".*-gpt2-s1024-float16",
+    "bench_gpt2_decode_step": r".*-b16-l128-float16",
+    "bench_gpt2": r"(graph-fused|compile-graph|hf-eager)-b(1|16)-p128-float16",
+}
+
+
+def is_headline(function: str, case_id: str) -> bool:
+    pattern = HEADLINE.get(function)
+    return pattern is not None and re.fullmatch(pattern, case_id) is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the headline cases (`-m headline` selects them under --full too); on a GPU without --full, run
+    only them."""
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and is_headline(item.originalname, callspec.id):
+            item.add_marker(pytest.mark.headline)
+            keep.append(item)
+        else:
+            drop.append(item)
+    if torch.cuda.is_available() and not config.getoption("--full") and drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def slug(gpu_name: str) -> str:
@@ -57,6 +100,7 @@ NO_GPU = ("no CUDA GPU: the benchmarks need one. This run is the CPU smoke mode,
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    config.addinivalue_line("markers", "headline: a headline case (bench/conftest.py HEADLINE), run without --full")
     # Saved runs live in git as bench/results/<GPU model>/NNNN_<commit>_<name>.json, one folder per
     # GPU model and nothing else in the path (pytest-benchmark's own machine id names the Python
     # version), so --benchmark-compare finds the last run on the same kind of GPU from any Python.
