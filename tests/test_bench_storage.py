@@ -117,13 +117,21 @@ def test_a_stored_run_splits_by_part_and_an_older_part_is_pruned(tmp_path):
 def test_gpu_runs_are_stored_under_the_gpu_model(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
-    config = SimpleNamespace(option=SimpleNamespace(benchmark_storage="file://./.benchmarks"))
+    config = SimpleNamespace(option=SimpleNamespace(benchmark_storage="file://./.benchmarks", benchmark_compare=True),
+                             addinivalue_line=lambda *a: None)
     bench_conftest.pytest_configure(config)
     assert config.option.benchmark_storage == f"file://{RESULTS / 'NVIDIA-H200'}"
-    bs = SimpleNamespace(storage=SimpleNamespace(default_machine_id="Linux-CPython-3.11-64bit"))
+    # a bare --benchmark-compare is ours: each case against its newest stored run (newest_per_case), not
+    # pytest-benchmark's newest file whole
+    assert config.option.benchmark_compare is False and config._fused_attn_compare
+    mi = load_run(sorted((RESULTS / "NVIDIA-H200").glob("*.json"))[-1])["machine_info"]
+    bs = SimpleNamespace(storage=SimpleNamespace(default_machine_id="Linux-CPython-3.11-64bit"),
+                         get_machine_info=lambda: mi, logger=_Logger())
     config._benchmarksession = bs
     bench_conftest.pytest_sessionstart(SimpleNamespace(config=config))
     assert bs.storage.default_machine_id is None  # saved runs go into the GPU folder itself
+    stored = {b["fullname"] for p in (RESULTS / "NVIDIA-H200").glob("*.json") for b in load_run(p)["benchmarks"]}
+    assert {name for m in bs.compared_mapping.values() for name in m} == stored
 
 
 def test_the_gate_finds_the_stored_baseline():
