@@ -440,6 +440,12 @@ def _provider(bench: dict) -> str | None:
     return bench["extra_info"].get("provider") or bench["extra_info"].get("backend")
 
 
+def _sort_key(function: str, shape: str) -> tuple:
+    """GPT-2 first, then the ops in PEERS' order; shapes by their numbers."""
+    return (function != "bench_gpt2", list(PEERS).index(function) if function in PEERS else -1,
+            [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", shape)])
+
+
 def headline_rows(results: Path) -> list[dict]:
     """The README table's rows, per stored GPU model: GPT-2 decode at each stored batch of the headline
     cases (ours against compile-graph), then each op's headline case (ours against its peer). Every figure
@@ -448,32 +454,29 @@ def headline_rows(results: Path) -> list[dict]:
 
     rows = []
     for folder in sorted(p for p in results.iterdir() if p.is_dir()):
-        cases = [(b, run) for b, run in newest_cases(folder).values() if is_headline(function_name(b), _case_id(b))]
-        found: dict[tuple, dict] = {}
-        for b, run in cases:
-            found[(function_name(b), _provider(b), _case_id(b).split(f"{_provider(b)}-", 1)[-1])] = dict(bench=b, run=run)
-        shapes = {(f, shape) for f, _, shape in found}
-        for f, shape in sorted(shapes, key=lambda t: (t[0] != "bench_gpt2", list(PEERS).index(t[0]) if t[0] in PEERS else 0,
-                                                    [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", t[1])])):
+        found: dict[tuple, tuple[dict, dict]] = {}  # (function, provider, case id after the provider)
+        for b, run in newest_cases(folder).values():
+            if is_headline(function_name(b), _case_id(b)):
+                who = _provider(b)
+                found[(function_name(b), who, _case_id(b).removeprefix(f"{who}-"))] = (b, run)
+        for f, shape in sorted({(f, shape) for f, _, shape in found}, key=lambda t: _sort_key(*t)):
             if f == "bench_gpt2":
                 op, ours, peer, metric = "GPT-2 decode", GPT2_OURS, GPT2_PEERS[0], "tokens_per_s"
             elif f in PEERS:
-                op, ours, peer = PEERS[f]
-                metric = "p50_us"
+                (op, ours, peer), metric = PEERS[f], "p50_us"
             else:
                 continue
-            o, q = found.get((f, ours, shape)), found.get((f, peer, shape))
-            if o is None or q is None:
+            if (f, ours, shape) not in found or (f, peer, shape) not in found:
                 continue
-            e, pe = o["bench"]["extra_info"], q["bench"]["extra_info"]
+            (b, run), (pb, _) = found[(f, ours, shape)], found[(f, peer, shape)]
+            e, pe = b["extra_info"], pb["extra_info"]
             ratio = e[metric] / pe[metric] if metric == "tokens_per_s" else pe[metric] / e[metric]
             floor = next((e[k] for k in ("pct_of_step_floor", "pct_of_roofline", "pct_of_matmul_peak") if k in e), None)
-            run = o["run"]
             rows.append(dict(gpu=run["machine_info"]["fused_attn"]["gpu_name"],
-                             commit=str(run.get("commit_info", {}).get("id") or run_header(run))[:7],
-                             dtype=e.get("dtype", "float16"), op=op, shape=re.sub(r"-b?float\d+", "", shape), metric=metric,
-                             ours=ours, ours_value=e[metric], peer=peer, peer_value=pe[metric], ratio=ratio,
-                             pct_of_floor=floor, source=Path(run["_path"]).name))
+                             commit=str(run.get("commit_info", {}).get("id", "unknown"))[:7],
+                             dtype=e.get("dtype", "float16"), op=op, shape=re.sub(r"-b?float\d+", "", shape),
+                             metric=metric, ours=ours, ours_value=e[metric], peer=peer, peer_value=pe[metric],
+                             ratio=ratio, pct_of_floor=floor, source=Path(run["_path"]).name))
     return rows
 
 
@@ -489,8 +492,8 @@ def results_table(rows: list[dict]) -> list[str]:
                    f"{unit[r['metric']]} | {r['ratio']:.2f}x | {floor} |")
     out += ["", "ratio: the peer's time over ours (GPT-2: our tokens/s over the peer's); % of floor: GPT-2's share "
             "of the step's bandwidth floor, a kernel's share of its roofline (its bytes at the measured copy "
-            "bandwidth; attention: of the measured matmul peak). Written by `python -m bench.report --readme README.md` from "
-            "bench/results."]
+            "bandwidth; attention: of the measured matmul peak). Written by "
+            "`python -m bench.report --readme README.md` from bench/results."]
     return out
 
 
@@ -564,7 +567,8 @@ def chart_ops(rows: list[dict], out: Path) -> Path:
     plt = _pyplot()
     ops = [r for r in rows if r["metric"] == "p50_us"]
     order = [op for op, _, _ in PEERS.values()]
-    labels_ = sorted(dict.fromkeys(f"{r['op']}\nvs {r['peer']}" for r in ops), key=lambda lab: order.index(lab.split("\n")[0]))
+    labels_ = sorted(dict.fromkeys(f"{r['op']}\nvs {r['peer']}" for r in ops),
+                     key=lambda lab: order.index(lab.split("\n")[0]))
     gpus = list(dict.fromkeys(r["gpu"] for r in ops))
     fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * len(labels_)), 4.5))
     width = 0.8 / max(1, len(gpus))

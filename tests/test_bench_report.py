@@ -354,17 +354,19 @@ def test_results_table_numbers_equal_the_stored_json():
     assert {"GPT-2 decode", "softmax", "decode_attention", "mlp", "sample"} <= ops
     for r in rows:
         function = next((f for f, (op, _, _) in report.PEERS.items() if op == r["op"]), "bench_gpt2")
-        tail = next(b["name"] for b, _ in report.newest_cases(RESULTS / report.gpu_folder_name(r["gpu"])).values()
-                    if b["name"].startswith(f"{function}[{r['ours']}-") and b["extra_info"][r["metric"]] == r["ours_value"])
-        tail = tail[len(f"{function}[{r['ours']}-"):-1]
+        prefix = f"{function}[{r['ours']}-"
+        stored = report.newest_cases(RESULTS / report.gpu_folder_name(r["gpu"])).values()
+        tail = next(b["name"][len(prefix):-1] for b, _ in stored
+                    if b["name"].startswith(prefix) and b["extra_info"][r["metric"]] == r["ours_value"])
         ours = _stored_case(r["gpu"], function, r["ours"], tail)
         peer = _stored_case(r["gpu"], function, r["peer"], tail)
         assert (r["ours_value"], r["peer_value"]) == (ours[r["metric"]], peer[r["metric"]])
         line = next(ln for ln in report.results_table([r]) if ln.startswith(f"| {r['gpu']} "))
         assert f"{r['ours']} {ours[r['metric']]:g} " in line and f"{r['peer']} {peer[r['metric']]:g} " in line
-        want = ours[r["metric"]] / peer[r["metric"]] if r["metric"] == "tokens_per_s" else peer[r["metric"]] / ours[r["metric"]]
+        o, q = ours[r["metric"]], peer[r["metric"]]
+        want = o / q if r["metric"] == "tokens_per_s" else q / o
         assert f"| {want:.2f}x |" in line
-    h200_b1 = next(r for r in rows if r["gpu"] == "NVIDIA H200" and r["op"] == "GPT-2 decode" and r["shape"] == "b1-p128")
+    (h200_b1,) = [r for r in rows if (r["gpu"], r["op"], r["shape"]) == ("NVIDIA H200", "GPT-2 decode", "b1-p128")]
     assert h200_b1["ours"] == "graph-fused" and h200_b1["peer"] == "compile-graph"
 
 
@@ -381,7 +383,8 @@ def test_readme_table_goes_between_the_markers_and_nowhere_else(tmp_path):
         assert (tmp_path / "c" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("text", ["# no markers\n", f"{report.END}\n{report.BEGIN}\n", f"{report.BEGIN}\n{report.BEGIN}\n{report.END}\n"])
+@pytest.mark.parametrize("text", ["# no markers\n", f"{report.END}\n{report.BEGIN}\n",
+                                  f"{report.BEGIN}\n{report.BEGIN}\n{report.END}\n"])
 def test_readme_without_its_markers_is_refused_and_untouched(tmp_path, capsys, text):
     readme = tmp_path / "README.md"
     readme.write_text(text)

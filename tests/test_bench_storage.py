@@ -87,7 +87,8 @@ def test_compare_takes_each_case_from_its_newest_stored_run():
         assert len(cases) == len(set(cases)) == len(base["benchmarks"])  # each case compared once
         for path, m in mapping.items():
             for name, b in m.items():
-                assert b["stats"]["median"] == next(x for x in base["benchmarks"] if x["fullname"] == name)["stats"]["median"]
+                stored = next(x for x in base["benchmarks"] if x["fullname"] == name)
+                assert b["stats"]["median"] == stored["stats"]["median"]
         warnings = [text for kind, text in logger.lines if kind == "warning"]
         assert all(len(w) < 200 for w in warnings), warnings  # one short line per differing key
         if folder == GPU_FOLDERS[0]:
