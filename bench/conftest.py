@@ -11,6 +11,7 @@ times; the same times give the p5/p50/p95 in `extra_info`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -21,13 +22,15 @@ import pytest
 import torch
 
 from bench.harness import DeviceTimer, matmul_peak, measure_ceilings, settle_process
+from bench.history import host_info, stable_machine_info
 
 BENCH_DIR = Path(__file__).resolve().parent
 
 
 def pytest_addoption(parser):
     g = parser.getgroup("fused_attn bench")
-    g.addoption("--full", action="store_true", help="full sweep: every dtype and shape (default: quick)")
+    g.addoption("--full", action="store_true",
+                help="every case: every dtype, shape and provider (default: the headline cases, HEADLINE)")
     g.addoption("--bench-dtypes", default=None, help="comma list of float32,float16,bfloat16")
     g.addoption("--bench-batches", default=None, help="comma list of batch sizes for the GPT-2 shapes")
     g.addoption("--bench-seqlens", default=None, help="comma list of N for the GPT-2 shapes")
@@ -38,6 +41,48 @@ def pytest_addoption(parser):
     g.addoption("--bench-gpt2-rounds", type=int, default=5, help="whole generate() calls per GPT-2 case")
     g.addoption("--bench-gpt2-paired-rounds", type=int, default=12,
                 help="hf-fused rounds, each after an interleaved hf-eager round (their difference is small)")
+
+
+# The headline cases, what `pytest bench` runs on a GPU without --full (in about 10 minutes on an H200):
+# per benchmark function, the case ids (float16, GPT-2's shapes at batch 16 where the op has a batch)
+# whose every provider runs: ours beside its peers. --full runs every case. Without a GPU every case of
+# the small CPU lists runs (the smoke mode checks that each one runs).
+HEADLINE = {
+    "bench_scaled_masked_softmax": r".*-8x12x1024x1024-float16-causal",
+    "bench_scaled_masked_softmax_backward": r".*-8x12x1024x1024-float16-causal",
+    "bench_attention": r".*-b8-hq12-hkv12-d64-s1024-causal-float16",
+    "bench_decode_attention": r".*-b16-hq12-hkv12-d64-l1024-float16",
+    "bench_qkv_decode_attention": r".*-b16-h12-l1024-float16",
+    "bench_layer_norm": r"[^-]+-layer_norm-add-w768-m16-float16",
+    "bench_embedding_layer_norm": r"[^-]+-embed-w768-m16-float16",
+    "bench_linear": r"[^-]+-k768-n2304-m16-float16",
+    "bench_mlp": r".*-gpt2-m16-float16",
+    "bench_sample": r"[^-]+-r16-v50257-t1-float16",
+    "bench_layer": r".*-gpt2-s1024-float16",
+    "bench_gpt2_decode_step": r".*-b16-l128-float16",
+    "bench_gpt2": r"(graph-fused|compile-graph|hf-eager)-b(1|16)-p128-float16",
+}
+
+
+def is_headline(function: str, case_id: str) -> bool:
+    pattern = HEADLINE.get(function)
+    return pattern is not None and re.fullmatch(pattern, case_id) is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the headline cases (`-m headline` selects them under --full too); on a GPU without --full, run
+    only them."""
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and is_headline(item.originalname, callspec.id):
+            item.add_marker(pytest.mark.headline)
+            keep.append(item)
+        else:
+            drop.append(item)
+    if torch.cuda.is_available() and not config.getoption("--full") and drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def slug(gpu_name: str) -> str:
@@ -55,6 +100,7 @@ NO_GPU = ("no CUDA GPU: the benchmarks need one. This run is the CPU smoke mode,
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    config.addinivalue_line("markers", "headline: a headline case (bench/conftest.py HEADLINE), run without --full")
     # Saved runs live in git as bench/results/<GPU model>/NNNN_<commit>_<name>.json, one folder per
     # GPU model and nothing else in the path (pytest-benchmark's own machine id names the Python
     # version), so --benchmark-compare finds the last run on the same kind of GPU from any Python.
@@ -68,6 +114,12 @@ def pytest_configure(config):
             folder = Path(tempfile.gettempdir()) / "fused_attn_bench_cpu"
         config.option.benchmark_storage = f"file://{folder}"
         config._fused_attn_storage = folder
+        if getattr(config.option, "benchmark_compare", None) is True and torch.cuda.is_available():
+            # A bare --benchmark-compare: pytest-benchmark would compare with the newest file only, and the
+            # stored runs are one file per suite part (bench/results/<GPU>/<date>_<commit>_<part>.json), so
+            # each case is compared with its newest stored measurement instead (pytest_sessionstart).
+            config.option.benchmark_compare = False
+            config._fused_attn_compare = True
     if not torch.cuda.is_available():
         ignored = [flag for flag, dest in (("--benchmark-autosave", "benchmark_autosave"),
                                            ("--benchmark-save", "benchmark_save"),
@@ -86,6 +138,39 @@ def pytest_sessionstart(session):
     bs = getattr(session.config, "_benchmarksession", None)
     if bs is not None and getattr(session.config, "_fused_attn_storage", None) is not None:
         bs.storage.default_machine_id = None
+        if getattr(session.config, "_fused_attn_compare", False):
+            bs.compared_mapping = newest_per_case(session.config._fused_attn_storage, bs.get_machine_info(), bs.logger)
+
+
+def newest_per_case(folder: Path, machine_info: dict, logger) -> dict:
+    """{stored file: {case: its stored benchmark}}, each case from the newest stored run (by datetime) that
+    measured it; one line per file used, and one per machine_info key that differs from this run's."""
+    from pytest_benchmark.stats import normalize_stats
+
+    runs = []
+    for path in folder.glob("*.json"):
+        run = json.loads(path.read_text())
+        runs.append((run.get("datetime", ""), path, run))
+    seen: set[str] = set()
+    mapping = {}
+    for _, path, run in sorted(runs, key=lambda r: r[0], reverse=True):
+        cases = {}
+        for b in run["benchmarks"]:
+            if b["fullname"] not in seen:
+                normalize_stats(b["stats"])
+                cases[b["fullname"]] = b
+        if not cases:
+            continue
+        seen |= set(cases)
+        mapping[path] = cases
+        logger.info(f"Comparing {len(cases)} cases against {path.name}")
+        ours, theirs = stable_machine_info(machine_info), stable_machine_info(run.get("machine_info", {}))
+        flat = lambda d: {**{k: v for k, v in d.items() if k != "fused_attn"}, **d.get("fused_attn", {})}  # noqa: E731
+        ours, theirs = flat(ours), flat(theirs)
+        for key in sorted(set(ours) | set(theirs)):
+            if ours.get(key) != theirs.get(key):
+                logger.warning(f"{path.name} ran with {key} {theirs.get(key)!r}, this run {ours.get(key)!r}")
+    return mapping
 
 
 def _no_gpu_line(config) -> str:
@@ -107,21 +192,15 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(_no_gpu_line(config), yellow=True)
 
 
-def _git_commit() -> str:
-    """FUSED_ATTN_COMMIT when set (the device tool copies a working tree whose .git may be
-    older than the tree), else git's HEAD."""
-    if os.environ.get("FUSED_ATTN_COMMIT"):
-        return os.environ["FUSED_ATTN_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def pytest_benchmark_update_commit_info(config, commit_info):
     # pytest-benchmark reads git itself; on the device machine that .git can predate the
     # copied tree, so the commit named by FUSED_ATTN_COMMIT wins and "dirty" is unknown.
+    # The host's per-run facts live here too, beside the commit: both change from run to run.
+    import platform
+
+    from pytest_benchmark.plugin import get_cpu_info
+
+    commit_info["host"] = host_info({"node": platform.node(), "release": platform.release(), "cpu": get_cpu_info()})
     if os.environ.get("FUSED_ATTN_COMMIT"):
         commit_info.update(id=os.environ["FUSED_ATTN_COMMIT"], dirty=None, source="FUSED_ATTN_COMMIT")
 
@@ -134,8 +213,10 @@ def _driver_version() -> str:
         return "unknown"
 
 
-def pytest_benchmark_update_machine_info(config, machine_info):
-    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "commit": _git_commit()}
+def gpu_info() -> dict:
+    """What a comparison between runs must match: the GPU, its driver, torch and CUDA (no commit, no host:
+    those change from run to run and sit in commit_info)."""
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda}
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         info.update(gpu_name=p.name, sm_count=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1),
@@ -143,7 +224,19 @@ def pytest_benchmark_update_machine_info(config, machine_info):
                     l2_mib=round(getattr(p, "L2_cache_size", 0) / 2**20, 1))
     else:
         info.update(gpu_name="none")
-    machine_info["fused_attn"] = info
+    return info
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_benchmark_generate_machine_info(config):
+    import platform
+
+    return {"system": platform.system(), "machine": platform.machine(),
+            "python_implementation": platform.python_implementation(), "python_version": platform.python_version()}
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    machine_info["fused_attn"] = gpu_info()
 
 
 @pytest.fixture(scope="session", autouse=True)

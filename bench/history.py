@@ -3,6 +3,13 @@
     python -m bench.history add RUN.json [RUN.json ...] --csv bench/results/history.csv [--note TEXT]
     python -m bench.history add-ab AB.txt --commit C --gpu "NVIDIA H200" --csv ... [--note TEXT]
     python -m bench.history add-generate GEN.txt --commit C --gpu "NVIDIA H200" --csv ... [--note TEXT]
+    python -m bench.history store RUN.json [RUN.json ...] --results bench/results [--note TEXT]
+
+``store`` is how a GPU run enters the repository: its rows go into RESULTS/history.csv, and the run
+is written as one file per suite part (bench file) under RESULTS/<GPU>/, named
+``<date>T<hhmm>_<commit>_<part>.json`` (stats without the per-round samples, machine_info without what
+changes from run to run); then every stored file of that GPU and part whose cases all have a newer
+measurement in a newer file is deleted (its rows are in history.csv, its bytes in git history).
 
 The newest run per GPU model stays a pytest-benchmark JSON under bench/results/<GPU>/ (what
 ``--benchmark-compare`` and ``bench.gate`` read); every run, that one included, also becomes rows
@@ -21,25 +28,50 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.report import KERNEL_METRICS, MODEL_METRICS, _file_error, function_name, load_runs
+from bench.report import KERNEL_METRICS, MODEL_METRICS, _file_error, case_params, function_name, load_run, load_runs
 
 KEYS = ["commit", "gpu", "run", "source", "op", "case", "provider"]
+STABLE_MACHINE_KEYS = ("system", "machine", "python_implementation", "python_version")
 FIGURES = list(KERNEL_METRICS) + list(MODEL_METRICS)
 PATTERNS = ("speedup_vs_", "tokens_match_")
+
+
+def stable_machine_info(machine_info: dict) -> dict:
+    """pytest-benchmark's machine_info without what changes between runs on the same kind of machine (host
+    name, kernel release, CPU flags and clock, Python build date, our commit): `--benchmark-compare` warns,
+    printing both dicts whole (3 KB), whenever the stored run's machine_info differs from this run's."""
+    out = {k: machine_info[k] for k in STABLE_MACHINE_KEYS if k in machine_info}
+    fa = dict(machine_info.get("fused_attn", {}))
+    fa.pop("commit", None)
+    return out | {"fused_attn": fa}
+
+
+def host_info(machine_info: dict) -> dict:
+    """The per-run facts stable_machine_info leaves out, kept in commit_info["host"]."""
+    cpu = machine_info.get("cpu", {})
+    return {"node": machine_info.get("node"), "release": machine_info.get("release"),
+            "cpu": cpu.get("brand_raw"), "cpu_count": cpu.get("count"), "cpu_hz": cpu.get("hz_actual_friendly")}
+
+
+def run_commit(run: dict) -> str:
+    """The short commit a run measured (older runs name it in machine_info, newer ones in commit_info only)."""
+    return run.get("machine_info", {}).get("fused_attn", {}).get("commit") or str(
+        run.get("commit_info", {}).get("id", "unknown"))[:7]
 
 
 def run_rows(run: dict, note: str = "") -> list[dict]:
     """One row per case of a pytest-benchmark run (and one for hf-eager rounds interleaved with a case's)."""
     mi = run.get("machine_info", {}).get("fused_attn", {})
-    commit = mi.get("commit") or str(run.get("commit_info", {}).get("id", "unknown"))[:7]
+    commit = run_commit(run)
     if run.get("commit_info", {}).get("dirty"):
         commit += "+dirty"
     base = dict(commit=commit, gpu=mi.get("gpu_name", "unknown"), run=run.get("datetime", ""),
-                source=Path(run["_path"]).name, note=note)
+                source=run.get("stored_from") or Path(run["_path"]).name, note=note)
     rows = []
     for b in run["benchmarks"]:
         e = b.get("extra_info", {})
@@ -138,6 +170,85 @@ def add(csv_path: Path, rows: list[dict]) -> int:
     return len(new)
 
 
+def part_name(bench: dict) -> str:
+    """The suite part of a case: its bench file without ``bench_`` ("bench/bench_gpt2.py::..." -> "gpt2")."""
+    return Path(bench["fullname"].split("::")[0]).stem.removeprefix("bench_")
+
+
+def gpu_folder(gpu_name: str) -> str:
+    """The folder name of a GPU model: "NVIDIA H100 80GB HBM3" -> "NVIDIA-H100-80GB-HBM3"."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", gpu_name).strip("-")
+
+
+def split_run(run: dict) -> dict[str, dict]:
+    """{stored file name: run of one suite part}: the cases of each bench file, per-round samples dropped
+    (nothing reads them back; they were half of every stored byte), machine_info made stable."""
+    when = datetime.fromisoformat(run["datetime"]).strftime("%Y-%m-%dT%H%M")
+    parts: dict[str, list] = {}
+    for b in run["benchmarks"]:
+        stats = {k: v for k, v in b["stats"].items() if k != "data"}
+        parts.setdefault(part_name(b), []).append(b | {"stats": stats})
+    mi = run.get("machine_info", {})
+    commit_info = dict(run.get("commit_info", {}))
+    commit_info.setdefault("host", host_info(mi))
+    if not str(commit_info.get("id", "")).startswith(run_commit(run)):
+        commit_info["id"] = run_commit(run)  # older runs: the tree measured was named in machine_info only
+    named = re.match(r"\d{4}_([0-9a-f]{7})_", run.get("stored_from") or Path(run["_path"]).name)
+    if named and commit_info.get("source") != "FUSED_ATTN_COMMIT":
+        commit_info["id"] = named[1]  # runs saved before FUSED_ATTN_COMMIT: the file name carries the tree
+    keep = {k: v for k, v in run.items() if k not in ("_path", "benchmarks", "machine_info", "commit_info")}
+    source = run.get("stored_from") or Path(run["_path"]).name
+    return {f"{when}_{commit_info['id'][:7]}_{part}.json": keep | dict(machine_info=stable_machine_info(mi),
+                                                                  commit_info=commit_info, stored_from=source,
+                                                                  benchmarks=benches)
+            for part, benches in parts.items()}
+
+
+def family(bench: dict) -> tuple:
+    """A case family: its suite part, and its batch size where it has one (GPT-2's B1 and B16 runs are
+    kept apart: a B16-only run does not replace the newest B1 numbers)."""
+    return part_name(bench), case_params(bench).get("batch")
+
+
+def prune(folder: Path) -> list[Path]:
+    """Delete each stored file that is not the newest of any case family it holds; returns the deleted files.
+    Their rows are in history.csv, their bytes in git history."""
+    runs = sorted(((r.get("datetime", ""), p, r) for p in folder.glob("*.json") for r in [load_run(p)]),
+                  key=lambda t: t[0], reverse=True)
+    seen: set = set()
+    gone = []
+    for _, path, run in runs:
+        families = {family(b) for b in run["benchmarks"]}
+        if families <= seen:
+            path.unlink()
+            gone.append(path)
+        seen |= families
+    return gone
+
+
+def store(files: list[Path], results: Path, note: str = "") -> tuple[int, list[Path], list[Path]]:
+    """Rows of every run into results/history.csv, then each run's parts into results/<GPU>/, then prune.
+    Returns (rows added, files written, files deleted)."""
+    runs = load_runs(files)
+    added = add(results / "history.csv", [r for run in runs for r in run_rows(run, note)])
+    written, folders = [], set()
+    for run in runs:
+        folder = results / gpu_folder(run.get("machine_info", {}).get("fused_attn", {}).get("gpu_name", "unknown"))
+        folder.mkdir(parents=True, exist_ok=True)
+        folders.add(folder.resolve())
+        for name, part in split_run(run).items():
+            (folder / name).write_text(json.dumps(part, separators=(",", ":")) + "\n")
+            written.append((folder / name).resolve())
+    gone = []
+    for old in files:  # a run stored from inside a results folder is replaced by its parts
+        if old.resolve().parent in folders and old.resolve() not in written:
+            old.unlink()
+            gone.append(old)
+    for folder in sorted(folders):
+        gone += prune(folder)
+    return added, written, gone
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.history", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -153,7 +264,22 @@ def main(argv: list[str] | None = None) -> int:
     for p in sub.choices.values():
         p.add_argument("--csv", type=Path, required=True, help="the table to append to (bench/results/history.csv)")
         p.add_argument("--note", default="", help="a short note stored with every row")
+    st = sub.add_parser("store", help="pytest-benchmark JSON runs into the stored results")
+    st.add_argument("files", nargs="+", type=Path)
+    st.add_argument("--results", type=Path, required=True, help="the stored results folder (bench/results)")
+    st.add_argument("--note", default="", help="a short note stored with every row")
     args = ap.parse_args(argv)
+    if args.cmd == "store":
+        try:
+            added, written, gone = store(args.files, args.results, args.note)
+        except (OSError, ValueError) as e:
+            ap.exit(2, f"{ap.prog} store: error: {_file_error(e)}\n")
+        print(f"{args.results / 'history.csv'}: {added} rows added; wrote {len(written)} files, deleted {len(gone)}")
+        for p in written:
+            print(f"  + {p}")
+        for p in gone:
+            print(f"  - {p}")
+        return 0
     try:
         if args.cmd == "add":
             rows = [r for run in load_runs(args.files) for r in run_rows(run, args.note)]

@@ -2,11 +2,11 @@
 
     python -m bench.merge OUT.json RUN1.json RUN2.json ...
 
-bench/run_gpu.sh runs the quick suite as several pytest invocations (softmax; GPT-2 per
-batch size). `pytest bench --benchmark-compare` compares
-with the newest stored file only, so the parts are stored as one file: benchmarks
+bench/run_gpu.sh runs the suite as several pytest invocations (one per step), so one
+`python -m bench.gate` or `python -m bench.report` call can read them as one run: benchmarks
 concatenated in order, machine and commit info from the first part, and a
-`merged_from` list naming each part with its own datetime. Refuses parts from different
+`merged_from` list naming each part with its own datetime. (Storing a run is
+`python -m bench.history store`, which takes the parts as they are.) Refuses parts from different
 commits or GPU models, and duplicate benchmark names.
 """
 

@@ -1,7 +1,16 @@
-"""Tables and plots from saved pytest-benchmark runs, for every op's benchmarks.
+"""Tables and plots from saved pytest-benchmark runs, for every op's benchmarks; the headline charts
+and the README's results table from the stored runs.
 
+    python -m bench.report [--results bench/results] [--charts docs] [--readme README.md]
     python -m bench.report RUN.json [RUN2.json ...] [--out DIR] [--bytes NCU.txt] [--profile PROFILE_DIR]
                            [--no-plots]
+
+Without RUN files: from the newest stored measurement of every headline case (bench/conftest.py
+HEADLINE) of each GPU model under --results, two charts, gpt2_decode.png (GPT-2 decode tokens/s per
+batch: ours, compile-graph, Hugging Face eager and the bandwidth floor) and ops_speedup.png (each op's
+speedup over its peer, PEERS), written into --charts (default --out), and the results table (one row
+per GPU and comparison), printed, and written between the README's results markers with --readme
+(refused, writing nothing, when the markers are missing).
 
 Cases are grouped by benchmark function (``bench_<name>`` in ``bench/bench_<op>.py``), each under
 its own title. What a table shows comes from the saved cases: the columns are the case's
@@ -394,15 +403,231 @@ def plot(fam: Family, out: Path, header: str) -> list[Path]:
     return written
 
 
+RESULTS = Path(__file__).resolve().parent / "results"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+# The README's comparisons, one per op at its headline case (bench/conftest.py HEADLINE): our provider and
+# the peer a user would otherwise call.
+PEERS = {"bench_scaled_masked_softmax": ("softmax", "fused_v1", "eager"),
+         "bench_attention": ("attention", "fused_flash", "sdpa_flash"),
+         "bench_decode_attention": ("decode_attention", "fused", "sdpa_flash"),
+         "bench_qkv_decode_attention": ("qkv_decode_attention", "fused", "eager"),
+         "bench_layer_norm": ("layer_norm", "fused", "eager"),
+         "bench_linear": ("linear", "fused", "eager"),
+         "bench_mlp": ("mlp", "fused", "eager"),
+         "bench_sample": ("sample", "fused", "eager")}
+GPT2_OURS, GPT2_PEERS = "graph-fused", ("compile-graph", "hf-eager")
+
+
+def gpu_folder_name(gpu_name: str) -> str:
+    """The stored results' folder of a GPU model: "NVIDIA H100 80GB HBM3" -> "NVIDIA-H100-80GB-HBM3"."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", gpu_name).strip("-")
+
+
+def newest_cases(folder: Path) -> dict[str, tuple[dict, dict]]:
+    """{case: (its benchmark, its run)} from the newest stored run (by datetime) of folder that measured it."""
+    cases: dict[str, tuple[dict, dict]] = {}
+    for run in sorted(load_runs(sorted(folder.glob("*.json"))), key=lambda r: r.get("datetime", "")):
+        for b in run["benchmarks"]:
+            cases[b["fullname"]] = (b, run)
+    return cases
+
+
+def _case_id(bench: dict) -> str:
+    return bench["name"][len(function_name(bench)) + 1:-1]
+
+
+def _provider(bench: dict) -> str | None:
+    return bench["extra_info"].get("provider") or bench["extra_info"].get("backend")
+
+
+def _sort_key(function: str, shape: str) -> tuple:
+    """GPT-2 first, then the ops in PEERS' order; shapes by their numbers."""
+    return (function != "bench_gpt2", list(PEERS).index(function) if function in PEERS else -1,
+            [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", shape)])
+
+
+def headline_rows(results: Path) -> list[dict]:
+    """The README table's rows, per stored GPU model: GPT-2 decode at each stored batch of the headline
+    cases (ours against compile-graph), then each op's headline case (ours against its peer). Every figure
+    is the stored JSON's; ratio is the peer's time over ours (tokens/s: ours over the peer's)."""
+    from bench.conftest import is_headline
+
+    rows = []
+    for folder in sorted(p for p in results.iterdir() if p.is_dir()):
+        found: dict[tuple, tuple[dict, dict]] = {}  # (function, provider, case id after the provider)
+        for b, run in newest_cases(folder).values():
+            if is_headline(function_name(b), _case_id(b)):
+                who = _provider(b)
+                found[(function_name(b), who, _case_id(b).removeprefix(f"{who}-"))] = (b, run)
+        for f, shape in sorted({(f, shape) for f, _, shape in found}, key=lambda t: _sort_key(*t)):
+            if f == "bench_gpt2":
+                op, ours, peer, metric = "GPT-2 decode", GPT2_OURS, GPT2_PEERS[0], "tokens_per_s"
+            elif f in PEERS:
+                (op, ours, peer), metric = PEERS[f], "p50_us"
+            else:
+                continue
+            if (f, ours, shape) not in found or (f, peer, shape) not in found:
+                continue
+            (b, run), (pb, _) = found[(f, ours, shape)], found[(f, peer, shape)]
+            e, pe = b["extra_info"], pb["extra_info"]
+            ratio = e[metric] / pe[metric] if metric == "tokens_per_s" else pe[metric] / e[metric]
+            floor = next((e[k] for k in ("pct_of_step_floor", "pct_of_roofline", "pct_of_matmul_peak") if k in e), None)
+            rows.append(dict(gpu=run["machine_info"]["fused_attn"]["gpu_name"],
+                             commit=str(run.get("commit_info", {}).get("id", "unknown"))[:7],
+                             dtype=e.get("dtype", "float16"), op=op, shape=re.sub(r"-b?float\d+", "", shape),
+                             metric=metric, ours=ours, ours_value=e[metric], peer=peer, peer_value=pe[metric],
+                             ratio=ratio, pct_of_floor=floor, source=Path(run["_path"]).name))
+    return rows
+
+
+def results_table(rows: list[dict]) -> list[str]:
+    """The README's one results table (Markdown)."""
+    unit = {"p50_us": "us", "tokens_per_s": "tokens/s"}
+    out = ["| GPU | commit | dtype | op | shape | ours | peer | ratio | % of floor |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        floor = "-" if r["pct_of_floor"] is None else f"{r['pct_of_floor']:.1f}"
+        out.append(f"| {r['gpu']} | {r['commit']} | {r['dtype']} | {r['op']} | {r['shape']} | "
+                   f"{r['ours']} {r['ours_value']:g} {unit[r['metric']]} | {r['peer']} {r['peer_value']:g} "
+                   f"{unit[r['metric']]} | {r['ratio']:.2f}x | {floor} |")
+    out += ["", "ratio: the peer's time over ours (GPT-2: our tokens/s over the peer's); % of floor: GPT-2's share "
+            "of the step's bandwidth floor, a kernel's share of its roofline (its bytes at the measured copy "
+            "bandwidth; attention: of the measured matmul peak). Written by "
+            "`python -m bench.report --readme README.md` from bench/results."]
+    return out
+
+
+def write_readme(path: Path, table: list[str]) -> None:
+    """Replace what sits between the results markers of path with the table; refuse when they are missing."""
+    text = path.read_text()
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise ValueError(f"{path} must hold the markers {BEGIN} and {END} once each, in that order, "
+                         f"got {text.count(BEGIN)} and {text.count(END)}")
+    head, rest = text.split(BEGIN)
+    _, tail = rest.split(END)
+    path.write_text(head + BEGIN + "\n" + "\n".join(table) + "\n" + END + tail)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def chart_gpt2(results: Path, out: Path) -> Path:
+    """GPT-2 decode tokens/s per batch and GPU: ours (graph-fused), compile-graph, Hugging Face eager and
+    the bandwidth floor (ours over its % of the step floor)."""
+    from bench.conftest import is_headline
+
+    plt = _pyplot()
+    folders = sorted(p for p in results.iterdir() if p.is_dir())
+    fig, axes = plt.subplots(1, len(folders), figsize=(5.5 * len(folders), 4.2), squeeze=False)
+    for ax, folder in zip(axes[0], folders):
+        by = defaultdict(dict)
+        gpu = folder.name
+        for b, run in newest_cases(folder).values():
+            if function_name(b) == "bench_gpt2" and is_headline("bench_gpt2", _case_id(b)):
+                e = b["extra_info"]
+                by[e["batch"]][e["backend"]] = e
+                gpu = run["machine_info"]["fused_attn"]["gpu_name"]
+        batches = sorted(by)
+        names = [GPT2_OURS, *GPT2_PEERS, "bandwidth floor"]
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            vals = []
+            for batch in batches:
+                e = by[batch].get(GPT2_OURS if name == "bandwidth floor" else name, {})
+                if name == "bandwidth floor":
+                    vals.append(e["tokens_per_s"] * 100 / e["pct_of_step_floor"] if e.get("pct_of_step_floor") else 0)
+                else:
+                    vals.append(e.get("tokens_per_s", 0))
+            xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(batches))]
+            bars = ax.bar(xs, vals, width, label=name, hatch="//" if name == "bandwidth floor" else None,
+                          fill=name != "bandwidth floor")
+            ax.bar_label(bars, labels=[f"{v:,.0f}" if v else "" for v in vals], fontsize=6, rotation=90, padding=2)
+        ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
+        ax.set_yscale("log")
+        ax.set_ylabel("decode tokens/s (prompt 128, float16)")
+        ax.set_title(gpu, fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("GPT-2 small decode: fused_attn's captured step (graph-fused) against its peers", fontsize=10)
+    fig.tight_layout()
+    path = out / "gpt2_decode.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def chart_ops(rows: list[dict], out: Path) -> Path:
+    """Each op's speedup over its peer at its headline case, per GPU."""
+    plt = _pyplot()
+    ops = [r for r in rows if r["metric"] == "p50_us"]
+    order = [op for op, _, _ in PEERS.values()]
+    labels_ = sorted(dict.fromkeys(f"{r['op']}\nvs {r['peer']}" for r in ops),
+                     key=lambda lab: order.index(lab.split("\n")[0]))
+    gpus = list(dict.fromkeys(r["gpu"] for r in ops))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * len(labels_)), 4.5))
+    width = 0.8 / max(1, len(gpus))
+    for i, gpu in enumerate(gpus):
+        got = {f"{r['op']}\nvs {r['peer']}": r["ratio"] for r in ops if r["gpu"] == gpu}
+        xs = [j + (i - (len(gpus) - 1) / 2) * width for j, lab in enumerate(labels_) if lab in got]
+        vals = [got[lab] for lab in labels_ if lab in got]
+        bars = ax.bar(xs, vals, width, label=gpu)
+        ax.bar_label(bars, labels=[f"{v:.2f}x" for v in vals], fontsize=7, padding=2)
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xticks(range(len(labels_)), labels_, fontsize=7)
+    ax.set_ylabel("speedup over the peer (p50 device time)")
+    ax.set_title("fused_attn ops at their headline case (float16, GPT-2 shapes, batch 16 where there is one; "
+                 "shapes in the README's table)", fontsize=9)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "ops_speedup.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def headline(results: Path, charts: Path, readme: Path | None) -> tuple[list[Path], list[str]]:
+    """The charts (into charts) and, when readme is given, its results table; returns the files written
+    and the table."""
+    rows = headline_rows(results)
+    if not rows:
+        raise ValueError(f"{results} must hold stored runs with headline cases (bench/results/<GPU>/*.json), got none")
+    table = results_table(rows)
+    if readme is not None:
+        write_readme(readme, table)  # first: a README without markers writes nothing at all
+    charts.mkdir(parents=True, exist_ok=True)
+    written = [chart_gpt2(results, charts), chart_ops(rows, charts)]
+    return written + ([readme] if readme is not None else []), table
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("runs", nargs="+", type=Path, help="pytest-benchmark JSON files")
+    ap.add_argument("runs", nargs="*", type=Path,
+                    help="pytest-benchmark JSON files (tables and plots of each); none: the headline charts and "
+                         "table from the newest stored runs (--results)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory to write into")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="the stored runs, one folder per GPU model")
+    ap.add_argument("--charts", type=Path, help="where the headline charts go (gpt2_decode.png, ops_speedup.png; "
+                                                "default --out)")
+    ap.add_argument("--readme", type=Path, help=f"write the results table between {BEGIN} and {END} of this file")
     ap.add_argument("--bytes", type=Path, help="output of `python -m bench.bytes` to include")
     ap.add_argument("--profile", type=Path, help="directory written by `python -m bench.profile` to summarize")
     ap.add_argument("--no-plots", action="store_true", help="skip the plots (matplotlib)")
     args = ap.parse_args(argv)
+    if not args.runs:
+        try:
+            written, table = headline(args.results, args.charts or args.out, args.readme)
+        except (OSError, ValueError) as e:
+            ap.exit(2, f"{ap.prog}: error: {_file_error(e)}\n")
+        print("\n".join([*table, "", *(f"report: wrote {p}" for p in written)]))
+        return 0
     try:
         runs = load_runs(args.runs)
         if args.bytes:

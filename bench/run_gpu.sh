@@ -2,6 +2,8 @@
 # One device call: build, full GPU test suite, sanitizers, benchmarks, ncu bytes, GPT-2 checks, profile.
 # Keep what lands in $OUT to 8 files (the device tool returns no more).
 # Usage (on the GPU machine, repo root): OUT=/some/dir bash bench/run_gpu.sh [steps...]
+# The benchmark steps run their headline cases (bench/conftest.py HEADLINE) unless their *_ARGS hold --full
+# (every case: every dtype, shape and provider; the case counts below are the float16 ones).
 # BENCH_ARGS narrows the softmax step, e.g. BENCH_ARGS='-k backward' (backward cases only);
 # DECODE_ARGS the decode step, e.g. DECODE_ARGS='-k b1-' (batch 1 only) or DECODE_ARGS=--full (adds bfloat16);
 # NORM_ARGS the norm step, e.g. NORM_ARGS='-k layer_norm-add' (add + LayerNorm only) or NORM_ARGS=--full (adds bfloat16).
@@ -219,7 +221,7 @@ if has attention; then
   log "attention (bench_attention)"
   # the flash kernel's two versions against SDPA first (~30 s; exits 1 on a wrong answer), then
   # 12 shapes x 2 causal x 8 providers in float16 (192 cases); the materializing providers skip S = 16384
-  timeout 120 python3 -m bench.check_flash_wgmma > "$OUT/check_flash_wgmma.log" 2>&1 || rc=1
+  timeout 120 python3 -m dev.check_flash_wgmma > "$OUT/check_flash_wgmma.log" 2>&1 || rc=1
   cat "$OUT/check_flash_wgmma.log"
   bench_step attention "${ATTN_TIMEOUT:-420}" "${ATTN_ARGS:-}" bench/bench_attention.py
 fi

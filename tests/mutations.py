@@ -481,7 +481,7 @@ MUTATIONS: list[Mutation] = [
              why="the 16-row short build's MMAs read x's staging slots before its copies have landed"),
     Mutation("kernel-linear-mma-x-fence-dropped", "csrc/linear/linear_kernel.cuh",
              "    if constexpr (kStageX && kMmaXFence) __syncwarp();", "    (void)kMmaXFence;",
-             _t("tests/test_build.py::test_staged_gemv_issues_x_before_its_first_weight_read"),
+             _t("dev/test_sass.py::test_staged_gemv_issues_x_before_its_first_weight_read"),
              why="ptxas puts half of a staged 16-row group's x copies behind the first weight read (SASS)"),
     Mutation("kernel-linear-epilogue-build-drops-the-residual", "csrc/linear/linear_kernel.cuh",
              "  if (bias && residual) return launch(ActBuild<kActCode | kEpiKnown | kEpiBias | kEpiResidual>{});",

@@ -1,11 +1,11 @@
-"""The command-line checks of bench.time_decode_graph and bench.probe_pdl_state (both time on a GPU; their
-arguments are refused before anything is built or run, so these run anywhere)."""
+"""The command-line checks of bench.time_decode_graph (it times on a GPU; its arguments are refused before
+anything is built or run, so these run anywhere)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import probe_pdl_state, time_decode_graph
+from bench import time_decode_graph
 
 
 @pytest.mark.parametrize("steps", ["0", "-2"])
@@ -15,8 +15,3 @@ def test_time_decode_graph_refuses_fewer_than_one_step_a_graph(steps, capsys):
     assert e.value.code == 2
     assert f"--steps-per-graph must be at least 1, got {steps}" in capsys.readouterr().err
 
-
-def test_probe_pdl_state_names_an_unknown_action():
-    with pytest.raises(SystemExit, match=r"--actions must name join, joindestroy, samejoin, waitonly, graph, "
-                                         r"got 'nope'"):
-        probe_pdl_state.main(["--actions", "join,nope"])

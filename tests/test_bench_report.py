@@ -335,3 +335,70 @@ def test_gpt2_sampled_cases_get_a_sample_column():
     rows = [ln.split() for ln in lines if ln.split()[:4] == ["1", "128", "float16", "graph"]]
     assert [(r[4], r[5]) for r in rows] == [("yes", "1234.5"), ("no", f"{greedy['extra_info']['tokens_per_s']:.1f}")]
     assert all(len(ln.split()) == len(rows[0]) for ln in lines)  # cases without the flag print a dash
+
+
+# The headline charts and the README's results table, from the stored runs (bench/results).
+RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
+
+
+def _stored_case(gpu_name: str, function: str, provider: str, case_tail: str) -> dict:
+    folder = RESULTS / report.gpu_folder_name(gpu_name)
+    newest = report.newest_cases(folder)
+    (bench,) = [b for b, _ in newest.values() if b["name"] == f"{function}[{provider}-{case_tail}]"]
+    return bench["extra_info"]
+
+
+def test_results_table_numbers_equal_the_stored_json():
+    rows = report.headline_rows(RESULTS)
+    ops = {r["op"] for r in rows}
+    assert {"GPT-2 decode", "softmax", "decode_attention", "mlp", "sample"} <= ops
+    for r in rows:
+        function = next((f for f, (op, _, _) in report.PEERS.items() if op == r["op"]), "bench_gpt2")
+        prefix = f"{function}[{r['ours']}-"
+        stored = report.newest_cases(RESULTS / report.gpu_folder_name(r["gpu"])).values()
+        tail = next(b["name"][len(prefix):-1] for b, _ in stored
+                    if b["name"].startswith(prefix) and b["extra_info"][r["metric"]] == r["ours_value"])
+        ours = _stored_case(r["gpu"], function, r["ours"], tail)
+        peer = _stored_case(r["gpu"], function, r["peer"], tail)
+        assert (r["ours_value"], r["peer_value"]) == (ours[r["metric"]], peer[r["metric"]])
+        line = next(ln for ln in report.results_table([r]) if ln.startswith(f"| {r['gpu']} "))
+        assert f"{r['ours']} {ours[r['metric']]:g} " in line and f"{r['peer']} {peer[r['metric']]:g} " in line
+        o, q = ours[r["metric"]], peer[r["metric"]]
+        want = o / q if r["metric"] == "tokens_per_s" else q / o
+        assert f"| {want:.2f}x |" in line
+    (h200_b1,) = [r for r in rows if (r["gpu"], r["op"], r["shape"]) == ("NVIDIA H200", "GPT-2 decode", "b1-p128")]
+    assert h200_b1["ours"] == "graph-fused" and h200_b1["peer"] == "compile-graph"
+
+
+def test_readme_table_goes_between_the_markers_and_nowhere_else(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\nbefore\n{report.BEGIN}\nold table\n{report.END}\nafter\n")
+    assert report.main(["--results", str(RESULTS), "--charts", str(tmp_path / "c"), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("# title\n\nbefore\n" + report.BEGIN + "\n| GPU | commit | dtype |")
+    assert text.endswith(report.END + "\nafter\n") and "old table" not in text
+    rows = report.headline_rows(RESULTS)
+    assert sum(ln.startswith("| NVIDIA") for ln in text.splitlines()) == len(rows)
+    for name in ("gpt2_decode.png", "ops_speedup.png"):
+        assert (tmp_path / "c" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("text", ["# no markers\n", f"{report.END}\n{report.BEGIN}\n",
+                                  f"{report.BEGIN}\n{report.BEGIN}\n{report.END}\n"])
+def test_readme_without_its_markers_is_refused_and_untouched(tmp_path, capsys, text):
+    readme = tmp_path / "README.md"
+    readme.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        report.main(["--results", str(RESULTS), "--charts", str(tmp_path / "c"), "--readme", str(readme)])
+    assert e.value.code == 2
+    assert "must hold the markers <!-- results:begin --> and <!-- results:end -->" in capsys.readouterr().err
+    assert readme.read_text() == text and not (tmp_path / "c").exists()  # nothing written at all
+
+
+def test_headline_charts_go_to_the_default_out_unless_told(tmp_path, monkeypatch, capsys):
+    """With no argument the tool writes into its default folder (under the system's temporary directory,
+    test_the_default_out_dir_is_outside_the_checkout) and prints the table; the checkout is not written."""
+    monkeypatch.setattr(report, "DEFAULT_OUT", tmp_path / "default")
+    assert report.main([]) == 0
+    assert sorted(p.name for p in (tmp_path / "default").iterdir()) == ["gpt2_decode.png", "ops_speedup.png"]
+    assert "| GPU | commit | dtype | op | shape | ours | peer | ratio | % of floor |" in capsys.readouterr().out

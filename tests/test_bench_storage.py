@@ -1,10 +1,14 @@
-"""Where benchmark runs are stored: bench/results/<GPU model>/ holds the run JSONs themselves (no
-per-Python folder), so `--benchmark-compare` finds them from any Python version; without a GPU the
-benchmark command says that it is the CPU smoke mode and stores nothing under bench/results/."""
+"""Where benchmark runs are stored: bench/results/<GPU model>/ holds one JSON per suite part
+(<date>_<commit>_<part>.json, no per-Python folder), `--benchmark-compare` compares each case with its
+newest stored measurement without printing machine_info whole; without a GPU the benchmark command says
+that it is the CPU smoke mode and stores nothing under bench/results/."""
 
 from __future__ import annotations
 
+import csv
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +19,8 @@ import torch
 
 pytest.importorskip("pytest_benchmark")
 
-from pytest_benchmark.storage.file import FileStorage  # noqa: E402
-
 from bench import conftest as bench_conftest  # noqa: E402
-from bench import gate  # noqa: E402
+from bench import gate, history  # noqa: E402
 from bench.report import load_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,48 +29,116 @@ GPU_FOLDERS = sorted(p for p in RESULTS.iterdir() if p.is_dir())
 
 
 class _Logger:
-    def warning(self, text, **kw):
-        raise AssertionError(text)
+    def __init__(self):
+        self.lines = []
 
-    info = debug = warning
+    def warning(self, text, **kw):
+        self.lines.append(("warning", text))
+
+    def info(self, text, **kw):
+        self.lines.append(("info", text))
+
+
+NAME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{4}_[0-9a-f]{7}_[a-z0-9_]+\.json")
 
 
 def test_stored_runs_sit_directly_in_their_gpu_folder():
     assert GPU_FOLDERS
     for folder in GPU_FOLDERS:
         assert not list(folder.glob("*/*.json")), f"{folder} must hold its runs directly, not in subfolders"
-        runs = sorted(folder.glob("[0-9][0-9][0-9][0-9]_*.json"))
+        runs = sorted(folder.glob("*.json"))
         assert runs, folder
-        gpu = load_run(runs[-1])["machine_info"]["fused_attn"]["gpu_name"]
-        assert bench_conftest.slug(gpu) == folder.name
+        for path in runs:
+            assert NAME.fullmatch(path.name), path.name
+            run = load_run(path)
+            assert bench_conftest.slug(run["machine_info"]["fused_attn"]["gpu_name"]) == folder.name
+            assert {history.part_name(b) for b in run["benchmarks"]} == {path.stem.split("_", 2)[2]}, path.name
+            assert path.stem.split("_")[1] == run["commit_info"]["id"][:7], path.name
 
 
-@pytest.mark.parametrize("python", ["3.11", "3.12", "3.13"])
-def test_compare_finds_the_stored_run_from_any_python(python):
-    """What --benchmark-compare does: load the newest numbered run of the storage folder, with
-    pytest-benchmark's machine id (which names the Python version) as the default subfolder."""
+def test_stored_results_stay_small_and_every_stored_run_is_in_the_history():
+    assert sum(p.stat().st_size for p in RESULTS.rglob("*") if p.is_file()) <= 3_000_000
+    with (RESULTS / "history.csv").open(newline="") as f:
+        have = {(r["source"], r["run"]) for r in csv.DictReader(f)}
     for folder in GPU_FOLDERS:
-        storage = FileStorage(folder, _Logger(), default_machine_id=f"Linux-CPython-{python}-64bit")
-        found = [str(path) for path, _ in storage.load()]  # relative to the storage folder
-        assert found == sorted(p.name for p in folder.glob("[0-9][0-9][0-9][0-9]_*.json")), (python, found)
+        for path in folder.glob("*.json"):
+            run = load_run(path)
+            assert (run["stored_from"], run["datetime"]) in have, path.name
+
+
+def test_stored_machine_info_is_what_a_comparison_must_match():
+    """No host name, CPU clock or commit in machine_info: pytest-benchmark warns with both dicts whole
+    whenever they differ, and those differ from run to run."""
+    for folder in GPU_FOLDERS:
+        for path in folder.glob("*.json"):
+            mi = load_run(path)["machine_info"]
+            assert history.stable_machine_info(mi) == mi, path.name
+            assert "commit" not in mi["fused_attn"] and "node" not in mi and "cpu" not in mi
+
+
+def test_compare_takes_each_case_from_its_newest_stored_run():
+    mi = load_run(sorted(GPU_FOLDERS[0].glob("*.json"))[-1])["machine_info"]
+    for folder in GPU_FOLDERS:
+        logger = _Logger()
+        mapping = bench_conftest.newest_per_case(folder, mi if folder == GPU_FOLDERS[0] else {}, logger)
+        gpu = load_run(next(folder.glob("*.json")))["machine_info"]
+        base, _ = gate.per_case_baseline({"datetime": "later", "machine_info": gpu}, folder)
+        cases = [name for m in mapping.values() for name in m]
+        assert len(cases) == len(set(cases)) == len(base["benchmarks"])  # each case compared once
+        for path, m in mapping.items():
+            for name, b in m.items():
+                stored = next(x for x in base["benchmarks"] if x["fullname"] == name)
+                assert b["stats"]["median"] == stored["stats"]["median"]
+        warnings = [text for kind, text in logger.lines if kind == "warning"]
+        assert all(len(w) < 200 for w in warnings), warnings  # one short line per differing key
+        if folder == GPU_FOLDERS[0]:
+            assert not warnings
+
+
+def test_a_stored_run_splits_by_part_and_an_older_part_is_pruned(tmp_path):
+    run = load_run(sorted(GPU_FOLDERS[0].glob("*.json"))[-1])
+    gpu = run["machine_info"]["fused_attn"]["gpu_name"]
+    old = run | {"datetime": "2026-01-01T00:00:00+00:00", "stored_from": "old.json"}
+    new = run | {"datetime": "2026-02-01T10:30:00+00:00", "stored_from": "new.json"}
+    files = []
+    for i, r in enumerate((old, new)):
+        f = tmp_path / f"run{i}.json"
+        f.write_text(json.dumps({k: v for k, v in r.items() if k != "_path"}))
+        files.append(f)
+    added, written, gone = history.store(files[:1], tmp_path / "results", "")
+    assert added == len(run["benchmarks"]) and len(written) == 1 and not gone
+    added, written, gone = history.store(files[1:], tmp_path / "results", "")
+    folder = tmp_path / "results" / history.gpu_folder(gpu)
+    part = history.part_name(run["benchmarks"][0])
+    assert [p.name for p in folder.iterdir()] == [f"2026-02-01T1030_{run['commit_info']['id'][:7]}_{part}.json"]
+    assert [p.name for p in gone] == [f"2026-01-01T0000_{run['commit_info']['id'][:7]}_{part}.json"]
+    assert all("data" not in b["stats"] for b in load_run(folder.iterdir().__next__())["benchmarks"])
 
 
 def test_gpu_runs_are_stored_under_the_gpu_model(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
-    config = SimpleNamespace(option=SimpleNamespace(benchmark_storage="file://./.benchmarks"))
+    config = SimpleNamespace(option=SimpleNamespace(benchmark_storage="file://./.benchmarks", benchmark_compare=True),
+                             addinivalue_line=lambda *a: None)
     bench_conftest.pytest_configure(config)
     assert config.option.benchmark_storage == f"file://{RESULTS / 'NVIDIA-H200'}"
-    bs = SimpleNamespace(storage=SimpleNamespace(default_machine_id="Linux-CPython-3.11-64bit"))
+    # a bare --benchmark-compare is ours: each case against its newest stored run (newest_per_case), not
+    # pytest-benchmark's newest file whole
+    assert config.option.benchmark_compare is False and config._fused_attn_compare
+    mi = load_run(sorted((RESULTS / "NVIDIA-H200").glob("*.json"))[-1])["machine_info"]
+    bs = SimpleNamespace(storage=SimpleNamespace(default_machine_id="Linux-CPython-3.11-64bit"),
+                         get_machine_info=lambda: mi, logger=_Logger())
     config._benchmarksession = bs
     bench_conftest.pytest_sessionstart(SimpleNamespace(config=config))
     assert bs.storage.default_machine_id is None  # saved runs go into the GPU folder itself
+    stored = {b["fullname"] for p in (RESULTS / "NVIDIA-H200").glob("*.json") for b in load_run(p)["benchmarks"]}
+    assert {name for m in bs.compared_mapping.values() for name in m} == stored
 
 
 def test_the_gate_finds_the_stored_baseline():
     """Every case of every stored run is in the gate's baseline, from the newest run that holds it."""
     for folder in GPU_FOLDERS:
-        stored = sorted(folder.glob("[0-9][0-9][0-9][0-9]_*.json"))
+        stored = sorted(folder.glob("*.json"))  # a date first: in time order
         newest = stored[-1]
         run = load_run(newest)
         base, used = gate.per_case_baseline(run | {"datetime": "later"}, RESULTS)
@@ -85,7 +155,7 @@ def test_the_benchmark_command_without_a_gpu_says_so_and_saves_or_compares_nothi
     cpu_storage = tmp_path / "fused_attn_bench_cpu"
     cpu_storage.mkdir()  # an earlier CPU run there, from another commit: must not be compared with
     earlier = cpu_storage / "0001_earlier.json"
-    earlier.write_bytes(sorted(GPU_FOLDERS[0].glob("0*.json"))[-1].read_bytes())
+    earlier.write_bytes(sorted(GPU_FOLDERS[0].glob("*.json"))[-1].read_bytes())
     env = dict(os.environ, TMPDIR=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "pytest", "bench", "-p", "no:cacheprovider", "-k",
                         "softmax and eager and causal and not backward", "--benchmark-autosave",
