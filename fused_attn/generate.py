@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -201,10 +202,14 @@ def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, m
 
 
 def nearest_rank(values, q: float) -> float:
-    """The q-quantile (0 < q < 1) of ``values`` by the nearest-rank rule: the TBT p95 of the CLI, the
-    GPT-2 benchmark and its report (one definition). NaN for no values."""
+    """The q-quantile (0 < q < 1) of ``values`` by the nearest-rank rule, the smallest value with at least
+    a fraction q of the values at or below it (1-based rank ceil(q n)): the TBT p95 of the CLI, the GPT-2
+    benchmark and its report (one definition). NaN for no values. (q n is rounded to 9 digits first: the
+    float product 0.07 x 100 is 7.000000000000001, rank 7.)"""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+    if not ordered:
+        return float("nan")
+    return ordered[max(0, math.ceil(round(q * len(ordered), 9)) - 1)]
 
 
 def summary(r: Result, batch: int) -> str:
