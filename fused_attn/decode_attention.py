@@ -283,6 +283,8 @@ def decode_attention(
     check_no_grad(q, k_cache, v_cache, k_new, v_new)
     if validate is None:
         validate = os.environ.get(VALIDATE_ENV, "") == "1"
+    elif not isinstance(validate, bool):
+        raise TypeError(f"validate must be a bool or None, got {validate!r}")
     if seqlens_t is None:
         seqlens_host = [k_cache.shape[2]] * q.shape[0]
     if validate and (seqlens_host is None or (leftpad_t is not None and leftpad_host is None)):
