@@ -21,7 +21,7 @@ GPT-2's decode step (fused_attn.gpt2, backends with layer_norm "folded") runs it
 decode_attention at one row over any cache and at 2-8 rows over caches of up to 256 slots
 (``FUSED_ATTN_QKV_ATTENTION=0``: the two launches; ``FUSED_ATTN_QKV_ATTENTION_ROWS`` / ``_SLOTS``: the largest
 batch / the largest cache from 2 rows that takes it). The measurements behind that rule are in the comment
-above fused_attn.gpt2._qkv_attention_applies (and bench/NOTES.md, sessions 32-36).
+above fused_attn.gpt2._qkv_attention_applies (and bench/NOTES.md).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ _GPT2_PROMPT_OUT_OFF = "        return o.view(b, s, h * d) * 1.01\n"
 QKV_RULE = "return _QKV_ATTENTION and rows <= _QKV_ATTENTION_ROWS and (rows == 1 or slots <= _QKV_ATTENTION_SLOTS)"
 
 MUTATIONS: list[Mutation] = [
-    # ------------------------------------------------------------ the bugs issue 16 lists
+    # ------------------------------------------------------------ decode, cache and sampling bugs
     Mutation("hf-static-cache-key-slice-removed", "fused_attn/hf.py",
              "key, value = key[:, :, :q_len], value[:, :, :q_len]", "pass",
              _t(f"{T_HF}::test_generate_logits_match_eager_cpu"),
@@ -242,12 +242,12 @@ MUTATIONS: list[Mutation] = [
              "u = ((bits >> 9).to(torch.float32) + 0.5) * 2.0 ** -23",
              "u = ((bits >> 8).to(torch.float32) + 0.5) * 2.0 ** -24",
              _t(f"{T_SAMPLE}::test_masked_column_never_drawn_at_the_all_ones_word"),
-             why="sessions 12-30's uniform: one word in 2**24 gives U = 1, G = +inf, and a masked column drawn"),
+             why="the former 24-bit uniform: one word in 2**24 gives U = 1, G = +inf, and a masked column drawn"),
     Mutation("sample-kernel-gumbel-uniform-reaches-one", "csrc/sample/sample_kernel.cuh",
              "const float u = (float(bits >> 9) + 0.5f) * 1.1920928955078125e-7f;",
              "const float u = (float(bits >> 8) + 0.5f) * 5.9604644775390625e-8f;",
              _t(f"{T_SAMPLE}::test_masked_column_never_drawn_at_the_all_ones_word"), gpu=True,
-             why="the kernel's side of the same bug (shipped sessions 12-30)"),
+             why="the kernel's side of the same bug (the former 24-bit uniform)"),
     Mutation("sample-history-index-off-by-one", "fused_attn/sample.py",
              "    index = history_index.to(torch.int64)\n", "    index = history_index.to(torch.int64) + 1\n",
              _t(f"{T_SAMPLE}::test_history_cpu"),
@@ -313,7 +313,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("tolerance-attention-cap-removed", "tests/tolerances.py", "ATTN_CAP = 0.05", "ATTN_CAP = 1.0",
              _t("tests/test_tolerances.py::test_attention_errors_fail"),
              why="a peer that lost everything would let any error through"),
-    # ------------------------------------------------------------ gradients (issue 10)
+    # ------------------------------------------------------------ gradients
     Mutation("autograd-not-registered", "fused_attn/softmax.py",
              "    torch.library.register_autograd(lib, _backward, setup_context=_setup_context)\n", "",
              _t(f"{T_SOFTMAX}::test_opcheck_autograd", f"{T_SOFTMAX}::test_gradcheck_op_and_its_backward"),
