@@ -60,6 +60,21 @@ def test_scale_causal_mask_version_forward_and_grad_match_torch(causal, mask, ve
 
 
 @pytest.mark.parametrize("causal", [False, True])
+def test_the_ops_own_autograd_with_scale_and_masks_matches_torch(causal):
+    """The registered autograd formula (what CUDA tensors differentiate through; the public function's CPU
+    path is differentiated by PyTorch itself), reached on the CPU through the op."""
+    x = _x(grad=True)
+    additive = torch.randn(1, H, 1, SK, generator=torch.Generator().manual_seed(5),
+                           dtype=torch.float64).requires_grad_(True)
+    got = torch.ops.fused_attn.scaled_masked_softmax(x, SCALE, additive, causal=causal)
+    want = _torch(x, SCALE, causal, None, additive)
+    torch.testing.assert_close(got, want)
+    g = torch.randn(got.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad(got, (x, additive), g), torch.autograd.grad(want, (x, additive), g)):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("causal", [False, True])
 def test_backward_op_with_scale_and_causal_matches_torch_autograd(causal):
     x = _x(grad=True)
     y = _torch(x, SCALE, causal)
