@@ -273,8 +273,8 @@ def decode_attention(
     ``torch.compile(fullgraph=True)`` and CUDA-graph capture. No gradient: raises when an input
     requires grad (``fused_attn.reference.decode_attention`` is differentiable).
     """
-    if not isinstance(q, torch.Tensor):
-        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    # q first: the lengths are checked against q's batch size, which only a 4-dim q has.
+    _check_tensor(q, "q", "[batch, nheads_q, seqlen_new, headdim]")
     seqlens_t, seqlens_host = _as_lengths(cache_seqlens, "cache_seqlens", q)
     leftpad_t, leftpad_host = _as_lengths(cache_leftpad, "cache_leftpad", q)
     splits = 0 if num_splits is None else num_splits
@@ -283,6 +283,8 @@ def decode_attention(
     check_no_grad(q, k_cache, v_cache, k_new, v_new)
     if validate is None:
         validate = os.environ.get(VALIDATE_ENV, "") == "1"
+    elif not isinstance(validate, bool):
+        raise TypeError(f"validate must be a bool or None, got {validate!r}")
     if seqlens_t is None:
         seqlens_host = [k_cache.shape[2]] * q.shape[0]
     if validate and (seqlens_host is None or (leftpad_t is not None and leftpad_host is None)):

@@ -14,8 +14,8 @@ index_copy_ appends, Q·Kᵀ, scaled_masked_softmax, P·V; kept to measure the c
 then captured in one CUDA graph, gpt-fast's recipe; GPU only), graph-fused (graph with every module
 on fused_attn's ops: linear with bias / GELU / residual in the epilogue, mlp, the embedding lookup in
 one layer_norm launch, each LayerNorm folded into the linear after it (layer_norm "folded": at batch 1
-no norm launch at all); the decode step issue 13 builds), graph-norms (graph-fused with each norm its
-own layer_norm launch, the first ln_1 in the embedding's: graph-fused before session 13, kept for the
+no norm launch at all)), graph-norms (graph-fused with each norm its
+own layer_norm launch, the first ln_1 in the embedding's: graph-fused before the fold, kept for the
 A/B), graph-epilogue (graph-fused with each norm after a residual projection in that projection's launch:
 linear's post_norm),
 graph-persistent (graph-fused's prefill, then the whole decode step as one gpt2_decode_step launch: one
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -55,8 +56,8 @@ STATIC = ("hf-static", "hf-static-fused")
 # decode step goes through torch.compile before its CUDA graph is captured (GPU only, as STATIC).
 _FUSED = {"layer_norm": "fused", "linear": "fused", "mlp": "fused"}
 # graph-fused: the embedding in one launch (embed "fused": H100 fp16, hot step, B16 452 -> 432 us, B1
-# even; session 11) and every norm folded into the linear after it (layer_norm "folded": B1 246 -> 228-232
-# us, B2 291-304 against 292-293 and B16 even; bench/NOTES.md, session 13). graph-norms: each norm its
+# even) and every norm folded into the linear after it (layer_norm "folded": B1 246 -> 228-232
+# us, B2 291-304 against 292-293 and B16 even; bench/NOTES.md). graph-norms: each norm its
 # own launch (the fold's A/B).
 # graph-epilogue: each norm after a residual projection in that projection's launch (layer_norm
 # "epilogue", its A/B).
@@ -201,10 +202,14 @@ def run_backend(backend: str, hf_model, ids: torch.Tensor, mask: torch.Tensor, m
 
 
 def nearest_rank(values, q: float) -> float:
-    """The q-quantile (0 < q < 1) of ``values`` by the nearest-rank rule: the TBT p95 of the CLI, the
-    GPT-2 benchmark and its report (one definition). NaN for no values."""
+    """The q-quantile (0 < q < 1) of ``values`` by the nearest-rank rule, the smallest value with at least
+    a fraction q of the values at or below it (1-based rank ceil(q n)): the TBT p95 of the CLI, the GPT-2
+    benchmark and its report (one definition). NaN for no values. (q n is rounded to 9 digits first: the
+    float product 0.07 x 100 is 7.000000000000001, rank 7.)"""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+    if not ordered:
+        return float("nan")
+    return ordered[max(0, math.ceil(round(q * len(ordered), 9)) - 1)]
 
 
 def summary(r: Result, batch: int) -> str:

@@ -19,7 +19,7 @@ No gradient: an input that requires grad raises.
 
 GPT-2's decode step (fused_attn.gpt2, backends with layer_norm "folded") runs it in place of c_attn and
 decode_attention at one row over any cache and at 2-8 rows over caches of up to 256 slots. The measurements
-behind that rule are in the comment above fused_attn.gpt2._qkv_attention_applies (and bench/NOTES.md).
+behind that rule are in the comment above fused_attn.gpt2._qkv_attention_applies.
 """
 
 from __future__ import annotations
@@ -31,6 +31,15 @@ from fused_attn import _ops, reference
 from fused_attn.decode_attention import check_lengths
 
 HEAD_DIM = 64
+_DTYPES = (torch.float16, torch.bfloat16)  # the CUDA kernel's (meta tensors stand in for CUDA ones)
+_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _number(v, name: str, requirement: str) -> float:
+    """A Python int or float as a float; anything else (a string, a bool, a tensor) raises naming ``name``."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{name} must be {requirement}, got {v!r}")
+    return float(v)
 
 
 def check_qkv_args(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale) -> None:
@@ -39,6 +48,10 @@ def check_qkv_args(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftp
                     ("cache_seqlens", cache_seqlens)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    cpu = x.device.type == "cpu"
+    if x.dtype not in (_CPU_DTYPES if cpu else _DTYPES):
+        names = "float32, float16, bfloat16 or float64 (CPU)" if cpu else "float16 or bfloat16 on CUDA"
+        raise ValueError(f"x must have dtype {names}, got {x.dtype}")
     if x.dim() != 3 or x.shape[1] != 1:
         raise ValueError(f"x must have shape [batch, 1, d], got {tuple(x.shape)}")
     batch, _, d = x.shape
@@ -72,7 +85,7 @@ def check_qkv_args(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftp
     if not isinstance(eps, float) or not eps >= 0.0:
         raise ValueError(f"eps must be a float >= 0, got {eps!r}")
     if not isinstance(scale, float) or scale != scale:
-        raise ValueError(f"scale must be a float, got {scale!r}")
+        raise ValueError(f"scale must be a float other than NaN, got {scale!r}")
 
 
 def qkv_decode_attention(x: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, k_cache: torch.Tensor,
@@ -82,8 +95,8 @@ def qkv_decode_attention(x: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tens
     b_qkv ``[3 d]`` or None; caches ``[batch, d / 64, max_len, 64]`` (written at slot cache_seqlens[b]);
     cache_seqlens / cache_leftpad int32 ``[batch]`` on x's device. Returns ``[batch, 1, d]`` (the heads'
     outputs side by side, the layout the output projection reads)."""
-    scale = HEAD_DIM ** -0.5 if scale is None else float(scale)
-    eps = float(eps)
+    scale = HEAD_DIM ** -0.5 if scale is None else _number(scale, "scale", "a float")
+    eps = _number(eps, "eps", "a float >= 0")
     check_qkv_args(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale)
     if x.device.type == "cuda":
         _ops.ensure_loaded()
