@@ -18,10 +18,8 @@ normalized and rounded to x's dtype, as the chain's norm rounds it). On the CPU:
 No gradient: an input that requires grad raises.
 
 GPT-2's decode step (fused_attn.gpt2, backends with layer_norm "folded") runs it in place of c_attn and
-decode_attention at one row over any cache and at 2-8 rows over caches of up to 256 slots
-(``FUSED_ATTN_QKV_ATTENTION=0``: the two launches; ``FUSED_ATTN_QKV_ATTENTION_ROWS`` / ``_SLOTS``: the largest
-batch / the largest cache from 2 rows that takes it). The measurements behind that rule are in the comment
-above fused_attn.gpt2._qkv_attention_applies (and bench/NOTES.md, sessions 32-36).
+decode_attention at one row over any cache and at 2-8 rows over caches of up to 256 slots. The measurements
+behind that rule are in the heuristics table of fused_attn/gpt2.py (QKV_ATTENTION_MAX_ROWS / _SLOTS).
 """
 
 from __future__ import annotations
