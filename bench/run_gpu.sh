@@ -11,10 +11,9 @@
 # PROFILE_ARGS the profile step's bench.profile arguments (default --backends hf-eager,graph), e.g.
 #   PROFILE_ARGS='--backends graph-fused --batch-size 16' (its critical_*.txt: what each kernel adds to a step).
 # SAMPLE_ARGS the sample step (bench_sample), e.g. SAMPLE_ARGS='-k r1-'.
-# SANITIZE_ONLY the sanitize step's case groups, e.g. SANITIZE_ONLY=step,attention (tests/sanitizer_cases.py --only).
-# STEP_ARGS the gpt2step step (bench_gpt2_decode_step), e.g. STEP_ARGS='-k b1-' or STEP_ARGS=--full (adds bfloat16).
+# SANITIZE_ONLY the sanitize step's case groups, e.g. SANITIZE_ONLY=linear,attention (tests/sanitizer_cases.py --only).
 # GRAPH_AB: ';'-separated variants for the graphab step, each nvcc flags (built beside the default) and / or
-#   NAME=VALUE environment settings, e.g. GRAPH_AB='-DMY_SWITCH=1;FUSED_ATTN_STATS_CHAIN=1 -DMY_SWITCH=1';
+#   NAME=VALUE environment settings, e.g. GRAPH_AB='-DMY_SWITCH=1;FUSED_ATTN_PDL=0 -DMY_SWITCH=1';
 #   GRAPH_AB_ARGS its bench.time_decode_graph arguments.
 # PDL_TIMEOUT the pdl step's limit per trigger point (its files: PDL_TEST_FILES below).
 # FLAG_NVCC_FLAGS: the flagtests step's nvcc flags (an experiment switch, e.g. '-DMY_SWITCH=1'): the
@@ -23,7 +22,7 @@
 # FUSED_ATTN_COMMIT: the commit of the tree being run (e.g. FUSED_ATTN_COMMIT=$(git rev-parse --short HEAD), set
 #   where the tree is committed): the benchmark JSONs' commit_info. The device copy's .git can predate the tree,
 #   so without it the JSONs may name an older commit (stored runs 0039-0050 do; their file names carry the tree).
-# steps: ab graphab build tests pdl flagtests wide bench decode norm attention linear sample layer gpt2step sanitize bytes gpt2 gpt2bench profile
+# steps: ab graphab build tests pdl flagtests wide bench decode norm attention linear sample layer sanitize bytes gpt2 gpt2bench profile
 # (default: build tests bench decode attention sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -48,7 +47,7 @@ if has graphab; then
   # Our captured GPT-2 decode step, hot, under the default build, each GRAPH_AB flag set and FUSED_ATTN_PDL=0:
   # quick same-call A/Bs of kernel variants (bench/time_decode_graph.py).
   # A variant's words of the form NAME=VALUE are environment settings for its processes (e.g.
-  # GRAPH_AB='FUSED_ATTN_STATS_CHAIN=1;FUSED_ATTN_STATS_CHAIN=1 -DMY_SWITCH=1'), the others its nvcc flags.
+  # GRAPH_AB='FUSED_ATTN_PDL=0;FUSED_ATTN_PDL=0 -DMY_SWITCH=1'), the others its nvcc flags.
   log "graphab"
   python3 -m fused_attn.build 2>&1 | tail -1
   IFS=';' read -ra variants <<< "${GRAPH_AB:-}"
@@ -133,7 +132,7 @@ if has flagtests; then
   log "flagtests (${FLAG_NVCC_FLAGS:-no flags})"
   FUSED_ATTN_NVCC_FLAGS="${FLAG_NVCC_FLAGS:-}" python3 -m fused_attn.build 2>&1 | tail -1
   FUSED_ATTN_NVCC_FLAGS="${FLAG_NVCC_FLAGS:-}" pytest_side_by_side "$OUT/flag_tests.log" ${FLAG_TIMEOUT:-300} \
-    ${HYPOTHESIS_PROFILE:-dev} gpu ${FLAG_TEST_FILES:-tests/test_linear.py tests/test_mlp.py tests/test_row_stats.py tests/test_gpt2.py}
+    ${HYPOTHESIS_PROFILE:-dev} gpu ${FLAG_TEST_FILES:-tests/test_linear.py tests/test_mlp.py tests/test_gpt2.py}
 fi
 if has wide; then
   # FUSED_ATTN_DECODE_WIDE is read once per process: decode attention's GPU tests (and GPT-2's) with every
@@ -254,11 +253,6 @@ if has layer; then
   log "layer (bench_layer)"
   # 2 models x 4 sequences x 3 providers in float16 (24 cases); one compile per compiled case
   bench_step layer "${LAYER_TIMEOUT:-300}" "${LAYER_ARGS:-}" bench/bench_layer.py
-fi
-if has gpt2step; then
-  log "gpt2step (bench_gpt2_decode_step)"
-  # 2 batches x 2 lengths x 4 providers in float16 (16 cases): one decode step per CUDA-graph replay
-  bench_step gpt2_decode_step "${STEP_TIMEOUT:-300}" "${STEP_ARGS:-}" bench/bench_gpt2_decode_step.py
 fi
 if has bytes; then
   log bytes

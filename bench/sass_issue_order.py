@@ -2,7 +2,6 @@
 
     python -m bench.sass_issue_order              # compile linear_inst_{fp16,bf16}_m16.cu for sm_90a, report
     python -m bench.sass_issue_order A.cubin ...  # report on cubins built elsewhere
-    python -m bench.sass_issue_order --nvcc-flag=-DFUSED_ATTN_MMA_X_FENCE=0   # the unfenced build: fails
 
 For each linear_mma_kernel / linear_splitk_kernel: after griddepcontrol.wait (ACQBULK in SASS), the x
 pieces issued before the first MMA (LDGSTS on the staged path, LDG.E.128 on the register path), and how
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cubins", nargs="*", type=Path)
     ap.add_argument("--nvcc-flag", action="append", default=[],
-                    help="an extra nvcc flag for the units compiled here, e.g. -DFUSED_ATTN_MMA_X_FENCE=0")
+                    help="an extra nvcc flag for the units compiled here, e.g. -lineinfo")
     args = ap.parse_args(argv)
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:

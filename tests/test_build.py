@@ -29,7 +29,7 @@ def test_sources_cover_every_unit_with_unique_names():
     assert {"decode_attention", "decode_attention_inst_fp16_hd128", "decode_attention_inst_fp32_combine"} <= set(names)
     assert {"layer_norm", "layer_norm_inst_fp16_ln_vec", "layer_norm_inst_bf16_rms_scalar"} <= set(names)
     assert {"attention", "attention_inst_fp16_hd128", "attention_inst_fp32_naive"} <= set(names)
-    assert {"gpt2_decode_step", "gpt2_decode_step_inst_fp16", "sample", "sample_inst_bf16"} <= set(names)
+    assert {"linear", "linear_inst_fp16_m8_norm", "sample", "sample_inst_bf16"} <= set(names)
 
 
 def test_programmatic_kernels_read_no_input_through_ldg():
