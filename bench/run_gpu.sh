@@ -79,7 +79,7 @@ fi
 # pytest_side_by_side LOG LIMIT PROFILE MARK GROUP...: one pytest process per GROUP (a space-separated list of
 # test files), all sharing the GPU, each with its own log; LOG joins them, and their summary lines and failures
 # are printed. SIGINT at LIMIT: pytest stops as on Ctrl-C and still prints its summary and the failures so far
-# (session 10 lost a failure's traceback to a plain kill); -k 30: killed if it does not stop. The caller's
+# (a plain kill loses a failure's traceback); -k 30: killed if it does not stop. The caller's
 # environment (FUSED_ATTN_NVCC_FLAGS, say) reaches every process.
 pytest_side_by_side() {
   local out=$1 limit=$2 profile=$3 mark=$4 group i n=0

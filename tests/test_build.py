@@ -35,7 +35,7 @@ def test_sources_cover_every_unit_with_unique_names():
 def test_programmatic_kernels_read_no_input_through_ldg():
     """A kernel that waits for its primary (griddepcontrol.wait, common/pdl.cuh) reads the previous
     kernel's output: an __ldg there is an invariant load, which the compiler may issue before the wait
-    (session 8: graph-fused's GEMVs at 8-16 rows read x early in replayed graphs). Their weights go
+    (graph-fused's GEMVs at 8-16 rows read x early in replayed graphs). Their weights go
     through load_stream / prefetch_l2; nothing in such a file calls __ldg."""
     waiting = [p for p in (ROOT / "csrc").glob("*/*.cuh") if "wait_for_primary()" in p.read_text()
                and p.name != "pdl.cuh"]
