@@ -43,7 +43,7 @@ from fused_attn.linear import linear, packed_in_out
 from fused_attn.mlp import mlp
 from fused_attn.qkv_decode_attention import qkv_decode_attention
 from fused_attn.sample import sample
-from fused_attn.softmax import _requires_grad, scaled_masked_softmax
+from fused_attn.softmax import _requires_grad
 
 
 RANDOM_NAME = "gpt2-random"
@@ -296,11 +296,8 @@ class Attention(nn.Module):
         if self.backend == "sdpa" and not causal:  # a decode step: every query sees its own new key
             return F.scaled_dot_product_attention(q, k, v, attn_mask=keys_ok, scale=self.scale)
         scores = q @ k.transpose(-1, -2)
-        if self.backend == "fused":
-            probs = scaled_masked_softmax(scores, self.scale, causal=causal, attn_mask=keys_ok)
-        else:
-            probs = reference.scaled_masked_softmax(scores, self.scale, causal=causal, attn_mask=keys_ok,
-                                                    compute_dtype=torch.float32)
+        probs = reference.scaled_masked_softmax(scores, self.scale, causal=causal, attn_mask=keys_ok,
+                                                compute_dtype=torch.float32)
         return probs @ v
 
 
