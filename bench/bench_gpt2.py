@@ -1,6 +1,6 @@
 """GPT-2 end to end: tokens/s, TTFT and TBT per backend (fused_attn.generate.run_backend).
 
-Backends: fused_attn.generate.BACKENDS (hf-eager ... graph-fused, graph-norms, graph-persistent); batch
+Backends: fused_attn.generate.BACKENDS (hf-eager ... compile-graph, graph, graph-fused); batch
 {1, 16} ({1, 4, 16, 64} with --full; --bench-gpt2-batches 2,3 for others); prompt {128, 512}; 128 new tokens, greedy (with --full also
 sampled: temperature 0.8, top-k 50, cases named ``-sample``, their own groups); float16 by default,
 float16, bfloat16 and float32 with --full. Model: GPT-2 small's
@@ -23,10 +23,7 @@ cases; 5 rounds left one of four cases at 0.98x on host jitter, 12 settled all f
 generate(); the first call of each case (graph capture, compilation) is a warm-up outside
 the rounds. GPU only.
 
-hf-static-fused is hf-static (transformers' StaticCache, its decode step compiled) with the
-"fused_attn" attention instead of sdpa, so its decode steps run ``decode_attention`` inside the
-compiled graph; it runs right after hf-static in every group, and extra_info ``speedup_vs_hf_static``
-is its tokens/s over hf-static's in the same run. compile-graph is the peer of our graph backends
+compile-graph is the peer of our graph backends
 (the plain PyTorch decode step of fused_attn.gpt2, SDPA + addmm, through torch.compile, captured in
 one CUDA graph: gpt-fast's recipe); the cases after it carry ``speedup_vs_compile_graph``.
 """
@@ -41,14 +38,13 @@ import torch
 
 from bench.harness import positive_ints
 from fused_attn.generate import BACKENDS, COMPILED, STATIC, nearest_rank
-from fused_attn.gpt2_decode_step import is_batch_too_large
 
 NEW_TOKENS = 128
 # The sampled cases' settings (a common chat setting): each backend's own sampler, seeded, so the tokens
 # differ between backends and are not compared; the cost of top-k and the draw is what the cases add.
 SAMPLING = dict(temperature=0.8, top_k=50)
 # How bench.report names these cases (the columns and rows come from the saved extra_info).
-REPORT_LABELS = {"bench_gpt2": dict(title="GPT-2 end to end", order=BACKENDS)}
+REPORT_LABELS = {"bench_gpt2": dict(title="GPT-2 end to end", order=tuple(BACKENDS))}
 CLOCK_VS_WALL_PCT = 1.0
 
 
@@ -138,12 +134,7 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
         # a compiled decode step: one compile per case (every backend and shape), so no case runs
         # into dynamo's recompile limit and falls back to eager unseen.
         torch._dynamo.reset()
-    try:
-        run_backend(c["backend"], hf_model, ids, mask, NEW_TOKENS, dtype, device, cache=cache, **sampling)  # warm-up
-    except ValueError as e:  # graph-persistent: gpt2_decode_step keeps the batch's activations in shared memory
-        if not is_batch_too_large(e):
-            raise
-        pytest.skip(f"{c['backend']}: {e}")
+    run_backend(c["backend"], hf_model, ids, mask, NEW_TOKENS, dtype, device, cache=cache, **sampling)  # warm-up
     results, paired = [], []
     paired_case = c["backend"] == "hf-fused"
     rounds = request.config.getoption("--bench-gpt2-paired-rounds" if paired_case else "--bench-gpt2-rounds")
@@ -191,8 +182,6 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
         info["tbt_p50_vs_hf_eager"] = round(eager["tbt_p50_ms"] / info["tbt_p50_ms"], 3)
     elif (benchmark.group, "hf-eager") in medians:
         info["speedup_vs_hf_eager"] = round(tps / medians[(benchmark.group, "hf-eager")], 3)
-    if c["backend"] == "hf-static-fused" and (benchmark.group, "hf-static") in medians:
-        info["speedup_vs_hf_static"] = round(tps / medians[(benchmark.group, "hf-static")], 3)
     if (benchmark.group, "compile-graph") in medians and c["backend"] != "compile-graph":
         info["speedup_vs_compile_graph"] = round(tps / medians[(benchmark.group, "compile-graph")], 3)
     if benchmark.group in hf_eager_tokens:

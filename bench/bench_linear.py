@@ -27,11 +27,9 @@ same float64 reference as its peers, layer_norm(x) · Wᵀ + b with the unfolded
 "linear + layer_norm + linear" cases (group "chain ..."): a residual projection, the LayerNorm after it and
 the projection after that, GPT-2's attention c_proj (K x K, + residual) -> ln_2 -> c_fc (K x N, GELU), shape
 K x N, M 1, 4, 16; both outputs (the residual stream h and the next projection's y) are the group's: eager
-(F.linear + add, F.layer_norm, F.linear + GELU), compiled (torch.compile of that chain), unfolded (what
+(F.linear + add, F.layer_norm, F.linear + GELU), compiled (torch.compile of that chain) and unfolded (what
 fused_attn.gpt2's graph-fused step runs: fused_attn.linear(residual=), then the folded
-fused_attn.linear(norm="layer_norm"), which at 4-16 rows launches the norm first) and fused (the row
-statistics: fused_attn.linear(residual=, row_stats=True), then fused_attn.linear(norm="layer_norm",
-norm_stats=): two launches, no norm launch).
+fused_attn.linear(norm="layer_norm"), which at 4-16 rows launches the norm first).
 
 Each provider's output is checked once, before timing, against the float64 reference on the first
 and last row of x (bench_softmax's relative bound).
@@ -71,11 +69,6 @@ LN_SHAPES = [(768, 2304), (768, 3072), (768, 50257)]
 LN_ROWS = (1, 4, 16)
 LN_CPU_CASES = [((64, 48), 1)]
 LN_EPS = 1e-5
-# linear + the next norm (op "linear_norm"): GPT-2's residual projections, c_proj of the attention (768x768)
-# and of the MLP (3072x768), with the LayerNorm after them (ln_2, the next ln_1) in decode.
-POST_SHAPES = [(768, 768), (3072, 768)]
-POST_ROWS = (1, 4, 16)
-POST_CPU_CASES = [((64, 48), 1)]
 # linear + layer_norm + linear (op "chain"): K x K residual projection, the norm, K x N with GELU.
 CHAIN_SHAPES = [(768, 3072), (768, 2304)]
 CHAIN_ROWS = (1, 4, 16)
@@ -97,18 +90,12 @@ LN_NOTES = {"eager": "F.layer_norm + F.linear", "compiled": "torch.compile(F.lay
             "fused": "fused_attn.linear(norm='layer_norm')",
             "folded": "fused_attn.linear(W * g, b + W beta, norm='layer_norm'), no norm weight / bias "
                       "(1 row, float16 / bfloat16: the fold in the dot products; else the norm's launch first)"}
-# The linear+norm groups: four providers, "fused" being linear(post_norm=): the norm in the projection's
-# launch (its last block), "unfolded" our linear then our layer_norm.
-POST_PROVIDERS = ("eager", "compiled", "unfolded", "fused")
-POST_NOTES = {"eager": "F.linear + add + F.layer_norm", "compiled": "torch.compile(F.linear + add + F.layer_norm)",
-              "unfolded": "fused_attn.linear(residual=) + fused_attn.layer_norm (2 launches)",
-              "fused": "fused_attn.linear(residual=, post_norm='layer_norm')"}
+# The chain groups: the peers and our chain as graph-fused runs it.
+CHAIN_PROVIDERS = ("eager", "compiled", "unfolded")
 CHAIN_NOTES = {"eager": "F.linear + add, F.layer_norm, F.linear + F.gelu(tanh)",
                "compiled": "torch.compile(F.linear + add, F.layer_norm, F.linear + F.gelu(tanh))",
                "unfolded": "fused_attn.linear(residual=), folded fused_attn.linear(norm='layer_norm') "
-                           "(4-16 rows: the norm's launch first)",
-               "fused": "fused_attn.linear(residual=, row_stats=True), folded fused_attn.linear(norm='layer_norm', "
-                        "norm_stats=) (no norm launch)"}
+                           "(4-16 rows: the norm's launch first)"}
 REPORT_LABELS = {"bench_linear": dict(title="linear (gelu_tanh(x W^T + b) + residual)", shape="K x N, M",
                                       order=LN_PROVIDERS)}
 
@@ -124,12 +111,6 @@ def ln_modeled_traffic(k: int, n: int, m: int, dtype: torch.dtype) -> tuple[int,
     residual; the normalized x is the fused op's own, not traffic)."""
     e = torch.empty((), dtype=dtype).element_size()
     return (n * k + m * k + n + 2 * k) * e, m * n * e
-
-
-def post_modeled_traffic(k: int, n: int, m: int, dtype: torch.dtype) -> tuple[int, int]:
-    """linear + norm: W, x, bias, residual, the norm's weight and bias read once; y and its norm written."""
-    e = torch.empty((), dtype=dtype).element_size()
-    return (n * k + m * k + n + m * n + 2 * n) * e, 2 * m * n * e
 
 
 def chain_modeled_traffic(k: int, n: int, m: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -149,24 +130,20 @@ def make_cases(config, cuda: bool | None = None) -> list[dict]:
         return ([dict(shape=s, m=m, dtype="float32", provider=p, op="linear") for s, m in CPU_CASES for p in PROVIDERS]
                 + [dict(shape=s, m=m, dtype="float32", provider=p, op="ln_linear") for s, m in LN_CPU_CASES
                    for p in LN_PROVIDERS]
-                + [dict(shape=s, m=m, dtype="float32", provider=p, op="linear_norm") for s, m in POST_CPU_CASES
-                   for p in POST_PROVIDERS]
                 + [dict(shape=s, m=m, dtype="float32", provider=p, op="chain") for s, m in CHAIN_CPU_CASES
-                   for p in POST_PROVIDERS])
+                   for p in CHAIN_PROVIDERS])
     dts = dtypes_for(config)
     return ([dict(shape=s, m=m, dtype=d, provider=p, op="linear") for s in GPT2_SHAPES + LLAMA_SHAPES for m in ROWS
              for d in dts for p in PROVIDERS]
             + [dict(shape=s, m=m, dtype=d, provider=p, op="ln_linear") for s in LN_SHAPES for m in LN_ROWS
                for d in dts for p in LN_PROVIDERS]
-            + [dict(shape=s, m=m, dtype=d, provider=p, op="linear_norm") for s in POST_SHAPES for m in POST_ROWS
-               for d in dts for p in POST_PROVIDERS]
             + [dict(shape=s, m=m, dtype=d, provider=p, op="chain") for s in CHAIN_SHAPES for m in CHAIN_ROWS
-               for d in dts for p in POST_PROVIDERS])
+               for d in dts for p in CHAIN_PROVIDERS])
 
 
 def case_id(c: dict) -> str:
     k, n = c["shape"]
-    op = {"ln_linear": "ln-", "linear_norm": "post-", "chain": "chain-"}.get(c.get("op"), "")
+    op = {"ln_linear": "ln-", "chain": "chain-"}.get(c.get("op"), "")
     return f"{c['provider']}-{op}k{k}-n{n}-m{c['m']}-{c['dtype']}"
 
 
@@ -183,8 +160,7 @@ def make_inputs(k: int, n: int, m: int, dtype: torch.dtype, device, seed: int = 
         return (torch.randn(size, generator=gen, device=device, dtype=torch.float32) * scale).to(dtype)
 
     return dict(x=randn(m, k), w=randn(n, k, scale=k**-0.5), b=randn(n), r=randn(m, n),
-                nw=1 + 0.1 * randn(k), nb=0.1 * randn(k), pw=1 + 0.1 * randn(n), pb=0.1 * randn(n),
-                ws=torch.zeros(1, dtype=torch.int32, device=device))
+                nw=1 + 0.1 * randn(k), nb=0.1 * randn(k))
 
 
 def eager_chain(x, w, b, r):
@@ -235,41 +211,6 @@ def ln_check(provider: str, out: torch.Tensor, t: dict) -> None:
         check_output(f"{provider} (row {i})", out[s], ref)
 
 
-def post_eager_chain(x, w, b, r, pw, pb):
-    y = torch.nn.functional.linear(x, w, b) + r
-    return y, torch.nn.functional.layer_norm(y, (y.shape[-1],), pw, pb, LN_EPS)
-
-
-def post_provider_fn(provider: str, t: dict):
-    from fused_attn import layer_norm, linear
-
-    peer = chain_provider(provider, post_eager_chain, t["x"], t["w"], t["b"], t["r"], t["pw"], t["pb"])
-    if peer is not None:
-        return peer
-    if provider == "unfolded":
-        def unfolded():
-            y = linear(t["x"], t["w"], t["b"], residual=t["r"])
-            return y, layer_norm(y, t["pw"], t["pb"], LN_EPS)
-        return unfolded
-    if provider == "fused":
-        return lambda: linear(t["x"], t["w"], t["b"], residual=t["r"], post_norm="layer_norm", post_norm_weight=t["pw"],
-                              post_norm_bias=t["pb"], post_eps=LN_EPS, workspace=t["ws"])
-    raise ValueError(f"provider must be one of {POST_PROVIDERS}, got {provider!r}")
-
-
-def post_check(provider: str, out: tuple[torch.Tensor, torch.Tensor], t: dict) -> None:
-    """As ``check``, for both outputs: y against the float64 linear, its norm against the float64 norm
-    of the y returned (the rows as stored)."""
-    y, normed = out
-    m = t["x"].shape[0]
-    for i in sorted({0, m - 1}):
-        s = slice(i, i + 1)
-        ref = reference._linear_compute(t["x"][s], t["w"], t["b"], None, t["r"][s], torch.float64)
-        check_output(f"{provider} y (row {i})", y[s], ref)
-        ref = reference.layer_norm(y[s].double(), t["pw"], t["pb"], LN_EPS, compute_dtype=torch.float64)
-        check_output(f"{provider} norm (row {i})", normed[s], ref)
-
-
 def chain_inputs(t: dict) -> dict:
     """The chain's first projection (K x K, bias, residual [m, K]), drawn from its own seeded generator, and
     the second's weights with the norm's weight and bias folded in (once, as a model does at load time)."""
@@ -279,9 +220,8 @@ def chain_inputs(t: dict) -> dict:
     def randn(*size, scale=1.0):
         return (torch.randn(size, generator=gen, device=t["x"].device) * scale).to(t["x"].dtype)
 
-    owner = SimpleNamespace()
-    wf, bf = folded_linear(t["w"], t["b"], SimpleNamespace(weight=t["nw"], bias=t["nb"]), owner)
-    return dict(w0=randn(k, k, scale=k**-0.5), b0=randn(k), r0=randn(m, k), wf=wf, bf=bf, sums=owner._folded[3])
+    wf, bf = folded_linear(t["w"], t["b"], SimpleNamespace(weight=t["nw"], bias=t["nb"]), SimpleNamespace())
+    return dict(w0=randn(k, k, scale=k**-0.5), b0=randn(k), r0=randn(m, k), wf=wf, bf=bf)
 
 
 def chain_eager(x, w0, b0, r0, nw, nb, w, b):
@@ -302,13 +242,7 @@ def chain_provider_fn(provider: str, t: dict):
             h = linear(t["x"], c["w0"], c["b0"], residual=c["r0"])
             return h, linear(h, c["wf"], c["bf"], activation="gelu_tanh", norm="layer_norm", eps=LN_EPS)
         return unfolded
-    if provider == "fused":
-        def fused():
-            h, stats = linear(t["x"], c["w0"], c["b0"], residual=c["r0"], row_stats=True)
-            return h, linear(h, c["wf"], c["bf"], activation="gelu_tanh", norm="layer_norm", eps=LN_EPS,
-                             norm_stats=stats, weight_sums=c["sums"])
-        return fused
-    raise ValueError(f"provider must be one of {POST_PROVIDERS}, got {provider!r}")
+    raise ValueError(f"provider must be one of {CHAIN_PROVIDERS}, got {provider!r}")
 
 
 def chain_check(provider: str, out: tuple[torch.Tensor, torch.Tensor], t: dict) -> None:
@@ -358,7 +292,7 @@ def record(benchmark, case: dict, times: list[float], device, ceilings_gbps, tim
     info = dict(stats, provider=provider, shape=[k, n, m], dtype=case["dtype"], note=note or NOTES[provider],
                 device=str(device), flops=flop, tflops=round(tflops, 2),
                 bound="memory" if m <= MEMORY_BOUND_ROWS else "compute")
-    if "op" in case:  # which group (linear, ln_linear, linear_norm): a column of bench.report's tables
+    if "op" in case:  # which group (linear, ln_linear, chain): a column of bench.report's tables
         info["op"] = case["op"]
     info.update(bandwidth_info(read, write, stats["p50_us"], ceilings_gbps, timer, launch_floor_us))
     if peak_tflops:
@@ -370,7 +304,7 @@ def record(benchmark, case: dict, times: list[float], device, ceilings_gbps, tim
 
 def group(case: dict) -> str:
     k, n = case["shape"]
-    op = {"ln_linear": "ln+linear", "linear_norm": "linear+norm", "chain": "chain"}.get(case.get("op"), "linear")
+    op = {"ln_linear": "ln+linear", "chain": "chain"}.get(case.get("op"), "linear")
     return f"{op} {k}x{n} m{case['m']} {case['dtype']}"
 
 
@@ -390,5 +324,4 @@ def bench_linear(benchmark, case, device, timer, ceilings_gbps, launch_floor_us,
 # op -> (provider functions, check, modeled traffic, notes)
 OPS = {"linear": (provider_fn, check, modeled_traffic, NOTES),
        "ln_linear": (ln_provider_fn, ln_check, ln_modeled_traffic, LN_NOTES),
-       "linear_norm": (post_provider_fn, post_check, post_modeled_traffic, POST_NOTES),
        "chain": (chain_provider_fn, chain_check, chain_modeled_traffic, CHAIN_NOTES)}

@@ -4,9 +4,7 @@ Providers, side by side in one group per (model, M, dtype):
   eager     F.linear -> activation -> F.linear -> + residual (GPT-2: gelu_tanh with biases; Llama:
             silu(gate) * up from one stacked gate/up weight, no biases)
   compiled  torch.compile of the same function (one compile per case, dynamic=False)
-  fused     fused_attn.mlp(..., residual=x): two epilogue-fused fused_attn.linear launches (the default)
-  fused_1launch   at M <= 16 on CUDA: fused_attn.mlp(..., single_launch=True), the mlp op's one launch
-            (csrc/mlp/mlp_kernel.cuh), the A/B against fused
+  fused     fused_attn.mlp(..., residual=x): two epilogue-fused fused_attn.linear launches
 
 Models (d_model, hidden, activation): GPT-2 small (768, 3072, gelu_tanh), Llama-2-7B (4096, 11008,
 swiglu); M (rows of x) as bench_linear. extra_info as bench_linear's: bytes (both weights, x, the
@@ -25,15 +23,13 @@ from bench.bench_linear import GPU_ONLY, ROWS, chain_provider, record
 from bench.bench_softmax import check_output
 from bench.harness import start_case
 from fused_attn import reference
-from fused_attn.linear import MAX_GEMV_ROWS
 from fused_attn.generate import DTYPES
 
 MODELS = {"gpt2": (768, 3072, "gelu_tanh"), "llama2_7b": (4096, 11008, "swiglu")}
 CPU_MODELS = {"tiny_gelu": (32, 64, "gelu_tanh"), "tiny_swiglu": (32, 48, "swiglu")}
-PROVIDERS = ("eager", "compiled", "fused_1launch", "fused")  # ours (bench.report's last fused*) last
-AB_PROVIDERS = ("fused_1launch",)  # at M <= MAX_GEMV_ROWS on CUDA only
+PROVIDERS = ("eager", "compiled", "fused")  # ours (bench.report's last fused*) last
 NOTES = {"eager": "F.linear + act + F.linear + add", "compiled": "torch.compile(F.linear + act + F.linear + add)",
-         "fused": "fused_attn.mlp(residual=x): 2 launches", "fused_1launch": "fused_attn.mlp(single_launch=True)"}
+         "fused": "fused_attn.mlp(residual=x): 2 launches"}
 REPORT_LABELS = {"bench_mlp": dict(title="mlp (fc -> act -> proj + residual)", shape="d_model x hidden x M",
                                    order=PROVIDERS)}
 
@@ -46,7 +42,7 @@ def make_cases(config, cuda: bool | None = None) -> list[dict]:
     cuda = torch.cuda.is_available() if cuda is None else cuda
     rows, dtypes = (ROWS, dtypes_for(config)) if cuda else ((1, 20), ["float32"])
     return [dict(shape=model[:2], m=m, dtype=d, provider=p) for model in models(cuda).values() for m in rows
-            for d in dtypes for p in PROVIDERS if p not in AB_PROVIDERS or (cuda and m <= MAX_GEMV_ROWS)]
+            for d in dtypes for p in PROVIDERS]
 
 
 def model_of(shape) -> tuple[str, str]:
@@ -88,13 +84,8 @@ def provider_fn(provider: str, t: dict):
     peer = chain_provider(provider, eager_mlp, *args, t["activation"])
     if peer is not None:
         return peer
-    single = {"fused": False, "fused_1launch": True}
-    if provider in single:
-        from fused_attn.mlp import new_workspace
-
-        ws = new_workspace(t["x"].device)  # the caller's, as a model keeps one
-        return lambda: mlp(*args, activation=t["activation"], residual=t["x"], single_launch=single[provider],
-                           workspace=ws)
+    if provider == "fused":
+        return lambda: mlp(*args, activation=t["activation"], residual=t["x"])
     raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
 
 

@@ -59,7 +59,6 @@ HEADLINE = {
     "bench_mlp": r".*-gpt2-m16-float16",
     "bench_sample": r"[^-]+-r16-v50257-t1-float16",
     "bench_layer": r".*-gpt2-s1024-float16",
-    "bench_gpt2_decode_step": r".*-b16-l128-float16",
     "bench_gpt2": r"(graph-fused|compile-graph|hf-eager)-b(1|16)-p128-float16",
 }
 

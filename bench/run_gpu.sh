@@ -13,8 +13,7 @@
 # PROFILE_ARGS the profile step's bench.profile arguments (default --backends hf-eager,graph), e.g.
 #   PROFILE_ARGS='--backends graph-fused --batch-size 16' (its critical_*.txt: what each kernel adds to a step).
 # SAMPLE_ARGS the sample step (bench_sample), e.g. SAMPLE_ARGS='-k r1-'.
-# SANITIZE_ONLY the sanitize step's case groups, e.g. SANITIZE_ONLY=step,attention (tests/sanitizer_cases.py --only).
-# STEP_ARGS the gpt2step step (bench_gpt2_decode_step), e.g. STEP_ARGS='-k b1-' or STEP_ARGS=--full (adds bfloat16).
+# SANITIZE_ONLY the sanitize step's case groups, e.g. SANITIZE_ONLY=linear,attention (tests/sanitizer_cases.py --only).
 # A/B steps run bench/ab.py: each variant (a name from its VARIANTS: edits of a copy of the tree, built
 #   beside the default in its own cache under /tmp/fused_attn_ab) runs the same command as the default.
 # AB_VARIANTS: the ab step's variants (space-separated), AB_CMD its command (default: the first variant's),
@@ -27,7 +26,7 @@
 # FUSED_ATTN_COMMIT: the commit of the tree being run (e.g. FUSED_ATTN_COMMIT=$(git rev-parse --short HEAD), set
 #   where the tree is committed): the benchmark JSONs' commit_info. The device copy's .git can predate the tree,
 #   so without it the JSONs may name an older commit (stored runs 0039-0050 do; their file names carry the tree).
-# steps: ab graphab build tests pdl flagtests wide bench decode norm attention linear sample layer gpt2step sanitize bytes gpt2 gpt2bench profile
+# steps: ab graphab build tests pdl flagtests wide bench decode norm attention linear sample layer sanitize bytes gpt2 gpt2bench profile
 # (default: build tests bench decode attention sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -119,7 +118,7 @@ if has flagtests; then
   log "flagtests (${FLAG_VARIANTS:-no variant})"
   FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev} python3 -m bench.ab --no-default \
     ${FLAG_VARIANTS:-} --timeout ${FLAG_TIMEOUT:-300} --cmd "python3 -m pytest -q -p no:cacheprovider -rfE -m gpu \
-    ${FLAG_TEST_FILES:-tests/test_linear.py tests/test_mlp.py tests/test_row_stats.py tests/test_gpt2.py}" \
+    ${FLAG_TEST_FILES:-tests/test_linear.py tests/test_mlp.py tests/test_gpt2.py}" \
     > "$OUT/flag_tests.log" 2>&1 || rc=1
   tail -3 "$OUT/flag_tests.log"
 fi
@@ -240,11 +239,6 @@ if has layer; then
   log "layer (bench_layer)"
   # 2 models x 4 sequences x 3 providers in float16 (24 cases); one compile per compiled case
   bench_step layer "${LAYER_TIMEOUT:-300}" "${LAYER_ARGS:-}" bench/bench_layer.py
-fi
-if has gpt2step; then
-  log "gpt2step (bench_gpt2_decode_step)"
-  # 2 batches x 2 lengths x 4 providers in float16 (16 cases): one decode step per CUDA-graph replay
-  bench_step gpt2_decode_step "${STEP_TIMEOUT:-300}" "${STEP_ARGS:-}" bench/bench_gpt2_decode_step.py
 fi
 if has bytes; then
   log bytes

@@ -1,7 +1,7 @@
 """Time our GPT-2's captured decode step (one CUDA-graph replay per token), hot, for quick A/Bs of
 kernel variants built side by side (FUSED_ATTN_NVCC_FLAGS) or switched by environment (FUSED_ATTN_PDL=0):
 
-    python -m bench.time_decode_graph --backends graph-fused,graph-norms --batches 1,4,16
+    python -m bench.time_decode_graph --backends graph-fused,graph --batches 1,4,16
     python -m bench.time_decode_graph --batches 8 --decode-splits 1     (decode_attention's split count forced)
     python -m bench.time_decode_graph --batches 16 --steps-per-graph 4  (four decode steps in each graph)
     FUSED_ATTN_NVCC_FLAGS=-DX python -m bench.time_decode_graph --tag X
@@ -9,8 +9,8 @@ kernel variants built side by side (FUSED_ATTN_NVCC_FLAGS) or switched by enviro
 Per (backend, batch): a random 128-token prompt (left-padded batch) is prefilled, the step captured, then
 `--reps` rounds of `--replays` replays, each round from the same cache lengths (prompt .. prompt +
 replays), timed with CUDA events around the round. Printed: the median and the spread of ms per step
-over the rounds, one line per case, prefixed with `--tag`. Not a benchmark (bench/bench_gpt2.py and
-bench/bench_gpt2_decode_step.py are): no cold L2, no JSON; two variants compare only within one device
+over the rounds, one line per case, prefixed with `--tag`. Not a benchmark (bench/bench_gpt2.py is):
+no cold L2, no JSON; two variants compare only within one device
 call. The first replay's last tokens are checked against as many eager steps' from the same state: a
 variant that races shows here as a difference.
 
@@ -63,8 +63,7 @@ def run_case(hf, backend: str, dtype: torch.dtype, batch: int, replays: int, rep
             m.decode_step(cache)
 
     # `steps` eager steps' last token, then the same steps replayed from the same state: equal (same kernels).
-    # The token is read from the cache, so every backend's step is checked (the persistent one never calls
-    # m.logits).
+    # The token is read from the cache, so every backend's step is checked.
     with torch.no_grad():
         run_steps()
     token_eager = cache.token.clone()

@@ -1,15 +1,15 @@
 """Where a kernel's warps wait, by source line, from an Nsight Compute report (run on the GPU machine):
 
-    ncu --kernel-name regex:gpt2_decode_step --launch-count 1 --set full --import-source yes -o /tmp/r \\
-        python -m bench.check_gpt2_decode_step --cases fp16:1 --steps 2 --replays 2
+    ncu --kernel-name regex:linear_mma_kernel --launch-count 1 --set full --import-source yes -o /tmp/r \\
+        python -m bench.time_decode_graph --batches 16 --reps 1 --replays 2
     python -m dev.ncu_hotspots /tmp/r.ncu-rep --top 30
 
 Reads `ncu --page source --print-source cuda,sass --csv` (warp-state samples per SASS instruction,
 with the CUDA line each came from: the library is built with -lineinfo), sums the samples per CUDA
 source line and prints the lines with the most, their share of all samples and the SASS opcodes
 sampled there. The stall reasons per line are the columns `ncu --page source` prints beside these.
-Written against the header ncu 2025 printed on the device (session 8); the first report it was meant
-for was lost with its machine, so the row parsing has not yet met a real report.
+Written against the header ncu 2025 printed on the device; the row parsing has not yet met a real
+report.
 """
 
 from __future__ import annotations

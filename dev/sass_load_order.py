@@ -2,14 +2,13 @@
 
     python -m dev.sass_load_order              # compile linear_inst_{fp16,bf16}_m16.cu for sm_90a, report
     python -m dev.sass_load_order A.cubin ...  # report on cubins built elsewhere
-    python -m dev.sass_load_order --nvcc-flag=-DFUSED_ATTN_MMA_X_FENCE=0   # the unfenced build: fails
 
 For each linear_mma_kernel / linear_splitk_kernel: after griddepcontrol.wait (ACQBULK in SASS), the x
 pieces issued before the first MMA (LDGSTS on the staged path, LDG.E.128 on the register path), and how
 many of them come after the first instruction that reads a weight register (a destination of the
 weight loads issued before the wait). In-order issue stalls at that read until the weights land, so a
 piece behind it leaves one round trip later: the staged 16-row kernels had three of their six there
-until mma_walk_pieces fenced the copies (bench/NOTES.md, session 24). Exit status 1 when a staged kernel
+until mma_walk_pieces fenced the copies (bench/NOTES.md). Exit status 1 when a staged kernel
 (template argument kStageX true) has such a late piece; the register-path builds are reported only (they
 issue one piece before their first MMA by design of ptxas, not ours).
 """
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cubins", nargs="*", type=Path)
     ap.add_argument("--nvcc-flag", action="append", default=[],
-                    help="an extra nvcc flag for the units compiled here, e.g. -DFUSED_ATTN_MMA_X_FENCE=0")
+                    help="an extra nvcc flag for the units compiled here, e.g. -lineinfo")
     args = ap.parse_args(argv)
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:

@@ -12,7 +12,6 @@ CUDA call (see ``fused_attn.build``).
 from fused_attn._ops import ensure_loaded as load
 from fused_attn.attention import Attention, attention
 from fused_attn.decode_attention import decode_attention
-from fused_attn.gpt2_decode_step import GPT2StepWeights, gpt2_decode_step, workspace_bytes
 from fused_attn.layer_norm import layer_norm, rms_norm
 from fused_attn.linear import linear
 from fused_attn.mlp import mlp
@@ -20,7 +19,6 @@ from fused_attn.qkv_decode_attention import qkv_decode_attention
 from fused_attn.sample import sample
 from fused_attn.softmax import scaled_masked_softmax, scaled_masked_softmax_backward
 
-__all__ = ["Attention", "GPT2StepWeights", "attention", "decode_attention", "gpt2_decode_step", "layer_norm", "linear",
-           "load", "mlp", "qkv_decode_attention", "rms_norm", "sample", "scaled_masked_softmax", "scaled_masked_softmax_backward",
-           "workspace_bytes"]
+__all__ = ["Attention", "attention", "decode_attention", "layer_norm", "linear", "load", "mlp", "qkv_decode_attention",
+           "rms_norm", "sample", "scaled_masked_softmax", "scaled_masked_softmax_backward"]
 __version__ = "0.1.0"

@@ -123,56 +123,13 @@ _define(
 # register_autograd differentiates positional tensors only.
 _define("linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None, Tensor? norm_weight=None, "
         "Tensor? norm_bias=None, *, int activation=0, int norm=0, float eps=1e-05) -> Tensor")
-# linear, then the norm of its output's rows: returns (y, post_norm(y)). post_norm: 1 layer_norm, 2 rms_norm
-# (post_weight / post_bias [out], x's dtype or float32, post_eps), as layer_norm / rms_norm compute it on y
-# as stored. workspace: int32 [>= 1], zeros on first use; each call leaves it zero (the CUDA kernel's
-# count of finished blocks: one launch at a time per workspace). Not differentiable (the wrapper
-# composes linear and layer_norm when a gradient is wanted).
-_define("linear_post_norm(Tensor x, Tensor weight, Tensor? bias, Tensor? residual, Tensor? norm_weight, "
-        "Tensor? norm_bias, Tensor? post_weight, Tensor? post_bias, Tensor(a!) workspace, *, int activation=0, "
-        "int norm=0, float eps=1e-05, int post_norm=1, float post_eps=1e-05) -> (Tensor, Tensor)")
-
-# linear and its output rows' statistics for the next launch's norm: (y, stats), stats float32 [..., groups, 2]
-# with groups = ceil(out / 16): per row of y as returned and per group of 16 consecutive columns (the last one
-# shorter), the group's mean and the sum of squared distances to it (csrc/linear/linear_launch.h). Not
-# differentiable (fused_attn.linear(row_stats=True) computes them with PyTorch ops when a gradient is wanted).
-_define("linear_row_stats(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None, *, int activation=0) "
-        "-> (Tensor, Tensor)")
-# linear of x's rows normalized (norm: 1 layer_norm, 2 rms_norm, eps) with norm_stats, x's rows' statistics as
-# linear_row_stats returns them ([..., ceil(in_features / 16), 2] float32), instead of their own; weight_sums:
-# float32 [weight rows], each weight row's sum (computed per call when None). norm_weight / norm_bias as
-# linear's. Not differentiable (fused_attn.linear(norm_stats=...) runs linear's own norm when a gradient is
-# wanted).
-_define("linear_stats_norm(Tensor x, Tensor norm_stats, Tensor weight, Tensor? weight_sums=None, Tensor? bias=None, "
-        "Tensor? residual=None, Tensor? norm_weight=None, Tensor? norm_bias=None, *, int activation=0, int norm=1, "
-        "float eps=1e-05) -> Tensor")
-
 # The feed-forward block: linear(linear(x, w_fc, b_fc, activation), w_proj, b_proj, residual), the hidden
 # activations rounded to x's dtype between the two. x [..., in_features]; w_fc [hidden, in_features]
 # ([2 hidden, in_features], gate rows over up rows, for swiglu), b_fc [w_fc rows]; w_proj [out, hidden],
-# b_proj [out]; residual [..., out]. activation: 1 gelu_tanh, 2 swiglu. On CUDA one launch where it applies
-# (float16 / bfloat16, 1-16 rows, csrc/mlp/mlp.cpp), else the two linear launches. workspace: int32 [>= 2],
-# zeros on first use; each call leaves it zero (the single launch's counters: one launch at a time per
-# workspace). Not differentiable (fused_attn.mlp runs the two linears when a gradient is wanted).
-_define("mlp(Tensor x, Tensor w_fc, Tensor? b_fc, Tensor w_proj, Tensor? b_proj, Tensor? residual, "
-        "Tensor(a!) workspace, *, int activation=1) -> Tensor")
-
-# One whole GPT-2 decode step in one launch (a persistent kernel, grid-wide barriers between stages):
-# embedding, n_layer pre-LN blocks (their keys and values written into the caches at slot seqlens[b]),
-# ln_f, the lm_head tied to wte. token int64 [batch]; pos, seqlens, leftpad int32 [batch]; k_cache /
-# v_cache [n_layer, batch, nheads, max_len, 64]; wte [vocab, n_embd], wpe [n_positions, n_embd]; norms
-# [2 n_layer + 1, 2, n_embd] (ln_1, ln_2 of each layer, then ln_f; weight over bias); the projections
-# stacked over layers in nn.Linear's [out, in] layout: w_qkv [n_layer, 3 n_embd, n_embd], w_o
-# [n_layer, n_embd, n_embd], w_fc [n_layer, n_inner, n_embd], w_proj [n_layer, n_embd, n_inner], each
-# bias [n_layer, out]. workspace: uint8 scratch whose first 256 bytes hold the grid barrier's counters
-# (zeros on first use; each call leaves them zero). Returns the logits [batch, vocab]. Spec:
-# fused_attn.reference.gpt2_decode_step.
-_define(
-    "gpt2_decode_step(Tensor token, Tensor pos, Tensor seqlens, Tensor leftpad, Tensor(a!) k_cache, "
-    "Tensor(b!) v_cache, Tensor wte, Tensor wpe, Tensor norms, Tensor w_qkv, Tensor b_qkv, Tensor w_o, "
-    "Tensor b_o, Tensor w_fc, Tensor b_fc, Tensor w_proj, Tensor b_proj, Tensor(c!) workspace, float eps) "
-    "-> Tensor"
-)
+# b_proj [out]; residual [..., out]. activation: 1 gelu_tanh, 2 swiglu. On CUDA the two linear launches
+# (csrc/mlp/mlp.cpp). Not differentiable (fused_attn.mlp runs the two linears when a gradient is wanted).
+_define("mlp(Tensor x, Tensor w_fc, Tensor? b_fc, Tensor w_proj, Tensor? b_proj, Tensor? residual, *, "
+        "int activation=1) -> Tensor")
 
 _loaded = False
 

@@ -1,27 +1,19 @@
 """Generate with GPT-2 through one or several backends and time it.
 
-    python -m fused_attn.generate --backend graph --max-new-tokens 128
+    python -m fused_attn.generate --max-new-tokens 128
     python -m fused_attn.generate --compare --batch-size 3 --dtype float32
 
-Backends: hf-eager, hf-sdpa, hf-fused (transformers' GPT2LMHeadModel with attention
-implementation eager / sdpa / "fused_attn"), hf-static and hf-static-fused (sdpa / "fused_attn"
-with ``cache_implementation="static"``, whose decode step transformers compiles on a GPU; not
-run by --compare without a GPU), graph (fused_attn.gpt2 with a CUDA-graph decode step whose attention
-is one decode_attention launch per layer; without a GPU it runs the same model without the graph
-and reports it as graph-eager), graph-softmax (the same, with the previous decode attention: two
-index_copy_ appends, Q·Kᵀ, scaled_masked_softmax, P·V; kept to measure the change), compile-graph
-(the peer: the same model's plain PyTorch decode step, SDPA + addmm, through torch.compile and
-then captured in one CUDA graph, gpt-fast's recipe; GPU only), graph-fused (graph with every module
-on fused_attn's ops: linear with bias / GELU / residual in the epilogue, mlp, the embedding lookup in
-one layer_norm launch, each LayerNorm folded into the linear after it (layer_norm "folded": at batch 1
-no norm launch at all)), graph-norms (graph-fused with each norm its
-own layer_norm launch, the first ln_1 in the embedding's: graph-fused before the fold, kept for the
-A/B), graph-epilogue (graph-fused with each norm after a residual projection in that projection's launch:
-linear's post_norm),
-graph-persistent (graph-fused's prefill, then the whole decode step as one gpt2_decode_step launch: one
-persistent kernel). Prints the continuation,
-TTFT (prompt in, first token out), TBT p50/p95 (each further token) and tokens/s; with
---compare, whether the greedy tokens of all backends are identical.
+Backends (``BACKENDS``, one line each in ``--help``): graph-fused (the one to use on a GPU: fused_attn.gpt2
+with every module on fused_attn's ops and a CUDA-graph decode step), graph (the same model, only the
+decode attention ours), compile-graph (the peer: the same model's plain PyTorch decode step through
+torch.compile, in one CUDA graph, gpt-fast's recipe), and transformers' GPT2LMHeadModel as hf-eager,
+hf-sdpa, hf-fused (our attention) and hf-static (sdpa with a StaticCache, its decode step compiled).
+``--backend auto`` (the default) runs graph-fused on a GPU and hf-eager without one, where our model runs
+the reference PyTorch ops (3.2 tokens/s against hf-eager's 18.2, GPT-2 small, float32, batch 1). Without a
+GPU the graph backends run the same model without the graph, reported as graph-eager..., and --compare
+leaves out the GPU-only ones (compile-graph, hf-static), saying so. Prints the continuation, TTFT (prompt
+in, first token out), TBT p50/p95 (each further token) and tokens/s; with --compare, whether the greedy
+tokens of all backends are identical.
 
 One clock for every backend: on a GPU, CUDA events on the current stream at the call's start,
 at each token (transformers: when its logits are ready, from a logits processor; graph: after
@@ -46,28 +38,36 @@ from dataclasses import dataclass
 
 import torch
 
-BACKENDS = ("hf-eager", "hf-sdpa", "hf-static", "hf-static-fused", "hf-fused", "compile-graph", "graph-softmax",
-            "graph", "graph-fused", "graph-norms", "graph-epilogue", "graph-persistent")
+# Every backend, with what it is (the CLI's --help); --compare runs them in this order, checking the tokens
+# against the first.
+BACKENDS = {
+    "hf-eager": "transformers' GPT2LMHeadModel, eager attention (the default without a GPU: the fastest there)",
+    "hf-sdpa": "transformers' GPT2LMHeadModel, PyTorch SDPA attention",
+    "hf-static": "transformers, SDPA with a StaticCache, its decode step compiled (GPU only)",
+    "hf-fused": "transformers with fused_attn's attention (fused_attn.hf)",
+    "compile-graph": "the peer: fused_attn.gpt2's PyTorch decode step (SDPA, addmm) through torch.compile, in a "
+                     "CUDA graph (GPU only)",
+    "graph": "fused_attn.gpt2 in a CUDA graph, decode attention on fused_attn.decode_attention, the rest PyTorch",
+    "graph-fused": "fused_attn.gpt2 in a CUDA graph with every module on fused_attn's ops (the default on a GPU: "
+                   "the fastest; use this one)",
+}
 # The transformers backends: attention implementation of each, and those with a StaticCache.
-HF_IMPL = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-static-fused": "fused_attn",
-           "hf-fused": "fused_attn"}
-STATIC = ("hf-static", "hf-static-fused")
+HF_IMPL = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-static": "sdpa", "hf-fused": "fused_attn"}
+STATIC = ("hf-static",)
 # Our GPT-2's backends: the fused_attn.gpt2 module backends each one uses; COMPILED: those whose
 # decode step goes through torch.compile before its CUDA graph is captured (GPU only, as STATIC).
-_FUSED = {"layer_norm": "fused", "linear": "fused", "mlp": "fused"}
 # graph-fused: the embedding in one launch (embed "fused": H100 fp16, hot step, B16 452 -> 432 us, B1
-# even) and every norm folded into the linear after it (layer_norm "folded": B1 246 -> 228-232
-# us, B2 291-304 against 292-293 and B16 even; bench/NOTES.md). graph-norms: each norm its
-# own launch (the fold's A/B).
-# graph-epilogue: each norm after a residual projection in that projection's launch (layer_norm
-# "epilogue", its A/B).
-GRAPH_BACKENDS = {"graph-fused": {"attention": "fused", **_FUSED, "layer_norm": "folded", "embed": "fused"},
+# even) and every norm folded into the linear after it (layer_norm "folded": B1 246 -> 228-232 us, B2
+# 291-304 against 292-293 and B16 even; bench/NOTES.md).
+GRAPH_BACKENDS = {"graph-fused": {"attention": "fused", "layer_norm": "folded", "linear": "fused", "mlp": "fused",
+                                  "embed": "fused"},
                   "graph": {"attention": "fused"},
-                  "graph-softmax": {"attention": "softmax"}, "compile-graph": {"attention": "sdpa"},
-                  "graph-norms": {"attention": "fused", **_FUSED, "embed": "fused"},
-                  "graph-epilogue": {"attention": "fused", **_FUSED, "layer_norm": "epilogue", "embed": "fused"},
-                  "graph-persistent": {"attention": "fused", **_FUSED, "step": "persistent"}}
+                  "compile-graph": {"attention": "sdpa"}}
 COMPILED = ("compile-graph",)
+GPU_ONLY = STATIC + COMPILED
+# --backend auto: graph-fused on a GPU; without one our model runs the reference PyTorch ops (GPT-2 small,
+# float32, batch 1: 3.2 tokens/s against hf-eager's 18.2), so hf-eager.
+AUTO = {"cuda": "graph-fused", "cpu": "hf-eager"}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -222,9 +222,20 @@ def summary(r: Result, batch: int) -> str:
 PROG = "python -m fused_attn.generate"
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every default shown, and the backends' list (the epilog) one line each as written."""
+
+
+def backends_help() -> str:
+    """--help's list of backends: one line each, saying what it is and which to use."""
+    rows = {"auto": "graph-fused with a GPU, hf-eager without (says which it chose and why)", **BACKENDS}
+    width = max(map(len, rows))
+    return "backends (--backend):\n" + "\n".join(f"  {name:<{width}}  {what}" for name, what in rows.items())
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=backends_help(),
+                                 formatter_class=_HelpFormatter)
     ap.add_argument("--model", default="gpt2-random",
                     help="gpt2-random (seeded random weights, no download, no tokenizer) or a name/path transformers loads")
     ap.add_argument("--prompt", help="text (needs a tokenizer with the checkpoint; gpt2-random has none)")
@@ -233,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per row")
     ap.add_argument("--batch-size", type=int, default=1, help="rows; row i is left-padded by i tokens")
     ap.add_argument("--dtype", default="float16", choices=list(DTYPES), help="float32 without a GPU")
-    ap.add_argument("--backend", default="graph", choices=BACKENDS, help="the backend to run")
+    ap.add_argument("--backend", default="auto", choices=("auto", *BACKENDS), metavar="BACKEND",
+                    help="the backend to run (the list below)")
     ap.add_argument("--compare", action="store_true", help="run every backend, check greedy tokens agree")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens (0 = all)")
@@ -259,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
              "(e.g. --prompt-ids 464,2068,7586) or a --model with a tokenizer (e.g. gpt2)")
 
     from fused_attn.gpt2 import load_hf_model
-    from fused_attn.gpt2_decode_step import is_batch_too_large
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[args.dtype]
@@ -296,7 +307,15 @@ def main(argv: list[str] | None = None) -> int:
              f"{prompt.numel()} + {args.batch_size - 1} + {args.max_new_tokens} = {length}")
     ids, mask = make_batch(prompt, args.batch_size)
     if args.compare:
-        backends = tuple(b for b in BACKENDS if device.type == "cuda" or b not in STATIC + COMPILED)
+        backends = tuple(b for b in BACKENDS if device.type == "cuda" or b not in GPU_ONLY)
+        for b in BACKENDS:
+            if b not in backends:
+                print(f"--compare: {b} left out, it needs a GPU and there is none ({BACKENDS[b]})")
+    elif args.backend == "auto":
+        backends = (AUTO[device.type],)
+        why = ("a GPU: the fastest there" if device.type == "cuda" else
+               "no GPU: our model runs the reference PyTorch ops there, 3.2 tokens/s against hf-eager's 18.2")
+        print(f"--backend auto: {backends[0]} ({why})")
     else:
         backends = (args.backend,)
     cache: dict = {}
@@ -305,14 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         if backend in STATIC + COMPILED:  # a clean compile per compiled backend: one must not hit another's
             torch._dynamo.reset()  # recompile limit and run uncompiled (the warm-up below compiles it)
         # Warm-up with the timed lengths: graph capture, transformers' static-cache compilation.
-        try:
-            run_backend(backend, hf_model, ids, mask, args.max_new_tokens, dtype, device, args.temperature,
-                        args.top_k, args.seed, cache)
-        except ValueError as e:  # graph-persistent: a batch too large for the kernel's shared memory
-            if not (args.compare and is_batch_too_large(e)):
-                raise
-            print(f"{backend}: skipped ({e})")
-            continue
+        run_backend(backend, hf_model, ids, mask, args.max_new_tokens, dtype, device, args.temperature,
+                    args.top_k, args.seed, cache)
         results.append(run_backend(backend, hf_model, ids, mask, args.max_new_tokens, dtype, device,
                                    args.temperature, args.top_k, args.seed, cache))
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"

@@ -10,12 +10,9 @@ Modules (gpt-fast's seams; names follow the Hugging Face state dict, which loads
 x @ W + b), ``ln_2``, ``mlp`` (``MLP``: ``c_fc`` → tanh GELU → ``c_proj``). The lm_head is tied to
 ``wte``. Each module kind has a backend, chosen per kind (``backends=``): attention "fused"
 (prompt: ``fused_attn.attention``, one flash launch in 16-bit types; decode step:
-``decode_attention``, the cache append and the attention in one call), "softmax" (the fused softmax chain in the decode step too,
-with ``index_copy_`` appends and a key mask: the decode step before ``decode_attention``, kept for
-comparison) or "eager" (that chain with PyTorch ops: the reference softmax); LayerNorm, Linear and MLP
-"eager" (PyTorch) or "fused" (our kernels). A later kernel plugs into one module. The step backend
-"persistent" runs the whole decode step as one ``gpt2_decode_step`` launch on weights packed once
-(``GPT2.pack_step``); the prefill keeps the modules.
+``decode_attention``, the cache append and the attention in one call), "eager" (Q·Kᵀ, the reference
+softmax, P·V with PyTorch ops) or "sdpa"; LayerNorm, Linear and MLP "eager" (PyTorch) or "fused" (our
+kernels). A later kernel plugs into one module.
 
 Generation state lives in a ``DecodeCache`` (one ``KVCache`` per layer, whose ``update()`` writes new
 keys and values at device-side positions, plus the key mask, the next slot, positions and the last
@@ -31,8 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -43,29 +38,21 @@ from torch import nn
 from fused_attn import reference
 from fused_attn.attention import attention
 from fused_attn.decode_attention import decode_attention
-from fused_attn.gpt2_decode_step import GPT2StepWeights, gpt2_decode_step, new_workspace
 from fused_attn.layer_norm import layer_norm
 from fused_attn.linear import linear, packed_in_out
 from fused_attn.mlp import mlp
 from fused_attn.qkv_decode_attention import qkv_decode_attention
 from fused_attn.sample import sample
-from fused_attn.softmax import _requires_grad, scaled_masked_softmax
-
-
-def _env_switch(name: str, default: str, pattern: str, expected: str) -> str:
-    """An environment switch read once, at import: its value, or a ValueError naming it."""
-    value = os.environ.get(name, default)
-    if not re.fullmatch(pattern, value):
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
-    return value
+from fused_attn.softmax import _requires_grad
 
 
 RANDOM_NAME = "gpt2-random"
 # Backends per module kind; the first is the default.
-# attention: "fused" (prompts: fused_attn.attention; decode steps: one decode_attention launch per layer), "softmax" (our
-# scaled_masked_softmax between two matmuls), "eager" (the float32 PyTorch reference), "sdpa" (plain
-# PyTorch: F.scaled_dot_product_attention over the cache under the key mask in decode steps, the
-# eager reference in the prompt, whose padding rows see no key; the peer torch.compile runs on).
+# attention: "fused" (prompts: fused_attn.attention; decode steps: one decode_attention launch per layer, or
+# c_attn and the attention in one qkv_decode_attention launch where QKV_ATTENTION_MAX_ROWS says), "eager"
+# (the float32 PyTorch reference), "sdpa" (plain PyTorch: F.scaled_dot_product_attention over the cache
+# under the key mask in decode steps, the eager reference in the prompt, whose padding rows see no key;
+# the peer torch.compile runs on).
 # layer_norm / linear / mlp: "eager" (PyTorch: F.layer_norm; addmm, then GELU and the residual add as
 # kernels of their own) or "fused" (fused_attn.layer_norm; fused_attn.linear with bias, GELU and the
 # residual in the epilogue, our GEMV at decode sizes; fused_attn.mlp: two such launches). The linear
@@ -75,52 +62,33 @@ RANDOM_NAME = "gpt2-random"
 # one row in float16 / bfloat16 fused_attn.linear folds the normalization into the GEMV's dot products
 # (no norm launch at batch 1); at more rows it runs the norm's launch first. Costs a folded copy of those
 # weights (~176 MB for GPT-2 small in float16, the lm_head's included).
-# layer_norm "epilogue" (with linear "fused"): each norm after a residual projection runs in that
-# projection's launch (linear's post_norm: its last block normalizes the finished rows): ln_2 in the
-# attention's c_proj, the next layer's ln_1 (ln_f after the last layer) in the MLP's c_proj; the MLP
-# then runs as its two linear launches. Only layer 0's ln_1 keeps a launch (or the fused embedding's).
-# step: "modules" (the decode step through the modules above) or "persistent" (the whole decode step in
-# one fused_attn.gpt2_decode_step launch: one persistent kernel, issue 13; with every other kind "fused",
-# whose modules run the prefill on the same weights, packed in the op's stacked layout). Measured slower
-# than "modules" with every kind "fused" (H100 fp16, B1 0.52 against 0.28 ms: bench/NOTES.md, session 8).
-# embed "fused" (with layer_norm "fused"): the embedding lookup wte[ids] + wpe[pos] and layer 0's ln_1
-# in one fused_attn.layer_norm launch (its gathered rows: x_index / residual_index), in the prefill and
-# in each decode step, in place of two index_select launches, an add and the norm's launch
-# (bench/NOTES.md, session 10).
-# FUSED_ATTN_STATS_CHAIN=1: the row-statistics chain between the blocks' projections where it applies
-# (GPT2._stats_chain); unset or 0: a launch per norm. Off by default: measured slower (H100, fp16, graph-fused,
-# prompt 128: batch 4 +11 us a step, 8 +13-16, 16 +19, 16 at prompt 512 +40; bench/NOTES.md session 20).
-# Read once, at import.
-_STATS_CHAIN = _env_switch("FUSED_ATTN_STATS_CHAIN", "0", "[01]", "0 or 1")
-# The decode step's c_attn (with the folded ln_1) and decode attention as one qkv_decode_attention launch at
-# up to FUSED_ATTN_QKV_ATTENTION_ROWS rows (default 8); FUSED_ATTN_QKV_ATTENTION=0 runs the two launches (the
-# A/B). Measured (bench/NOTES.md, sessions 32-36), us a step against the two launches: H200 batch 1 206 -> 191;
-# H100 batch 1 214 -> 205, batch 4 233 -> 215 (clusters of 4 sequences), batch 8 even (262), batch 16 320 ->
-# 340 (two clusters of 8 a head, two blocks a SM; H200, session 36, with the op's late trigger after its wait:
-# 295.6 against 292.6), hence 8 rows. At 2 rows and more only where the cache holds at most
-# FUSED_ATTN_QKV_ATTENTION_SLOTS slots (default 256): the op attends a sequence with 8 / G blocks (4 at
-# 2 rows, one from 5), where decode_attention splits long caches over more (H200, session 35: batch 4 at 328 /
-# 456 / 584 slots +6.6 / +1.1 / +29 us a step, batch 8 at 328 / 456 +22 / +48). At one row at any length: its
-# one-row attention is the 16-keys-a-pass loop since session 35, and it wins at every length measured (H200,
-# against the two launches: 584 slots 192.9 us against 212.5, 972 slots 199.7 against 224.3).
-_QKV_ATTENTION = _env_switch("FUSED_ATTN_QKV_ATTENTION", "1", "[01]", "0 or 1") == "1"
-_QKV_ATTENTION_ROWS = int(_env_switch("FUSED_ATTN_QKV_ATTENTION_ROWS", "8", "[0-9]{1,9}", "a non-negative integer"))
-_QKV_ATTENTION_SLOTS = int(_env_switch("FUSED_ATTN_QKV_ATTENTION_SLOTS", "256", "[0-9]{1,9}",
-                                       "a non-negative integer"))
-_STATS_CHAIN_OFF = _STATS_CHAIN == "0"
+# embed "fused" (with layer_norm "fused" or "folded"): the embedding lookup wte[ids] + wpe[pos] and layer
+# 0's ln_1 in one fused_attn.layer_norm launch (its gathered rows: x_index / residual_index), in the
+# prefill and in each decode step, in place of two index_select launches, an add and the norm's launch
+# (H100 fp16, hot step: batch 16 452 -> 432 us, batch 1 even; bench/NOTES.md).
+BACKENDS = {"attention": ("fused", "eager", "sdpa"), "layer_norm": ("eager", "fused", "folded"),
+            "linear": ("eager", "fused"), "mlp": ("eager", "fused"), "embed": ("eager", "fused")}
+
+# The decode step's heuristics (attention "fused" with layer_norm "folded"), each with the measurement that
+# chose it (us a step of GPT-2 small, float16, prompt 128, against decode_attention's launch after c_attn's;
+# bench/NOTES.md, time_decode_graph / bench_gpt2):
+# - QKV_ATTENTION_MAX_ROWS: c_attn (with the folded ln_1) and the attention as one qkv_decode_attention
+#   launch up to 8 sequences. H200 batch 1 206 -> 191; H100 batch 1 214 -> 205, batch 4 233 -> 215
+#   (clusters of 4 sequences), batch 8 even (262), batch 16 320 -> 340 (two clusters of 8 a head, two
+#   blocks a SM; H200 295.6 against 292.6).
+# - QKV_ATTENTION_MAX_SLOTS: from 2 sequences, only over caches of at most 256 slots: the op attends a
+#   sequence with 8 / G blocks (4 at 2 rows, one from 5) where decode_attention splits long caches over
+#   more (H200: batch 4 at 328 / 456 / 584 slots +6.6 / +1.1 / +29 us a step, batch 8 at 328 / 456
+#   +22 / +48). One sequence takes it at any length: its one-row attention (16 keys a pass) wins at every
+#   length measured (H200: 584 slots 192.9 us against 212.5, 972 slots 199.7 against 224.3).
+QKV_ATTENTION_MAX_ROWS = 8
+QKV_ATTENTION_MAX_SLOTS = 256
 
 
 def _qkv_attention_applies(rows: int, slots: int) -> bool:
     """Whether a decode step of ``rows`` sequences over a cache of ``slots`` slots runs c_attn and the attention
-    as one qkv_decode_attention launch (by the switches above; the layer checks the op's other conditions): one
-    row at any cache length, more rows over caches of at most FUSED_ATTN_QKV_ATTENTION_SLOTS slots."""
-    return _QKV_ATTENTION and rows <= _QKV_ATTENTION_ROWS and (rows == 1 or slots <= _QKV_ATTENTION_SLOTS)
-
-
-BACKENDS = {"attention": ("fused", "softmax", "eager", "sdpa"),
-            "layer_norm": ("eager", "fused", "folded", "epilogue"),
-            "linear": ("eager", "fused"), "mlp": ("eager", "fused"), "step": ("modules", "persistent"),
-            "embed": ("eager", "fused")}
+    as one qkv_decode_attention launch (by the table above; the layer checks the op's other conditions)."""
+    return rows <= QKV_ATTENTION_MAX_ROWS and (rows == 1 or slots <= QKV_ATTENTION_MAX_SLOTS)
 
 _annotate = False  # profiler labels around each module (bench.profile); never inside a graph
 
@@ -179,35 +147,8 @@ class Linear(nn.Module):
         return self.weight.t()
 
     def forward(self, x: torch.Tensor, *, activation: str | None = None,
-                residual: torch.Tensor | None = None, ln: "LayerNorm | None" = None,
-                post_ln: "LayerNorm | None" = None, workspace: torch.Tensor | None = None,
-                norm_stats: torch.Tensor | None = None, row_stats: bool = False):
-        """``ln``: a LayerNorm applied to x first, in the launch's prologue with the fused backend.
-        ``post_ln``: returns ``(y, post_ln(y))``, the norm in the launch's epilogue with the fused backend
-        (``workspace``: fused_attn.linear's). ``norm_stats`` (with ``ln``, the fused backend): x's row
-        statistics from the launch that wrote x, so ``ln`` needs no launch of its own (fused_attn.linear's
-        argument; the norm's weight and bias folded into this linear). ``row_stats``: returns ``(y,
-        stats)``, y's row statistics for the next norm."""
-        if norm_stats is not None or row_stats:
-            if self.backend != "fused":
-                y = self(x, activation=activation, residual=residual, ln=ln)
-                return (y, reference.row_stats(y, compute_dtype=torch.float32)) if row_stats else y
-            kw: dict = dict(activation=activation, residual=residual, row_stats=row_stats)
-            if ln is not None and norm_stats is not None:
-                w, b = folded_linear(self.weight_nk, self.bias, ln, self)
-                return linear(x, w, b, norm="layer_norm", eps=ln.eps, norm_stats=norm_stats,
-                              weight_sums=folded_weight_sums(self), **kw)
-            if ln is not None:
-                return linear(x, self.weight_nk, self.bias, **ln.fold_args(), **kw)
-            return linear(x, self.weight_nk, self.bias, **kw)
-        if post_ln is not None:
-            if self.backend == "fused":
-                return linear(x, self.weight_nk, self.bias, activation=activation, residual=residual,
-                              **({} if ln is None else ln.fold_args()), post_norm="layer_norm",
-                              post_norm_weight=post_ln.weight, post_norm_bias=post_ln.bias, post_eps=post_ln.eps,
-                              workspace=workspace)
-            y = self(x, activation=activation, residual=residual, ln=ln)
-            return y, post_ln(y)
+                residual: torch.Tensor | None = None, ln: "LayerNorm | None" = None) -> torch.Tensor:
+        """``ln``: a LayerNorm applied to x first, in the launch's prologue with the fused backend."""
         if self.backend == "fused":
             folded = None if ln is None else ln.folded_into(self.weight_nk, self.bias, self, x)
             if folded is not None:
@@ -238,15 +179,9 @@ def folded_linear(weight_nk: torch.Tensor, bias: torch.Tensor | None, ln: "Layer
         w = weight_nk.float()
         wf = (w * ln.weight.float()[None, :]).to(weight_nk.dtype).contiguous()
         bf = w @ ln.bias.float() + (0.0 if bias is None else bias.float())
-        cached = (key, wf, bf.to(weight_nk.dtype), wf.float().sum(1))
+        cached = (key, wf, bf.to(weight_nk.dtype))
         owner._folded = cached
     return cached[1], cached[2]
-
-
-def folded_weight_sums(owner: nn.Module) -> torch.Tensor:
-    """The float32 sums of the rows of ``owner``'s folded weight (``folded_linear``, called first): the
-    ``weight_sums`` of fused_attn.linear's ``norm_stats``."""
-    return owner._folded[3]
 
 
 class LayerNorm(nn.Module):
@@ -271,7 +206,7 @@ class LayerNorm(nn.Module):
         return dict(norm="layer_norm", norm_weight=self.weight, norm_bias=self.bias, eps=self.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.backend in ("fused", "folded", "epilogue"):  # on its own, a folded norm is our kernel's launch
+        if self.backend in ("fused", "folded"):  # on its own, a folded norm is our kernel's launch
             return layer_norm(x, self.weight, self.bias, self.eps)
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
@@ -308,9 +243,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, *, causal: bool,
                 cache: KVCache | None = None, input_pos: torch.Tensor | None = None,
                 attend_cache: bool = False, lengths: tuple[torch.Tensor, torch.Tensor] | None = None,
-                residual: torch.Tensor | None = None, ln: LayerNorm | None = None,
-                post_ln: LayerNorm | None = None, workspace: torch.Tensor | None = None,
-                norm_stats: torch.Tensor | None = None, row_stats: bool = False):
+                residual: torch.Tensor | None = None, ln: LayerNorm | None = None) -> torch.Tensor:
         """``x`` ``[batch, seqlen, n_embd]``; ``keys_ok`` bool, broadcastable to the scores
         ``[batch, nheads, seqlen, keys]``. With ``cache``, the new keys and values are written at
         ``input_pos``; ``attend_cache`` attends over the whole cache instead of the new keys only.
@@ -318,36 +251,31 @@ class Attention(nn.Module):
         left-padded decode step: the "fused" backend then appends and attends in one
         ``decode_attention`` call (``input_pos`` and ``keys_ok`` are the eager backend's). ``residual``
         is added to the output projection (in its epilogue with the fused linear backend); ``ln`` is
-        applied to x first (in c_attn's prologue with the fused linear backend); with ``post_ln`` returns
-        ``(out, post_ln(out))`` (Linear's post_ln). ``norm_stats`` / ``row_stats``: Linear's, for c_attn's
-        norm / c_proj's output."""
-        post = dict(post_ln=post_ln, workspace=workspace) if post_ln is not None else {}
-        post["row_stats"] = row_stats
+        applied to x first (in c_attn's prologue with the fused linear backend)."""
         b, s, _ = x.shape
         if (cache is not None and attend_cache and lengths is not None and self.backend == "fused"
                 and _qkv_attention_applies(b, cache.k.shape[-2])
-                and ln is not None and norm_stats is None and s == 1 and x.is_cuda
+                and ln is not None and s == 1 and x.is_cuda
                 and x.dtype in (torch.float16, torch.bfloat16) and self.head_dim == 64
                 and x.shape[-1] % 256 == 0 and x.shape[-1] <= 1024):
             folded = ln.folded_into(self.c_attn.weight_nk, self.c_attn.bias, self.c_attn, x)
             if folded is not None and x.is_contiguous():  # c_attn + attention in one launch (qkv_decode_attention)
                 a = qkv_decode_attention(x, *folded, cache.k, cache.v, lengths[0], lengths[1], eps=ln.eps,
                                          scale=self.scale)
-                return self.c_proj(a, residual=residual, **post)
-        qkv = self.c_attn(x, ln=ln, norm_stats=norm_stats)
+                return self.c_proj(a, residual=residual)
+        qkv = self.c_attn(x, ln=ln)
         q, k, v = qkv.view(b, s, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if cache is not None and attend_cache and lengths is not None and self.backend == "fused":
             a = decode_attention(q, cache.k, cache.v, lengths[0], k_new=k, v_new=v, cache_leftpad=lengths[1],
                                  scale=self.scale, num_splits=self.decode_splits)
-            return self.c_proj(a.transpose(1, 2).reshape(b, s, -1), residual=residual, **post)
+            return self.c_proj(a.transpose(1, 2).reshape(b, s, -1), residual=residual)
         if cache is not None:
             k_all, v_all = cache.update(input_pos, k, v)
             if attend_cache:
                 k, v = k_all, v_all
         if self.backend == "fused" and causal:  # a prompt: fused_attn.attention, in c_proj's layout
-            return self.c_proj(self.attend_prompt(q, k, v, keys_ok), residual=residual, **post)
-        return self.c_proj(self.attend(q, k, v, keys_ok, causal).transpose(1, 2).reshape(b, s, -1), residual=residual,
-                           **post)
+            return self.c_proj(self.attend_prompt(q, k, v, keys_ok), residual=residual)
+        return self.c_proj(self.attend(q, k, v, keys_ok, causal).transpose(1, 2).reshape(b, s, -1), residual=residual)
 
     def attend_prompt(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys_ok: torch.Tensor) -> torch.Tensor:
         """Causal attention over the prompt with ``fused_attn.attention`` (one flash launch in 16-bit types),
@@ -368,11 +296,8 @@ class Attention(nn.Module):
         if self.backend == "sdpa" and not causal:  # a decode step: every query sees its own new key
             return F.scaled_dot_product_attention(q, k, v, attn_mask=keys_ok, scale=self.scale)
         scores = q @ k.transpose(-1, -2)
-        if self.backend in ("fused", "softmax"):
-            probs = scaled_masked_softmax(scores, self.scale, causal=causal, attn_mask=keys_ok)
-        else:
-            probs = reference.scaled_masked_softmax(scores, self.scale, causal=causal, attn_mask=keys_ok,
-                                                    compute_dtype=torch.float32)
+        probs = reference.scaled_masked_softmax(scores, self.scale, causal=causal, attn_mask=keys_ok,
+                                                compute_dtype=torch.float32)
         return probs @ v
 
 
@@ -384,18 +309,8 @@ class MLP(nn.Module):
         self.backend = backend
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
-                ln: LayerNorm | None = None, post_ln: LayerNorm | None = None,
-                workspace: torch.Tensor | None = None, norm_stats: torch.Tensor | None = None,
-                row_stats: bool = False):
-        """c_proj(gelu_tanh(c_fc(ln(x)))) + residual (x itself without ``ln``); with ``post_ln``, the pair
-        ``(out, post_ln(out))`` (the norm in c_proj's epilogue with the fused linear backend).
-        ``norm_stats`` / ``row_stats``: Linear's, for c_fc's norm / c_proj's output (two linear launches)."""
-        if norm_stats is not None or row_stats:
-            h = self.c_fc(x, activation="gelu_tanh", ln=ln, norm_stats=norm_stats)
-            return self.c_proj(h, residual=residual, row_stats=row_stats)
-        if post_ln is not None:
-            return self.c_proj(self.c_fc(x, activation="gelu_tanh", ln=ln), residual=residual, post_ln=post_ln,
-                               workspace=workspace)
+                ln: LayerNorm | None = None) -> torch.Tensor:
+        """c_proj(gelu_tanh(c_fc(ln(x)))) + residual (x itself without ``ln``)."""
         if self.backend == "fused":
             folded = None if ln is None else ln.folded_into(self.c_fc.weight_nk, self.c_fc.bias, self.c_fc, x)
             if folded is not None:
@@ -415,30 +330,13 @@ class Block(nn.Module):
         self.mlp = MLP(config, backends["mlp"], backends["linear"])
         # layer_norm "folded": ln_1 runs in c_attn's launch, ln_2 in c_fc's (their prologue).
         self.fold_norms = backends["layer_norm"] == "folded"
-        # layer_norm "epilogue": ln_2 in c_proj's launch (attention), the next norm in the MLP's c_proj.
-        self.post_norms = backends["layer_norm"] == "epilogue"
 
     def forward(self, x: torch.Tensor, keys_ok: torch.Tensor, normed: torch.Tensor | None = None,
-                next_ln: LayerNorm | None = None, workspace: torch.Tensor | None = None,
-                norm_stats: torch.Tensor | None = None, row_stats: bool = False, **attn_kw):
+                **attn_kw) -> torch.Tensor:
         """x + attn(ln_1(x)), then that + mlp(ln_2(that)); each residual add is the output
         projection's (an epilogue with the fused linear backend, an add kernel with eager). ``normed``:
-        ln_1(x) already computed (the fused embedding's launch, or the previous block's epilogue), not
-        computed again. With layer_norm "epilogue" returns ``(x, next_ln(x))``: ``next_ln`` is the next
-        layer's ln_1 or ln_f, run in the MLP's c_proj launch (``workspace``: linear's).
-        The row-statistics chain (layer_norm "folded", GPT2._stats_chain): ``norm_stats`` are x's row
-        statistics (from the previous block's c_proj; with None and ``normed``, c_attn takes ``normed``),
-        the attention's c_proj returns its output's for ln_2, and with ``row_stats`` the block returns
-        ``(x, stats)`` for the next block's ln_1: no norm launches between the projections."""
-        if self.fold_norms and (norm_stats is not None or row_stats):
-            with scope("attention"):  # QKV projection (ln_1 from the statistics), attention, c_proj + residual
-                if norm_stats is None and normed is not None:
-                    x, st = self.attn(normed, keys_ok, residual=x, row_stats=True, **attn_kw)
-                else:
-                    x, st = self.attn(x, keys_ok, residual=x, ln=self.ln_1, norm_stats=norm_stats, row_stats=True,
-                                      **attn_kw)
-            with scope("mlp"):  # c_fc + GELU (ln_2 from the statistics), c_proj + residual
-                return self.mlp(x, residual=x, ln=self.ln_2, norm_stats=st, row_stats=row_stats)
+        ln_1(x) already computed (the fused embedding's launch), not computed again; with layer_norm
+        "folded" unused: ln_1 runs in c_attn's launch."""
         if self.fold_norms:
             with scope("attention"):  # ln_1 + QKV projection, cache update, attention, output projection + residual
                 x = self.attn(x, keys_ok, residual=x, ln=self.ln_1, **attn_kw)
@@ -446,11 +344,6 @@ class Block(nn.Module):
                 return self.mlp(x, residual=x, ln=self.ln_2)
         with scope("ln_1"):
             h = self.ln_1(x) if normed is None else normed
-        if self.post_norms:
-            with scope("attention"):  # QKV, cache update, attention, output projection + residual + ln_2
-                x, h = self.attn(h, keys_ok, residual=x, post_ln=self.ln_2, workspace=workspace, **attn_kw)
-            with scope("mlp"):  # c_fc + GELU, c_proj + residual + the next norm
-                return self.mlp(h, residual=x, post_ln=next_ln, workspace=workspace)
         with scope("attention"):  # QKV and output projections (+ residual), cache update, attention
             x = self.attn(h, keys_ok, residual=x, **attn_kw)
         with scope("ln_2"):
@@ -472,21 +365,15 @@ class DecodeCache(nn.Module):
         self.batch, self.max_len = batch, max_len
         self.temperature, self.top_k = temperature, top_k
         self.fused_sampler = fused_sampler
-        # Every layer's keys and values in one tensor each, [n_layer, batch, nheads, max_len, headdim] (the
-        # layout gpt2_decode_step reads), zeros; each layer's KVCache holds views of its slice. Plain
-        # attributes, not buffers: buffers() (what a graph capture saves and restores) lists each element once.
+        # Every layer's keys and values in one tensor each, [n_layer, batch, nheads, max_len, headdim], zeros;
+        # each layer's KVCache holds views of its slice. Plain attributes, not buffers: buffers() (what a
+        # graph capture saves and restores) lists each element once.
         shape = (config.n_layer, batch, config.n_head, max_len, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.layers = nn.ModuleList(KVCache(k, v) for k, v in zip(self.k, self.v))
-        # gpt2_decode_step's scratch (its grid barrier starts at 0); a few hundred KB at most.
-        self.register_buffer("workspace", new_workspace(batch, config.n_embd, 4 * config.n_embd, dtype, device),
-                             persistent=False)
         self.register_buffer("keys_ok", torch.zeros(batch, max_len, dtype=torch.bool, device=device), persistent=False)
         self.register_buffer("slot", torch.zeros(1, dtype=torch.long, device=device), persistent=False)
-        # fused_attn.linear's post_norm workspace (layer_norm "epilogue"): its kernels' block count, zero
-        # between launches.
-        self.register_buffer("post_workspace", torch.zeros(1, dtype=torch.int32, device=device), persistent=False)
         # The per-token counters in one int32 buffer [3, batch]: decode_attention's valid slots per sequence
         # (seqlens), the position ids (pos) and the fused sampler's Philox offset (rng, equal in every row).
         # The fused sampler advances them in its own launch (sample's advance); else one add does.
@@ -552,7 +439,6 @@ class GPT2(nn.Module):
         # a later generate() of the same shape reuses both.
         self._caches: dict[tuple, DecodeCache] = {}
         self._step: Callable[[DecodeCache], None] = self._decode_step
-        self.step_weights: GPT2StepWeights | None = None  # pack_step(): the "persistent" step's weights
 
     def compile_decode_step(self, **compile_kw) -> "GPT2":
         """gpt-fast's recipe: the decode step through ``torch.compile`` (inductor's fused kernels;
@@ -581,41 +467,11 @@ class GPT2(nn.Module):
         # Copies: the Hugging Face model keeps its own parameters (and their requires_grad).
         weights = {k: sd[k].detach().to(device=device, dtype=dtype, copy=True) for k in model.state_dict()}
         model.load_state_dict(weights, assign=True)
-        if model.backends["step"] == "persistent":
-            model.pack_step()
-        elif "fused" in (model.backends["linear"], model.backends["mlp"]):
+        if "fused" in (model.backends["linear"], model.backends["mlp"]):
             for m in model.modules():
                 if isinstance(m, Linear):
                     m.pack()
         return model.requires_grad_(False).eval()
-
-    @torch.no_grad()
-    def pack_step(self) -> GPT2StepWeights:
-        """Store the weights in gpt2_decode_step's layout and keep ``step_weights``: each kind of Linear
-        stacked over the layers ``[n_layer, out, in]`` (what ``Linear.pack`` stores, one tensor for all
-        layers), the LayerNorms in one ``[2 n_layer + 1, 2, n_embd]``; every module's parameters become
-        views of these, so the modules (the prefill) and the op read the same bytes, held once."""
-        blocks = list(self.h)
-
-        def stack_linears(linears: list[Linear]) -> tuple[torch.Tensor, torch.Tensor]:
-            w = torch.stack([m.weight.t() for m in linears])  # [n_layer, out, in], contiguous
-            b = torch.stack([m.bias for m in linears])
-            for i, m in enumerate(linears):
-                m.weight, m.bias = nn.Parameter(w[i].t(), requires_grad=False), nn.Parameter(b[i], requires_grad=False)
-            return w, b
-
-        norms_of = [n for blk in blocks for n in (blk.ln_1, blk.ln_2)] + [self.ln_f]
-        norms = torch.stack([torch.stack([n.weight, n.bias]) for n in norms_of])
-        for i, n in enumerate(norms_of):
-            n.weight = nn.Parameter(norms[i, 0], requires_grad=False)
-            n.bias = nn.Parameter(norms[i, 1], requires_grad=False)
-        w_qkv, b_qkv = stack_linears([blk.attn.c_attn for blk in blocks])
-        w_o, b_o = stack_linears([blk.attn.c_proj for blk in blocks])
-        w_fc, b_fc = stack_linears([blk.mlp.c_fc for blk in blocks])
-        w_proj, b_proj = stack_linears([blk.mlp.c_proj for blk in blocks])
-        self.step_weights = GPT2StepWeights(self.wte.weight, self.wpe.weight, norms, w_qkv, b_qkv, w_o, b_o, w_fc,
-                                            b_fc, w_proj, b_proj)
-        return self.step_weights
 
     @property
     def dtype(self) -> torch.dtype:
@@ -657,16 +513,16 @@ class GPT2(nn.Module):
         shape = (*ids.shape, self.config.n_embd)
         return x.view(shape), normed.view(shape)
 
-    def logits(self, x: torch.Tensor, normed: torch.Tensor | None = None) -> torch.Tensor:
-        """lm_head(ln_f(x)); ``normed``: ln_f(x) already computed (layer_norm "epilogue")."""
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """lm_head(ln_f(x))."""
         folded = None
-        if normed is None and self.backends["linear"] == "fused":
+        if self.backends["linear"] == "fused":
             folded = self.ln_f.folded_into(self.wte.weight, None, self.ln_f, x)
         if folded is not None:
             with scope("lm_head"):  # ln_f in the lm_head's launch, folded (folded_linear)
                 return linear(x, *folded, norm="layer_norm", eps=self.ln_f.eps)
         with scope("ln_f"):
-            x = self.ln_f(x) if normed is None else normed
+            x = self.ln_f(x)
         with scope("lm_head"):
             if self.backends["linear"] == "fused":  # wte is [vocab, n_embd]: nn.Linear's layout already
                 return linear(x, self.wte.weight)
@@ -676,63 +532,25 @@ class GPT2(nn.Module):
         """Logits ``[batch, seqlen, vocab]`` of a causal (teacher-forced) pass over left-padded prompts."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        return self.logits(*self._hidden(input_ids, attention_mask))
+        return self.logits(self.hidden(input_ids, attention_mask))
 
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                cache: DecodeCache | None = None) -> torch.Tensor:
         """Hidden states ``[batch, seqlen, n_embd]`` of a causal pass over left-padded prompts; with
         ``cache``, each layer's keys and values are also written into its first seqlen slots."""
-        return self._hidden(input_ids, attention_mask, cache)[0]
-
-    def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                cache: DecodeCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(hidden, ln_f(hidden) or None)``: hidden() and, with layer_norm "epilogue", the final norm."""
         keys_ok = attention_mask.bool()[:, None, None, :]
         x, normed = self.embed_first_norm(input_ids, self.positions(attention_mask))
         kw: dict = dict(causal=True)
         if cache is not None:
             kw["input_pos"] = torch.arange(input_ids.shape[1], device=input_ids.device)
-        return self._blocks(x, normed, keys_ok, None if cache is None else cache, **kw)
+        return self._blocks(x, normed, keys_ok, cache, **kw)
 
     def _blocks(self, x: torch.Tensor, normed: torch.Tensor | None, keys_ok: torch.Tensor,
-                cache: DecodeCache | None, **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Every block over x (``normed``: layer 0's ln_1(x) or None); returns ``(x, ln_f(x))`` with
-        layer_norm "epilogue" (each block's MLP normalizes for the next; the cache's workspace in a
-        decode step), else ``(x, None)``."""
-        post = self.backends["layer_norm"] == "epilogue"
-        ws = None if cache is None else cache.post_workspace
-        chain = self._stats_chain(x, normed)
-        stats = None
+                cache: DecodeCache | None, **kw) -> torch.Tensor:
+        """Every block over x (``normed``: layer 0's ln_1(x) or None)."""
         for i, block in enumerate(self.h):
-            layer = None if cache is None else cache.layers[i]
-            if chain:
-                last = i + 1 == len(self.h)
-                out = block(x, keys_ok, normed if i == 0 else None, norm_stats=stats, row_stats=not last, cache=layer,
-                            **kw)
-                x, stats = (out, None) if last else out
-            elif post:
-                nxt = self.h[i + 1].ln_1 if i + 1 < len(self.h) else self.ln_f
-                x, normed = block(x, keys_ok, normed, next_ln=nxt, workspace=ws, cache=layer, **kw)
-            else:
-                x = block(x, keys_ok, normed if i == 0 else None, cache=layer, **kw)
-        return x, normed if post else None
-
-    def _stats_chain(self, x: torch.Tensor, normed: torch.Tensor | None) -> bool:
-        """Whether the blocks hand row statistics from each residual projection to the next norm's
-        projection (Block.forward): layer_norm "folded" with fused linears and MLP, 4-16 rows of float16 /
-        bfloat16 on CUDA (the tensor-core kernels write and read them: fused_attn.linear's row_stats and
-        norm_stats) where c_attn and c_fc have at least 16 weight rows per SM (linear_mma_kernel's path), no
-        gradient, and layer 0's ln_1 from the fused embedding's launch. Only with FUSED_ATTN_STATS_CHAIN=1
-        (measured slower than a launch per norm; the switch is the A/B)."""
-        b = self.backends
-        if (b["layer_norm"] != "folded" or b["linear"] != "fused" or b["mlp"] != "fused" or normed is None
-                or not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16) or _STATS_CHAIN_OFF):
-            return False
-        rows = x.numel() // x.shape[-1]
-        if not 4 <= rows <= 16 or _requires_grad(x, normed, *self.parameters()):
-            return False
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        return 3 * self.config.n_embd >= 16 * sms  # c_attn's rows (c_fc has more)
+            x = block(x, keys_ok, normed if i == 0 else None, cache=None if cache is None else cache.layers[i], **kw)
+        return x
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -742,10 +560,10 @@ class GPT2(nn.Module):
         s = input_ids.shape[1]
         cache.keys_ok.zero_()
         cache.keys_ok[:, :s] = attention_mask.bool()
-        x, normed = self._hidden(input_ids, attention_mask, cache=cache)
+        x = self.hidden(input_ids, attention_mask, cache=cache)
         if cache.fused_sampler and cache.temperature > 0:  # seeded: generate() calls torch.manual_seed(seed)
             cache.rng.copy_(torch.randint(0, 2**31 - 1, (1,), device=cache.rng.device))  # every row's
-        logits = self.logits(x[:, -1], None if normed is None else normed[:, -1])
+        logits = self.logits(x[:, -1])
         cache.slot.fill_(s)
         cache.leftpad.copy_(s - attention_mask.sum(-1))
         last_pos = self.positions(attention_mask)[:, -1]
@@ -767,24 +585,15 @@ class GPT2(nn.Module):
         self._step(cache)
 
     def _decode_step(self, cache: DecodeCache) -> None:
-        if self.backends["step"] == "persistent":
-            if self.step_weights is None:
-                raise ValueError("step_weights must be packed (GPT2.pack_step(); GPT2.from_hf does it) for "
-                                 "backends['step'] 'persistent', got None")
-            logits = gpt2_decode_step(cache.token, cache.pos, cache.seqlens, cache.leftpad, cache.k, cache.v,
-                                      self.step_weights, cache.workspace, eps=self.config.eps)
-            cache.set_next_token(logits)
-            cache.advance(slot=False)
-            return
         fused = self.backends["attention"] == "fused"
         if not fused:  # the fused backend reads seqlens / leftpad instead of the key mask
             cache.keys_ok.index_fill_(1, cache.slot, True)
         x, normed = self.embed_first_norm(cache.token[:, None], cache.pos[:, None])
         keys_ok = cache.keys_ok[:, None, None, :]
         lengths = (cache.seqlens, cache.leftpad) if fused else None
-        x, normed = self._blocks(x, normed, keys_ok, cache, causal=False, input_pos=cache.slot, attend_cache=True,
-                                 lengths=lengths)
-        cache.set_next_token(self.logits(x[:, 0], None if normed is None else normed[:, 0]))
+        x = self._blocks(x, normed, keys_ok, cache, causal=False, input_pos=cache.slot, attend_cache=True,
+                         lengths=lengths)
+        cache.set_next_token(self.logits(x[:, 0]))
         cache.advance(slot=not fused)
 
     def decode_cache(self, batch: int, max_len: int, temperature: float = 0.0, top_k: int = 0) -> DecodeCache:
@@ -895,19 +704,12 @@ def check_backends(backends: dict[str, str] | None) -> dict[str, str]:
         if backend not in BACKENDS[kind]:
             raise ValueError(f"backends[{kind!r}] must be one of {BACKENDS[kind]}, got {backend!r}")
         chosen[kind] = backend
-    if chosen["layer_norm"] in ("folded", "epilogue") and chosen["linear"] != "fused":
-        raise ValueError(f"backends['layer_norm'] {chosen['layer_norm']!r} must come with backends['linear'] 'fused' "
-                         f"(the norm runs in fused_attn.linear's launch), got {chosen['linear']!r}")
-    if chosen["embed"] == "fused" and chosen["layer_norm"] not in ("fused", "epilogue", "folded"):
-        raise ValueError(f"backends['embed'] 'fused' must come with backends['layer_norm'] 'fused', 'epilogue' or "
-                         f"'folded' (the embedding is our norm kernel's gathered-row launch), got "
-                         f"{chosen['layer_norm']!r}")
-    if chosen["step"] == "persistent":
-        for kind in ("attention", "layer_norm", "linear", "mlp"):
-            if chosen[kind] != "fused":
-                raise ValueError(f"backends['step'] 'persistent' must come with backends[{kind!r}] 'fused' (the "
-                                 f"prefill's modules on the step's packed weights and device-side lengths), got "
-                                 f"{chosen[kind]!r}")
+    if chosen["layer_norm"] == "folded" and chosen["linear"] != "fused":
+        raise ValueError(f"backends['layer_norm'] 'folded' must come with backends['linear'] 'fused' (the norm runs "
+                         f"in fused_attn.linear's launch), got {chosen['linear']!r}")
+    if chosen["embed"] == "fused" and chosen["layer_norm"] not in ("fused", "folded"):
+        raise ValueError(f"backends['embed'] 'fused' must come with backends['layer_norm'] 'fused' or 'folded' (the "
+                         f"embedding is our norm kernel's gathered-row launch), got {chosen['layer_norm']!r}")
     return chosen
 
 

@@ -36,8 +36,8 @@ from __future__ import annotations
 import torch
 
 from fused_attn import _ops, reference
-from fused_attn.layer_norm import eps_value, layer_norm, rms_norm
-from fused_attn.softmax import _requires_grad, _shape
+from fused_attn.layer_norm import eps_value
+from fused_attn.softmax import _shape
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = _DTYPES + (torch.float64,)
@@ -58,58 +58,37 @@ def activation_code(activation) -> int:
     return ACTIVATIONS[activation]
 
 
-def norm_code(norm, name: str = "norm") -> int:
+def norm_code(norm) -> int:
     if not isinstance(norm, (str, type(None))) or norm not in NORMS:
-        raise ValueError(f"{name} must be None, 'layer_norm' or 'rms_norm', got {norm!r}")
+        raise ValueError(f"norm must be None, 'layer_norm' or 'rms_norm', got {norm!r}")
     return NORMS[norm]
 
 
-def _check_affines(x: torch.Tensor, norm: int, weight: tuple, bias: tuple, dim: str, size: int, what: str) -> None:
-    """A norm's (weight, name) and (bias, name): None, or [size] tensors on x's device in x's dtype or
-    float32; none without the norm (code 0), no bias with rms_norm."""
-    for t, name in (weight, bias):
+def check_norm(x: torch.Tensor, norm: int, norm_weight, norm_bias, eps) -> float:
+    """Raise TypeError / ValueError naming the bad pre-normalization argument (after ``check_args`` has
+    checked x); return ``eps`` as a float. The messages of csrc/linear/linear.cpp. norm_weight / norm_bias:
+    None, or [in_features] tensors on x's device in x's dtype or float32; none without the norm (code 0),
+    no bias with rms_norm."""
+    if norm not in _NORM_NAMES:
+        raise ValueError(f"norm must be 0 (none), 1 (layer_norm) or 2 (rms_norm), got {norm!r}")
+    eps = eps_value(eps)
+    size = x.shape[-1]
+    for t, name in ((norm_weight, "norm_weight"), (norm_bias, "norm_bias")):
         if t is None:
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
         if norm == 0:
-            raise ValueError(f"{name} must be None without {what}, got a tensor")
+            raise ValueError(f"{name} must be None without a norm, got a tensor")
         if t.device != x.device:
             raise ValueError(f"{name} must be on the same device as x ({x.device}), got {t.device}")
         if t.dtype not in (x.dtype, torch.float32):
             raise ValueError(f"{name} must have x's dtype ({x.dtype}) or torch.float32, got {t.dtype}")
         if tuple(t.shape) != (size,):
-            raise ValueError(f"{name} must have shape ({dim},) = ({size},), got {_shape(t)}")
-    if norm == NORMS["rms_norm"] and bias[0] is not None:
-        raise ValueError(f"{bias[1]} must be None with rms_norm, got a tensor")
-
-
-def check_norm(x: torch.Tensor, norm: int, norm_weight, norm_bias, eps) -> float:
-    """Raise TypeError / ValueError naming the bad pre-normalization argument (after ``check_args`` has
-    checked x); return ``eps`` as a float. The messages of csrc/linear/linear.cpp."""
-    if norm not in _NORM_NAMES:
-        raise ValueError(f"norm must be 0 (none), 1 (layer_norm) or 2 (rms_norm), got {norm!r}")
-    eps = eps_value(eps)
-    _check_affines(x, norm, (norm_weight, "norm_weight"), (norm_bias, "norm_bias"), "in_features", x.shape[-1],
-                   "a norm")
+            raise ValueError(f"{name} must have shape (in_features,) = ({size},), got {_shape(t)}")
+    if norm == NORMS["rms_norm"] and norm_bias is not None:
+        raise ValueError("norm_bias must be None with rms_norm, got a tensor")
     return float(eps)
-
-
-def check_post_norm(x: torch.Tensor, n_out: int, post_norm: int, post_weight, post_bias, post_eps,
-                    workspace) -> float:
-    """Raise TypeError / ValueError naming the bad post-normalization argument (the messages of
-    csrc/linear/linear.cpp); return ``post_eps`` as a float."""
-    if post_norm not in (1, 2):
-        raise ValueError(f"post_norm must be 1 (layer_norm) or 2 (rms_norm), got {post_norm!r}")
-    try:
-        post_eps = eps_value(post_eps)
-    except (TypeError, ValueError) as e:
-        raise type(e)(str(e).replace("eps must", "post_eps must", 1)) from None
-    _check_affines(x, post_norm, (post_weight, "post_norm_weight"), (post_bias, "post_norm_bias"), "out", n_out,
-                   "a post_norm")
-    if workspace is not None:
-        check_workspace(x, workspace, 1)
-    return post_eps
 
 
 def _check_tensor_on(t, name: str, x: torch.Tensor, xn: str = "x") -> None:
@@ -118,33 +97,6 @@ def _check_tensor_on(t, name: str, x: torch.Tensor, xn: str = "x") -> None:
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
     if t.device != x.device:
         raise ValueError(f"{name} must be on the same device as {xn} ({x.device}), got {t.device}")
-
-
-def check_workspace(x: torch.Tensor, workspace, words: int) -> None:
-    """An op's int32 counters (linear_post_norm's, mlp's): a 1-dim int32 tensor of >= ``words`` elements on
-    x's device (the messages of the C++ launchers)."""
-    _check_tensor_on(workspace, "workspace", x)
-    if workspace.dtype != torch.int32:
-        raise ValueError(f"workspace must have dtype torch.int32, got {workspace.dtype}")
-    if workspace.dim() != 1 or workspace.numel() < words:
-        raise ValueError(f"workspace must have 1 dim and at least {words} element{'s' if words > 1 else ''}, "
-                         f"got {_shape(workspace)}")
-
-
-def gradless_autograd(op: str, names: tuple[str, ...], instead: str):
-    """An Autograd kernel for an op that counts on a workspace and records no gradient: a clear error naming
-    the first input that requires grad (``instead``: what the public wrapper runs then), else the op below
-    autograd."""
-
-    def kernel(*args, **kwargs):
-        for name, t in zip(names, args):
-            if _requires_grad(t):
-                raise ValueError(f"{name} must not require grad ({op} counts on its workspace and records no "
-                                 f"gradient; {instead} when a gradient is wanted), got requires_grad=True")
-        with torch._C._AutoDispatchBelowAutograd():
-            return getattr(torch.ops.fused_attn, op)(*args, **kwargs)
-
-    return kernel
 
 
 def _check_param(t, name: str, x: torch.Tensor, xn: str, shape: tuple) -> None:
@@ -192,41 +144,6 @@ def check_args(x, weight, bias, residual, activation: int, names=("x", "weight",
     return n_out
 
 
-def stats_shape(x: torch.Tensor, width: int) -> tuple[int, ...]:
-    """The shape of the row statistics of a ``[..., width]`` tensor with x's leading dims."""
-    return (*x.shape[:-1], -(-width // reference.STATS_GROUP), 2)
-
-
-def check_row_stats(x, weight, norm: int, post_norm: int, row_stats, norm_stats, weight_sums) -> None:
-    """Raise TypeError / ValueError naming the bad row-statistics argument of ``linear`` (the messages of
-    csrc/linear/linear.cpp where it checks them too)."""
-    if not isinstance(row_stats, bool):
-        raise TypeError(f"row_stats must be a bool, got {type(row_stats).__name__}")
-    if row_stats and post_norm:
-        raise ValueError("row_stats must be False with a post_norm, got True")
-    if norm_stats is None:
-        if weight_sums is not None:
-            got = "a tensor" if isinstance(weight_sums, torch.Tensor) else type(weight_sums).__name__
-            raise ValueError(f"weight_sums must be None without norm_stats, got {got}")
-        return
-    _check_tensor_on(norm_stats, "norm_stats", x)
-    if norm == 0:
-        raise ValueError("norm_stats must be None without a norm, got a tensor")
-    if post_norm:
-        raise ValueError("norm_stats must be None with a post_norm, got a tensor")
-    if norm_stats.dtype != torch.float32:
-        raise ValueError(f"norm_stats must have dtype torch.float32, got {norm_stats.dtype}")
-    want = stats_shape(x, x.shape[-1])
-    if tuple(norm_stats.shape) != want:
-        raise ValueError(f"norm_stats must have shape {want}, got {_shape(norm_stats)}")
-    if weight_sums is not None:
-        _check_tensor_on(weight_sums, "weight_sums", x)
-        if weight_sums.dtype != torch.float32:
-            raise ValueError(f"weight_sums must have dtype torch.float32, got {weight_sums.dtype}")
-        if tuple(weight_sums.shape) != (weight.shape[0],):
-            raise ValueError(f"weight_sums must have shape ({weight.shape[0]},), got {_shape(weight_sums)}")
-
-
 def packed_in_out(weight: torch.Tensor) -> torch.nn.Parameter:
     """An ``[in, out]`` weight (GPT-2's Conv1D layout) stored transposed: ``[out, in]`` contiguous, the
     rows ``linear`` streams, with the returned parameter an ``[in, out]`` view of that storage (so an
@@ -248,15 +165,7 @@ def linear(
     norm_weight: torch.Tensor | None = None,
     norm_bias: torch.Tensor | None = None,
     eps: float = 1e-5,
-    post_norm: str | None = None,
-    post_norm_weight: torch.Tensor | None = None,
-    post_norm_bias: torch.Tensor | None = None,
-    post_eps: float = 1e-5,
-    workspace: torch.Tensor | None = None,
-    row_stats: bool = False,
-    norm_stats: torch.Tensor | None = None,
-    weight_sums: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """``act(norm(x) @ weight.T + bias) + residual``, float32 accumulation, one rounding to x's dtype.
 
     Args:
@@ -276,44 +185,8 @@ def linear(
             multiplied. A pre-LN transformer's norm and the projection after it in one launch.
         norm_weight, norm_bias: optional ``[in_features]``, x's dtype or float32 (absent: 1 / 0);
             ``norm_bias`` with ``"layer_norm"`` only. eps: finite, >= 0, added to the variance.
-        post_norm: None, ``"layer_norm"`` or ``"rms_norm"``: also return the output's rows normalized,
-            exactly as ``fused_attn.layer_norm(y, post_norm_weight, post_norm_bias, post_eps)`` /
-            ``rms_norm(y, post_norm_weight, post_eps)`` return them for the returned y. A pre-LN
-            transformer's projection + residual and the next norm in one launch: the last block of our
-            kernel to finish normalizes the rows (one row in float16 / bfloat16, where the
-            CUDA-core kernel runs: from 2 rows the tensor-core kernels do, which have no such pass; 16 in
-            float32; outputs up to 1024 wide, without ``norm``); elsewhere ``layer_norm``'s kernel runs
-            after the matmul (same result, one launch more). Either way ``y`` is bit for bit what
-            ``linear`` without ``post_norm`` returns.
-        post_norm_weight, post_norm_bias: optional ``[out]``, x's dtype or float32.
-        workspace: with ``post_norm`` on CUDA, an int32 tensor of >= 1 element, zeros before its first
-            use (each call leaves it zero): the kernel's count of finished blocks, so calls sharing one
-            must run one after the other (one stream). None: a fresh one per call (one fill launch more).
 
-        row_stats: also return y's row statistics for the next launch's ``norm_stats``: float32
-            ``[..., ceil(out / 16), 2]``, per row of y as returned and per group of 16 consecutive columns
-            (the last one shorter) the group's mean and the sum of squared distances to it
-            (``fused_attn.reference.row_stats``). Written by the tensor-core kernels' epilogue (2-16 rows
-            in float16 / bfloat16, no swiglu); elsewhere computed from y after (PyTorch ops, same values up
-            to float32 rounding). Not with ``post_norm``.
-        norm_stats: with ``norm``, x's rows' statistics as ``row_stats`` returned them (the launch before
-            wrote x): the norm uses them instead of computing its own, so the previous launch's epilogue
-            and this launch's matmul replace a norm launch between them. They must be x's: nothing checks
-            it. The tensor-core kernel (2-16 rows in float16 / bfloat16 where the weight has at least 16
-            rows per SM, no ``norm_weight`` / ``norm_bias``: fold them into weight and bias) subtracts each
-            row's mean rounded to x's dtype from x, multiplies, and applies rstd with a correction by
-            ``weight_sums`` in the epilogue; elsewhere x is normalized as ``norm`` alone normalizes it
-            (``layer_norm``'s launch first, with x's own statistics, which norm_stats must equal). At one
-            row, or without the tensor-core kernel, both options therefore cost more than plain ``norm``:
-            they pay off only on the tensor-core path. With a gradient wanted, the norm computes its own statistics (the
-            same values up to float32 rounding) so that the gradient flows through them. Not with
-            ``post_norm``. In float16 a row whose values lie more than 65504 from its mean overflows.
-        weight_sums: with ``norm_stats``, float32 ``[out_features]`` (weight rows), ``weight.float().sum(1)``
-            computed once by the caller; None: computed per call (one reduction launch more).
-
-    Returns ``[..., out]`` in x's dtype, where out is out_features (hidden for swiglu), with
-    ``post_norm`` the pair ``(y, normed)``, both that shape, and with ``row_stats`` the pair ``(y, stats)``. With ``post_norm`` and an input that
-    requires grad, ``linear`` and ``layer_norm`` run one after the other (their backward). On CUDA,
+    Returns ``[..., out]`` in x's dtype, where out is out_features (hidden for swiglu). On CUDA,
     up to ``MAX_GEMV_ROWS`` rows of x (the product of its leading dims) run our kernel, one launch
     that reads the weight once; more rows run cuBLAS (``addmm``) with the epilogue as separate
     passes. Launches on the current stream, never synchronizes the host, works under
@@ -324,47 +197,12 @@ def linear(
     """
     code = activation_code(activation)
     ncode = norm_code(norm)
-    n_out = check_args(x, weight, bias, residual, code)
+    check_args(x, weight, bias, residual, code)
     eps = check_norm(x, ncode, norm_weight, norm_bias, eps)
-    pcode = norm_code(post_norm, "post_norm")
-    if pcode == 0:
-        for t, name in ((post_norm_weight, "post_norm_weight"), (post_norm_bias, "post_norm_bias"),
-                        (workspace, "workspace")):
-            if t is not None:
-                got = "a tensor" if isinstance(t, torch.Tensor) else type(t).__name__
-                raise ValueError(f"{name} must be None without a post_norm, got {got}")
-    else:
-        post_eps = check_post_norm(x, n_out, pcode, post_norm_weight, post_norm_bias, post_eps, workspace)
-    check_row_stats(x, weight, ncode, pcode, row_stats, norm_stats, weight_sums)
     if x.device.type == "cuda":
         if weight.stride(-1) != 1 and weight.shape[-1] > 1:
             weight = weight.contiguous()
         _ops.ensure_loaded()
-    if pcode:
-        if _requires_grad(x, weight, bias, residual, norm_weight, norm_bias, post_norm_weight, post_norm_bias):
-            y = linear(x, weight, bias, activation=activation, residual=residual, norm=norm, norm_weight=norm_weight,
-                       norm_bias=norm_bias, eps=eps)
-            if pcode == NORMS["rms_norm"]:
-                return y, rms_norm(y, post_norm_weight, post_eps)
-            return y, layer_norm(y, post_norm_weight, post_norm_bias, post_eps)
-        if workspace is None:
-            workspace = torch.zeros(1, dtype=torch.int32, device=x.device)
-        return torch.ops.fused_attn.linear_post_norm(x, weight, bias, residual, norm_weight, norm_bias,
-                                                     post_norm_weight, post_norm_bias, workspace, activation=code,
-                                                     norm=ncode, eps=eps, post_norm=pcode, post_eps=post_eps)
-    if norm_stats is not None or row_stats:
-        grad = _requires_grad(x, weight, bias, residual, norm_weight, norm_bias)
-        if norm_stats is None or grad:  # with a gradient: the norm's own statistics (see norm_stats)
-            if row_stats and not grad and ncode == 0:
-                return torch.ops.fused_attn.linear_row_stats(x, weight, bias, residual, activation=code)
-            y = linear(x, weight, bias, activation=activation, residual=residual, norm=norm, norm_weight=norm_weight,
-                       norm_bias=norm_bias, eps=eps)
-        else:
-            y = torch.ops.fused_attn.linear_stats_norm(x, norm_stats, weight, weight_sums, bias, residual, norm_weight,
-                                                      norm_bias, activation=code, norm=ncode, eps=eps)
-        if not row_stats:
-            return y
-        return y, reference.row_stats(y, compute_dtype=torch.float32)
     if ncode == 0:  # the schema's defaults: graphs and traces of the plain op stay as they were
         return torch.ops.fused_attn.linear(x, weight, bias, residual, activation=code)
     return torch.ops.fused_attn.linear(x, weight, bias, residual, norm_weight, norm_bias, activation=code,
@@ -433,85 +271,6 @@ def _register() -> None:
         return _reference(x, weight, bias, residual, norm_weight, norm_bias, activation, norm, eps)
 
     torch.library.register_autograd(lib, _backward, setup_context=_setup_context)
-
-    post = "fused_attn::linear_post_norm"
-
-    def _post_checks(x, weight, bias, residual, norm_weight, norm_bias, post_weight, post_bias, workspace, activation,
-                     norm, eps, post_norm, post_eps):
-        n_out = check_args(x, weight, bias, residual, activation)
-        eps = check_norm(x, norm, norm_weight, norm_bias, eps)
-        post_eps = check_post_norm(x, n_out, post_norm, post_weight, post_bias, post_eps, workspace)
-        return n_out, eps, post_eps
-
-    @torch.library.register_fake(post)
-    def _post_fake(x, weight, bias, residual, norm_weight, norm_bias, post_weight, post_bias, workspace, *,
-                   activation=0, norm=0, eps=1e-5, post_norm=1, post_eps=1e-5):
-        n_out, _, _ = _post_checks(x, weight, bias, residual, norm_weight, norm_bias, post_weight, post_bias,
-                                   workspace, activation, norm, eps, post_norm, post_eps)
-        return x.new_empty((*x.shape[:-1], n_out)), x.new_empty((*x.shape[:-1], n_out))
-
-    @torch.library.register_kernel(post, "cpu")
-    def _post_cpu(x, weight, bias, residual, norm_weight, norm_bias, post_weight, post_bias, workspace, *,
-                  activation=0, norm=0, eps=1e-5, post_norm=1, post_eps=1e-5):
-        _, eps, post_eps = _post_checks(x, weight, bias, residual, norm_weight, norm_bias, post_weight, post_bias,
-                                        workspace, activation, norm, eps, post_norm, post_eps)
-        y = _reference(x, weight, bias, residual, norm_weight, norm_bias, activation, norm, eps)
-        normed = reference.layer_norm(y, post_weight, post_bias, post_eps, rms=post_norm == NORMS["rms_norm"],
-                                      compute_dtype=_compute_dtype(x))
-        return y, normed
-
-    rows = "fused_attn::linear_row_stats"
-
-    @torch.library.register_fake(rows)
-    def _rows_fake(x, weight, bias=None, residual=None, *, activation=0):
-        n_out = check_args(x, weight, bias, residual, activation)
-        return x.new_empty((*x.shape[:-1], n_out)), x.new_empty(stats_shape(x, n_out), dtype=torch.float32)
-
-    @torch.library.register_kernel(rows, "cpu")
-    def _rows_cpu(x, weight, bias=None, residual=None, *, activation=0):
-        check_args(x, weight, bias, residual, activation)
-        y = _reference(x, weight, bias, residual, None, None, activation, 0, 0.0)
-        return y, reference.row_stats(y, compute_dtype=_compute_dtype(x))
-
-    _ops.LIB.impl("linear_row_stats", gradless_autograd("linear_row_stats", ("x", "weight", "bias", "residual"),
-                                                        "fused_attn.linear(row_stats=True) computes them with "
-                                                        "PyTorch ops"), "Autograd")
-
-    snorm = "fused_attn::linear_stats_norm"
-
-    def _snorm_checks(x, norm_stats, weight, weight_sums, bias, residual, norm_weight, norm_bias, activation, norm,
-                      eps):
-        n_out = check_args(x, weight, bias, residual, activation)
-        eps = check_norm(x, norm, norm_weight, norm_bias, eps)
-        if norm == 0:
-            raise ValueError("norm must be 1 (layer_norm) or 2 (rms_norm) with norm_stats, got 0")
-        check_row_stats(x, weight, norm, 0, False, norm_stats, weight_sums)
-        return n_out, eps
-
-    @torch.library.register_fake(snorm)
-    def _snorm_fake(x, norm_stats, weight, weight_sums=None, bias=None, residual=None, norm_weight=None,
-                    norm_bias=None, *, activation=0, norm=1, eps=1e-5):
-        n_out, _ = _snorm_checks(x, norm_stats, weight, weight_sums, bias, residual, norm_weight, norm_bias,
-                                 activation, norm, eps)
-        return x.new_empty((*x.shape[:-1], n_out))
-
-    @torch.library.register_kernel(snorm, "cpu")
-    def _snorm_cpu(x, norm_stats, weight, weight_sums=None, bias=None, residual=None, norm_weight=None,
-                   norm_bias=None, *, activation=0, norm=1, eps=1e-5):
-        _, eps = _snorm_checks(x, norm_stats, weight, weight_sums, bias, residual, norm_weight, norm_bias,
-                               activation, norm, eps)
-        xn = reference.normalize_from_stats(x, norm_stats, _NORM_NAMES[norm], eps, norm_weight, norm_bias,
-                                            compute_dtype=_compute_dtype(x)).to(x.dtype)
-        return _reference(xn, weight, bias, residual, None, None, activation, 0, 0.0)
-
-    _ops.LIB.impl("linear_stats_norm", gradless_autograd(
-        "linear_stats_norm", ("x", "norm_stats", "weight", "weight_sums", "bias", "residual", "norm_weight",
-                              "norm_bias"), "fused_attn.linear(norm_stats=...) runs the norm's own statistics"),
-        "Autograd")
-
-    names = ("x", "weight", "bias", "residual", "norm_weight", "norm_bias", "post_weight", "post_bias")
-    _ops.LIB.impl("linear_post_norm", gradless_autograd("linear_post_norm", names, "fused_attn.linear(post_norm=...) "
-                                                        "runs linear and layer_norm"), "Autograd")
 
 
 _register()

@@ -19,7 +19,7 @@ No gradient: an input that requires grad raises.
 
 GPT-2's decode step (fused_attn.gpt2, backends with layer_norm "folded") runs it in place of c_attn and
 decode_attention at one row over any cache and at 2-8 rows over caches of up to 256 slots. The measurements
-behind that rule are in the comment above fused_attn.gpt2._qkv_attention_applies.
+behind that rule are in the heuristics table of fused_attn/gpt2.py (QKV_ATTENTION_MAX_ROWS / _SLOTS).
 """
 
 from __future__ import annotations

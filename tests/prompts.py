@@ -23,6 +23,4 @@ TINY = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=256, bo
 # broken decode still matches token for token; at 0.5 the continuations vary (40+ distinct tokens
 # in 64 steps) and a token comparison means something.
 VARIED = dict(TINY, initializer_range=0.5)
-# VARIED with GPT-2's head size (64), which gpt2_decode_step (the "persistent" step) needs.
-HEAD64 = dict(VARIED, n_embd=128, n_head=2)
 SMALL = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)  # GPT-2 small's shape

@@ -9,18 +9,16 @@ attention: the flash kernel at every padded head dim (both versions at 128 on Ho
 naive and tiled modes; and linear: every rows-of-x class, weight rows per block and epilogue, the
 element-wise path (odd K, misaligned rows) and the tensor-core kernels (one block per 16 weight rows,
 and split-K in clusters), the first two also with the LayerNorm / RMSNorm prologue (norm=: the
-normalized rows in shared memory), the one-row fold of a weightless norm into the dot products, the
-post_norm= pass of the last block, and mlp's single launch; sample: greedy and sampled, one block and a
-cluster per row, misaligned and strided rows, the token history; gpt2_decode_step: a small model
-at batch 1 and 3 (float16, float32) and every kind of invalid row (out-of-range lengths, position or
-token: nothing read or written out of bounds); qkv_decode_attention: the cluster's exchange and merge
+normalized rows in shared memory), the one-row fold of a weightless norm into the dot products and the
+self-normalizing tensor-core kernel; sample: greedy and sampled, one block and a cluster per row,
+misaligned and strided rows, the token history; qkv_decode_attention: the cluster's exchange and merge
 (batch 1-3, d 256 / 768, leftpad, the new key only, the last slot) and out-of-bounds lengths.
 
     compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py
     compute-sanitizer --tool racecheck python tests/sanitizer_cases.py --quick
-    compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py --only step,attention
+    compute-sanitizer --tool memcheck  python tests/sanitizer_cases.py --only linear,attention
 
-(--only: a comma-separated subset of softmax, decode, norm, attention, linear, sample, step, qkv.)
+(--only: a comma-separated subset of softmax, decode, norm, attention, linear, sample, qkv.)
 
 Exits non-zero if any result differs from the float64 reference.
 """
@@ -41,7 +39,7 @@ from tests.test_softmax import scores_of  # noqa: E402
 from tests.tolerances import assert_close, softmax_tolerance  # noqa: E402
 
 
-GROUPS = ("softmax", "decode", "norm", "attention", "linear", "sample", "step", "qkv")
+GROUPS = ("softmax", "decode", "norm", "attention", "linear", "sample", "qkv")
 
 
 def main(argv: list[str]) -> int:
@@ -54,8 +52,7 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"--only must name groups among {', '.join(GROUPS)}, got {argv[at + 1:at + 2]}")
     cases = softmax_cases(quick) if "softmax" in only else 0
     for name, run in (("decode", decode_cases), ("norm", norm_cases), ("attention", attention_cases),
-                      ("linear", linear_cases), ("sample", sample_cases), ("step", step_cases),
-                      ("qkv", qkv_cases)):
+                      ("linear", linear_cases), ("sample", sample_cases), ("qkv", qkv_cases)):
         if name in only:
             cases += run(quick)
     torch.cuda.synchronize()
@@ -263,16 +260,9 @@ LINEAR_NORM_ROWS_CASES = [  # k, n, activation, dtype, norm, rows, row kinds (te
 ]
 
 
-# linear with post_norm= (test_linear.py's POST_CASES): the folded last-block pass at 1 and 3 rows (the
-# count on the workspace, the affine staged in shared memory), an odd width on the element-wise path,
-# and the widest row it takes.
-LINEAR_POST_CASES = [0, 2, 3, 4]
-
-
 def linear_cases(quick: bool) -> int:
-    from tests.test_linear import POST_CASES, check_post, post_inputs
     from tests.test_linear import case_of as linear_case_of
-    from tests.test_linear import check_weightless_norm, fold_rows, linear, norm_case_of, plain_rows, run_and_check_norm
+    from tests.test_linear import check_weightless_norm, fold_rows, norm_case_of, plain_rows, run_and_check_norm
     from tests.test_linear import test_norm_fold_one_row_gpu, weightless_norm_inputs
     from tests.test_linear import run_and_check as linear_run_and_check
 
@@ -293,32 +283,7 @@ def linear_cases(quick: bool) -> int:
         gen = torch.Generator().manual_seed(k + n + m)
         x = (fold_rows if rows == "mixed" else plain_rows)(m, k, dtype, gen)
         check_weightless_norm(*weightless_norm_inputs(x, n, act, norm, gen), act, norm)
-    post_cases = [POST_CASES[i] for i in (LINEAR_POST_CASES[:2] if quick else LINEAR_POST_CASES)]
-    ws = torch.zeros(1, dtype=torch.int32, device="cuda")
-    for case in post_cases:
-        x, w, b, r, pw, pb = post_inputs(*case, "cuda")
-        norm = case[5]
-        y, normed = linear(x, w, b, activation=case[4], residual=r, post_norm=norm, post_norm_weight=pw,
-                           post_norm_bias=pb, workspace=ws)
-        check_post(y, normed, pw, pb, 1e-5, norm == "rms_norm", f"post {case}")
-    # mlp's single launch (csrc/mlp: linear's tensor-core pieces, a grid-wide counter, split-K clusters), on
-    # one workspace: GPT-2's shape, an odd output width, a block looping over several hidden tiles.
-    from fused_attn.mlp import new_workspace
-    from tests.test_mlp import case_of as mlp_case_of
-    from tests.test_mlp import run_and_check as mlp_run_and_check
-
-    # racecheck (quick): the small cases only; at GPT-2's widths the eager peer (the error reference) runs
-    # cuBLAS split-K kernels in which racecheck reports hazards that are not ours (session 17).
-    mlp_cases = MLP_CASES[2:] if quick else MLP_CASES
-    mlp_ws = new_workspace("cuda")
-    for i, kw in enumerate(mlp_cases):
-        mlp_run_and_check(mlp_case_of(seed=i, **kw), "cuda", single_launch=True, workspace=mlp_ws)
-    return len(cases) + len(norm_cases) + len(fold_cases) + len(norm_rows_cases) + len(post_cases) + len(mlp_cases)
-
-
-MLP_CASES = [dict(m=4, d=768, hidden=3072, d_out=768), dict(m=16, d=64, hidden=3072, d_out=16, dtype=torch.bfloat16),
-             dict(m=9, d=40, hidden=96, d_out=7, activation="swiglu", bias=False),
-             dict(m=1, d=8, hidden=8, d_out=1, residual=False)]
+    return len(cases) + len(norm_cases) + len(fold_cases) + len(norm_rows_cases)
 
 
 # sample: (rows, vocab, dtype, layout, temperature, offsets): one block per row (vocab <= 4096), clusters of
@@ -344,19 +309,6 @@ def sample_cases(quick: bool) -> int:
     # the token history (history= / history_index=, the index one of advance's rows, some out of range)
     check_history(history_case_of(data_seed=7, rows=16, vocab=50257, dtype=torch.float16), "cuda")
     return len(cases) + 1
-
-
-def step_cases(quick: bool) -> int:
-    from tests.test_gpt2_decode_step import INVALID, SMALL_SHAPE, check_invalid_row, check_step, random_case
-
-    runs = ((2, torch.float16),) if quick else ((1, torch.float16), (3, torch.float32))
-    for batch, dtype in runs:
-        check_step(random_case(SMALL_SHAPE, batch, 24, dtype, "cuda", seed=batch), f"sanitizer batch {batch}")
-    invalid = INVALID[::2] if quick else INVALID
-    for which, value in invalid:
-        check_invalid_row("cuda", torch.float32, which, value)
-    return len(runs) + len(invalid)
-
 
 
 def qkv_cases(quick: bool) -> int:

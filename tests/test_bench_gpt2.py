@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("transformers")
 
 from bench.bench_gpt2 import CLOCK_VS_WALL_PCT, prompt_lengths  # noqa: E402
-from fused_attn.generate import BACKENDS, HF_IMPL, STATIC, _result, run_backend  # noqa: E402
+from fused_attn.generate import _result, run_backend  # noqa: E402
 from tests.prompts import left_padded  # noqa: E402
 
 
@@ -45,27 +45,13 @@ def tiny_gpt2():
     return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=64)).eval()
 
 
-@pytest.mark.parametrize("backend", ["hf-eager", "hf-static-fused", "graph"])
+@pytest.mark.parametrize("backend", ["hf-eager", "hf-static", "hf-fused", "graph"])
 def test_every_backend_reports_token_times_that_add_up_to_wall_time(backend):
     model = tiny_gpt2()
     ids, mask = left_padded(64, prompt_lengths(3, 12), seed=0)
     r = run_backend(backend, model, ids, mask, 5, torch.float32, torch.device("cpu"))
     assert r.new_tokens == 5 and r.tokens.shape == (3, 12 + 5)
     assert abs(r.total_s - r.wall_s) / r.wall_s * 100 <= CLOCK_VS_WALL_PCT
-
-
-def test_hf_static_fused_sits_beside_hf_static_with_the_same_tokens():
-    """One group runs hf-static, then hf-static-fused (its speedup_vs_hf_static needs hf-static's
-    median of the same run); both are transformers' StaticCache generate, sdpa against fused_attn."""
-    assert BACKENDS.index("hf-static-fused") == BACKENDS.index("hf-static") + 1
-    assert set(STATIC) == {"hf-static", "hf-static-fused"}
-    assert (HF_IMPL["hf-static"], HF_IMPL["hf-static-fused"]) == ("sdpa", "fused_attn")
-    model, cache = tiny_gpt2(), {}
-    ids, mask = left_padded(64, prompt_lengths(3, 12), seed=0)
-    runs = {b: run_backend(b, model, ids, mask, 8, torch.float32, torch.device("cpu"), cache=cache)
-            for b in ("hf-static", "hf-static-fused")}
-    assert torch.equal(runs["hf-static-fused"].tokens, runs["hf-static"].tokens)
-    assert cache[("fused_attn", torch.float32)].config._attn_implementation == "fused_attn"
 
 
 def test_weight_floor_counts_every_parameter_once():

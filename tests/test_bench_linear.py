@@ -25,14 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_providers_put_the_baselines_first_and_fused_last():
-    assert lin.PROVIDERS == ("eager", "compiled", "fused")
-    # mlp's single-launch A/B sits between the baselines and fused (what users call)
-    assert mlp.PROVIDERS == ("eager", "compiled", *mlp.AB_PROVIDERS, "fused")
+    assert lin.PROVIDERS == mlp.PROVIDERS == ("eager", "compiled", "fused")
     for mod in (lin, mlp):
         assert set(mod.NOTES) == set(mod.PROVIDERS)
-    assert lin.REPORT_LABELS["bench_linear"]["order"] == lin.LN_PROVIDERS == lin.POST_PROVIDERS + ("folded",)
-    assert lin.POST_PROVIDERS[:2] + lin.POST_PROVIDERS[-1:] == lin.PROVIDERS
-    assert set(lin.LN_NOTES) == set(lin.LN_PROVIDERS) and set(lin.POST_NOTES) == set(lin.POST_PROVIDERS)
+    assert lin.REPORT_LABELS["bench_linear"]["order"] == lin.LN_PROVIDERS
+    assert lin.LN_PROVIDERS == lin.CHAIN_PROVIDERS + ("fused", "folded")
+    assert set(lin.LN_NOTES) == set(lin.LN_PROVIDERS) and set(lin.CHAIN_NOTES) == set(lin.CHAIN_PROVIDERS)
     # bench.report's "ours" is the last fused* provider: fused, whose cases cover every group
     assert [p for p in lin.LN_PROVIDERS if p.startswith("fused")][-1] == "fused"
 
@@ -48,18 +46,17 @@ def test_gpu_cases_are_the_issues():
     folded = [c for c in ln if c["provider"] == "folded"]
     assert {(c["shape"], c["m"]) for c in folded} == {(c["shape"], c["m"]) for c in ln} and len(folded) == 9
     assert lin.case_id(folded[0]) == "folded-ln-k768-n2304-m1-float16" and lin.group(folded[0]) == lin.group(ln[0])
-    post = [c for c in all_cases if c["op"] == "linear_norm"]
-    assert {c["shape"] for c in post} == {(768, 768), (3072, 768)} and len(post) == 2 * 3 * 4
-    assert lin.case_id(post[0]) == "eager-post-k768-n768-m1-float16" and lin.group(post[0]) == "linear+norm 768x768 m1 float16"
+    chain = [c for c in all_cases if c["op"] == "chain"]
+    assert {c["shape"] for c in chain} == {(768, 3072), (768, 2304)} and len(chain) == 2 * 3 * 3
+    assert lin.case_id(chain[0]) == "eager-chain-k768-n3072-m1-float16"
+    assert lin.group(chain[0]) == "chain 768x3072 m1 float16"
     assert {c["shape"] for c in cases} == {(768, 2304), (768, 3072), (3072, 768), (768, 768), (4096, 11008),
                                            (11008, 4096), (4096, 4096)}
     assert {c["m"] for c in cases} == {1, 4, 16, 128, 512, 2048, 4096}
     assert len(cases) == 7 * 7 * 3 and {c["dtype"] for c in cases} == {"float16"}
     assert {c["dtype"] for c in lin.make_cases(_config(full=True), cuda=True)} == {"float16", "bfloat16"}
     m_cases = mlp.make_cases(_config(), cuda=True)
-    assert {c["shape"] for c in m_cases} == {(768, 3072), (4096, 11008)} and len(m_cases) == 2 * 7 * 3 + 2 * 3
-    ab = [c for c in m_cases if c["provider"] in mlp.AB_PROVIDERS]
-    assert {c["m"] for c in ab} == {1, 4, 16} and len(ab) == 2 * 3  # the single-launch A/B at decode rows
+    assert {c["shape"] for c in m_cases} == {(768, 3072), (4096, 11008)} and len(m_cases) == 2 * 7 * 3
     assert mlp.model_of((4096, 11008)) == ("llama2_7b", "swiglu")
     assert lin.case_id(cases[0]) == "eager-k768-n2304-m1-float16"
 
@@ -68,8 +65,8 @@ def test_modeled_bytes_and_flops_of_known_shapes():
     # GPT-2 c_fc at M = 1 in float16: the weight 768 x 3072 x 2 B dominates
     read, write = lin.modeled_traffic(768, 3072, 1, torch.float16)
     assert read == (768 * 3072 + 768 + 3072 + 3072) * 2 and write == 3072 * 2
-    assert lin.post_modeled_traffic(768, 768, 4, torch.float16) == ((768 * 768 + 4 * 768 + 768 + 4 * 768 + 2 * 768) * 2,
-                                                                    2 * 4 * 768 * 2)
+    assert lin.chain_modeled_traffic(768, 3072, 4, torch.float16) == (
+        (768 * 768 + 3072 * 768 + 4 * 768 + 768 + 3072 + 4 * 768 + 2 * 768) * 2, (4 * 768 + 4 * 3072) * 2)
     assert lin.ln_modeled_traffic(768, 50257, 1, torch.float16) == ((768 * 50257 + 768 + 50257 + 2 * 768) * 2,
                                                                      50257 * 2)
     assert lin.flops(4096, 11008, 16) == 2 * 16 * 4096 * 11008
@@ -85,8 +82,8 @@ def test_each_provider_matches_the_reference_on_the_cpu(m):
         lin.check(p, lin.provider_fn(p, t)(), t)
     for p in ("eager", "unfolded", "fused", "folded"):
         lin.ln_check(p, lin.ln_provider_fn(p, t)(), t)
-    for p in ("eager", "unfolded", "fused"):
-        lin.post_check(p, lin.post_provider_fn(p, t)(), t)
+    for p in ("eager", "unfolded"):
+        lin.chain_check(p, lin.chain_provider_fn(p, t)(), t)
     for act in ("gelu_tanh", "swiglu"):
         t = mlp.make_inputs(32, 48, act, m, torch.float32, torch.device("cpu"))
         for p in ("eager", "fused"):
@@ -135,7 +132,7 @@ def test_cpu_smoke_run_and_its_report(tmp_path):
                            "-p", "no:cacheprovider", "--bench-rounds", "3", f"--benchmark-json={run}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "22 passed, 9 skipped" in proc.stdout
+    assert "18 passed, 8 skipped" in proc.stdout
     benches = json.loads(run.read_text())["benchmarks"]
     assert {b["extra_info"]["provider"] for b in benches} == {"eager", "unfolded", "fused", "folded"}
     ln = {b["extra_info"]["provider"]: b["extra_info"] for b in benches if b["group"].startswith("ln+linear")}
@@ -143,13 +140,13 @@ def test_cpu_smoke_run_and_its_report(tmp_path):
     assert {e["modeled_bytes"] for e in ln.values()} == {sum(lin.ln_modeled_traffic(64, 48, 1, torch.float32))}
     assert "speedup_vs_fused" in ln["folded"]
     chain = {b["extra_info"]["provider"]: b["extra_info"] for b in benches if b["group"].startswith("chain")}
-    assert set(chain) == {"eager", "unfolded", "fused"}  # the row statistics against the norm's launch
+    assert set(chain) == {"eager", "unfolded"}
     assert {e["modeled_bytes"] for e in chain.values()} == {sum(lin.chain_modeled_traffic(64, 48, 4, torch.float32))}
-    assert "speedup_vs_unfolded" in chain["fused"]
+    assert "speedup_vs_eager" in chain["unfolded"]
     assert report.main([str(run), "--out", str(tmp_path / "r"), "--no-plots"]) == 0
     readme = (tmp_path / "r" / "readme.md").read_text()
     assert "| K x N, M | dtype | op | eager us | unfolded us | fused us | folded us | x eager | x unfolded |" in readme
-    # each group's rows say which group they are (ln+linear and linear+norm share a shape here)
+    # each group's rows say which group they are (linear and ln+linear share a shape here)
     rows = [ln for ln in readme.splitlines() if ln.startswith("| 64x48x1 | float32 |")]
-    assert {ln.split("|")[3].strip() for ln in rows} == {"linear", "ln_linear", "linear_norm"}, rows
+    assert {ln.split("|")[3].strip() for ln in rows} == {"linear", "ln_linear"}, rows
     assert "| d_model x hidden x M | dtype | eager us | fused us | x eager |" in readme

@@ -29,13 +29,13 @@ def test_sources_cover_every_unit_with_unique_names():
     assert {"decode_attention", "decode_attention_inst_fp16_hd128", "decode_attention_inst_fp32_combine"} <= set(names)
     assert {"layer_norm", "layer_norm_inst_fp16_ln_vec", "layer_norm_inst_bf16_rms_scalar"} <= set(names)
     assert {"attention", "attention_inst_fp16_hd128", "attention_inst_fp32_naive"} <= set(names)
-    assert {"gpt2_decode_step", "gpt2_decode_step_inst_fp16", "sample", "sample_inst_bf16"} <= set(names)
+    assert {"linear", "linear_inst_fp16_m8_norm", "sample", "sample_inst_bf16"} <= set(names)
 
 
 def test_programmatic_kernels_read_no_input_through_ldg():
     """A kernel that waits for its primary (griddepcontrol.wait, common/pdl.cuh) reads the previous
     kernel's output: an __ldg there is an invariant load, which the compiler may issue before the wait
-    (session 8: graph-fused's GEMVs at 8-16 rows read x early in replayed graphs). Their weights go
+    (graph-fused's GEMVs at 8-16 rows read x early in replayed graphs). Their weights go
     through load_stream / prefetch_l2; nothing in such a file calls __ldg."""
     waiting = [p for p in (ROOT / "csrc").glob("*/*.cuh") if "wait_for_primary()" in p.read_text()
                and p.name != "pdl.cuh"]

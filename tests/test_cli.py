@@ -75,9 +75,44 @@ def test_generate_prompt_text_without_a_tokenizer_is_one_line_from_the_command_l
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU label of the graph backend")
 def test_generate_on_the_cpu_labels_the_graph_backend_as_what_it_runs(capsys):
     pytest.importorskip("transformers")
-    assert gen_cli.main(["--prompt-len", "4", "--max-new-tokens", "2", "--dtype", "float32"]) == 0
+    assert gen_cli.main(["--backend", "graph", "--prompt-len", "4", "--max-new-tokens", "2", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     assert "graph-eager TTFT" in out and "graph " not in out.replace("graph-eager", ""), out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="auto's choice without a GPU")
+def test_generate_auto_on_the_cpu_runs_hf_eager_and_says_why(capsys):
+    pytest.importorskip("transformers")
+    assert gen_cli.main(["--prompt-len", "4", "--max-new-tokens", "2", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "--backend auto: hf-eager (no GPU: our model runs the reference PyTorch ops there" in out, out
+    assert "hf-eager  TTFT" in out, out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="--compare's choice without a GPU")
+def test_generate_compare_on_the_cpu_names_each_backend_it_leaves_out(capsys, monkeypatch):
+    pytest.importorskip("transformers")
+    ran = []
+
+    def fake_run(backend, hf_model, ids, mask, max_new_tokens, *args):
+        ran.append(backend)
+        return gen_cli.Result(backend, torch.cat([ids, ids[:, :max_new_tokens]], 1), 0.01, [0.01] * (max_new_tokens - 1))
+
+    monkeypatch.setattr(gen_cli, "run_backend", fake_run)
+    assert gen_cli.main(["--compare", "--prompt-len", "4", "--max-new-tokens", "2", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    for b in gen_cli.GPU_ONLY:
+        assert f"--compare: {b} left out, it needs a GPU and there is none" in out, out
+    assert set(ran) == set(gen_cli.BACKENDS) - set(gen_cli.GPU_ONLY), ran
+
+
+def test_generate_help_has_one_line_per_backend(capsys):
+    with pytest.raises(SystemExit):
+        gen_cli.main(["--help"])
+    out = capsys.readouterr().out
+    for name in ("auto", *gen_cli.BACKENDS):
+        assert sum(line.startswith(f"  {name} ") for line in out.splitlines()) == 1, out
+    assert "graph-fused" in out.split("use this one")[0].splitlines()[-1], out
 
 
 # ---------------------------------------------------------------------------------- bench tools
@@ -190,7 +225,7 @@ def test_help_names_the_command_and_every_default(tool, capsys, monkeypatch):
         if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
             assert f"(default: {action.default})" in text, (action.dest, out)
     if tool == "fused_attn.generate":
-        assert "(default: gpt2-random)" in text and "(default: graph)" in text
+        assert "(default: gpt2-random)" in text and "(default: auto)" in text
 
 
 # ------------------------------------------------------------------------ nothing into the checkout

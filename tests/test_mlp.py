@@ -1,10 +1,9 @@
-"""mlp: the feed-forward block (GPT-2's GELU form and Llama's SwiGLU form), as two launches and as the
-single-launch op, against the float64 reference and the eager chain at the same dtype, gradients,
-torch.compile, CUDA graphs, the workspace's counters and argument errors. The spec is the docstring of
+"""mlp: the feed-forward block (GPT-2's GELU form and Llama's SwiGLU form), as two linear launches from
+fused_attn.mlp and from the mlp op, against the float64 reference and the eager chain at the same dtype,
+gradients, torch.compile, CUDA graphs and argument errors. The spec is the docstring of
 ``fused_attn.mlp.mlp``."""
 
 from __future__ import annotations
-
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fused_attn import reference
-from fused_attn.mlp import mlp, new_workspace
+from fused_attn.mlp import mlp
 from tests.test_linear import _kernels_run, poison_allocator, with_examples
 from tests.tolerances import assert_linear_close
 
@@ -81,144 +80,51 @@ def test_matches_reference_gpu(case):
     run_and_check(case, "cuda")
 
 
-# --------------------------------------------------------------------------- the single launch
-
-
-@st.composite
-def single_launch_case(draw):
-    """The single-launch kernel's domain (16-bit, 1-16 rows, widths multiples of 8) and its edges: odd
-    output widths (a partial last tile), more hidden tiles than blocks (a block loops over several), widths
-    that are not multiples of 8 and float32 (the op's two-launch fallback)."""
-    kernel = draw(st.booleans())
-    mult = 8 if kernel or draw(st.booleans()) else 1
-    activation = draw(st.sampled_from(["gelu_tanh", "swiglu"]))
-    # SwiGLU's hidden values grow as the square of x's scale: its square root keeps them at GELU's
-    # magnitudes, which float16 holds (at 100, gate x up passed 65504 in the hidden row of a d = 8 case the
-    # GPU suite drew: inf there, then inf - inf = NaN in W_proj's sums, in every path and in PyTorch's).
-    scale = draw(st.sampled_from([1.0, 1.0, 1e-3, 100.0]))
-    return dict(m=draw(st.integers(1, 16)), d=mult * draw(st.integers(1, 48)), hidden=mult * draw(st.integers(1, 400)),
-                d_out=draw(st.sampled_from([16, 7, 40, 768])), activation=activation,
-                bias=draw(st.booleans()), residual=draw(st.booleans()),
-                dtype=draw(st.sampled_from([torch.float16, torch.bfloat16] if kernel else DTYPES)),
-                scale=scale ** 0.5 if activation == "swiglu" else scale, seed=draw(st.integers(0, 2**31 - 1)))
-
-
-SINGLE_EDGES = [case_of(d=768, hidden=3072, d_out=768, m=m, dtype=dt) for m in (1, 4, 9, 16)
-                for dt in (torch.float16, torch.bfloat16)] + [
-    case_of(d=64, hidden=3072, d_out=16, m=5),  # one W_proj tile: 192 hidden tiles over 8 blocks
-    case_of(d=64, hidden=1024, d_out=16, m=16, activation="swiglu", bias=False),
-    case_of(d=4096, hidden=11008, d_out=4096, m=16, activation="swiglu", bias=False, dtype=torch.bfloat16),
-    case_of(d=8, hidden=8, d_out=1, m=1), case_of(d=36, hidden=20, d_out=5, m=3),
-    # extreme magnitudes: float16 rows of ~300 (hidden values in the thousands), bfloat16 of ~1e4, tiny rows
-    case_of(d=768, hidden=3072, d_out=768, m=16, scale=300.0),
-    case_of(d=768, hidden=3072, d_out=768, m=4, scale=1e4, dtype=torch.bfloat16),
-    case_of(d=768, hidden=3072, d_out=768, m=1, scale=1e-3, activation="swiglu")]
-
-
-@pytest.mark.gpu
-@given(case=single_launch_case())
-@with_examples(SINGLE_EDGES)
-def test_single_launch_matches_reference_gpu(case):
-    """mlp(single_launch=True) on a shared workspace: every output written and within the linear
-    tolerances of the float64 reference; the workspace is zeros again after each call."""
-    ws = new_workspace("cuda")
-    for _ in range(2):  # the second call starts from the counters the first left
-        run_and_check(case, "cuda", single_launch=True, workspace=ws)
-    torch.cuda.synchronize()
-    assert torch.equal(ws, torch.zeros_like(ws)), ws
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 4, 16])
-@pytest.mark.parametrize("activation", ["gelu_tanh", "swiglu"])
-def test_single_launch_is_one_kernel_gpu(m, activation):
-    """At GPT-2's and Llama's decode shapes the op is one launch of mlp_kernel (sm_90), nothing else."""
-    if torch.cuda.get_device_properties(0).major < 9:
-        pytest.skip("the single-launch kernel needs sm_90 (thread-block clusters)")
-    d, hidden = (768, 3072) if activation == "gelu_tanh" else (4096, 11008)
-    c = case_of(m=m, d=d, hidden=hidden, d_out=d, activation=activation, bias=activation == "gelu_tanh")
-    x, w_fc, b_fc, w_proj, b_proj, r = make_inputs(c, "cuda")
-    ws = new_workspace("cuda")
-    mlp(x, w_fc, b_fc, w_proj, b_proj, activation=activation, residual=r, single_launch=True, workspace=ws)
-    names = _kernels_run(lambda: mlp(x, w_fc, b_fc, w_proj, b_proj, activation=activation, residual=r,
-                                     single_launch=True, workspace=ws))
-    assert len(names) == 1 and "mlp_kernel" in names[0], names
+# --------------------------------------------------------------------------- the op
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16])
 def test_default_is_two_linear_launches_gpu(m):
-    """Without single_launch, the two linear launches (the measured winner in GPT-2's step)."""
+    """fused_attn.mlp and the mlp op are the two linear launches, nothing else."""
     x, w_fc, b_fc, w_proj, b_proj, r = make_inputs(case_of(m=m, d=768, hidden=3072, d_out=768), "cuda")
     mlp(x, w_fc, b_fc, w_proj, b_proj, residual=r)
-    names = _kernels_run(lambda: mlp(x, w_fc, b_fc, w_proj, b_proj, residual=r))
-    assert len(names) == 2 and all("linear_" in n for n in names), names
-
-
-@pytest.mark.gpu
-def test_single_launch_back_to_back_and_in_a_graph_gpu():
-    """Twenty launches on one workspace with other kernels between them, then the same in a captured CUDA
-    graph replayed on new inputs: every result equals the uncaptured call's (the counters reset
-    themselves; a launch that started from a stale count would read hidden tiles before they exist)."""
-    c = case_of(m=16, d=768, hidden=3072, d_out=768)
-    x, w_fc, b_fc, w_proj, b_proj, r = make_inputs(c, "cuda")
-    ws = new_workspace("cuda")
-
-    def step(inp):
-        y = mlp(inp, w_fc, b_fc, w_proj, b_proj, residual=r, single_launch=True, workspace=ws)
-        return mlp(y * 0.5, w_fc, b_fc, w_proj, b_proj, residual=r, single_launch=True, workspace=ws)
-
-    want = step(x)
-    for _ in range(20):
-        assert torch.equal(step(x), want)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step(x)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = step(x)
-    for seed in range(3):
-        x.copy_(torch.randn(x.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)).half())
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y, step(x))
-    assert torch.equal(ws, torch.zeros_like(ws)), ws
+    for call in (lambda: mlp(x, w_fc, b_fc, w_proj, b_proj, residual=r),
+                 lambda: torch.ops.fused_attn.mlp(x, w_fc, b_fc, w_proj, b_proj, r, activation=1)):
+        names = _kernels_run(call)
+        assert len(names) == 2 and all("linear_" in n for n in names), names
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_single_launch_compiles_fullgraph(device):
-    def block(x, w_fc, w_proj, ws):
-        return mlp(x, w_fc, None, w_proj, None, residual=x, single_launch=True, workspace=ws)
+@pytest.mark.parametrize("activation", ["gelu_tanh", "swiglu"])
+def test_op_is_fused_attn_mlp(device, activation):
+    """The op computes exactly what fused_attn.mlp's two linear launches do (each rounds once to x's dtype)."""
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    c = case_of(m=5, d=24, hidden=40, d_out=9, activation=activation, dtype=dtype)
+    x, w_fc, b_fc, w_proj, b_proj, r = make_inputs(c, device)
+    code = {"gelu_tanh": 1, "swiglu": 2}[activation]
+    assert torch.equal(torch.ops.fused_attn.mlp(x, w_fc, b_fc, w_proj, b_proj, r, activation=code),
+                       mlp(x, w_fc, b_fc, w_proj, b_proj, activation=activation, residual=r))
+
+
+def test_op_refuses_grad_cpu():
+    """The op records no gradient and says so, naming the input; fused_attn.mlp differentiates (gradcheck
+    below)."""
+    x, wf, bf, wp, bp, r = make_inputs(case_of(m=3, d=5, hidden=4, d_out=6, dtype=torch.float64), "cpu")
+    with pytest.raises(ValueError, match=r"w_proj must not require grad \(the mlp op records no gradient"):
+        torch.ops.fused_attn.mlp(x, wf, bf, wp.requires_grad_(), bp, r, activation=1)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_op_compiles_fullgraph(device):
+    def block(x, w_fc, w_proj):
+        return torch.ops.fused_attn.mlp(x, w_fc, None, w_proj, None, x, activation=1)
 
     torch._dynamo.reset()
     compiled = torch.compile(block, fullgraph=True)
     dtype = torch.float16 if device == "cuda" else torch.float32
     x, w_fc, _, w_proj, _, _ = make_inputs(case_of(m=4, d=64, hidden=256, d_out=64, dtype=dtype), device)
-    ws = new_workspace(device)
-    torch.testing.assert_close(compiled(x, w_fc, w_proj, ws), block(x, w_fc, w_proj, ws), rtol=0, atol=0)
-
-
-def test_single_launch_with_grad_runs_the_two_launches_cpu():
-    """An input that requires grad takes the two launches (their backward); the op itself refuses it."""
-    c = case_of(m=3, d=5, hidden=4, d_out=6, dtype=torch.float64)
-    inputs = tuple(t.requires_grad_() for t in make_inputs(c, "cpu"))
-    assert torch.autograd.gradcheck(
-        lambda x, wf, bf, wp, bp, r: mlp(x, wf, bf, wp, bp, residual=r, single_launch=True), inputs)
-    x, wf, bf, wp, bp, r = inputs
-    with pytest.raises(ValueError, match=r"x must not require grad \(mlp counts on its workspace"):
-        torch.ops.fused_attn.mlp(x, wf, bf, wp, bp, r, new_workspace("cpu"), activation=1)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
-def test_single_launch_cpu_is_the_two_launches(dtype):
-    """On the CPU the op computes exactly what the two linear launches do (each rounds once to x's dtype)."""
-    c = case_of(m=5, d=24, hidden=40, d_out=9, activation="swiglu", dtype=dtype)
-    x, w_fc, b_fc, w_proj, b_proj, r = make_inputs(c, "cpu")
-    one = mlp(x, w_fc, b_fc, w_proj, b_proj, activation="swiglu", residual=r, single_launch=True)
-    two = mlp(x, w_fc, b_fc, w_proj, b_proj, activation="swiglu", residual=r, single_launch=False)
-    assert torch.equal(one, two)
+    torch.testing.assert_close(compiled(x, w_fc, w_proj), block(x, w_fc, w_proj), rtol=0, atol=0)
 
 
 @given(case=mlp_case(cuda=False))
@@ -283,14 +189,6 @@ BAD = [
     ("residual shape", dict(residual=torch.randn(3, 7)), ValueError, r"residual must have shape \(3, 8\), got \(3, 7\)"),
     ("w_proj device", dict(w_proj=torch.randn(8, 16, device="meta")), ValueError,
      r"w_proj must be on the same device as x \(cpu\), got meta"),
-    ("single_launch type", dict(single_launch=None), TypeError, r"single_launch must be a bool, got NoneType"),
-    ("workspace dtype", dict(workspace=torch.zeros(2)), ValueError,
-     r"workspace must have dtype torch.int32, got torch.float32"),
-    ("workspace size", dict(workspace=torch.zeros(1, dtype=torch.int32)), ValueError,
-     r"workspace must have 1 dim and at least 2 elements, got \(1,\)"),
-    ("workspace device", dict(workspace=torch.zeros(2, dtype=torch.int32, device="meta")), ValueError,
-     r"workspace must be on the same device as x \(cpu\), got meta"),
-    ("workspace type", dict(workspace=[0, 0]), TypeError, r"workspace must be a torch.Tensor or None, got list"),
 ]
 
 
@@ -299,16 +197,12 @@ def test_bad_inputs_raise(name, changes, exc, match):
     a = dict(x=torch.randn(3, 8), w_fc=torch.randn(16, 8), b_fc=torch.randn(16), w_proj=torch.randn(8, 16),
              b_proj=torch.randn(8), residual=None, activation="gelu_tanh", **{})
     a.update(changes)
-    kw = {k: a[k] for k in ("single_launch", "workspace") if k in a}
     with pytest.raises(exc, match=match):
-        mlp(a["x"], a["w_fc"], a["b_fc"], a["w_proj"], a["b_proj"], activation=a["activation"], residual=a["residual"],
-            **kw)
+        mlp(a["x"], a["w_fc"], a["b_fc"], a["w_proj"], a["b_proj"], activation=a["activation"], residual=a["residual"])
 
 
 OP_BAD = [
     ("activation none", dict(activation=0), r"activation must be 1 \(gelu_tanh\) or 2 \(swiglu\), got 0"),
-    ("workspace size", dict(workspace=torch.zeros(1, dtype=torch.int32)),
-     r"workspace must have 1 dim and at least 2 elements, got \(1,\)"),
     ("w_proj width", dict(w_proj=torch.randn(8, 15)), r"w_proj must have shape \[d_out, hidden\] with hidden = 16"),
 ]
 
@@ -318,12 +212,12 @@ OP_BAD = [
 def test_op_bad_inputs_raise(device, name, changes, match):
     """The op's own checks (C++ on CUDA, Python on the CPU) name the argument the same way."""
     a = dict(x=torch.randn(3, 8), w_fc=torch.randn(16, 8), b_fc=None, w_proj=torch.randn(8, 16), b_proj=None,
-             residual=None, workspace=torch.zeros(2, dtype=torch.int32), activation=1)
+             residual=None, activation=1)
     a.update(changes)
     a = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in a.items()}
     with pytest.raises(ValueError, match=match):
         torch.ops.fused_attn.mlp(a["x"], a["w_fc"], a["b_fc"], a["w_proj"], a["b_proj"], a["residual"],
-                                 a["workspace"], activation=a["activation"])
+                                 activation=a["activation"])
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

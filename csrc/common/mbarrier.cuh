@@ -1,6 +1,6 @@
 // Shared-memory mbarriers, named barriers and TMA copies (torch-free, sm_90): the producer /
-// consumer rings of attention_flash_wgmma_kernel (csrc/attention/attention_wgmma.cuh) and of
-// gpt2_decode_step_kernel (csrc/gpt2_decode_step/gpt2_decode_step_kernel.cuh).
+// consumer ring of attention_flash_wgmma_kernel (csrc/attention/attention_wgmma.cuh), and the
+// mbarriers of the split-K, decode-attention and sample kernels.
 #pragma once
 
 #include <cstdint>
@@ -25,19 +25,6 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, int phase) {
       "@!done bra wait;\n}\n" ::"r"(smem_addr(bar)),
       "r"(phase)
       : "memory");
-}
-// One probe of mbarrier_wait: whether the phase of parity `phase` has completed (the instruction may
-// suspend the thread a while before answering no).
-__device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, int phase) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(phase)
-      : "memory");
-  return done != 0;
 }
 // Makes this thread's earlier mbarrier_init calls visible to the other blocks of the cluster (and to the
 // async proxy) before the block arrives on a cluster barrier: what a barrier that TMA copies or other
@@ -65,15 +52,6 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
                : "memory");
 }
-// One TMA bulk copy global -> shared memory (both 16-byte aligned, a multiple of 16 bytes), its
-// bytes counted on `bar` (mbarrier_arrive_expect_tx).
-__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
-
 // One TMA tensor copy global -> shared memory: the box of the 4-D tensor map `map` (a __grid_constant__
 // kernel parameter: common/tma.h) at coordinates (c0 innermost .. c3) into dst (1024-byte aligned for
 // the 128-byte swizzle), its bytes counted on `bar`. The whole box counts, also where it leaves the

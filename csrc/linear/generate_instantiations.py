@@ -5,12 +5,11 @@
 
 Each (dtype, MT, norm) unit instantiates launch_linear_gemv, whose kernels cover the three weight
 rows per block (1, 2, 4) and both load paths (16-byte, element-wise): 6 kernels per unit, 180 in 30
-units that ninja compiles side by side (``_norm``: with the LayerNorm / RMSNorm prologue; the units
-without it also the 6 kernels with the post-normalization, kPost); the
+units that ninja compiles side by side (``_norm``: with the LayerNorm / RMSNorm prologue); the
 float16 / bfloat16 units of MT 8 and 16 without the norm also the tensor-core kernels (linear_mma_kernel
-and linear_splitk.cuh's split-K kernel, each also in the builds that write row statistics), with the norm the tensor-core kernels that normalize x from row
-statistics (launch_linear_mma_stats) or, at MT 8, from x's own pieces (launch_linear_mma_self_norm). The files are committed; the build does not run this
-script (tests/test_build.py checks they are current).
+and linear_splitk.cuh's split-K kernel), the MT 8 units with the norm the tensor-core kernel that
+normalizes x from its own pieces (launch_linear_mma_self_norm). The files are committed; the build does
+not run this script (tests/test_build.py checks they are current).
 """
 
 from __future__ import annotations
@@ -33,28 +32,18 @@ def units() -> dict[str, str]:
             for norm in (False, True):
                 flag = str(norm).lower()
                 decls = (f"template void launch_linear_gemv<{T}, {mt}, {flag}>(const LinearParams&, int, int, "
-                         f"cudaStream_t, const LinearPost*);\n")
-                if not norm:  # the post-normalization's kernels (kPost)
-                    decls += (f"template void launch_linear_gemv<{T}, {mt}, false, true>(const LinearParams&, int, "
-                              f"int, cudaStream_t, const LinearPost*);\n")
+                         f"cudaStream_t);\n")
                 mma = dt != "fp32" and mt in MMA_ROWS
                 if mma and not norm:
                     decls += (f"template void launch_linear_mma<{T}, {mt}>(const LinearParams&, int, cudaStream_t);\n"
-                              f"template void launch_linear_mma_stats_out<{T}, {mt}>(const LinearParams&, int, "
-                              f"cudaStream_t);\n"
                               f"template int linear_mma_arch<{T}, {mt}>();\n"
                               f"template void launch_linear_splitk<{T}, {mt}>(const LinearParams&, int, int, "
                               f"cudaStream_t);\n"
-                              f"template void launch_linear_splitk_stats_out<{T}, {mt}>(const LinearParams&, int, "
-                              f"int, cudaStream_t);\n"
                               f"template int linear_splitk_arch<{T}, {mt}>();\n")
-                if mma and norm:  # the tensor-core kernels normalizing from row statistics / from x itself
-                    decls += (f"template void launch_linear_mma_stats<{T}, {mt}>(const LinearParams&, int, "
+                if mma and norm and mt == 8:  # the tensor-core kernel normalizing x from its own pieces
+                    decls += (f"template void launch_linear_mma_self_norm<{T}, {mt}>(const LinearParams&, int, "
                               f"cudaStream_t);\n"
-                              + (f"template void launch_linear_mma_self_norm<{T}, {mt}>(const LinearParams&, int, "
-                                 f"cudaStream_t);\n"
-                                 f"template bool linear_mma_self_norm_fits<{T}, {mt}>(int64_t, int64_t, int);\n"
-                                 if mt == 8 else ""))
+                              f"template bool linear_mma_self_norm_fits<{T}, {mt}>(int64_t, int64_t, int);\n")
                 header = HEADER.format(header="linear_splitk.cuh" if mma and not norm else "linear_kernel.cuh")
                 name = f"linear_inst_{dt}_m{mt}{'_norm' if norm else ''}.cu"
                 out[name] = header + decls + "}  // namespace fused_attn\n"

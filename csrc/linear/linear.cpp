@@ -3,12 +3,7 @@
 // kernel's launch shape (rows of x per launch, weight rows per block, threads). With a pre-normalization
 // (norm), our kernels normalize x in their prologue; where they do not run, or the normalized rows do
 // not fit kLinearNormSmemBytes of shared memory, x is normalized first by our layer_norm op (the same
-// result, one launch more). linear_post_norm also returns the output's rows normalized: the CUDA-core
-// kernel's last block does it (one row in float16 / bfloat16: from kMmaMinRows the tensor-core kernels
-// run, which have no such pass; 16 in float32; outputs up to kLinearPostNormMaxWidth wide,
-// without a pre-normalization); elsewhere our layer_norm op runs after the matmul (the same result, one
-// launch more). Host C++ (g++): the kernels are launched through
-// linear_launch.h.
+// result, one launch more). Host C++ (g++): the kernels are launched through linear_launch.h.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -18,11 +13,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <optional>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../common/checks.h"
@@ -46,20 +40,19 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 // where the weight has at least one block of 16 rows per SM, else the split-K kernel (sm_90: clusters),
 // else the CUDA-core kernel (one row). At 4 rows the CUDA-core kernel's FMAs and conversions per weight
 // byte already cost more than the tensor-core kernels' padding to 16 rows: measured on an H100 (fp16,
-// bench_linear / bench_mlp at M 4, cold L2, p50 us, CUDA-core -> tensor-core, bench/NOTES.md session 16):
+// bench_linear / bench_mlp at M 4, cold L2, p50 us, CUDA-core -> tensor-core, bench/NOTES.md):
 // 3072x768 9.2 -> 7.9, 768x3072 9.9 -> 7.1, 4096x11008 43.8 -> 37.7, 11008x4096 48.0 -> 40.9, GPT-2's MLP
 // 14.4 -> 10.4, Llama's 118.5 -> 98.8, 768x768 6.4 -> 6.6 (the one loss); GPT-2's batch-4 decode step
 // 349-350 -> 294 us. 2-3 rows, measured in GPT-2's captured decode step (H100, fp16, prompt 128, us a
-// step, two rounds; bench/NOTES.md session 28): batch 2 270.8 / 269.2 -> 227.3 / 227.5, batch 3 303.4 /
+// step, two rounds; bench/NOTES.md): batch 2 270.8 / 269.2 -> 227.3 / 227.5, batch 3 303.4 /
 // 301.5 -> 226.3 / 226.4 (there the CUDA-core kernels did 2-3 FMAs a weight element behind a separate
 // norm launch; on tensor cores the norm folds into c_attn / c_fc, self_norm_in_mma), batches 1 and 4 the
-// same kernels. One row stays on the CUDA-core kernel, which folds the norm and the post-norm into its
-// launch (every launch on tensor cores from one row: batch 1 +5..+6 us).
+// same kernels. One row stays on the CUDA-core kernel, which folds the norm into its launch (every launch on
+// tensor cores from one row: batch 1 +5..+6 us).
 constexpr int kMmaMinRows = 2;
-// One row of x on tensor cores too where the launch folds no norm into x (plain; a post-norm then follows in
-// layer_norm's launch, as from 2 rows, so that y stays bit for bit linear's), the weight has a 16-row tile per
+// One row of x on tensor cores too where the launch folds no norm into x, the weight has a 16-row tile per
 // SM (linear_mma_kernel, not split-K) and K <= kMmaOneRowMaxK. Measured on an H100 (fp16, bench_mlp /
-// bench_linear at M 1, cold L2, p50 us, CUDA-core -> tensor-core in one call; bench/NOTES.md session 28):
+// bench_linear at M 1, cold L2, p50 us, CUDA-core -> tensor-core in one call; bench/NOTES.md):
 // GPT-2's MLP (c_fc on it; c_proj, split-K class, unchanged) 10.05 -> 9.06, 4096x4096 18.0 -> 16.8, 768x2304 /
 // 768x3072 / 4096x11008 within 0.2, 11008x4096 36.3 -> 38.1 (the CUDA-core kernel streams long rows better:
 // hence the K bound; Llama-2-7B's MLP 95.1 -> 97.8 without it). On this rule, another call: GPT-2's MLP 9.04
@@ -86,8 +79,8 @@ enum class GemvPath { kCudaCores, kTensorCores, kSplitK };
 // K = 768 (768x2304 M 16: 8.5 us against 10.6) and loses at K = 3072 (3072x768 M 16: 24.6 against
 // 12.9: every thread's K slice meets all 16 rows of x, and the N = 768 rows give few blocks); the
 // tensor-core kernel holds at K = 4096 (4096x4096: 21.4 against 21.9) and loses at 11008 (11008x4096:
-// 48.9 against 40.9). Up to 4 rows ours wins at every shape measured. Predicted, not yet measured
-// (session 7): the split-K kernel, which takes the tensor-core rows with fewer 16-row tiles than SMs
+// 48.9 against 40.9). Up to 4 rows ours wins at every shape measured. Predicted, not yet measured:
+// the split-K kernel, which takes the tensor-core rows with fewer 16-row tiles than SMs
 // (N < 2112 on an H100: GPT-2's 768-wide outputs), wins at every K: its clusters spread each tile's K
 // over up to 8 blocks, so the weight stream is split over tiles x splits >= 2 x SMs blocks (3072x768
 // M 16 7-8 us, 768x768 5-6 us: about the M = 1 CUDA-core kernel's time at GPT-2 shapes; bench/NOTES.md).
@@ -109,8 +102,8 @@ int64_t mma_tiles(int64_t n_out, int64_t activation) {
 // Blocks of the split-K kernel per tile: the most that keep the grid at <= 1.5 blocks a SM, but at least
 // enough that tiles x splits covers every SM once; at most a portable cluster, and no split without a chunk
 // of 32 k (the count recomputed from the chunks per split, so the last split is the short one). GPT-2's
-// projections (48 tiles, 132 SMs): 4 splits, where the rule before session 37 (the SMs covered twice) gave
-// 6. Measured in GPT-2's captured step on an H200 (bench/NOTES.md, session 37; interleaved, us a step, 6 ->
+// projections (48 tiles, 132 SMs): 4 splits, where covering the SMs twice gave 6.
+// Measured in GPT-2's captured step on an H200 (bench/NOTES.md; interleaved, us a step, 6 ->
 // 4 splits): B4 198.6 -> 191.9, B8 241.4 -> 227.2, B16 305.0 -> 302.8, B1 unchanged (no split-K launch);
 // 7 or 8 splits cost 27-42 us more than 6. Why fewer wins was not located (the split-K blocks start ~4-6 us
 // under the kernel before them, PDL, and hold its SM slots: the guess). Not measured on an H100.
@@ -203,32 +196,18 @@ struct Norm {
   bool in_mma = false;  // normalized inside the tensor-core kernel (self_norm_in_mma)
 };
 
-// The post-normalization of a launch (linear_post_norm): the norm of the output's rows, counted on the
-// int32 workspace's first element; `out` [m, n_out] is set by whoever computes it (the kernel's launch, or
-// the layer_norm launch after).
-struct PostNorm {
-  Norm norm;
-  at::Tensor workspace;
-  at::Tensor out;
-};
-
 // A norm over 2-8 rows of 16-bit x without the norm's weight and bias (the caller folded them into the
 // weight, as fused_attn.gpt2's "folded" layer_norm does) normalizes inside the tensor-core kernel
 // (kSelfNorm, linear_kernel.cuh: statistics from x's own pieces, applied in the epilogue) where that kernel
 // runs: its short build (k <= 768) in one wave; else our layer_norm launch first, as before. Measured in
-// GPT-2's captured step (H100, bench/NOTES.md session 23, the statistics on tensor cores): B4 -11 to -15
+// GPT-2's captured step (H100, bench/NOTES.md, the statistics on tensor cores): B4 -11 to -15
 // us a step, B8 -6 to -9; at 9-16 rows (two n-tiles) B16 +7 to +9 (alone the kernel costs 1.2 us more than
 // the plain one at 16 rows, 0.8 at 8, against the ~1.4 us norm launch it saves), so from 9 rows the norm
 // keeps its launch (kSelfNormMaxRows).
-// FUSED_ATTN_SELF_NORM=0 turns it off (the two launches), for A/Bs.
 constexpr int64_t kSelfNormMaxRows = 8;
 bool self_norm_in_mma(const at::Tensor& x, const at::Tensor& weight, const Norm& norm, int64_t m, int64_t k,
                       int64_t n_out, int64_t activation) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("FUSED_ATTN_SELF_NORM");
-    return env == nullptr || std::string(env) != "0";
-  }();
-  if (!enabled || norm.norm == kNormNone || norm.weight.defined() || norm.bias.defined()) return false;
+  if (norm.norm == kNormNone || norm.weight.defined() || norm.bias.defined()) return false;
   if (x.scalar_type() == at::kFloat || !mma_rows(m, k, true, false) || m > kSelfNormMaxRows || k % 8 != 0 ||
       !vector_ready(weight, 8))
     return false;
@@ -242,51 +221,13 @@ bool self_norm_in_mma(const at::Tensor& x, const at::Tensor& weight, const Norm&
   return fits;
 }
 
-// Row statistics between launches (linear_launch.h, kStatsGroup): what linear_row_stats writes (`out`,
-// float32 [m, groups, 2], allocated by linear_impl) and what linear_stats_norm reads (`in`, with `norm`
-// kNormLayer / kNormRms, the norm's weight / bias and eps for the path that normalizes in a launch of its
-// own, and the float32 sums of the weight's rows, `row_sums`, computed here where the caller passed none).
-struct RowStats {
-  at::Tensor out;
-  at::Tensor in;
-  int64_t norm = kNormNone;
-  at::Tensor norm_weight, norm_bias, row_sums;
-  double eps = 0;
-  bool kernel_wrote = false;  // set by launch_gemv: the kernel wrote `out`
-  bool kernel_reads = false;  // set by linear_impl: the tensor-core kernel normalizes x from `in`
-};
-
-int64_t stats_groups(int64_t width) { return (width + kStatsGroup - 1) / kStatsGroup; }
-
-// The statistics of y2's rows ([m, n], any floating dtype) as the kernels write them: per group of
-// kStatsGroup columns the mean and the sum of squared distances to it, in float32 (ATen, a few launches),
-// into out [m, groups, 2].
-void row_stats_into(const at::Tensor& y2, const at::Tensor& out) {
-  const int64_t m = y2.size(0), n = y2.size(1);
-  if (m == 0 || n == 0) return;
-  const at::Tensor yf = y2.to(at::kFloat);
-  const int64_t full = n / kStatsGroup, rest = n % kStatsGroup;
-  const auto put = [&](const at::Tensor& v, int64_t g0, int64_t count) {  // v: [m, count, width]
-    const at::Tensor mean = v.mean(2);
-    out.narrow(1, g0, count).select(2, 0).copy_(mean);
-    out.narrow(1, g0, count).select(2, 1).copy_((v - mean.unsqueeze(2)).square().sum(2));
-  };
-  if (full > 0) put(yf.narrow(1, 0, full * kStatsGroup).reshape({m, full, kStatsGroup}), 0, full);
-  if (rest > 0) put(yf.narrow(1, full * kStatsGroup, rest).reshape({m, 1, rest}), full, 1);
-}
-
 // A norm's weight or bias for the kernels: its data (nullptr if absent), and whether it is float32.
 const void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 bool is_fp32(const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kFloat; }
 
-// Returns whether the kernel also wrote `post` (the CUDA-core kernel without a pre-normalization, n_out
-// <= kLinearPostNormMaxWidth); when it did not, the caller normalizes out.
-// With `rs`: kernel_reads launches the tensor-core kernel that normalizes x from rs->in (linear_impl checked
-// that it applies); rs->out defined asks the tensor-core kernels (no SwiGLU) to write the output's row
-// statistics, and kernel_wrote says whether they did.
-bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                  const std::optional<at::Tensor>& residual2, int64_t activation, const Norm& norm,
-                 const at::Tensor& out2, PostNorm* post = nullptr, RowStats* rs = nullptr) {
+                 const at::Tensor& out2) {
   LinearParams p = linear_params(x2, weight, bias, residual2, out2, activation);
   const int64_t vec = 16 / x2.element_size();
   p.vec = p.k % vec == 0 && vector_ready(x2, vec) && vector_ready(weight, vec);
@@ -319,27 +260,8 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
   while (rows > (swiglu ? 2 : 1) && (p.n_out + (swiglu ? rows / 2 : rows) - 1) / (swiglu ? rows / 2 : rows) < min_blocks)
     rows /= 2;
 
-  const bool fold_post = post != nullptr && !normed && p.n_out <= kLinearPostNormMaxWidth;
-  LinearPost q{};
-  if (fold_post) {
-    post->out = at::empty_like(out2);
-    const Norm& pn = post->norm;
-    q.norm = int(pn.norm);
-    q.weight = data_or_null(pn.weight);
-    q.bias = data_or_null(pn.bias);
-    q.w_fp32 = is_fp32(pn.weight);
-    q.b_fp32 = is_fp32(pn.bias);
-    q.eps = float(pn.eps);
-    q.out = post->out.data_ptr();
-    q.o_stride = post->out.stride(0);
-    q.counter = static_cast<unsigned int*>(post->workspace.data_ptr());
-  }
-  bool posted = false;
-
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t mma_blocks = mma_tiles(p.n_out, activation);
-  const bool stats_out = rs != nullptr && rs->out.defined() && activation != kActSwiglu;
-  // A post-norm does not keep one row off tensor cores: layer_norm's launch follows, as at 2-16 rows.
   const bool on_mma = mma_rows(p.m, p.k, normed, mma_blocks < sms) && p.vec && !normed;
   FA_DISPATCH_FLOAT(x2.scalar_type(), x, [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
@@ -348,56 +270,20 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
         launch_linear_mma_self_norm<scalar_t, 8>(p, sms, stream);
         return;
       }
-      if (rs != nullptr && rs->kernel_reads) {  // linear_impl's stats_in_kernel held
-        p.norm = int(rs->norm == kNormRms ? kNormStatsRms : kNormStatsLayer);
-        p.norm_weight = rs->in.data_ptr();
-        p.norm_bias = rs->row_sums.data_ptr();
-        p.xs_pitch = int(stats_groups(p.k));
-        p.eps = float(rs->eps);
-        wide ? launch_linear_mma_stats<scalar_t, 16>(p, sms, stream) : launch_linear_mma_stats<scalar_t, 8>(p, sms, stream);
-        return;
-      }
-      if (stats_out && on_mma) {  // both tensor-core kernels write them
-        p.norm = int(kNormStatsOut);
-        p.norm_weight = rs->out.data_ptr();
-        p.xs_pitch = int(stats_groups(p.n_out));
-      }
       // Otherwise the tensor-core kernels take no norm (linear_impl normalized 2-16 rows of 16-bit x first).
       if (on_mma && mma_blocks >= sms) {
         if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
-          if (p.norm == kNormStatsOut) {
-            wide ? launch_linear_mma_stats_out<scalar_t, 16>(p, sms, stream)
-                 : launch_linear_mma_stats_out<scalar_t, 8>(p, sms, stream);
-            rs->kernel_wrote = true;
-          } else {
-            wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream) : launch_linear_mma<scalar_t, 8>(p, sms, stream);
-          }
+          wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream) : launch_linear_mma<scalar_t, 8>(p, sms, stream);
           return;
         }
       } else if (on_mma) {
         if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
           const int splits = splitk_splits(mma_blocks, p.k, sms);
-          if (p.norm == kNormStatsOut) {
-            wide ? launch_linear_splitk_stats_out<scalar_t, 16>(p, splits, sms, stream)
-                 : launch_linear_splitk_stats_out<scalar_t, 8>(p, splits, sms, stream);
-            rs->kernel_wrote = true;
-          } else {
-            wide ? launch_linear_splitk<scalar_t, 16>(p, splits, sms, stream)
-                 : launch_linear_splitk<scalar_t, 8>(p, splits, sms, stream);
-          }
+          wide ? launch_linear_splitk<scalar_t, 16>(p, splits, sms, stream)
+               : launch_linear_splitk<scalar_t, 8>(p, splits, sms, stream);
           return;
         }
       }
-    }
-    p.norm = int(norm.norm);  // the CUDA-core kernels: no row statistics
-    if (fold_post) {
-      if (p.m <= 1) launch_linear_gemv<scalar_t, 1, false, true>(p, rows, threads, stream, &q);
-      else if (p.m <= 2) launch_linear_gemv<scalar_t, 2, false, true>(p, rows, threads, stream, &q);
-      else if (p.m <= 4) launch_linear_gemv<scalar_t, 4, false, true>(p, rows, threads, stream, &q);
-      else if (p.m <= 8) launch_linear_gemv<scalar_t, 8, false, true>(p, rows, threads, stream, &q);
-      else launch_linear_gemv<scalar_t, 16, false, true>(p, rows, threads, stream, &q);
-      posted = true;
-      return;
     }
     FA_BOOL_SWITCH(normed, kNorm, [&] {
       if (p.m <= 1) launch_linear_gemv<scalar_t, 1, kNorm>(p, rows, threads, stream);
@@ -408,7 +294,6 @@ bool launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
     });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return posted;
 }
 
 // More rows: cuBLAS. In float16 / bfloat16 one cuBLASLt call (linear_cublaslt.cpp) with the bias, GELU
@@ -475,12 +360,9 @@ at::Tensor normalized(const at::Tensor& x2, const Norm& norm) {
   return y.to(x2.scalar_type());
 }
 
-// linear and linear_post_norm (post: the latter's norm, its output [m, n_out] and workspace; nullptr for
-// linear). Returns out; with post, post->out holds the normalized rows on return.
 at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                        const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
-                       const std::optional<at::Tensor>& norm_bias, int64_t activation, int64_t norm_code, double eps,
-                       PostNorm* post, RowStats* rs = nullptr) {
+                       const std::optional<at::Tensor>& norm_bias, int64_t activation, int64_t norm_code, double eps) {
   Norm norm;
   norm.norm = norm_code;
   norm.eps = eps;
@@ -497,12 +379,12 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   if (residual.has_value()) residual2 = residual->reshape({m, n_out});
   // A norm over 2-16 rows of float16 / bfloat16: our layer_norm launch first, then the plain kernels.
   // The kernels' prologue (normalize in shared memory, then multiply) measured slower than the two
-  // launches in GPT-2's chained step at every batch (bench/NOTES.md, sessions 7, 10 and 13). One row
+  // launches in GPT-2's chained step at every batch (bench/NOTES.md). One row
   // keeps it in the launch: the prologue, or without the norm's weight and bias the fold into the dot
   // products (linear_kernel.cuh, kFold); 2-8 rows without them, where the tensor-core kernel runs in one
   // wave, the same fold on tensor cores (self_norm_in_mma, kSelfNorm).
   if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m >= 2 && m <= kMaxGemvRows) {
-    if (rs == nullptr && post == nullptr && self_norm_in_mma(x, weight, norm, m, k, n_out, activation)) {
+    if (self_norm_in_mma(x, weight, norm, m, k, n_out, activation)) {
       norm.in_mma = true;
     } else {
       x2 = normalized(x2, norm);
@@ -521,45 +403,9 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
       path = GemvPath::kSplitK;
     }
   }
-  // Row statistics. Out: allocated here, written by the tensor-core kernels or computed after (stats_after).
-  // In: the tensor-core kernel (linear_mma_kernel) normalizes x from them where it runs, with no norm weight
-  // or bias (folded into the weight by the caller); elsewhere x is normalized first as linear's own norm does
-  // it (normalized(): our layer_norm launch, its own statistics, which the caller's must equal).
-  if (rs != nullptr && rs->in.defined()) {
-    bool in_kernel = path == GemvPath::kTensorCores && m <= kMaxGemvRows && gemv_wins(m, k, path) && k % 8 == 0 &&
-                     vector_ready(weight, 8) && !rs->norm_weight.defined() && !rs->norm_bias.defined();
-    if (in_kernel) {
-      FA_DISPATCH_FLOAT(x.scalar_type(), x, [&] {
-        if constexpr (!std::is_same_v<scalar_t, float>)
-          in_kernel = (m > 8 ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80;
-      });
-    }
-    if (in_kernel) {
-      rs->kernel_reads = true;
-      rs->in = rs->in.contiguous();
-      if (!rs->row_sums.defined()) rs->row_sums = weight.to(at::kFloat).sum(1);
-    } else {
-      Norm own;
-      own.norm = rs->norm;
-      own.weight = rs->norm_weight;
-      own.bias = rs->norm_bias;
-      own.eps = rs->eps;
-      x2 = normalized(x2, own);
-    }
-  }
-  const auto stats_after = [&](const at::Tensor& out) {
-    if (rs != nullptr && rs->out.defined() && !rs->kernel_wrote) row_stats_into(out.view({m, n_out}), rs->out);
-  };
-  // The post-normalization where the kernel does not do it: our layer_norm op on the finished rows.
-  const auto post_after = [&](const at::Tensor& out) {
-    if (post != nullptr && m > 0 && n_out > 0) post->out = normalized(out.view({m, n_out}), post->norm);
-  };
   if (m > kMaxGemvRows || !gemv_wins(m, k, path)) {
     if (norm.norm != kNormNone) x2 = normalized(x2, norm);
-    at::Tensor out = linear_cublas(x2, weight, bias, residual2, activation).view(out_shape);
-    post_after(out);
-    stats_after(out);
-    return out;
+    return linear_cublas(x2, weight, bias, residual2, activation).view(out_shape);
   }
   // Few rows: small copies make every row's last dim contiguous (and x's rows 16-byte aligned).
   const int64_t vec = 16 / x.element_size();
@@ -573,9 +419,7 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   std::optional<at::Tensor> bias_c;
   if (bias.has_value()) bias_c = bias->contiguous();
   at::Tensor out = at::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
-  if (out.numel() > 0 && !launch_gemv(x2, weight, bias_c, residual2, activation, norm, out.view({-1, n_out}), post, rs))
-    post_after(out);
-  stats_after(out);
+  if (out.numel() > 0) launch_gemv(x2, weight, bias_c, residual2, activation, norm, out.view({-1, n_out}));
   return out;
 }
 
@@ -587,111 +431,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
                   const std::optional<at::Tensor>& norm_bias, int64_t activation, int64_t norm_code, double eps) {
   check_args(x, weight, bias, residual, activation);
   check_norm_args(x, norm_weight, norm_bias, norm_code, eps);
-  return linear_impl(x, weight, bias, residual, norm_weight, norm_bias, activation, norm_code, eps, nullptr);
-}
-
-// The locals are named after the arguments (the check macros stringify them); post_weight / post_bias:
-// [out], the output's width.
-std::tuple<at::Tensor, at::Tensor> linear_post_norm(
-    const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
-    const std::optional<at::Tensor>& norm_bias, const std::optional<at::Tensor>& post_weight_opt,
-    const std::optional<at::Tensor>& post_bias_opt, const at::Tensor& workspace, int64_t activation,
-    int64_t norm_code, double eps, int64_t post_norm, double post_eps) {
-  check_args(x, weight, bias, residual, activation);
-  check_norm_args(x, norm_weight, norm_bias, norm_code, eps);
-  const int64_t n_out = activation == kActSwiglu ? weight.size(0) / 2 : weight.size(0);
-  FA_CHECK_ARG(post_norm == kNormLayer || post_norm == kNormRms, post_norm, "be 1 (layer_norm) or 2 (rms_norm)",
-               num_str(post_norm));
-  FA_CHECK_ARG(std::isfinite(post_eps) && post_eps >= 0, post_eps, "be a finite number >= 0", num_str(post_eps));
-  PostNorm post;
-  post.norm.norm = post_norm;
-  post.norm.eps = post_eps;
-  if (post_weight_opt.has_value()) {
-    const at::Tensor& post_weight = *post_weight_opt;
-    FA_CHECK_AFFINE(post_weight, n_out, "out");
-    post.norm.weight = post_weight.contiguous();
-  }
-  if (post_bias_opt.has_value()) {
-    const at::Tensor& post_bias = *post_bias_opt;
-    FA_CHECK_AFFINE(post_bias, n_out, "out");
-    FA_CHECK_ARG(post_norm != kNormRms, post_bias, "be None with rms_norm", "a tensor");
-    post.norm.bias = post_bias.contiguous();
-  }
-  FA_CHECK_SAME_DEVICE(workspace, x);
-  FA_CHECK_ARG(workspace.scalar_type() == at::kInt, workspace, "have dtype torch.int32",
-               dtype_str(workspace.scalar_type()));
-  FA_CHECK_ARG(workspace.dim() == 1 && workspace.numel() >= 1, workspace, "have 1 dim and at least 1 element",
-               shape_str(workspace.sizes()));
-  const c10::cuda::CUDAGuard guard(x.device());
-  post.workspace = workspace;
-  at::Tensor out = linear_impl(x, weight, bias, residual, norm_weight, norm_bias, activation, norm_code, eps, &post);
-  // No rows or no columns: nothing was normalized.
-  at::Tensor normed = post.out.defined() ? post.out.reshape(out.sizes()) : at::empty_like(out);
-  return {out, normed};
-}
-
-// Schema linear_row_stats: linear's output and its rows' statistics, [..., groups, 2] float32 (linear_launch.h).
-std::tuple<at::Tensor, at::Tensor> linear_row_stats(const at::Tensor& x, const at::Tensor& weight,
-                                                     const std::optional<at::Tensor>& bias,
-                                                     const std::optional<at::Tensor>& residual, int64_t activation) {
-  check_args(x, weight, bias, residual, activation);
-  const c10::cuda::CUDAGuard guard(x.device());
-  const int64_t n_out = activation == kActSwiglu ? weight.size(0) / 2 : weight.size(0);
-  const int64_t m = c10::multiply_integers(x.sizes().slice(0, x.dim() - 1));
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
-  shape.push_back(stats_groups(n_out));
-  shape.push_back(2);
-  RowStats rs;
-  rs.out = at::empty({m, stats_groups(n_out), 2}, x.options().dtype(at::kFloat));
-  at::Tensor out = linear_impl(x, weight, bias, residual, std::nullopt, std::nullopt, activation, kNormNone, 0.0,
-                               nullptr, &rs);
-  return {out, rs.out.view(shape)};
-}
-
-// Schema linear_stats_norm: linear of x's rows normalized with the statistics norm_stats ([..., groups, 2]
-// float32, groups over in_features) instead of their own. The locals are named after the arguments.
-at::Tensor linear_stats_norm(const at::Tensor& x, const at::Tensor& norm_stats, const at::Tensor& weight,
-                             const std::optional<at::Tensor>& weight_sums_opt, const std::optional<at::Tensor>& bias,
-                             const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
-                             const std::optional<at::Tensor>& norm_bias, int64_t activation, int64_t norm_code,
-                             double eps) {
-  check_args(x, weight, bias, residual, activation);
-  check_norm_args(x, norm_weight, norm_bias, norm_code, eps);
-  const int64_t norm = norm_code;
-  FA_CHECK_ARG(norm != kNormNone, norm, "be 1 (layer_norm) or 2 (rms_norm) with norm_stats", num_str(norm));
-  std::vector<int64_t> want(x.sizes().begin(), x.sizes().end() - 1);
-  want.push_back(stats_groups(x.size(-1)));
-  want.push_back(2);
-  FA_CHECK_SAME_DEVICE(norm_stats, x);
-  FA_CHECK_ARG(norm_stats.scalar_type() == at::kFloat, norm_stats, "have dtype torch.float32",
-               dtype_str(norm_stats.scalar_type()));
-  FA_CHECK_ARG(norm_stats.sizes() == at::IntArrayRef(want), norm_stats, "have shape " + shape_str(want),
-               shape_str(norm_stats.sizes()));
-  RowStats rs;
-  if (weight_sums_opt.has_value()) {
-    const at::Tensor& weight_sums = *weight_sums_opt;
-    FA_CHECK_SAME_DEVICE(weight_sums, x);
-    FA_CHECK_ARG(weight_sums.scalar_type() == at::kFloat, weight_sums, "have dtype torch.float32",
-                 dtype_str(weight_sums.scalar_type()));
-    FA_CHECK_ARG(weight_sums.dim() == 1 && weight_sums.size(0) == weight.size(0), weight_sums,
-                 "have shape (" + std::to_string(weight.size(0)) + ",)", shape_str(weight_sums.sizes()));
-    rs.row_sums = weight_sums.contiguous();
-  }
-  const c10::cuda::CUDAGuard guard(x.device());
-  rs.in = norm_stats;
-  rs.norm = norm;
-  rs.eps = eps;
-  if (norm_weight.has_value()) rs.norm_weight = norm_weight->contiguous();
-  if (norm_bias.has_value()) rs.norm_bias = norm_bias->contiguous();
-  return linear_impl(x, weight, bias, residual, std::nullopt, std::nullopt, activation, kNormNone, eps, nullptr, &rs);
+  return linear_impl(x, weight, bias, residual, norm_weight, norm_bias, activation, norm_code, eps);
 }
 
 TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) {
   m.impl("linear", &linear);
-  m.impl("linear_post_norm", &linear_post_norm);
-  m.impl("linear_row_stats", &linear_row_stats);
-  m.impl("linear_stats_norm", &linear_stats_norm);
 }
 
 }  // namespace fused_attn

@@ -2,6 +2,5 @@
 #include "linear_kernel.cuh"
 
 namespace fused_attn {
-template void launch_linear_gemv<__nv_bfloat16, 16, true>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
-template void launch_linear_mma_stats<__nv_bfloat16, 16>(const LinearParams&, int, cudaStream_t);
+template void launch_linear_gemv<__nv_bfloat16, 16, true>(const LinearParams&, int, int, cudaStream_t);
 }  // namespace fused_attn

@@ -2,12 +2,9 @@
 #include "linear_splitk.cuh"
 
 namespace fused_attn {
-template void launch_linear_gemv<__nv_bfloat16, 8, false>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
-template void launch_linear_gemv<__nv_bfloat16, 8, false, true>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
+template void launch_linear_gemv<__nv_bfloat16, 8, false>(const LinearParams&, int, int, cudaStream_t);
 template void launch_linear_mma<__nv_bfloat16, 8>(const LinearParams&, int, cudaStream_t);
-template void launch_linear_mma_stats_out<__nv_bfloat16, 8>(const LinearParams&, int, cudaStream_t);
 template int linear_mma_arch<__nv_bfloat16, 8>();
 template void launch_linear_splitk<__nv_bfloat16, 8>(const LinearParams&, int, int, cudaStream_t);
-template void launch_linear_splitk_stats_out<__nv_bfloat16, 8>(const LinearParams&, int, int, cudaStream_t);
 template int linear_splitk_arch<__nv_bfloat16, 8>();
 }  // namespace fused_attn

@@ -2,8 +2,7 @@
 #include "linear_kernel.cuh"
 
 namespace fused_attn {
-template void launch_linear_gemv<__nv_bfloat16, 8, true>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
-template void launch_linear_mma_stats<__nv_bfloat16, 8>(const LinearParams&, int, cudaStream_t);
+template void launch_linear_gemv<__nv_bfloat16, 8, true>(const LinearParams&, int, int, cudaStream_t);
 template void launch_linear_mma_self_norm<__nv_bfloat16, 8>(const LinearParams&, int, cudaStream_t);
 template bool linear_mma_self_norm_fits<__nv_bfloat16, 8>(int64_t, int64_t, int);
 }  // namespace fused_attn

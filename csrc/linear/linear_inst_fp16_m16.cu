@@ -2,12 +2,9 @@
 #include "linear_splitk.cuh"
 
 namespace fused_attn {
-template void launch_linear_gemv<__half, 16, false>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
-template void launch_linear_gemv<__half, 16, false, true>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
+template void launch_linear_gemv<__half, 16, false>(const LinearParams&, int, int, cudaStream_t);
 template void launch_linear_mma<__half, 16>(const LinearParams&, int, cudaStream_t);
-template void launch_linear_mma_stats_out<__half, 16>(const LinearParams&, int, cudaStream_t);
 template int linear_mma_arch<__half, 16>();
 template void launch_linear_splitk<__half, 16>(const LinearParams&, int, int, cudaStream_t);
-template void launch_linear_splitk_stats_out<__half, 16>(const LinearParams&, int, int, cudaStream_t);
 template int linear_splitk_arch<__half, 16>();
 }  // namespace fused_attn

@@ -2,6 +2,5 @@
 #include "linear_kernel.cuh"
 
 namespace fused_attn {
-template void launch_linear_gemv<float, 16, false>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
-template void launch_linear_gemv<float, 16, false, true>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
+template void launch_linear_gemv<float, 16, false>(const LinearParams&, int, int, cudaStream_t);
 }  // namespace fused_attn

@@ -2,5 +2,5 @@
 #include "linear_kernel.cuh"
 
 namespace fused_attn {
-template void launch_linear_gemv<float, 2, true>(const LinearParams&, int, int, cudaStream_t, const LinearPost*);
+template void launch_linear_gemv<float, 2, true>(const LinearParams&, int, int, cudaStream_t);
 }  // namespace fused_attn

@@ -68,6 +68,7 @@
 #include "../common/mma.cuh"
 #include "../common/pdl.cuh"
 #include "../common/vec_dtypes.cuh"
+#include "linear_heuristics.h"
 #include "linear_launch.h"
 
 namespace fused_attn {
@@ -221,13 +222,7 @@ __device__ void normalize_rows(const LinearParams& p, T* xs) {
 // SwiGLU the gate's and the up row's) and the residual. The kernels load them ahead, the bias before
 // wait_for_primary() (a constant) and the residual right after it (the previous kernels'
 // output), so that they are in registers when the sums are, not one more round trip at the end of the
-// launch. Measured in GPT-2's step (H100): B4 -7.5 us, B16 even, B1 +2.5 us (so not at one row:
-// linear_gemv_kernel's kAhead); predicted was more (bench/NOTES.md session 14).
-// FUSED_ATTN_OUTPUT_AHEAD=0 (nvcc flag) loads them in the epilogue instead, for A/Bs.
-#ifndef FUSED_ATTN_OUTPUT_AHEAD
-#define FUSED_ATTN_OUTPUT_AHEAD 1
-#endif
-constexpr bool kOutputAhead = FUSED_ATTN_OUTPUT_AHEAD != 0;
+// launch (kOutputAhead, linear_heuristics.h; not at one row: linear_gemv_kernel's kAhead).
 
 struct OutputIn {
   float bias, bias_up, residual;
@@ -275,10 +270,9 @@ __device__ __forceinline__ void load_output_residual(const LinearParams& p, int 
 }
 
 // The epilogue of output (x row m, column col): `sum` is x · w_col (the gate's with SwiGLU, `up` the
-// up row's), then bias, the activation, the residual (`in`, loaded ahead), one rounding to T. Returns the
-// value stored (the row statistics of kNormStatsOut are of y as stored).
+// up row's), then bias, the activation, the residual (`in`, loaded ahead), one rounding to T.
 template <typename T, int kAct = kActRuntime>
-__device__ __forceinline__ float store_output(const LinearParams& p, int m, int64_t col, float sum, float up,
+__device__ __forceinline__ void store_output(const LinearParams& p, int m, int64_t col, float sum, float up,
                                               const OutputIn& in) {
   const bool biased = build_has<kAct, kEpiBias>(p);
   float y;
@@ -289,102 +283,19 @@ __device__ __forceinline__ float store_output(const LinearParams& p, int m, int6
     if (build_activation<kAct>(p) == kActGeluTanh) y = gelu_tanh(y);
   }
   // __fadd_rn: never contracted with the activation's last product into an FMA, which nvcc does where the
-  // activation is compiled in and not where it is read at run time (the statistics builds): y must be the
-  // same bits from every build (row_stats, post_norm: "bit for bit linear's").
+  // activation is compiled in and not where it is read at run time (kActRuntime): y is the same bits from
+  // every build.
   if (build_has<kAct, kEpiResidual>(p)) y = __fadd_rn(y, in.residual);
-  const T stored = from_float<T>(y);
-  static_cast<T*>(p.out)[m * p.o_stride + col] = stored;
-  return to_float(stored);
+  static_cast<T*>(p.out)[m * p.o_stride + col] = from_float<T>(y);
 }
 
 // The same with the bias and residual loaded here (an output no thread loaded ahead).
 template <typename T, int kAct = kActRuntime>
-__device__ __forceinline__ float store_output(const LinearParams& p, int m, int64_t col, float sum, float up) {
+__device__ __forceinline__ void store_output(const LinearParams& p, int m, int64_t col, float sum, float up) {
   OutputIn in;
   load_output_bias<T, kAct>(p, col, true, in);
   load_output_residual<T, kAct>(p, m, col, true, in);
-  return store_output<T, kAct>(p, m, col, sum, up, in);
-}
-
-// The post-normalization (LinearPost q): called by every thread of every block after its
-// stores. Each block counts itself once its stores are visible at device scope; the last one reads the
-// m finished rows back from L2 (a warp per row, 32 values per lane held in registers: n_out <=
-// kLinearPostNormMaxWidth), normalizes them as normalize_rows does (LayerNorm: the row shifted by its
-// first element, the mean of the shifted values, the variance of their distances to it) and writes
-// norm_out, then zeroes the counter. The dependent launch waits for the whole grid (pdl.cuh), so it
-// reads norm_out complete. The norm's weight and bias are fetched towards L2 by block 0 before the
-// wait (post_prefetch) and staged in shared memory by the last block. Instantiated only as kPost
-// kernels (the post phase takes ~95 registers), so the plain ones keep their registers.
-template <typename T>
-__device__ __forceinline__ void post_prefetch(const LinearParams& p, const LinearPost& q) {
-  if (blockIdx.x != 0) return;
-  const int wb = q.weight != nullptr ? p.n_out * (q.w_fp32 ? 4 : int(sizeof(T))) : 0;
-  const int bb = q.bias != nullptr ? p.n_out * (q.b_fp32 ? 4 : int(sizeof(T))) : 0;
-  for (int off = threadIdx.x * 128; off < wb + bb; off += blockDim.x * 128) {
-    prefetch_l2(off < wb ? static_cast<const unsigned char*>(q.weight) + off
-                         : static_cast<const unsigned char*>(q.bias) + (off - wb));
-  }
-}
-
-template <typename T>
-__device__ void post_normalize(const LinearParams& p, const LinearPost& q) {
-  constexpr int kPer = kLinearPostNormMaxWidth / 32;  // values of a row per lane
-  __shared__ bool last;
-  // The block's stores, then the count: one acquire-release atomic by the thread that counts. Release:
-  // the stores the barrier ordered before it (PTX's ordering is cumulative) are visible at device scope
-  // before the count is; acquire: in the last block, the other blocks' stores are visible after it (and,
-  // through the barrier below, to every thread of the block). No __threadfence(): that is membar.gl, a
-  // sequentially consistent fence.sc.gpu, which measured ~11 us per launch with 384 blocks (H100,
-  // bench/NOTES.md session 11) against ~2 us for the whole plain kernel.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned int before;
-    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(before) : "l"(q.counter) : "memory");
-    last = before == gridDim.x * gridDim.y * gridDim.z - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  const int n = p.n_out, lane = threadIdx.x % 32;
-  const bool rms = q.norm == kNormRms;
-  // The weight and bias into shared memory first, every load in flight at once: read inside the store
-  // loop from global memory, each would wait for the store before it (norm_out might alias them), 2 x 24
-  // round trips in a row for a 768-wide row (ncu: 15.5 us for the launch against 5.3 without the norm).
-  __shared__ float affine[2][kLinearPostNormMaxWidth];
-  for (int c = threadIdx.x; c < n; c += blockDim.x) {
-    affine[0][c] = norm_affine<T>(q.weight, q.w_fp32, c, 1.f);
-    affine[1][c] = norm_affine<T>(q.bias, q.b_fp32, c, 0.f);
-  }
-  __syncthreads();
-  for (int m = threadIdx.x / 32; m < p.m; m += blockDim.x / 32) {
-    const T* row = static_cast<const T*>(p.out) + m * p.o_stride;
-    float v[kPer];
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int c = lane + 32 * i;
-      v[i] = c < n ? to_float(__ldcg(row + c)) : 0.f;  // L2: other blocks' stores, never this SM's L1
-    }
-    const float shift = rms ? 0.f : __shfl_sync(0xffffffffu, v[0], 0);
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      if (lane + 32 * i < n) sum += v[i] - shift;
-    }
-    const float mean = rms ? 0.f : warp_sum(sum) / float(n);
-    float sq = 0.f;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const float t = (v[i] - shift) - mean;
-      if (lane + 32 * i < n) sq += t * t;
-    }
-    const float rstd = rsqrtf(warp_sum(sq) / float(n) + q.eps);
-    T* const dst = static_cast<T*>(q.out) + m * q.o_stride;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int c = lane + 32 * i;
-      if (c < n) dst[c] = from_float<T>(fmaf(((v[i] - shift) - mean) * rstd, affine[0][c], affine[1][c]));
-    }
-  }
-  if (threadIdx.x == 0) *q.counter = 0u;  // the next launch on this workspace counts from 0
+  store_output<T, kAct>(p, m, col, sum, up, in);
 }
 
 // The early trigger (common/pdl.cuh) of a linear launch: by its rows (pdl_early), and at any row count
@@ -392,29 +303,21 @@ __device__ void post_normalize(const LinearParams& p, const LinearPost& q) {
 // An activation's linear is an MLP's first projection: its consumer is the second projection, a GEMV
 // whose blocks fetch their weights before their wait, so starting them under this launch's main loop
 // hides that fetch. Measured at 8 and 16 rows (the late trigger's range; H100, GPT-2 fp16 captured
-// step: -10 us a step, bench/NOTES.md session 19); the same early trigger on every launch of 8-16 rows
-// costs the step 15 us (session 18): the run-ahead is one kernel deep here, not the whole chain.
+// step: -10 us a step, bench/NOTES.md); the same early trigger on every launch of 8-16 rows
+// costs the step 15 us: the run-ahead is one kernel deep here, not the whole chain.
 inline LinearParams with_linear_pdl_early(const LinearParams& params) {
   LinearParams p = with_pdl_early(params, params.m);
   p.pdl_early = p.pdl_early || (params.activation != kActNone && pdl_early_rows() > 0);
   return p;
 }
 
-// The kernel's parameter: LinearParams, or with kPost LinearPostParams (LinearPost's comment says why
-// the two are apart).
-template <bool kPost>
-using GemvArgs = std::conditional_t<kPost, LinearPostParams, LinearParams>;
-__host__ __device__ __forceinline__ const LinearParams& gemv_params(const LinearParams& a) { return a; }
-__host__ __device__ __forceinline__ const LinearParams& gemv_params(const LinearPostParams& a) { return a.p; }
-
 // kFold's bound (64 registers a thread) keeps it at the plain kernel's blocks per SM within one step of the
 // register file's granularity: ptxas gave it 73 without, and at GPT-2's 96-thread blocks that is 8 blocks
 // per SM against 12, too few for the next launch's blocks to start (and load their weights) under PDL.
-template <typename T, int MT, int NB, bool kVec, bool kNorm, bool kPost, bool kFold = false>
-__global__ void __launch_bounds__(kLinearMaxThreads, kFold ? 4 : 1) linear_gemv_kernel(const GemvArgs<kPost> args) {
-  static_assert(!kFold || (kNorm && !kPost), "kFold is a way to run kNorm");
+template <typename T, int MT, int NB, bool kVec, bool kNorm, bool kFold = false>
+__global__ void __launch_bounds__(kLinearMaxThreads, kFold ? 4 : 1) linear_gemv_kernel(const LinearParams p) {
+  static_assert(!kFold || kNorm, "kFold is a way to run kNorm");
   constexpr bool kPrologue = kNorm && !kFold;  // the rows normalized first, into xs
-  const LinearParams& p = gemv_params(args);
   constexpr int VEC = Piece<T>::VEC;
   extern __shared__ uint4 xs_raw[];  // kNorm: the normalized rows of x
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
@@ -459,7 +362,7 @@ __global__ void __launch_bounds__(kLinearMaxThreads, kFold ? 4 : 1) linear_gemv_
   // kNorm the block normalizes it: every thread takes part). From two rows of x (kAhead) the epilogue's
   // first output per thread (thread t: column t / MT, x row t % MT) has its bias loaded before the
   // wait, its residual after. At one row that measured 2.5 us slower per B1 step (the registers it
-  // takes: 64 -> 70), at four rows 7.5 us faster per B4 step (bench/NOTES.md session 14).
+  // takes: 64 -> 70), at four rows 7.5 us faster per B4 step (bench/NOTES.md).
   constexpr bool kAhead = kOutputAhead && MT > 1;
   if (int(threadIdx.x) < pieces) load_weights(threadIdx.x);
   const int out_cols = swiglu ? NB / 2 : NB;
@@ -468,7 +371,6 @@ __global__ void __launch_bounds__(kLinearMaxThreads, kFold ? 4 : 1) linear_gemv_
   OutputIn first_in;
   load_output_bias<T>(p, col0 + first_c, first_live, first_in);
   if constexpr (kPrologue) stage_affine<T>(p, reinterpret_cast<unsigned char*>(xs_raw) + p.m * p.xs_pitch * sizeof(T));
-  if constexpr (kPost) post_prefetch<T>(p, args.post);
   wait_for_primary();
   load_output_residual<T>(p, first_m, col0 + first_c, first_live, first_in);
   if constexpr (kPrologue) normalize_rows<T>(p, reinterpret_cast<T*>(xs_raw));
@@ -575,48 +477,23 @@ __global__ void __launch_bounds__(kLinearMaxThreads, kFold ? 4 : 1) linear_gemv_
       store_output<T>(p, m, col, gate_or_sum, up);
     }
   }
-  if constexpr (kPost) post_normalize<T>(p, args.post);
 }
 
 constexpr int kMmaWarps = kLinearMmaThreads / 32;
 // Two builds of each tensor-core kernel: chunks of 32 k per warp in flight and the blocks per SM they
-// are compiled for (__launch_bounds__). Unbounded, ptxas gives them 110-112 registers: two blocks per
-// SM. For short rows that is too few: a next kernel's blocks find little room to start early under PDL,
-// and the split-K kernel's 288 blocks at GPT-2's N = 768 ran as two waves. So where a warp's share of
-// the block's K is at most kMmaShortChunks chunks (all of it in flight before the wait: K <= 768 for
-// the whole-K kernel), the "short" build runs: 3 chunks, 3 blocks per SM (80 registers), GPT-2's B16
-// decode step 483 -> 415 us and B8 453 -> 382 (H100, bench/NOTES.md session 14; 4 blocks with 2
-// chunks, 64 registers: 433 us at B16). Longer rows stream tens of MB, where bytes in flight per SM
-// matter more: the "long" build keeps 4 chunks, unbounded (Llama's 4096 x 4096 at M = 16 ran 26.1 us
-// under the short one against 21.4 in session 6). The short build is overridable for A/Bs
-// (FUSED_ATTN_NVCC_FLAGS="-DFUSED_ATTN_MMA_CHUNKS=4 -DFUSED_ATTN_MMA_MIN_BLOCKS=1").
-#ifndef FUSED_ATTN_MMA_CHUNKS
-#define FUSED_ATTN_MMA_CHUNKS 3
-#endif
-#ifndef FUSED_ATTN_MMA_MIN_BLOCKS
-#define FUSED_ATTN_MMA_MIN_BLOCKS 3
-#endif
-constexpr int kMmaShortChunks = FUSED_ATTN_MMA_CHUNKS;
-constexpr int kMmaShortMinBlocks = FUSED_ATTN_MMA_MIN_BLOCKS;
-constexpr int kMmaLongChunks = 4;
-
+// are compiled for (__launch_bounds__; linear_heuristics.h). Unbounded, ptxas gives them 110-112
+// registers: two blocks per SM. For short rows that is too few: a next kernel's blocks find little room to
+// start early under PDL, and the split-K kernel's 288 blocks at GPT-2's N = 768 ran as two waves. So where a
+// warp's share of the block's K is at most kMmaShortChunks chunks (all of it in flight before the wait:
+// K <= 768 for the whole-K kernel), the "short" build runs; longer rows stream tens of MB, where bytes in
+// flight per SM matter more: the "long" build (kMmaLongChunks, unbounded).
 // Whether a block whose slice of K holds `chunks` chunks of 32 k takes the short build.
 __host__ __device__ inline bool mma_short(int64_t chunks) {
   return (chunks + kMmaWarps - 1) / kMmaWarps <= kMmaShortChunks;
 }
 
-// Whether a short-build launch of `blocks` blocks with NT n-tiles stages x (kStageX, below): two n-tiles,
-// and a grid that `sms` SMs hold at once. FUSED_ATTN_MMA_STAGE_X=0 builds without staging, for A/Bs.
-#ifndef FUSED_ATTN_MMA_STAGE_X
-#define FUSED_ATTN_MMA_STAGE_X 1
-#endif
-constexpr bool kMmaStageX = FUSED_ATTN_MMA_STAGE_X != 0;
-// The fence between a staged group's copies and its first weight read (mma_walk_pieces);
-// FUSED_ATTN_MMA_X_FENCE=0 builds without it, for A/Bs.
-#ifndef FUSED_ATTN_MMA_X_FENCE
-#define FUSED_ATTN_MMA_X_FENCE 1
-#endif
-constexpr bool kMmaXFence = FUSED_ATTN_MMA_X_FENCE != 0;
+// Whether a short-build launch of `blocks` blocks with NT n-tiles stages x (kStageX, below; kMmaStageX in
+// linear_heuristics.h): two n-tiles, and a grid that `sms` SMs hold at once.
 // Whether a short-build grid of `blocks` blocks is resident at once on `sms` SMs (one wave).
 inline bool mma_one_wave(int64_t blocks, int sms) { return blocks <= int64_t(sms) * kMmaShortMinBlocks; }
 
@@ -663,7 +540,7 @@ __device__ __forceinline__ MmaLane<T, NT> mma_lane(const LinearParams& p, int64_
 // grid that is resident at once (one wave; the launchers decide): there ptxas, under the build's 80
 // registers, issues the register path's six pieces one at a time, each behind the MMA of the one before,
 // six L2 round trips after griddepcontrol.wait where the 8-row build waits one (GPT-2's 16-row GEMVs:
-// 1.2 us of 8.2; H200, bench/NOTES.md session 18). In grids of many waves (an lm_head's 3142 blocks) the
+// 1.2 us of 8.2; H200, bench/NOTES.md). In grids of many waves (an lm_head's 3142 blocks) the
 // register path is the faster one (27.7 against 31.7 us at 16 rows: later waves find x in L1 and their
 // loads' order does not matter), and the long build (unbounded registers) issues its loads together.
 // A warp's bytes: its lanes' staging slots in the main loop (mma_accumulate), then its fragments for the
@@ -753,7 +630,7 @@ __device__ __forceinline__ void mma_walk_pieces(const LinearParams& p, const Mma
     // Every staged piece issued before anything reads the weight registers: without this fence ptxas
     // interleaved the A-fragment moves with the copies, and the moves' wait for the weights (in-order
     // issue) held back the group's last pieces, a second round trip before the first MMA (16 rows:
-    // 3 of 6 pieces behind it; bench/NOTES.md, session 24). __syncwarp is the fence ptxas keeps.
+    // 3 of 6 pieces behind it; bench/NOTES.md). __syncwarp is the fence ptxas keeps.
     if constexpr (kStageX && kMmaXFence) __syncwarp();
     if (c0 == first) after_issue();
     mma_x_landed<kStageX>();
@@ -784,159 +661,6 @@ __device__ __forceinline__ void mma_accumulate(const LinearParams& p, const MmaL
       });
 }
 #endif
-
-// x's rows normalized from row statistics (kNormStatsLayer / kNormStatsRms, linear_launch.h). With the
-// row's mean mu and rstd, and s = mu rounded to T: norm(x) . w = rstd (x - s) . w - rstd (mu - s) sum(w).
-// The lanes subtract s from their x pieces in T (exact where x is within a factor of two of s, else one
-// rounding of x - s, as the normalized row's own rounding), the MMAs multiply as before, and the epilogue
-// applies rstd and the correction with the weight row's sum (p.norm_bias, float32, loaded before the wait).
-// Nothing waits for the statistics but the first MMA: they are combined (mma_norm_rows_load) while the
-// first x pieces are on their way. RMSNorm: s = 0, rstd from the mean square (M2 / k + mu^2).
-// Per row of x (rows past p.m: shift 0, rstd 0): the shift s, delta = mean - s (float32), rstd.
-template <typename T>
-struct MmaNormRows {
-  T shift[kLinearMaxRows];
-  float delta[kLinearMaxRows];
-  float rstd[kLinearMaxRows];
-};
-
-template <typename T>
-__device__ __forceinline__ MmaNormRows<T>& mma_norm_rows() {
-  __shared__ MmaNormRows<T> rows;
-  return rows;
-}
-
-// Every thread of the block once, after wait_for_primary(): each row's groups (float2 (mean_g, M2_g) over
-// c_g = kStatsGroup columns, the last group shorter where k is not a multiple) combined by one warp, its
-// lanes over the groups: mean = sum c_g mean_g / k, then M2 = sum (M2_g + c_g (mean_g - mean)^2) (the
-// exact decomposition of the row's M2 about its mean), each sum a butterfly whose pairs every lane adds
-// alike (the same result on every lane and in every run); then a block barrier. Division-free on the
-// chain (one reciprocal of k), the two rows of a warp interleaved.
-template <typename T>
-__device__ __forceinline__ void mma_norm_rows_load(const LinearParams& p) {
-  constexpr int kRowsPerWarp = kLinearMaxRows / kMmaWarps;
-  static_assert(kLinearMaxRows % kMmaWarps == 0, "whole rows per warp");
-  MmaNormRows<T>& rows = mma_norm_rows<T>();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const float2* stats = static_cast<const float2*>(p.norm_weight);
-  const int groups = p.xs_pitch;
-  const float inv_k = p.k > 0 ? 1.f / float(p.k) : 0.f;
-  float sum[kRowsPerWarp], m2[kRowsPerWarp], mean[kRowsPerWarp];
-#pragma unroll
-  for (int j = 0; j < kRowsPerWarp; ++j) {
-    const int m = warp + j * kMmaWarps;
-    sum[j] = 0.f;
-    if (m < p.m)
-#pragma unroll 1
-      for (int gi = lane; gi < groups; gi += 32)
-        sum[j] = fmaf(float(min(kStatsGroup, p.k - gi * kStatsGroup)), stats[int64_t(m) * groups + gi].x, sum[j]);
-  }
-#pragma unroll
-  for (int off = 1; off < 32; off *= 2)
-#pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j) sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], off);
-#pragma unroll
-  for (int j = 0; j < kRowsPerWarp; ++j) {
-    const int m = warp + j * kMmaWarps;
-    mean[j] = sum[j] * inv_k;
-    m2[j] = 0.f;
-    if (m < p.m)
-#pragma unroll 1
-      for (int gi = lane; gi < groups; gi += 32) {
-        const float2 v = stats[int64_t(m) * groups + gi];
-        const float d = v.x - mean[j];
-        m2[j] += fmaf(float(min(kStatsGroup, p.k - gi * kStatsGroup)) * d, d, v.y);
-      }
-  }
-#pragma unroll
-  for (int off = 1; off < 32; off *= 2)
-#pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j) m2[j] += __shfl_xor_sync(0xffffffffu, m2[j], off);
-  if (lane < kRowsPerWarp) {
-#pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j) {
-      if (j != lane) continue;
-      const int m = warp + j * kMmaWarps;
-      const bool rms = p.norm == kNormStatsRms, live = m < p.m;
-      const float var = m2[j] * inv_k;
-      const float mu = rms || !live ? 0.f : mean[j];
-      const T shift = from_float<T>(mu);
-      rows.shift[m] = shift;
-      rows.delta[m] = mu - to_float(shift);
-      rows.rstd[m] = live ? rsqrtf((rms ? fmaf(mean[j], mean[j], var) : var) + p.eps) : 0.f;
-    }
-  }
-  __syncthreads();
-}
-
-// Two T values (a 32-bit word of an x piece) minus the shift pair, in T.
-template <typename T>
-__device__ __forceinline__ uint32_t sub_pair(uint32_t a, uint32_t b) {
-  using P = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
-  P pa, pb;
-  memcpy(&pa, &a, 4);
-  memcpy(&pb, &b, 4);
-  const P d = __hsub2(pa, pb);
-  uint32_t out;
-  memcpy(&out, &d, 4);
-  return out;
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // mma.sync
-// mma_accumulate with x's rows shifted (above): the first group of x pieces is issued, then the statistics
-// are combined (a block barrier: every warp runs the first pass, a warp without chunks on zeros), then the
-// pieces are consumed, each 16-bit pair minus its row's shift.
-template <typename T, int NT, int CH, bool kStageX>
-__device__ __forceinline__ void mma_accumulate_normed(const LinearParams& p, const MmaLane<T, NT>& L, int first,
-                                                      int end, int stride, uint4 (&wa)[CH][2], float (&acc)[NT][4]) {
-  const int lane = threadIdx.x % 32, g = lane / 4;
-  auto& xs = mma_shared<NT, CH, kStageX>()[threadIdx.x / 32].x_stage;
-  uint32_t shift[NT];
-  bool rows_in = false;
-  for (int c0 = first; !rows_in || c0 < end; c0 += stride * CH) {
-    if (c0 != first) mma_load_weights<T, NT, CH>(p, L, c0, end, stride, wa);
-    uint4 xb[kStageX ? 1 : CH][NT];
-    mma_issue_x<T, NT, CH, kStageX>(p, L, c0, end, stride, xs, xb);
-    if constexpr (kStageX) cp_async_commit();
-    if (!rows_in) {  // the first pass, on every warp
-      mma_norm_rows_load<T>(p);
-      const MmaNormRows<T>& rows = mma_norm_rows<T>();
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const T s = rows.shift[8 * t + g];
-        uint16_t bits;
-        memcpy(&bits, &s, 2);
-        shift[t] = uint32_t(bits) * 0x10001u;
-      }
-      rows_in = true;
-    }
-    if constexpr (kStageX) cp_async_wait<0>();
-#pragma unroll
-    for (int u = 0; u < CH; ++u) {
-      uint32_t a_lo[4], a_hi[4];
-      mma_a_fragments(wa[u], a_lo, a_hi);
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const uint4 b = kStageX ? xs[u][t][lane] : xb[kStageX ? 0 : u][t];
-        mma16816<T>(acc[t], a_lo, sub_pair<T>(b.x, shift[t]), sub_pair<T>(b.y, shift[t]));
-        mma16816<T>(acc[t], a_hi, sub_pair<T>(b.z, shift[t]), sub_pair<T>(b.w, shift[t]));
-      }
-    }
-  }
-}
-#endif
-
-// n-tile t's summed fragment (mma_block_sum's s: x row 8 t + 2 q + i % 2) into the normalized row's sums.
-template <typename T>
-__device__ __forceinline__ void mma_norm_epilogue(int t, const float (&sums)[4], float (&s)[4]) {
-  const MmaNormRows<T>& rows = mma_norm_rows<T>();
-  const int q = (threadIdx.x % 32) % 4;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int m = 8 * t + 2 * q + i % 2;
-    s[i] = rows.rstd[m] * fmaf(-rows.delta[m], sums[i], s[i]);
-  }
-}
 
 // The block's warps' fragments summed through shared memory: warp t < NT returns true with the sum
 // of n-tile t in s (s[i]: tile row g + 8 (i / 2), x row 8 t + 2 q + i % 2); the other warps false.
@@ -998,19 +722,6 @@ __device__ __forceinline__ MmaOutput mma_output_at(const LinearParams& p, int64_
   return {m, col, !(swiglu && i >= 2) && m < p.m && col < p.n_out};
 }
 
-// The owning lane's weight-row sums for its four sums s[i] (the weight row of mma_output_at's column; with
-// SwiGLU s[2..3] are the up row n_out + col's), before the wait.
-template <int kAct = kActRuntime>
-__device__ __forceinline__ void mma_load_row_sums(const LinearParams& p, int64_t col0, int t, float (&sums)[4]) {
-  const float* row_sums = static_cast<const float*>(p.norm_bias);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t col = mma_output_at<kAct>(p, col0, t, i).col;
-    const int64_t row = build_activation<kAct>(p) == kActSwiglu && i >= 2 ? p.n_out + col : col;
-    sums[i] = col < p.n_out ? row_sums[row] : 0.f;
-  }
-}
-
 template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ void mma_load_output_bias(const LinearParams& p, int64_t col0, int t, MmaOutputIn& o) {
 #pragma unroll
@@ -1032,51 +743,20 @@ __device__ __forceinline__ void mma_load_output_residual(const LinearParams& p, 
 
 // The epilogue of n-tile t from its summed fragment s (as mma_block_sum leaves it); with SwiGLU s[0..1]
 // are gate sums and s[2..3] the up sums of the same outputs.
-// kNormStatsOut (linear_launch.h): the mean and M2 of each of n-tile t's x rows over this block's 16 output
-// columns (one statistics group; the launcher asks for them without SwiGLU only), from the values as stored
-// (v[i], 0 where not stored). A row's 16 values sit in the 8 lanes of one q (two each): sums over lane bits
-// 2-4 by butterfly, whose operands every lane adds in the same pairs (the same bits on every lane, and the
-// same from run to run). Lanes g = 0 write rows 8 t + 2 q and 8 t + 2 q + 1.
-__device__ __forceinline__ void mma_store_stats(const LinearParams& p, int64_t col0, int t, const float (&v)[4]) {
-  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  const int cols = int(min(int64_t(kStatsGroup), p.n_out - col0));
-  const bool lo = g < cols, hi = g + 8 < cols;
-  float2* stats = static_cast<float2*>(const_cast<void*>(p.norm_weight));
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    float sum = (lo ? v[j] : 0.f) + (hi ? v[j + 2] : 0.f);
-#pragma unroll
-    for (int off = 4; off < 32; off *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    const float mean = sum / float(cols);
-    const float da = lo ? v[j] - mean : 0.f, db = hi ? v[j + 2] - mean : 0.f;
-    float m2 = fmaf(da, da, db * db);
-#pragma unroll
-    for (int off = 4; off < 32; off *= 2) m2 += __shfl_xor_sync(0xffffffffu, m2, off);
-    const int m = 8 * t + 2 * q + j;
-    if (g == 0 && m < p.m) stats[int64_t(m) * p.xs_pitch + col0 / kStatsGroup] = make_float2(mean, m2);
-  }
-}
-
-// kStatsOut: the build that may write the row statistics (p.norm == kNormStatsOut, linear_row_stats'
-// launches); the default builds have no such branch: in every tensor-core launch of GPT-2's step it cost
-// the B16 step 4-6 us (ptxas's register choices around it; H200, bench/NOTES.md session 26).
-template <typename T, bool kStatsOut = false, int kAct = kActRuntime>
+template <typename T, int kAct = kActRuntime>
 __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, int t, const float (&s)[4],
                                           const MmaOutputIn& o) {
   const bool swiglu = build_activation<kAct>(p) == kActSwiglu;
-  float v[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const MmaOutput at = mma_output_at<kAct>(p, col0, t, i);
-    v[i] = 0.f;
     if (!at.live) continue;
     if constexpr (kOutputAhead) {
-      v[i] = store_output<T, kAct>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f, o.in[i]);
+      store_output<T, kAct>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f, o.in[i]);
     } else {
-      v[i] = store_output<T, kAct>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f);
+      store_output<T, kAct>(p, at.m, at.col, s[i], swiglu ? s[i + 2] : 0.f);
     }
   }
-  if (kStatsOut && p.norm == kNormStatsOut) mma_store_stats(p, col0, t, v);  // block-uniform
 }
 
 // kSelfNorm: x's rows normalized inside the launch from x's own pieces (p.norm kNormLayer / kNormRms with no
@@ -1088,7 +768,7 @@ __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, i
 // and this lane's x row sums x and x^2 of the tile's rows (uncentered; SelfNormLane), and before the wait a
 // pair against a B operand of ones sums the weight rows over exactly the 16-bit values the products use.
 // (Summing x - x[0] and its square on CUDA cores, the first build, doubled the kernel's instructions: ncu,
-// 7.1 against 5.9 us alone at 8 rows; bench/NOTES.md session 23.) The statistics ride the block sum's
+// 7.1 against 5.9 us alone at 8 rows; bench/NOTES.md.) The statistics ride the block sum's
 // barrier (every warp combines all rows: the decision below is block-uniform without another barrier); the
 // owning warps apply rstd and the correction.
 // The correction cancels mu sum(w) out of float32 sums of terms up to (|mu| + |x - mu|) |w|, so its error,
@@ -1329,7 +1009,7 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
       for (int v = 0; v < kMmaWarps; ++v) ws += ns.wsum[v][g + 8 * (i / 2)];
       s[i] = rstd_i * fmaf(-mean_i, ws, s[i]);
     }
-    mma_store<T, false, kAct>(p, col0, warp, s, out_in);
+    mma_store<T, kAct>(p, col0, warp, s, out_in);
     return;
   }
   // The redo pass (every warp): the rows' statistics again, exactly (self_norm_exact_stats), then the block's
@@ -1351,30 +1031,26 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
   __syncwarp();
   mma_accumulate_centered<T, NT, CH, kStageX>(p, L, warp, chunks, kMmaWarps, mu, rs, acc2);
   float s[4];
-  if (mma_block_sum<NT, CH, kStageX>(acc2, s)) mma_store<T, false, kAct>(p, col0, warp, s, out_in);
+  if (mma_block_sum<NT, CH, kStageX>(acc2, s)) mma_store<T, kAct>(p, col0, warp, s, out_in);
 }
 #endif
 
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); kShort: the short build (CH chunks in
 // flight, kMmaShortMinBlocks blocks per SM), else the long one (kMmaLongChunks, unbounded). No norm in
 // the plain build: linear.cpp normalizes 2-16 16-bit rows in a launch of their own (the prologue measured
-// slower in GPT-2's step, and session 14's fold into the products slower still: bench/NOTES.md), except
+// slower in GPT-2's step, and a fold into the products slower still: bench/NOTES.md), except
 // 2-8 rows with the norm folded into the weight (kSelfNorm, below).
-// kNormX: x's rows normalized from row statistics (p.norm kNormStatsLayer / kNormStatsRms; above).
 // kSelfNorm: x's rows normalized from their own pieces (p.norm kNormLayer / kNormRms; mma_accumulate_self).
-// kStatsOut: the build whose epilogue may write the row statistics (mma_store).
 // kAct: the activation compiled in, or kActRuntime (p.activation; launch_mma_builds says which runs).
-template <typename T, int NT, bool kShort, bool kStageX, bool kNormX = false, bool kSelfNorm = false,
-          bool kStatsOut = false, int kAct = kActRuntime>
+template <typename T, int NT, bool kShort, bool kStageX, bool kSelfNorm = false, int kAct = kActRuntime>
 __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)
     linear_mma_kernel(const LinearParams p) {
-  static_assert(!(kNormX && kSelfNorm), "one source of x's row statistics");
   constexpr int CH = kShort ? kMmaShortChunks : kMmaLongChunks;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const int warp = threadIdx.x / 32;
   // Spelled out here, not through build_activation: that form moved ptxas's schedule of the kActRuntime builds
-  // (bench/NOTES.md, session 26 continued).
+  // (bench/NOTES.md).
   const bool swiglu = kAct == kActRuntime ? p.activation == kActSwiglu : (kAct & kActCodeMask) == kActSwiglu;
   const int64_t col0 = int64_t(blockIdx.x) * (swiglu ? 8 : 16);
   const MmaLane<T, NT> L = mma_lane<T, NT, kAct>(p, col0, threadIdx.x % 32);
@@ -1390,8 +1066,6 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   mma_load_weights<T, NT, CH>(p, L, warp, chunks, kMmaWarps, wa);
   MmaOutputIn out_in;  // the owning warps' (warp < NT) epilogue operands, loaded ahead
   if (kOutputAhead && warp < NT) mma_load_output_bias<T, kAct>(p, col0, warp, out_in);
-  float row_sums[4];  // kNormX: the owning warps' weight-row sums
-  if (kNormX && warp < NT) mma_load_row_sums<kAct>(p, col0, warp, row_sums);
   if constexpr (kSelfNorm) mma_weight_sums<T, CH>(wa);
   wait_for_primary();
   if (kOutputAhead && !kSelfNorm && warp < NT) mma_load_output_residual<T, kAct>(p, col0, warp, out_in);
@@ -1406,18 +1080,11 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
     mma_self_norm_finish<T, NT, CH, kStageX, kAct>(p, col0, L, chunks, acc, st, out_in);
     return;
   }
-  if constexpr (kNormX) {
-    mma_accumulate_normed<T, NT, CH, kStageX>(p, L, warp, chunks, kMmaWarps, wa, acc);
-  } else {
-    mma_accumulate<T, NT, CH, kStageX>(p, L, warp, chunks, kMmaWarps, wa, acc);
-  }
+  mma_accumulate<T, NT, CH, kStageX>(p, L, warp, chunks, kMmaWarps, wa, acc);
   launch_dependents();
 
   float s[4];
-  if (mma_block_sum<NT, CH, kStageX>(acc, s)) {
-    if constexpr (kNormX) mma_norm_epilogue<T>(warp, row_sums, s);
-    mma_store<T, kStatsOut, kAct>(p, col0, warp, s, out_in);
-  }
+  if (mma_block_sum<NT, CH, kStageX>(acc, s)) mma_store<T, kAct>(p, col0, warp, s, out_in);
 #else
   __trap();  // launched only where linear_mma_arch says it was compiled (sm_80 and later)
 #endif
@@ -1440,45 +1107,38 @@ bool allow_norm_smem(Kernel kernel) {
          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kLinearNormSmemBytes) == cudaSuccess;
 }
 
-template <typename T, int MT, int NB, bool kNorm, bool kPost>
-void launch_nb(const LinearParams& params, int threads, cudaStream_t stream, const LinearPost* post) {
-  GemvArgs<kPost> args{};
-  if constexpr (kPost) {
-    args.p = with_linear_pdl_early(params);
-    args.post = *post;
-  } else {
-    args = with_linear_pdl_early(params);
-  }
-  const LinearParams& p = gemv_params(args);
+template <typename T, int MT, int NB, bool kNorm>
+void launch_nb(const LinearParams& params, int threads, cudaStream_t stream) {
+  const LinearParams p = with_linear_pdl_early(params);
   const int64_t cols_per_block = p.activation == kActSwiglu ? NB / 2 : NB;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
   // Programmatic where the kernel has the sm_90 code (common/pdl.cuh); checked once per kernel, with
   // the shared-memory limit raised (an && that always evaluates its left side first).
   // kFold where it applies (the header): no shared memory, so not allow_norm_smem's attribute.
   // One row only: at two, ptxas needs ~120 registers for it (or spills under the 64-register bound).
-  constexpr bool kFoldable = kNorm && !kPost && !std::is_same_v<T, float> && MT == 1;
+  constexpr bool kFoldable = kNorm && !std::is_same_v<T, float> && MT == 1;
   if constexpr (kFoldable) {
     if (p.norm_weight == nullptr && p.norm_bias == nullptr) {
       if (p.vec) {
-        constexpr auto kernel = linear_gemv_kernel<T, MT, NB, true, true, false, true>;
+        constexpr auto kernel = linear_gemv_kernel<T, MT, NB, true, true, true>;
         static const bool pdl = programmatic_capable(kernel);
-        launch_programmatic(pdl, kernel, grid, dim3(threads), 0, stream, args);
+        launch_programmatic(pdl, kernel, grid, dim3(threads), 0, stream, p);
       } else {
-        constexpr auto kernel = linear_gemv_kernel<T, MT, NB, false, true, false, true>;
+        constexpr auto kernel = linear_gemv_kernel<T, MT, NB, false, true, true>;
         static const bool pdl = programmatic_capable(kernel);
-        launch_programmatic(pdl, kernel, grid, dim3(threads), 0, stream, args);
+        launch_programmatic(pdl, kernel, grid, dim3(threads), 0, stream, p);
       }
       return;
     }
   }
   if (p.vec) {
-    constexpr auto kernel = linear_gemv_kernel<T, MT, NB, true, kNorm, kPost>;
+    constexpr auto kernel = linear_gemv_kernel<T, MT, NB, true, kNorm>;
     static const bool pdl = allow_norm_smem<kNorm>(kernel) && programmatic_capable(kernel);
-    launch_programmatic(pdl, kernel, grid, dim3(threads), norm_smem<T, kNorm>(p), stream, args);
+    launch_programmatic(pdl, kernel, grid, dim3(threads), norm_smem<T, kNorm>(p), stream, p);
   } else {
-    constexpr auto kernel = linear_gemv_kernel<T, MT, NB, false, kNorm, kPost>;
+    constexpr auto kernel = linear_gemv_kernel<T, MT, NB, false, kNorm>;
     static const bool pdl = allow_norm_smem<kNorm>(kernel) && programmatic_capable(kernel);
-    launch_programmatic(pdl, kernel, grid, dim3(threads), norm_smem<T, kNorm>(p), stream, args);
+    launch_programmatic(pdl, kernel, grid, dim3(threads), norm_smem<T, kNorm>(p), stream, p);
   }
 }
 
@@ -1489,11 +1149,10 @@ namespace linear {
 // linear_splitk_kernel) run a build with p.activation compiled in (kAct kActNone, kActGeluTanh or kActSwiglu)
 // instead of one kActRuntime build that reads it: no SwiGLU column and row arithmetic before the wait, no
 // activation switch in the epilogue. Measured against the kActRuntime build in one call (H100, GPT-2's captured
-// decode step, fp16, prompt 128, two rounds; bench/NOTES.md session 27): batch 1 unchanged (its GEMVs are the
+// decode step, fp16, prompt 128, two rounds; bench/NOTES.md): batch 1 unchanged (its GEMVs are the
 // one-row kernels), batch 4 -9..-12 us a step, batch 8 -7..-9, batch 16 -5. The 16-row register-path build (the
 // lm_head at 9-16 rows) spills 8 bytes under it; keeping that one build at kActRuntime measured the same
-// (within 1 us), so every plain build is an activation build. The statistics builds (kNormX, kStatsOut) keep
-// kActRuntime: linear_row_stats and the stats-normalized launch are not on GPT-2's default step.
+// (within 1 us), so every tensor-core build is an activation build.
 
 template <int kAct>
 using ActBuild = std::integral_constant<int, kAct>;
@@ -1501,7 +1160,7 @@ using ActBuild = std::integral_constant<int, kAct>;
 // compiled in (kEpiKnown) instead of read from p.bias / p.residual (GPT-2's c_attn and c_fc have a bias and no
 // residual, its projections both, its lm_head neither): no residual address arithmetic after the wait where
 // there is none, no null checks in the epilogue. Measured against the activation builds alone in one call
-// (H100, GPT-2's captured decode step, fp16, prompt 128, two rounds; bench/NOTES.md session 27): batch 1
+// (H100, GPT-2's captured decode step, fp16, prompt 128, two rounds; bench/NOTES.md): batch 1
 // unchanged, batch 4 -11..-12 us a step, batch 8 -8..-11, batch 16 -2..-4.
 template <int kActCode, typename Launch>
 void with_build_epilogue(const LinearParams& p, const Launch& launch) {
@@ -1512,33 +1171,29 @@ void with_build_epilogue(const LinearParams& p, const Launch& launch) {
   return launch(ActBuild<kActCode | kEpiKnown>{});
 }
 
-// Calls launch(std::integral_constant<int, kAct>) with p's build: where kPerActivation (the caller's builds are
-// activation builds), p.activation's own, with its bias and residual (with_build_epilogue); else kActRuntime.
-template <bool kPerActivation, typename Launch>
+// Calls launch(std::integral_constant<int, kAct>) with p's build: p.activation's own, with its bias and residual
+// (with_build_epilogue).
+template <typename Launch>
 void with_build_activation(const LinearParams& p, const Launch& launch) {
-  if constexpr (kPerActivation) {
-    // linear.cpp admits no other code
-    if (p.activation == kActGeluTanh) return with_build_epilogue<kActGeluTanh>(p, launch);
-    if (p.activation == kActSwiglu) return with_build_epilogue<kActSwiglu>(p, launch);
-    return with_build_epilogue<kActNone>(p, launch);
-  } else {
-    return launch(ActBuild<kActRuntime>{});
-  }
+  // linear.cpp admits no other code
+  if (p.activation == kActGeluTanh) return with_build_epilogue<kActGeluTanh>(p, launch);
+  if (p.activation == kActSwiglu) return with_build_epilogue<kActSwiglu>(p, launch);
+  return with_build_epilogue<kActNone>(p, launch);
 }
 
 // kSelfNorm has the short build only: its launches come through linear_mma_self_norm_fits, which admits no
-// other. kStatsOut: the builds that may write the row statistics.
-template <typename T, int MT, bool kNormX, bool kSelfNorm, bool kStatsOut, int kAct>
+// other.
+template <typename T, int MT, bool kSelfNorm, int kAct>
 void launch_mma_act(const LinearParams& p, int sms, cudaStream_t stream) {
   static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  constexpr auto short_build = linear_mma_kernel<T, MT / 8, true, false, kNormX, kSelfNorm, kStatsOut, kAct>;
-  constexpr auto staged_build = linear_mma_kernel<T, MT / 8, true, MT == 16, kNormX, kSelfNorm, kStatsOut, kAct>;
+  constexpr auto short_build = linear_mma_kernel<T, MT / 8, true, false, kSelfNorm, kAct>;
+  constexpr auto staged_build = linear_mma_kernel<T, MT / 8, true, MT == 16, kSelfNorm, kAct>;
   static const bool pdl_short = programmatic_capable(short_build), pdl_staged = programmatic_capable(staged_build);
   const bool is_short = mma_short((p.k + 31) / 32);
   if constexpr (!kSelfNorm) {
-    constexpr auto long_build = linear_mma_kernel<T, MT / 8, false, false, kNormX, false, kStatsOut, kAct>;
+    constexpr auto long_build = linear_mma_kernel<T, MT / 8, false, false, false, kAct>;
     static const bool pdl_long = programmatic_capable(long_build);
     if (!is_short) {
       launch_programmatic(pdl_long, long_build, grid, dim3(kLinearMmaThreads), 0, stream, p);
@@ -1550,12 +1205,10 @@ void launch_mma_act(const LinearParams& p, int sms, cudaStream_t stream) {
                       dim3(kLinearMmaThreads), 0, stream, p);
 }
 
-template <typename T, int MT, bool kNormX, bool kSelfNorm = false, bool kStatsOut = false>
+template <typename T, int MT, bool kSelfNorm>
 void launch_mma_builds(const LinearParams& params, int sms, cudaStream_t stream) {
   const LinearParams p = with_linear_pdl_early(params);
-  with_build_activation<!kNormX && !kStatsOut>(p, [&](auto act) {
-    launch_mma_act<T, MT, kNormX, kSelfNorm, kStatsOut, decltype(act)::value>(p, sms, stream);
-  });
+  with_build_activation(p, [&](auto act) { launch_mma_act<T, MT, kSelfNorm, decltype(act)::value>(p, sms, stream); });
 }
 }  // namespace linear
 
@@ -1565,46 +1218,35 @@ void launch_linear_mma(const LinearParams& p, int sms, cudaStream_t stream) {
 }
 
 template <typename T, int MT>
-void launch_linear_mma_stats_out(const LinearParams& p, int sms, cudaStream_t stream) {
-  linear::launch_mma_builds<T, MT, false, false, true>(p, sms, stream);
-}
-
-template <typename T, int MT>
-void launch_linear_mma_stats(const LinearParams& p, int sms, cudaStream_t stream) {
-  linear::launch_mma_builds<T, MT, true>(p, sms, stream);
-}
-
-template <typename T, int MT>
 bool linear_mma_self_norm_fits(int64_t k, int64_t blocks, int sms) {
   cudaFuncAttributes attr{};
   static const bool built =
-      cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true, false, false, true, false,
-                                                             kArchProbeBuild>) == cudaSuccess &&
+      cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true, false, true, kArchProbeBuild>) ==
+          cudaSuccess &&
       attr.binaryVersion >= 80;
   return built && linear::mma_short((k + 31) / 32) && linear::mma_one_wave(blocks, sms);
 }
 
 template <typename T, int MT>
 void launch_linear_mma_self_norm(const LinearParams& p, int sms, cudaStream_t stream) {
-  linear::launch_mma_builds<T, MT, false, true>(p, sms, stream);
+  linear::launch_mma_builds<T, MT, true>(p, sms, stream);
 }
 
 template <typename T, int MT>
 int linear_mma_arch() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true, false, false, false, false,
-                                                                 kArchProbeBuild>) == cudaSuccess
+  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true, false, false, kArchProbeBuild>) ==
+                 cudaSuccess
              ? attr.binaryVersion
              : 0;
 }
 
-template <typename T, int MT, bool kNorm, bool kPost>
-void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, cudaStream_t stream,
-                        const LinearPost* post) {
+template <typename T, int MT, bool kNorm>
+void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, cudaStream_t stream) {
   switch (rows_per_block) {
-    case 1: linear::launch_nb<T, MT, 1, kNorm, kPost>(p, threads, stream, post); break;
-    case 2: linear::launch_nb<T, MT, 2, kNorm, kPost>(p, threads, stream, post); break;
-    default: linear::launch_nb<T, MT, 4, kNorm, kPost>(p, threads, stream, post); break;
+    case 1: linear::launch_nb<T, MT, 1, kNorm>(p, threads, stream); break;
+    case 2: linear::launch_nb<T, MT, 2, kNorm>(p, threads, stream); break;
+    default: linear::launch_nb<T, MT, 4, kNorm>(p, threads, stream); break;
   }
 }
 

@@ -29,23 +29,6 @@ constexpr int kArchProbeBuild = kActNone | kEpiKnown;
 // The pre-normalization, as the schema's `int norm` (fused_attn/linear.py names them).
 enum LinearNorm : int { kNormNone = 0, kNormLayer = 1, kNormRms = 2 };
 
-// Row statistics handed from one launch to the next (schemas linear_row_stats and linear_stats_norm;
-// the tensor-core kernels only: written by their stats-out builds, launch_linear_mma_stats_out /
-// launch_linear_splitk_stats_out). A pre-LN transformer's residual projection writes, per row of its
-// output y and per group of kStatsGroup consecutive columns (one tensor-core block's outputs), the
-// group's mean and M2 (sum of squared distances to that mean) of y as stored: float2 [m][groups],
-// groups = ceil(n_out / kStatsGroup). The next projection combines a row's groups (M2 = sum of
-// the groups' M2 and of c_g (mean_g - mean)^2, exact; sums in a fixed order) into the row's mean and
-// variance, so no launch of its own normalizes the row. These internal codes of LinearParams::norm (never the schema's) reuse its fields:
-//   kNormStatsOut: norm_weight = the float2 statistics written, xs_pitch = groups.
-//   kNormStatsLayer / kNormStatsRms: x's rows normalized with the statistics read from norm_weight
-//     (float2, xs_pitch groups a row, over k columns), norm_bias = float [n] sums of each weight row
-//     (the epilogue's correction for the shift, below), eps. No norm weight or bias (folded into w).
-// (Fields rather than new ones: LinearParams' size moved the tensor-core kernels' registers once,
-// bench/NOTES.md session 11.)
-constexpr int kStatsGroup = 16;
-enum LinearStatsCode : int { kNormStatsOut = 8, kNormStatsLayer = 9, kNormStatsRms = 10 };
-
 struct LinearParams {
   // Strides in elements; every last dim is contiguous. x: [m, k]; w: [n, k] (nn.Linear's layout);
   // bias: [n] contiguous or nullptr; residual, out: [m, n_out].
@@ -80,38 +63,9 @@ struct LinearParams {
   bool pdl_early;
 };
 
-// The post-normalization (schema linear_post_norm; the CUDA-core kernel only, n_out up to
-// kLinearPostNormMaxWidth): out's finished rows normalized into norm_out (LayerNorm or RMSNorm over
-// n_out, float32 statistics, csrc/layer_norm's arithmetic on the rows as stored in T). Every block
-// counts itself on *counter after its stores (an acquire-release atomic); the block that brings the
-// count to the grid's size normalizes the rows and sets the counter back to 0 for the next launch.
-// weight / bias: [n_out], T or float32 (the *_fp32 flags), or nullptr (1 / 0). A second struct, not
-// fields of LinearParams: those make every linear kernel's parameters larger, and ptxas then allocated
-// the tensor-core kernels' registers differently (80 -> 94 and 96 -> 80) and GPT-2's B16 step ran
-// 430 -> 514 us (H100, bench/NOTES.md session 11).
-struct LinearPost {
-  int norm;
-  const void* weight;
-  const void* bias;
-  bool w_fp32, b_fp32;
-  float eps;
-  void* out;
-  int64_t o_stride;
-  unsigned int* counter;
-};
-
-// What a kPost kernel takes: the linear's parameters, then the post-normalization's.
-struct LinearPostParams {
-  LinearParams p;
-  LinearPost post;
-};
-
 // Rows of x one launch handles at once: the kernel's MT template (1, 2, 4, 8, 16); each weight row
 // is read once for all of them.
 constexpr int kLinearMaxRows = 16;
-// The widest output the kernel's post-normalization takes: a warp per row, 32 values per lane in
-// registers. Wider rows are normalized by a layer_norm launch after the kernel (linear.cpp).
-constexpr int kLinearPostNormMaxWidth = 1024;
 constexpr int kLinearMaxThreads = 256;
 // The shared memory the normalized rows of x may take (p.m x xs_pitch x sizeof(T)); a launch that
 // needs more normalizes in a separate launch first (linear.cpp). 64 KB keeps three blocks per SM.
@@ -137,11 +91,8 @@ inline size_t linear_norm_smem_bytes(int m, int k, int elem_bytes, int w_bytes, 
 // MT: x rows per launch (p.m <= MT); rows_per_block: weight rows per block (1, 2 or 4; 2 or 4 with
 // kActSwiglu, a gate row and its up row each); threads: a multiple of 32 up to kLinearMaxThreads.
 // kNorm: x's rows normalized first (p.norm, the shared memory of linear_xs_pitch).
-// kPost: the post-normalization (*post; instantiated without kNorm only, the launcher
-// normalizes x first where both are asked for).
-template <typename T, int MT, bool kNorm, bool kPost = false>
-void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, cudaStream_t stream,
-                        const LinearPost* post = nullptr);
+template <typename T, int MT, bool kNorm>
+void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, cudaStream_t stream);
 // The tensor-core kernel: float16 / bfloat16, MT 8 or 16, p.vec (16-byte rows, k a multiple of 8), no
 // norm; 16 output columns per block (8 with kActSwiglu). linear_mma_arch: the SM version it was
 // compiled for (0 if none: mma.sync needs sm_80).
@@ -150,16 +101,8 @@ constexpr int kLinearMmaThreads = 256;
 // linear_kernel.cuh).
 template <typename T, int MT>
 void launch_linear_mma(const LinearParams& p, int sms, cudaStream_t stream);
-// The same kernel's builds that also write the row statistics (p.norm kNormStatsOut, above): apart, so
-// that the plain builds carry no branch for them (bench/NOTES.md session 26).
-template <typename T, int MT>
-void launch_linear_mma_stats_out(const LinearParams& p, int sms, cudaStream_t stream);
 template <typename T, int MT>
 int linear_mma_arch();
-// The same kernel normalizing x's rows from row statistics (p.norm kNormStatsLayer / kNormStatsRms,
-// above): instantiated in the _norm units.
-template <typename T, int MT>
-void launch_linear_mma_stats(const LinearParams& p, int sms, cudaStream_t stream);
 // The same kernel normalizing x's rows itself (p.norm kNormLayer / kNormRms, no norm weight or bias: folded
 // into the weight by the caller; kSelfNorm in linear_kernel.cuh): the short build only (a warp's share of K
 // within kMmaShortChunks chunks of 32: K <= 768), in a grid the SMs hold at once; linear.cpp checks both.
@@ -176,9 +119,6 @@ bool linear_mma_self_norm_fits(int64_t k, int64_t blocks, int sms);
 constexpr int kLinearMaxSplits = 8;
 template <typename T, int MT>
 void launch_linear_splitk(const LinearParams& p, int splits, int sms, cudaStream_t stream);
-// Its builds that also write the row statistics (as launch_linear_mma_stats_out).
-template <typename T, int MT>
-void launch_linear_splitk_stats_out(const LinearParams& p, int splits, int sms, cudaStream_t stream);
 template <typename T, int MT>
 int linear_splitk_arch();
 

@@ -1,5 +1,5 @@
-// LinearParams from ATen tensors: what linear.cpp and the single-launch MLP's launcher (csrc/mlp/mlp.cpp)
-// both fill in for a projection launched through linear_launch.h. Host C++ with ATen.
+// LinearParams from ATen tensors: what linear.cpp fills in for a projection launched through
+// linear_launch.h. Host C++ with ATen.
 #pragma once
 
 #include <ATen/ATen.h>

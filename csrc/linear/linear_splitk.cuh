@@ -62,10 +62,10 @@ __device__ __forceinline__ void splitk_reduce_init(int rank) {
 // sums into rank 0's landing (st.async, the bytes counted on its mbarrier) and the block exits; rank 0
 // waits on its own mbarrier for the (splits - 1) x NT x 512 bytes, adds them in rank order and applies
 // the epilogue (mma_store with out_in, loaded ahead by its owning warps). No cluster barrier after the
-// start's. (Measured against the pushes under a release / acquire cluster barrier: bench/NOTES.md,
-// session 22; rank 0 reading each split's shared memory in turn between two barriers measured 20 us
-// slower per GPT-2 B16 step: session 15.)
-template <typename T, int NT, bool kStatsOut = false, int kAct = kActRuntime>
+// start's. (Measured against the pushes under a release / acquire cluster barrier: bench/NOTES.md;
+// rank 0 reading each split's shared memory in turn between two barriers measured 20 us slower per GPT-2
+// B16 step.)
+template <typename T, int NT, int kAct = kActRuntime>
 __device__ __forceinline__ void splitk_reduce_store(const LinearParams& p, int64_t col0, bool owner, float (&s)[4],
                                                     const MmaOutputIn& out_in, int splits, int rank) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -92,16 +92,16 @@ __device__ __forceinline__ void splitk_reduce_store(const LinearParams& p, int64
     s[2] += other[r - 1].z;
     s[3] += other[r - 1].w;
   }
-  mma_store<T, kStatsOut, kAct>(p, col0, warp, s, out_in);
+  mma_store<T, kAct>(p, col0, warp, s, out_in);
 }
 #endif
 
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); blockIdx.x the tile, the cluster
 // (blockIdx.y) the split of K.
 // kShort: linear_mma_kernel's short build (CH chunks in flight, kMmaShortMinBlocks blocks per SM),
-// for a split whose warps' share of K is in flight before the wait; else the long one. kStatsOut: the build
-// whose epilogue may write the row statistics (mma_store). kAct: as linear_mma_kernel's.
-template <typename T, int NT, bool kShort, bool kStageX, bool kStatsOut = false, int kAct = kActRuntime>
+// for a split whose warps' share of K is in flight before the wait; else the long one. kAct: as
+// linear_mma_kernel's.
+template <typename T, int NT, bool kShort, bool kStageX, int kAct = kActRuntime>
 __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)
     linear_splitk_kernel(const LinearParams p) {
   constexpr int CH = kShort ? kMmaShortChunks : kMmaLongChunks;
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
 
   float s[4];
   const bool owner = mma_block_sum<NT, CH, kStageX>(acc, s);  // warp t < NT holds n-tile t of this split
-  splitk_reduce_store<T, NT, kStatsOut, kAct>(p, col0, owner, s, out_in, splits, rank);
+  splitk_reduce_store<T, NT, kAct>(p, col0, owner, s, out_in, splits, rank);
 #else
   __trap();  // launched only where linear_splitk_arch says it was compiled (sm_90 and later)
 #endif
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
 }  // namespace linear
 
 namespace linear {
-template <typename T, int MT, bool kStatsOut, int kAct>
+template <typename T, int MT, int kAct>
 void launch_splitk_act(const LinearParams& p, int splits, int sms, cudaStream_t stream) {
   static_assert(MT == 8 || MT == 16, "the tensor-core kernels take one or two n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
@@ -153,37 +153,30 @@ void launch_splitk_act(const LinearParams& p, int splits, int sms, cudaStream_t 
   const int64_t chunks = (p.k + 31) / 32, per_split = (chunks + splits - 1) / splits;
   const bool is_short = mma_short(per_split);
   const bool staged = is_short && mma_stage_x<MT / 8>(int64_t(grid.x) * splits, sms);
-  const auto kernel = staged     ? linear_splitk_kernel<T, MT / 8, true, MT == 16, kStatsOut, kAct>
-                      : is_short ? linear_splitk_kernel<T, MT / 8, true, false, kStatsOut, kAct>
-                                 : linear_splitk_kernel<T, MT / 8, false, false, kStatsOut, kAct>;
+  const auto kernel = staged     ? linear_splitk_kernel<T, MT / 8, true, MT == 16, kAct>
+                      : is_short ? linear_splitk_kernel<T, MT / 8, true, false, kAct>
+                                 : linear_splitk_kernel<T, MT / 8, false, false, kAct>;
   launch_clustered(true, dim3(1, unsigned(splits), 1), kernel, grid, dim3(kLinearMmaThreads), 0, stream, p);
 }
 
-// The build activation as launch_mma_builds picks it (the statistics builds keep kActRuntime).
-template <typename T, int MT, bool kStatsOut>
+// The build activation as launch_mma_builds picks it.
+template <typename T, int MT>
 void launch_splitk_builds(const LinearParams& params, int splits, int sms, cudaStream_t stream) {
   const LinearParams p = with_linear_pdl_early(params);
-  with_build_activation<!kStatsOut>(p, [&](auto act) {
-    launch_splitk_act<T, MT, kStatsOut, decltype(act)::value>(p, splits, sms, stream);
-  });
+  with_build_activation(p, [&](auto act) { launch_splitk_act<T, MT, decltype(act)::value>(p, splits, sms, stream); });
 }
 }  // namespace linear
 
 template <typename T, int MT>
 void launch_linear_splitk(const LinearParams& p, int splits, int sms, cudaStream_t stream) {
-  linear::launch_splitk_builds<T, MT, false>(p, splits, sms, stream);
-}
-
-template <typename T, int MT>
-void launch_linear_splitk_stats_out(const LinearParams& p, int splits, int sms, cudaStream_t stream) {
-  linear::launch_splitk_builds<T, MT, true>(p, splits, sms, stream);
+  linear::launch_splitk_builds<T, MT>(p, splits, sms, stream);
 }
 
 template <typename T, int MT>
 int linear_splitk_arch() {
   static const int arch = [] {
     cudaFuncAttributes attr{};
-    constexpr auto kernel = linear::linear_splitk_kernel<T, MT / 8, true, false, false, kArchProbeBuild>;
+    constexpr auto kernel = linear::linear_splitk_kernel<T, MT / 8, true, false, kArchProbeBuild>;
     return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.binaryVersion : 0;
   }();
   return arch;
