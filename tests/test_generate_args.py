@@ -120,9 +120,12 @@ def test_cli_passes_temperature_top_k_and_seed(tiny_checkpoint, capsys):
             "--temperature", "1.5", "--top-k", "20", "--seed", "3"]
     assert gen_cli.main(argv) == 0
     got = _continuation(capsys.readouterr().out)
-    ids = torch.tensor([[5, 6, 7, 8]])
-    m = GPT2.from_hf(tiny_checkpoint, backends=gen_cli.GRAPH_BACKENDS["graph"])
-    want = m.generate(ids, torch.ones_like(ids), max_new_tokens=8, temperature=1.5, top_k=20, seed=3)
+    # The CLI runs on the GPU where there is one: the same device and path here, so the same draws.
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ids = torch.tensor([[5, 6, 7, 8]], device=device)
+    m = GPT2.from_hf(tiny_checkpoint, device=device, backends=gen_cli.GRAPH_BACKENDS["graph"])
+    kw = dict(max_new_tokens=8, temperature=1.5, top_k=20, use_graph=device.type == "cuda")
+    want = m.generate(ids, torch.ones_like(ids), seed=3, **kw)
     assert got == want[0, 4:].tolist()
-    other = m.generate(ids, torch.ones_like(ids), max_new_tokens=8, temperature=1.5, top_k=20, seed=4)
+    other = m.generate(ids, torch.ones_like(ids), seed=4, **kw)
     assert other[0, 4:].tolist() != got

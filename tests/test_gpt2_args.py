@@ -38,7 +38,6 @@ BACKENDS = {
     "eager": {},
     "fused": {"attention": "fused", "layer_norm": "fused", "linear": "fused", "mlp": "fused", "embed": "fused"},
     "folded": {"attention": "fused", "layer_norm": "folded", "linear": "fused", "mlp": "fused"},
-    "softmax": {"attention": "softmax"},
     "sdpa": {"attention": "sdpa"},
 }
 
