@@ -23,6 +23,10 @@ cases; 5 rounds left one of four cases at 0.98x on host jitter, 12 settled all f
 generate(); the first call of each case (graph capture, compilation) is a warm-up outside
 the rounds. GPU only.
 
+bench_hf_prefill: transformers' GPT2LMHeadModel's prefill (the forward over the prompt and the first token's
+argmax: time to first token) with attention eager, sdpa and "fused_attn" (fused_attn.hf: the flash kernel),
+batch {1, 8}, prompt {128, 960}, and its peak memory above the model's own; ``speedup_vs_hf_sdpa`` same run.
+
 compile-graph is the peer of our graph backends
 (the plain PyTorch decode step of fused_attn.gpt2, SDPA + addmm, through torch.compile, captured in
 one CUDA graph: gpt-fast's recipe); the cases after it carry ``speedup_vs_compile_graph``.
@@ -67,6 +71,11 @@ def gpt2_batches(option: str | None, full: bool) -> tuple[int, ...]:
 
 
 def pytest_generate_tests(metafunc):
+    _gpt2_cases(metafunc)
+    _hf_prefill_cases(metafunc)
+
+
+def _gpt2_cases(metafunc):
     if "gpt2_case" not in metafunc.fixturenames:
         return
     full = metafunc.config.getoption("--full")
@@ -189,4 +198,76 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
         # rare near-ties; the float32 equality is a test, this is what a reader of the JSON sees).
         info["tokens_match_hf_eager"] = bool(torch.equal(results[0].tokens,
                                                          hf_eager_tokens[benchmark.group]))
+    benchmark.extra_info.update(info)
+
+
+# Hugging Face prefill (time to first token): transformers' GPT2LMHeadModel on one padded prompt batch with
+# the attention implementation eager, sdpa and "fused_attn" (fused_attn.hf: the flash kernel for prompts).
+HF_PREFILL_IMPLS = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-fused": "fused_attn"}
+
+
+def _hf_prefill_cases(metafunc):
+    if "hf_prefill_case" not in metafunc.fixturenames:
+        return
+    full = metafunc.config.getoption("--full")
+    dtypes = ["float16", "bfloat16"] if full else ["float16"]
+    cases = [dict(provider=p, batch=b, prompt=s, dtype=d) for d in dtypes for b in (1, 8) for s in (128, 960)
+             for p in HF_PREFILL_IMPLS]
+    metafunc.parametrize("hf_prefill_case", cases,
+                         ids=[f"{c['provider']}-b{c['batch']}-p{c['prompt']}-{c['dtype']}" for c in cases])
+
+
+@pytest.fixture(scope="module")
+def hf_prefill_models(gpt2_models):
+    """One transformers model per (attention implementation, dtype), built on first use."""
+    import copy
+
+    import fused_attn.hf
+
+    fused_attn.hf.register()
+    hf_model, _ = gpt2_models
+    built = {}
+
+    def get(provider: str, dtype: torch.dtype):
+        if (provider, dtype) not in built:
+            m = copy.deepcopy(hf_model).to("cuda", dtype).eval()
+            m.set_attn_implementation(HF_PREFILL_IMPLS[provider])
+            built[(provider, dtype)] = m
+        return built[(provider, dtype)]
+
+    return get
+
+
+def bench_hf_prefill(benchmark, hf_prefill_case, hf_prefill_models, timer, medians):
+    """One prefill forward (the prompt's logits: what time to first token is made of) and its peak memory
+    above the model's own, same inputs for every provider; ``speedup_vs_hf_sdpa`` in the same run."""
+    from fused_attn.generate import DTYPES
+    from tests.prompts import left_padded
+
+    c = hf_prefill_case
+    dtype = DTYPES[c["dtype"]]
+    benchmark.group = f"hf prefill b{c['batch']} p{c['prompt']} {c['dtype']}"
+    model = hf_prefill_models(c["provider"], dtype)
+    lengths = prompt_lengths(c["batch"], c["prompt"])
+    ids, mask = (t.cuda() for t in left_padded(model.config.vocab_size, lengths, seed=0))
+
+    def prefill():
+        with torch.no_grad():
+            return model(ids, attention_mask=mask, use_cache=True).logits[:, -1].argmax(-1)
+
+    first = prefill()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    prefill()
+    torch.cuda.synchronize()
+    peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
+    times = timer.run(benchmark, prefill)
+    p50 = statistics.median(times)
+    medians[(benchmark.group, c["provider"])] = p50
+    info = dict(provider=c["provider"], batch=c["batch"], prompt=c["prompt"], prompt_lengths=lengths,
+                dtype=c["dtype"], p50_us=round(p50, 2), ttft_ms=round(p50 / 1e3, 4),
+                peak_mb_above_model=round(peak_mb, 1), gpu=torch.cuda.get_device_name(), first_tokens=first.tolist())
+    if (benchmark.group, "hf-sdpa") in medians:
+        info["speedup_vs_hf_sdpa"] = round(medians[(benchmark.group, "hf-sdpa")] / p50, 3)
     benchmark.extra_info.update(info)
