@@ -52,7 +52,7 @@ HEADLINE = {
     "bench_scaled_masked_softmax_backward": r".*-8x12x1024x1024-float16-causal",
     "bench_attention": r".*-b8-hq12-hkv12-d64-s1024-causal-float16",
     "bench_decode_attention": r".*-b16-hq12-hkv12-d64-l1024-float16",
-    "bench_qkv_decode_attention": r".*-b16-h12-l1024-float16",
+    "bench_qkv_decode_attention": r".*-b1-h12-l1024-float16",  # GPT-2's step runs it at 1-8 rows
     "bench_layer_norm": r"[^-]+-layer_norm-add-w768-m16-float16",
     "bench_embedding_layer_norm": r"[^-]+-embed-w768-m16-float16",
     "bench_linear": r"[^-]+-k768-n2304-m16-float16",

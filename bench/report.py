@@ -407,14 +407,17 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 # The README's comparisons, one per op at its headline case (bench/conftest.py HEADLINE): our provider and
 # the peer a user would otherwise call.
-PEERS = {"bench_scaled_masked_softmax": ("softmax", "fused_v1", "eager"),
-         "bench_attention": ("attention", "fused_flash", "sdpa_flash"),
-         "bench_decode_attention": ("decode_attention", "fused", "sdpa_flash"),
-         "bench_qkv_decode_attention": ("qkv_decode_attention", "fused", "eager"),
-         "bench_layer_norm": ("layer_norm", "fused", "eager"),
-         "bench_linear": ("linear", "fused", "eager"),
-         "bench_mlp": ("mlp", "fused", "eager"),
-         "bench_sample": ("sample", "fused", "eager")}
+# Each op's headline row: ours against the fastest of its peers in the same stored run (PyTorch eager,
+# torch.compile, every SDPA backend): the peer a user would otherwise pick.
+PEERS = {"bench_scaled_masked_softmax": ("softmax", "fused_v1", ("eager", "compiled", "compiled_iota")),
+         "bench_attention": ("attention", "fused_flash", ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")),
+         "bench_decode_attention": ("decode_attention", "fused",
+                                    ("sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "compiled")),
+         "bench_qkv_decode_attention": ("qkv_decode_attention", "fused", ("eager", "compiled")),
+         "bench_layer_norm": ("layer_norm", "fused", ("eager", "compiled")),
+         "bench_linear": ("linear", "fused", ("eager", "compiled")),
+         "bench_mlp": ("mlp", "fused", ("eager", "compiled")),
+         "bench_sample": ("sample", "fused", ("eager", "compiled"))}
 GPT2_OURS, GPT2_PEERS = "graph-fused", ("compile-graph", "hf-eager")
 
 
@@ -461,13 +464,15 @@ def headline_rows(results: Path) -> list[dict]:
                 found[(function_name(b), who, _case_id(b).removeprefix(f"{who}-"))] = (b, run)
         for f, shape in sorted({(f, shape) for f, _, shape in found}, key=lambda t: _sort_key(*t)):
             if f == "bench_gpt2":
-                op, ours, peer, metric = "GPT-2 decode", GPT2_OURS, GPT2_PEERS[0], "tokens_per_s"
+                op, ours, peers, metric = "GPT-2 decode", GPT2_OURS, GPT2_PEERS[:1], "tokens_per_s"
             elif f in PEERS:
-                (op, ours, peer), metric = PEERS[f], "p50_us"
+                (op, ours, peers), metric = PEERS[f], "p50_us"
             else:
                 continue
-            if (f, ours, shape) not in found or (f, peer, shape) not in found:
+            present = [p for p in peers if (f, p, shape) in found]
+            if (f, ours, shape) not in found or not present:
                 continue
+            peer = min(present, key=lambda p: found[(f, p, shape)][0]["extra_info"][metric])
             (b, run), (pb, _) = found[(f, ours, shape)], found[(f, peer, shape)]
             e, pe = b["extra_info"], pb["extra_info"]
             ratio = e[metric] / pe[metric] if metric == "tokens_per_s" else pe[metric] / e[metric]
@@ -478,6 +483,15 @@ def headline_rows(results: Path) -> list[dict]:
                              metric=metric, ours=ours, ours_value=e[metric], peer=peer, peer_value=pe[metric],
                              ratio=ratio, pct_of_floor=floor, source=Path(run["_path"]).name))
     return rows
+
+
+def current_rows(rows: list[dict]) -> list[dict]:
+    """The README's rows: those of the GPU with the newest stored run (file names start with the run's date),
+    so that one table states one GPU's current figures; older GPUs' runs stay in bench/results."""
+    if not rows:
+        return rows
+    newest = max(rows, key=lambda r: r["source"])["gpu"]
+    return [r for r in rows if r["gpu"] == newest]
 
 
 def results_table(rows: list[dict]) -> list[str]:
@@ -595,7 +609,7 @@ def chart_ops(rows: list[dict], out: Path) -> Path:
 def headline(results: Path, charts: Path, readme: Path | None) -> tuple[list[Path], list[str]]:
     """The charts (into charts) and, when readme is given, its results table; returns the files written
     and the table."""
-    rows = headline_rows(results)
+    rows = current_rows(headline_rows(results))
     if not rows:
         raise ValueError(f"{results} must hold stored runs with headline cases (bench/results/<GPU>/*.json), got none")
     table = results_table(rows)

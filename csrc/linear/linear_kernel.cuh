@@ -299,7 +299,7 @@ __device__ __forceinline__ void store_output(const LinearParams& p, int m, int64
 }
 
 // The early trigger (common/pdl.cuh) of a linear launch: by its rows (pdl_early), and at any row count
-// for a linear with an activation epilogue unless FUSED_ATTN_PDL_EARLY=0 turns every early trigger off.
+// for a linear with an activation epilogue unless the trigger table's kPdlEarlyRows is 0 (every trigger late).
 // An activation's linear is an MLP's first projection: its consumer is the second projection, a GEMV
 // whose blocks fetch their weights before their wait, so starting them under this launch's main loop
 // hides that fetch. Measured at 8 and 16 rows (the late trigger's range; H100, GPT-2 fp16 captured
