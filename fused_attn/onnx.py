@@ -50,11 +50,13 @@ def _causal_visible(x):
     return op.LessOrEqual(j, op.Add(i, op.Sub(seqlen_k, seqlen_q)))
 
 
-def scaled_masked_softmax(x, scale: float = 1.0, attn_mask=None, causal: bool = False, version: int = 1):
-    """ONNX translation of ``torch.ops.fused_attn.scaled_masked_softmax.default``. ``version`` only
-    picks a CUDA kernel (0 textbook, 1 fused); both compute this function."""
-    ct = _compute_type(x)
-    s = op.Mul(op.Cast(x, to=ct), _scalar(scale, ct))
+def _masked_exp(s, ct: ir.DataType, attn_mask, causal: bool):
+    """The masking and exponentials of a softmax over the last dim of the scaled scores ``s``
+    (of type ``ct``): an additive ``attn_mask`` added or a bool one (True = attend) applied, then the
+    bottom-right causal mask. Returns ``(e, m, total)``: ``e = exp(s - m)`` (exact zeros where
+    masked), the row's shift ``m`` (its max; 0 for a row with no finite score) and ``total = sum e``
+    (0 on a row with no visible key, NaN on a row with a NaN in a visible element)."""
+    neg_inf, zero = _scalar(float("-inf"), ct), _scalar(0.0, ct)
     visible = None
     if attn_mask is not None:
         if attn_mask.dtype == ir.DataType.BOOL:
@@ -62,18 +64,29 @@ def scaled_masked_softmax(x, scale: float = 1.0, attn_mask=None, causal: bool = 
         else:
             s = op.Add(s, op.Cast(attn_mask, to=ct))
     if causal:
-        causal_ok = _causal_visible(x)
+        causal_ok = _causal_visible(s)
         visible = causal_ok if visible is None else op.And(visible, causal_ok)
-    neg_inf, zero = _scalar(float("-inf"), ct), _scalar(0.0, ct)
     if visible is not None:
         s = op.Where(visible, s, neg_inf)
     # A row with no finite score has max -inf: shift it by 0 instead (exp(-inf) = 0, sum 0 -> row 0).
     m = op.ReduceMax(s, [-1], keepdims=1)
-    e = op.Exp(op.Sub(s, op.Where(op.Equal(m, neg_inf), zero, m)))
-    total = op.ReduceSum(e, [-1], keepdims=1)
-    # total == 0: every key masked -> 0; a NaN anywhere in the row makes total NaN -> the row is NaN.
-    p = op.Where(op.Equal(total, zero), zero, op.Div(e, total))
-    return op.CastLike(p, x)
+    m = op.Where(op.Equal(m, neg_inf), zero, m)
+    e = op.Exp(op.Sub(s, m))
+    return e, m, op.ReduceSum(e, [-1], keepdims=1)
+
+
+def _normalized(e, total, ct: ir.DataType):
+    """``e / total``; total == 0 (every key masked) -> 0; a NaN total keeps its row NaN."""
+    zero = _scalar(0.0, ct)
+    return op.Where(op.Equal(total, zero), zero, op.Div(e, total))
+
+
+def scaled_masked_softmax(x, scale: float = 1.0, attn_mask=None, causal: bool = False, version: int = 1):
+    """ONNX translation of ``torch.ops.fused_attn.scaled_masked_softmax.default``. ``version`` only
+    picks a CUDA kernel (0 textbook, 1 fused); both compute this function."""
+    ct = _compute_type(x)
+    e, _, total = _masked_exp(op.Mul(op.Cast(x, to=ct), _scalar(scale, ct)), ct, attn_mask, causal)
+    return op.CastLike(_normalized(e, total, ct), x)
 
 
 def scaled_masked_softmax_backward(grad, y, scale: float, causal: bool = False):
