@@ -26,6 +26,7 @@ exported model calls the functional op (``out=None``), which is what ``torch.exp
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from onnxscript import ir
 from onnxscript import opset18 as op
@@ -101,7 +102,54 @@ def scaled_masked_softmax_backward(grad, y, scale: float, causal: bool = False):
     return op.CastLike(dx, y)
 
 
+def _static_dim(value, axis: int, name: str, dim: str) -> int:
+    """``value``'s size along ``axis`` as a Python int: the translation builds the graph from it."""
+    size = value.shape[axis] if value.shape is not None else None
+    if not isinstance(size, int):
+        raise ValueError(f"{name} must have a static {dim} (dim {axis}) to export attention to ONNX, got {size!r}")
+    return size
+
+
+def _repeat_kv(t, group: int, nheads_q: int):
+    """k or v ``[batch, nheads_kv, seqlen_k, headdim]`` repeated to ``nheads_q`` heads: query head h
+    reads kv head ``h // group`` (each kv head repeated ``group`` times in a row, as
+    ``repeat_interleave`` does)."""
+    if group == 1:
+        return t
+    shape = op.Shape(t)
+    repeated = op.Expand(op.Unsqueeze(t, [2]), op.Constant(value_ints=[1, 1, group, 1, 1]))
+    return op.Reshape(repeated, op.Concat(op.Slice(shape, [0], [1]), op.Constant(value_ints=[nheads_q]),
+                                          op.Slice(shape, [2], [4]), axis=0))
+
+
+def attention(q, k, v, attn_mask=None, scale: float | None = None, causal: bool = False, algo: str = "auto",
+              return_lse: bool = False):
+    """ONNX translation of ``torch.ops.fused_attn.attention.default``. ``algo`` only picks a CUDA
+    kernel; every kernel computes this function. The head counts must be static in the exported
+    graph (headdim too when ``scale`` is None)."""
+    nheads_q = _static_dim(q, 1, "q", "nheads_q")
+    nheads_kv = _static_dim(k, 1, "k", "nheads_kv")
+    if nheads_kv == 0 or nheads_q % nheads_kv != 0:
+        raise ValueError(f"q must have nheads_q a multiple of k's nheads_kv ({nheads_kv}), got {nheads_q}")
+    if scale is None:
+        scale = _static_dim(q, 3, "q", "headdim") ** -0.5
+    ct = _compute_type(q)
+    group = nheads_q // nheads_kv
+    k_all = _repeat_kv(op.Cast(k, to=ct), group, nheads_q)
+    v_all = _repeat_kv(op.Cast(v, to=ct), group, nheads_q)
+    s = op.Mul(op.MatMul(op.Cast(q, to=ct), op.Transpose(k_all, perm=[0, 1, 3, 2])), _scalar(scale, ct))
+    e, m, total = _masked_exp(s, ct, attn_mask, causal)
+    out = op.CastLike(op.MatMul(_normalized(e, total, ct), v_all), q)
+    if return_lse:
+        # A row with no visible key has m = 0 and total = 0: log 0 = -inf.
+        lse = op.Squeeze(op.Add(m, op.Log(total)), [-1])
+    else:  # the op's empty placeholder (its fake kernel: shape (0,))
+        lse = op.Constant(value=ir.tensor(np.zeros((0,), dtype=ct.numpy())))
+    return out, lse
+
+
 TRANSLATIONS = {
     torch.ops.fused_attn.scaled_masked_softmax.default: scaled_masked_softmax,
     torch.ops.fused_attn.scaled_masked_softmax_backward.default: scaled_masked_softmax_backward,
+    torch.ops.fused_attn.attention.default: attention,
 }
