@@ -19,9 +19,18 @@ path compute, cast back to the input's dtype:
   is all zeros, a NaN in a visible element makes its row NaN.
 - ``scaled_masked_softmax_backward``: ``dx = scale * y * (grad - sum_j grad * y)`` over the
   visible keys.
+- ``attention``: ``softmax(q·kᵀ·scale + mask)·v`` with the softmax's masking (scale default
+  ``headdim ** -0.5``; a mask broadcastable to ``[batch, nheads_q, seqlen_q, seqlen_k]``), GQA / MQA
+  by repeating each kv head ``nheads_q // nheads_kv`` times (query head h reads kv head
+  ``h // (nheads_q // nheads_kv)``); a row with no visible key is 0. The head counts (and headdim
+  when scale is None) must be static in the exported graph; batch and sequence lengths may be
+  dynamic. ``return_lse``: the natural-log log-sum-exp ``[batch, nheads_q, seqlen_q]`` (-inf on a
+  row with no visible key), else the op's empty placeholder of shape ``(0,)``; both float32
+  (float64 for float64 q). ``algo`` only picks a CUDA kernel and is ignored.
 
-``scaled_masked_softmax_out`` writes into ``out`` (CUDA graphs) and has no ONNX translation: an
-exported model calls the functional op (``out=None``), which is what ``torch.export`` records.
+``scaled_masked_softmax_out`` and ``attention_out`` write into ``out`` (CUDA graphs) and have no ONNX
+translation: an exported model calls the functional op (``out=None``), which is what
+``torch.export`` records.
 """
 
 from __future__ import annotations

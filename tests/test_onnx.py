@@ -1,8 +1,9 @@
 """ONNX export of the fused_attn ops (fused_attn/onnx.py): exported models run by onnxruntime on the
 CPU against the row-by-row definition, and a Hugging Face GPT-2 against the model itself.
 
-A model's CUDA forward records torch.ops.fused_attn.* in the exported graph (the CPU wrapper runs
-plain PyTorch, which exports without us); the CPU tests call the ops directly to get the same graph.
+A model's CUDA forward records torch.ops.fused_attn.* in the exported graph (on the CPU the softmax
+wrapper runs plain PyTorch, which exports without us); the CPU tests call the ops directly to get the
+same graph. attention's CPU kernel is the op's own, so a CPU model records it as a CUDA one does.
 """
 
 from __future__ import annotations
@@ -212,7 +213,7 @@ ATTENTION_CASES = [
     ("causal_sq_gt_sk_bool_padding_lse", True, "bool_padding", torch.float32, 2, 1, 9, 5, 0.3, True),
     ("additive", False, "additive", torch.float32, 2, 1, 6, 7, -0.4, False),
     ("gqa_causal_additive_lse", True, "additive", torch.float32, 2, 3, 7, 7, None, True),
-    ("mqa_bool_qk", False, "bool_qk", torch.float32, 1, 4, 4, 6, 0.25, False),
+    ("mqa_bool_qk_float64", False, "bool_qk", torch.float64, 1, 4, 4, 6, 0.25, False),
     ("gqa_causal_float16_lse", True, "bool_padding", torch.float16, 2, 2, 3, 8, None, True),
     ("causal_decode_float64_lse", True, None, torch.float64, 3, 1, 1, 6, None, True),
 ]
