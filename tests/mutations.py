@@ -645,6 +645,11 @@ MUTATIONS: list[Mutation] = [
     Mutation("bench-speedup-inverted", "bench/harness.py",
              "round(medians[(group, base)] / p50_us, 3)", "round(p50_us / medians[(group, base)], 3)",
              _t(f"{T_GENERATE_ARGS}::test_bench_percentiles_roofline_bandwidth_and_speedups")),
+    Mutation("onnx-attention-kv-heads-tiled", "fused_attn/onnx.py",
+             "op.Expand(op.Unsqueeze(t, [2]), op.Constant(value_ints=[1, 1, group, 1, 1]))",
+             "op.Expand(op.Unsqueeze(t, [1]), op.Constant(value_ints=[1, group, 1, 1, 1]))",
+             _t("tests/test_onnx.py::test_exported_attention_matches_the_definition"),
+             why="query head h reads kv head h % nheads_kv (tile) instead of h // group (repeat_interleave)"),
 ]
 
 
