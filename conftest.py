@@ -52,7 +52,7 @@ NO_NVCC_REASON = "needs the CUDA toolkit (nvcc) to build fused_attn's library"
 
 
 def pytest_configure(config):
-    # A custom op without an autograd kernel makes PyTorch warn and drop the gradient (issue 10):
+    # A custom op without an autograd kernel makes PyTorch warn and drop the gradient:
     # anywhere in the suite that is a failure, not a warning.
     config.addinivalue_line("filterwarnings", "error:.*an autograd kernel was not registered")
 

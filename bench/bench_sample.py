@@ -11,7 +11,7 @@ temperature 1.
 
 The sample+advance groups (op "advance": a graph decode loop's last launch, the token and the loop's
 [3, rows] int32 counters + 1): eager and compiled as above followed by ``counters.add_(1)``, unfused =
-fused_attn.sample + ``counters.add_(1)`` (two launches: our GPT-2 step before session 12), fused =
+fused_attn.sample + ``counters.add_(1)`` (two launches: our GPT-2 step before c7bf7e2), fused =
 ``sample(..., advance=counters)`` (one launch). Rows 1 and 16, vocab 50257, greedy.
 
 The sample+history groups (op "history": GPT-2's fused sampler, which also records each token in the
@@ -27,7 +27,7 @@ the history written, the counters + 1.
 The sample+top-k groups (op "topk": GPT-2's sampled chat setting, temperature 1 and top_k 50, the draw
 among the 50 largest logits of each row): eager = torch.topk, the logits below the 50th set to -inf, then
 the Gumbel-max chain above; compiled = torch.compile of it; unfused = the same topk and masked_fill, then
-fused_attn.sample (3 launches: our GPT-2's sampled step before session 30); fused = ``sample(...,
+fused_attn.sample (3 launches: our GPT-2's sampled step before 617b8e7); fused = ``sample(...,
 top_k=50)`` (one launch: a radix select of the 50th largest inside the kernel). Rows 1, 16, 64 of GPT-2's
 vocabulary and 1 of Llama 3's. The check before timing: every drawn token is among its row's top 50.
 

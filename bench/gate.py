@@ -7,7 +7,7 @@ Fails (exit 1) when a case's median grew by more than --threshold percent over t
 listing every such case. Host-bound cases (GPT-2 through transformers' eager Python loop:
 HOST_BOUND backends, ~6.5 ms of Python per token) measure the host more than our kernels: the
 same case drifted by 15% between sequential runs on an H200 and by up to 38% between runs on an
-H100 host (bench/NOTES.md), so they have their own threshold, wide enough for that drift and
+H100 host (docs/lab-notes/gpt2-decode.md), so they have their own threshold, wide enough for that drift and
 still failing on a 2x regression (e.g. a sync per layer). Cases new in this run (no baseline
 case of the same name) are listed, not gated. Without --baseline, each case's baseline is the
 newest run under --storage (by its datetime) on the same GPU model that holds that case, other

@@ -29,14 +29,15 @@ L2_FLUSH_BYTES = 256 << 20
 # device time only, never host launch overhead (~10-60 us for a Python op or a compiled
 # graph, ~100 us for an autograd backward, more than a small kernel takes). Checked every round.
 SPIN_CYCLES = 400_000  # ~200 us at 1.98 GHz
-# ~13 ms: PyTorch chains of several ops (bench_sample's eager / compiled top-k peers) took 3-4.4 ms of host
-# time to queue in session 31's calls, past the 3.2 ms the cap allowed before (SPIN_CYCLES << 4), and were
-# dropped; a call that synchronizes inside still lets every spin finish and is still refused.
+# ~13 ms: PyTorch chains of several ops (bench_sample's eager / compiled top-k peers) took 3-4.4 ms of host time to
+# queue in bench_sample's H100 runs of a3059c3 (2026-11-28), past the 3.2 ms the cap allowed before
+# (SPIN_CYCLES << 4), and were dropped; a call that synchronizes inside still lets every spin finish and is still
+# refused.
 MAX_SPIN_CYCLES = SPIN_CYCLES << 6
 # Before each case's warm-up calls: ~20 ms of spinning, so every case starts from a busy GPU at its
 # boost clock whatever ran before it (a compile, an idle gap, a heavy case). Kernels of a few us
-# move with the SM clock: back-to-back runs of 0005 differed by 2-4% at N = 128, the empty kernel
-# by 2% (bench/NOTES.md, v1l).
+# move with the SM clock: back-to-back H200 runs differed by 2-4% at N = 128, the empty kernel
+# by 2% (docs/lab-notes/softmax.md, "Clock warm-up").
 CLOCK_WARMUP_CYCLES = 40_000_000
 
 
@@ -195,12 +196,12 @@ SETTLE_STREAMS = 6
 
 def settle_process(streams: int = SETTLE_STREAMS) -> None:
     """Put this process where any process that has done real work is: a small op on each of `streams`
-    fresh streams, each joined back into the current stream. On an H200 (bench/NOTES.md, session 38) a
-    process's programmatic launches (our kernels' PDL edges) reach the SMs ~0.35 us later once it has
-    joined a few other streams or captured a few graphs, for good and process-wide (batch-16 GPT-2 step
-    ~289 -> ~303 us a step; three to five joins were enough); launches without the attribute do not change. Without
-    this the first cases of a process, or a selection with no graph-capturing peer before ours, would
-    measure a young process that users never run. No-op without a GPU."""
+    fresh streams, each joined back into the current stream. On an H200 (2026-11-28,
+    docs/lab-notes/launch-overhead-pdl.md) a process's programmatic launches (our kernels' PDL edges) reach
+    the SMs ~0.35 us later once it has joined a few other streams or captured a few graphs, for good and
+    process-wide (batch-16 GPT-2 step ~289 -> ~303 us a step; three to five joins were enough); launches
+    without the attribute do not change. Without this the first cases of a process, or a selection with no
+    graph-capturing peer before ours, would measure a young process that users never run. No-op without a GPU."""
     if not torch.cuda.is_available():
         return
     keep = []

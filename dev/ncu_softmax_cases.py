@@ -6,7 +6,7 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed python3 -m dev.ncu_softmax_ca
 
 Runs one fused_v1 call per shape below (float16), nothing else, so each profiled kernel
 is one of these cases in order. Used to tell whether a kernel version is limited by
-instruction issue or by DRAM (bench/NOTES.md, v1f/v1g).
+instruction issue or by DRAM (docs/lab-notes/softmax.md: the merged reduction, the lean element loop).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python -m dev.probe_cluster_pdl [--clusters 1,2,4,8,12,16] [--consumer-clusters 12] ...
 
-Issue 13's remaining structural route at batch 16 (bench/NOTES.md, session 26's sketch) puts c_attn and
+The remaining structural route to a faster batch-16 step (docs/lab-notes/launch-overhead-pdl.md) puts c_attn and
 decode attention in one launch of one 12- or 16-block cluster per head. GPT-2's step gains from PDL only
 because each launch's blocks start, and fetch their weights, while the kernel before them drains; a
 cluster must have all of its blocks placed at once on SMs of one GPC, so a big cluster may not fit

@@ -1,9 +1,9 @@
 """Whether the slow state of programmatic launches is the CUDA driver's, what enters it, and what leaves it
-(one device call, ~1 min; written in session 38, first run pending: bench/NOTES.md):
+(one device run, ~1 min; its outcome goes in docs/lab-notes/launch-overhead-pdl.md):
 
     python -m dev.probe_pdl_state [--actions join,joindestroy,graph,waitonly,samejoin] [--links 80] ...
 
-Session 38 found that our GPT-2 step's programmatic launches (PDL) reach the SMs ~0.35 us later, for good and
+Measured (2026-11-28): our GPT-2 step's programmatic launches (PDL) reach the SMs ~0.35 us later, for good and
 process-wide, once a PyTorch process has joined a few other streams into its own or captured a few graphs
 (H200, B16 step 289 -> 303 us). This probe asks the same question without PyTorch: a standalone CUDA
 program (written to a temporary folder, built with nvcc, nothing written into the checkout) times one CUDA

@@ -8,7 +8,7 @@ pieces issued before the first MMA (LDGSTS on the staged path, LDG.E.128 on the 
 many of them come after the first instruction that reads a weight register (a destination of the
 weight loads issued before the wait). In-order issue stalls at that read until the weights land, so a
 piece behind it leaves one round trip later: the staged 16-row kernels had three of their six there
-until mma_walk_pieces fenced the copies (bench/NOTES.md). Exit status 1 when a staged kernel
+until mma_walk_pieces fenced the copies (docs/lab-notes/linear-mlp.md). Exit status 1 when a staged kernel
 (template argument kStageX true) has such a late piece; the register-path builds are reported only (they
 issue one piece before their first MMA by design of ptxas, not ours).
 """

@@ -11,8 +11,8 @@ launch is programmatic), from the wait to the first MMA (x's loads, the first fr
 comes before the wait, as kSelfNorm's weight sums do), after the last MMA (the block sum and the epilogue), and
 the local-memory ones (LDL / STL: spills on some path).
 They are static counts: both sides of a branch count, so a build that branches around code it never runs
-counts that code too. A difference here is a prediction to measure (bench/NOTES.md, session 26 continued,
-has the activation builds' table), never a speed. A build's last template argument is its code
+counts that code too. A difference here is a prediction to measure (docs/lab-notes/linear-mlp.md,
+"Compile-time epilogues"), never a speed. A build's last template argument is its code
 (linear_launch.h): -1 reads the activation, bias and residual at run time (the statistics builds); otherwise
 the activation (0 none, 1 GELU, 2 SwiGLU) + 16 (kEpiKnown) + 4 with a bias + 8 with a residual, e.g. 20 is
 GPT-2's c_attn, 21 its c_fc, 28 its projections, 16 its lm_head.

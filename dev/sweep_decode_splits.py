@@ -6,7 +6,7 @@ For each shape [B, Hq, Hkv, D, L] (the cases of bench_decode_attention, same inp
 cold L2, CUDA events, p50 over ``--rounds``) prints one line per forced ``num_splits`` and one for the
 heuristic (``auto``), with % of the measured copy bandwidth on the step's bytes, the same-bytes copy
 and the ``sdpa`` provider of the same run. Every output is checked against the float64 reference
-once before timing. A tuning tool: it writes nothing, and its lines go to bench/NOTES.md by hand.
+once before timing. A tuning tool: it writes nothing, and its lines go to docs/lab-notes/decode-attention.md by hand.
 """
 
 from __future__ import annotations

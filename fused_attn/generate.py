@@ -58,7 +58,7 @@ STATIC = ("hf-static",)
 # decode step goes through torch.compile before its CUDA graph is captured (GPU only, as STATIC).
 # graph-fused: the embedding in one launch (embed "fused": H100 fp16, hot step, B16 452 -> 432 us, B1
 # even) and every norm folded into the linear after it (layer_norm "folded": B1 246 -> 228-232 us, B2
-# 291-304 against 292-293 and B16 even; bench/NOTES.md).
+# 291-304 against 292-293 and B16 even; docs/lab-notes/linear-mlp.md).
 GRAPH_BACKENDS = {"graph-fused": {"attention": "fused", "layer_norm": "folded", "linear": "fused", "mlp": "fused",
                                   "embed": "fused"},
                   "graph": {"attention": "fused"},

@@ -65,13 +65,13 @@ RANDOM_NAME = "gpt2-random"
 # embed "fused" (with layer_norm "fused" or "folded"): the embedding lookup wte[ids] + wpe[pos] and layer
 # 0's ln_1 in one fused_attn.layer_norm launch (its gathered rows: x_index / residual_index), in the
 # prefill and in each decode step, in place of two index_select launches, an add and the norm's launch
-# (H100 fp16, hot step: batch 16 452 -> 432 us, batch 1 even; bench/NOTES.md).
+# (H100 fp16, hot step: batch 16 452 -> 432 us, batch 1 even; docs/lab-notes/gpt2-decode.md).
 BACKENDS = {"attention": ("fused", "eager", "sdpa"), "layer_norm": ("eager", "fused", "folded"),
             "linear": ("eager", "fused"), "mlp": ("eager", "fused"), "embed": ("eager", "fused")}
 
 # The decode step's heuristics (attention "fused" with layer_norm "folded"), each with the measurement that
 # chose it (us a step of GPT-2 small, float16, prompt 128, against decode_attention's launch after c_attn's;
-# bench/NOTES.md, time_decode_graph / bench_gpt2):
+# docs/lab-notes/decode-attention.md, time_decode_graph / bench_gpt2):
 # - QKV_ATTENTION_MAX_ROWS: c_attn (with the folded ln_1) and the attention as one qkv_decode_attention
 #   launch up to 8 sequences. H200 batch 1 206 -> 191; H100 batch 1 214 -> 205, batch 4 233 -> 215
 #   (clusters of 4 sequences), batch 8 even (262), batch 16 320 -> 340 (two clusters of 8 a head, two

@@ -345,7 +345,8 @@ def flash_attention_forward(
         m_new = max(m, rowmax(S));  P = exp(S - m_new)
         l = exp(m - m_new) · l + rowsum(P)
         O = diag(exp(m - m_new)) · O + P V_j     (the paper prints diag(...)⁻¹ here: a typo,
-                                                  flash-attention issue 991; the rescale multiplies)
+                                                  github.com/Dao-AILab/flash-attention/issues/991;
+                                                  the rescale multiplies)
         m = m_new
 
     and at the end O / l and lse = m + log l. Rows that have seen nothing keep m = -inf: their

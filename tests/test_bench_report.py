@@ -317,8 +317,8 @@ def test_gpt2_table_shows_the_floors_where_a_case_has_them():
 
 def test_gpt2_sampled_cases_get_a_sample_column():
     """bench_gpt2's ``sample`` flag is a case parameter its extra_info does not repeat: a greedy and a sampled
-    case of one batch, prompt, dtype and backend are two rows told apart by a "sample" column (session 30's
-    run 0046 printed them as if greedy)."""
+    case of one batch, prompt, dtype and backend are two rows told apart by a "sample" column (the report
+    of 0150ea5's H100 GPT-2 matrix printed them as if greedy)."""
     data = json.loads(GPT2_RUN.read_text())
     data["_path"] = str(GPT2_RUN)
     greedy = next(b for b in data["benchmarks"] if b["name"] == "bench_gpt2[graph-b1-p128-float16]")

@@ -18,7 +18,8 @@ BENCH_README = (ROOT / "bench" / "README.md").read_text()
 # the -D the build passes for sm_90a.
 ALLOWED_ENV = {"FUSED_ATTN_CACHE", "FUSED_ATTN_NVCC_FLAGS", "FUSED_ATTN_DEBUG", "FUSED_ATTN_PDL",
                "FUSED_ATTN_VALIDATE_LENGTHS", "FUSED_ATTN_SM90A"}
-HISTORY_WORDS = re.compile(r"\b[Ss]essions? \d|\b[Ii]ssues? #?\d|\bwork period")
+# Built from pieces so that this file does not name what it looks for.
+HISTORY_WORDS = re.compile(r"\b[Ss]essions? \d|\b[Ii]ssues? #?\d|\bwork" + " period")
 
 
 def test_sections_come_in_a_newcomers_order_within_300_lines():
@@ -64,7 +65,7 @@ def test_no_tracked_file_names_a_work_period_or_an_issue_number():
         for m in HISTORY_WORDS.finditer(path.name + "\n" + text):
             line = text.count("\n", 0, max(m.start() - len(path.name) - 1, 0)) + 1
             found.append(f"{path.relative_to(ROOT)}:{line}: {m.group(0)!r}")
-    assert not found, f"{len(found)} places name a work period or an issue number:\n" + "\n".join(found[:40])
+    assert not found, f"{len(found)} places use work-history words:\n" + "\n".join(found[:40])
 
 
 def test_shipped_code_reads_only_the_environment_variables_the_readme_lists():

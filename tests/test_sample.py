@@ -74,9 +74,10 @@ EDGE_EXAMPLES = [
     case_of(rows=2, vocab=9, dtype=torch.float32, temperature=2.0, top_k=8),
     case_of(rows=7, vocab=32000, dtype=torch.bfloat16, temperature=1.0, top_k=32000, layout="strided_rows"),
     case_of(rows=3, vocab=50257, temperature=0.0, top_k=5),
-    # 64 rows: the only row count that splits GPT-2's row over a 4-block cluster (fewer rows get 8); run
-    # 0047's check drew a token outside the top 50 once there on the path with top_k applied before the op
-    # (session 30, unexplained): the draws against the reference, with and without top_k
+    # 64 rows: the only row count that splits GPT-2's row over a 4-block cluster (fewer rows get 8);
+    # bench_sample's check drew a token outside the top 50 once there on the path with top_k applied before
+    # the op (2026-11-27, H100; docs/lab-notes/sampling.md, "A sampling bug, fixed"): the draws against the
+    # reference, with and without top_k
     case_of(rows=64, vocab=50257, temperature=1.0, seed=9, offsets="per_row"),
     case_of(rows=64, vocab=50257, temperature=1.0, top_k=50, seed=9, offsets="per_row"),
     # top_k's columns staged in shared memory or not (launch_sample): float32 128256 above (64 KB a block:
@@ -359,7 +360,8 @@ def test_gumbel_noise_is_finite_and_increasing_at_the_extreme_words():
 def test_masked_column_never_drawn_at_the_all_ones_word(device, top_k):
     """Seed 1, offset 0: row 26's Philox word at column 138 has its top 24 bits all ones, the word that
     made U = 1 and G = +inf under the old 24-bit uniform, so a -inf logit there scored -inf + inf = NaN
-    and was drawn (run 0047, session 31). Every column but 0 is -inf here: every row must draw 0."""
+    and was drawn (bench_sample's check at 64 rows, H100). Every column but 0 is -inf here: every row must
+    draw 0."""
     c = torch.tensor([138 // 4])
     word = reference.philox4x32_10([c, torch.tensor([26]), torch.tensor([0]), torch.tensor([0])], (1, 0))[138 % 4]
     assert int(word) >> 8 == 0xFFFFFF, "the test's premise: the all-ones word at row 26, column 138"
@@ -414,7 +416,7 @@ def test_top_k_draws_exactly_the_kept_columns(device, dtype):
 def test_pre_masked_logits_draw_inside_the_kept_columns_gpu(rows):
     """bench_sample's "unfused" provider as a test: logits already masked to their top 50 (-inf elsewhere),
     then sample at temperature 1 with top_k 0, 20 offsets: every token among its row's 50. At 64 rows (a
-    4-block cluster a row) run 0047's check failed once (session 30, not reproduced yet); 1 and 16 rows
+    4-block cluster a row) bench_sample's check failed once (2026-11-27, H100); 1 and 16 rows
     (8-block clusters) are the control. Also the same draws with top_k 50 inside the kernel."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     logits = (torch.randn(rows, 50257, generator=gen, device="cuda") * 3).to(torch.float16)

@@ -559,7 +559,7 @@ def test_cpu_fully_masked_rows_and_sq_gt_sk():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.xfail(strict=True, reason="issue 16: x * scale is computed in float32 and overflows to inf "
+@pytest.mark.xfail(strict=True, reason="x * scale is computed in float32 and overflows to inf "
                                        "(NaN rows) where the float64 definition is finite")
 def test_scores_overflowing_float32_after_scaling(device, dtype):
     x = torch.tensor([[3.0e38, 2.9e38, -1.0e38, 1.0, 2.0e38]], device=device).to(dtype)

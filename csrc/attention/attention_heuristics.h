@@ -1,6 +1,6 @@
 // Launch choices of the Hopper flash kernel (attention_wgmma.cuh), as constexpr functions of the shape:
 // its loader, its head dim 64 tile and its block order. Each entry names the measurement that chose it
-// (bench/NOTES.md has the tables); bench/ab.py's VARIANTS re-measure the alternatives on a copy of the
+// (docs/lab-notes/attention.md has the tables); bench/ab.py's VARIANTS re-measure the alternatives on a copy of the
 // tree. Torch-free and host-compilable: read by attention.cpp and attention_wgmma.cuh.
 #pragma once
 

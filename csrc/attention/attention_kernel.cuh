@@ -129,7 +129,7 @@ struct FlashMask {
 // a last visible key, and the score's offset from col (8 n + e % 2) is a compile-time constant. The
 // masked path branches per score around the mask's load (rows past seqlen_q read nothing): as one
 // path it had been ~25 KB of cold code on the causal diagonal of every unmasked call (ncu: 19% of
-// the warps' samples stalled on instruction fetch; H100, bench/NOTES.md).
+// the warps' samples stalled on instruction fetch; H100, docs/lab-notes/attention.md).
 // kMayMask false: the caller's launch has no mask (the wgmma kernel is built both ways), and the
 // masked path is not compiled in.
 template <typename T, bool kMayMask = true, int NS>

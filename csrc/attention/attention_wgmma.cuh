@@ -33,7 +33,7 @@
 // them: head dim 64 is built in tiles 1 and 2, and tile 0 is the head dim 128 kernel.
 //
 // Each tile and loader is built twice, with and without an attn_mask (kMask): the unmasked build has
-// none of the mask's per-score code (two thirds of the SASS: bench/NOTES.md).
+// none of the mask's per-score code (two thirds of the SASS: docs/lab-notes/attention.md).
 //
 // Block order (flash_wgmma_block; attention_heuristics.h's flash_longest_first): under causal the query tiles
 // go out longest-first across every (head, batch): all the last tiles (the most key tiles, bottom-right

@@ -13,7 +13,7 @@ namespace fused_attn {
 // round-up method of Granlund & Montgomery, "Division by invariant integers using
 // multiplication", 1994): with l = ceil(log2 d) and mul = floor(2^32 (2^l - d) / d) + 1,
 // n / d = (umulhi(mul, n) + n) >> l. A 64-bit `row % seqlen_q` costs ~20
-// instructions per thread, a visible share of a 16-element row slice (NOTES v1g, v1h).
+// instructions per thread, a visible share of a 16-element row slice (docs/lab-notes/softmax.md).
 // Larger n or d (never seen with seqlen_q < 2^31 and realistic row counts) take
 // the 64-bit division.
 struct FastDiv {

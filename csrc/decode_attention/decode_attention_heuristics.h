@@ -1,7 +1,7 @@
 // Launch choices of decode_attention, as constexpr functions of the shape: the kernel (tensor cores or
 // CUDA cores), the query rows per block, the key-range splits, and the CUDA-core kernel's builds (deep
-// pipeline, wide block). Each entry names the measurement that chose it (bench/NOTES.md has the tables);
-// bench/ab.py's VARIANTS re-measure the alternatives on a copy of the tree. Torch-free and
+// pipeline, wide block). Each entry names the measurement that chose it (docs/lab-notes/decode-attention.md has
+// the tables); bench/ab.py's VARIANTS re-measure the alternatives on a copy of the tree. Torch-free and
 // host-compilable: read by decode_attention.cpp and decode_attention_kernel.cuh. The PDL trigger point
 // (the batch up to which a launch triggers its dependent early) is common/pdl.cuh's, shared by the chain.
 #pragma once

@@ -207,7 +207,7 @@ __device__ __forceinline__ void cluster_merge_init(unsigned char* push) {
 // block's share of it, and every block's (max, sum) of the rows, in its own shared memory (`push`,
 // kPushBytes) by st.async stores that count their bytes on its mbarrier; each block waits only for the
 // bytes it owns, then merges its slice locally. No cluster barrier after the start's: measured in the
-// batch-1..8 steps of GPT-2 (H100, bench/NOTES.md), the merge with a release / acquire cluster
+// batch-1..8 steps of GPT-2 (H100, docs/lab-notes/decode-attention.md), the merge with a release / acquire cluster
 // barrier spent 0.5 us in the release alone, ~2 us in all.
 template <typename T, int R, int NW, int HD>
 __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o, const float* sm_m, const float* sm_l,

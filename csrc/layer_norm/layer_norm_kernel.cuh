@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(norm_block_threads<TPR>())
   // Every load of the row issued before any is used: one round trip. (A NaN written into xa in an
   // else branch here made each 16-byte load wait for itself before the next one issued, the halves
   // repacked at the branch join: 4 dependent L2 round trips, +0.55 us per launch, +13 us per GPT-2
-  // step at B1 on an H100, bench/NOTES.md session 12. The NaN of a bad index is selected in below.)
+  // step at B1 on an H100, docs/lab-notes/linear-mlp.md. The NaN of a bad index is selected in below.)
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = (it * TPR + lane) * VEC;

@@ -40,11 +40,11 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 // where the weight has at least one block of 16 rows per SM, else the split-K kernel (sm_90: clusters),
 // else the CUDA-core kernel (one row). At 4 rows the CUDA-core kernel's FMAs and conversions per weight
 // byte already cost more than the tensor-core kernels' padding to 16 rows: measured on an H100 (fp16,
-// bench_linear / bench_mlp at M 4, cold L2, p50 us, CUDA-core -> tensor-core, bench/NOTES.md):
+// bench_linear / bench_mlp at M 4, cold L2, p50 us, CUDA-core -> tensor-core, docs/lab-notes/linear-mlp.md):
 // 3072x768 9.2 -> 7.9, 768x3072 9.9 -> 7.1, 4096x11008 43.8 -> 37.7, 11008x4096 48.0 -> 40.9, GPT-2's MLP
 // 14.4 -> 10.4, Llama's 118.5 -> 98.8, 768x768 6.4 -> 6.6 (the one loss); GPT-2's batch-4 decode step
 // 349-350 -> 294 us. 2-3 rows, measured in GPT-2's captured decode step (H100, fp16, prompt 128, us a
-// step, two rounds; bench/NOTES.md): batch 2 270.8 / 269.2 -> 227.3 / 227.5, batch 3 303.4 /
+// step, two rounds; docs/lab-notes/linear-mlp.md): batch 2 270.8 / 269.2 -> 227.3 / 227.5, batch 3 303.4 /
 // 301.5 -> 226.3 / 226.4 (there the CUDA-core kernels did 2-3 FMAs a weight element behind a separate
 // norm launch; on tensor cores the norm folds into c_attn / c_fc, self_norm_in_mma), batches 1 and 4 the
 // same kernels. One row stays on the CUDA-core kernel, which folds the norm into its launch (every launch on
@@ -52,7 +52,7 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 constexpr int kMmaMinRows = 2;
 // One row of x on tensor cores too where the launch folds no norm into x, the weight has a 16-row tile per
 // SM (linear_mma_kernel, not split-K) and K <= kMmaOneRowMaxK. Measured on an H100 (fp16, bench_mlp /
-// bench_linear at M 1, cold L2, p50 us, CUDA-core -> tensor-core in one call; bench/NOTES.md):
+// bench_linear at M 1, cold L2, p50 us, CUDA-core -> tensor-core in one call; docs/lab-notes/linear-mlp.md):
 // GPT-2's MLP (c_fc on it; c_proj, split-K class, unchanged) 10.05 -> 9.06, 4096x4096 18.0 -> 16.8, 768x2304 /
 // 768x3072 / 4096x11008 within 0.2, 11008x4096 36.3 -> 38.1 (the CUDA-core kernel streams long rows better:
 // hence the K bound; Llama-2-7B's MLP 95.1 -> 97.8 without it). On this rule, another call: GPT-2's MLP 9.04
@@ -83,7 +83,8 @@ enum class GemvPath { kCudaCores, kTensorCores, kSplitK };
 // the split-K kernel, which takes the tensor-core rows with fewer 16-row tiles than SMs
 // (N < 2112 on an H100: GPT-2's 768-wide outputs), wins at every K: its clusters spread each tile's K
 // over up to 8 blocks, so the weight stream is split over tiles x splits >= 2 x SMs blocks (3072x768
-// M 16 7-8 us, 768x768 5-6 us: about the M = 1 CUDA-core kernel's time at GPT-2 shapes; bench/NOTES.md).
+// M 16 7-8 us, 768x768 5-6 us: about the M = 1 CUDA-core kernel's time at GPT-2 shapes;
+// docs/lab-notes/linear-mlp.md).
 bool gemv_wins(int64_t m, int64_t k, GemvPath path) {
   if (m <= 4) return true;
   switch (path) {
@@ -103,7 +104,7 @@ int64_t mma_tiles(int64_t n_out, int64_t activation) {
 // enough that tiles x splits covers every SM once; at most a portable cluster, and no split without a chunk
 // of 32 k (the count recomputed from the chunks per split, so the last split is the short one). GPT-2's
 // projections (48 tiles, 132 SMs): 4 splits, where covering the SMs twice gave 6.
-// Measured in GPT-2's captured step on an H200 (bench/NOTES.md; interleaved, us a step, 6 ->
+// Measured in GPT-2's captured step on an H200 (docs/lab-notes/linear-mlp.md; interleaved, us a step, 6 ->
 // 4 splits): B4 198.6 -> 191.9, B8 241.4 -> 227.2, B16 305.0 -> 302.8, B1 unchanged (no split-K launch);
 // 7 or 8 splits cost 27-42 us more than 6. Why fewer wins was not located (the split-K blocks start ~4-6 us
 // under the kernel before them, PDL, and hold its SM slots: the guess). Not measured on an H100.
@@ -200,7 +201,7 @@ struct Norm {
 // weight, as fused_attn.gpt2's "folded" layer_norm does) normalizes inside the tensor-core kernel
 // (kSelfNorm, linear_kernel.cuh: statistics from x's own pieces, applied in the epilogue) where that kernel
 // runs: its short build (k <= 768) in one wave; else our layer_norm launch first, as before. Measured in
-// GPT-2's captured step (H100, bench/NOTES.md, the statistics on tensor cores): B4 -11 to -15
+// GPT-2's captured step (H100, docs/lab-notes/linear-mlp.md, "Statistics from x itself"): B4 -11 to -15
 // us a step, B8 -6 to -9; at 9-16 rows (two n-tiles) B16 +7 to +9 (alone the kernel costs 1.2 us more than
 // the plain one at 16 rows, 0.8 at 8, against the ~1.4 us norm launch it saves), so from 9 rows the norm
 // keeps its launch (kSelfNormMaxRows).
@@ -379,7 +380,7 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   if (residual.has_value()) residual2 = residual->reshape({m, n_out});
   // A norm over 2-16 rows of float16 / bfloat16: our layer_norm launch first, then the plain kernels.
   // The kernels' prologue (normalize in shared memory, then multiply) measured slower than the two
-  // launches in GPT-2's chained step at every batch (bench/NOTES.md). One row
+  // launches in GPT-2's chained step at every batch (docs/lab-notes/linear-mlp.md). One row
   // keeps it in the launch: the prologue, or without the norm's weight and bias the fold into the dot
   // products (linear_kernel.cuh, kFold); 2-8 rows without them, where the tensor-core kernel runs in one
   // wave, the same fold on tensor cores (self_norm_in_mma, kSelfNorm).

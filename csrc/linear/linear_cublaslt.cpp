@@ -3,7 +3,7 @@
 // GELU_BIAS epilogues but takes a residual only as C == D: it first copies the residual into the output
 // (a DtoD pass, 23 us at Llama-2-7B's M = 4096 down projection; torch.compile's addmm pays the same), or
 // the add runs as its own pass after. Lt reads C and writes D separately, so the residual costs the GEMM's
-// epilogue one more read and nothing else (bench/NOTES.md, session 15).
+// epilogue one more read and nothing else (docs/lab-notes/linear-mlp.md).
 #include "linear_cublaslt.h"
 
 #include <ATen/cuda/CUDAContext.h>

@@ -9,7 +9,7 @@ namespace linear {
 // The epilogue's bias loaded before wait_for_primary() and its residual right after it, so that they are in
 // registers when the sums are (the CUDA-core kernel from two rows: its kAhead; the tensor-core kernels'
 // owning warps). GPT-2's captured step, H100, fp16: batch 4 -7.5 us, batch 16 even, batch 1 +2.5 us (hence
-// not at one row); bench/NOTES.md.
+// not at one row); docs/lab-notes/linear-mlp.md.
 constexpr bool kOutputAhead = true;
 
 // The tensor-core kernels' short build: chunks of 32 k per warp in flight and the blocks per SM it is compiled

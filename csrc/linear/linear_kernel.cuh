@@ -303,7 +303,7 @@ __device__ __forceinline__ void store_output(const LinearParams& p, int m, int64
 // An activation's linear is an MLP's first projection: its consumer is the second projection, a GEMV
 // whose blocks fetch their weights before their wait, so starting them under this launch's main loop
 // hides that fetch. Measured at 8 and 16 rows (the late trigger's range; H100, GPT-2 fp16 captured
-// step: -10 us a step, bench/NOTES.md); the same early trigger on every launch of 8-16 rows
+// step: -10 us a step, docs/lab-notes/launch-overhead-pdl.md); the same early trigger on every launch of 8-16 rows
 // costs the step 15 us: the run-ahead is one kernel deep here, not the whole chain.
 inline LinearParams with_linear_pdl_early(const LinearParams& params) {
   LinearParams p = with_pdl_early(params, params.m);
@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(kLinearMaxThreads, kFold ? 4 : 1) linear_gemv_
   // kNorm the block normalizes it: every thread takes part). From two rows of x (kAhead) the epilogue's
   // first output per thread (thread t: column t / MT, x row t % MT) has its bias loaded before the
   // wait, its residual after. At one row that measured 2.5 us slower per B1 step (the registers it
-  // takes: 64 -> 70), at four rows 7.5 us faster per B4 step (bench/NOTES.md).
+  // takes: 64 -> 70), at four rows 7.5 us faster per B4 step (docs/lab-notes/linear-mlp.md).
   constexpr bool kAhead = kOutputAhead && MT > 1;
   if (int(threadIdx.x) < pieces) load_weights(threadIdx.x);
   const int out_cols = swiglu ? NB / 2 : NB;
@@ -540,7 +540,7 @@ __device__ __forceinline__ MmaLane<T, NT> mma_lane(const LinearParams& p, int64_
 // grid that is resident at once (one wave; the launchers decide): there ptxas, under the build's 80
 // registers, issues the register path's six pieces one at a time, each behind the MMA of the one before,
 // six L2 round trips after griddepcontrol.wait where the 8-row build waits one (GPT-2's 16-row GEMVs:
-// 1.2 us of 8.2; H200, bench/NOTES.md). In grids of many waves (an lm_head's 3142 blocks) the
+// 1.2 us of 8.2; H200, docs/lab-notes/linear-mlp.md). In grids of many waves (an lm_head's 3142 blocks) the
 // register path is the faster one (27.7 against 31.7 us at 16 rows: later waves find x in L1 and their
 // loads' order does not matter), and the long build (unbounded registers) issues its loads together.
 // A warp's bytes: its lanes' staging slots in the main loop (mma_accumulate), then its fragments for the
@@ -630,7 +630,7 @@ __device__ __forceinline__ void mma_walk_pieces(const LinearParams& p, const Mma
     // Every staged piece issued before anything reads the weight registers: without this fence ptxas
     // interleaved the A-fragment moves with the copies, and the moves' wait for the weights (in-order
     // issue) held back the group's last pieces, a second round trip before the first MMA (16 rows:
-    // 3 of 6 pieces behind it; bench/NOTES.md). __syncwarp is the fence ptxas keeps.
+    // 3 of 6 pieces behind it; docs/lab-notes/linear-mlp.md). __syncwarp is the fence ptxas keeps.
     if constexpr (kStageX && kMmaXFence) __syncwarp();
     if (c0 == first) after_issue();
     mma_x_landed<kStageX>();
@@ -768,7 +768,7 @@ __device__ __forceinline__ void mma_store(const LinearParams& p, int64_t col0, i
 // and this lane's x row sums x and x^2 of the tile's rows (uncentered; SelfNormLane), and before the wait a
 // pair against a B operand of ones sums the weight rows over exactly the 16-bit values the products use.
 // (Summing x - x[0] and its square on CUDA cores, the first build, doubled the kernel's instructions: ncu,
-// 7.1 against 5.9 us alone at 8 rows; bench/NOTES.md.) The statistics ride the block sum's
+// 7.1 against 5.9 us alone at 8 rows; docs/lab-notes/linear-mlp.md.) The statistics ride the block sum's
 // barrier (every warp combines all rows: the decision below is block-uniform without another barrier); the
 // owning warps apply rstd and the correction.
 // The correction cancels mu sum(w) out of float32 sums of terms up to (|mu| + |x - mu|) |w|, so its error,
@@ -1038,7 +1038,7 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); kShort: the short build (CH chunks in
 // flight, kMmaShortMinBlocks blocks per SM), else the long one (kMmaLongChunks, unbounded). No norm in
 // the plain build: linear.cpp normalizes 2-16 16-bit rows in a launch of their own (the prologue measured
-// slower in GPT-2's step, and a fold into the products slower still: bench/NOTES.md), except
+// slower in GPT-2's step, and a fold into the products slower still: docs/lab-notes/linear-mlp.md), except
 // 2-8 rows with the norm folded into the weight (kSelfNorm, below).
 // kSelfNorm: x's rows normalized from their own pieces (p.norm kNormLayer / kNormRms; mma_accumulate_self).
 // kAct: the activation compiled in, or kActRuntime (p.activation; launch_mma_builds says which runs).
@@ -1050,7 +1050,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const int warp = threadIdx.x / 32;
   // Spelled out here, not through build_activation: that form moved ptxas's schedule of the kActRuntime builds
-  // (bench/NOTES.md).
+  // (docs/lab-notes/linear-mlp.md).
   const bool swiglu = kAct == kActRuntime ? p.activation == kActSwiglu : (kAct & kActCodeMask) == kActSwiglu;
   const int64_t col0 = int64_t(blockIdx.x) * (swiglu ? 8 : 16);
   const MmaLane<T, NT> L = mma_lane<T, NT, kAct>(p, col0, threadIdx.x % 32);
@@ -1149,7 +1149,7 @@ namespace linear {
 // linear_splitk_kernel) run a build with p.activation compiled in (kAct kActNone, kActGeluTanh or kActSwiglu)
 // instead of one kActRuntime build that reads it: no SwiGLU column and row arithmetic before the wait, no
 // activation switch in the epilogue. Measured against the kActRuntime build in one call (H100, GPT-2's captured
-// decode step, fp16, prompt 128, two rounds; bench/NOTES.md): batch 1 unchanged (its GEMVs are the
+// decode step, fp16, prompt 128, two rounds; docs/lab-notes/linear-mlp.md): batch 1 unchanged (its GEMVs are the
 // one-row kernels), batch 4 -9..-12 us a step, batch 8 -7..-9, batch 16 -5. The 16-row register-path build (the
 // lm_head at 9-16 rows) spills 8 bytes under it; keeping that one build at kActRuntime measured the same
 // (within 1 us), so every tensor-core build is an activation build.
@@ -1160,7 +1160,7 @@ using ActBuild = std::integral_constant<int, kAct>;
 // compiled in (kEpiKnown) instead of read from p.bias / p.residual (GPT-2's c_attn and c_fc have a bias and no
 // residual, its projections both, its lm_head neither): no residual address arithmetic after the wait where
 // there is none, no null checks in the epilogue. Measured against the activation builds alone in one call
-// (H100, GPT-2's captured decode step, fp16, prompt 128, two rounds; bench/NOTES.md): batch 1
+// (H100, GPT-2's captured decode step, fp16, prompt 128, two rounds; docs/lab-notes/linear-mlp.md): batch 1
 // unchanged, batch 4 -11..-12 us a step, batch 8 -8..-11, batch 16 -2..-4.
 template <int kActCode, typename Launch>
 void with_build_epilogue(const LinearParams& p, const Launch& launch) {

@@ -62,7 +62,7 @@ __device__ __forceinline__ void splitk_reduce_init(int rank) {
 // sums into rank 0's landing (st.async, the bytes counted on its mbarrier) and the block exits; rank 0
 // waits on its own mbarrier for the (splits - 1) x NT x 512 bytes, adds them in rank order and applies
 // the epilogue (mma_store with out_in, loaded ahead by its owning warps). No cluster barrier after the
-// start's. (Measured against the pushes under a release / acquire cluster barrier: bench/NOTES.md;
+// start's. (Measured against the pushes under a release / acquire cluster barrier: docs/lab-notes/linear-mlp.md;
 // rank 0 reading each split's shared memory in turn between two barriers measured 20 us slower per GPT-2
 // B16 step.)
 template <typename T, int NT, int kAct = kActRuntime>

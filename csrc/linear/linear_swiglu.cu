@@ -2,7 +2,7 @@
 // y = x · [gate; up]ᵀ as [m, 2 n], and this pass reads both halves of each row once and writes
 // silu(gate) * up, [m, n]. It replaces ATen's silu and mul (two passes, the second over a strided view
 // that ATen's elementwise kernel does not vectorize: 277 us at Llama-2-7B's M = 4096 against a
-// torch.compile'd fused pass's 85, bench/NOTES.md session 15). Memory-bound: a 16-byte piece of gate
+// torch.compile'd fused pass's 85, docs/lab-notes/linear-mlp.md). Memory-bound: a 16-byte piece of gate
 // and of up per thread, one 16-byte store; plain loads and stores (the whole pass is a stream).
 #include <cuda_runtime.h>
 

@@ -23,10 +23,11 @@
 // exchange, with a warp reduction and a rescale a key: H200, GPT-2's step at a 512-token prompt, batch 1,
 // 223.1 -> 192.9 us (at a 128-token prompt 190.8 / 191.4, even).
 //
-// Measured in GPT-2's step (bench.time_decode_graph; bench/NOTES.md), us against the two launches: H200 batch
-// 1 206 -> 191, and at a 512-token prompt 212.5 -> 192.9; H100 batch 1 214 -> 205, batch 4 233 -> 215, batch 8
-// even, batch 16 320 -> 340 (two clusters a head read the rows twice, two blocks a SM); H200 batch 16 with the
-// late trigger after the wait: 295.6 against 292.6. GPT-2 uses it at up to 8 rows (fused_attn/gpt2.py).
+// Measured in GPT-2's step (bench.time_decode_graph; docs/lab-notes/decode-attention.md), us against the two
+// launches: H200 batch 1 206 -> 191, and at a 512-token prompt 212.5 -> 192.9; H100 batch 1 214 -> 205,
+// batch 4 233 -> 215, batch 8 even, batch 16 320 -> 340 (two clusters a head read the rows twice, two blocks
+// a SM); H200 batch 16 with the late trigger after the wait: 295.6 against 292.6. GPT-2 uses it at up to 8
+// rows (fused_attn/gpt2.py).
 //
 // (The mean is float32 with no cancellation redo, unlike linear's kSelfNorm: at 16-bit inputs its error stays
 // far below the inputs' own rounding; the drawn tests include rows of |mean| / std = 500.) float32
@@ -168,7 +169,7 @@ __device__ __forceinline__ void centered_row(const QkvParams& p, int bx, int lan
 //     padded to 8), the warps' partials are summed in shared memory, and each sequence's 192 columns go to
 //     the S = 8 / G ranks that attend it (rank r: sequence r / S, a 1 / S share of its keys).
 // (A G = 16 build at 9-16 rows, two groups of 8 warps a block each attending a whole sequence, measured
-// +20 us a step at batch 16 on an H100, bench.time_decode_graph; bench/NOTES.md.)
+// +20 us a step at batch 16 on an H100, bench.time_decode_graph; docs/lab-notes/decode-attention.md.)
 template <typename T, int G, int P>
 __global__ void __launch_bounds__(kQkvThreads, G == 1 ? 1 : kQkvRowsMinBlocks)
     qkv_decode_attention_kernel(const QkvParams p) {

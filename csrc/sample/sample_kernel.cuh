@@ -63,9 +63,9 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint32_t k0, uint32_t k1
 }
 
 // The Gumbel noise of a 32-bit draw: U = (top 23 bits + 0.5) / 2^23, exact in float32 and inside (0, 1),
-// so G is finite: at most -log(-log(1 - 2^-24)) = 16.6. (Sessions 12-30 used the top 24 bits: 2^24 - 1 + 0.5
+// so G is finite: at most -log(-log(1 - 2^-24)) = 16.6. (Before a6f5fbe it took the top 24 bits: 2^24 - 1 + 0.5
 // rounds to 2^24 in float32, so one word in 2^24 gave U = 1 and G = +inf, and a -inf (masked) logit's score
-// -inf + inf = NaN, the maximum: a masked column drawn. Found by run 0047's check at 64 rows.)
+// -inf + inf = NaN, the maximum: a masked column drawn. Found by bench_sample's check at 64 rows, H100.)
 __device__ __forceinline__ float gumbel(uint32_t bits) {
   const float u = (float(bits >> 9) + 0.5f) * 1.1920928955078125e-7f;
   return -logf(-logf(u));
@@ -223,8 +223,8 @@ __device__ uint32_t top_k_threshold(const SampleParams& p, const T* base, const 
       __syncthreads();
     }
     // An increment whose result is unused: one ATOMS.POPC.INC a warp, which adds the lanes that share an
-    // address at once (logits crowd a few bins). Session 30 aggregated with __match_any_sync first: its
-    // result latency was half of the select's stall samples (ncu, session 31).
+    // address at once (logits crowd a few bins). Aggregating with __match_any_sync first (617b8e7):
+    // its result latency was half of the select's stall samples (ncu, H100; docs/lab-notes/sampling.md).
     auto count = [&](bool in, T v) {
       const uint32_t key = order_key(v);
       if (in && (key & mask) == prefix) atomicAdd(&h[(key >> shift) & 0xFFu], 1u);

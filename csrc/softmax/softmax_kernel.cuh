@@ -20,10 +20,11 @@
 //       the row is written once. Launch shape by row length and causal (softmax_row_class.h):
 //       sub-warp / warp / block per row; a separate instantiation without mask
 //       loads; per-class register cap and early zero stores for the causal
-//       triangle (chosen by measurement, bench/NOTES.md v1d). Rows longer than
-//       32768 elements use a streaming online-softmax pass (2 reads + 1 write).
+//       triangle (chosen by measurement: docs/lab-notes/softmax.md, "Build-time
+//       A/B of four mechanisms"). Rows longer than 32768 elements use a
+//       streaming online-softmax pass (2 reads + 1 write).
 //   Target: one read of the visible part + one write of the row at the device
-//   copy bandwidth (bench/NOTES.md has the measured numbers).
+//   copy bandwidth (docs/lab-notes/softmax.md has the measured numbers).
 //
 // Backward (softmax_backward_kernel, selected in softmax.cpp): with y = out and
 // dy the incoming gradient,
@@ -132,7 +133,7 @@ void launch_v0(const SoftmaxParams& p, cudaStream_t stream) {
 // v1: fused; the row lives in registers between its one read and one write.
 // ---------------------------------------------------------------------------
 // Rows of <= 32 threads share a block of 128 threads: 64, 256 and 512 measured no better
-// (bench/NOTES.md v1k).
+// (docs/lab-notes/softmax.md, "Block size of short rows").
 constexpr int kShortRowBlock = 128;
 template <int TPR>
 __host__ __device__ constexpr int v1_block_threads() {
@@ -143,7 +144,8 @@ __host__ __device__ constexpr int v1_block_threads() {
 // row is column range [k * VEC, k * VEC + VEC), with k = it * TPR + lane, so
 // consecutive lanes touch consecutive 16-byte chunks (coalesced).
 //
-// Two choices per row class, each measured against its alternative (bench/NOTES.md v1d, v1j):
+// Two choices per row class, each measured against its alternative (docs/lab-notes/softmax.md:
+// "Build-time A/B of four mechanisms", "Causal long and short rows"):
 //  - early zeros: store the zeros of fully invisible packs right after the loads,
 //    before the reductions, which overlaps the causal triangle's writes with the loads
 //    in flight. It pays for rows held in <= 16 elements per thread, by <= one warp, or by
@@ -216,7 +218,8 @@ __global__ void __launch_bounds__(v1_block_threads<TPR>(), v1_min_blocks<TPR, IT
   };
 
   // The element loops below are most of the kernel's instructions, and at 16
-  // elements per thread the kernel was close to issue-bound (bench/NOTES.md, v1f-v1g).
+  // elements per thread the kernel was close to issue-bound (docs/lab-notes/softmax.md,
+  // "The lean element loop").
   // So: the visibility test is per pack (only the pack holding the causal edge
   // tests each element; invisible packs skip the exponentials), the all-masked
   // guard is folded into the shift (m_safe), and exp2 is one MUFU.EX2 (fast_exp2).

@@ -12,18 +12,20 @@
 // give a row to a few lanes (several rows per warp), rows up to 1024 a warp or
 // two, longer rows a whole block; every thread keeps at most 32 floats live,
 // except causal 4097..8192 (64, below).
-// Rows of 513..2048 take a shape by causality (bench/ab.py, NOTES v1e and v1h):
+// Measurements: bench/ab.py, docs/lab-notes/softmax.md ("Row classes of 513..2048", "Row shape by
+// causality", "Causal long and short rows").
+// Rows of 513..2048 take a shape by causality:
 //   513..1024   full: 2 warps x 16 elements    causal: 1 warp x 32
 //   1025..2048  full: 4 warps x 16 elements    causal: 2 warps x 32
 // Causal rows leave part of every thread's slice unread; 32-element slices
 // spread each thread's fixed cost (index math, two reductions) over more of
 // the visible keys (4x32x2048x2048 causal 483 -> 394 us), while full rows at
 // 16 elements keep more threads resident (1-3% faster).
-// Causal rows of 4097..8192 keys: 1 block of 4 warps x 64 elements (NOTES v1j; ptxas: 93 registers,
+// Causal rows of 4097..8192 keys: 1 block of 4 warps x 64 elements (ptxas: 93 registers,
 // no spills, sm_90a) instead of 8 warps x 32: 1.4% faster alone; with the early zeros of the
 // 4-warp classes (softmax_kernel.cuh) 856 us against 858 us for 8 warps x 32 with early zeros.
 // Causal rows of 65..128 keys run as 8 lanes x 16 and 129..256 keys as 16 lanes x 16
-// (16x12x256x256 causal 18.1 -> 15.5 us, NOTES v1j). Tried and dropped (NOTES v1j): 4 x 32 /
+// (16x12x256x256 causal 18.1 -> 15.5 us). Tried and dropped: 4 x 32 /
 // 8 x 32 for those rows, and causal 2049..4096 as 2 warps x 64 (1x16x4096x4096 causal 220 vs 207 us).
 // Every class in the chain is instantiated for every dtype, vector width and mask kind.
 #define FA_SOFTMAX_ROW_CLASS(N, CAUSAL, TPR, ELEMS, ...)                        \
