@@ -24,7 +24,7 @@ generate(); the first call of each case (graph capture, compilation) is a warm-u
 the rounds. GPU only.
 
 bench_hf_prefill: transformers' GPT2LMHeadModel's prefill (the forward over the prompt and the first token's
-argmax: time to first token) with attention eager, sdpa and "fused_attn" (fused_attn.hf: the flash kernel),
+argmax: time to first token) with attention eager, sdpa and "fused_attn" (fused_attn.hf),
 batch {1, 8}, prompt {128, 960}, and its peak memory above the model's own; ``speedup_vs_hf_sdpa`` same run.
 
 compile-graph is the peer of our graph backends
@@ -202,7 +202,7 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
 
 
 # Hugging Face prefill (time to first token): transformers' GPT2LMHeadModel on one padded prompt batch with
-# the attention implementation eager, sdpa and "fused_attn" (fused_attn.hf: the flash kernel for prompts).
+# the attention implementation eager, sdpa and "fused_attn" (fused_attn.hf).
 HF_PREFILL_IMPLS = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-fused": "fused_attn"}
 HF_PREFILL_ROUNDS = 30
 

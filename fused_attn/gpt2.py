@@ -717,8 +717,12 @@ def check_backends(backends: dict[str, str] | None) -> dict[str, str]:
 
 
 def _capture(cache: DecodeCache, fn):
-    """Warm ``fn`` up on a side stream, undo its effect on the cache, then capture it."""
+    """Warm ``fn`` up on a side stream, undo its effect on the cache and on the device's random numbers, then
+    capture it. The warm-up draws from the seeded generator: kept, the first generate() after a capture drew
+    other tokens than every later one with the same seed."""
     saved = [t.clone() for t in cache.buffers()]
+    device = cache.keys_ok.device
+    rng = torch.cuda.get_rng_state(device)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -730,6 +734,7 @@ def _capture(cache: DecodeCache, fn):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):  # recorded, not run
         result = fn()
+    torch.cuda.set_rng_state(rng, device)
     return graph, result
 
 

@@ -5,11 +5,10 @@
     model = GPT2LMHeadModel.from_pretrained("gpt2", attn_implementation="fused_attn")
     # or: model.set_attn_implementation("fused_attn"), or fused_attn.hf.apply_to_gpt2(model)
 
-Prompts go through ``fused_attn.attention`` (the flash kernel where it applies: float16 / bfloat16,
-headdim a multiple of 8 up to 256; no seqlen_q x seqlen_k score tensor in memory), with the mask
-transformers builds (causal, padding, the unfilled slots of a StaticCache) and key / value heads read
-un-repeated (GQA / MQA); it returns ``[batch, seqlen_q, nheads, headdim]`` as transformers expects.
-CPU tensors go through the op's pure-PyTorch path.
+The implementation computes Q·Kᵀ with cuBLAS (torch.matmul), then
+``scaled_masked_softmax`` (scale, causal / padding / cache masks in one pass), then P·V,
+and returns ``[batch, seqlen_q, nheads, headdim]`` as transformers expects. CPU tensors go
+through the op's pure-PyTorch path.
 
 Decode steps (one query per sequence, no gradient, no dropout) go through ``decode_attention``
 instead: transformers has already written the step's key and value into its cache and passes
@@ -25,10 +24,9 @@ compiled StaticCache decode) the op runs in place on the cache buffers: the grap
 of the cache (tests/test_hf.py checks the generated code).
 
 Training works: gradients flow to query, key and value (and an additive mask) through the
-ops' registered backwards. With dropout active (training, attn_pdrop > 0) the probabilities are
-materialized (Q·Kᵀ by cuBLAS, ``scaled_masked_softmax``, P·V) and go through
-``torch.nn.functional.dropout`` exactly where transformers' eager GPT-2 applies it (after the cast
-to the value dtype), so with the same RNG state the two drop the same elements.
+op's registered backward, and in training mode the attention probabilities go through
+``torch.nn.functional.dropout`` exactly where transformers' eager GPT-2 applies it (after
+the cast to the value dtype), so with the same RNG state the two drop the same elements.
 
 Masks: ``register()`` also registers transformers' SDPA mask builder under the same name
 (``AttentionMaskInterface``), so the implementation receives a bool mask (True = attend)
@@ -47,7 +45,6 @@ import types
 
 import torch
 
-from fused_attn.attention import attention
 from fused_attn.decode_attention import _CPU_DTYPES, _DTYPES, MAX_HEADDIM, _readable, decode_attention
 from fused_attn.layer_norm import layer_norm
 from fused_attn.linear import packed_in_out
@@ -119,6 +116,10 @@ def fused_attention_forward(
                 key_mask = key_mask.contiguous()
         out = decode_attention(query, key, value, None, key_mask=key_mask, scale=scale)
         return out.transpose(1, 2).contiguous(), None
+    n_rep = query.shape[1] // key.shape[1]
+    if n_rep > 1:
+        key = key.repeat_interleave(n_rep, dim=1)
+        value = value.repeat_interleave(n_rep, dim=1)
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = False
@@ -133,20 +134,11 @@ def fused_attention_forward(
             causal = True
     elif mask.dtype != torch.bool and mask.dtype != query.dtype:
         mask = mask.to(query.dtype)
-    if not (dropout and module.training):
-        # A prompt: one flash launch where it applies (no seqlen_q x seqlen_k scores in memory), GQA read
-        # un-repeated; the op's naive kernels (and on the CPU its reference) elsewhere.
-        out = attention(query, key, value, causal=causal, attn_mask=mask, scale=scale)
-        return out.transpose(1, 2).contiguous(), None
-    # Training with dropout: the probabilities are materialized so that dropout drops the elements
-    # transformers' eager GPT-2 drops.
-    n_rep = query.shape[1] // key.shape[1]
-    if n_rep > 1:
-        key = key.repeat_interleave(n_rep, dim=1)
-        value = value.repeat_interleave(n_rep, dim=1)
     scores = torch.matmul(query, key.transpose(-1, -2))
     probs = scaled_masked_softmax(scores, scale, causal=causal, attn_mask=mask)
-    probs = torch.nn.functional.dropout(probs.to(value.dtype), p=dropout, training=True)
+    probs = probs.to(value.dtype)
+    if dropout and module.training:
+        probs = torch.nn.functional.dropout(probs, p=dropout, training=True)
     out = torch.matmul(probs, value)
     return out.transpose(1, 2).contiguous(), None
 

@@ -305,13 +305,8 @@ MUTATIONS: list[Mutation] = [
              "d_y = (ctx.scale * (uu * (g - dot_gy) - dot_uy * g)).to(y.dtype)",
              "d_y = (ctx.scale * (uu * (g - dot_gy) + dot_uy * g)).to(y.dtype)",
              _t(f"{T_SOFTMAX}::test_gradcheck_op_and_its_backward")),
-    Mutation("hf-prefill-mask-dropped", "fused_attn/hf.py",
-             "out = attention(query, key, value, causal=causal, attn_mask=mask, scale=scale)",
-             "out = attention(query, key, value, causal=causal, scale=scale)",
-             _t(f"{T_HF}::test_logits_match_eager_cpu"),
-             why="a prompt on the flash path that drops transformers' padding mask"),
     Mutation("hf-dropout-ignored-in-training", "fused_attn/hf.py",
-             "    if not (dropout and module.training):\n", "    if True:\n",
+             "    if dropout and module.training:\n", "    if False:\n",
              _t("tests/test_hf_training.py::test_dropout_is_applied_in_training_only")),
     Mutation("kernel-backward-dot-dropped", "csrc/softmax/softmax_kernel.cuh",
              "d.v[e] = from_float<T>(c + e < kv ? p.scale * yv * (gv - dot) : 0.f);",
@@ -650,6 +645,10 @@ MUTATIONS: list[Mutation] = [
              "op.Expand(op.Unsqueeze(t, [1]), op.Constant(value_ints=[1, group, 1, 1, 1]))",
              _t("tests/test_onnx.py::test_exported_attention_matches_the_definition"),
              why="query head h reads kv head h % nheads_kv (tile) instead of h // group (repeat_interleave)"),
+    Mutation("gpt2-capture-keeps-the-warm-up-draws", "fused_attn/gpt2.py",
+             "    torch.cuda.set_rng_state(rng, device)\n", "",
+             _t(f"{T_GPT2}::test_sampled_tokens_of_the_first_graph_call_repeat_with_its_seed_gpu"), gpu=True,
+             why="the first sampled generate() after a graph capture draws other tokens than later ones"),
 ]
 
 

@@ -114,6 +114,18 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy_cpu(linear):
     assert torch.equal(m.generate(ids, mask, max_new_tokens=12, temperature=1.3, top_k=1, seed=3), greedy)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["graph", "graph-fused"])
+def test_sampled_tokens_of_the_first_graph_call_repeat_with_its_seed_gpu(backend):
+    """The first generate() captures the graphs; its warm-up draws must not shift the seeded draws, so the
+    first call and every later one with the same seed give the same tokens."""
+    m = GPT2.from_hf(hf_model(), device="cuda", backends=GRAPH_BACKENDS[backend])
+    ids, mask = (t.cuda() for t in left_padded(TINY["vocab_size"], (20, 13, 6)))
+    first, second = (m.generate(ids, mask, max_new_tokens=12, temperature=1.3, top_k=20, seed=7) for _ in range(2))
+    assert torch.equal(first, second)
+    assert not torch.equal(first, m.generate(ids, mask, max_new_tokens=12, temperature=1.3, top_k=20, seed=8))
+
+
 def test_eos_fills_the_rest_and_stops_early_cpu():
     m = GPT2.from_hf(hf_model())
     ids, mask = left_padded(TINY["vocab_size"], (20,))

@@ -40,16 +40,14 @@ def test_register_is_idempotent_and_named():
 
 
 def test_the_fused_op_is_what_runs(monkeypatch):
-    """A prompt goes through fused_attn.attention (the flash kernel on a GPU), with the padding mask
-    transformers builds, or with the op's own causal mask when transformers passes none."""
     calls = []
-    real = fhf.attention
+    real = fhf.scaled_masked_softmax
 
     def counting(*args, **kwargs):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(fhf, "attention", counting)
+    monkeypatch.setattr(fhf, "scaled_masked_softmax", counting)
     m = models(TINY, "cpu", impls=("fused_attn",))["fused_attn"]
     ids, mask = left_padded(TINY["vocab_size"], (24, 17, 9), "cpu")
     m(ids, attention_mask=mask)

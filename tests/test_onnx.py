@@ -294,19 +294,18 @@ def check_gpt2_export(model, path):
 
 
 def test_gpt2_exports_and_matches(tmp_path, monkeypatch):
-    """Hugging Face GPT-2 with the fused_attn attention, exported with ``fused_attn.attention`` in the
-    graph (its CPU kernel is the op's, so the CPU export records the op as a CUDA export does), against
-    the model."""
+    """Hugging Face GPT-2 with the fused_attn attention, exported with the op in the graph (as a CUDA
+    export records it; on the CPU the wrapper would record plain PyTorch), against the model."""
     import fused_attn.hf as fhf
 
     calls = []
 
-    def the_op(q, k, v, *, causal, attn_mask, scale):
+    def the_op(x, scale, *, causal, attn_mask):
         calls.append(causal)
-        return fused_attn.attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)
+        return torch.ops.fused_attn.scaled_masked_softmax(x, scale, attn_mask, causal=causal)
 
     model = gpt2("cpu")
-    monkeypatch.setattr(fhf, "attention", the_op)
+    monkeypatch.setattr(fhf, "scaled_masked_softmax", the_op)
     check_gpt2_export(model, tmp_path / "gpt2.onnx")
     assert len(calls) >= 2 * TINY["n_layer"], calls  # the eager run and the export went through the op
 
