@@ -37,7 +37,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.mutations import copy_repo
+from tests.mutations import copy_repo, replace_once
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = "default"
@@ -121,12 +121,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in _VARIANTS}
 
 def apply_edit(root: Path, variant: str, e: Edit) -> None:
     """Replace e's anchor in root's copy of e.path; an anchor found zero or several times is refused."""
-    path = root / e.path
-    text = path.read_text()
-    n = text.count(e.old)
-    if n != 1:
-        raise LookupError(f"{variant}: anchor found {n} times in {e.path} (must be exactly once): {e.old!r}")
-    path.write_text(text.replace(e.old, e.new))
+    replace_once(root, e.path, e.old, e.new, variant)
 
 
 def prepare(root: Path, workdir: Path, v: Variant) -> Path:

@@ -669,13 +669,19 @@ def anchor_count(root: Path, m: Mutation) -> int:
     return (root / m.path).read_text().count(m.old)
 
 
-def apply(root: Path, m: Mutation) -> None:
-    path = root / m.path
+def replace_once(root: Path, rel: str, old: str, new: str, name: str) -> None:
+    """Replace old by new in root's copy of rel; an anchor found zero or several times is refused (the code
+    moved: the anchor must be updated). Shared with bench/ab.py's variants."""
+    path = root / rel
     text = path.read_text()
-    n = text.count(m.old)
+    n = text.count(old)
     if n != 1:
-        raise LookupError(f"{m.name}: anchor found {n} times in {m.path} (must be exactly once): {m.old!r}")
-    path.write_text(text.replace(m.old, m.new))
+        raise LookupError(f"{name}: anchor found {n} times in {rel} (must be exactly once): {old!r}")
+    path.write_text(text.replace(old, new))
+
+
+def apply(root: Path, m: Mutation) -> None:
+    replace_once(root, m.path, m.old, m.new, m.name)
 
 
 def run_tests(copy: Path, tests: tuple[str, ...], timeout: float) -> tuple[int, str]:
