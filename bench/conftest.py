@@ -61,6 +61,7 @@ HEADLINE = {
     "bench_layer": r".*-gpt2-s1024-float16",
     "bench_gpt2": r"(graph-fused|compile-graph|hf-eager)-b(1|16)-p128-float16",
     "bench_hf_prefill": r"hf-(eager|sdpa|fused)-b(1|8)-p(128|960)-float16",
+    "bench_host": r".*",  # every op's host time beside its PyTorch equivalent (~30 s)
 }
 
 

@@ -27,7 +27,7 @@
 #   where the tree is committed): the benchmark JSONs' commit_info. The device copy's .git can predate the tree,
 #   so without it the JSONs may name an older commit (some stored runs do:
 #   history.csv's source column names their tree).
-# steps: ab graphab build tests pdl flagtests wide bench decode norm attention linear sample layer sanitize bytes gpt2 gpt2bench profile
+# steps: ab graphab build tests pdl flagtests wide bench decode norm attention linear host sample layer sanitize bytes gpt2 gpt2bench profile
 # (default: build tests bench decode attention sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -230,6 +230,11 @@ if has linear; then
   # 6 shapes x 7 M x 3 providers (126 cases) + layer_norm + linear 3 shapes x 3 M x 3 (27) + 2 models x 7 M x 3 (42)
   # in float16; one compile per compiled case
   bench_step linear "${LINEAR_TIMEOUT:-480}" "${LINEAR_ARGS:-}" bench/bench_linear.py bench/bench_mlp.py
+fi
+if has host; then
+  log "host (bench_host)"
+  # 8 ops x 2 providers, host clock: ~30 s
+  bench_step host "${HOST_TIMEOUT:-120}" "${HOST_ARGS:-}" bench/bench_host.py
 fi
 if has sample; then
   log "sample (bench_sample)"

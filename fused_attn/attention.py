@@ -169,6 +169,14 @@ def attention(
     ``torch.compile(fullgraph=True)`` and CUDA-graph capture. Differentiable with respect to q, k,
     v and an additive mask (the backward recomputes through ``fused_attn.reference.attention``).
     """
+    if (out is None and not torch.compiler.is_compiling() and _ops.direct is not None and type(causal) is bool
+            and type(return_lse) is bool and type(mode) is str and (scale is None or type(scale) is float)):
+        try:  # the direct path (fused_attn._ops.direct): None where the dispatcher must run the op
+            r = _ops.direct.attention(q, k, v, attn_mask, scale, causal, mode, return_lse)
+        except (TypeError, ValueError):
+            r = None  # bad input (or a layout the checks below copy): the path below
+        if r is not None:
+            return r if return_lse else r[0]
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     if not isinstance(return_lse, bool):

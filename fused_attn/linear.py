@@ -50,6 +50,7 @@ _NORM_NAMES = {code: name for name, code in NORMS.items()}
 # Rows of x (the product of its leading dims) up to which our CUDA kernel runs (kMaxGemvRows in
 # csrc/linear/linear.cpp); above it, cuBLAS.
 MAX_GEMV_ROWS = 16
+_KEYS = (str, type(None))  # the types activation / norm may have
 
 
 def activation_code(activation) -> int:
@@ -195,6 +196,16 @@ def linear(
     With ``norm``, up to ``MAX_GEMV_ROWS`` rows whose normalized copy fits 64 KB of shared memory
     normalize in the kernel's prologue; other shapes run ``layer_norm``'s kernel first (same result).
     """
+    code, ncode = ACTIVATIONS.get(activation) if type(activation) in _KEYS else None, \
+        NORMS.get(norm) if type(norm) in _KEYS else None
+    if (not torch.compiler.is_compiling() and _ops.direct is not None and code is not None and ncode is not None
+            and type(eps) is float):
+        try:  # the direct path (fused_attn._ops.direct): None where the dispatcher must run the op
+            y = _ops.direct.linear(x, weight, bias, residual, norm_weight, norm_bias, code, ncode, eps)
+        except (TypeError, ValueError):
+            y = None  # bad input: the checks below raise it
+        if y is not None:
+            return y
     code = activation_code(activation)
     ncode = norm_code(norm)
     check_args(x, weight, bias, residual, code)

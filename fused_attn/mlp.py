@@ -72,6 +72,14 @@ def mlp(
     Returns ``[..., d_out]`` in x's dtype. The hidden activations are rounded to x's dtype (as an
     eager chain in that dtype does); each projection accumulates in float32.
     """
+    if (norm is None and norm_weight is None and norm_bias is None and not torch.compiler.is_compiling()
+            and _ops.direct is not None and type(activation) is str and activation in MLP_ACTIVATIONS):
+        try:  # the direct path (fused_attn._ops.direct): None where the dispatcher must run the op
+            y = _ops.direct.mlp(x, w_fc, b_fc, w_proj, b_proj, residual, ACTIVATIONS[activation])
+        except (TypeError, ValueError):
+            y = None  # bad input: the checks below raise it
+        if y is not None:
+            return y
     if not isinstance(activation, str) or activation not in MLP_ACTIVATIONS:
         raise ValueError(f"activation must be 'gelu_tanh' or 'swiglu', got {activation!r}")
     code = ACTIVATIONS[activation]

@@ -95,6 +95,15 @@ def qkv_decode_attention(x: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tens
     b_qkv ``[3 d]`` or None; caches ``[batch, d / 64, max_len, 64]`` (written at slot cache_seqlens[b]);
     cache_seqlens / cache_leftpad int32 ``[batch]`` on x's device. Returns ``[batch, 1, d]`` (the heads'
     outputs side by side, the layout the output projection reads)."""
+    if (not torch.compiler.is_compiling() and _ops.direct is not None and type(eps) is float
+            and (scale is None or type(scale) is float)):
+        try:  # the direct path (fused_attn._ops.direct): None where the dispatcher must run the op
+            y = _ops.direct.qkv_decode_attention(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps,
+                                                 HEAD_DIM ** -0.5 if scale is None else scale)
+        except (TypeError, ValueError):
+            y = None  # bad input (or a layout the path below copies): the path below
+        if y is not None:
+            return y
     scale = HEAD_DIM ** -0.5 if scale is None else _number(scale, "scale", "a float")
     eps = _number(eps, "eps", "a float >= 0")
     check_qkv_args(x, w_qkv, b_qkv, k_cache, v_cache, cache_seqlens, cache_leftpad, eps, scale)

@@ -233,6 +233,18 @@ def sample(
     stream, never synchronizes the host, works under CUDA-graph capture and
     ``torch.compile(fullgraph=True)``.
     """
+    if (out is None and advance is None and history is None and history_index is None
+            and not torch.compiler.is_compiling() and _ops.direct is not None and type(temperature) is float
+            and type(top_k) is int and type(seed) is int):
+        try:  # the direct path (fused_attn._ops.direct): None where the dispatcher must run the op
+            if type(offset) is int:
+                r = _ops.direct.sample(logits, temperature, seed, offset, None, top_k)
+            else:
+                r = _ops.direct.sample(logits, temperature, seed, 0, offset, top_k)
+        except (TypeError, ValueError):
+            r = None  # bad input: the checks below raise it
+        if r is not None:
+            return r
     offsets = offset if isinstance(offset, torch.Tensor) else None
     temperature, top_k, seed, offset = check_args(logits, temperature, top_k, seed, 0 if offsets is not None
                                                   else offset, offsets)

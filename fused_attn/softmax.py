@@ -175,6 +175,14 @@ def scaled_masked_softmax(
     Works under ``torch.compile(fullgraph=True)`` and CUDA graph capture; never
     synchronizes the host.
     """
+    if (out is None and not torch.compiler.is_compiling() and _ops.direct is not None and type(scale) is float
+            and type(causal) is bool and type(version) is int):
+        try:  # the direct path (fused_attn._ops.direct): None where the dispatcher must run the op
+            y = _ops.direct.scaled_masked_softmax(x, scale, attn_mask, causal, version)
+        except (TypeError, ValueError):
+            y = None  # bad input: the checks below raise it
+        if y is not None:
+            return y
     scale = check_args(x, scale, causal, attn_mask, out, version)
     check_no_grad_for_out(x, attn_mask, out)
     if x.device.type == "cpu":

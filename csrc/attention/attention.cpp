@@ -6,7 +6,6 @@
 // tiled modes' three steps (GEMM, scaled_masked_softmax through the dispatcher, GEMM). Host C++ (g++): the
 // kernels are launched through attention_launch.h.
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -18,6 +17,7 @@
 #include <string>
 
 #include "../common/checks.h"
+#include "../common/ops.h"
 #include "../common/static_switch.h"
 #include "attention_heuristics.h"
 #include "attention_launch.h"
@@ -257,11 +257,8 @@ void launch_unfused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     launch_attention_gemm<scalar_t, scalar_t, float>(gemm_params(q, k, s, true, group), tiled, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  static const auto softmax =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fused_attn::scaled_masked_softmax", "")
-          .typed<at::Tensor(const at::Tensor&, double, const std::optional<at::Tensor>&, bool, int64_t)>();
-  const at::Tensor pr = softmax.call(s, scale, mask_f, causal, 1);
+  // The softmax's CUDA implementation itself, not a dispatcher call (no autograd hop).
+  const at::Tensor pr = scaled_masked_softmax(s, scale, mask_f, causal, 1);
   FA_DISPATCH_FLOAT(q.scalar_type(), q, [&] {
     launch_attention_gemm<float, scalar_t, scalar_t>(gemm_params(pr, v, out, false, group), tiled, stream);
   });

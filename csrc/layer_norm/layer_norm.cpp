@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../common/checks.h"
+#include "../common/ops.h"
 #include "../common/static_switch.h"
 #include "layer_norm_launch.h"
 

@@ -5,7 +5,6 @@
 // not fit kLinearNormSmemBytes of shared memory, x is normalized first by our layer_norm op (the same
 // result, one launch more). Host C++ (g++): the kernels are launched through linear_launch.h.
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "../common/checks.h"
+#include "../common/ops.h"
 #include "../common/static_switch.h"
 #include "linear_cublaslt.h"
 #include "linear_launch.h"
@@ -344,11 +344,7 @@ at::Tensor normalized(const at::Tensor& x2, const Norm& norm) {
   const std::optional<at::Tensor> w = norm.weight.defined() ? std::optional<at::Tensor>(norm.weight) : std::nullopt;
   const std::optional<at::Tensor> b = norm.bias.defined() ? std::optional<at::Tensor>(norm.bias) : std::nullopt;
   if (k >= kNormOpMinWidth && k <= kNormOpMaxWidth) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("fused_attn::layer_norm", "")
-                               .typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&,
-                                                 const std::optional<at::Tensor>&, double, bool)>();
-    return op.call(x2, w, b, norm.eps, rms);
+    return layer_norm(x2, w, b, norm.eps, rms);  // the CUDA implementation: no dispatcher hop
   }
   if (k == 0 || x2.size(0) == 0) return x2;
   const at::Tensor xf = x2.to(at::kFloat);

@@ -3,7 +3,6 @@
 // from one dispatcher call: what fused_attn.mlp runs. The checks are here; fused_attn/mlp.py repeats them
 // with the same messages for the CPU and meta paths. Host C++ (g++).
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "../common/checks.h"
+#include "../common/ops.h"
 #include "../linear/linear_launch.h"
 
 namespace fused_attn {
@@ -75,14 +75,12 @@ std::pair<int64_t, int64_t> check_mlp_args(const at::Tensor& x, const at::Tensor
   return {hidden, d_out};
 }
 
+// linear's CUDA implementation called directly, not through the dispatcher: the dispatcher would run its
+// Autograd kernel (Python, ~10 us a call on an H200 host, dev/probe_host_paths.py) for nothing, as mlp
+// records no gradient.
 at::Tensor call_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                        const std::optional<at::Tensor>& residual, int64_t activation) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("fused_attn::linear", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                               const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                                               const std::optional<at::Tensor>&, int64_t, int64_t, double)>();
-  return op.call(x, weight, bias, residual, std::nullopt, std::nullopt, activation, 0, 1e-5);
+  return linear(x, weight, bias, residual, std::nullopt, std::nullopt, activation, 0, 1e-5);
 }
 
 }  // namespace

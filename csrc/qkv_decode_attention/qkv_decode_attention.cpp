@@ -14,6 +14,7 @@
 #include <string>
 
 #include "../common/checks.h"
+#include "../common/ops.h"
 #include "qkv_decode_attention_launch.h"
 
 namespace fused_attn {

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "../common/checks.h"
+#include "../common/ops.h"
 #include "../common/static_switch.h"
 #include "sample_launch.h"
 

@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "../common/checks.h"
+#include "../common/ops.h"
 #include "../common/static_switch.h"
 #include "softmax_launch.h"
 
