@@ -94,7 +94,7 @@ def fused_attn_mask(*args, **kwargs) -> torch.Tensor | None:
     That case is exactly: every argument by keyword (as create_causal_mask passes them); ``mask_function``
     transformers' ``causal_mask_function`` itself (no or/and overlay, packing, blocks, sliding window or
     chunks, which all wrap it), ``local_size`` None, ``allow_is_causal_skip`` True (False asks for a
-    materialized mask), ``allow_is_bidirectional_skip`` not set; ``kv_offset`` the int 0; as many queries
+    materialized mask), ``allow_is_bidirectional_skip`` not set or False; ``kv_offset`` the int 0; as many queries
     as keys (``q_length``, or on 4.57 ``cache_position.shape[0]``, equal to ``kv_length``) and, where
     transformers passes an int ``q_offset`` (5.x), 0 (a tensor q_offset, a StaticCache's, is not read:
     with kv_offset 0 and as many queries as keys, the cache was empty); ``attention_mask`` a 2-D bool
@@ -131,7 +131,7 @@ def _check_key_padding(attention_mask: torch.Tensor, query: torch.Tensor, key: t
     batch, q_len, kv_len = query.shape[0], query.shape[2], key.shape[2]
     if attention_mask.dtype != torch.bool or tuple(attention_mask.shape) != (batch, kv_len) or q_len != kv_len:
         raise ValueError(
-            "attention_mask must be 4-D, or 2-D bool [batch, seqlen_k] with seqlen_q == seqlen_k (causal + key "
+            "attention_mask must be bool [batch, seqlen_k] with seqlen_q == seqlen_k when it is 2-D (causal + key "
             f"padding, as fused_attn_mask builds it), got {attention_mask.dtype} {tuple(attention_mask.shape)} "
             f"with seqlen_q {q_len}, seqlen_k {kv_len}")
 

@@ -547,13 +547,13 @@ def test_key_padding_mask_reaches_the_forward_cpu(monkeypatch):
 def test_a_2d_mask_that_is_not_causal_key_padding_raises():
     q = torch.randn(2, 4, 5, 8)
     k = torch.randn(2, 4, 6, 8)
-    with pytest.raises(ValueError, match=r"attention_mask must be 4-D, or 2-D bool \[batch, seqlen_k\] with seqlen_q "
-                                         r"== seqlen_k \(causal \+ key padding, as fused_attn_mask builds it\), got "
+    with pytest.raises(ValueError, match=r"attention_mask must be bool \[batch, seqlen_k\] with seqlen_q == seqlen_k "
+                                         r"when it is 2-D \(causal \+ key padding, as fused_attn_mask builds it\), got "
                                          r"torch.bool \(2, 6\) with seqlen_q 5, seqlen_k 6"):
         fhf.fused_attention_forward(_Attn().eval(), q, k, k, torch.ones(2, 6, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"attention_mask must be 4-D, .* got torch.float32 \(2, 6\)"):
+    with pytest.raises(ValueError, match=r"attention_mask must be bool .* got torch.float32 \(2, 6\)"):
         fhf.fused_attention_forward(_Attn().eval(), k, k, k, torch.ones(2, 6))
-    with pytest.raises(ValueError, match=r"attention_mask must be 4-D, .* got torch.bool \(1, 6\)"):
+    with pytest.raises(ValueError, match=r"attention_mask must be bool .* got torch.bool \(1, 6\)"):
         fhf.fused_attention_forward(_Attn().eval(), k, k, k, torch.ones(1, 6, dtype=torch.bool))
 
 
