@@ -69,6 +69,8 @@ def _t(*ids: str) -> tuple[str, ...]:
 
 
 _HF_PROBS = "probs = scaled_masked_softmax(scores, scale, causal=causal, attn_mask=mask)"
+# The HF backend's half-precision prompt attention on CUDA (fused_attn.attention's flash kernel).
+_HF_FLASH_OUT = "out = attention(query, key, value, causal=causal, attn_mask=mask, scale=scale)"
 # The fused backend's prompt attention (fused_attn.attention written into c_proj's layout), 1% off.
 _GPT2_PROMPT_OUT = "        return o.view(b, s, h * d)\n"
 _GPT2_PROMPT_OUT_OFF = "        return o.view(b, s, h * d) * 1.01\n"
@@ -83,6 +85,18 @@ MUTATIONS: list[Mutation] = [
              "key, value = key[:, :, :q_len], value[:, :, :q_len]", "pass",
              _t(f"{T_HF}::test_generate_logits_match_eager_cpu"),
              why="StaticCache prefill attends over its unfilled slots (decode logits off by ~0.017)"),
+    Mutation("hf-mask-builder-padding-unsliced", "fused_attn/hf.py",
+             "key_pad = pad[:, :kv_length]", "key_pad = pad",
+             _t(f"{T_HF}::test_mask_builder_is_sdpa_mask_or_its_causal_key_padding"),
+             why="a padding mask wider than the keys reaches the forward with columns sdpa_mask does not read"),
+    Mutation("hf-key-padding-mask-loses-causal", "fused_attn/hf.py",
+             "causal, mask = True, key_pad[:, None, None, :]", "causal, mask = False, key_pad[:, None, None, :]",
+             _t(f"{T_HF}::test_key_padding_mask_equals_its_4d_mask_cpu"),
+             why="the 2-D mask read as key padding alone: every prompt token sees the tokens after it"),
+    Mutation("hf-prompts-never-on-flash", "fused_attn/hf.py",
+             'if (query.device.type == "cuda" and (mask is None', 'if (False and (mask is None',
+             _t(f"{T_HF}::test_half_precision_prompts_take_the_flash_path_gpu"), gpu=True,
+             why="half-precision prompts silently fall back to matmul + softmax: right logits, no flash kernel"),
     Mutation("hf-decode-ignores-padding-mask", "fused_attn/hf.py",
              "key_mask=key_mask, scale=scale)", "key_mask=None, scale=scale)",
              _t(f"{T_HF}::test_generate_logits_match_eager_cpu"),
@@ -270,8 +284,9 @@ MUTATIONS: list[Mutation] = [
              why="a 1% error in every attention probability must fail the float16/bfloat16 tests"),
     Mutation("gpt2-probs-off-by-1pct-half", "fused_attn/gpt2.py", _GPT2_PROMPT_OUT, _GPT2_PROMPT_OUT_OFF,
              _t(f"{T_GPT2}::test_half_precision_attention_per_layer_cpu")),
-    Mutation("hf-probs-off-by-1pct-half-gpu", "fused_attn/hf.py", _HF_PROBS, _HF_PROBS + " * 1.01",
-             _t(f"{T_HF}::test_half_precision_attention_per_layer_gpu"), gpu=True),
+    Mutation("hf-flash-out-off-by-1pct-half-gpu", "fused_attn/hf.py", _HF_FLASH_OUT, _HF_FLASH_OUT + " * 1.01",
+             _t(f"{T_HF}::test_half_precision_attention_per_layer_gpu"), gpu=True,
+             why="float16/bfloat16 prompts on CUDA run the flash path: a 1% error there must fail the GPU test"),
     Mutation("gpt2-probs-off-by-1pct-half-gpu", "fused_attn/gpt2.py", _GPT2_PROMPT_OUT, _GPT2_PROMPT_OUT_OFF,
              _t(f"{T_GPT2}::test_half_precision_attention_per_layer_gpu"), gpu=True),
     # ------------------------------------------------------------ decode_attention (CPU path, tolerance)

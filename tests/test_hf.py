@@ -52,7 +52,8 @@ def test_the_fused_op_is_what_runs(monkeypatch):
     ids, mask = left_padded(TINY["vocab_size"], (24, 17, 9), "cpu")
     m(ids, attention_mask=mask)
     assert len(calls) == TINY["n_layer"]
-    assert calls[0]["attn_mask"] is not None and calls[0]["attn_mask"].dtype == torch.bool  # padding reached us
+    assert calls[0]["attn_mask"].dtype == torch.bool and calls[0]["causal"] is True  # padding reached us:
+    assert tuple(calls[0]["attn_mask"].shape) == (3, 1, 1, 24)  # causal + key padding, no 4-D mask
     calls.clear()
     m(ids[:1])
     assert calls[0]["attn_mask"] is None and calls[0]["causal"] is True
@@ -353,10 +354,275 @@ def test_attention_forward_matches_definition_gpu(name):
     check_attention_forward("cuda", name)
 
 
+# ---------------------------------------------------------------- the mask builder and the 2-D mask
+
+
+def mask_builders_take_offsets() -> bool:
+    """transformers 5.x passes mask builders q_length and q_offset; 4.57 passes cache_position."""
+    import inspect
+
+    from transformers.masking_utils import sdpa_mask
+
+    return "q_offset" in inspect.signature(sdpa_mask).parameters
+
+
+def mask_kwargs(batch, q_len, kv_len, pad=None, *, q_offset=0, kv_offset=0, **extra):
+    """The keyword arguments the installed transformers' create_causal_mask passes to a mask builder."""
+    kw = dict(batch_size=batch, kv_length=kv_len, kv_offset=kv_offset, attention_mask=pad, allow_is_causal_skip=True,
+              dtype=torch.float32, use_vmap=False)
+    if mask_builders_take_offsets():
+        kw.update(q_length=q_len, q_offset=q_offset, device="cpu")
+    else:
+        kw.update(cache_position=torch.arange(q_offset, q_offset + q_len))
+    kw.update(extra)
+    return kw
+
+
+def padding(batch, width, pads):
+    """bool [batch, width], True = a real token; row i starts with pads[i] padding tokens (left padding)."""
+    m = torch.ones(batch, width, dtype=torch.bool)
+    for i, n in enumerate(pads):
+        m[i, :n] = False
+    return m
+
+
+def builder_case(name):
+    """(kwargs for the mask builder, the kind it must return: "2d", "none" or "sdpa")."""
+    from transformers.masking_utils import and_masks, causal_mask_function, sliding_window_causal_mask_function
+
+    if name == "left-padded-prefill":
+        return mask_kwargs(3, 9, 9, padding(3, 9, (0, 4, 7))), "2d"
+    if name == "padding-mask-wider-than-the-keys":  # sdpa_mask reads the first kv_length columns
+        return mask_kwargs(2, 6, 6, padding(2, 9, (0, 2)) & torch.tensor([True] * 6 + [False] * 3)), "2d"
+    if name == "one-token-prompt":
+        return mask_kwargs(2, 1, 1, padding(2, 1, (0, 1))), "2d"
+    if name == "no-padding":
+        return mask_kwargs(2, 7, 7, padding(2, 7, (0, 0))), "none"
+    if name == "no-padding-mask":
+        return mask_kwargs(2, 7, 7), "sdpa"
+    if name == "static-cache-prefill":  # 6 prompt tokens, 10 cache slots: the unfilled slots are in the mask
+        return mask_kwargs(2, 6, 10, padding(2, 6, (0, 3))), "sdpa"
+    if name == "decode-step":
+        return mask_kwargs(2, 1, 8, padding(2, 8, (0, 3)), q_offset=7), "sdpa"
+    if name == "chunked-prefill":  # 4 more tokens after 5 cached ones
+        return mask_kwargs(2, 4, 9, padding(2, 9, (0, 3)), q_offset=5), "sdpa"
+    if name == "materialized-mask-asked":
+        return mask_kwargs(2, 7, 7, padding(2, 7, (0, 3)), allow_is_causal_skip=False), "sdpa"
+    if name == "sliding-window":
+        return mask_kwargs(2, 7, 7, padding(2, 7, (0, 3)), mask_function=sliding_window_causal_mask_function(3),
+                           local_size=3), "sdpa"
+    if name == "causal-and-an-overlay":
+        overlay = lambda b, h, q, kv: kv != 2  # noqa: E731
+        return mask_kwargs(2, 7, 7, padding(2, 7, (0, 3)),
+                           mask_function=and_masks(causal_mask_function, overlay)), "sdpa"
+    if name == "kv-offset":
+        return mask_kwargs(2, 5, 5, padding(2, 8, (0, 3)), kv_offset=3), "sdpa"
+    raise AssertionError(name)
+
+
+BUILDER_CASES = ["left-padded-prefill", "padding-mask-wider-than-the-keys", "one-token-prompt", "no-padding",
+                 "no-padding-mask", "static-cache-prefill", "decode-step", "chunked-prefill", "materialized-mask-asked",
+                 "sliding-window", "causal-and-an-overlay", "kv-offset"]
+
+
+@pytest.mark.parametrize("name", BUILDER_CASES)
+def test_mask_builder_is_sdpa_mask_or_its_causal_key_padding(name):
+    """fused_attn_mask returns the 2-D padding mask only for a causal prefill from an empty cache with
+    padding, where causal AND that padding is sdpa_mask's 4-D mask (the independent definition);
+    None where sdpa_mask gives None for it; sdpa_mask's own answer in every other case."""
+    from transformers.masking_utils import sdpa_mask
+
+    kw, kind = builder_case(name)
+    got = fhf.fused_attn_mask(**kw)
+    want = sdpa_mask(**kw)
+    if kind == "2d":
+        assert got is not None and got.dtype == torch.bool and got.dim() == 2, got
+        sq = sk = kw["kv_length"]
+        assert tuple(got.shape) == (kw["batch_size"], sk)
+        causal = torch.ones(sq, sk, dtype=torch.bool).tril()
+        assert want is not None and torch.equal(got[:, None, None, :] & causal, want)
+    elif kind == "none":
+        assert got is None and want is None
+    else:
+        assert (got is None and want is None) or torch.equal(got, want), (got, want)
+        assert got is None or got.dim() == 4
+
+
+def test_mask_builder_does_not_read_the_padding_while_tracing():
+    """Under tracing the values cannot be read (sdpa_mask then builds the 4-D mask): the 2-D mask is
+    returned even when it has no padding, correct whatever its values."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        pad = mode.from_tensor(padding(2, 7, (0, 0)))
+        got = fhf.fused_attn_mask(**mask_kwargs(2, 7, 7, pad))
+    assert got is not None and tuple(got.shape) == (2, 7)
+
+
+def test_mask_builder_needs_a_query_offset_of_zero():
+    """An int q_offset other than 0 (transformers 5.x) is not a prefill from an empty cache."""
+    if not mask_builders_take_offsets():
+        pytest.skip("transformers 4.57 passes cache_position, whose values fused_attn_mask does not read")
+    from transformers.masking_utils import sdpa_mask
+
+    kw = mask_kwargs(2, 5, 5, padding(2, 5, (0, 2)), q_offset=3)
+    got = fhf.fused_attn_mask(**kw)
+    assert got is not None and got.dim() == 4 and torch.equal(got, sdpa_mask(**kw))
+
+
+def test_register_installs_the_mask_builder():
+    from transformers.masking_utils import AttentionMaskInterface
+
+    fhf.register()
+    assert AttentionMaskInterface._global_mapping["fused_attn"] is fhf.fused_attn_mask
+
+
+def key_padding_case(device, dtype, gen, *, batch=3, sq=13, heads=8, kv_heads=2, headdim=16, pads=(0, 5, 13)):
+    """q, k, v (GQA: heads query heads on kv_heads key/value heads), the 2-D causal + key padding mask
+    of left-padded rows (the last row all padding) and its 4-D equivalent, as sdpa_mask builds it."""
+    q = torch.randn(batch, heads, sq, headdim, generator=gen).to(device, dtype)
+    k, v = (torch.randn(batch, kv_heads, sq, headdim, generator=gen).to(device, dtype) for _ in range(2))
+    key_pad = padding(batch, sq, pads).to(device)
+    full = key_pad[:, None, None, :] & torch.ones(sq, sq, dtype=torch.bool, device=device).tril()
+    return q, k, v, key_pad, full
+
+
+def test_key_padding_mask_equals_its_4d_mask_cpu():
+    """The forward fed the 2-D mask gives what it gives fed the equivalent 4-D mask (output and, in
+    training, gradients), and the definition's attention with that 4-D mask (rows that see no key:
+    zeros); left padding, GQA 4:1."""
+    gen = torch.Generator().manual_seed(11)
+    q, k, v, key_pad, full = key_padding_case("cpu", torch.float32, gen)
+    want = attention_definition(q, k, v, full, 0.3, False)
+    grads = {}
+    for name, mask in (("2-D", key_pad), ("4-D", full)):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fhf.fused_attention_forward(_Attn().train(), *leaves, mask, scaling=0.3)[0]
+        assert_close(out.detach(), want, fp32_tolerance(want), f"{name} mask")
+        assert torch.equal(out[2].detach(), torch.zeros_like(out[2]))  # an all-padding row sees no key
+        (out * torch.linspace(-1, 1, out.shape[-1])).sum().backward()
+        grads[name] = [t.grad for t in leaves]
+    for g2, g4, what in zip(grads["2-D"], grads["4-D"], "qkv"):
+        assert g2.abs().max() > 0, what
+        torch.testing.assert_close(g2, g4, rtol=1e-5, atol=1e-6, msg=f"d{what}")
+
+
+def test_one_token_prompt_with_a_key_padding_mask_cpu(monkeypatch):
+    """q_len == kv_len == 1 with a 2-D mask: the decode path, the padded row all zeros."""
+    calls = spy_decode(monkeypatch)
+    gen = torch.Generator().manual_seed(12)
+    q, k, v, key_pad, _ = key_padding_case("cpu", torch.float32, gen, batch=2, sq=1, pads=(0, 1))
+    with torch.no_grad():
+        got = fhf.fused_attention_forward(_Attn().eval(), q, k, v, key_pad)[0]
+    assert len(calls) == 1 and calls[0][2] == (2, 1)
+    torch.testing.assert_close(got[0], v[0].repeat_interleave(4, 0).transpose(0, 1))
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+
+
+def test_key_padding_mask_reaches_the_forward_cpu(monkeypatch):
+    """A left-padded GPT-2 prefill hands the forward the 2-D mask, a Llama with GQA too (un-repeated
+    key/value heads); logits equal eager's at the real tokens."""
+    seen = []
+    real = fhf.fused_attention_forward
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        seen.append((tuple(key.shape), None if attention_mask is None else tuple(attention_mask.shape)))
+        return real(module, query, key, value, attention_mask, **kwargs)
+
+    from transformers import AttentionInterface
+
+    for arch in ("gpt2", "llama-gqa"):
+        ms, vocab, layers, kv_heads = decode_models(arch, "cpu")  # registers fused_attention_forward
+        monkeypatch.setitem(AttentionInterface._global_mapping, "fused_attn", spy)
+        seen.clear()
+        ids, mask = left_padded(vocab, (24, 17, 9), "cpu")
+        with torch.no_grad():
+            want = ms["eager"](ids, attention_mask=mask).logits
+            got = ms["fused_attn"](ids, attention_mask=mask).logits
+        assert seen == [((3, kv_heads, 24, seen[0][0][3]), (3, 24))] * layers, (arch, seen)
+        keep = mask.bool()
+        assert_close(got[keep], want[keep], fp32_tolerance(want[keep]), arch)
+
+
+def test_a_2d_mask_that_is_not_causal_key_padding_raises():
+    q = torch.randn(2, 4, 5, 8)
+    k = torch.randn(2, 4, 6, 8)
+    with pytest.raises(ValueError, match=r"attention_mask must be bool \[batch, seqlen_k\] with seqlen_q == seqlen_k "
+                                         r"when it is 2-D \(causal \+ key padding, as fused_attn_mask builds it\), got "
+                                         r"torch.bool \(2, 6\) with seqlen_q 5, seqlen_k 6"):
+        fhf.fused_attention_forward(_Attn().eval(), q, k, k, torch.ones(2, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"attention_mask must be bool .* got torch.float32 \(2, 6\)"):
+        fhf.fused_attention_forward(_Attn().eval(), k, k, k, torch.ones(2, 6))
+    with pytest.raises(ValueError, match=r"attention_mask must be bool .* got torch.bool \(1, 6\)"):
+        fhf.fused_attention_forward(_Attn().eval(), k, k, k, torch.ones(1, 6, dtype=torch.bool))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_key_padding_mask_on_flash_matches_sdpa_gpu(monkeypatch, dtype):
+    """fp16 / bf16 on CUDA: the 2-D mask runs fused_attn.attention (causal, [B, 1, 1, Sk], un-repeated
+    GQA heads), no softmax kernel; against F.scaled_dot_product_attention with the 4-D mask (its rows
+    that see no key set to zero: ours are zeros) our error is at most twice SDPA's."""
+    gen = torch.Generator().manual_seed(13)
+    q, k, v, key_pad, full = key_padding_case("cuda", dtype, gen, sq=77, headdim=64)
+    calls = spy_prompt_paths(monkeypatch)
+    got = fhf.fused_attention_forward(_Attn().eval(), q, k, v, key_pad, scaling=0.3)[0]
+    assert [c[0] for c in calls] == ["attention"], calls
+    assert calls[0][1:] == (True, (3, 1, 1, 77), (3, 2, 77, 64))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full, scale=0.3, enable_gqa=True)
+    sdpa = sdpa.masked_fill(~full.any(-1, keepdim=True), 0).transpose(1, 2)
+    want = attention_definition(q, k, v, full, 0.3, False)
+    assert torch.equal(got[2], torch.zeros_like(got[2]))
+    assert_error_at_most_twice(got, sdpa, want, 1e-5, "2-D mask on flash")
+
+
+def spy_prompt_paths(monkeypatch) -> list:
+    """Record ("attention", causal, mask shape, key shape) for every fused_attn.attention call fused_attn.hf
+    makes and ("softmax",) for every scaled_masked_softmax call, passing them on."""
+    calls = []
+    real_attention, real_softmax = fhf.attention, fhf.scaled_masked_softmax
+
+    def attention_spy(q, k, v, **kwargs):
+        mask = kwargs.get("attn_mask")
+        calls.append(("attention", kwargs.get("causal"), None if mask is None else tuple(mask.shape), tuple(k.shape)))
+        return real_attention(q, k, v, **kwargs)
+
+    def softmax_spy(*args, **kwargs):
+        calls.append(("softmax",))
+        return real_softmax(*args, **kwargs)
+
+    monkeypatch.setattr(fhf, "attention", attention_spy)
+    monkeypatch.setattr(fhf, "scaled_masked_softmax", softmax_spy)
+    return calls
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["gpt2", "llama-gqa"])
+def test_half_precision_prompts_take_the_flash_path_gpu(monkeypatch, arch):
+    """fp16 prompts on CUDA: every layer through fused_attn.attention, causal, the padding as [B, 1, 1,
+    Sk] (left-padded batch) or no mask (no padding), key/value heads un-repeated, never the softmax
+    kernel; float32 keeps Q·Kᵀ -> scaled_masked_softmax -> P·V."""
+    ms, vocab, layers, kv_heads = decode_models(arch, "cuda")
+    model = ms["fused_attn"]
+    calls = spy_prompt_paths(monkeypatch)
+    for lengths, mask_shape in (((24, 17, 9), (3, 1, 1, 24)), ((24, 24), None)):
+        ids, mask = left_padded(vocab, lengths, "cuda")
+        for dtype in (torch.float16, torch.float32):
+            calls.clear()
+            with torch.no_grad():
+                model.to(dtype)(ids, attention_mask=mask)
+            if dtype == torch.float16:
+                assert len(calls) == layers and all(c[0] == "attention" for c in calls), calls
+                for _, causal, got_mask, k_shape in calls:
+                    assert causal is True and got_mask == mask_shape and k_shape[:3] == (len(lengths), kv_heads, 24)
+            else:
+                assert [c[0] for c in calls] == ["softmax"] * layers, calls
+
+
 def capture_attention_inputs(model, ids, mask):
     """q, k, v, mask and scaling of every layer's fused_attn call in one forward of ``model``."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     calls = []
 
@@ -365,7 +631,7 @@ def capture_attention_inputs(model, ids, mask):
         return fhf.fused_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("fused_attn_capture", capturing)
-    AttentionMaskInterface.register("fused_attn_capture", sdpa_mask)
+    AttentionMaskInterface.register("fused_attn_capture", fhf.fused_attn_mask)
     model.set_attn_implementation("fused_attn_capture")
     with torch.no_grad():
         model(ids, attention_mask=mask)
@@ -377,7 +643,9 @@ def check_half_precision_attention_per_layer(device, dtype):
     """End to end at float16 / bfloat16: every layer's attention, on the inputs that layer really
     received, against float64; our error at most twice the unfused chain's at the same dtype. The
     half-precision logits carry the rounding of every layer, which hides a 1% error in every
-    attention probability (tests/mutations.py: hf-probs-off-by-1pct-half); one layer's output does not."""
+    attention probability (tests/mutations.py: hf-probs-off-by-1pct-half); one layer's output does not.
+    The left-padded prompt reaches each layer as the 2-D causal + key padding mask (on CUDA the flash
+    path)."""
     config = SMALL if device == "cuda" else dict(SMALL, n_layer=4, vocab_size=1000)  # GPT-2 small's layers
     m = models(config, device, dtype, impls=("fused_attn",))["fused_attn"]
     ids, mask = left_padded(config["vocab_size"], (24, 17, 9), device)
@@ -387,10 +655,11 @@ def check_half_precision_attention_per_layer(device, dtype):
     scale = (config["n_embd"] // config["n_head"]) ** -0.5  # GPT-2's (transformers 4.x passes no scaling)
     for layer, (q, k, v, attn_mask, scaling) in enumerate(calls):
         assert scaling in (None, scale)
-        causal = attn_mask is None
-        want = attention_definition(q, k, v, attn_mask, scale, causal)[real]
+        assert attn_mask is not None and tuple(attn_mask.shape) == tuple(mask.shape)  # causal + key padding
+        full = attn_mask[:, None, None, :]
+        want = attention_definition(q, k, v, full, scale, True)[real]
         ours = fhf.fused_attention_forward(_Attn().eval(), q, k, v, attn_mask, scaling=scaling)[0][real].double()
-        eager = eager_same_dtype(q, k, v, attn_mask, scale, causal)[real]
+        eager = eager_same_dtype(q, k, v, full, scale, True)[real]
         assert_error_at_most_twice(ours, eager, want, 1e-5, f"layer {layer}")
 
 
