@@ -56,6 +56,9 @@ def paged_case(draw, budget, cuda):
         page_size=page_size, spare_pages=draw(st.integers(0, 3)),
         # the entries of blocks a sequence never reads: -1 (vLLM's padding), or past the pool
         unused_entry=draw(st.sampled_from(["minus_one", "past_the_pool"])),
+        # hnd: pools [num_pages, nheads_kv, page_size, headdim]; nhd: a view of [num_pages, page_size, nheads_kv,
+        # headdim] (vLLM's and SGLang's token-major pages) transposed into that shape
+        pool_layout=draw(st.sampled_from(["hnd", "nhd"])),
     )
 
 
@@ -69,8 +72,12 @@ def pages_of(case, k_cache, v_cache):
     unused = -1 if case["unused_entry"] == "minus_one" else num_pages + 7
     table = torch.full((b, max_blocks), unused, dtype=torch.int32)
     hkv, d = k_cache.shape[1], k_cache.shape[3]
-    k_pool = torch.full((num_pages, hkv, ps, d), POISON, dtype=k_cache.dtype, device=k_cache.device)
-    v_pool = torch.full_like(k_pool, POISON)
+    if case.get("pool_layout", "hnd") == "nhd":
+        k_pool, v_pool = (torch.full((num_pages, ps, hkv, d), POISON, dtype=k_cache.dtype,
+                                     device=k_cache.device).transpose(1, 2) for _ in range(2))
+    else:
+        k_pool, v_pool = (torch.full((num_pages, hkv, ps, d), POISON, dtype=k_cache.dtype, device=k_cache.device)
+                          for _ in range(2))
     sn = case["seqlen_new"] if case["append"] else 0
     for i in range(b):
         start, end = (case["leftpad"] or [0] * b)[i], case["seqlens"][i] + sn
@@ -163,7 +170,8 @@ def paged_case_of(**kw):
 EDGE_EXAMPLES = [
     paged_case_of(seqlens=[0, 0], append=False, max_len=32),  # no key at all: zeros
     paged_case_of(seqlens=[28, 25], seqlen_new=4, max_len=32, leftpad=[0, 3]),  # one full cache after the append
-    paged_case_of(seqlens=[64, 0], append=False, max_len=64, page_size=32, unused_entry="past_the_pool"),
+    paged_case_of(seqlens=[64, 0], append=False, max_len=64, page_size=32, unused_entry="past_the_pool",
+                  pool_layout="nhd"),
     # pages smaller than the kernels' tiles (64 keys), GQA on the tensor-core kernel (CUDA), appends across pages
     paged_case_of(batch=3, nheads_kv=1, group=8, seqlens=[0, 47, 17], seqlen_new=5, max_len=64, num_splits=3,
                   leftpad=[0, 40, 16], headdim=32, dtype=torch.float32, use_out=True),
