@@ -375,3 +375,36 @@ def test_opcheck_paged():
                                torch.empty(9, 2, 32, 64, **m), torch.empty(2, device="meta", dtype=torch.int32),
                                block_table=torch.empty(2, 3, device="meta", dtype=torch.int32))
     assert out.shape == (2, 8, 3, 64) and out.device.type == "meta"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_bad_paged_inputs_through_the_op(device):
+    """The op itself (no wrapper) checks block_table and the pools: the CPU kernel and the fake kernel
+    through check_args, the C++ launcher on CUDA, with the same messages (tests/test_bad_inputs.py pins the
+    wrapper's)."""
+    ops = torch.ops.fused_attn
+    q = torch.zeros(2, 4, 1, 64, dtype=torch.float16, device=device)
+    pool = torch.zeros(5, 2, 16, 64, dtype=torch.float16, device=device)
+    lens = torch.tensor([3, 4], dtype=torch.int32, device=device)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=device)
+
+    def run(k=pool, v=pool, block_table=table, key_mask=None):
+        ops.decode_attention(q, k, v, lens, None, None, None, key_mask, None, 0, block_table)
+
+    run()
+    cases = [
+        (dict(block_table=table.long()), r"block_table must have dtype torch.int32, got torch.int64"),
+        (dict(block_table=table[:1]), r"block_table must have shape \(batch, max_blocks\) = \(2, max_blocks\), "
+                                      r"got \(1, 2\)"),
+        (dict(block_table=torch.zeros(2, 4, dtype=torch.int32, device=device)[:, ::2]),
+         r"block_table must have a contiguous last dim \(stride 1\), got strides \(4, 2\)"),
+        (dict(k=pool[:, :, :8], v=pool[:, :, :8]),
+         r"k_cache must have a page_size \(dim 2\) that is a power of two in \[16, 256\] with block_table, "
+         r"got \(5, 2, 8, 64\)"),
+        (dict(v=pool[:4]), r"v_cache must have k_cache's shape \(5, 2, 16, 64\), got \(4, 2, 16, 64\)"),
+        (dict(key_mask=torch.ones(2, 16, dtype=torch.bool, device=device)),
+         r"key_mask must have shape \(batch or 1, max_len\) = \(2 or 1, 32\), got \(2, 16\)"),
+    ]
+    for changes, match in cases:
+        with pytest.raises((ValueError, RuntimeError), match=match):
+            run(**changes)
