@@ -17,6 +17,9 @@ cache, then attends with the one new query per sequence over its L valid keys:
                   launches; MHA only (our GPT-2 has no GQA)
   fused_nosplit   fused_attn.decode_attention(q, k_cache, v_cache, cache_seqlens, k_new=, v_new=,
                   num_splits=1): the append fused into the attention launch, no split-KV
+  paged           the same over a paged cache (block_table=): the caches as page pools of PAGE_SIZE
+                  slots, the pages of every sequence handed out in a shuffled order, as a serving
+                  engine's allocator leaves them; the long-context cases (L >= PAGED_MIN_L) only
   fused           the same with the split count chosen by the op's heuristic (num_splits=None)
 cache_seqlens is an int32 device tensor (no host-to-device copy per call, CUDA-graph safe).
 
@@ -39,15 +42,16 @@ is checked to hold k_new/v_new.
 
 extra_info: p5/p50/p95 (us, CUDA events, cold L2: bench/harness.py), the modeled bytes (K and V
 over the L valid keys, 2 x B x Hkv x L x D x elsize, plus q, k_new, v_new read and out, the
-appended k/v written; the same for every provider: the op's necessary traffic, so GB/s compares
-providers; SDPA's mask and the math backend's K/V repeat are not counted), GB/s, % of the measured
+appended k/v written; the same for every provider, plus the block_table read once for paged: the op's
+necessary traffic, so GB/s compares providers; SDPA's mask and the math backend's K/V repeat are not
+counted), GB/s, % of the measured
 copy bandwidth, the time of a device copy of the same bytes and of an empty kernel (the floors of
 cases too small to reach the copy bandwidth), and speedups vs sdpa, compiled and gpt2_step
 measured in this run.
 
 Quick default: float16. --full: float16 and bfloat16 (--bench-dtypes overrides both). On a machine
 without a GPU the cases run on the CPU at one tiny GQA shape (sdpa, fused_nosplit and fused: the
-op's CPU path) and one tiny MHA shape (gpt2_step too), which exercises the harness; GPU numbers
+op's CPU path; paged too) and one tiny MHA shape (gpt2_step too), which exercises the harness; GPU numbers
 need a GPU.
 """
 
@@ -74,9 +78,13 @@ MAX_KV_FRACTION_OF_FREE = 0.4
 # Baselines first (speedups are against providers already measured in the group); `fused` last:
 # bench.report takes the last provider named fused* as ours.
 PROVIDERS = ("sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "compiled", "gpt2_step", "fused_nosplit",
-             "fused")
+             "paged", "fused")
 SPEEDUP_BASES = ("sdpa", "compiled", "gpt2_step")
 MHA_ONLY = ("gpt2_step",)
+# The paged provider: vLLM's default block size (16 slots: the most page lookups a key), at the long caches
+# where a serving engine pages (and on the CPU shapes, which exercise the harness).
+PAGE_SIZE = 16
+PAGED_MIN_L = 8192
 GPU_ONLY = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "compiled")
 PINNED_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION",
                    "sdpa_cudnn": "CUDNN_ATTENTION"}
@@ -84,6 +92,8 @@ NOTES = {"sdpa": "index_copy_ x2 + SDPA(bool length mask, default backend)",
          "compiled": "torch.compile(index_copy_ x2 + SDPA(bool length mask))",
          "gpt2_step": "index_copy_ x2 + q @ k^T + fused_attn.scaled_masked_softmax(length mask) + @ v",
          "fused_nosplit": "fused_attn.decode_attention(k_new=, v_new=, num_splits=1)",
+         "paged": f"fused_attn.decode_attention(k_new=, v_new=, block_table=): pages of {PAGE_SIZE} slots, "
+                  "shuffled, num_splits by heuristic",
          "fused": "fused_attn.decode_attention(k_new=, v_new=), num_splits by heuristic",
          **{p: f"index_copy_ x2 + SDPA pinned to {b}, attn_mask=None (max_len = L)"
             for p, b in PINNED_BACKENDS.items()}}
@@ -92,7 +102,7 @@ NOTES = {"sdpa": "index_copy_ x2 + SDPA(bool length mask, default backend)",
 # per provider; K + V of 134 MB, well above the L2). The pinned SDPA backends may refuse a shape and
 # gpt2_step is MHA only: these run at any shape.
 BYTES_SHAPE = (1, 32, 32, 128, 8192)
-BYTES_PROVIDERS = ("sdpa", "compiled", "fused_nosplit", "fused")
+BYTES_PROVIDERS = ("sdpa", "compiled", "fused_nosplit", "paged", "fused")
 
 
 def bytes_cases(backward: bool) -> list[tuple[bool, str]]:
@@ -103,13 +113,17 @@ def bytes_cases(backward: bool) -> list[tuple[bool, str]]:
 
 
 def bytes_model(provider: str, shape, dtype: torch.dtype, causal: bool, backward: bool) -> tuple[int, int]:
-    """Modeled (bytes read, bytes written) of one decode step (the same for every provider)."""
-    return modeled_traffic(shape, dtype)
+    """Modeled (bytes read, bytes written) of one decode step (the same for every provider; paged adds its
+    block_table)."""
+    return modeled_traffic(shape, dtype, PAGE_SIZE if provider == "paged" else None)
 
 
 def bytes_call(provider: str, shape, dtype: torch.dtype, causal: bool, backward: bool):
     """One decode step of ``provider`` on random CUDA inputs of ``shape`` [B, Hq, Hkv, D, L]."""
-    return provider_fn(provider, make_inputs(tuple(shape), dtype, torch.device("cuda")))
+    t = make_inputs(tuple(shape), dtype, torch.device("cuda"))
+    if provider == "paged":
+        page_inputs(t, PAGE_SIZE)
+    return provider_fn(provider, t)
 
 
 # How bench.report names this module's cases (columns and rows come from the saved extra_info).
@@ -123,19 +137,23 @@ def kv_bytes(shape, dtype: torch.dtype) -> int:
     return 2 * b * hkv * n * d * torch.empty((), dtype=dtype).element_size()
 
 
-def modeled_traffic(shape, dtype: torch.dtype) -> tuple[int, int]:
+def modeled_traffic(shape, dtype: torch.dtype, page_size: int | None = None) -> tuple[int, int]:
     """(bytes read, bytes written) of one decode step, any provider: read K and V over the L valid keys,
-    q, k_new and v_new; write out and the appended k/v."""
-    b, hq, hkv, d, _ = shape
+    q, k_new and v_new (and, paged, the block_table's B x ceil(L / page_size) int32 entries once);
+    write out and the appended k/v."""
+    b, hq, hkv, d, n = shape
     e = torch.empty((), dtype=dtype).element_size()
     q = b * hq * SEQLEN_NEW * d * e
     new = 2 * b * hkv * SEQLEN_NEW * d * e
-    return kv_bytes(shape, dtype) + q + new, q + new
+    table = 0 if page_size is None else b * -(-n // page_size) * 4
+    return kv_bytes(shape, dtype) + q + new + table, q + new
 
 
 def providers(shape) -> tuple[str, ...]:
-    """The providers measured for a shape (gpt2_step only where Hq == Hkv)."""
-    return tuple(p for p in PROVIDERS if shape[1] == shape[2] or p not in MHA_ONLY)
+    """The providers measured for a shape (gpt2_step only where Hq == Hkv, paged at L >= PAGED_MIN_L and on
+    the CPU shapes)."""
+    paged = shape[-1] >= PAGED_MIN_L or tuple(shape) in CPU_SHAPES
+    return tuple(p for p in PROVIDERS if (shape[1] == shape[2] or p not in MHA_ONLY) and (paged or p != "paged"))
 
 
 def gpu_shapes() -> list[tuple[int, int, int, int, int]]:
@@ -186,6 +204,21 @@ def make_inputs(shape, dtype: torch.dtype, device, seed: int = 0) -> dict:
     return t
 
 
+def page_inputs(t: dict, page_size: int) -> None:
+    """Adds the caches as page pools t["k_pool"], t["v_pool"] [B x L / page_size, Hkv, page_size, D] (the
+    same values; the contiguous caches stay for the check) and t["block_table"] int32 [B, L / page_size]:
+    the pages handed out in a shuffled order."""
+    b, hkv, n, d = t["k_cache"].shape
+    blocks = n // page_size
+    order = torch.randperm(b * blocks, generator=torch.Generator().manual_seed(0)).to(t["k_cache"].device)
+    for name in ("k", "v"):
+        cache = t[f"{name}_cache"]
+        pool = torch.empty(b * blocks, hkv, page_size, d, dtype=cache.dtype, device=cache.device)
+        pool[order] = cache.view(b, hkv, blocks, page_size, d).transpose(1, 2).reshape(b * blocks, hkv, page_size, d)
+        t[f"{name}_pool"] = pool
+    t["block_table"] = order.view(b, blocks).to(torch.int32)
+
+
 def sdpa_step(q, k_cache, v_cache, k_new, v_new, input_pos, mask, enable_gqa: bool):
     """The decode step as a gpt-fast user writes it: append at input_pos (as our GPT-2's KVCache.update
     does too), then SDPA over the whole cache under the length mask."""
@@ -228,6 +261,9 @@ def provider_fn(provider: str, t: dict):
         torch._dynamo.reset()  # one compile per case; no recompile limit across shapes
         compiled = torch.compile(sdpa_step, dynamic=False)
         return lambda: compiled(*args, t["mask"], gqa)
+    if provider == "paged":
+        return lambda: decode_attention(t["q"], t["k_pool"], t["v_pool"], t["cache_seqlens"], k_new=t["k_new"],
+                                        v_new=t["v_new"], block_table=t["block_table"])
     if provider in ("fused", "fused_nosplit"):
         splits = 1 if provider == "fused_nosplit" else None
         return lambda: decode_attention(t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"], k_new=t["k_new"],
@@ -238,7 +274,13 @@ def provider_fn(provider: str, t: dict):
 def check_step(provider: str, out: torch.Tensor, t: dict) -> None:
     """Raise unless the appended slot holds k_new/v_new and ``out`` matches the float64 reference on
     the first and last sequence. The cache already holds the append; the reference appends the same
-    values at the same slot again (idempotent)."""
+    values at the same slot again (idempotent). paged: the pools are gathered into the contiguous caches
+    first (the logical cache they hold)."""
+    if provider == "paged":
+        table = t["block_table"].to(torch.int64)
+        for name in ("k", "v"):
+            cache = t[f"{name}_cache"]
+            cache.copy_(t[f"{name}_pool"][table].transpose(1, 2).reshape(cache.shape))
     slots = t["input_pos"]
     for name in ("k", "v"):
         if not torch.equal(t[f"{name}_cache"].index_select(2, slots), t[f"{name}_new"]):
@@ -256,7 +298,7 @@ def record(benchmark, case: dict, times: list[float], device, ceilings_gbps, tim
            medians) -> None:
     """extra_info of one case: percentiles, modeled bytes, bandwidth, floors, speedups in this run."""
     shape, provider, dtype = case["shape"], case["provider"], DTYPES[case["dtype"]]
-    read, write = modeled_traffic(shape, dtype)
+    read, write = modeled_traffic(shape, dtype, PAGE_SIZE if provider == "paged" else None)
     stats = percentiles(times)
     info = dict(stats, provider=provider, shape=list(shape), dtype=case["dtype"], note=NOTES[provider],
                 seqlen_new=SEQLEN_NEW, max_len=shape[-1], device=str(device), kv_bytes=kv_bytes(shape, dtype))
@@ -272,10 +314,13 @@ def group(case: dict) -> str:
 def bench_decode_attention(benchmark, case, device, timer, ceilings_gbps, launch_floor_us, medians):
     provider, shape, dtype = case["provider"], case["shape"], DTYPES[case["dtype"]]
     free = start_case(benchmark, group(case), provider, device, GPU_ONLY)
-    if free is not None and kv_bytes(shape, dtype) > MAX_KV_FRACTION_OF_FREE * free:
-        pytest.skip(f"K + V of {kv_bytes(shape, dtype) / 1e9:.1f} GB exceed {MAX_KV_FRACTION_OF_FREE:.0%} of the "
-                    f"free device memory ({free / 1e9:.1f} GB)")
+    copies = 2 if provider == "paged" else 1  # the pools beside the contiguous caches (the check's)
+    if free is not None and copies * kv_bytes(shape, dtype) > MAX_KV_FRACTION_OF_FREE * free:
+        pytest.skip(f"{copies} x K + V of {kv_bytes(shape, dtype) / 1e9:.1f} GB exceed {MAX_KV_FRACTION_OF_FREE:.0%} "
+                    f"of the free device memory ({free / 1e9:.1f} GB)")
     t = make_inputs(shape, dtype, device)
+    if provider == "paged":
+        page_inputs(t, PAGE_SIZE)
     fn = provider_fn(provider, t)
     try:
         out = fn()

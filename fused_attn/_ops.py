@@ -50,15 +50,17 @@ _define("scaled_masked_softmax_backward(Tensor grad, Tensor y, float scale, *, b
 # max_len, headdim]; with k_new/v_new, they are first written at slots cache_seqlens[b]... (in place).
 # cache_seqlens / cache_leftpad: int32 [batch] on q's device (cache_seqlens None: every slot valid);
 # key_mask: bool [batch or 1, max_len], True = attend. num_splits 0: the heuristic's choice.
+# block_table: int32 [batch, max_blocks] on q's device: the caches are then page pools [num_pages,
+# nheads_kv, page_size, headdim], slot s of sequence b at row s % page_size of page block_table[b, s // page_size].
 _define(
     "decode_attention(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? cache_seqlens, "
     "Tensor? k_new=None, Tensor? v_new=None, Tensor? cache_leftpad=None, Tensor? key_mask=None, "
-    "float? scale=None, int num_splits=0) -> Tensor"
+    "float? scale=None, int num_splits=0, Tensor? block_table=None) -> Tensor"
 )
 _define(
     "decode_attention_out(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? cache_seqlens, "
-    "Tensor? k_new, Tensor? v_new, Tensor? cache_leftpad, Tensor? key_mask, float? scale, int num_splits, *, "
-    "Tensor(c!) out) -> ()"
+    "Tensor? k_new, Tensor? v_new, Tensor? cache_leftpad, Tensor? key_mask, float? scale, int num_splits, "
+    "Tensor? block_table=None, *, Tensor(c!) out) -> ()"
 )
 
 # A pre-LN block's QKV projection and its decode attention in one launch (one new token per sequence):

@@ -25,6 +25,8 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = _DTYPES + (torch.float64,)
 MAX_SPLITS = 256
 MAX_HEADDIM = 256
+# Page sizes of a paged cache (block_table): powers of two, so the kernel's slot -> page split is a shift.
+MIN_PAGE_SIZE, MAX_PAGE_SIZE = 16, 256
 # FUSED_ATTN_VALIDATE_LENGTHS=1 turns validate=None into validate=True (reads device lengths: a sync).
 VALIDATE_ENV = "FUSED_ATTN_VALIDATE_LENGTHS"
 
@@ -80,14 +82,43 @@ def _aligned_copy(t):
     return t
 
 
+def max_len_of(k_cache: torch.Tensor, block_table: torch.Tensor | None) -> int:
+    """The logical slots per sequence: the cache's dim 2, or max_blocks x page_size for a page pool."""
+    return k_cache.shape[2] if block_table is None else block_table.shape[1] * k_cache.shape[2]
+
+
+def _check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor) -> None:
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table must be a torch.Tensor or None, got {type(block_table).__name__}")
+    if block_table.dtype != torch.int32:
+        raise ValueError(f"block_table must have dtype torch.int32, got {block_table.dtype}")
+    if block_table.device != q.device:
+        raise ValueError(f"block_table must be on the same device as q ({q.device}), got {block_table.device}")
+    batch = q.shape[0]
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"block_table must have shape (batch, max_blocks) = ({batch}, max_blocks), "
+                         f"got {_shape(block_table)}")
+    if block_table.shape[1] > 1 and block_table.stride(1) != 1:
+        raise ValueError(f"block_table must have a contiguous last dim (stride 1), got strides {block_table.stride()}")
+    page_size = k_cache.shape[2]
+    if not MIN_PAGE_SIZE <= page_size <= MAX_PAGE_SIZE or page_size & (page_size - 1):
+        raise ValueError(f"k_cache must have a page_size (dim 2) that is a power of two in [{MIN_PAGE_SIZE}, "
+                         f"{MAX_PAGE_SIZE}] with block_table, got {_shape(k_cache)}")
+    if block_table.shape[1] * page_size >= 2**31:
+        raise ValueError(f"block_table must have max_blocks x page_size below 2**31, got "
+                         f"{block_table.shape[1]} x {page_size}")
+
+
 def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits,
-               out=None) -> float:
+               out=None, block_table=None) -> float:
     """Raise TypeError / ValueError naming the bad argument (the C++ launcher repeats the checks that
     guard memory); return the scale as a float (default ``headdim ** -0.5``). ``cache_seqlens`` and
     ``cache_leftpad`` are the op's tensors here (int32, on q's device); lengths are not read."""
     _check_tensor(q, "q", "[batch, nheads_q, seqlen_new, headdim]")
-    _check_tensor(k_cache, "k_cache", "[batch, nheads_kv, max_len, headdim]")
-    _check_tensor(v_cache, "v_cache", "[batch, nheads_kv, max_len, headdim]")
+    cache_dims = "[batch, nheads_kv, max_len, headdim]" if block_table is None else \
+        "[num_pages, nheads_kv, page_size, headdim]"
+    _check_tensor(k_cache, "k_cache", cache_dims)
+    _check_tensor(v_cache, "v_cache", cache_dims)
     cpu = q.device.type == "cpu"
     allowed = _CPU_DTYPES if cpu else _DTYPES
     if q.dtype not in allowed:
@@ -101,7 +132,9 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
     batch, nheads_q, seqlen_new, headdim = q.shape
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache must have k_cache's shape {_shape(k_cache)}, got {_shape(v_cache)}")
-    if k_cache.shape[0] != batch:
+    if block_table is not None:
+        _check_block_table(block_table, q, k_cache)
+    elif k_cache.shape[0] != batch:
         raise ValueError(f"k_cache must have q's batch size ({batch}), got {_shape(k_cache)}")
     if k_cache.shape[3] != headdim:
         raise ValueError(f"k_cache must have q's headdim ({headdim}), got {_shape(k_cache)}")
@@ -145,7 +178,7 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
             raise ValueError(f"key_mask must have dtype torch.bool (True = attend), got {key_mask.dtype}")
         if key_mask.device != q.device:
             raise ValueError(f"key_mask must be on the same device as q ({q.device}), got {key_mask.device}")
-        max_len = k_cache.shape[2]
+        max_len = max_len_of(k_cache, block_table)
         if key_mask.dim() != 2 or key_mask.shape[0] not in (1, batch) or key_mask.shape[1] != max_len:
             raise ValueError(f"key_mask must have shape (batch or 1, max_len) = ({batch} or 1, {max_len}), "
                              f"got {_shape(key_mask)}")
@@ -212,6 +245,34 @@ def check_lengths(seqlens: list[int], leftpad: list[int] | None, seqlen_new: int
                              f"batch index {b} (cache_seqlens {seqlens[b]})")
 
 
+def check_pages(table: list[list[int]], seqlens: list[int], leftpad: list[int] | None, seqlen_new: int,
+                page_size: int, num_pages: int, appended: bool) -> None:
+    """The pages the kernel accepts: every entry of block_table that holds a slot a sequence reads or
+    writes (slots cache_leftpad[b] .. end - 1, end = cache_seqlens[b] + seqlen_new if appending) is in
+    [0, num_pages); the other entries are never read. (On the device, a sequence with an entry out of
+    range gets NaN outputs and no append, as for out-of-bounds lengths.)"""
+    for b, n in enumerate(seqlens):
+        start, end = (leftpad[b] if leftpad else 0), n + (seqlen_new if appended else 0)
+        for page in table[b][start // page_size:(end + page_size - 1) // page_size] if end > start else ():
+            if not 0 <= page < num_pages:
+                raise ValueError(f"block_table must have entries in [0, num_pages) = [0, {num_pages}) for the "
+                                 f"slots a sequence reads or writes, got {page} at batch index {b}")
+
+
+def gather_pages(pool: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """The contiguous cache [batch, nheads_kv, max_blocks x page_size, headdim] a page pool [num_pages,
+    nheads_kv, page_size, headdim] holds: logical slot s of sequence b is row s % page_size of page
+    block_table[b, s // page_size]. Entries out of range (never read: check_pages) give zero rows."""
+    num_pages, nheads_kv, page_size, headdim = pool.shape
+    batch, max_blocks = block_table.shape
+    table = block_table.to(torch.int64)
+    inside = (table >= 0) & (table < num_pages)
+    rows = pool[table.clamp(0, max(num_pages - 1, 0))] if num_pages > 0 else \
+        pool.new_zeros(batch, max_blocks, nheads_kv, page_size, headdim)
+    rows = torch.where(inside.view(batch, max_blocks, 1, 1, 1), rows, 0)
+    return rows.transpose(1, 2).reshape(batch, nheads_kv, max_blocks * page_size, headdim)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -226,6 +287,7 @@ def decode_attention(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     validate: bool | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of ``seqlen_new`` new queries per sequence over its KV cache; with ``k_new``/``v_new``
     the new keys and values are first written into the cache in place (same launch).
@@ -255,9 +317,18 @@ def decode_attention(
             replays correctly at every later length.
         out: optional preallocated ``[batch, nheads_q, seqlen_new, headdim]`` output (q's dtype,
             last dim contiguous), returned.
-        validate: read device-side lengths on the host (a synchronization) and raise ValueError if
-            any is out of bounds; None follows the ``FUSED_ATTN_VALIDATE_LENGTHS=1`` environment
-            variable. Not allowed during CUDA-graph capture.
+        validate: read device-side lengths (and block_table) on the host (a synchronization) and
+            raise ValueError if any is out of bounds; None follows the
+            ``FUSED_ATTN_VALIDATE_LENGTHS=1`` environment variable. Not allowed during CUDA-graph capture.
+        block_table: optional int32 ``[batch, max_blocks]`` on q's device (last dim contiguous): a
+            paged cache, as vLLM and FlashInfer keep one. k_cache and v_cache are then page pools
+            ``[num_pages, nheads_kv, page_size, headdim]`` (page_size a power of two in [16, 256]:
+            a page is page_size consecutive slots of one sequence, contiguous per kv head), and
+            logical slot s of sequence b is row ``s % page_size`` of page ``block_table[b, s //
+            page_size]``; max_len is ``max_blocks * page_size``. Everything else (the append,
+            cache_leftpad, key_mask over the logical slots, num_splits, out) is as for the contiguous
+            cache. Entries for slots a sequence reads or writes (``cache_leftpad[b] <= s < end``) must be
+            in ``[0, num_pages)``; the others are never read (padding such as -1 is fine).
 
     Visibility: with ``end = cache_seqlens[b] + (seqlen_new if k_new is given else 0)``, query i
     sees slots ``cache_leftpad[b] <= j < end - seqlen_new + 1 + i`` (causal among the new tokens,
@@ -266,7 +337,8 @@ def decode_attention(
     Lengths: ``0 <= cache_seqlens[b] <= max_len - (seqlen_new if appending else 0)`` and
     ``0 <= cache_leftpad[b] <= cache_seqlens[b]``. Host-known lengths outside this raise ValueError
     naming the argument. On the device the kernel never reads or writes past ``max_len``: a
-    sequence with out-of-bounds lengths gets NaN outputs and its cache is left untouched.
+    sequence with out-of-bounds lengths, or (paged) a block_table entry out of range among the pages it
+    reads or writes, gets NaN outputs and its cache is left untouched.
 
     Returns ``[batch, nheads_q, seqlen_new, headdim]`` in q's dtype (float32 accumulation). Launches
     on the current stream, never synchronizes the host (unless ``validate``), works under
@@ -279,27 +351,34 @@ def decode_attention(
     leftpad_t, leftpad_host = _as_lengths(cache_leftpad, "cache_leftpad", q)
     splits = 0 if num_splits is None else num_splits
     q, k_new, v_new = (_aligned_copy(t) for t in (q, k_new, v_new))
-    scale = check_args(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, key_mask, scale, splits, out)
+    scale = check_args(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, key_mask, scale, splits, out,
+                       block_table)
     check_no_grad(q, k_cache, v_cache, k_new, v_new)
     if validate is None:
         validate = os.environ.get(VALIDATE_ENV, "") == "1"
     elif not isinstance(validate, bool):
         raise TypeError(f"validate must be a bool or None, got {validate!r}")
+    max_len = max_len_of(k_cache, block_table)
     if seqlens_t is None:
-        seqlens_host = [k_cache.shape[2]] * q.shape[0]
+        seqlens_host = [max_len] * q.shape[0]
     if validate and (seqlens_host is None or (leftpad_t is not None and leftpad_host is None)):
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise ValueError("validate must be False during CUDA graph capture (it reads lengths on the host), got True")
         seqlens_host = seqlens_t.tolist()
         leftpad_host = None if leftpad_t is None else leftpad_t.tolist()
     if seqlens_host is not None:
-        check_lengths(seqlens_host, leftpad_host, q.shape[2], k_cache.shape[2], k_new is not None)
+        check_lengths(seqlens_host, leftpad_host, q.shape[2], max_len, k_new is not None)
+    if validate and block_table is not None and q.device.type != "cpu":
+        check_pages(block_table.tolist(), seqlens_host, leftpad_host, q.shape[2], k_cache.shape[2], k_cache.shape[0],
+                    k_new is not None)
     if q.device.type == "cuda":
         _ops.ensure_loaded()
     op = torch.ops.fused_attn
     if out is None:
-        return op.decode_attention(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, key_mask, scale, splits)
-    op.decode_attention_out(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, key_mask, scale, splits, out=out)
+        return op.decode_attention(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, key_mask, scale, splits,
+                                   block_table)
+    op.decode_attention_out(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, key_mask, scale, splits,
+                            block_table, out=out)
     return out
 
 
@@ -317,13 +396,17 @@ def check_no_grad(*tensors) -> None:
 # --------------------------------------------------------------------------- CPU, fake, autograd
 
 
-def _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale) -> torch.Tensor:
+def _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
+         block_table=None) -> torch.Tensor:
     """The CPU kernel: checks the lengths (they are host values here), appends in place, then the
-    reference in float32 (float64 for float64 input)."""
-    max_len = k_cache.shape[2]
+    reference in float32 (float64 for float64 input). A paged cache goes through _cpu_paged."""
+    max_len = max_len_of(k_cache, block_table)
     seqlens = [max_len] * q.shape[0] if cache_seqlens is None else cache_seqlens.tolist()
     leftpad = None if cache_leftpad is None else cache_leftpad.tolist()
     check_lengths(seqlens, leftpad, q.shape[2], max_len, k_new is not None)
+    if block_table is not None:
+        return _cpu_paged(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
+                          block_table, seqlens, leftpad)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     out, k_all, v_all = reference.decode_attention(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad,
                                                    scale, key_mask=key_mask, compute_dtype=compute)
@@ -334,20 +417,39 @@ def _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_ma
     return out
 
 
+def _cpu_paged(q, k_pool, v_pool, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, block_table,
+               seqlens, leftpad) -> torch.Tensor:
+    """The paged CPU kernel: checks the pages, gathers each sequence's pages into the contiguous layout,
+    runs the contiguous path on that copy (which appends into it), then writes the appended rows back
+    into their pages."""
+    num_pages, page_size = k_pool.shape[0], k_pool.shape[2]
+    table = block_table.tolist()
+    check_pages(table, seqlens, leftpad, q.shape[2], page_size, num_pages, k_new is not None)
+    k_cache, v_cache = gather_pages(k_pool, block_table), gather_pages(v_pool, block_table)
+    out = _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale)
+    if k_new is not None:
+        for b, n in enumerate(seqlens):
+            for s in range(n, n + q.shape[2]):
+                page, row = table[b][s // page_size], s % page_size
+                k_pool[page, :, row] = k_cache[b, :, s]
+                v_pool[page, :, row] = v_cache[b, :, s]
+    return out
+
+
 def _autograd(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, key_mask=None,
-              scale=None, num_splits=0):
+              scale=None, num_splits=0, block_table=None):
     check_no_grad(q, k_cache, v_cache, k_new, v_new)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.fused_attn.decode_attention(q, k_cache, v_cache, cache_seqlens, k_new, v_new,
-                                                     cache_leftpad, key_mask, scale, num_splits)
+                                                     cache_leftpad, key_mask, scale, num_splits, block_table)
 
 
-def _autograd_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits, *,
-                  out):
+def _autograd_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits,
+                  block_table=None, *, out):
     check_no_grad(q, k_cache, v_cache, k_new, v_new)
     with torch._C._AutoDispatchBelowAutograd():
         torch.ops.fused_attn.decode_attention_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad,
-                                                  key_mask, scale, num_splits, out=out)
+                                                  key_mask, scale, num_splits, block_table, out=out)
 
 
 def _register() -> None:
@@ -355,28 +457,31 @@ def _register() -> None:
 
     @torch.library.register_fake(lib)
     def _fake(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, key_mask=None,
-              scale=None, num_splits=0):
-        check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits)
+              scale=None, num_splits=0, block_table=None):
+        check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits,
+                   block_table=block_table)
         return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
     @torch.library.register_fake(lib + "_out")
-    def _fake_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits, *,
-                  out):
-        check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits, out)
+    def _fake_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits,
+                  block_table=None, *, out):
+        check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits, out,
+                   block_table)
 
     @torch.library.register_kernel(lib, "cpu")
     def _cpu_kernel(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, key_mask=None,
-                    scale=None, num_splits=0):
+                    scale=None, num_splits=0, block_table=None):
         scale = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
-                           num_splits)
-        return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale)
+                           num_splits, block_table=block_table)
+        return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, block_table)
 
     @torch.library.register_kernel(lib + "_out", "cpu")
     def _cpu_kernel_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits,
-                        *, out):
+                        block_table=None, *, out):
         scale = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
-                           num_splits, out)
-        out.copy_(_cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale))
+                           num_splits, out, block_table)
+        out.copy_(_cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
+                       block_table))
 
     _ops.LIB.impl("decode_attention", _autograd, "Autograd")
     _ops.LIB.impl("decode_attention_out", _autograd_out, "Autograd")

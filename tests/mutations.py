@@ -42,6 +42,7 @@ T_SAMPLE = "tests/test_sample.py"
 T_ATTN = "tests/test_attention.py"
 T_ATTN_ARGS = "tests/test_attention_args.py"
 T_DECODE_ARGS = "tests/test_decode_attention_args.py"
+T_DECODE_PAGED = "tests/test_decode_attention_paged.py"
 T_NORM_ARGS = "tests/test_layer_norm_args.py"
 T_LINEAR_ARGS = "tests/test_linear_args.py"
 T_SAMPLE_ARGS = "tests/test_sample_args.py"
@@ -302,6 +303,34 @@ MUTATIONS: list[Mutation] = [
              "            v_cache[b, :, n:n + q.shape[2]] = v_new[b]\n    return out * (1 + 1e-3)\n",
              _t(f"{T_DECODE}::test_matches_reference_cpu"),
              why="a 0.1% error in every output must fail float32 and float16"),
+    # ------------------------------------------------------------ decode_attention's paged cache
+    Mutation("decode-cpu-pages-in-logical-order", "fused_attn/decode_attention.py",
+             "rows = pool[table.clamp(0, max(num_pages - 1, 0))]",
+             "rows = pool[torch.arange(max_blocks).expand(batch, -1).clamp(0, max(num_pages - 1, 0))]",
+             _t(f"{T_DECODE_PAGED}::test_paged_matches_definition_cpu"),
+             why="the page gather uses the logical block as the page (block_table ignored)"),
+    Mutation("decode-cpu-append-page-off-by-one", "fused_attn/decode_attention.py",
+             "page, row = table[b][s // page_size], s % page_size",
+             "page, row = table[b][s // page_size - 1], s % page_size",
+             _t(f"{T_DECODE_PAGED}::test_paged_matches_definition_cpu"),
+             why="the append writes into the previous block's page"),
+    Mutation("decode-cpu-append-row-is-the-slot", "fused_attn/decode_attention.py",
+             "page, row = table[b][s // page_size], s % page_size",
+             "page, row = table[b][s // page_size], s",
+             _t(f"{T_DECODE_PAGED}::test_paged_matches_definition_cpu"),
+             why="the append's row in the page is the logical slot"),
+    Mutation("decode-cpu-pages-unchecked", "fused_attn/decode_attention.py",
+             "    check_pages(table, seqlens, leftpad, q.shape[2], page_size, num_pages, k_new is not None)\n", "",
+             _t(f"{T_DECODE_PAGED}::test_host_checked_pages_raise"),
+             why="an out-of-range block_table entry is read as zeros instead of raising"),
+    Mutation("decode-kernel-page-is-the-logical-block", "csrc/decode_attention/decode_attention_kernel.cuh",
+             "const int64_t page = table[j >> shift];", "const int64_t page = j >> shift;",
+             _t(f"{T_DECODE_PAGED}::test_paged_matches_definition_gpu",
+                f"{T_DECODE_PAGED}::test_paged_equals_contiguous_bitwise_gpu"), gpu=True),
+    Mutation("decode-kernel-page-past-the-pool-accepted", "csrc/decode_attention/decode_attention_kernel.cuh",
+             "bad |= page < 0 || page >= p.num_pages;", "bad |= page < 0;",
+             _t(f"{T_DECODE_PAGED}::test_out_of_range_pages_give_nan_and_no_write_gpu"), gpu=True,
+             why="a block_table entry past the pool is read (and written) out of bounds"),
     Mutation("tolerance-attention-cap-removed", "tests/tolerances.py", "ATTN_CAP = 0.05", "ATTN_CAP = 1.0",
              _t("tests/test_tolerances.py::test_attention_errors_fail"),
              why="a peer that lost everything would let any error through"),
@@ -554,8 +583,8 @@ MUTATIONS: list[Mutation] = [
              "xn = F.layer_norm(x.to(compute), (d,), eps=eps)", "xn = F.layer_norm(x.to(compute), (d,))",
              _t(f"{T_QKV_ARGS}::test_matches_layer_norm_linear_and_sdpa")),
     Mutation("decode-cpu-ignores-scale", "fused_attn/decode_attention.py",
-             "return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale)",
-             "return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, None)",
+             "return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, block_table)",
+             "return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, None, block_table)",
              _t(f"{T_DECODE_ARGS}::test_append_leftpad_key_mask_scale_match_the_plain_definition")),
     Mutation("softmax-backward-default-scale", "fused_attn/softmax.py",
              '    ctx.scale = scale\n    ctx.causal = keyword_only_inputs["causal"]\n    ctx.mask_shape',

@@ -33,6 +33,14 @@ def floats(d):
     return "float32, float16, bfloat16 or float64 (CPU)" if d == "cpu" else "float32, float16 or bfloat16"
 
 
+def paged(d, pool=None, v_pool=None, cache_seqlens=None, **kw):
+    """decode_attention over page pools [5, 2, 16, 8] with a block_table [2, 2], one argument changed."""
+    pool = t(5, 2, 16, 8, device=d) if pool is None else pool
+    kw.setdefault("block_table", i32([[0, 1], [2, 3]], d))
+    return decode_attention(t(2, 4, 1, 8, device=d), pool, pool if v_pool is None else v_pool,
+                            i32([3, 4], d) if cache_seqlens is None else cache_seqlens, **kw)
+
+
 ROWS = [  # (id, call(device), exception, message(device)): the message is matched from its start
     # ------------------------------------------------------------------ layer_norm / rms_norm
     ("ln-x-type", lambda d: layer_norm("x"), TypeError, lambda d: "x must be a torch.Tensor, got str"),
@@ -267,6 +275,39 @@ ROWS = [  # (id, call(device), exception, message(device)): the message is match
     ("decode-validate-type", lambda d: decode_attention(t(2, 4, 1, 8, device=d), t(2, 2, 16, 8, device=d),
                                                         t(2, 2, 16, 8, device=d), i32([3, 4], d), validate="yes"),
      TypeError, lambda d: "validate must be a bool or None, got 'yes'"),
+    # decode_attention's paged cache: page pools [num_pages = 5, nheads_kv, page_size = 16, headdim], block_table
+    # [batch, max_blocks = 2] (max_len 32)
+    ("decode-block_table-type", lambda d: paged(d, block_table=[[0, 1], [2, 3]]), TypeError,
+     lambda d: "block_table must be a torch.Tensor or None, got list"),
+    ("decode-block_table-dtype", lambda d: paged(d, block_table=t(2, 2, dtype=torch.int64, device=d)), ValueError,
+     lambda d: "block_table must have dtype torch.int32, got torch.int64"),
+    ("decode-block_table-device", lambda d: paged(d, block_table=t(2, 2, dtype=torch.int32, device=OTHER[d])),
+     ValueError, lambda d: f"block_table must be on the same device as q ({d}), got {OTHER[d]}"),
+    ("decode-block_table-batch", lambda d: paged(d, block_table=t(3, 2, dtype=torch.int32, device=d)), ValueError,
+     lambda d: "block_table must have shape (batch, max_blocks) = (2, max_blocks), got (3, 2)"),
+    ("decode-block_table-dims", lambda d: paged(d, block_table=t(2, dtype=torch.int32, device=d)), ValueError,
+     lambda d: "block_table must have shape (batch, max_blocks) = (2, max_blocks), got (2,)"),
+    ("decode-block_table-stride", lambda d: paged(d, block_table=t(2, 4, dtype=torch.int32, device=d)[:, ::2]),
+     ValueError, lambda d: "block_table must have a contiguous last dim (stride 1), got strides (4, 2)"),
+    ("decode-page_size-small", lambda d: paged(d, pool=t(5, 2, 8, 8, device=d)), ValueError,
+     lambda d: "k_cache must have a page_size (dim 2) that is a power of two in [16, 256] with block_table, "
+               "got (5, 2, 8, 8)"),
+    ("decode-page_size-large", lambda d: paged(d, pool=t(5, 2, 512, 8, device=d)), ValueError,
+     lambda d: "k_cache must have a page_size (dim 2) that is a power of two in [16, 256] with block_table, "
+               "got (5, 2, 512, 8)"),
+    ("decode-page_size-power", lambda d: paged(d, pool=t(5, 2, 48, 8, device=d)), ValueError,
+     lambda d: "k_cache must have a page_size (dim 2) that is a power of two in [16, 256] with block_table, "
+               "got (5, 2, 48, 8)"),
+    ("decode-pool-dims", lambda d: paged(d, pool=t(5, 2, 16, device=d)), ValueError,
+     lambda d: "k_cache must have 4 dims [num_pages, nheads_kv, page_size, headdim], got (5, 2, 16)"),
+    ("decode-pool-shape", lambda d: paged(d, v_pool=t(4, 2, 16, 8, device=d)), ValueError,
+     lambda d: "v_cache must have k_cache's shape (5, 2, 16, 8), got (4, 2, 16, 8)"),
+    ("decode-pool-headdim", lambda d: paged(d, pool=t(5, 2, 16, 4, device=d)), ValueError,
+     lambda d: "k_cache must have q's headdim (8), got (5, 2, 16, 4)"),
+    ("decode-paged-key_mask-shape", lambda d: paged(d, key_mask=t(2, 16, dtype=torch.bool, device=d)), ValueError,
+     lambda d: "key_mask must have shape (batch or 1, max_len) = (2 or 1, 32), got (2, 16)"),
+    ("decode-paged-cache_seqlens-range", lambda d: paged(d, cache_seqlens=[33, 3]), ValueError,
+     lambda d: "cache_seqlens must be in [0, max_len = 32] for every sequence, got 33 at batch index 0"),
     # ------------------------------------------------------------------ qkv_decode_attention
     ("qkv-x-type", lambda d: qkv_decode_attention("x", h(192, 64, device=d), None, h(2, 1, 8, 64, device=d),
                                                   h(2, 1, 8, 64, device=d), i32([3, 4], d)), TypeError,

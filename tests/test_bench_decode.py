@@ -28,14 +28,15 @@ def _config(full=False, dtypes=None):
 
 def test_providers_put_the_baselines_first_and_fused_last():
     assert dec.PROVIDERS == ("sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "compiled", "gpt2_step",
-                             "fused_nosplit", "fused")
+                             "fused_nosplit", "paged", "fused")
     # speedups are computed against providers already measured in the group; bench.report's "ours"
     # is the last fused* provider
     assert all(dec.PROVIDERS.index(b) < dec.PROVIDERS.index("fused_nosplit") for b in dec.SPEEDUP_BASES)
     assert dec.REPORT_LABELS["bench_decode_attention"]["order"] == dec.PROVIDERS
     assert set(dec.NOTES) == set(dec.PROVIDERS)
     assert dec.providers((1, 32, 8, 128, 8192)) == tuple(p for p in dec.PROVIDERS if p != "gpt2_step")  # GQA
-    assert dec.providers((1, 12, 12, 64, 128)) == dec.PROVIDERS
+    assert dec.providers((1, 12, 12, 64, 128)) == tuple(p for p in dec.PROVIDERS if p != "paged")  # short cache
+    assert dec.providers((16, 32, 32, 128, 32768)) == dec.PROVIDERS
 
 
 def test_gpu_shapes_are_the_issues():
@@ -50,7 +51,8 @@ def test_quick_is_float16_and_full_adds_bfloat16():
     assert {c["dtype"] for c in dec.make_cases(_config(), cuda=True)} == {"float16"}
     full = dec.make_cases(_config(full=True), cuda=True)
     assert {c["dtype"] for c in full} == {"float16", "bfloat16"}
-    assert len(full) == 2 * (16 * len(dec.PROVIDERS) - 4)  # no gpt2_step for the 4 GQA shapes
+    # no gpt2_step for the 4 GQA shapes, no paged for the 8 shapes below L 8192
+    assert len(full) == 2 * (16 * len(dec.PROVIDERS) - 4 - 8)
     assert {c["dtype"] for c in dec.make_cases(_config(dtypes="bfloat16"), cuda=True)} == {"bfloat16"}
     cpu = dec.make_cases(_config(full=True), cuda=False)
     assert {c["dtype"] for c in cpu} == {"float32"} and len(cpu) == 2 * len(dec.PROVIDERS) - 1
@@ -71,6 +73,21 @@ def test_modeled_bytes_of_known_shapes():
     assert write == 32 * 128 * 2 + 2 * 8 * 128 * 2
 
 
+def test_page_inputs_hold_the_same_cache_in_shuffled_pages():
+    t = dec.make_inputs((2, 4, 2, 16, 64), torch.float32, torch.device("cpu"))
+    dec.page_inputs(t, 16)
+    table = t["block_table"]
+    assert table.dtype == torch.int32 and table.shape == (2, 4) and t["k_pool"].shape == (8, 2, 16, 16)
+    assert sorted(table.flatten().tolist()) == list(range(8)) and table.flatten().tolist() != list(range(8))
+    for b in range(2):
+        for blk in range(4):
+            page = int(table[b, blk])
+            assert torch.equal(t["k_pool"][page], t["k_cache"][b, :, 16 * blk:16 * (blk + 1)])
+            assert torch.equal(t["v_pool"][page], t["v_cache"][b, :, 16 * blk:16 * (blk + 1)])
+    assert dec.modeled_traffic((2, 4, 2, 16, 64), torch.float32, 16)[0] == (
+        dec.modeled_traffic((2, 4, 2, 16, 64), torch.float32)[0] + 2 * 4 * 4)
+
+
 def test_inputs_hold_a_uniform_length_batch_whose_mask_covers_the_cache():
     t = dec.make_inputs((2, 4, 2, 16, 32), torch.float32, torch.device("cpu"))
     assert t["k_cache"].shape == (2, 2, 32, 16) and t["q"].shape == (2, 4, 1, 16)
@@ -80,10 +97,12 @@ def test_inputs_hold_a_uniform_length_batch_whose_mask_covers_the_cache():
 
 
 @pytest.mark.parametrize("provider,shape", [(p, (2, 4, 2, 16, 32)) for p in ("sdpa", "sdpa_flash", "fused_nosplit",
-                                                                           "fused")]
+                                                                           "paged", "fused")]
                          + [("gpt2_step", (2, 2, 2, 16, 32))])
 def test_each_step_appends_matches_the_reference_and_is_idempotent(provider, shape):
     t = dec.make_inputs(shape, torch.float32, torch.device("cpu"), seed=1)
+    if provider == "paged":
+        dec.page_inputs(t, dec.PAGE_SIZE)
     untouched = t["k_cache"][:, :, :31].clone()
     fn = dec.provider_fn(provider, t)
     first = fn()
@@ -111,20 +130,22 @@ def test_cpu_smoke_run_and_its_report(tmp_path):
                            "-p", "no:cacheprovider", "--bench-rounds", "3", f"--benchmark-json={run}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "7 passed, 8 skipped" in proc.stdout
+    assert "9 passed, 8 skipped" in proc.stdout
     cases = {(tuple(b["extra_info"]["shape"]), b["extra_info"]["provider"]): b["extra_info"]
              for b in json.loads(run.read_text())["benchmarks"]}
     gqa, mha = dec.CPU_SHAPES
-    assert set(cases) == {(gqa, p) for p in ("sdpa", "fused_nosplit", "fused")} | {
-        (mha, p) for p in ("sdpa", "gpt2_step", "fused_nosplit", "fused")}
+    assert set(cases) == {(gqa, p) for p in ("sdpa", "fused_nosplit", "paged", "fused")} | {
+        (mha, p) for p in ("sdpa", "gpt2_step", "fused_nosplit", "paged", "fused")}
+    # the paged provider's bytes add its block_table: B x L / 16 int32 entries
+    assert cases[gqa, "paged"]["modeled_bytes"] == sum(dec.modeled_traffic(gqa, torch.float32)) + 2 * 2 * 4
     assert cases[gqa, "fused"]["modeled_bytes"] == sum(dec.modeled_traffic(gqa, torch.float32))
     assert {k for k in cases[mha, "fused"] if k.startswith("speedup_vs_")} == {"speedup_vs_sdpa",
                                                                                "speedup_vs_gpt2_step"}
     assert "speedup_vs_sdpa" not in cases[gqa, "sdpa"]
     assert report.main([str(run), "--out", str(tmp_path / "r"), "--no-plots"]) == 0
     readme = (tmp_path / "r" / "readme.md").read_text()
-    assert ("| shape [B,Hq,Hkv,D,L] | dtype | sdpa us | gpt2_step us | fused_nosplit us | fused us | x sdpa | "
-            "x gpt2_step |") in readme
+    assert ("| shape [B,Hq,Hkv,D,L] | dtype | sdpa us | gpt2_step us | fused_nosplit us | paged us | fused us | "
+            "x sdpa | x gpt2_step |") in readme
     assert "| 2x4x2x16x32 | float32 |" in readme and "| 1x2x2x16x32 | float32 |" in readme
 
 
@@ -152,7 +173,7 @@ def test_bench_bytes_finds_the_decode_interface():
     from bench import bytes as bench_bytes
 
     mod = bench_bytes.op_module("decode_attention")
-    assert [p for _, p in mod.bytes_cases(False)] == ["sdpa", "compiled", "fused_nosplit", "fused"]
+    assert [p for _, p in mod.bytes_cases(False)] == ["sdpa", "compiled", "fused_nosplit", "paged", "fused"]
     assert sum(mod.bytes_model("fused", mod.BYTES_SHAPE, torch.float16, False, False)) == (
         134_217_728 + 2 * (32 * 128 * 2 + 2 * 32 * 128 * 2))
     with pytest.raises(ValueError, match="backward must be False for decode_attention"):

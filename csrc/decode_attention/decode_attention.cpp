@@ -24,6 +24,8 @@ namespace fused_attn {
 namespace {
 
 constexpr int kMaxHeaddim = 256;
+// A paged cache's page sizes: powers of two (the kernel splits a slot into page and row with a shift).
+constexpr int64_t kMinPageSize = 16, kMaxPageSize = 256;
 
 std::string strides_str(const at::Tensor& t) { return shape_str(t.strides()); }
 
@@ -52,20 +54,49 @@ double check_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
                   const std::optional<at::Tensor>& cache_seqlens_opt, const std::optional<at::Tensor>& k_new_opt,
                   const std::optional<at::Tensor>& v_new_opt, const std::optional<at::Tensor>& cache_leftpad_opt,
                   const std::optional<at::Tensor>& key_mask_opt, std::optional<double> scale, int64_t num_splits,
-                  const at::Tensor* out_ptr) {
+                  const std::optional<at::Tensor>& block_table_opt, const at::Tensor* out_ptr) {
   FA_CHECK_CUDA(q);
   FA_CHECK_ARG(q.scalar_type() == at::kFloat || q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
                q, "have dtype float32, float16 or bfloat16", dtype_str(q.scalar_type()));
   FA_CHECK_DIM(q, 4, "[batch, nheads_q, seqlen_new, headdim]");
-  FA_CHECK_DIM(k_cache, 4, "[batch, nheads_kv, max_len, headdim]");
-  FA_CHECK_DIM(v_cache, 4, "[batch, nheads_kv, max_len, headdim]");
+  const bool paged = block_table_opt.has_value();
+  if (paged) {
+    FA_CHECK_DIM(k_cache, 4, "[num_pages, nheads_kv, page_size, headdim]");
+    FA_CHECK_DIM(v_cache, 4, "[num_pages, nheads_kv, page_size, headdim]");
+  } else {
+    FA_CHECK_DIM(k_cache, 4, "[batch, nheads_kv, max_len, headdim]");
+    FA_CHECK_DIM(v_cache, 4, "[batch, nheads_kv, max_len, headdim]");
+  }
   FA_CHECK_LIKE_Q(q);
   FA_CHECK_LIKE_Q(k_cache);
   FA_CHECK_LIKE_Q(v_cache);
   FA_CHECK_ARG(v_cache.sizes() == k_cache.sizes(), v_cache, "have k_cache's shape " + shape_str(k_cache.sizes()),
                shape_str(v_cache.sizes()));
-  FA_CHECK_ARG(k_cache.size(0) == q.size(0), k_cache, "have q's batch size (" + std::to_string(q.size(0)) + ")",
-               shape_str(k_cache.sizes()));
+  int64_t max_len = k_cache.size(2);
+  if (paged) {
+    const at::Tensor& block_table = *block_table_opt;
+    FA_CHECK_CUDA(block_table);
+    FA_CHECK_SAME_DEVICE(block_table, q);
+    FA_CHECK_ARG(block_table.scalar_type() == at::kInt, block_table, "have dtype torch.int32",
+                 dtype_str(block_table.scalar_type()));
+    FA_CHECK_ARG(block_table.dim() == 2 && block_table.size(0) == q.size(0), block_table,
+                 "have shape (batch, max_blocks) = (" + std::to_string(q.size(0)) + ", max_blocks)",
+                 shape_str(block_table.sizes()));
+    FA_CHECK_ARG(block_table.size(1) <= 1 || block_table.stride(1) == 1, block_table,
+                 "have a contiguous last dim (stride 1)", "strides " + strides_str(block_table));
+    const int64_t page_size = k_cache.size(2);
+    FA_CHECK_ARG(page_size >= kMinPageSize && page_size <= kMaxPageSize && (page_size & (page_size - 1)) == 0,
+                 k_cache, "have a page_size (dim 2) that is a power of two in [16, 256] with block_table",
+                 shape_str(k_cache.sizes()));
+    FA_CHECK_ARG(block_table.size(1) * page_size < std::numeric_limits<int>::max() &&
+                     k_cache.size(0) < std::numeric_limits<int>::max(),
+                 block_table, "have max_blocks x page_size below 2**31",
+                 std::to_string(block_table.size(1)) + " x " + std::to_string(page_size));
+    max_len = block_table.size(1) * page_size;
+  } else {
+    FA_CHECK_ARG(k_cache.size(0) == q.size(0), k_cache, "have q's batch size (" + std::to_string(q.size(0)) + ")",
+                 shape_str(k_cache.sizes()));
+  }
   FA_CHECK_ARG(k_cache.size(3) == q.size(3), k_cache, "have q's headdim (" + std::to_string(q.size(3)) + ")",
                shape_str(k_cache.sizes()));
   const int64_t nheads_kv = k_cache.size(1);
@@ -75,7 +106,7 @@ double check_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
   const int64_t headdim = q.size(3);
   FA_CHECK_ARG(headdim % 8 == 0 && headdim >= 8 && headdim <= kMaxHeaddim, q,
                "have a headdim that is a multiple of 8 in [8, 256] on CUDA", std::to_string(headdim));
-  FA_CHECK_ARG(k_cache.size(2) < std::numeric_limits<int>::max() && q.size(2) < (1 << 20) &&
+  FA_CHECK_ARG(max_len < std::numeric_limits<int>::max() && q.size(2) < (1 << 20) &&
                    q.numel() < std::numeric_limits<int>::max(),
                q, "have fewer than 2**20 new tokens, 2**31 elements and max_len below 2**31",
                shape_str(q.sizes()));
@@ -106,10 +137,10 @@ double check_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
     FA_CHECK_ARG(key_mask.scalar_type() == at::kBool, key_mask, "have dtype torch.bool (True = attend)",
                  dtype_str(key_mask.scalar_type()));
     FA_CHECK_ARG(key_mask.dim() == 2 && (key_mask.size(0) == 1 || key_mask.size(0) == q.size(0)) &&
-                     key_mask.size(1) == k_cache.size(2),
+                     key_mask.size(1) == max_len,
                  key_mask,
                  "have shape (batch or 1, max_len) = (" + std::to_string(q.size(0)) + " or 1, " +
-                     std::to_string(k_cache.size(2)) + ")",
+                     std::to_string(max_len) + ")",
                  shape_str(key_mask.sizes()));
     FA_CHECK_ARG(key_mask.size(1) <= 1 || key_mask.stride(1) == 1, key_mask, "have a contiguous last dim (stride 1)",
                  "strides " + strides_str(key_mask));
@@ -147,7 +178,8 @@ bool cluster_capable(int R) {
 void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& k_new,
             const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cache_leftpad,
-            const std::optional<at::Tensor>& key_mask, double scale, int64_t num_splits, const at::Tensor& out) {
+            const std::optional<at::Tensor>& key_mask, double scale, int64_t num_splits,
+            const std::optional<at::Tensor>& block_table, const at::Tensor& out) {
   if (out.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(q.device());
   DecodeParams p{};
@@ -175,6 +207,14 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   p.seqlen_new = int(q.size(2));
   p.headdim = int(q.size(3));
   p.max_len = int(k_cache.size(2));
+  if (block_table.has_value()) {
+    p.block_table = block_table->data_ptr<int>();
+    p.table_stride_b = block_table->stride(0);
+    p.page_shift = 0;
+    while ((int64_t(1) << p.page_shift) < k_cache.size(2)) ++p.page_shift;
+    p.num_pages = int(k_cache.size(0));
+    p.max_len = int(block_table->size(1) * k_cache.size(2));
+  }
   p.group = p.nheads_q / p.nheads_kv;
   p.rows = p.group * p.seqlen_new;
   const int R = decode_rows_per_block(p.rows);
@@ -204,16 +244,18 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         p.partial_o = partial_o.data_ptr<float>();
         p.partial_lse = partial_lse.data_ptr<float>();
       }
-      if (use_mma) {
-        if constexpr (kMmaKernel) launch_decode_mma<scalar_t, HD>(p, stream);
-      } else {
-        switch (R) {
-          case 1: launch_decode<scalar_t, HD, 1>(p, stream); break;
-          case 2: launch_decode<scalar_t, HD, 2>(p, stream); break;
-          case 4: launch_decode<scalar_t, HD, 4>(p, stream); break;
-          default: launch_decode<scalar_t, HD, 8>(p, stream); break;
+      FA_BOOL_SWITCH(p.block_table != nullptr, kPaged, [&] {
+        if (use_mma) {
+          if constexpr (kMmaKernel) launch_decode_mma<scalar_t, HD, kPaged>(p, stream);
+        } else {
+          switch (R) {
+            case 1: launch_decode<scalar_t, HD, 1, kPaged>(p, stream); break;
+            case 2: launch_decode<scalar_t, HD, 2, kPaged>(p, stream); break;
+            case 4: launch_decode<scalar_t, HD, 4, kPaged>(p, stream); break;
+            default: launch_decode<scalar_t, HD, 8, kPaged>(p, stream); break;
+          }
         }
-      }
+      });
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       if (p.num_splits > 1 && !p.cluster) {
         launch_decode_combine<scalar_t>(p, decode_combine_arch<scalar_t>() >= 90, stream);
@@ -230,11 +272,12 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
                             const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& k_new,
                             const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cache_leftpad,
                             const std::optional<at::Tensor>& key_mask, std::optional<double> scale,
-                            int64_t num_splits) {
+                            int64_t num_splits, const std::optional<at::Tensor>& block_table) {
   const double s = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
-                              num_splits, nullptr);
+                              num_splits, block_table, nullptr);
   at::Tensor out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
-  launch(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, s, num_splits, out);
+  launch(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, s, num_splits, block_table,
+         out);
   return out;
 }
 
@@ -242,10 +285,11 @@ void decode_attention_out(const at::Tensor& q, const at::Tensor& k_cache, const 
                           const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& k_new,
                           const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cache_leftpad,
                           const std::optional<at::Tensor>& key_mask, std::optional<double> scale, int64_t num_splits,
-                          const at::Tensor& out) {
+                          const std::optional<at::Tensor>& block_table, const at::Tensor& out) {
   const double s = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
-                              num_splits, &out);
-  launch(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, s, num_splits, out);
+                              num_splits, block_table, &out);
+  launch(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, s, num_splits, block_table,
+         out);
 }
 
 TORCH_LIBRARY_IMPL(fused_attn, CUDA, m) {

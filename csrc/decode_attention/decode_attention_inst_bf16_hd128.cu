@@ -2,14 +2,14 @@
 #include "decode_attention_kernel.cuh"
 
 namespace fused_attn {
-template void launch_decode<__nv_bfloat16, 128, 1>(const DecodeParams&, cudaStream_t);
+template void launch_decode<__nv_bfloat16, 128, 1, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__nv_bfloat16, 128, 1>();
-template void launch_decode<__nv_bfloat16, 128, 2>(const DecodeParams&, cudaStream_t);
+template void launch_decode<__nv_bfloat16, 128, 2, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__nv_bfloat16, 128, 2>();
-template void launch_decode<__nv_bfloat16, 128, 4>(const DecodeParams&, cudaStream_t);
+template void launch_decode<__nv_bfloat16, 128, 4, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__nv_bfloat16, 128, 4>();
-template void launch_decode<__nv_bfloat16, 128, 8>(const DecodeParams&, cudaStream_t);
+template void launch_decode<__nv_bfloat16, 128, 8, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__nv_bfloat16, 128, 8>();
-template void launch_decode_mma<__nv_bfloat16, 128>(const DecodeParams&, cudaStream_t);
+template void launch_decode_mma<__nv_bfloat16, 128, false>(const DecodeParams&, cudaStream_t);
 template int decode_mma_arch<__nv_bfloat16, 128>();
 }  // namespace fused_attn

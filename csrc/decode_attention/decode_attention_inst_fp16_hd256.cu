@@ -2,12 +2,12 @@
 #include "decode_attention_kernel.cuh"
 
 namespace fused_attn {
-template void launch_decode<__half, 256, 1>(const DecodeParams&, cudaStream_t);
+template void launch_decode<__half, 256, 1, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__half, 256, 1>();
-template void launch_decode<__half, 256, 2>(const DecodeParams&, cudaStream_t);
+template void launch_decode<__half, 256, 2, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__half, 256, 2>();
-template void launch_decode<__half, 256, 4>(const DecodeParams&, cudaStream_t);
+template void launch_decode<__half, 256, 4, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__half, 256, 4>();
-template void launch_decode<__half, 256, 8>(const DecodeParams&, cudaStream_t);
+template void launch_decode<__half, 256, 8, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__half, 256, 8>();
 }  // namespace fused_attn

@@ -2,14 +2,14 @@
 #include "decode_attention_kernel.cuh"
 
 namespace fused_attn {
-template void launch_decode<__half, 64, 1>(const DecodeParams&, cudaStream_t);
+template void launch_decode<__half, 64, 1, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__half, 64, 1>();
-template void launch_decode<__half, 64, 2>(const DecodeParams&, cudaStream_t);
+template void launch_decode<__half, 64, 2, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__half, 64, 2>();
-template void launch_decode<__half, 64, 4>(const DecodeParams&, cudaStream_t);
+template void launch_decode<__half, 64, 4, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__half, 64, 4>();
-template void launch_decode<__half, 64, 8>(const DecodeParams&, cudaStream_t);
+template void launch_decode<__half, 64, 8, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<__half, 64, 8>();
-template void launch_decode_mma<__half, 64>(const DecodeParams&, cudaStream_t);
+template void launch_decode_mma<__half, 64, false>(const DecodeParams&, cudaStream_t);
 template int decode_mma_arch<__half, 64>();
 }  // namespace fused_attn

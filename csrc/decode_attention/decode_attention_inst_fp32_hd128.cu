@@ -2,12 +2,12 @@
 #include "decode_attention_kernel.cuh"
 
 namespace fused_attn {
-template void launch_decode<float, 128, 1>(const DecodeParams&, cudaStream_t);
+template void launch_decode<float, 128, 1, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<float, 128, 1>();
-template void launch_decode<float, 128, 2>(const DecodeParams&, cudaStream_t);
+template void launch_decode<float, 128, 2, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<float, 128, 2>();
-template void launch_decode<float, 128, 4>(const DecodeParams&, cudaStream_t);
+template void launch_decode<float, 128, 4, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<float, 128, 4>();
-template void launch_decode<float, 128, 8>(const DecodeParams&, cudaStream_t);
+template void launch_decode<float, 128, 8, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<float, 128, 8>();
 }  // namespace fused_attn

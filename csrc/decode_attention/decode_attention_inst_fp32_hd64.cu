@@ -2,12 +2,12 @@
 #include "decode_attention_kernel.cuh"
 
 namespace fused_attn {
-template void launch_decode<float, 64, 1>(const DecodeParams&, cudaStream_t);
+template void launch_decode<float, 64, 1, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<float, 64, 1>();
-template void launch_decode<float, 64, 2>(const DecodeParams&, cudaStream_t);
+template void launch_decode<float, 64, 2, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<float, 64, 2>();
-template void launch_decode<float, 64, 4>(const DecodeParams&, cudaStream_t);
+template void launch_decode<float, 64, 4, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<float, 64, 4>();
-template void launch_decode<float, 64, 8>(const DecodeParams&, cudaStream_t);
+template void launch_decode<float, 64, 8, false>(const DecodeParams&, cudaStream_t);
 template bool decode_cluster_capable<float, 64, 8>();
 }  // namespace fused_attn

@@ -26,6 +26,13 @@
 // Lengths out of bounds (seqlens < 0, end > max_len, leftpad outside [0, seqlens]): the
 // sequence's outputs are NaN and its cache is not written; nothing past max_len is touched.
 //
+// Paged cache (kPaged, p.block_table): the caches are page pools [num_pages, nheads_kv, page_size,
+// headdim] and slot j of sequence b is row j & (page_size - 1) of page block_table[b][j >> page_shift]
+// (decode::SlotRows). Each thread looks the page up for every row it loads (one int load, from L1 / L2:
+// the lanes of a warp that load rows of one page load the same word), so a tile may straddle pages and
+// page_size may be smaller than a tile. Every block first checks the entries of the pages its sequence
+// reads or writes (decode::pages_ok); one out of [0, num_pages) is treated as out-of-bounds lengths.
+//
 // Tests: tests/test_decode_attention.py; benchmark: bench/bench_decode_attention.py.
 #pragma once
 
@@ -92,15 +99,65 @@ __device__ __forceinline__ void split_range(const DecodeParams& p, int start, in
   ke = min(end, kb + tiles_per_split * tile);
 }
 
+// The offsets (elements) of slot j's K and V rows of one sequence from that sequence's base (caches +
+// hkv x stride_h, + b x stride_b when contiguous: cache_base). Contiguous: j x stride_l. Paged: the page
+// from this sequence's row of block_table, then the row in the page.
+template <bool kPaged>
+struct SlotRows {
+  const int* table;  // block_table + b x table_stride_b (paged)
+  int shift, mask;   // log2(page_size), page_size - 1
+  __device__ __forceinline__ SlotRows(const DecodeParams& p, int b)
+      : table(kPaged ? p.block_table + b * p.table_stride_b : nullptr),
+        shift(p.page_shift),
+        mask((1 << p.page_shift) - 1) {}
+  __device__ __forceinline__ void at(const DecodeParams& p, int j, int64_t& k_off, int64_t& v_off) const {
+    if constexpr (kPaged) {
+      const int64_t page = table[j >> shift];  // plain load: read after wait_for_primary()
+      const int64_t row = j & mask;
+      k_off = page * p.k_stride_b + row * p.k_stride_l;
+      v_off = page * p.v_stride_b + row * p.v_stride_l;
+    } else {
+      k_off = int64_t(j) * p.k_stride_l;
+      v_off = int64_t(j) * p.v_stride_l;
+    }
+  }
+};
+
+// Element offset of sequence b's rows in a contiguous cache (0 in a page pool: SlotRows adds the page).
+template <bool kPaged>
+__device__ __forceinline__ int64_t cache_base(int b, int64_t stride_b) {
+  return kPaged ? 0 : b * stride_b;
+}
+
+// Paged: whether every block_table entry of the pages holding slots [start, end) is in [0, num_pages)
+// (the block's threads read them together; called by every thread of the block). Contiguous: true.
+template <bool kPaged>
+__device__ __forceinline__ bool pages_ok(const DecodeParams& p, int b, int start, int end) {
+  if constexpr (!kPaged) {
+    return true;
+  } else {
+    const int* table = p.block_table + b * p.table_stride_b;
+    const int first = start >> p.page_shift;
+    const int last = end > start ? ((end - 1) >> p.page_shift) + 1 : first;
+    bool bad = false;
+    for (int i = first + int(threadIdx.x); i < last; i += blockDim.x) {
+      const int page = table[i];
+      bad |= page < 0 || page >= p.num_pages;
+    }
+    return !__syncthreads_or(bad);
+  }
+}
+
 // Before wait_for_primary(): the cached K and V rows this block will read into L2, so their DRAM
 // round trip overlaps the previous kernel (under PDL the block starts early: pdl.cuh). The slots are
 // written by earlier steps, not by the kernels this one overlaps; only the lengths might be (a caller
 // whose previous kernel writes seqlens): then the stale lengths make a wrong hint, nothing else. A
 // prefetch moves no data into the block, L2 is where every write lands, and every address is inside
-// the cache (lengths_ok bounds end by max_len).
-template <typename T>
+// the cache (lengths_ok bounds end by max_len). Not for a paged cache: its pages are known only after the
+// block_table entries are checked, after the wait.
+template <typename T, bool kPaged>
 __device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int hkv, int split, int tile) {
-  if (!p.pdl_early) return;  // both parts of the run-ahead together (pdl.cuh)
+  if (kPaged || !p.pdl_early) return;  // both parts of the run-ahead together (pdl.cuh)
   int cached, end, start, kb, ke;
   if (!lengths_ok(p, b, cached, end, start, /*before_wait=*/true)) return;
   split_range(p, start, end, split, tile, kb, ke);
@@ -117,17 +174,20 @@ __device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int
 }
 
 // Writes this step's keys and values of (b, kv head) into the cache: seqlen_new x headdim each.
-template <typename T>
+template <typename T, bool kPaged>
 __device__ void append(const DecodeParams& p, int b, int hkv, int cached) {
   constexpr int kVec = 16 / int(sizeof(T));
   const int per_row = p.headdim / kVec;
   const int n = p.seqlen_new * per_row;
+  const SlotRows<kPaged> rows(p, b);
   for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
     const int i = idx / per_row, c = (idx % per_row) * kVec;
     const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h + i * p.kn_stride_s + c;
     const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_stride_b + hkv * p.vn_stride_h + i * p.vn_stride_s + c;
-    T* kc = static_cast<T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h + int64_t(cached + i) * p.k_stride_l + c;
-    T* vc = static_cast<T*>(p.v_cache) + b * p.v_stride_b + hkv * p.v_stride_h + int64_t(cached + i) * p.v_stride_l + c;
+    int64_t k_off, v_off;
+    rows.at(p, cached + i, k_off, v_off);
+    T* kc = static_cast<T*>(p.k_cache) + cache_base<kPaged>(b, p.k_stride_b) + hkv * p.k_stride_h + k_off + c;
+    T* vc = static_cast<T*>(p.v_cache) + cache_base<kPaged>(b, p.v_stride_b) + hkv * p.v_stride_h + v_off + c;
     *reinterpret_cast<uint4*>(kc) = *reinterpret_cast<const uint4*>(kn);
     *reinterpret_cast<uint4*>(vc) = *reinterpret_cast<const uint4*>(vn);
   }
@@ -288,7 +348,7 @@ __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o,
 
 }  // namespace decode
 
-template <typename T, int HD, int R, bool kDeep, int NT>
+template <typename T, int HD, int R, bool kDeep, int NT, bool kPaged>
 __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   using G = DecodeGeometry<T, HD, NT>;
   using Tile = DecodeTile<T, HD, R, kDeep, NT>;
@@ -318,8 +378,9 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   const int e0 = tx * EPT;              // this thread's first element of a row
   const bool lane_on = e0 < p.headdim;  // headdim % 8 == 0: a slice is all in or all out
   const int sn = p.seqlen_new;
-  const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h + e0;
-  const T* vc = static_cast<const T*>(p.v_cache) + b * p.v_stride_b + hkv * p.v_stride_h + e0;
+  const T* kc = static_cast<const T*>(p.k_cache) + decode::cache_base<kPaged>(b, p.k_stride_b) + hkv * p.k_stride_h + e0;
+  const T* vc = static_cast<const T*>(p.v_cache) + decode::cache_base<kPaged>(b, p.v_stride_b) + hkv * p.v_stride_h + e0;
+  const decode::SlotRows<kPaged> slot_rows(p, b);
   const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h + e0;
   const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_stride_b + hkv * p.vn_stride_h + e0;
   auto word = [&](int stage, int kv, int u, int w) {
@@ -335,9 +396,10 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     if (jt + TILE <= min(cached, ke)) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int64_t j = jt + u * NY + ty;
-        const T* ks = kc + j * p.k_stride_l;
-        const T* vs = vc + j * p.v_stride_l;
+        int64_t k_off, v_off;
+        slot_rows.at(p, jt + u * NY + ty, k_off, v_off);
+        const T* ks = kc + k_off;
+        const T* vs = vc + v_off;
 #pragma unroll
         for (int w = 0; w < kWords; ++w) {
           cp_async16(word(stage, 0, u, w), ks + w * (16 / int(sizeof(T))), lane_on);
@@ -350,10 +412,12 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     for (int u = 0; u < U; ++u) {
       const int j = jt + u * NY + ty;
       const bool on = lane_on && j < ke;
+      int64_t k_off = 0, v_off = 0;
+      if (on && j < cached) slot_rows.at(p, j, k_off, v_off);
       const T* ks = !on ? static_cast<const T*>(p.k_cache)
-                        : j < cached ? kc + int64_t(j) * p.k_stride_l : kn + (j - cached) * p.kn_stride_s;
+                        : j < cached ? kc + k_off : kn + (j - cached) * p.kn_stride_s;
       const T* vs = !on ? static_cast<const T*>(p.v_cache)
-                        : j < cached ? vc + int64_t(j) * p.v_stride_l : vn + (j - cached) * p.vn_stride_s;
+                        : j < cached ? vc + v_off : vn + (j - cached) * p.vn_stride_s;
 #pragma unroll
       for (int w = 0; w < kWords; ++w) {
         cp_async16(word(stage, 0, u, w), ks + w * (16 / int(sizeof(T))), on);
@@ -362,7 +426,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     }
   };
 
-  decode::prefetch_cache<T>(p, b, hkv, split, TILE);
+  decode::prefetch_cache<T, kPaged>(p, b, hkv, split, TILE);
   // Launched programmatically (pdl.cuh): q, k_new / v_new and the lengths may be the previous
   // kernel's outputs. The combine kernel (or the next op's kernel) may launch from here on.
   wait_for_primary();
@@ -387,7 +451,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     }
   }
 
-  if (!decode::lengths_ok(p, b, cached, end, start)) {
+  if (!decode::lengths_ok(p, b, cached, end, start) || !decode::pages_ok<kPaged>(p, b, start, end)) {
     decode::write_nan_rows<T, R>(p, chunk, b, hkv, split);
     return;
   }
@@ -398,7 +462,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     if (t < n_tiles) issue(t);
     cp_async_commit();
   }
-  if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T>(p, b, hkv, cached);
+  if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T, kPaged>(p, b, hkv, cached);
 
   int lim[R];  // first slot row r cannot see
 #pragma unroll
@@ -554,7 +618,7 @@ struct DecodeMmaGeometry {
 };
 
 
-template <typename T, int HD>
+template <typename T, int HD, bool kPaged>
 __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using M = DecodeMmaGeometry<T, HD>;
@@ -572,7 +636,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   const int chunk = blockIdx.x % p.row_chunks;
   const int bh = blockIdx.x / p.row_chunks;
   const int hkv = bh % p.nheads_kv, b = bh / p.nheads_kv;
-  decode::prefetch_cache<T>(p, b, hkv, split, TILE);
+  decode::prefetch_cache<T, kPaged>(p, b, hkv, split, TILE);
   wait_for_primary();
   launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -592,7 +656,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   }
 
   int cached, end, start;
-  if (!decode::lengths_ok(p, b, cached, end, start)) {
+  if (!decode::lengths_ok(p, b, cached, end, start) || !decode::pages_ok<kPaged>(p, b, start, end)) {
     decode::write_nan_rows<T, R>(p, chunk, b, hkv, split);
     return;
   }
@@ -600,8 +664,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   decode::split_range(p, start, end, split, TILE, kb, ke);
   const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
 
-  const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h;
-  const T* vc = static_cast<const T*>(p.v_cache) + b * p.v_stride_b + hkv * p.v_stride_h;
+  const T* kc = static_cast<const T*>(p.k_cache) + decode::cache_base<kPaged>(b, p.k_stride_b) + hkv * p.k_stride_h;
+  const T* vc = static_cast<const T*>(p.v_cache) + decode::cache_base<kPaged>(b, p.v_stride_b) + hkv * p.v_stride_h;
+  const decode::SlotRows<kPaged> slot_rows(p, b);
   const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h;
   const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_stride_b + hkv * p.vn_stride_h;
   // Each thread copies one fixed 16-byte column chunk c of rows r0, r0 + RS, ...; a tile wholly
@@ -621,11 +686,15 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
       const T* ksrc = static_cast<const T*>(p.k_cache);
       const T* vsrc = static_cast<const T*>(p.v_cache);
       if (fast) {
-        ksrc = kc + int64_t(j) * p.k_stride_l + c * kVec;
-        vsrc = vc + int64_t(j) * p.v_stride_l + c * kVec;
+        int64_t k_off, v_off;
+        slot_rows.at(p, j, k_off, v_off);
+        ksrc = kc + k_off + c * kVec;
+        vsrc = vc + v_off + c * kVec;
       } else if (on) {
-        ksrc = (j < cached ? kc + int64_t(j) * p.k_stride_l : kn + (j - cached) * p.kn_stride_s) + c * kVec;
-        vsrc = (j < cached ? vc + int64_t(j) * p.v_stride_l : vn + (j - cached) * p.vn_stride_s) + c * kVec;
+        int64_t k_off = 0, v_off = 0;
+        if (j < cached) slot_rows.at(p, j, k_off, v_off);
+        ksrc = (j < cached ? kc + k_off : kn + (j - cached) * p.kn_stride_s) + c * kVec;
+        vsrc = (j < cached ? vc + v_off : vn + (j - cached) * p.vn_stride_s) + c * kVec;
       }
       cp_async16(reinterpret_cast<uint4*>(ks + swizzled<HD>(row, c)), ksrc, on);
       cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(row, c)), vsrc, on);
@@ -636,7 +705,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
     if (t < n_tiles) issue(t);
     cp_async_commit();
   }
-  if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T>(p, b, hkv, cached);
+  if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T, kPaged>(p, b, hkv, cached);
   __syncthreads();  // Q in shared memory
 
   uint32_t qa[HD / 16][4];  // A fragments of Q, one per 16 columns
@@ -775,7 +844,11 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
   const int b = int(row / (int64_t(p.seqlen_new) * p.nheads_q));
   T* out = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s;
   int cached, end, start;
-  if (!decode::lengths_ok(p, b, cached, end, start)) {
+  // A paged cache's entries checked as the attention blocks did (a uniform branch: the contiguous
+  // cache's combine skips it).
+  const bool ok = decode::lengths_ok(p, b, cached, end, start) &&
+                  (p.block_table == nullptr || decode::pages_ok<true>(p, b, start, end));
+  if (!ok) {
     for (int e = threadIdx.x; e < p.headdim; e += blockDim.x) out[e] = from_float<T>(decode::quiet_nan());
     return;
   }
@@ -820,19 +893,21 @@ void launch_attention_kernel(const DecodeParams& params, Kernel kernel, int smem
                    stream, p);
 }
 
-template <typename T, int HD, int R>
+template <typename T, int HD, int R, bool kPaged>
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
-  // The deep and wide builds (one row per block) where decode_attention_heuristics.h takes them.
-  constexpr bool kHasDeep = kDecodeDeep && R == 1;
+  // The deep and wide builds (one row per block) where decode_attention_heuristics.h takes them; the
+  // paged cache has the 128-thread build only (the deep and wide builds were chosen on the contiguous
+  // cache's GPT-2 step; one build keeps the paged units as small as the contiguous ones' main build).
+  constexpr bool kHasDeep = kDecodeDeep && R == 1 && !kPaged;
   using Deep = DecodeTile<T, HD, R, true>;
   const int64_t split_slots = (int64_t(p.max_len) + p.num_splits - 1) / p.num_splits;
   const bool deep =
       kHasDeep && decode_deep(p.batch, pdl_early(p.batch), split_slots, int64_t(Deep::STAGES) * Deep::TILE);
-  constexpr int kWide = R == 1 ? kDecodeWideThreads : kDecodeThreads;
+  constexpr int kWide = R == 1 && !kPaged ? kDecodeWideThreads : kDecodeThreads;
   const bool wide = kWide != kDecodeThreads && !deep && decode_wide(p.batch);
-  const auto kernel = wide   ? decode_kernel<T, HD, R, false, kWide>
-                      : deep ? decode_kernel<T, HD, R, kHasDeep, kDecodeThreads>
-                             : decode_kernel<T, HD, R, false, kDecodeThreads>;
+  const auto kernel = wide   ? decode_kernel<T, HD, R, false, kWide, kPaged>
+                      : deep ? decode_kernel<T, HD, R, kHasDeep, kDecodeThreads, kPaged>
+                             : decode_kernel<T, HD, R, false, kDecodeThreads, kPaged>;
   if (p.cluster && p.num_splits > 8) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
@@ -847,25 +922,26 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
 template <typename T, int HD, int R>
 bool decode_cluster_capable() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, decode_kernel<T, HD, R, false, kDecodeThreads>) == cudaSuccess &&
+  return cudaFuncGetAttributes(&attr, decode_kernel<T, HD, R, false, kDecodeThreads, false>) == cudaSuccess &&
          attr.binaryVersion >= 90;
 }
 
-template <typename T, int HD>
+template <typename T, int HD, bool kPaged>
 void launch_decode_mma(const DecodeParams& p, cudaStream_t stream) {
   using M = DecodeMmaGeometry<T, HD>;
+  const auto kernel = decode_mma_kernel<T, HD, kPaged>;
   const int smem = M::kSmemBytes + (p.cluster ? decode::kPushBytes<16, HD> : 0);
-  cudaFuncSetAttribute(decode_mma_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (p.cluster && p.num_splits > 8) {
-    cudaFuncSetAttribute(decode_mma_kernel<T, HD>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
-  launch_attention_kernel(p, decode_mma_kernel<T, HD>, smem, stream);
+  launch_attention_kernel(p, kernel, smem, stream);
 }
 
 template <typename T, int HD>
 int decode_mma_arch() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, decode_mma_kernel<T, HD>) == cudaSuccess ? attr.binaryVersion : 0;
+  return cudaFuncGetAttributes(&attr, decode_mma_kernel<T, HD, false>) == cudaSuccess ? attr.binaryVersion : 0;
 }
 
 template <typename T>

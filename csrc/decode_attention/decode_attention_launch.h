@@ -14,7 +14,8 @@ namespace fused_attn {
 
 struct DecodeParams {
   // Strides are in elements; every last dim is contiguous. q, k_new, v_new, out:
-  // [batch, heads, seqlen_new, headdim]; caches: [batch, nheads_kv, max_len, headdim].
+  // [batch, heads, seqlen_new, headdim]; caches: [batch, nheads_kv, max_len, headdim], or page pools
+  // [num_pages, nheads_kv, page_size, headdim] with block_table (k_stride_b / v_stride_b: the page stride).
   const void* q;
   int64_t q_stride_b, q_stride_h, q_stride_s;
   void* k_cache;
@@ -31,6 +32,11 @@ struct DecodeParams {
   const int* leftpad;  // [batch] first valid slot, or nullptr (0)
   const bool* key_mask;  // [batch or 1, max_len], True = attend, or nullptr
   int64_t key_mask_stride_b;  // 0 when broadcast over the batch
+  // Paged cache, or nullptr (contiguous): [batch, table_stride_b] pages; slot s of sequence b is row
+  // s & (2^page_shift - 1) of page block_table[b * table_stride_b + (s >> page_shift)], in [0, num_pages).
+  const int* block_table;
+  int64_t table_stride_b;
+  int page_shift, num_pages;
   int batch, nheads_q, nheads_kv, seqlen_new, headdim, max_len;
   int group;       // nheads_q / nheads_kv
   int rows;        // group * seqlen_new: the query rows that read one kv head
@@ -52,7 +58,7 @@ struct DecodeParams {
   float* partial_lse;
 };
 
-// Tile geometry of decode_kernel<T, HD, R, kDeep, NT>: each thread owns EPT consecutive elements of a
+// Tile geometry of decode_kernel<T, HD, R, kDeep, NT, kPaged>: each thread owns EPT consecutive elements of a
 // key row (16-byte loads, at least HD / 32 so a key's row fits one warp), TX threads share a key,
 // NY keys are in flight per step per block of NT threads, U steps unrolled per loop iteration.
 constexpr int kDecodeThreads = 128;
@@ -87,8 +93,9 @@ struct DecodeTile {
 };
 
 // Defined in decode_attention_kernel.cuh, instantiated in decode_attention_inst_*.cu
-// (generate_instantiations.py). HD: padded head dim (32, 64, 128, 256); R: query rows per block.
-template <typename T, int HD, int R>
+// (generate_instantiations.py). HD: padded head dim (32, 64, 128, 256); R: query rows per block;
+// kPaged: the page-pool cache (p.block_table), instantiated in the *_paged units.
+template <typename T, int HD, int R, bool kPaged>
 void launch_decode(const DecodeParams& p, cudaStream_t stream);
 // programmatic: launch it as a programmatic dependent of the attention kernel (sm_90: its launch
 // overlaps the attention's tail; it waits for the partials in the kernel). Only where
@@ -100,11 +107,11 @@ int decode_combine_arch();
 // The tensor-core kernel: float16 / bfloat16, HD 64 or 128, 16 query rows per block (row_chunks
 // counted in 16s). decode_mma_arch: the SM version it was compiled for (0 if none: mma.sync
 // needs sm_80; the cluster merge, sm_90).
-template <typename T, int HD>
+template <typename T, int HD, bool kPaged>
 void launch_decode_mma(const DecodeParams& p, cudaStream_t stream);
 template <typename T, int HD>
 int decode_mma_arch();
-// Whether decode_kernel<T, HD, R, false, kDecodeThreads> was compiled for sm_90 or later (the cluster
+// Whether decode_kernel<T, HD, R, false, kDecodeThreads, false> was compiled for sm_90 or later (the cluster
 // merge's code is there).
 template <typename T, int HD, int R>
 bool decode_cluster_capable();

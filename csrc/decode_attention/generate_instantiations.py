@@ -1,12 +1,13 @@
-"""Write the decode_attention instantiation units: one .cu per (dtype, padded head dim), plus the
-combine kernel per dtype.
+"""Write the decode_attention instantiation units: one .cu per (dtype, padded head dim, cache layout:
+contiguous or paged), plus the combine kernel per dtype.
 
     python csrc/decode_attention/generate_instantiations.py          # rewrite the files
     python csrc/decode_attention/generate_instantiations.py --check  # exit 1 if a file is missing or stale
 
 Each (dtype, head dim) unit instantiates launch_decode for the four rows-per-block classes
-(1, 2, 4, 8), and for float16 / bfloat16 at head dims 64 and 128 the tensor-core kernel, so ninja
-compiles the 52 kernels as 12 units side by side. The files are
+(1, 2, 4, 8), and for float16 / bfloat16 at head dims 64 and 128 the tensor-core kernel, for the
+contiguous cache (kPaged false) and, in the *_paged units, the page-pool cache (kPaged true; the
+128-thread build only), so ninja compiles them as 24 units side by side. The files are
 committed; the build does not run this script (tests/test_build.py checks they are current).
 """
 
@@ -28,12 +29,16 @@ def units() -> dict[str, str]:
     out = {}
     for dt, T in DTYPES.items():
         for hd in HEADDIMS:
-            decls = "".join(f"template void launch_decode<{T}, {hd}, {r}>(const DecodeParams&, cudaStream_t);\n"
-                            f"template bool decode_cluster_capable<{T}, {hd}, {r}>();\n" for r in ROWS)
-            if dt != "fp32" and hd in MMA_HEADDIMS:
-                decls += (f"template void launch_decode_mma<{T}, {hd}>(const DecodeParams&, cudaStream_t);\n"
-                          f"template int decode_mma_arch<{T}, {hd}>();\n")
-            out[f"decode_attention_inst_{dt}_hd{hd}.cu"] = HEADER + decls + "}  // namespace fused_attn\n"
+            for paged, suffix in ((False, ""), (True, "_paged")):
+                flag = str(paged).lower()
+                decls = "".join(
+                    f"template void launch_decode<{T}, {hd}, {r}, {flag}>(const DecodeParams&, cudaStream_t);\n"
+                    + ("" if paged else f"template bool decode_cluster_capable<{T}, {hd}, {r}>();\n") for r in ROWS)
+                if dt != "fp32" and hd in MMA_HEADDIMS:
+                    decls += f"template void launch_decode_mma<{T}, {hd}, {flag}>(const DecodeParams&, cudaStream_t);\n"
+                    if not paged:
+                        decls += f"template int decode_mma_arch<{T}, {hd}>();\n"
+                out[f"decode_attention_inst_{dt}_hd{hd}{suffix}.cu"] = HEADER + decls + "}  // namespace fused_attn\n"
         out[f"decode_attention_inst_{dt}_combine.cu"] = (
             HEADER + f"template void launch_decode_combine<{T}>(const DecodeParams&, bool, cudaStream_t);\n"
             f"template int decode_combine_arch<{T}>();\n"
