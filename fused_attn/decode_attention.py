@@ -345,6 +345,18 @@ def decode_attention(
     ``torch.compile(fullgraph=True)`` and CUDA-graph capture. No gradient: raises when an input
     requires grad (``fused_attn.reference.decode_attention`` is differentiable).
     """
+    if (out is None and not torch.compiler.is_compiling() and _ops.direct is not None
+            and (cache_seqlens is None or type(cache_seqlens) is torch.Tensor)
+            and (cache_leftpad is None or type(cache_leftpad) is torch.Tensor)
+            and (num_splits is None or type(num_splits) is int) and (scale is None or type(scale) is float)
+            and (validate is False or (validate is None and os.environ.get(VALIDATE_ENV, "") != "1"))):
+        try:  # the direct path (fused_attn._ops.direct): None where the dispatcher must run the op
+            y = _ops.direct.decode_attention(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad,
+                                             key_mask, scale, 0 if num_splits is None else num_splits, block_table)
+        except (TypeError, ValueError):
+            y = None  # bad input (or a layout the path below copies): the path below
+        if y is not None:
+            return y
     # q first: the lengths are checked against q's batch size, which only a 4-dim q has.
     _check_tensor(q, "q", "[batch, nheads_q, seqlen_new, headdim]")
     seqlens_t, seqlens_host = _as_lengths(cache_seqlens, "cache_seqlens", q)

@@ -1,6 +1,7 @@
 """A bad-input row for each argument of each public op (type, dtype, device, shape, stride, range), on
-the CPU path and on meta tensors (the fake kernels torch.compile traces, which stand in for CUDA
-tensors: their dtype rules are CUDA's); each message pinned: "<argument> must <requirement>, got
+the CPU path, on meta tensors (the fake kernels torch.compile traces, which stand in for CUDA
+tensors: their dtype rules are CUDA's) and on CUDA tensors (GPU: the direct path declines or raises, and
+the wrapper's checks give the message); each message pinned: "<argument> must <requirement>, got
 <actual>". The CUDA launchers' own checks are pinned by the GPU-marked tests of each op's file."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from fused_attn import (attention, decode_attention, layer_norm, linear, mlp, qkv_decode_attention, rms_norm, sample,
                         scaled_masked_softmax, scaled_masked_softmax_backward)
 
-OTHER = {"cpu": "meta", "meta": "cpu"}
+OTHER = {"cpu": "meta", "meta": "cpu", "cuda:0": "cpu"}
 W = 64  # layer_norm's smallest width on CUDA (and so on meta)
 
 
@@ -363,8 +364,12 @@ ROWS = [  # (id, call(device), exception, message(device)): the message is match
 ]
 
 
-@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("device", ["cpu", "meta", pytest.param("cuda:0", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("name, call, exc, message", ROWS, ids=[r[0] for r in ROWS])
 def test_bad_argument_is_named(device, name, call, exc, message):
+    if device.startswith("cuda"):  # loaded: the wrappers try the direct path first (fused_attn._ops.direct)
+        import fused_attn
+
+        fused_attn.load()
     with pytest.raises(exc, match="^" + re.escape(message(device))):
         call(device)

@@ -31,6 +31,11 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              bool causal, c10::string_view mode, bool return_lse);
 at::Tensor sample(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
                   const std::optional<at::Tensor>& offsets, int64_t top_k);
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& k_new,
+                            const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cache_leftpad,
+                            const std::optional<at::Tensor>& key_mask, std::optional<double> scale, int64_t num_splits,
+                            const std::optional<at::Tensor>& block_table);
 at::Tensor qkv_decode_attention(const at::Tensor& x, const at::Tensor& w_qkv, const std::optional<at::Tensor>& b_qkv,
                                 const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                 const std::optional<at::Tensor>& cache_leftpad, double eps, double scale);

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "../common/checks.h"
+#include "../common/ops.h"
 #include "../common/static_switch.h"
 #include "decode_attention_heuristics.h"
 #include "decode_attention_launch.h"

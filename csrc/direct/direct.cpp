@@ -14,7 +14,7 @@
 // - no dispatch mode, torch function mode or dispatch key is pushed on this thread (a mode must see
 //   the op), beyond the ADInplaceOrView key autograd keeps included outside inference mode.
 // torch.compile never gets here: the wrappers test torch.compiler.is_compiling() first.
-// Ops that write into an argument (the caches of qkv_decode_attention) bump its version counter, as
+// Ops that write into an argument (the caches of decode_attention's append and qkv_decode_attention) bump its version counter, as
 // the dispatcher's ADInplaceOrView kernel does for a schema's mutable arguments.
 #include <ATen/ATen.h>
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -164,6 +164,24 @@ py::object direct_qkv_decode_attention(py::handle x, py::handle w_qkv, py::handl
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
+py::object direct_decode_attention(py::handle q, py::handle k_cache, py::handle v_cache, py::handle cache_seqlens,
+                                   py::handle k_new, py::handle v_new, py::handle cache_leftpad, py::handle key_mask,
+                                   std::optional<double> scale, int64_t num_splits, py::handle block_table) {
+  HANDLE_TH_ERRORS
+  Args a;
+  at::Tensor q_ = a.tensor(q), kc = a.tensor(k_cache), vc = a.tensor(v_cache);
+  auto lens = a.optional(cache_seqlens), kn = a.optional(k_new), vn = a.optional(v_new),
+       lp = a.optional(cache_leftpad), km = a.optional(key_mask), bt = a.optional(block_table);
+  if (!a.ok) return py::none();
+  at::Tensor out = decode_attention(q_, kc, vc, lens, kn, vn, lp, km, scale, num_splits, bt);
+  if (kn.has_value()) {  // the append wrote the caches
+    kc.unsafeGetTensorImpl()->bump_version();
+    vc.unsafeGetTensorImpl()->bump_version();
+  }
+  return wrap(std::move(out));
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
 }  // namespace
 
 }  // namespace fused_attn
@@ -180,5 +198,6 @@ PYBIND11_MODULE(fused_attn_C, m) {
   m.def("scaled_masked_softmax", &direct_scaled_masked_softmax);
   m.def("attention", &direct_attention);
   m.def("sample", &direct_sample);
+  m.def("decode_attention", &direct_decode_attention);
   m.def("qkv_decode_attention", &direct_qkv_decode_attention);
 }
