@@ -18,6 +18,7 @@
 // the dispatcher's ADInplaceOrView kernel does for a schema's mutable arguments.
 #include <ATen/ATen.h>
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/Exceptions.h>
@@ -47,7 +48,7 @@ bool modes_off() {
 // take (then the values are not used).
 struct Args {
   bool ok = modes_off();
-  const bool grad = at::GradMode::is_enabled();
+  const bool grad = c10::GradMode::is_enabled();
 
   at::Tensor tensor(py::handle h) {
     if (!ok || !THPVariable_CheckExact(h.ptr())) {
