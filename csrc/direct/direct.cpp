@@ -12,7 +12,8 @@
 //   autocast's only (no functorch, functionalization, fake, meta, conjugate or nested tensor);
 // - none requires grad while grad mode is on (the backward is registered with the dispatcher);
 // - no dispatch mode, torch function mode or dispatch key is pushed on this thread (a mode must see
-//   the op), beyond the ADInplaceOrView key autograd keeps included outside inference mode.
+//   the op), beyond the two keys a thread always includes: BackendSelect, and ADInplaceOrView outside
+//   inference mode.
 // torch.compile never gets here: the wrappers test torch.compiler.is_compiling() first.
 // Ops that write into an argument (the caches of decode_attention's append and qkv_decode_attention) bump its version counter, as
 // the dispatcher's ADInplaceOrView kernel does for a schema's mutable arguments.
@@ -40,7 +41,8 @@ namespace py = pybind11;
 
 bool modes_off() {
   const c10::impl::LocalDispatchKeySet tls = c10::impl::tls_local_dispatch_key_set();
-  return (tls.included_ - c10::DispatchKeySet(c10::DispatchKey::ADInplaceOrView)).empty() &&
+  const c10::DispatchKeySet always({c10::DispatchKey::BackendSelect, c10::DispatchKey::ADInplaceOrView});
+  return (tls.included_ - always).empty() &&
          c10::impl::TorchDispatchModeTLS::stack_len() == 0 && !at::impl::torch_function_mode_enabled();
 }
 
