@@ -564,7 +564,7 @@ def test_key_padding_mask_on_flash_matches_sdpa_gpu(monkeypatch, dtype):
     GQA heads), no softmax kernel; against F.scaled_dot_product_attention with the 4-D mask (its rows
     that see no key set to zero: ours are zeros) our error is at most twice SDPA's."""
     gen = torch.Generator().manual_seed(13)
-    q, k, v, key_pad, full = key_padding_case("cuda", dtype, gen, sq=77, headdim=64)
+    q, k, v, key_pad, full = key_padding_case("cuda", dtype, gen, sq=77, headdim=64, pads=(0, 5, 77))
     calls = spy_prompt_paths(monkeypatch)
     got = fhf.fused_attention_forward(_Attn().eval(), q, k, v, key_pad, scaling=0.3)[0]
     assert [c[0] for c in calls] == ["attention"], calls

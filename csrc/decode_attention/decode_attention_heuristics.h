@@ -40,6 +40,14 @@ constexpr int decode_splits(int64_t work, int max_len, int sms, bool cluster_ok)
   return int(std::clamp<int64_t>(splits, 1, kMaxSplits));
 }
 
+// The L2 prefetch a block issues before its PDL wait (decode_attention_kernel.cuh, prefetch_cache): at most
+// the first kDecodePrefetchMaxSlots cached slots of its split. The prefetch overlaps the first loads' DRAM
+// round trip with the previous kernel; a whole split of a long cache (Llama B1 MHA 32k: 256 blocks of 4096
+// slots, 512 MB of K and V against a 50 MB L2) is evicted before the block reads it and then read twice.
+// 128 slots: 64 KB of K and V a block at head dim 128 in fp16, ~17 MB for two blocks an SM. GPT-2's steps
+// (splits of at most ~200 slots) are unchanged by the bound.
+constexpr int kDecodePrefetchMaxSlots = 128;
+
 // The deep build of the CUDA-core kernel (48 KB of K and V a block in flight instead of 32: DecodeTile's
 // kDeep), for one query row per block at batch <= kDecodeDeepMaxBatch where the launch triggers its
 // dependent early (pdl.cuh) and a split's share of the cache's slots fits in the deep pipeline (STAGES x

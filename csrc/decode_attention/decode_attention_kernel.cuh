@@ -161,7 +161,8 @@ __device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int
   int cached, end, start, kb, ke;
   if (!lengths_ok(p, b, cached, end, start, /*before_wait=*/true)) return;
   split_range(p, start, end, split, tile, kb, ke);
-  const int hi = min(ke, cached);  // slots from `cached` on are this step's appends (k_new / v_new)
+  // Slots from `cached` on are this step's appends (k_new / v_new); the bound: decode_attention_heuristics.h.
+  const int hi = min(min(ke, cached), kb + kDecodePrefetchMaxSlots);
   const int lines = (p.headdim * int(sizeof(T)) + 127) / 128, per_line = 128 / int(sizeof(T));
   const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h;
   const T* vc = static_cast<const T*>(p.v_cache) + b * p.v_stride_b + hkv * p.v_stride_h;
