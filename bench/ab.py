@@ -94,6 +94,12 @@ _VARIANTS = [
                   "constexpr int kDecodePrefetchMaxSlots = 1 << 30;"),),
             "every cached slot of a block's split prefetched into L2 before the PDL wait (the bound's alternative)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'fused- and b1-hq32 and float16'"),
+    Variant("decode-wide-long-caches",
+            (Edit(DECODE_H, "constexpr int64_t kDecodeWideMaxLen = 2048;",
+                  f"constexpr int64_t kDecodeWideMaxLen = {NEVER};"),),
+            "the 256-thread build at batch >= 16 whatever the cache's length: Llama MHA B16 D128 8k / 32k keys 84.9% / "
+            "93.5% of copy bandwidth against the 128-thread build's 102.6% / 104.6% (fp16, H200)",
+            "python3 -m pytest bench/bench_decode_attention.py --full -k 'fused- and b16-hq32 and float16'"),
     Variant("decode-wide-from-8", (Edit(DECODE_H, WIDE, "constexpr int64_t kDecodeWideMinBatch = 8;"),),
             "the 256-thread build from batch 8: GPT-2's B8 step +2..+3 us (H100)",
             "python3 -m bench.time_decode_graph --batches 8,16"),

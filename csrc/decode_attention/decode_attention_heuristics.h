@@ -71,7 +71,13 @@ constexpr bool decode_deep(int64_t batch, bool pdl_early, int64_t split_slots, i
 // chain at ~8 cycles an instruction. GPT-2's fp16 step, bench.time_decode_graph, wide against 128 threads:
 // H100 batch 16 -4..-7 us, batch 8 +2..+3, batch 16 at a 512-token prompt even; H200 in a settled process
 // batch 16 -3.3 us at a 128-token prompt, -4.0 at 512. Batch 8 keeps the 128-thread build.
+// Caches longer than kDecodeWideMaxLen slots keep it too: at Llama's MHA shape, batch 16, D128, fp16 (H200,
+// bench_decode_attention, one run), the wide build read 84.9% / 93.5% of copy bandwidth at 8k / 32k keys,
+// the 128-thread build (the paged provider, which only has that build) 102.6% / 104.6%, cuDNN 103.1% / 105.6%.
 constexpr int64_t kDecodeWideMinBatch = 16;
-constexpr bool decode_wide(int64_t batch) { return batch >= kDecodeWideMinBatch; }
+constexpr int64_t kDecodeWideMaxLen = 2048;
+constexpr bool decode_wide(int64_t batch, int64_t max_len) {
+  return batch >= kDecodeWideMinBatch && max_len <= kDecodeWideMaxLen;
+}
 
 }  // namespace fused_attn

@@ -905,7 +905,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   const bool deep =
       kHasDeep && decode_deep(p.batch, pdl_early(p.batch), split_slots, int64_t(Deep::STAGES) * Deep::TILE);
   constexpr int kWide = R == 1 && !kPaged ? kDecodeWideThreads : kDecodeThreads;
-  const bool wide = kWide != kDecodeThreads && !deep && decode_wide(p.batch);
+  const bool wide = kWide != kDecodeThreads && !deep && decode_wide(p.batch, p.max_len);
   const auto kernel = wide   ? decode_kernel<T, HD, R, false, kWide, kPaged>
                       : deep ? decode_kernel<T, HD, R, kHasDeep, kDecodeThreads, kPaged>
                              : decode_kernel<T, HD, R, false, kDecodeThreads, kPaged>;
