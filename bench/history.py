@@ -33,7 +33,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.report import KERNEL_METRICS, MODEL_METRICS, _file_error, case_params, function_name, load_run, load_runs
+from bench.report import KERNEL_METRICS, MODEL_METRICS, _file_error, function_name, load_run, load_runs
 
 KEYS = ["commit", "gpu", "run", "source", "op", "case", "provider"]
 STABLE_MACHINE_KEYS = ("system", "machine", "python_implementation", "python_version")
@@ -204,25 +204,21 @@ def split_run(run: dict) -> dict[str, dict]:
             for part, benches in parts.items()}
 
 
-def family(bench: dict) -> tuple:
-    """A case family: its suite part, and its batch size where it has one (GPT-2's B1 and B16 runs are
-    kept apart: a B16-only run does not replace the newest B1 numbers)."""
-    return part_name(bench), case_params(bench).get("batch")
-
-
 def prune(folder: Path) -> list[Path]:
-    """Delete each stored file that is not the newest of any case family it holds; returns the deleted files.
-    Their rows are in history.csv, their bytes in git history."""
+    """Delete each stored file whose every case a newer stored file holds; returns the deleted files. A file
+    with a case no newer run measured stays whole (a run of some shapes of a suite part, the long-context
+    decode cases say, leaves the part's other shapes where they were). The deleted files' rows are in
+    history.csv, their bytes in git history."""
     runs = sorted(((r.get("datetime", ""), p, r) for p in folder.glob("*.json") for r in [load_run(p)]),
                   key=lambda t: t[0], reverse=True)
     seen: set = set()
     gone = []
     for _, path, run in runs:
-        families = {family(b) for b in run["benchmarks"]}
-        if families <= seen:
+        cases = {b["fullname"] for b in run["benchmarks"]}
+        if cases <= seen:
             path.unlink()
             gone.append(path)
-        seen |= families
+        seen |= cases
     return gone
 
 

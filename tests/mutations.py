@@ -52,6 +52,7 @@ T_GPT2_ARGS = "tests/test_gpt2_args.py"
 T_HF_ARGS = "tests/test_hf_args.py"
 T_GENERATE_ARGS = "tests/test_generate_args.py"
 T_BAD = "tests/test_bad_inputs.py"
+T_DIRECT = "tests/test_direct.py"
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,15 @@ MUTATIONS: list[Mutation] = [
              "causal, mask = True, key_pad[:, None, None, :]", "causal, mask = False, key_pad[:, None, None, :]",
              _t(f"{T_HF}::test_key_padding_mask_equals_its_4d_mask_cpu"),
              why="the 2-D mask read as key padding alone: every prompt token sees the tokens after it"),
+    Mutation("direct-path-never-taken", "fused_attn/layer_norm.py",
+             "if not torch.compiler.is_compiling() and _ops.direct is not None and type(eps) is float:",
+             "if False and _ops.direct is not None and type(eps) is float:",
+             _t(f"{T_DIRECT}::test_direct_path_is_taken_and_equals_the_dispatcher_path"), gpu=True,
+             why="eager layer_norm calls pay the dispatcher's Python autograd kernel again: right values, 2x the host time"),
+    Mutation("direct-path-ignores-requires-grad", "csrc/direct/direct.cpp",
+             "(grad && t.requires_grad())", "(false && t.requires_grad())",
+             _t(f"{T_DIRECT}::test_an_input_that_requires_grad_goes_through_autograd"), gpu=True,
+             why="an input that requires grad runs without the dispatcher: the output has no grad_fn, the gradient is lost"),
     Mutation("hf-prompts-never-on-flash", "fused_attn/hf.py",
              'if (query.device.type == "cuda" and (mask is None', 'if (False and (mask is None',
              _t(f"{T_HF}::test_half_precision_prompts_take_the_flash_path_gpu"), gpu=True,

@@ -169,3 +169,28 @@ def test_the_benchmark_command_without_a_gpu_says_so_and_saves_or_compares_nothi
     assert "Comparing against" not in r.stdout and "Saved benchmark" not in r.stdout + r.stderr
     assert list(cpu_storage.iterdir()) == [earlier]
     assert subprocess.run(status, cwd=ROOT, capture_output=True, text=True).stdout == before
+
+
+def test_an_older_file_with_a_case_no_newer_run_measured_stays(tmp_path):
+    """A newer run of some of a part's cases (the long-context decode shapes, say) leaves the older file
+    that holds the others; a file whose every case a newer run holds goes."""
+    run = load_run(sorted(GPU_FOLDERS[0].glob("*.json"))[-1])
+    assert len(run["benchmarks"]) >= 2
+    gpu = run["machine_info"]["fused_attn"]["gpu_name"]
+    full = run | {"datetime": "2026-01-01T00:00:00+00:00", "stored_from": "full.json"}
+    some = run | {"datetime": "2026-02-01T10:30:00+00:00", "stored_from": "some.json",
+                  "benchmarks": run["benchmarks"][:1]}
+    files = []
+    for i, r in enumerate((full, some)):
+        f = tmp_path / f"run{i}.json"
+        f.write_text(json.dumps({k: v for k, v in r.items() if k != "_path"}))
+        files.append(f)
+    history.store(files[:1], tmp_path / "results", "")
+    _, _, gone = history.store(files[1:], tmp_path / "results", "")
+    folder = tmp_path / "results" / history.gpu_folder(gpu)
+    assert not gone and len(list(folder.iterdir())) == 2
+    everything = run | {"datetime": "2026-03-01T10:30:00+00:00", "stored_from": "all.json"}
+    f = tmp_path / "run2.json"
+    f.write_text(json.dumps({k: v for k, v in everything.items() if k != "_path"}))
+    _, _, gone = history.store([f], tmp_path / "results", "")
+    assert len(gone) == 2 and len(list(folder.iterdir())) == 1
