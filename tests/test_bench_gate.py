@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import gate
 from bench.gate import main
 
 DATA = Path(__file__).parent / "data"
@@ -87,3 +88,11 @@ def test_gate_rejects_a_file_that_is_not_a_benchmark_run(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main([str(bad)])
     assert exc.value.code == 2 and "bad.json must be a pytest-benchmark JSON file" in capsys.readouterr().err
+
+
+def test_cases_on_the_host_clock_are_host_bound():
+    host = {"extra_info": {"op": "layer_norm", "clock": "host clock around back-to-back calls, no sync inside a round"}}
+    device = {"extra_info": {"op": "layer_norm", "p50_us": 4.6}}
+    assert gate.is_host_bound(host) and gate.is_host_bound({"extra_info": {"backend": "hf-eager"}})
+    assert not gate.is_host_bound(device) and not gate.is_host_bound({"extra_info": {"backend": "graph-fused"}})
+
