@@ -1,0 +1,205 @@
+"""The measured model a GPT-2 decode megakernel is predicted from (~1 min on an H200):
+
+    python -m dev.probe_megakernel_model [--iters 20000] [--slab-mb 2]
+
+A persistent kernel whose blocks run streams of instructions (one instruction = one tile of one op), with
+dependencies through per-tile counters in global memory, is bounded by three things this probe measures:
+
+- hop: the one-way latency of a counter hand-off between two SMs (producer st.release.gpu, consumer spinning
+  on ld.acquire.gpu), from a ping-pong of two blocks (their SM ids printed);
+- stream: the global -> shared bandwidth of every SM copying its slab with cp.async (the weight prefetch),
+  alone and with one warp a block spinning on an acquire load meanwhile (the consumer waiting on a counter);
+- loop: the cost an instruction of an empty persistent loop (one block an SM, fetch the next instruction
+  index, publish its counter), independent instructions and a fully serial chain (each waits for the one
+  before, on another SM: the hop inside a persistent kernel).
+
+Then the model: a token's step at batch B is at least max(weights + K/V at the stream bandwidth, dependent
+hops x (hop + the shortest phase)), with GPT-2 small's 124 M fp16 parameters (249 MB), K/V of a 192-token
+cache and ~60 dependent phases a token (12 layers x 5: LayerNorm+QKV, attention, projection, LayerNorm+FC,
+projection; plus embedding, final norm, lm_head, sample). Nothing is written into the checkout (load_inline
+builds under torch's extension cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+from torch.utils.cpp_extension import load_inline
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+
+__device__ __forceinline__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ int smid() {
+  int s;
+  asm volatile("mov.u32 %0, %smid;" : "=r"(s));
+  return s;
+}
+__device__ __forceinline__ void store_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Two blocks of one thread: block 0 publishes i, block 1 answers i; out: [total ns, smid 0, smid 1].
+__global__ void pingpong(int* flags, int iters, long long* out) {
+  int* ping = flags;
+  int* pong = flags + 32;  // another 128-byte line
+  if (blockIdx.x == 0) {
+    const unsigned long long t0 = now_ns();
+    for (int i = 1; i <= iters; ++i) {
+      store_release(ping, i);
+      while (load_acquire(pong) != i) {}
+    }
+    out[0] = (long long)(now_ns() - t0);
+    out[1] = smid();
+  } else {
+    for (int i = 1; i <= iters; ++i) {
+      while (load_acquire(ping) != i) {}
+      store_release(pong, i);
+    }
+    out[2] = smid();
+  }
+}
+
+// Every block copies its slab (slab_bytes) into a 2 x 16 KB shared ring with cp.async, 256 threads;
+// with spin, warp 0 instead spins on an acquire load of flag until the other warps are done.
+__global__ void __launch_bounds__(256) stream(const uint4* src, long long slab_bytes, int spin, int* flag) {
+  __shared__ __align__(16) uint4 ring[2][1024];
+  const long long n = slab_bytes / 16;
+  const uint4* s = src + blockIdx.x * n;
+  const int warp = threadIdx.x / 32;
+  const int first = spin ? 32 : 0, threads = 256 - first;
+  if (spin && warp == 0) {
+    while (load_acquire(flag + blockIdx.x * 32) == 0) {}
+    return;
+  }
+  const int t = threadIdx.x - first;
+  int stage = 0;
+  for (long long base = 0; base < n; base += 1024, stage ^= 1) {
+    for (int k = t; k < 1024 && base + k < n; k += threads) {
+      const unsigned dst = (unsigned)__cvta_generic_to_shared(&ring[stage][k]);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(s + base + k) : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  if (spin) {
+    asm volatile("bar.sync 1, %0;" ::"r"(threads));
+    if (t == 0) store_release(flag + blockIdx.x * 32, 1);
+  }
+}
+
+// One block an SM runs instructions blockIdx.x, blockIdx.x + grid, ...; with chain, instruction i first waits
+// for done[i - 1] (published by another block), then publishes done[i].
+__global__ void loop(int* done, int n_instr, int chain) {
+  for (int i = blockIdx.x; i < n_instr; i += gridDim.x) {
+    if (threadIdx.x == 0 && chain && i > 0) {
+      while (load_acquire(done + i - 1) == 0) {}
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) store_release(done + i, 1);
+  }
+}
+
+std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
+  const cudaStream_t stream_ = at::cuda::getCurrentCUDAStream();
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  auto i32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kInt32);
+  std::vector<double> r;
+  // hop
+  auto flags = torch::zeros({64}, i32);
+  auto out = torch::zeros({3}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kInt64));
+  pingpong<<<2, 1, 0, stream_>>>(flags.data_ptr<int>(), iters, reinterpret_cast<long long*>(out.data_ptr<int64_t>()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  auto o = out.cpu();
+  r.push_back(double(o[0].item<int64_t>()) / (2.0 * iters));
+  r.push_back(double(o[1].item<int64_t>()));
+  r.push_back(double(o[2].item<int64_t>()));
+  // stream, without and with a spinning warp
+  auto src = torch::empty({(long long)sms * slab_bytes / 4}, i32);
+  cudaEvent_t a, b;
+  C10_CUDA_CHECK(cudaEventCreate(&a));
+  C10_CUDA_CHECK(cudaEventCreate(&b));
+  for (int spin = 0; spin < 2; ++spin) {
+    auto flag = torch::zeros({sms * 32}, i32);
+    stream<<<sms, 256, 0, stream_>>>(reinterpret_cast<const uint4*>(src.data_ptr<int>()), slab_bytes, spin,
+                                    flag.data_ptr<int>());  // warm-up
+    flag.zero_();
+    C10_CUDA_CHECK(cudaEventRecord(a, stream_));
+    stream<<<sms, 256, 0, stream_>>>(reinterpret_cast<const uint4*>(src.data_ptr<int>()), slab_bytes, spin,
+                                    flag.data_ptr<int>());
+    C10_CUDA_CHECK(cudaEventRecord(b, stream_));
+    C10_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0.f;
+    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    r.push_back(double(sms) * slab_bytes / (ms * 1e-3) / 1e9);  // GB/s, all SMs
+  }
+  // loop, independent and chained
+  for (int chain = 0; chain < 2; ++chain) {
+    auto done = torch::zeros({n_instr}, i32);
+    C10_CUDA_CHECK(cudaEventRecord(a, stream_));
+    loop<<<sms, 128, 0, stream_>>>(done.data_ptr<int>(), n_instr, chain);
+    C10_CUDA_CHECK(cudaEventRecord(b, stream_));
+    C10_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0.f;
+    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    r.push_back(double(ms) * 1e6 / n_instr);  // ns an instruction
+  }
+  C10_CUDA_CHECK(cudaEventDestroy(a));
+  C10_CUDA_CHECK(cudaEventDestroy(b));
+  return r;
+}
+"""
+
+GPT2_WEIGHT_BYTES = 124_439_808 * 2  # GPT-2 small, fp16 (lm_head tied to wte: read once)
+GPT2_LAYERS, GPT2_WIDTH = 12, 768
+PHASES_A_TOKEN = GPT2_LAYERS * 5 + 4
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iters", type=int, default=20000, help="ping-pong round trips")
+    ap.add_argument("--slab-mb", type=float, default=2.0, help="MB each SM copies in the stream measurement")
+    ap.add_argument("--instructions", type=int, default=132 * 400, help="instructions of the persistent loop")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--cache", type=int, default=192, help="cached tokens of the modeled step (prompt 128 + 64)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (sm_90)")
+    mod = load_inline("probe_megakernel_model", cpp_sources="std::vector<double> run(int, long long, int);",
+                      cuda_sources=SOURCE, functions=["run"],
+                      extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
+    rows = [mod.run(args.iters, int(args.slab_mb * 2**20) // 4096 * 4096, args.instructions)
+            for _ in range(args.repeats)]
+    med = [statistics.median(r[i] for r in rows) for i in range(len(rows[0]))]
+    hop_ns, sm0, sm1, bw, bw_spin, loop_ns, chain_ns = med
+    print(f"{torch.cuda.get_device_name()}, median of {args.repeats}")
+    print(f"hop (one way, SM {int(sm0)} <-> SM {int(sm1)}): {hop_ns:.0f} ns")
+    print(f"stream global -> shared, every SM: {bw:.0f} GB/s; with a warp a block spinning: {bw_spin:.0f} GB/s")
+    print(f"persistent loop: {loop_ns:.1f} ns an independent instruction, {chain_ns:.0f} ns a chained one")
+    print(f"model (GPT-2 small fp16, {PHASES_A_TOKEN} dependent phases a token, a {args.cache}-token cache):")
+    for batch in (1, 16, 64):
+        kv = GPT2_LAYERS * 2 * batch * args.cache * GPT2_WIDTH * 2
+        bytes_us = (GPT2_WEIGHT_BYTES + kv) / (bw_spin * 1e3)
+        hops_us = PHASES_A_TOKEN * chain_ns / 1e3
+        print(f"  batch {batch:>2}: bytes {bytes_us:.1f} us, hops {hops_us:.1f} us -> at least "
+              f"{max(bytes_us, hops_us) / 1e3:.3f} ms/token (overlapped), {(bytes_us + hops_us) / 1e3:.3f} if not")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
