@@ -59,7 +59,8 @@ HEADLINE = {
     "bench_mlp": r".*-gpt2-m16-float16",
     "bench_sample": r"[^-]+-r16-v50257-t1-float16",
     "bench_layer": r".*-gpt2-s1024-float16",
-    "bench_gpt2": r"(graph-fused|compile-graph|hf-eager)-b(1|16)-p128-float16",
+    # hf-sdpa / hf-fused: transformers' decode with our attention against SDPA (time between tokens)
+    "bench_gpt2": r"(graph-fused|compile-graph|hf-eager|hf-sdpa|hf-fused)-b(1|16)-p128-float16",
     "bench_hf_prefill": r"hf-(eager|sdpa|fused)-b(1|8)-p(128|960)-float16",
     "bench_host": r".*",  # every op's host time beside its PyTorch equivalent (~30 s)
 }
