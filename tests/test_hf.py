@@ -459,13 +459,16 @@ def test_mask_builder_does_not_read_the_padding_while_tracing():
     assert got is not None and tuple(got.shape) == (2, 7)
 
 
-def test_mask_builder_needs_a_query_offset_of_zero():
-    """An int q_offset other than 0 (transformers 5.x) is not a prefill from an empty cache."""
-    if not mask_builders_take_offsets():
-        pytest.skip("transformers 4.57 passes cache_position, whose values fused_attn_mask does not read")
+def test_mask_builder_needs_a_prefill_from_an_empty_cache():
+    """Queries that do not start at key 0 are not a prefill from an empty cache: sdpa_mask's answer. On
+    transformers 5.x an int q_offset other than 0; on 4.57, which passes cache_position (whose values the
+    builder does not read: a host read would synchronize), fewer queries than keys (a prompt after a cache)."""
     from transformers.masking_utils import sdpa_mask
 
-    kw = mask_kwargs(2, 5, 5, padding(2, 5, (0, 2)), q_offset=3)
+    if mask_builders_take_offsets():
+        kw = mask_kwargs(2, 5, 5, padding(2, 5, (0, 2)), q_offset=3)
+    else:
+        kw = mask_kwargs(2, 5, 8, padding(2, 8, (0, 2)), q_offset=3)
     got = fhf.fused_attn_mask(**kw)
     assert got is not None and got.dim() == 4 and torch.equal(got, sdpa_mask(**kw))
 
