@@ -2,9 +2,9 @@
 
 A user who calls our ops outside a CUDA graph (Hugging Face ``generate``, a training loop, a notebook)
 pays the host time of every call; at small shapes that, not the kernel, is the call's time. Each case
-times ``CALLS`` back-to-back calls on the host clock (pytest-benchmark's default timer, ``time.perf_counter``) with no sync inside a round:
-the GPU work of a call is shorter than its host time here, so the launch queue never fills and the
-clock measures the host. Grad mode is on and no input requires grad (a notebook's default state).
+times ``CALLS`` back-to-back calls on the host clock (pytest-benchmark's default timer,
+``time.perf_counter``) with no sync inside a round: the GPU work of a call is shorter than its host time
+here, so the launch queue never fills and the clock measures the host. Grad mode is on and no input requires grad (a notebook's default state).
 
 Providers, side by side in one group per op (same process, same inputs):
   torch       the PyTorch equivalent (below, per op)

@@ -15,8 +15,8 @@
 //   the op), beyond the two keys a thread always includes: BackendSelect, and ADInplaceOrView outside
 //   inference mode.
 // torch.compile never gets here: the wrappers test torch.compiler.is_compiling() first.
-// Ops that write into an argument (the caches of decode_attention's append and qkv_decode_attention) bump its version counter, as
-// the dispatcher's ADInplaceOrView kernel does for a schema's mutable arguments.
+// Ops that write into an argument (the caches of decode_attention's append and qkv_decode_attention) bump
+// its version counter, as the dispatcher's ADInplaceOrView kernel does for a schema's mutable arguments.
 #include <ATen/ATen.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/GradMode.h>
