@@ -124,7 +124,7 @@ def bench_host(benchmark, case, medians):
     sync()
     benchmark.pedantic(fn, rounds=rounds, iterations=n, warmup_rounds=1)
     sync()
-    host_us = 1e6 * benchmark.stats.stats.median
+    host_us = 1e6 * benchmark.stats.stats.median if benchmark.stats else float("nan")  # nan: --benchmark-disable
     medians[(op, provider)] = host_us
     info = dict(op=op, provider=provider, host_us=round(host_us, 2), calls_per_round=n,
                 device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
