@@ -17,9 +17,10 @@ weight-bandwidth floor (every parameter read once at the measured copy bandwidth
 and ``pct_of_weight_floor`` (floor / TBT p50); the step-bytes floor, which adds the K / V cache a step must read
 (``kv_bytes_per_step``: every row's own keys, padding excluded, averaged over the decode steps;
 ``step_floor_ms``, ``pct_of_step_floor``: at batch 16 the cache is a third of a step's bytes), speedup vs
-hf-eager in the same run (for hf-fused: against hf-eager rounds interleaved with its own,
---bench-gpt2-paired-rounds of each, since the two differ by less than the drift between
-cases; 5 rounds left one of four cases at 0.98x on host jitter, 12 settled all four). Each round is one whole
+hf-eager in the same run; hf-fused against hf-sdpa, the drop-in it replaces, from hf-sdpa rounds interleaved
+with its own (--bench-gpt2-paired-rounds of each: both are host-bound and differ by less than the drift between
+cases; 5 rounds left one of four cases at 0.98x on host jitter, 12 settled all four; extra_info
+``interleaved`` holds the peer's figures, ``tbt_p50_vs_hf_sdpa`` the ratio of time between tokens). Each round is one whole
 generate(); the first call of each case (graph capture, compilation) is a warm-up outside
 the rounds. GPU only.
 
@@ -50,6 +51,8 @@ SAMPLING = dict(temperature=0.8, top_k=50)
 # How bench.report names these cases (the columns and rows come from the saved extra_info).
 REPORT_LABELS = {"bench_gpt2": dict(title="GPT-2 end to end", order=tuple(BACKENDS))}
 CLOCK_VS_WALL_PCT = 1.0
+# The backend timed against rounds of its peer interleaved with its own, and that peer.
+PAIRED = ("hf-fused", "hf-sdpa")
 
 
 def prompt_lengths(batch: int, prompt: int) -> list[int]:
@@ -145,14 +148,14 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
         torch._dynamo.reset()
     run_backend(c["backend"], hf_model, ids, mask, NEW_TOKENS, dtype, device, cache=cache, **sampling)  # warm-up
     results, paired = [], []
-    paired_case = c["backend"] == "hf-fused"
+    paired_case = c["backend"] == PAIRED[0]
     rounds = request.config.getoption("--bench-gpt2-paired-rounds" if paired_case else "--bench-gpt2-rounds")
     run = lambda backend: run_backend(backend, hf_model, ids, mask, NEW_TOKENS, dtype, device, cache=cache,  # noqa: E731
                                       **sampling)
-    # hf-fused and hf-eager are both host-bound (~6 ms of Python per token) and drift between
+    # hf-fused and hf-sdpa are both host-bound (transformers' Python a token) and drift between
     # cases by more than their difference, so hf-fused's comparison interleaves them: an
-    # untimed hf-eager generate (pedantic's setup) before every timed hf-fused one.
-    setup = (lambda: paired.append(run("hf-eager"))) if paired_case else None
+    # untimed hf-sdpa generate (pedantic's setup) before every timed hf-fused one.
+    setup = (lambda: paired.append(run(PAIRED[1]))) if paired_case else None
     benchmark.pedantic(lambda: results.append(run(c["backend"])), setup=setup, rounds=rounds, iterations=1)
     if not results:
         return
@@ -185,11 +188,11 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
     if c["backend"] == "hf-eager" and not c["sample"]:
         hf_eager_tokens[benchmark.group] = results[0].tokens
     if paired:
-        eager = stats(paired)
-        info["interleaved_hf_eager"] = eager
-        info["speedup_vs_hf_eager"] = round(tps / eager["tokens_per_s"], 3)
-        info["tbt_p50_vs_hf_eager"] = round(eager["tbt_p50_ms"] / info["tbt_p50_ms"], 3)
-    elif (benchmark.group, "hf-eager") in medians:
+        peer, key = stats(paired), PAIRED[1].replace("-", "_")
+        info["interleaved_peer"], info["interleaved"] = PAIRED[1], peer
+        info[f"speedup_vs_{key}"] = round(tps / peer["tokens_per_s"], 3)
+        info[f"tbt_p50_vs_{key}"] = round(peer["tbt_p50_ms"] / info["tbt_p50_ms"], 3)
+    if (benchmark.group, "hf-eager") in medians:
         info["speedup_vs_hf_eager"] = round(tps / medians[(benchmark.group, "hf-eager")], 3)
     if (benchmark.group, "compile-graph") in medians and c["backend"] != "compile-graph":
         info["speedup_vs_compile_graph"] = round(tps / medians[(benchmark.group, "compile-graph")], 3)

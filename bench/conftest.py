@@ -40,7 +40,7 @@ def pytest_addoption(parser):
                 help="comma list of batch sizes for bench_gpt2 (default 1,16; 1,4,16,64 with --full)")
     g.addoption("--bench-gpt2-rounds", type=int, default=5, help="whole generate() calls per GPT-2 case")
     g.addoption("--bench-gpt2-paired-rounds", type=int, default=12,
-                help="hf-fused rounds, each after an interleaved hf-eager round (their difference is small)")
+                help="hf-fused rounds, each after an interleaved hf-sdpa round (their difference is small)")
 
 
 # The headline cases, what `pytest bench` runs on a GPU without --full (in about 10 minutes on an H200):

@@ -81,10 +81,21 @@ def run_rows(run: dict, note: str = "") -> list[dict]:
         row = base | dict(op=function_name(b).removeprefix("bench_"), case=b.get("group") or b["name"], provider=who)
         row |= {k: v for k, v in e.items() if k in FIGURES or k.startswith(PATTERNS)}
         rows.append(row)
-        if isinstance(e.get("interleaved_hf_eager"), dict):
+        peer, figures = interleaved(e)
+        if figures is not None:
             rows.append(row | {k: None for k in row if k in FIGURES or k.startswith(PATTERNS)}
-                        | dict(provider=f"hf-eager (interleaved with {who})") | e["interleaved_hf_eager"])
+                        | dict(provider=f"{peer} (interleaved with {who})") | figures)
     return rows
+
+
+def interleaved(extra_info: dict) -> tuple[str | None, dict | None]:
+    """The peer a case was timed against in interleaved rounds and its figures (None, None if none):
+    ``interleaved_peer`` + ``interleaved``, or the older runs' ``interleaved_hf_eager``."""
+    if isinstance(extra_info.get("interleaved"), dict):
+        return extra_info.get("interleaved_peer", "peer"), extra_info["interleaved"]
+    if isinstance(extra_info.get("interleaved_hf_eager"), dict):
+        return "hf-eager", extra_info["interleaved_hf_eager"]
+    return None, None
 
 
 AB_CELL = re.compile(r"([\d.]+) \(\s*([\d.]+)%?(?:/\s*([\d.]+)%)?\)(?: \[[^\]]*\])?")

@@ -286,9 +286,10 @@ def model_lines(runs: list[dict], markdown: bool) -> list[str]:
             header, source = run_header(run), Path(run["_path"]).name
             tokens = sorted({str(r["new_tokens"]) for r in rows if "new_tokens" in r})
             per_seq = f"; {'/'.join(tokens)} new tokens per sequence" if tokens else ""
-            paired = sorted({r[fam.who] for r in rows if "interleaved_hf_eager" in r})
-            note = ([f"x hf-eager of {', '.join(paired)}: against hf-eager rounds interleaved with its own (the two "
-                     "differ by less than the drift between cases)"] if paired else [])
+            paired = sorted({(r.get("interleaved_peer", "hf-eager"), r[fam.who]) for r in rows
+                             if "interleaved" in r or "interleaved_hf_eager" in r})
+            note = [f"x {peer} of {who}: against {peer} rounds interleaved with its own (the two differ by less "
+                    "than the drift between cases)" for peer, who in paired]
             clocks = sorted({r["clock"] for r in rows if "clock" in r})
             if clocks:
                 worst = max(r.get("max_clock_vs_wall_pct", 0.0) for r in rows)

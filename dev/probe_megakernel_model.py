@@ -9,6 +9,8 @@ dependencies through per-tile counters in global memory, is bounded by three thi
   on ld.acquire.gpu), from a ping-pong of two blocks (their SM ids printed);
 - stream: the global -> shared bandwidth of every SM copying its slab with cp.async (the weight prefetch),
   alone and with one warp a block spinning on an acquire load meanwhile (the consumer waiting on a counter);
+- phase: an all-to-all dependency through one counter (every block waits for all blocks' previous phase: a
+  GEMV needs its whole input vector), the hop a phase of a megakernel pays when its work is nothing;
 - loop: the cost an instruction of an empty persistent loop (one block an SM, fetch the next instruction
   index, publish its counter), independent instructions and a fully serial chain (each waits for the one
   before, on another SM: the hop inside a persistent kernel).
@@ -115,6 +117,21 @@ __global__ void loop(int* done, int n_instr, int chain) {
   }
 }
 
+// Every block runs phases 0, 1, ...: phase p waits until all blocks have finished phase p - 1 (count[p - 1]
+// == gridDim.x: a GEMV needs its whole input vector), then adds itself to count[p]. Time a phase: the hop of
+// an all-to-all dependency through one counter, what a megakernel's phase costs when its work is nothing.
+__global__ void phases(int* count, int n_phases) {
+  for (int p = 0; p < n_phases; ++p) {
+    if (threadIdx.x == 0) {
+      if (p > 0) {
+        while (load_acquire(count + (p - 1) * 32) < (int)gridDim.x) {}
+      }
+      asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count + p * 32) : "memory");
+    }
+    __syncthreads();
+  }
+}
+
 std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
   const cudaStream_t stream_ = at::cuda::getCurrentCUDAStream();
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
@@ -159,6 +176,18 @@ std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
     C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     r.push_back(double(ms) * 1e6 / n_instr);  // ns an instruction
   }
+  // all-to-all phases through one counter each
+  {
+    const int n_phases = 2000;
+    auto count = torch::zeros({n_phases * 32}, i32);
+    C10_CUDA_CHECK(cudaEventRecord(a, stream_));
+    phases<<<sms, 128, 0, stream_>>>(count.data_ptr<int>(), n_phases);
+    C10_CUDA_CHECK(cudaEventRecord(b, stream_));
+    C10_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0.f;
+    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    r.push_back(double(ms) * 1e6 / n_phases);  // ns a phase
+  }
   C10_CUDA_CHECK(cudaEventDestroy(a));
   C10_CUDA_CHECK(cudaEventDestroy(b));
   return r;
@@ -186,16 +215,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = [mod.run(args.iters, int(args.slab_mb * 2**20) // 4096 * 4096, args.instructions)
             for _ in range(args.repeats)]
     med = [statistics.median(r[i] for r in rows) for i in range(len(rows[0]))]
-    hop_ns, sm0, sm1, bw, bw_spin, loop_ns, chain_ns = med
+    hop_ns, sm0, sm1, bw, bw_spin, loop_ns, chain_ns, phase_ns = med
     print(f"{torch.cuda.get_device_name()}, median of {args.repeats}")
     print(f"hop (one way, SM {int(sm0)} <-> SM {int(sm1)}): {hop_ns:.0f} ns")
     print(f"stream global -> shared, every SM: {bw:.0f} GB/s; with a warp a block spinning: {bw_spin:.0f} GB/s")
     print(f"persistent loop: {loop_ns:.1f} ns an independent instruction, {chain_ns:.0f} ns a chained one")
+    print(f"all-to-all phase through one counter ({torch.cuda.get_device_properties(0).multi_processor_count} "
+          f"blocks): {phase_ns:.0f} ns a phase")
     print(f"model (GPT-2 small fp16, {PHASES_A_TOKEN} dependent phases a token, a {args.cache}-token cache):")
     for batch in (1, 16, 64):
         kv = GPT2_LAYERS * 2 * batch * args.cache * GPT2_WIDTH * 2
         bytes_us = (GPT2_WEIGHT_BYTES + kv) / (bw_spin * 1e3)
-        hops_us = PHASES_A_TOKEN * chain_ns / 1e3
+        hops_us = PHASES_A_TOKEN * max(chain_ns, phase_ns) / 1e3
         print(f"  batch {batch:>2}: bytes {bytes_us:.1f} us, hops {hops_us:.1f} us -> at least "
               f"{max(bytes_us, hops_us) / 1e3:.3f} ms/token (overlapped), {(bytes_us + hops_us) / 1e3:.3f} if not")
     return 0

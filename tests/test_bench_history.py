@@ -66,6 +66,13 @@ def test_model_columns_join_the_table_in_one_order(tmp_path):
     assert "tokens_match_hf_eager" in cols
     paired = [r for r in rows if r["provider"] == "hf-eager (interleaved with hf-fused)"]
     assert len(paired) == 1 and paired[0]["tokens_per_s"] == "140.0" and paired[0]["tbt_p50_ms"] == ""
+    fused["extra_info"] |= dict(interleaved_peer="hf-sdpa", interleaved=dict(tokens_per_s=150.0))
+    del fused["extra_info"]["interleaved_hf_eager"]
+    table = tmp_path / "history_sdpa.csv"
+    gpt2.write_text(json.dumps(data))
+    history.main(["add", str(gpt2), "--csv", str(table)])
+    paired = [r for r in _read(table)[1] if r["provider"] == "hf-sdpa (interleaved with hf-fused)"]
+    assert len(paired) == 1 and paired[0]["tokens_per_s"] == "150.0"
     graph = next(r for r in rows if r["provider"] == "graph" and r["case"] == "gpt2 b1 p128 float16")
     assert graph["op"] == "gpt2" and graph["p50_us"] == "" and graph["tokens_match_hf_eager"] == "yes"
 

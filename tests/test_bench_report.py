@@ -194,6 +194,13 @@ def test_gpt2_interleaved_comparison_is_named(tmp_path):
     run.write_text(json.dumps(data))
     report.main([str(run), "--out", str(tmp_path / "paired")])
     assert "x hf-eager of hf-fused: against hf-eager rounds interleaved" in (tmp_path / "paired" / "gpt2.txt").read_text()
+    for b in data["benchmarks"]:
+        if b["extra_info"]["backend"] == "hf-fused":
+            del b["extra_info"]["interleaved_hf_eager"]
+            b["extra_info"] |= dict(interleaved_peer="hf-sdpa", interleaved={"tokens_per_s": 1.0})
+    run.write_text(json.dumps(data))
+    report.main([str(run), "--out", str(tmp_path / "sdpa")])
+    assert "x hf-sdpa of hf-fused: against hf-sdpa rounds interleaved" in (tmp_path / "sdpa" / "gpt2.txt").read_text()
 
 
 def test_backward_cases_get_their_own_tables(tmp_path):
