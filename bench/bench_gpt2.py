@@ -263,6 +263,11 @@ def bench_hf_prefill(benchmark, hf_prefill_case, hf_prefill_models, medians):
 
     first = first_token()
     torch.cuda.synchronize()
+    # From an allocator with no cached free blocks: a cached block reused whole counts its unsplit remainder
+    # (up to 1 MB) as allocated, so without this the peak depends on which providers ran before. The tensors
+    # alive at the peak are the same for sdpa, eager and fused_attn (dev/probe_hf_peak_memory.py, H200, B8 p960:
+    # 1017.4 MB each, logits 736 MB and the cache 270 MB), while max_memory_allocated differed by 1-2 MB.
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     first_token()
