@@ -1,0 +1,502 @@
+// GPT-2's whole decode step in one persistent launch: the embedding, every block (LayerNorm, c_attn with
+// the key / value append, attention over the cache, c_proj + residual, LayerNorm, c_fc + GELU, c_proj +
+// residual), the final LayerNorm and the lm_head's logits, for 1-4 sequences, float16 / bfloat16.
+//
+// The bound it is built to reach: a step reads every weight once (249 MB for GPT-2 small in float16, 60 us
+// at an H200's 4.1 TB/s), and its ~50 dependent phases cost ~0.83 us each as a hand-off between SMs
+// (dev/probe_megakernel_model.py, H200: an all-to-all counter phase of 132 blocks); chained launches
+// cost 2-3 us a hand-off. So: one block an SM, each phase's weights cut into one tile a block, and
+//   - dependencies through counters in global memory (a phase's finished tiles; a consumer's thread 0
+//     spins on an acquire load until the phase it reads is complete), never a grid barrier;
+//   - one warp a block streaming the block's tiles, in the order it will use them, into a ring of
+//     shared-memory slots with bulk copies (cp.async.bulk + mbarrier), independent of the counters: the
+//     weights of the next phases land while the block waits for the current one's input;
+//   - LayerNorms recomputed by every block that needs them (a row of C elements from L2), so a norm is
+//     not a phase of its own; residual adds in the epilogue of the projection that owns the rows.
+// The counters are reset by the launch's last block; the launch is cooperative (every block resident).
+// Test: tests/test_gpt2_decode_step.py; bench: bench/bench_gpt2.py (backend graph-fused).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../common/math.cuh"
+#include "../common/mbarrier.cuh"
+#include "../common/vec_dtypes.cuh"
+#include "gpt2_decode_step_launch.h"
+
+namespace fused_attn {
+namespace gpt2_step {
+
+constexpr int kWarps = kStepConsumers / 32;
+constexpr int kCounterStride = 32;  // unsigned ints: one 128-byte line a counter
+constexpr int kPhases = 5;          // counters a layer: c_attn, attention, c_proj, c_fc, the MLP's c_proj
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void add_release(unsigned* p) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+// The consumers' barrier (the copy warp does not take part).
+__device__ __forceinline__ void consumers_sync() { named_barrier_sync(1, kStepConsumers); }
+
+__device__ __forceinline__ unsigned* counter(const StepParams& p, int layer, int phase) {
+  return p.counters + (1 + layer * kPhases + phase) * kCounterStride;
+}
+
+// Thread 0 waits until the counter reaches n (it only grows during a launch), then every consumer may read
+// what the n tiles wrote (acquire by thread 0, then the barrier); reads of other blocks' data go through
+// L2 (__ldcg), never a stale L1 line.
+__device__ __forceinline__ void wait_for(const unsigned* c, unsigned n) {
+  if (threadIdx.x == 0) {
+    while (load_acquire(c) < n) {
+    }
+  }
+  consumers_sync();
+}
+__device__ __forceinline__ void signal(unsigned* c) {
+  consumers_sync();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    add_release(c);
+  }
+}
+
+// Block-wide sum of the consumers (red: kWarps floats of shared memory); every consumer gets it.
+__device__ __forceinline__ float consumers_sum(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  consumers_sync();
+  if (lane == 0) red[warp] = v;
+  consumers_sync();
+  float s = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) s += red[w];
+  return s;
+}
+__device__ __forceinline__ float consumers_max(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  consumers_sync();
+  if (lane == 0) red[warp] = v;
+  consumers_sync();
+  float m = red[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w]);
+  return m;
+}
+
+template <typename T>
+__device__ __forceinline__ float ld_f(const T* p) {
+  return to_float(__ldcg(p));
+}
+
+// The rows of x [batch, C] (global, or the embedding at layer 0), LayerNorm'd with (g, b), into act
+// [batch, C] in T, as F.layer_norm rounds its output. At layer 0 (emb) x is wte[token] + wpe[pos],
+// rounded to T (transformers' add), and block 0 writes it to the residual stream.
+template <typename T>
+__device__ void norm_rows(const StepParams& p, const T* g, const T* b, T* act, float* red, bool emb) {
+  const int C = p.width;
+  const T* x = static_cast<const T*>(p.x);
+  for (int r = 0; r < p.batch; ++r) {
+    float v[kStepMaxWidth / kStepConsumers];
+    float s = 0.f;
+    const T* wte_row = nullptr;
+    const T* wpe_row = nullptr;
+    // A token or position outside its table (a caller's bug: the sampler never writes one) reads nothing
+    // and gives the row NaN.
+    bool bad = false;
+    if (emb) {
+      const int64_t tok = p.token[r], pos = p.pos[r];
+      bad = tok < 0 || tok >= p.vocab || pos < 0 || pos >= p.n_positions;
+      wte_row = static_cast<const T*>(p.wte) + (bad ? 0 : tok) * C;
+      wpe_row = static_cast<const T*>(p.wpe) + (bad ? 0 : pos) * C;
+    }
+#pragma unroll
+    for (int i = 0; i < kStepMaxWidth / kStepConsumers; ++i) {
+      const int k = threadIdx.x + i * kStepConsumers;
+      v[i] = 0.f;
+      if (k < C) {
+        if (emb) {
+          const T e = bad ? from_float<T>(NAN) : from_float<T>(to_float(__ldg(wte_row + k)) + to_float(__ldg(wpe_row + k)));
+          v[i] = to_float(e);
+          if (blockIdx.x == 0) static_cast<T*>(p.x)[r * C + k] = e;
+        } else {
+          v[i] = ld_f(x + r * C + k);
+        }
+      }
+      s += v[i];
+    }
+    const float mean = consumers_sum(s, red) / C;
+    float q = 0.f;
+#pragma unroll
+    for (int i = 0; i < kStepMaxWidth / kStepConsumers; ++i) {
+      const int k = threadIdx.x + i * kStepConsumers;
+      if (k < C) q += (v[i] - mean) * (v[i] - mean);
+    }
+    const float rstd = rsqrtf(consumers_sum(q, red) / C + p.eps);
+#pragma unroll
+    for (int i = 0; i < kStepMaxWidth / kStepConsumers; ++i) {
+      const int k = threadIdx.x + i * kStepConsumers;
+      if (k < C) act[r * C + k] = from_float<T>((v[i] - mean) * rstd * to_float(g[k]) + to_float(b[k]));
+    }
+  }
+  consumers_sync();
+}
+
+// act [batch, K] = src [batch, K] from global (another phase's output).
+template <typename T>
+__device__ void stage_rows(const T* src, int rows, int K, T* act) {
+  const int n = rows * K / 8;
+  for (int i = threadIdx.x; i < n; i += kStepConsumers) {
+    reinterpret_cast<uint4*>(act)[i] = __ldcg(reinterpret_cast<const uint4*>(src) + i);
+  }
+  consumers_sync();
+}
+
+// The tile's dot products: w [rows, K] and act [batch, K] in shared memory; a warp a weight row (rows
+// warp, warp + 8, ...), its lanes over K in 16-byte chunks; then epi(row, acc[]) on lane 0.
+template <typename T, typename Epi>
+__device__ __forceinline__ void tile_dots(const T* w, int rows, int K, const T* act, int batch, Epi epi) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunks = K / 8;
+  for (int r = warp; r < rows; r += kWarps) {
+    float acc[kStepMaxRows];
+#pragma unroll
+    for (int b = 0; b < kStepMaxRows; ++b) acc[b] = 0.f;
+    const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(r) * K);
+    for (int c = lane; c < chunks; c += 32) {
+      const uint4 wv = wr[c];
+      const T* we = reinterpret_cast<const T*>(&wv);
+      float wf[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) wf[e] = to_float(we[e]);
+#pragma unroll
+      for (int b = 0; b < kStepMaxRows; ++b) {
+        if (b < batch) {
+          const uint4 av = reinterpret_cast<const uint4*>(act + b * K)[c];
+          const T* ae = reinterpret_cast<const T*>(&av);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[b] = fmaf(wf[e], to_float(ae[e]), acc[b]);
+        }
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kStepMaxRows; ++b) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], o);
+    }
+    if (lane == 0) epi(r, acc);
+  }
+}
+
+// The weight ring: load i goes to slot i % slots; full[s] completes when its bytes land, empty[s] when
+// the consumers are done with it.
+struct Ring {
+  unsigned char* base;
+  uint64_t* full;
+  uint64_t* empty;
+  int slots, slot_bytes;
+};
+
+// Calls f(src, bytes) for every weight copy block t makes, in the order its consumers use them.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_load(const StepParams& p, int t, F f) {
+  const int C = p.width;
+  const int K[4] = {C, C, C, 4 * C};
+  for (int l = 0; l < p.n_layer; ++l) {
+    const StepLayer& L = p.layers[l];
+    const void* w[4] = {L.w_qkv, L.w_o, L.w_fc, L.w_p};
+    const int N[4] = {3 * C, C, 4 * C, C};
+#pragma unroll
+    for (int ph = 0; ph < 4; ++ph) {
+      if (t < p.tiles[ph]) {
+        const int r0 = t * p.tile_rows[ph];
+        const int rows = min(p.tile_rows[ph], N[ph] - r0);
+        f(static_cast<const T*>(w[ph]) + int64_t(r0) * K[ph], uint32_t(rows) * K[ph] * sizeof(T));
+      }
+    }
+  }
+  const int v0 = t * p.vocab_rows, v1 = min(p.vocab, v0 + p.vocab_rows);
+  for (int r0 = v0; r0 < v1; r0 += p.chunk_rows) {
+    const int rows = min(p.chunk_rows, v1 - r0);
+    f(static_cast<const T*>(p.wte) + int64_t(r0) * C, uint32_t(rows) * C * sizeof(T));
+  }
+}
+
+// Attention of sequence b's query at head h over its cache slots leftpad .. seqlens (the new key included,
+// appended by the c_attn phase), into attn [b, h * 64 ...]. 32 keys at a time: 8 lanes a key, 16 bytes each.
+template <typename T>
+__device__ void attend(const StepParams& p, int layer, int b, int h, float* scores, float* part, float* qs,
+                       float* red) {
+  const int C = p.width, D = kStepHeadDim;
+  const int64_t head = ((int64_t(layer) * p.batch + b) * p.n_head + h) * p.max_len * D;
+  const T* kc = static_cast<const T*>(p.k_cache) + head;
+  const T* vc = static_cast<const T*>(p.v_cache) + head;
+  // Lengths outside the cache (a caller's bug) read nothing and give NaN, as decode_attention does.
+  const int slot = p.seqlens[b], start = p.leftpad[b];
+  const bool bad = slot < 0 || slot >= p.max_len || start < 0;
+  const int n = bad ? 0 : max(slot + 1 - start, 0);
+  if (threadIdx.x < D) {
+    qs[threadIdx.x] = ld_f(static_cast<const T*>(p.qkv) + int64_t(b) * 3 * C + h * D + threadIdx.x) * p.scale;
+  }
+  consumers_sync();
+  const int group = threadIdx.x / 8, sub = threadIdx.x % 8;
+  float qr[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) qr[e] = qs[sub * 8 + e];
+  float m = -INFINITY;
+  for (int j0 = 0; j0 < n; j0 += kStepConsumers / 8) {
+    const int j = j0 + group;
+    float s = 0.f;
+    if (j < n) {
+      const uint4 kv = __ldcg(reinterpret_cast<const uint4*>(kc + int64_t(start + j) * D) + sub);
+      const T* ke = reinterpret_cast<const T*>(&kv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s = fmaf(qr[e], to_float(ke[e]), s);
+    }
+    s += __shfl_xor_sync(0xffffffffu, s, 4);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    if (j < n) {
+      if (sub == 0) scores[j] = s;
+      m = fmaxf(m, s);
+    }
+  }
+  m = consumers_max(m, red);
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < n; j += kStepConsumers) {
+    const float e = __expf(scores[j] - m);
+    scores[j] = e;
+    sum += e;
+  }
+  sum = consumers_sum(sum, red);  // its barriers also publish scores
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float o0 = 0.f, o1 = 0.f;
+  for (int j = warp; j < n; j += kWarps) {
+    const float pj = scores[j];
+    const T* vr = vc + int64_t(start + j) * D + 2 * lane;
+    const unsigned raw = __ldcg(reinterpret_cast<const unsigned*>(vr));
+    const T* ve = reinterpret_cast<const T*>(&raw);
+    o0 = fmaf(pj, to_float(ve[0]), o0);
+    o1 = fmaf(pj, to_float(ve[1]), o1);
+  }
+  part[warp * D + 2 * lane] = o0;
+  part[warp * D + 2 * lane + 1] = o1;
+  consumers_sync();
+  if (threadIdx.x < D) {
+    float o = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += part[w * D + threadIdx.x];
+    o = bad ? NAN : n > 0 ? o / sum : 0.f;
+    static_cast<T*>(p.attn)[int64_t(b) * C + h * D + threadIdx.x] = from_float<T>(o);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const __grid_constant__ StepParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  Ring ring;
+  ring.base = smem;
+  ring.slots = p.slots;
+  ring.slot_bytes = p.slot_bytes;
+  unsigned char* after_ring = smem + p.slots * p.slot_bytes;
+  T* act = reinterpret_cast<T*>(after_ring);
+  ring.full = reinterpret_cast<uint64_t*>(after_ring + p.act_bytes);
+  ring.empty = ring.full + kStepMaxSlots;
+  float* red = reinterpret_cast<float*>(ring.empty + kStepMaxSlots);
+  const int t = blockIdx.x;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.slots; ++s) {
+      mbarrier_init(&ring.full[s], 1);
+      mbarrier_init(&ring.empty[s], 1);
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (threadIdx.x >= kStepConsumers) {  // the copy warp: one thread issues every copy, slots permitting
+    if (threadIdx.x == kStepConsumers) {
+      int i = 0;
+      for_each_load<T>(p, t, [&](const T* src, uint32_t bytes) {
+        const int s = i % ring.slots;
+        if (i >= ring.slots) mbarrier_wait(&ring.empty[s], ((i / ring.slots) - 1) & 1);
+        mbarrier_arrive_expect_tx(&ring.full[s], bytes);
+        bulk_load(ring.base + s * ring.slot_bytes, src, bytes, &ring.full[s]);
+        ++i;
+      });
+    }
+    return;
+  }
+
+  int i = 0;  // the next load this block's consumers take
+  auto take = [&]() -> const T* {
+    const int s = i % ring.slots;
+    mbarrier_wait(&ring.full[s], (i / ring.slots) & 1);
+    return reinterpret_cast<const T*>(ring.base + s * ring.slot_bytes);
+  };
+  auto give_back = [&]() {
+    consumers_sync();
+    if (threadIdx.x == 0) mbarrier_arrive(&ring.empty[i % ring.slots]);
+    ++i;
+  };
+
+  const int C = p.width, B = p.batch;
+  T* x = static_cast<T*>(p.x);
+  const int pairs = B * p.n_head;
+  const int pair = int(gridDim.x) - 1 - t;  // attention on the last blocks, which own the fewest tiles
+  float* scores = reinterpret_cast<float*>(act);
+  float* part = scores + p.max_len;
+  float* qs = part + kWarps * kStepHeadDim;
+
+  for (int l = 0; l < p.n_layer; ++l) {
+    const StepLayer& L = p.layers[l];
+    // c_attn over ln_1(x): queries to qkv, keys and values into the cache at slot seqlens[b].
+    if (t < p.tiles[0]) {
+      if (l > 0) wait_for(counter(p, l - 1, 4), p.tiles[3]);
+      norm_rows<T>(p, static_cast<const T*>(L.ln1_w), static_cast<const T*>(L.ln1_b), act, red, l == 0);
+      const T* w = take();
+      const int r0 = t * p.tile_rows[0];
+      const int rows = min(p.tile_rows[0], 3 * C - r0);
+      const T* bias = static_cast<const T*>(L.b_qkv);
+      tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
+        const int n = r0 + r;
+        const int part_of = n / C, within = n % C, hh = within / kStepHeadDim, d = within % kStepHeadDim;
+        for (int b = 0; b < B; ++b) {
+          const T y = from_float<T>(acc[b] + to_float(bias[n]));
+          if (part_of == 0) {
+            static_cast<T*>(p.qkv)[int64_t(b) * 3 * C + n] = y;
+          } else {
+            const int slot = p.seqlens[b];
+            if (slot >= 0 && slot < p.max_len) {
+              T* cache = static_cast<T*>(part_of == 1 ? p.k_cache : p.v_cache);
+              cache[(((int64_t(l) * B + b) * p.n_head + hh) * p.max_len + slot) * kStepHeadDim + d] = y;
+            }
+          }
+        }
+      });
+      give_back();
+      signal(counter(p, l, 0));
+    }
+    // attention: one (sequence, head) a block.
+    if (pair >= 0 && pair < pairs) {
+      wait_for(counter(p, l, 0), p.tiles[0]);
+      attend<T>(p, l, pair / p.n_head, pair % p.n_head, scores, part, qs, red);
+      signal(counter(p, l, 1));
+    }
+    // attention's c_proj, + residual.
+    if (t < p.tiles[1]) {
+      wait_for(counter(p, l, 1), pairs);
+      stage_rows<T>(static_cast<const T*>(p.attn), B, C, act);
+      const T* w = take();
+      const int r0 = t * p.tile_rows[1];
+      const int rows = min(p.tile_rows[1], C - r0);
+      const T* bias = static_cast<const T*>(L.b_o);
+      tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
+        const int n = r0 + r;
+        for (int b = 0; b < B; ++b) {
+          x[b * C + n] = from_float<T>(acc[b] + to_float(bias[n]) + ld_f(x + b * C + n));
+        }
+      });
+      give_back();
+      signal(counter(p, l, 2));
+    }
+    // c_fc over ln_2(x), GELU.
+    if (t < p.tiles[2]) {
+      wait_for(counter(p, l, 2), p.tiles[1]);
+      norm_rows<T>(p, static_cast<const T*>(L.ln2_w), static_cast<const T*>(L.ln2_b), act, red, false);
+      const T* w = take();
+      const int r0 = t * p.tile_rows[2];
+      const int rows = min(p.tile_rows[2], 4 * C - r0);
+      const T* bias = static_cast<const T*>(L.b_fc);
+      T* hidden = static_cast<T*>(p.hidden);
+      tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
+        const int n = r0 + r;
+        for (int b = 0; b < B; ++b) hidden[b * 4 * C + n] = from_float<T>(gelu_tanh(acc[b] + to_float(bias[n])));
+      });
+      give_back();
+      signal(counter(p, l, 3));
+    }
+    // the MLP's c_proj, + residual.
+    if (t < p.tiles[3]) {
+      wait_for(counter(p, l, 3), p.tiles[2]);
+      stage_rows<T>(static_cast<const T*>(p.hidden), B, 4 * C, act);
+      const T* w = take();
+      const int r0 = t * p.tile_rows[3];
+      const int rows = min(p.tile_rows[3], C - r0);
+      const T* bias = static_cast<const T*>(L.b_p);
+      tile_dots<T>(w, rows, 4 * C, act, B, [&](int r, const float* acc) {
+        const int n = r0 + r;
+        for (int b = 0; b < B; ++b) {
+          x[b * C + n] = from_float<T>(acc[b] + to_float(bias[n]) + ld_f(x + b * C + n));
+        }
+      });
+      give_back();
+      signal(counter(p, l, 4));
+    }
+  }
+  // ln_f, then this block's rows of the lm_head (tied to wte), chunk by chunk through the ring.
+  const int v0 = t * p.vocab_rows, v1 = min(p.vocab, v0 + p.vocab_rows);
+  if (v0 < v1) {
+    wait_for(counter(p, p.n_layer - 1, 4), p.tiles[3]);
+    norm_rows<T>(p, static_cast<const T*>(p.lnf_w), static_cast<const T*>(p.lnf_b), act, red, false);
+    T* logits = static_cast<T*>(p.logits);
+    for (int r0 = v0; r0 < v1; r0 += p.chunk_rows) {
+      const int rows = min(p.chunk_rows, v1 - r0);
+      const T* w = take();
+      tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
+        for (int b = 0; b < B; ++b) logits[int64_t(b) * p.vocab + r0 + r] = from_float<T>(acc[b]);
+      });
+      give_back();
+    }
+  }
+  // The last block to finish resets the counters for the next launch (every other block is past its waits).
+  consumers_sync();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned done = atomicAdd(p.counters, 1u);
+    reinterpret_cast<volatile int*>(red)[kWarps] = done == gridDim.x - 1;
+  }
+  consumers_sync();
+  if (reinterpret_cast<volatile int*>(red)[kWarps]) {
+    const int n = 1 + p.n_layer * kPhases;
+    for (int c = threadIdx.x; c < n; c += kStepConsumers) p.counters[c * kCounterStride] = 0u;
+  }
+}
+
+}  // namespace gpt2_step
+
+template <typename T>
+cudaError_t launch_gpt2_decode_step(const StepParams& p, int grid, cudaStream_t stream) {
+  auto kernel = gpt2_step::gpt2_decode_step_kernel<T>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, p.smem_bytes);
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kStepThreads);
+  cfg.dynamicSmemBytes = p.smem_bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+}  // namespace fused_attn
