@@ -43,6 +43,7 @@ T_ATTN = "tests/test_attention.py"
 T_ATTN_ARGS = "tests/test_attention_args.py"
 T_DECODE_ARGS = "tests/test_decode_attention_args.py"
 T_DECODE_PAGED = "tests/test_decode_attention_paged.py"
+T_DECODE_RAGGED = "tests/test_decode_attention_ragged.py"
 T_NORM_ARGS = "tests/test_layer_norm_args.py"
 T_LINEAR_ARGS = "tests/test_linear_args.py"
 T_SAMPLE_ARGS = "tests/test_sample_args.py"
@@ -333,6 +334,42 @@ MUTATIONS: list[Mutation] = [
              "    check_pages(table, seqlens, leftpad, q.shape[2], page_size, num_pages, k_new is not None)\n", "",
              _t(f"{T_DECODE_PAGED}::test_host_checked_pages_raise"),
              why="an out-of-range block_table entry is read as zeros instead of raising"),
+    # ------------------------------------------------------------ decode_attention's ragged batch (cu_seqlens_q)
+    Mutation("decode-ragged-cpu-row-offset-ignored", "fused_attn/decode_attention.py",
+             "        rows = slice(cu[b], cu[b + 1])\n", "        rows = slice(0, new[b])\n",
+             _t(f"{T_DECODE_RAGGED}::test_ragged_matches_definition_cpu"),
+             why="every sequence reads (and writes) the first rows of the packed q / k_new / out"),
+    Mutation("decode-ragged-cpu-offsets-unchecked", "fused_attn/decode_attention.py",
+             "    check_offsets(host, q.shape[0])\n", "",
+             _t(f"{T_DECODE_RAGGED}::test_bad_ragged_inputs_raise"),
+             why="host offsets that do not start at 0, decrease or miss total_q reach the op unchecked"),
+    Mutation("decode-ragged-cpu-append-bound-uses-max", "fused_attn/decode_attention.py",
+             "    check_lengths(seqlens, leftpad, new, max_len, k_new is not None)\n",
+             "    check_lengths(seqlens, leftpad, max(new, default=0), max_len, k_new is not None)\n",
+             _t(f"{T_DECODE_RAGGED}::test_ragged_matches_definition_cpu"),
+             why="a sequence with fewer new tokens than the longest may not fill its cache to max_len"),
+    Mutation("decode-ragged-kernel-row-offset-ignored", "csrc/decode_attention/decode_attention_kernel.cuh",
+             "return {min(n, p.seqlen_new), inside ? lo : 0, inside && n <= p.seqlen_new};",
+             "return {min(n, p.seqlen_new), 0, inside && n <= p.seqlen_new};",
+             _t(f"{T_DECODE_RAGGED}::test_ragged_matches_definition_gpu",
+                f"{T_DECODE_RAGGED}::test_rows_of_each_sequence_and_its_causal_rule"), gpu=True,
+             why="every sequence's rows are read from (and written to) the first rows of the packed tensors"),
+    Mutation("decode-ragged-kernel-causal-bound-uses-max", "csrc/decode_attention/decode_attention_kernel.cuh",
+             "lim[r] = rr < p.rows && rr % sn < nr.n ? end - nr.n + 1 + rr % sn : 0;",
+             "lim[r] = rr < p.rows && rr % sn < nr.n ? end - sn + 1 + rr % sn : 0;",
+             _t(f"{T_DECODE_RAGGED}::test_ragged_matches_definition_gpu",
+                f"{T_DECODE_RAGGED}::test_rows_of_each_sequence_and_its_causal_rule"), gpu=True,
+             why="a sequence shorter than max_seqlen_q has its causal window shifted back (CUDA-core kernel)"),
+    Mutation("decode-ragged-mma-kernel-causal-bound-uses-max", "csrc/decode_attention/decode_attention_kernel.cuh",
+             "lim[h] = rr < p.rows && rr % sn < nr.n ? end - nr.n + 1 + rr % sn : 0;",
+             "lim[h] = rr < p.rows && rr % sn < nr.n ? end - sn + 1 + rr % sn : 0;",
+             _t(f"{T_DECODE_RAGGED}::test_ragged_matches_definition_gpu"), gpu=True,
+             why="the same on the tensor-core kernel (float16 / bfloat16, head dim 64 / 128)"),
+    Mutation("decode-ragged-combine-row-offset-ignored", "csrc/decode_attention/decode_attention_kernel.cuh",
+             "T* out = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + (nr.row0 + i) * p.o_stride_s;",
+             "T* out = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s;",
+             _t(f"{T_DECODE_RAGGED}::test_ragged_matches_definition_gpu"), gpu=True,
+             why="the combine kernel (num_splits > 16, or pre-sm_90) writes every sequence into the first rows"),
     Mutation("decode-kernel-page-is-the-logical-block", "csrc/decode_attention/decode_attention_kernel.cuh",
              "const int64_t page = table[j >> shift];", "const int64_t page = j >> shift;",
              _t(f"{T_DECODE_PAGED}::test_paged_matches_definition_gpu",
@@ -593,8 +630,8 @@ MUTATIONS: list[Mutation] = [
              "xn = F.layer_norm(x.to(compute), (d,), eps=eps)", "xn = F.layer_norm(x.to(compute), (d,))",
              _t(f"{T_QKV_ARGS}::test_matches_layer_norm_linear_and_sdpa")),
     Mutation("decode-cpu-ignores-scale", "fused_attn/decode_attention.py",
-             "return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, block_table)",
-             "return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, None, block_table)",
+             "return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, block_table,\n",
+             "return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, None, block_table,\n",
              _t(f"{T_DECODE_ARGS}::test_append_leftpad_key_mask_scale_match_the_plain_definition")),
     Mutation("softmax-backward-default-scale", "fused_attn/softmax.py",
              '    ctx.scale = scale\n    ctx.causal = keyword_only_inputs["causal"]\n    ctx.mask_shape',
@@ -655,8 +692,9 @@ MUTATIONS: list[Mutation] = [
              _t(f"{T_HF_ARGS}::test_apply_to_gpt2_on_a_varied_checkpoint_matches_the_unpatched_model")),
     # ------------------------------------------------------------ a bad argument not pinned
     Mutation("decode-q-checked-after-the-lengths", "fused_attn/decode_attention.py",
-             '    _check_tensor(q, "q", "[batch, nheads_q, seqlen_new, headdim]")\n    seqlens_t, seqlens_host',
-             '    _check_is_tensor(q, "q")\n    seqlens_t, seqlens_host',
+             '    _check_tensor(q, "q", "[total_q, nheads_q, headdim]" if ragged else "[batch, nheads_q, seqlen_new, '
+             'headdim]")\n    if ragged:',
+             '    _check_is_tensor(q, "q")\n    if ragged:',
              _t(f"{T_DECODE_ARGS}::test_three_dim_q_is_named_before_the_lengths"),
              why="a 3-dim q blamed on cache_seqlens"),
     Mutation("decode-key-mask-batch-unchecked", "fused_attn/decode_attention.py",
