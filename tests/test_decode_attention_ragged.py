@@ -47,7 +47,8 @@ def ragged_case(draw, budget, cuda):
     lo = max(new) if append else 0
     cap = max(lo, budget // (batch * nheads_kv * headdim))
     if paged:
-        max_len = page_size * draw(st.integers(max(1, -(-lo // page_size)), max(1, -(-lo // page_size), cap // page_size)))
+        fewest = max(1, -(-lo // page_size))  # blocks for the longest append
+        max_len = page_size * draw(st.integers(fewest, max(fewest, cap // page_size)))
     else:
         max_len = draw(st.one_of(st.integers(lo, min(lo + 40, cap)), st.integers(lo, cap)))
     seqlens = []
