@@ -223,7 +223,6 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
     if ragged:
         # packed: the rows of every sequence's new tokens one after the other; batch is the cache's
         total_q, nheads_q, headdim = q.shape
-        seqlen_new = total_q
         batch = batch_of(q, k_cache, block_table, ragged)
     else:
         batch, nheads_q, seqlen_new, headdim = q.shape
