@@ -52,15 +52,19 @@ _define("scaled_masked_softmax_backward(Tensor grad, Tensor y, float scale, *, b
 # key_mask: bool [batch or 1, max_len], True = attend. num_splits 0: the heuristic's choice.
 # block_table: int32 [batch, max_blocks] on q's device: the caches are then page pools [num_pages,
 # nheads_kv, page_size, headdim], slot s of sequence b at row s % page_size of page block_table[b, s // page_size].
+# cu_seqlens_q: int32 [batch + 1] on q's device, a ragged batch: q packed [total_q, nheads_q, headdim] (k_new / v_new
+# [total_q, nheads_kv, headdim]), sequence b's new tokens rows cu[b] .. cu[b + 1] - 1, batch the cache's;
+# max_seqlen_q >= every cu[b + 1] - cu[b] sizes the grid (0 without cu_seqlens_q).
 _define(
     "decode_attention(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? cache_seqlens, "
     "Tensor? k_new=None, Tensor? v_new=None, Tensor? cache_leftpad=None, Tensor? key_mask=None, "
-    "float? scale=None, int num_splits=0, Tensor? block_table=None) -> Tensor"
+    "float? scale=None, int num_splits=0, Tensor? block_table=None, Tensor? cu_seqlens_q=None, "
+    "int max_seqlen_q=0) -> Tensor"
 )
 _define(
     "decode_attention_out(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? cache_seqlens, "
     "Tensor? k_new, Tensor? v_new, Tensor? cache_leftpad, Tensor? key_mask, float? scale, int num_splits, "
-    "Tensor? block_table=None, *, Tensor(c!) out) -> ()"
+    "Tensor? block_table=None, Tensor? cu_seqlens_q=None, int max_seqlen_q=0, *, Tensor(c!) out) -> ()"
 )
 
 # A pre-LN block's QKV projection and its decode attention in one launch (one new token per sequence):

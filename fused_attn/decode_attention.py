@@ -27,6 +27,8 @@ MAX_SPLITS = 256
 MAX_HEADDIM = 256
 # Page sizes of a paged cache (block_table): powers of two, so the kernel's slot -> page split is a shift.
 MIN_PAGE_SIZE, MAX_PAGE_SIZE = 16, 256
+# New tokens per sequence (seqlen_new, max_seqlen_q): the launcher's bound on the grid's rows.
+MAX_SEQLEN_Q = 1 << 20
 # FUSED_ATTN_VALIDATE_LENGTHS=1 turns validate=None into validate=True (reads device lengths: a sync).
 VALIDATE_ENV = "FUSED_ATTN_VALIDATE_LENGTHS"
 
@@ -87,14 +89,13 @@ def max_len_of(k_cache: torch.Tensor, block_table: torch.Tensor | None) -> int:
     return k_cache.shape[2] if block_table is None else block_table.shape[1] * k_cache.shape[2]
 
 
-def _check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor) -> None:
+def _check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor, batch: int) -> None:
     if not isinstance(block_table, torch.Tensor):
         raise TypeError(f"block_table must be a torch.Tensor or None, got {type(block_table).__name__}")
     if block_table.dtype != torch.int32:
         raise ValueError(f"block_table must have dtype torch.int32, got {block_table.dtype}")
     if block_table.device != q.device:
         raise ValueError(f"block_table must be on the same device as q ({q.device}), got {block_table.device}")
-    batch = q.shape[0]
     if block_table.dim() != 2 or block_table.shape[0] != batch:
         raise ValueError(f"block_table must have shape (batch, max_blocks) = ({batch}, max_blocks), "
                          f"got {_shape(block_table)}")
@@ -109,12 +110,102 @@ def _check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor) -> N
                          f"{block_table.shape[1]} x {page_size}")
 
 
+def batch_of(q: torch.Tensor, k_cache, block_table, ragged: bool) -> int:
+    """The batch size: q's dim 0, or with cu_seqlens_q (q packed) the cache's: block_table's rows for a
+    paged cache, else k_cache's dim 0 (0 where that argument is malformed: check_args names it)."""
+    if not ragged:
+        return q.shape[0]
+    src = block_table if block_table is not None else k_cache
+    return src.shape[0] if isinstance(src, torch.Tensor) and src.dim() > 0 else 0
+
+
+def _check_offsets_tensor(cu_seqlens_q, q: torch.Tensor, batch: int) -> None:
+    """cu_seqlens_q as the op takes it: int32 [batch + 1] on q's device, contiguous (values not read)."""
+    if not isinstance(cu_seqlens_q, torch.Tensor):
+        raise TypeError(f"cu_seqlens_q must be a torch.Tensor, got {type(cu_seqlens_q).__name__}")
+    if cu_seqlens_q.dtype != torch.int32:
+        raise ValueError(f"cu_seqlens_q must have dtype torch.int32, got {cu_seqlens_q.dtype}")
+    if cu_seqlens_q.device != q.device:
+        raise ValueError(f"cu_seqlens_q must be on the same device as q ({q.device}), got {cu_seqlens_q.device}")
+    if tuple(cu_seqlens_q.shape) != (batch + 1,):
+        raise ValueError(f"cu_seqlens_q must have shape (batch + 1,) = ({batch + 1},), got {_shape(cu_seqlens_q)}")
+    if cu_seqlens_q.stride(0) != 1 and batch > 0:
+        raise ValueError(f"cu_seqlens_q must be contiguous, got strides {cu_seqlens_q.stride()}")
+
+
+def check_offsets(cu: list[int], total_q: int) -> list[int]:
+    """Host-known cu_seqlens_q: starts at 0, non-decreasing, ends at total_q. Returns each sequence's
+    new tokens n_b = cu[b + 1] - cu[b]. (On the device, offsets breaking this give the sequence no
+    append and NaN outputs in the rows it can be given safely, none if its offsets leave [0, total_q].)"""
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens_q must start at 0, got {cu[0]}")
+    for b in range(len(cu) - 1):
+        if cu[b + 1] < cu[b]:
+            raise ValueError(f"cu_seqlens_q must be non-decreasing, got {cu[b]} then {cu[b + 1]} at batch index {b}")
+    if cu[-1] != total_q:
+        raise ValueError(f"cu_seqlens_q must end at q's total_q ({total_q}), got {cu[-1]}")
+    return [hi - lo for lo, hi in zip(cu[:-1], cu[1:])]
+
+
+def check_max_seqlen_q(max_seqlen_q: int, new: list[int]) -> None:
+    longest = max(new, default=0)
+    if max_seqlen_q < longest:
+        raise ValueError(f"max_seqlen_q must be at least the longest sequence's new tokens ({longest}), "
+                         f"got {max_seqlen_q}")
+
+
+def _as_offsets(values, q: torch.Tensor, batch: int) -> tuple[torch.Tensor | None, list[int] | None]:
+    """cu_seqlens_q as ``(device tensor, host values or None)``, as ``_as_lengths`` for the lengths: host
+    values (a sequence of ints, a CPU tensor) are checked here (check_offsets) and copied to q's device."""
+    if values is None:
+        return None, None
+    if isinstance(values, torch.Tensor):
+        if values.device == q.device and (q.device.type != "cpu" or torch.compiler.is_compiling()):
+            return values, None
+        if values.device.type != "cpu":
+            raise ValueError(f"cu_seqlens_q must be on q's device ({q.device}) or the CPU, got {values.device}")
+        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+            raise ValueError(f"cu_seqlens_q must have an integer dtype (torch.int32 on the device), got {values.dtype}")
+        if tuple(values.shape) != (batch + 1,):
+            raise ValueError(f"cu_seqlens_q must have shape (batch + 1,) = ({batch + 1},), got {_shape(values)}")
+        host = values.tolist()
+    elif isinstance(values, Sequence) and not isinstance(values, str) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in values):
+        host = list(values)
+        if len(host) != batch + 1:
+            raise ValueError(f"cu_seqlens_q must have shape (batch + 1,) = ({batch + 1},), got ({len(host)},)")
+    else:
+        raise TypeError(f"cu_seqlens_q must be a sequence of ints or a tensor, got {type(values).__name__}")
+    check_offsets(host, q.shape[0])
+    return torch.tensor(host, dtype=torch.int32).to(q.device), host
+
+
+def _max_seqlen_q(max_seqlen_q, cu_given: bool, new: list[int] | None) -> int:
+    """The op's max_seqlen_q: 0 without cu_seqlens_q; the given one (at least every host-known n_b), or
+    the longest n_b of host-known offsets."""
+    if not cu_given:
+        if max_seqlen_q is not None:
+            raise ValueError(f"max_seqlen_q must be None without cu_seqlens_q, got {max_seqlen_q!r}")
+        return 0
+    if max_seqlen_q is None:
+        if new is None:
+            raise ValueError("max_seqlen_q must be given with a device cu_seqlens_q (it sizes the grid), got None")
+        return max(new, default=0)
+    if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or not 0 <= max_seqlen_q < MAX_SEQLEN_Q:
+        raise ValueError(f"max_seqlen_q must be an int in [0, 2**20) with cu_seqlens_q, got {max_seqlen_q!r}")
+    if new is not None:
+        check_max_seqlen_q(max_seqlen_q, new)
+    return max_seqlen_q
+
+
 def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits,
-               out=None, block_table=None) -> float:
+               out=None, block_table=None, cu_seqlens_q=None, max_seqlen_q=0) -> float:
     """Raise TypeError / ValueError naming the bad argument (the C++ launcher repeats the checks that
-    guard memory); return the scale as a float (default ``headdim ** -0.5``). ``cache_seqlens`` and
-    ``cache_leftpad`` are the op's tensors here (int32, on q's device); lengths are not read."""
-    _check_tensor(q, "q", "[batch, nheads_q, seqlen_new, headdim]")
+    guard memory); return the scale as a float (default ``headdim ** -0.5``). ``cache_seqlens``,
+    ``cache_leftpad`` and ``cu_seqlens_q`` are the op's tensors here (int32, on q's device); lengths and
+    offsets are not read."""
+    ragged = cu_seqlens_q is not None
+    _check_tensor(q, "q", "[total_q, nheads_q, headdim]" if ragged else "[batch, nheads_q, seqlen_new, headdim]")
     cache_dims = "[batch, nheads_kv, max_len, headdim]" if block_table is None else \
         "[num_pages, nheads_kv, page_size, headdim]"
     _check_tensor(k_cache, "k_cache", cache_dims)
@@ -129,11 +220,16 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
             raise ValueError(f"{name} must be on the same device as q ({q.device}), got {t.device}")
         if t.dtype != q.dtype:
             raise ValueError(f"{name} must have q's dtype ({q.dtype}), got {t.dtype}")
-    batch, nheads_q, seqlen_new, headdim = q.shape
+    if ragged:
+        # packed: the rows of every sequence's new tokens one after the other; batch is the cache's
+        total_q, nheads_q, headdim = q.shape
+        batch = batch_of(q, k_cache, block_table, ragged)
+    else:
+        batch, nheads_q, seqlen_new, headdim = q.shape
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache must have k_cache's shape {_shape(k_cache)}, got {_shape(v_cache)}")
     if block_table is not None:
-        _check_block_table(block_table, q, k_cache)
+        _check_block_table(block_table, q, k_cache, batch)
     elif k_cache.shape[0] != batch:
         raise ValueError(f"k_cache must have q's batch size ({batch}), got {_shape(k_cache)}")
     if k_cache.shape[3] != headdim:
@@ -148,16 +244,16 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
                          f"k_new={'a tensor' if k_new is not None else None}, "
                          f"v_new={'a tensor' if v_new is not None else None}")
     if k_new is not None:
-        want = (batch, nheads_kv, seqlen_new, headdim)
+        want = (total_q, nheads_kv, headdim) if ragged else (batch, nheads_kv, seqlen_new, headdim)
+        layout = "[total_q, nheads_kv, headdim]" if ragged else "[batch, nheads_kv, seqlen_new, headdim]"
         for t, name in ((k_new, "k_new"), (v_new, "v_new")):
-            _check_tensor(t, name, "[batch, nheads_kv, seqlen_new, headdim]")
+            _check_tensor(t, name, layout)
             if t.device != q.device:
                 raise ValueError(f"{name} must be on the same device as q ({q.device}), got {t.device}")
             if t.dtype != q.dtype:
                 raise ValueError(f"{name} must have q's dtype ({q.dtype}), got {t.dtype}")
             if tuple(t.shape) != want:
-                raise ValueError(f"{name} must have shape (batch, nheads_kv, seqlen_new, headdim) = {want}, "
-                                 f"got {_shape(t)}")
+                raise ValueError(f"{name} must have shape ({layout[1:-1]}) = {want}, got {_shape(t)}")
     if cache_seqlens is None and k_new is not None:
         raise ValueError("cache_seqlens must be given when appending (k_new), got None")
     for t, name in ((cache_seqlens, "cache_seqlens"), (cache_leftpad, "cache_leftpad")):
@@ -184,6 +280,12 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
                              f"got {_shape(key_mask)}")
         if key_mask.shape[1] > 1 and key_mask.stride(1) != 1:
             raise ValueError(f"key_mask must have a contiguous last dim (stride 1), got strides {key_mask.stride()}")
+    if ragged:
+        _check_offsets_tensor(cu_seqlens_q, q, batch)
+        if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or not 0 <= max_seqlen_q < MAX_SEQLEN_Q:
+            raise ValueError(f"max_seqlen_q must be an int in [0, 2**20) with cu_seqlens_q, got {max_seqlen_q!r}")
+    elif max_seqlen_q != 0:
+        raise ValueError(f"max_seqlen_q must be 0 (unused) without cu_seqlens_q, got {max_seqlen_q!r}")
     scale = headdim ** -0.5 if scale is None else _scale_value(scale)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be an int in [0, {MAX_SPLITS}] (0: chosen by the heuristic), "
@@ -198,12 +300,11 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
     return float(scale)
 
 
-def _as_lengths(values, name: str, q: torch.Tensor) -> tuple[torch.Tensor | None, list[int] | None]:
+def _as_lengths(values, name: str, q: torch.Tensor, batch: int) -> tuple[torch.Tensor | None, list[int] | None]:
     """``(device tensor, host values or None)``: ints, sequences and CPU tensors are host-known (checked
     here, then copied to q's device); a tensor on q's device is used as it is (int32)."""
     if values is None:
         return None, None
-    batch = q.shape[0]
     if isinstance(values, torch.Tensor):
         # Under torch.compile a CPU tensor is not read on the host either (a data-dependent
         # read breaks the graph): the CPU kernel checks the lengths when it runs.
@@ -229,15 +330,17 @@ def _as_lengths(values, name: str, q: torch.Tensor) -> tuple[torch.Tensor | None
     return torch.tensor(host, dtype=torch.int32).to(q.device), host
 
 
-def check_lengths(seqlens: list[int], leftpad: list[int] | None, seqlen_new: int, max_len: int,
+def check_lengths(seqlens: list[int], leftpad: list[int] | None, seqlen_new: int | list[int], max_len: int,
                   appended: bool) -> None:
     """The lengths the kernel accepts: 0 <= cache_seqlens[b] <= max_len - (seqlen_new if appending),
-    0 <= cache_leftpad[b] <= cache_seqlens[b]. (On the device, a sequence outside these bounds gets
-    NaN outputs and no append: the kernel never writes or reads past max_len.)"""
-    hi = max_len - (seqlen_new if appended else 0)
+    0 <= cache_leftpad[b] <= cache_seqlens[b]; seqlen_new is one count for every sequence or (ragged)
+    each sequence's n_b. (On the device, a sequence outside these bounds gets NaN outputs and no append:
+    the kernel never writes or reads past max_len.)"""
     for b, n in enumerate(seqlens):
-        if not 0 <= n <= hi:
-            what = f"max_len - seqlen_new = {max_len} - {seqlen_new}" if appended else f"max_len = {max_len}"
+        sn = seqlen_new if isinstance(seqlen_new, int) else seqlen_new[b]
+        if not 0 <= n <= max_len - (sn if appended else 0):
+            what = f"max_len = {max_len}" if not appended else f"max_len - seqlen_new = {max_len} - {sn}" \
+                if isinstance(seqlen_new, int) else f"max_len - n_b = {max_len} - {sn}"
             raise ValueError(f"cache_seqlens must be in [0, {what}] for every sequence, got {n} at batch index {b}")
     for b, p in enumerate(leftpad or ()):
         if not 0 <= p <= seqlens[b]:
@@ -245,14 +348,15 @@ def check_lengths(seqlens: list[int], leftpad: list[int] | None, seqlen_new: int
                              f"batch index {b} (cache_seqlens {seqlens[b]})")
 
 
-def check_pages(table: list[list[int]], seqlens: list[int], leftpad: list[int] | None, seqlen_new: int,
+def check_pages(table: list[list[int]], seqlens: list[int], leftpad: list[int] | None, seqlen_new: int | list[int],
                 page_size: int, num_pages: int, appended: bool) -> None:
     """The pages the kernel accepts: every entry of block_table that holds a slot a sequence reads or
     writes (slots cache_leftpad[b] .. end - 1, end = cache_seqlens[b] + seqlen_new if appending) is in
     [0, num_pages); the other entries are never read. (On the device, a sequence with an entry out of
     range gets NaN outputs and no append, as for out-of-bounds lengths.)"""
     for b, n in enumerate(seqlens):
-        start, end = (leftpad[b] if leftpad else 0), n + (seqlen_new if appended else 0)
+        sn = seqlen_new if isinstance(seqlen_new, int) else seqlen_new[b]
+        start, end = (leftpad[b] if leftpad else 0), n + (sn if appended else 0)
         for page in table[b][start // page_size:(end + page_size - 1) // page_size] if end > start else ():
             if not 0 <= page < num_pages:
                 raise ValueError(f"block_table must have entries in [0, num_pages) = [0, {num_pages}) for the "
@@ -288,9 +392,12 @@ def decode_attention(
     out: torch.Tensor | None = None,
     validate: bool | None = None,
     block_table: torch.Tensor | None = None,
+    cu_seqlens_q: torch.Tensor | Sequence[int] | None = None,
+    max_seqlen_q: int | None = None,
 ) -> torch.Tensor:
-    """Attention of ``seqlen_new`` new queries per sequence over its KV cache; with ``k_new``/``v_new``
-    the new keys and values are first written into the cache in place (same launch).
+    """Attention of ``seqlen_new`` new queries per sequence (or, with ``cu_seqlens_q``, ``n_b`` for
+    sequence b) over its KV cache; with ``k_new``/``v_new`` the new keys and values are first written
+    into the cache in place (same launch).
 
     Args:
         q: ``[batch, nheads_q, seqlen_new, headdim]`` float16, bfloat16 or float32 (float64 on the
@@ -329,23 +436,42 @@ def decode_attention(
             cache_leftpad, key_mask over the logical slots, num_splits, out) is as for the contiguous
             cache. Entries for slots a sequence reads or writes (``cache_leftpad[b] <= s < end``) must be
             in ``[0, num_pages)``; the others are never read (padding such as -1 is fine).
+        cu_seqlens_q: optional offsets of a ragged batch (vLLM's ``query_start_loc``, FlashInfer's
+            ``qo_indptr``): int32 ``[batch + 1]``, ``cu[0] = 0``, non-decreasing, ``cu[batch] =
+            total_q``; a tensor on q's device (read by the kernel only: CUDA-graph safe) or host values
+            (a list, a CPU tensor) checked here and copied. q is then packed ``[total_q, nheads_q,
+            headdim]``, k_new / v_new ``[total_q, nheads_kv, headdim]``, out ``[total_q, nheads_q,
+            headdim]``, and batch is the cache's (k_cache's dim 0, block_table's rows when paged).
+            Sequence b's new tokens are rows ``cu[b] ... cu[b+1] - 1``; ``n_b = cu[b+1] - cu[b]`` may
+            be 0 (nothing appended, no output rows). Everything else is as above with seqlen_new
+            replaced by n_b: the append at slots ``cache_seqlens[b] ... cache_seqlens[b] + n_b - 1``,
+            the visibility, the lengths.
+        max_seqlen_q: the largest n_b, a host int: required with a device ``cu_seqlens_q`` (it sizes
+            the grid, as ``flash_attn_varlen_func``'s); derived from host values when None. A CUDA
+            graph captured at one max_seqlen_q replays at any offsets with every n_b within it.
 
     Visibility: with ``end = cache_seqlens[b] + (seqlen_new if k_new is given else 0)``, query i
     sees slots ``cache_leftpad[b] <= j < end - seqlen_new + 1 + i`` (causal among the new tokens,
-    bottom-right aligned, as ``flash_attn_with_kvcache``). A query with no visible key gives zeros.
+    bottom-right aligned, as ``flash_attn_with_kvcache``), and key_mask's. A query with no visible key
+    gives zeros. Ragged: n_b for seqlen_new, query i of sequence b being row ``cu[b] + i``.
 
     Lengths: ``0 <= cache_seqlens[b] <= max_len - (seqlen_new if appending else 0)`` and
     ``0 <= cache_leftpad[b] <= cache_seqlens[b]``. Host-known lengths outside this raise ValueError
     naming the argument. On the device the kernel never reads or writes past ``max_len``: a
     sequence with out-of-bounds lengths, or (paged) a block_table entry out of range among the pages it
-    reads or writes, gets NaN outputs and its cache is left untouched.
+    reads or writes, gets NaN outputs and its cache is left untouched. Device offsets out of range
+    (``cu[b] > cu[b+1]``, outside ``[0, total_q]``, or ``n_b > max_seqlen_q``) leave that sequence's
+    cache untouched and give NaN in the rows ``cu[b] ... cu[b] + min(n_b, max_seqlen_q) - 1`` when
+    ``0 <= cu[b] <= cu[b+1] <= total_q`` (no row otherwise: nothing outside q's rows is touched);
+    ``validate=True`` checks them on the host.
 
-    Returns ``[batch, nheads_q, seqlen_new, headdim]`` in q's dtype (float32 accumulation). Launches
+    Returns ``[batch, nheads_q, seqlen_new, headdim]`` (ragged: ``[total_q, nheads_q, headdim]``) in
+    q's dtype (float32 accumulation). Launches
     on the current stream, never synchronizes the host (unless ``validate``), works under
     ``torch.compile(fullgraph=True)`` and CUDA-graph capture. No gradient: raises when an input
     requires grad (``fused_attn.reference.decode_attention`` is differentiable).
     """
-    if (out is None and not torch.compiler.is_compiling() and _ops.direct is not None
+    if (out is None and not torch.compiler.is_compiling() and _ops.direct is not None and cu_seqlens_q is None
             and (cache_seqlens is None or type(cache_seqlens) is torch.Tensor)
             and (cache_leftpad is None or type(cache_leftpad) is torch.Tensor)
             and (num_splits is None or type(num_splits) is int) and (scale is None or type(scale) is float)
@@ -357,14 +483,22 @@ def decode_attention(
             y = None  # bad input (or a layout the path below copies): the path below
         if y is not None:
             return y
-    # q first: the lengths are checked against q's batch size, which only a 4-dim q has.
-    _check_tensor(q, "q", "[batch, nheads_q, seqlen_new, headdim]")
-    seqlens_t, seqlens_host = _as_lengths(cache_seqlens, "cache_seqlens", q)
-    leftpad_t, leftpad_host = _as_lengths(cache_leftpad, "cache_leftpad", q)
+    # q first: the lengths are checked against the batch size, q's dim 0 (a 4-dim q) or, packed
+    # (cu_seqlens_q), the cache's.
+    ragged = cu_seqlens_q is not None
+    _check_tensor(q, "q", "[total_q, nheads_q, headdim]" if ragged else "[batch, nheads_q, seqlen_new, headdim]")
+    if ragged:
+        _check_is_tensor(k_cache, "k_cache")
+    batch = batch_of(q, k_cache, block_table, ragged)
+    seqlens_t, seqlens_host = _as_lengths(cache_seqlens, "cache_seqlens", q, batch)
+    leftpad_t, leftpad_host = _as_lengths(cache_leftpad, "cache_leftpad", q, batch)
+    cu_t, cu_host = _as_offsets(cu_seqlens_q, q, batch)
+    new = None if cu_host is None else [hi - lo for lo, hi in zip(cu_host[:-1], cu_host[1:])]
+    max_q = _max_seqlen_q(max_seqlen_q, ragged, new)
     splits = 0 if num_splits is None else num_splits
     q, k_new, v_new = (_aligned_copy(t) for t in (q, k_new, v_new))
     scale = check_args(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, key_mask, scale, splits, out,
-                       block_table)
+                       block_table, cu_t, max_q)
     check_no_grad(q, k_cache, v_cache, k_new, v_new)
     if validate is None:
         validate = os.environ.get(VALIDATE_ENV, "") == "1"
@@ -372,25 +506,34 @@ def decode_attention(
         raise TypeError(f"validate must be a bool or None, got {validate!r}")
     max_len = max_len_of(k_cache, block_table)
     if seqlens_t is None:
-        seqlens_host = [max_len] * q.shape[0]
-    if validate and (seqlens_host is None or (leftpad_t is not None and leftpad_host is None)):
+        seqlens_host = [max_len] * batch
+    if validate and (seqlens_host is None or (leftpad_t is not None and leftpad_host is None)
+                     or (ragged and cu_host is None)):
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise ValueError("validate must be False during CUDA graph capture (it reads lengths on the host), got True")
-        seqlens_host = seqlens_t.tolist()
-        leftpad_host = None if leftpad_t is None else leftpad_t.tolist()
+        if seqlens_host is None:
+            seqlens_host = seqlens_t.tolist()
+        if leftpad_t is not None and leftpad_host is None:
+            leftpad_host = leftpad_t.tolist()
+        if ragged and cu_host is None:
+            new = check_offsets(cu_t.tolist(), q.shape[0])
+            check_max_seqlen_q(max_q, new)
+    appended = k_new is not None
     if seqlens_host is not None:
-        check_lengths(seqlens_host, leftpad_host, q.shape[2], max_len, k_new is not None)
+        # device offsets not read: the bounds that hold for any n_b (the kernel guards the rest)
+        check_lengths(seqlens_host, leftpad_host, q.shape[2] if not ragged else new if new is not None else 0,
+                      max_len, appended and (not ragged or new is not None))
     if validate and block_table is not None and q.device.type != "cpu":
-        check_pages(block_table.tolist(), seqlens_host, leftpad_host, q.shape[2], k_cache.shape[2], k_cache.shape[0],
-                    k_new is not None)
+        check_pages(block_table.tolist(), seqlens_host, leftpad_host, new if ragged else q.shape[2], k_cache.shape[2],
+                    k_cache.shape[0], appended)
     if q.device.type == "cuda":
         _ops.ensure_loaded()
     op = torch.ops.fused_attn
     if out is None:
         return op.decode_attention(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, key_mask, scale, splits,
-                                   block_table)
+                                   block_table, cu_t, max_q)
     op.decode_attention_out(q, k_cache, v_cache, seqlens_t, k_new, v_new, leftpad_t, key_mask, scale, splits,
-                            block_table, out=out)
+                            block_table, cu_t, max_q, out=out)
     return out
 
 
@@ -409,9 +552,13 @@ def check_no_grad(*tensors) -> None:
 
 
 def _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
-         block_table=None) -> torch.Tensor:
+         block_table=None, cu_seqlens_q=None, max_seqlen_q=0) -> torch.Tensor:
     """The CPU kernel: checks the lengths (they are host values here), appends in place, then the
-    reference in float32 (float64 for float64 input). A paged cache goes through _cpu_paged."""
+    reference in float32 (float64 for float64 input). A paged cache goes through _cpu_paged, a ragged
+    batch (cu_seqlens_q) through _cpu_ragged."""
+    if cu_seqlens_q is not None:
+        return _cpu_ragged(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
+                           block_table, cu_seqlens_q, max_seqlen_q)
     max_len = max_len_of(k_cache, block_table)
     seqlens = [max_len] * q.shape[0] if cache_seqlens is None else cache_seqlens.tolist()
     leftpad = None if cache_leftpad is None else cache_leftpad.tolist()
@@ -426,6 +573,40 @@ def _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_ma
         for b, n in enumerate(seqlens):
             k_cache[b, :, n:n + q.shape[2]] = k_new[b]
             v_cache[b, :, n:n + q.shape[2]] = v_new[b]
+    return out
+
+
+def _cpu_ragged(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, block_table,
+                cu_seqlens_q, max_seqlen_q) -> torch.Tensor:
+    """The ragged CPU kernel: checks the offsets and every sequence's lengths and pages, then runs the
+    padded path on each sequence with new tokens, its rows cu[b] .. cu[b+1] - 1 as a batch of one
+    (appending into its own cache, or its pages)."""
+    cu = cu_seqlens_q.tolist()
+    new = check_offsets(cu, q.shape[0])
+    check_max_seqlen_q(max_seqlen_q, new)
+    batch = len(new)
+    max_len = max_len_of(k_cache, block_table)
+    seqlens = [max_len] * batch if cache_seqlens is None else cache_seqlens.tolist()
+    leftpad = None if cache_leftpad is None else cache_leftpad.tolist()
+    check_lengths(seqlens, leftpad, new, max_len, k_new is not None)
+    if block_table is not None:
+        check_pages(block_table.tolist(), seqlens, leftpad, new, k_cache.shape[2], k_cache.shape[0], k_new is not None)
+    out = q.new_empty(q.shape)
+    for b in range(batch):
+        if new[b] == 0:
+            continue
+        rows = slice(cu[b], cu[b + 1])
+
+        def one(t):  # rows of sequence b as [1, heads, n_b, headdim]
+            return None if t is None else t[rows].transpose(0, 1).unsqueeze(0)
+
+        one_b = slice(b, b + 1)
+        out[rows] = _cpu(one(q), k_cache if block_table is not None else k_cache[one_b],
+                         v_cache if block_table is not None else v_cache[one_b],
+                         None if cache_seqlens is None else cache_seqlens[one_b], one(k_new), one(v_new),
+                         None if cache_leftpad is None else cache_leftpad[one_b],
+                         None if key_mask is None else key_mask[min(b, key_mask.shape[0] - 1):][:1], scale,
+                         None if block_table is None else block_table[one_b])[0].transpose(0, 1)
     return out
 
 
@@ -449,19 +630,21 @@ def _cpu_paged(q, k_pool, v_pool, cache_seqlens, k_new, v_new, cache_leftpad, ke
 
 
 def _autograd(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, key_mask=None,
-              scale=None, num_splits=0, block_table=None):
+              scale=None, num_splits=0, block_table=None, cu_seqlens_q=None, max_seqlen_q=0):
     check_no_grad(q, k_cache, v_cache, k_new, v_new)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.fused_attn.decode_attention(q, k_cache, v_cache, cache_seqlens, k_new, v_new,
-                                                     cache_leftpad, key_mask, scale, num_splits, block_table)
+                                                     cache_leftpad, key_mask, scale, num_splits, block_table,
+                                                     cu_seqlens_q, max_seqlen_q)
 
 
 def _autograd_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits,
-                  block_table=None, *, out):
+                  block_table=None, cu_seqlens_q=None, max_seqlen_q=0, *, out):
     check_no_grad(q, k_cache, v_cache, k_new, v_new)
     with torch._C._AutoDispatchBelowAutograd():
         torch.ops.fused_attn.decode_attention_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad,
-                                                  key_mask, scale, num_splits, block_table, out=out)
+                                                  key_mask, scale, num_splits, block_table, cu_seqlens_q,
+                                                  max_seqlen_q, out=out)
 
 
 def _register() -> None:
@@ -469,31 +652,32 @@ def _register() -> None:
 
     @torch.library.register_fake(lib)
     def _fake(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, key_mask=None,
-              scale=None, num_splits=0, block_table=None):
+              scale=None, num_splits=0, block_table=None, cu_seqlens_q=None, max_seqlen_q=0):
         check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits,
-                   block_table=block_table)
-        return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+                   None, block_table, cu_seqlens_q, max_seqlen_q)
+        return torch.empty(q.shape, dtype=q.dtype, device=q.device)  # packed q: the packed output
 
     @torch.library.register_fake(lib + "_out")
     def _fake_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits,
-                  block_table=None, *, out):
+                  block_table=None, cu_seqlens_q=None, max_seqlen_q=0, *, out):
         check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits, out,
-                   block_table)
+                   block_table, cu_seqlens_q, max_seqlen_q)
 
     @torch.library.register_kernel(lib, "cpu")
     def _cpu_kernel(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_leftpad=None, key_mask=None,
-                    scale=None, num_splits=0, block_table=None):
+                    scale=None, num_splits=0, block_table=None, cu_seqlens_q=None, max_seqlen_q=0):
         scale = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
-                           num_splits, block_table=block_table)
-        return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, block_table)
+                           num_splits, None, block_table, cu_seqlens_q, max_seqlen_q)
+        return _cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, block_table,
+                    cu_seqlens_q, max_seqlen_q)
 
     @torch.library.register_kernel(lib + "_out", "cpu")
     def _cpu_kernel_out(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale, num_splits,
-                        block_table=None, *, out):
+                        block_table=None, cu_seqlens_q=None, max_seqlen_q=0, *, out):
         scale = check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
-                           num_splits, out, block_table)
+                           num_splits, out, block_table, cu_seqlens_q, max_seqlen_q)
         out.copy_(_cpu(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, key_mask, scale,
-                       block_table))
+                       block_table, cu_seqlens_q, max_seqlen_q))
 
     _ops.LIB.impl("decode_attention", _autograd, "Autograd")
     _ops.LIB.impl("decode_attention_out", _autograd_out, "Autograd")

@@ -1,7 +1,8 @@
 """A small GPU subset for compute-sanitizer (memcheck, racecheck): odd sizes, every
 launch-shape class, long rows, fully masked rows, masks, both versions, and the backward; and
 decode_attention: appends, GQA / MQA, forced splits (more than keys too), left padding, head dims
-32 to 256, float32, and out-of-bounds device lengths (which must read and write nothing); layer_norm /
+32 to 256, float32, ragged batches (cu_seqlens_q: zero-length sequences, idle rows, a paged cache, the combine
+kernel), and out-of-bounds device lengths and offsets (which must read and write nothing); layer_norm /
 rms_norm: every row class, odd widths, misaligned and strided rows, with and without the residual, and
 gathered rows with indices out of range;
 attention: the flash kernel at every padded head dim (both versions at 128 on Hopper, and head dim
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fused_attn import reference  # noqa: E402
 from fused_attn.softmax import scaled_masked_softmax, scaled_masked_softmax_backward  # noqa: E402
+from tests import test_decode_attention_ragged as ragged  # noqa: E402
 from tests.test_decode_attention import case_of, run_and_check  # noqa: E402
 from tests.test_softmax import scores_of  # noqa: E402
 from tests.tolerances import assert_close, softmax_tolerance  # noqa: E402
@@ -94,7 +96,8 @@ def softmax_cases(quick: bool) -> int:
 
 
 # (cache shape, lengths and options) of decode_attention; each checked against the float64 reference with
-# NaN in every cache slot it must not read (tests/test_decode_attention.py's run_and_check).
+# NaN in every cache slot it must not read (tests/test_decode_attention.py's run_and_check). RAGGED_CASES:
+# packed rows with cu_seqlens_q (tests/test_decode_attention_ragged.py's run_and_check).
 DECODE_CASES = [
     dict(batch=3, nheads_kv=2, group=4, headdim=128, max_len=300, seqlens=[0, 1, 290], seqlen_new=4,
          leftpad=[0, 1, 7], num_splits=3, dtype=torch.float16),
@@ -109,6 +112,14 @@ DECODE_CASES = [
     dict(batch=2, nheads_kv=2, group=1, headdim=80, max_len=64, seqlens=[0, 0], seqlen_new=2, append=False,
          num_splits=1, dtype=torch.bfloat16),
 ]
+RAGGED_CASES = [
+    # the tensor-core kernel with idle rows (max_seqlen_q 8 > every n_b) and a zero-length sequence, the combine
+    dict(new=[3, 0, 1, 5], seqlens=[0, 7, 299, 200], max_len=300, nheads_kv=2, group=4, headdim=128, extra=3,
+         num_splits=64, leftpad=[0, 7, 5, 0], dtype=torch.float16, use_out=True, qkv="fused"),
+    # the CUDA-core kernel over a paged cache, a cache filled by the append, splits in a cluster
+    dict(new=[2, 6], seqlens=[62, 10], max_len=64, nheads_kv=1, group=3, headdim=32, paged=True, num_splits=3,
+         dtype=torch.float32, key_mask=0.5),
+]
 
 
 def decode_cases(quick: bool) -> int:
@@ -117,6 +128,9 @@ def decode_cases(quick: bool) -> int:
     cases = 0
     for i, kw in enumerate(DECODE_CASES[:3] if quick else DECODE_CASES):
         run_and_check(case_of(seed=i, **kw), "cuda")
+        cases += 1
+    for i, kw in enumerate(RAGGED_CASES):
+        ragged.run_and_check(ragged.ragged_case_of(seed=i, **kw), "cuda")
         cases += 1
     # out-of-bounds device lengths (past max_len - seqlen_new, negative, leftpad past the length): NaN, no access
     q = torch.randn(4, 4, 3, 64, device="cuda", dtype=torch.float16)
@@ -128,7 +142,14 @@ def decode_cases(quick: bool) -> int:
     k0 = k.clone()
     out = decode_attention(q, k, v, seqlens, k_new=kn, v_new=kn.clone(), cache_leftpad=leftpad, num_splits=4)
     assert out.isnan().all() and torch.equal(k, k0), "out-of-bounds lengths"
-    return cases + 1
+    # out-of-range device offsets (n_b past max_seqlen_q, decreasing, past total_q): no append, no row outside q's
+    cu = torch.tensor([0, 5, 4, 9, 40], dtype=torch.int32, device="cuda")
+    q, kn = torch.randn(6, 4, 64, device="cuda", dtype=torch.float16), torch.randn(6, 2, 64, device="cuda",
+                                                                                   dtype=torch.float16)
+    decode_attention(q, k, v, torch.tensor([4, 4, 4, 4], dtype=torch.int32, device="cuda"), k_new=kn,
+                     v_new=kn.clone(), cu_seqlens_q=cu, max_seqlen_q=3, num_splits=4)
+    assert torch.equal(k, k0), "out-of-range offsets"
+    return cases + 2
 
 
 def norm_cases(quick: bool) -> int:

@@ -42,6 +42,13 @@ def paged(d, pool=None, v_pool=None, cache_seqlens=None, **kw):
                             i32([3, 4], d) if cache_seqlens is None else cache_seqlens, **kw)
 
 
+def ragged(d, q=None, cu_seqlens_q=(0, 1, 3), **kw):
+    """decode_attention over a ragged batch: q packed [total_q = 3, 4, 8], caches [2, 2, 16, 8], offsets
+    [0, 1, 3] (one new token, then two), one argument changed."""
+    return decode_attention(t(3, 4, 8, device=d) if q is None else q, t(2, 2, 16, 8, device=d),
+                            t(2, 2, 16, 8, device=d), i32([3, 4], d), cu_seqlens_q=list(cu_seqlens_q), **kw)
+
+
 ROWS = [  # (id, call(device), exception, message(device)): the message is matched from its start
     # ------------------------------------------------------------------ layer_norm / rms_norm
     ("ln-x-type", lambda d: layer_norm("x"), TypeError, lambda d: "x must be a torch.Tensor, got str"),
@@ -309,6 +316,17 @@ ROWS = [  # (id, call(device), exception, message(device)): the message is match
      lambda d: "key_mask must have shape (batch or 1, max_len) = (2 or 1, 32), got (2, 16)"),
     ("decode-paged-cache_seqlens-range", lambda d: paged(d, cache_seqlens=[33, 3]), ValueError,
      lambda d: "cache_seqlens must be in [0, max_len = 32] for every sequence, got 33 at batch index 0"),
+    # decode_attention's ragged batch (cu_seqlens_q); the rest: tests/test_decode_attention_ragged.py
+    ("decode-cu_seqlens_q-start", lambda d: ragged(d, cu_seqlens_q=(1, 2, 3)), ValueError,
+     lambda d: "cu_seqlens_q must start at 0, got 1"),
+    ("decode-cu_seqlens_q-shape", lambda d: ragged(d, cu_seqlens_q=(0, 3)), ValueError,
+     lambda d: "cu_seqlens_q must have shape (batch + 1,) = (3,), got (2,)"),
+    ("decode-cu_seqlens_q-end", lambda d: ragged(d, cu_seqlens_q=(0, 1, 4)), ValueError,
+     lambda d: "cu_seqlens_q must end at q's total_q (3), got 4"),
+    ("decode-max_seqlen_q-small", lambda d: ragged(d, max_seqlen_q=1), ValueError,
+     lambda d: "max_seqlen_q must be at least the longest sequence's new tokens (2), got 1"),
+    ("decode-ragged-q-dims", lambda d: ragged(d, q=t(2, 4, 1, 8, device=d)), ValueError,
+     lambda d: "q must have 3 dims [total_q, nheads_q, headdim], got (2, 4, 1, 8)"),
     # ------------------------------------------------------------------ qkv_decode_attention
     ("qkv-x-type", lambda d: qkv_decode_attention("x", h(192, 64, device=d), None, h(2, 1, 8, 64, device=d),
                                                   h(2, 1, 8, 64, device=d), i32([3, 4], d)), TypeError,

@@ -35,7 +35,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
                             const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& k_new,
                             const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cache_leftpad,
                             const std::optional<at::Tensor>& key_mask, std::optional<double> scale, int64_t num_splits,
-                            const std::optional<at::Tensor>& block_table);
+                            const std::optional<at::Tensor>& block_table,
+                            const std::optional<at::Tensor>& cu_seqlens_q, int64_t max_seqlen_q);
 at::Tensor qkv_decode_attention(const at::Tensor& x, const at::Tensor& w_qkv, const std::optional<at::Tensor>& b_qkv,
                                 const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                 const std::optional<at::Tensor>& cache_leftpad, double eps, double scale);

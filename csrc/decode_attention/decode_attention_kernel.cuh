@@ -26,6 +26,11 @@
 // Lengths out of bounds (seqlens < 0, end > max_len, leftpad outside [0, seqlens]): the
 // sequence's outputs are NaN and its cache is not written; nothing past max_len is touched.
 //
+// Ragged batch (p.cu_seqlens_q): sequence b has n_b = cu[b + 1] - cu[b] new tokens at rows cu[b] .. of the
+// packed q / k_new / v_new / out, seqlen_new above being n_b; the grid has seqlen_new = max_seqlen_q rows
+// per (sequence, head), rows i >= n_b idle (no load, no output, a chunk of them exits at once:
+// decode::NewRows, chunk_live). Without it, the one branch on the null pointer and no load.
+//
 // Paged cache (kPaged, p.block_table): the caches are page pools [num_pages, nheads_kv, page_size,
 // headdim] and slot j of sequence b is row j & (page_size - 1) of page block_table[b][j >> page_shift]
 // (decode::SlotRows). Each thread looks the page up for every row it loads (one int load, from L1 / L2:
@@ -78,15 +83,50 @@ __device__ __forceinline__ int load_length(const int* ptr, bool before_wait) {
   return before_wait ? *ptr : load_after_wait(ptr);
 }
 
-__device__ __forceinline__ bool lengths_ok(const DecodeParams& p, int b, int& cached, int& end, int& start,
-                                           bool before_wait = false) {
+// Sequence b's new tokens: n of them at rows row0 .. row0 + n - 1 of the packed q / k_new / v_new / out
+// (ragged: p.cu_seqlens_q, read here), or p.seqlen_new at row 0 (no load: the 4-dim layout's stride_b
+// locates the sequence). Offsets out of range (cu[b] > cu[b + 1], outside [0, total_q], n_b > max_seqlen_q):
+// ok false, treated as out-of-bounds lengths (NaN, no append), n then the rows that may take the NaN
+// (min(n_b, max_seqlen_q) inside [0, total_q], else none: no row outside q's is touched).
+struct NewRows {
+  int n, row0;
+  bool ok;
+};
+__device__ __forceinline__ NewRows new_rows(const DecodeParams& p, int b, bool before_wait = false) {
+  if (p.cu_seqlens_q == nullptr) return {p.seqlen_new, 0, true};
+  const int lo = load_length(p.cu_seqlens_q + b, before_wait), hi = load_length(p.cu_seqlens_q + b + 1, before_wait);
+  const bool inside = lo >= 0 && lo <= hi && hi <= p.total_q;
+  const int n = inside ? hi - lo : 0;
+  return {min(n, p.seqlen_new), inside ? lo : 0, inside && n <= p.seqlen_new};
+}
+
+__device__ __forceinline__ bool lengths_ok(const DecodeParams& p, int b, const NewRows& nr, int& cached, int& end,
+                                           int& start, bool before_wait = false) {
   cached = p.seqlens != nullptr ? load_length(p.seqlens + b, before_wait) : p.max_len;
-  const int appended = p.k_new != nullptr ? p.seqlen_new : 0;
+  const int appended = p.k_new != nullptr ? nr.n : 0;
   start = p.leftpad != nullptr ? load_length(p.leftpad + b, before_wait) : 0;
   // Compared before adding: cached + seqlen_new may overflow int for a garbage length.
-  const bool ok = cached >= 0 && cached <= p.max_len - appended && start >= 0 && start <= cached;
+  const bool ok = nr.ok && cached >= 0 && cached <= p.max_len - appended && start >= 0 && start <= cached;
   end = ok ? cached + appended : 0;
   return ok;
+}
+__device__ __forceinline__ bool lengths_ok(const DecodeParams& p, int b, int& cached, int& end, int& start,
+                                           bool before_wait = false) {
+  return lengths_ok(p, b, new_rows(p, b, before_wait), cached, end, start, before_wait);
+}
+
+// Ragged: whether any of the chunk's R query rows is one of the sequence's n_b tokens (a chunk of idle rows,
+// i >= n_b, has no output and exits before loading a key). Always true without cu_seqlens_q.
+template <int R>
+__device__ __forceinline__ bool chunk_live(const DecodeParams& p, int chunk, const NewRows& nr) {
+  if (p.cu_seqlens_q == nullptr) return true;
+  bool live = false;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int rr = chunk * R + r;
+    live |= rr < p.rows && rr % p.seqlen_new < nr.n;
+  }
+  return live;
 }
 
 // The key slots [kb, ke) of split `split` of a sequence whose visible slots are [start, end): whole
@@ -174,17 +214,18 @@ __device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int
   }
 }
 
-// Writes this step's keys and values of (b, kv head) into the cache: seqlen_new x headdim each.
+// Writes this step's keys and values of (b, kv head) into the cache: nr.n x headdim each.
 template <typename T, bool kPaged>
-__device__ void append(const DecodeParams& p, int b, int hkv, int cached) {
+__device__ void append(const DecodeParams& p, int b, int hkv, int cached, const NewRows& nr) {
   constexpr int kVec = 16 / int(sizeof(T));
   const int per_row = p.headdim / kVec;
-  const int n = p.seqlen_new * per_row;
+  const int n = nr.n * per_row;
   const SlotRows<kPaged> rows(p, b);
   for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
     const int i = idx / per_row, c = (idx % per_row) * kVec;
-    const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h + i * p.kn_stride_s + c;
-    const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_stride_b + hkv * p.vn_stride_h + i * p.vn_stride_s + c;
+    const int64_t row = nr.row0 + i;
+    const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h + row * p.kn_stride_s + c;
+    const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_stride_b + hkv * p.vn_stride_h + row * p.vn_stride_s + c;
     int64_t k_off, v_off;
     rows.at(p, cached + i, k_off, v_off);
     T* kc = static_cast<T*>(p.k_cache) + cache_base<kPaged>(b, p.k_stride_b) + hkv * p.k_stride_h + k_off + c;
@@ -199,14 +240,15 @@ __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000)
 // A block whose sequence has out-of-bounds lengths: its rows' outputs are NaN (written by the one split
 // that owns them; with the combine kernel, that kernel writes them).
 template <typename T, int R>
-__device__ __forceinline__ void write_nan_rows(const DecodeParams& p, int chunk, int b, int hkv, int split) {
+__device__ __forceinline__ void write_nan_rows(const DecodeParams& p, int chunk, int b, int hkv, int split,
+                                               const NewRows& nr) {
   if (!(p.num_splits == 1 || (p.cluster && split == 0))) return;
   const int sn = p.seqlen_new;
   for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
     const int rr = chunk * R + idx / p.headdim;
-    if (rr >= p.rows) continue;
+    if (rr >= p.rows || rr % sn >= nr.n) continue;
     const int h = hkv * p.group + rr / sn, i = rr % sn;
-    static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + idx % p.headdim] =
+    static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + (nr.row0 + i) * p.o_stride_s + idx % p.headdim] =
         from_float<T>(quiet_nan());
   }
 }
@@ -272,19 +314,20 @@ __device__ __forceinline__ void cluster_merge_init(unsigned char* push) {
 // barrier spent 0.5 us in the release alone, ~2 us in all.
 template <typename T, int R, int NW, int HD>
 __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o, const float* sm_m, const float* sm_l,
-                                       unsigned char* push, int chunk, int b, int hkv, int split) {
+                                       unsigned char* push, int chunk, int b, int hkv, int split, const NewRows& nr) {
   const int sn = p.seqlen_new, n = R * p.headdim;
   if (!p.cluster) {
     for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
       const int r = idx / p.headdim, e = idx % p.headdim;
       const int rr = chunk * R + r;
-      if (rr >= p.rows) continue;
+      if (rr >= p.rows || rr % sn >= nr.n) continue;  // padding, or (ragged) not a token of the sequence
       float mx, sum;
       const float acc = merge_slots<R, NW, HD>(sm_o, sm_m, sm_l, r, e, mx, sum);
       const int h = hkv * p.group + rr / sn, i = rr % sn;
       if (p.num_splits == 1) {
         const float val = sum == 0.f ? 0.f : acc / sum;  // no visible key: 0; NaN stays NaN
-        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + e] = from_float<T>(val);
+        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + (nr.row0 + i) * p.o_stride_s + e] =
+            from_float<T>(val);
       } else {
         const int64_t row = ((int64_t(split) * p.batch + b) * p.nheads_q + h) * sn + i;
         p.partial_o[row * p.headdim + e] = sum == 0.f ? 0.f : acc / sum;
@@ -341,7 +384,8 @@ __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o,
       }
     }
     const int h = hkv * p.group + rr / sn, i = rr % sn;
-    static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + e] =
+    if (i >= nr.n) continue;  // ragged: not a token of the sequence (its zeros were pushed and merged all the same)
+    static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + (nr.row0 + i) * p.o_stride_s + e] =
         from_float<T>(sum == 0.f ? 0.f : acc / sum);
   }
 #endif
@@ -433,16 +477,22 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   wait_for_primary();
   launch_dependents();
 
+  // The sequence's new tokens (ragged: read from cu_seqlens_q; otherwise no load) locate its rows of the
+  // packed q / k_new / v_new / out.
+  const decode::NewRows nr = decode::new_rows(p, b);
+  kn += nr.row0 * p.kn_stride_s;
+  vn += nr.row0 * p.vn_stride_s;
   // The block's query rows, pre-scaled into the log2 domain (loaded before the lengths, which
   // they do not depend on: the two DRAM round trips overlap).
   float q[R][EPT];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int rr = chunk * R + r;
-    if (rr < p.rows && lane_on) {
+    if (rr < p.rows && rr % sn < nr.n && lane_on) {
       const int h = hkv * p.group + rr / sn, i = rr % sn;
       decode::Row<T, EPT> row;
-      row.load(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_s + e0);
+      row.load(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + (nr.row0 + i) * p.q_stride_s +
+               e0);
       row.to_float(q[r]);
 #pragma unroll
       for (int e = 0; e < EPT; ++e) q[r][e] *= p.scale_log2;
@@ -452,10 +502,12 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     }
   }
 
-  if (!decode::lengths_ok(p, b, cached, end, start) || !decode::pages_ok<kPaged>(p, b, start, end)) {
-    decode::write_nan_rows<T, R>(p, chunk, b, hkv, split);
+  if (!decode::lengths_ok(p, b, nr, cached, end, start) || !decode::pages_ok<kPaged>(p, b, start, end)) {
+    decode::write_nan_rows<T, R>(p, chunk, b, hkv, split, nr);
     return;
   }
+  // Ragged: a chunk with no token of the sequence (chunk 0's is its first, so nothing to append either).
+  if (!decode::chunk_live<R>(p, chunk, nr)) return;
   decode::split_range(p, start, end, split, TILE, kb, ke);
   const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
 #pragma unroll
@@ -463,13 +515,13 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     if (t < n_tiles) issue(t);
     cp_async_commit();
   }
-  if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T, kPaged>(p, b, hkv, cached);
+  if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T, kPaged>(p, b, hkv, cached, nr);
 
-  int lim[R];  // first slot row r cannot see
+  int lim[R];  // first slot row r cannot see (causal among the sequence's nr.n new tokens; 0 for idle rows)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int rr = chunk * R + r;
-    lim[r] = rr < p.rows ? end - sn + 1 + rr % sn : 0;
+    lim[r] = rr < p.rows && rr % sn < nr.n ? end - nr.n + 1 + rr % sn : 0;
   }
   float m[R], l[R], o[R][EPT];
 #pragma unroll
@@ -591,7 +643,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     }
   }
   __syncthreads();
-  decode::finish<T, R, NW, HD>(p, sm_o, sm_m, sm_l, dsmem + Tile::kSmemBytes, chunk, b, hkv, split);
+  decode::finish<T, R, NW, HD>(p, sm_o, sm_m, sm_l, dsmem + Tile::kSmemBytes, chunk, b, hkv, split, nr);
 }
 
 
@@ -643,24 +695,27 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
   const int sn = p.seqlen_new;
+  const decode::NewRows nr = decode::new_rows(p, b);  // as in decode_kernel
 
-  // Q rows of this chunk into shared memory (zero rows past p.rows, zero columns past headdim).
+  // Q rows of this chunk into shared memory (zero rows past p.rows or past the sequence's tokens, zero
+  // columns past headdim).
   for (int i = threadIdx.x; i < R * CH; i += kDecodeThreads) {
     const int r = i / CH, c = i % CH, rr = chunk * R + r;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (rr < p.rows && c * kVec < p.headdim) {
+    if (rr < p.rows && rr % sn < nr.n && c * kVec < p.headdim) {
       const int h = hkv * p.group + rr / sn, qi = rr % sn;
       v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h +
-                                           qi * p.q_stride_s + c * kVec);  // plain: see Row::load
+                                           (nr.row0 + qi) * p.q_stride_s + c * kVec);  // plain: see Row::load
     }
     *reinterpret_cast<uint4*>(sq + swizzled<HD>(r, c)) = v;
   }
 
   int cached, end, start;
-  if (!decode::lengths_ok(p, b, cached, end, start) || !decode::pages_ok<kPaged>(p, b, start, end)) {
-    decode::write_nan_rows<T, R>(p, chunk, b, hkv, split);
+  if (!decode::lengths_ok(p, b, nr, cached, end, start) || !decode::pages_ok<kPaged>(p, b, start, end)) {
+    decode::write_nan_rows<T, R>(p, chunk, b, hkv, split, nr);
     return;
   }
+  if (!decode::chunk_live<R>(p, chunk, nr)) return;  // as in decode_kernel
   int kb, ke;
   decode::split_range(p, start, end, split, TILE, kb, ke);
   const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
@@ -668,8 +723,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   const T* kc = static_cast<const T*>(p.k_cache) + decode::cache_base<kPaged>(b, p.k_stride_b) + hkv * p.k_stride_h;
   const T* vc = static_cast<const T*>(p.v_cache) + decode::cache_base<kPaged>(b, p.v_stride_b) + hkv * p.v_stride_h;
   const decode::SlotRows<kPaged> slot_rows(p, b);
-  const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h;
-  const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_stride_b + hkv * p.vn_stride_h;
+  const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h + nr.row0 * p.kn_stride_s;
+  const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_stride_b + hkv * p.vn_stride_h + nr.row0 * p.vn_stride_s;
   // Each thread copies one fixed 16-byte column chunk c of rows r0, r0 + RS, ...; a tile wholly
   // inside the cache and the split takes the short path (no selects).
   constexpr int RS = kDecodeThreads / CH;
@@ -706,7 +761,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
     if (t < n_tiles) issue(t);
     cp_async_commit();
   }
-  if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T, kPaged>(p, b, hkv, cached);
+  if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T, kPaged>(p, b, hkv, cached, nr);
   __syncthreads();  // Q in shared memory
 
   uint32_t qa[HD / 16][4];  // A fragments of Q, one per 16 columns
@@ -719,7 +774,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int rr = chunk * R + g + 8 * h;
-    lim[h] = rr < p.rows ? end - sn + 1 + rr % sn : 0;
+    lim[h] = rr < p.rows && rr % sn < nr.n ? end - nr.n + 1 + rr % sn : 0;
   }
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
   float o[HD / 8][4];
@@ -823,7 +878,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
     }
   }
   __syncthreads();
-  decode::finish<T, R, NW, HD>(p, sm_o, sm_m, sm_l, smem + M::kSmemBytes, chunk, b, hkv, split);
+  decode::finish<T, R, NW, HD>(p, sm_o, sm_m, sm_l, smem + M::kSmemBytes, chunk, b, hkv, split, nr);
 #endif
 }
 
@@ -843,11 +898,13 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
   const int i = int(row % p.seqlen_new);
   const int h = int(row / p.seqlen_new % p.nheads_q);
   const int b = int(row / (int64_t(p.seqlen_new) * p.nheads_q));
-  T* out = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s;
+  const decode::NewRows nr = decode::new_rows(p, b);
+  if (i >= nr.n) return;  // ragged: not a token of the sequence (its partials were never written)
+  T* out = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + (nr.row0 + i) * p.o_stride_s;
   int cached, end, start;
   // A paged cache's entries checked as the attention blocks did (a uniform branch: the contiguous
   // cache's combine skips it).
-  const bool ok = decode::lengths_ok(p, b, cached, end, start) &&
+  const bool ok = decode::lengths_ok(p, b, nr, cached, end, start) &&
                   (p.block_table == nullptr || decode::pages_ok<true>(p, b, start, end));
   if (!ok) {
     for (int e = threadIdx.x; e < p.headdim; e += blockDim.x) out[e] = from_float<T>(decode::quiet_nan());

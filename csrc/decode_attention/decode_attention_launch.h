@@ -14,7 +14,8 @@ namespace fused_attn {
 
 struct DecodeParams {
   // Strides are in elements; every last dim is contiguous. q, k_new, v_new, out:
-  // [batch, heads, seqlen_new, headdim]; caches: [batch, nheads_kv, max_len, headdim], or page pools
+  // [batch, heads, seqlen_new, headdim], or packed [total_q, heads, headdim] with cu_seqlens_q (stride_b 0,
+  // stride_s the row stride); caches: [batch, nheads_kv, max_len, headdim], or page pools
   // [num_pages, nheads_kv, page_size, headdim] with block_table (k_stride_b / v_stride_b: the page stride).
   const void* q;
   int64_t q_stride_b, q_stride_h, q_stride_s;
@@ -37,6 +38,11 @@ struct DecodeParams {
   const int* block_table;
   int64_t table_stride_b;
   int page_shift, num_pages;
+  // Ragged batch, or nullptr: [batch + 1] offsets, sequence b's n_b = cu[b + 1] - cu[b] new tokens at rows
+  // cu[b] .. cu[b + 1] - 1 of the packed tensors ([total_q, ...]); seqlen_new is then max_seqlen_q (the
+  // grid's rows per sequence), rows i >= n_b idle (decode::NewRows).
+  const int* cu_seqlens_q;
+  int total_q;
   int batch, nheads_q, nheads_kv, seqlen_new, headdim, max_len;
   int group;       // nheads_q / nheads_kv
   int rows;        // group * seqlen_new: the query rows that read one kv head

@@ -176,7 +176,8 @@ py::object direct_decode_attention(py::handle q, py::handle k_cache, py::handle 
   auto lens = a.optional(cache_seqlens), kn = a.optional(k_new), vn = a.optional(v_new),
        lp = a.optional(cache_leftpad), km = a.optional(key_mask), bt = a.optional(block_table);
   if (!a.ok) return py::none();
-  at::Tensor out = decode_attention(q_, kc, vc, lens, kn, vn, lp, km, scale, num_splits, bt);
+  // A ragged batch (cu_seqlens_q) never comes here: the wrapper takes the dispatcher path for it.
+  at::Tensor out = decode_attention(q_, kc, vc, lens, kn, vn, lp, km, scale, num_splits, bt, std::nullopt, 0);
   if (kn.has_value()) {  // the append wrote the caches
     kc.unsafeGetTensorImpl()->bump_version();
     vc.unsafeGetTensorImpl()->bump_version();
