@@ -47,11 +47,14 @@ _DTYPES = (torch.float16, torch.bfloat16)
 _CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+MAX_ITEMS, PART_FLOATS = 1024, 68  # kStepMaxItems, kStepPartFloats: the attention's split partials
+
+
 def workspace_bytes(batch: int, width: int, n_layer: int, dtype: torch.dtype) -> int:
-    """The workspace a call needs: x, qkv, attention output and MLP hidden ([batch, 9 C] elements, rounded up to
-    128 bytes), then one 128-byte counter line for the launch and five a layer."""
+    """The workspace a call needs: x, qkv and the MLP's hidden ([batch, 8 C] elements, rounded up to 128 bytes),
+    the attention's split partials (float32), then one 128-byte counter line for the launch and five a layer."""
     elem = torch.empty(0, dtype=dtype).element_size()
-    return -(-batch * 9 * width * elem // 128) * 128 + (1 + n_layer * 5) * 128
+    return -(-batch * 8 * width * elem // 128) * 128 + MAX_ITEMS * PART_FLOATS * 4 + (1 + n_layer * 5) * 128
 
 
 def _layer_shapes(c: int) -> list[tuple[int, ...]]:

@@ -24,9 +24,11 @@ constexpr int kLayerTensors = 12;  // StepLayer's fields, in order
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The workspace's bytes: x, qkv, attn, hidden ([batch, 9 C] elements) then one 128-byte line a counter.
+// The workspace's bytes: x, qkv, hidden ([batch, 8 C] elements), the attention's partials, then one 128-byte
+// line a counter (fused_attn/gpt2_decode_step.py: workspace_bytes).
+int64_t activation_bytes(int64_t batch, int64_t width, int64_t elem) { return ceil_div(batch * 8 * width * elem, 128) * 128; }
 int64_t workspace_bytes(int64_t batch, int64_t width, int64_t n_layer, int64_t elem) {
-  return ceil_div(batch * 9 * width * elem, 128) * 128 + (1 + n_layer * 5) * 128;
+  return activation_bytes(batch, width, elem) + int64_t(kStepMaxItems) * kStepPartFloats * 4 + (1 + n_layer * 5) * 128;
 }
 
 }  // namespace
@@ -128,9 +130,10 @@ at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, cons
   unsigned char* ws = static_cast<unsigned char*>(workspace.data_ptr());
   p.x = ws;
   p.qkv = ws + batch * width * elem;
-  p.attn = ws + batch * 4 * width * elem;
-  p.hidden = ws + batch * 5 * width * elem;
-  p.counters = reinterpret_cast<unsigned*>(ws + ceil_div(batch * 9 * width * elem, 128) * 128);
+  p.hidden = ws + batch * 4 * width * elem;
+  p.att_part = reinterpret_cast<float*>(ws + activation_bytes(batch, width, elem));
+  p.counters = reinterpret_cast<unsigned*>(ws + activation_bytes(batch, width, elem) +
+                                           int64_t(kStepMaxItems) * kStepPartFloats * 4);
   p.batch = int(batch);
   p.n_layer = int(n_layer);
   p.width = int(width);
@@ -140,6 +143,8 @@ at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, cons
   p.n_positions = int(wpe.size(0));
   p.eps = float(eps);
   p.scale = 0.125f;  // head_dim ** -0.5
+  // The attention: every (sequence, head)'s keys split over as many blocks as there are, one item a block.
+  p.att_splits = int(std::max<int64_t>(1, std::min<int64_t>(grid, kStepMaxItems) / (batch * p.n_head)));
   // One tile a block in each phase: ceil(rows / SMs) weight rows a tile.
   const int64_t n_rows[4] = {3 * width, width, 4 * width, width};
   const int64_t k_cols[4] = {width, width, width, 4 * width};

@@ -238,43 +238,79 @@ __device__ __forceinline__ void for_each_load(const StepParams& p, int t, F f) {
   }
 }
 
-// Attention of sequence b's query at head h over its cache slots leftpad .. seqlens (the new key included,
-// appended by the c_attn phase), into attn [b, h * 64 ...]. 32 keys at a time: 8 lanes a key, 16 bytes each.
-template <typename T>
-__device__ void attend(const StepParams& p, int layer, int b, int h, float* scores, float* part, float* qs,
-                       float* red) {
-  const int C = p.width, D = kStepHeadDim;
-  const int64_t head = ((int64_t(layer) * p.batch + b) * p.n_head + h) * p.max_len * D;
-  const T* kc = static_cast<const T*>(p.k_cache) + head;
-  const T* vc = static_cast<const T*>(p.v_cache) + head;
-  // Lengths outside the cache (a caller's bug) read nothing and give NaN, as decode_attention does.
+// The keys of split c (of p.att_splits) of sequence b's slots leftpad .. seqlens: [lo, hi).
+__device__ __forceinline__ void split_keys(const StepParams& p, int b, int c, int& lo, int& hi, bool& bad) {
   const int slot = p.seqlens[b], start = p.leftpad[b];
-  const bool bad = slot < 0 || slot >= p.max_len || start < 0;
-  const int n = bad ? 0 : max(slot + 1 - start, 0);
+  // Lengths outside the cache (a caller's bug) read nothing and give NaN, as decode_attention does.
+  bad = slot < 0 || slot >= p.max_len || start < 0 || start > slot;
+  const int n = bad ? 0 : slot + 1 - start;
+  const int chunk = (n + p.att_splits - 1) / p.att_splits;
+  lo = start + min(n, c * chunk);
+  hi = start + min(n, (c + 1) * chunk);
+}
+
+// Before the c_attn phase is done: the split's cached rows into L2 (the new slot's row too, which that phase then
+// writes), so the loads after the wait do not pay a DRAM round trip each.
+template <typename T>
+__device__ void prefetch_split(const StepParams& p, int layer, int item) {
+  const int pair = item / p.att_splits, b = pair / p.n_head, h = pair % p.n_head;
+  int lo, hi;
+  bool bad;
+  split_keys(p, b, item % p.att_splits, lo, hi, bad);
+  const int64_t head = ((int64_t(layer) * p.batch + b) * p.n_head + h) * p.max_len * kStepHeadDim;
+  for (int r = lo + int(threadIdx.x) / 2; r < hi; r += kStepConsumers / 2) {
+    const T* base = static_cast<const T*>(threadIdx.x % 2 ? p.v_cache : p.k_cache) + head + int64_t(r) * kStepHeadDim;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(base));
+  }
+}
+
+// Split c of the attention of sequence b's query at head h: its keys' scores, their max m, l = sum of
+// exp(score - m) and o = sum of exp(score - m) v, unnormalized, into the item's partial (o[64], m, l),
+// which the c_proj phase merges. Keys 32 at a time (8 lanes a key, 16 bytes each), 4 such loads in flight.
+constexpr int kAttBatch = 4;
+template <typename T>
+__device__ void attend_split(const StepParams& p, int layer, int item, float* scores, float* part, float* qs,
+                             float* red) {
+  const int C = p.width, D = kStepHeadDim;
+  const int pair = item / p.att_splits, b = pair / p.n_head, h = pair % p.n_head;
+  int lo, hi;
+  bool bad;
+  split_keys(p, b, item % p.att_splits, lo, hi, bad);
+  const int n = hi - lo;
+  const int64_t head = ((int64_t(layer) * p.batch + b) * p.n_head + h) * p.max_len * D;
+  const T* kc = static_cast<const T*>(p.k_cache) + head + int64_t(lo) * D;
+  const T* vc = static_cast<const T*>(p.v_cache) + head + int64_t(lo) * D;
   if (threadIdx.x < D) {
     qs[threadIdx.x] = ld_f(static_cast<const T*>(p.qkv) + int64_t(b) * 3 * C + h * D + threadIdx.x) * p.scale;
   }
   consumers_sync();
   const int group = threadIdx.x / 8, sub = threadIdx.x % 8;
+  constexpr int kGroups = kStepConsumers / 8;
   float qr[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) qr[e] = qs[sub * 8 + e];
   float m = -INFINITY;
-  for (int j0 = 0; j0 < n; j0 += kStepConsumers / 8) {
-    const int j = j0 + group;
-    float s = 0.f;
-    if (j < n) {
-      const uint4 kv = __ldcg(reinterpret_cast<const uint4*>(kc + int64_t(start + j) * D) + sub);
-      const T* ke = reinterpret_cast<const T*>(&kv);
+  for (int j0 = 0; j0 < n; j0 += kGroups * kAttBatch) {
+    uint4 kv[kAttBatch];
+#pragma unroll
+    for (int u = 0; u < kAttBatch; ++u) {
+      const int j = j0 + u * kGroups + group;
+      kv[u] = j < n ? __ldcg(reinterpret_cast<const uint4*>(kc + int64_t(j) * D) + sub) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kAttBatch; ++u) {
+      const int j = j0 + u * kGroups + group;
+      const T* ke = reinterpret_cast<const T*>(&kv[u]);
+      float s = 0.f;
 #pragma unroll
       for (int e = 0; e < 8; ++e) s = fmaf(qr[e], to_float(ke[e]), s);
-    }
-    s += __shfl_xor_sync(0xffffffffu, s, 4);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    if (j < n) {
-      if (sub == 0) scores[j] = s;
-      m = fmaxf(m, s);
+      s += __shfl_xor_sync(0xffffffffu, s, 4);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      if (j < n) {
+        if (sub == 0) scores[j] = s;
+        m = fmaxf(m, s);
+      }
     }
   }
   m = consumers_max(m, red);
@@ -285,26 +321,79 @@ __device__ void attend(const StepParams& p, int layer, int b, int h, float* scor
     sum += e;
   }
   sum = consumers_sum(sum, red);  // its barriers also publish scores
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float o0 = 0.f, o1 = 0.f;
-  for (int j = warp; j < n; j += kWarps) {
-    const float pj = scores[j];
-    const T* vr = vc + int64_t(start + j) * D + 2 * lane;
-    const unsigned raw = __ldcg(reinterpret_cast<const unsigned*>(vr));
-    const T* ve = reinterpret_cast<const T*>(&raw);
-    o0 = fmaf(pj, to_float(ve[0]), o0);
-    o1 = fmaf(pj, to_float(ve[1]), o1);
-  }
-  part[warp * D + 2 * lane] = o0;
-  part[warp * D + 2 * lane + 1] = o1;
-  consumers_sync();
-  if (threadIdx.x < D) {
-    float o = 0.f;
+  float o[8];
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) o += part[w * D + threadIdx.x];
-    o = bad ? NAN : n > 0 ? o / sum : 0.f;
-    static_cast<T*>(p.attn)[int64_t(b) * C + h * D + threadIdx.x] = from_float<T>(o);
+  for (int e = 0; e < 8; ++e) o[e] = 0.f;
+  for (int j0 = 0; j0 < n; j0 += kGroups * kAttBatch) {
+    uint4 vv[kAttBatch];
+#pragma unroll
+    for (int u = 0; u < kAttBatch; ++u) {
+      const int j = j0 + u * kGroups + group;
+      vv[u] = j < n ? __ldcg(reinterpret_cast<const uint4*>(vc + int64_t(j) * D) + sub) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kAttBatch; ++u) {
+      const int j = j0 + u * kGroups + group;
+      const float pj = j < n ? scores[j] : 0.f;
+      const T* ve = reinterpret_cast<const T*>(&vv[u]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = fmaf(pj, to_float(ve[e]), o[e]);
+    }
   }
+  // The 4 groups of a warp, then the 8 warps.
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    o[e] += __shfl_xor_sync(0xffffffffu, o[e], 8);
+    o[e] += __shfl_xor_sync(0xffffffffu, o[e], 16);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane < 8) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) part[warp * D + lane * 8 + e] = o[e];
+  }
+  consumers_sync();
+  float* out = p.att_part + int64_t(item) * kStepPartFloats;
+  if (threadIdx.x < D) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += part[w * D + threadIdx.x];
+    out[threadIdx.x] = v;
+  }
+  if (threadIdx.x == D) {
+    out[D] = m;
+    out[D + 1] = bad ? NAN : sum;
+  }
+}
+
+// act [batch, C] = the attention's output: each (sequence, head)'s splits merged (softmax's rescaling) and
+// rounded to T, as the attention's output is stored.
+template <typename T>
+__device__ void merge_splits(const StepParams& p, T* act) {
+  const int C = p.width, S = p.att_splits;
+  for (int idx = threadIdx.x; idx < p.batch * C; idx += kStepConsumers) {
+    const int b = idx / C, within = idx % C, h = within / kStepHeadDim, d = within % kStepHeadDim;
+    const float* part = p.att_part + int64_t((b * p.n_head + h) * S) * kStepPartFloats;
+    float mx = -INFINITY;
+    bool bad = false;
+    for (int c = 0; c < S; ++c) {
+      const float* q = part + c * kStepPartFloats;
+      const float l = __ldcg(q + kStepHeadDim + 1);
+      bad |= isnan(l);
+      if (l > 0.f) mx = fmaxf(mx, __ldcg(q + kStepHeadDim));
+    }
+    float L = 0.f, O = 0.f;
+    for (int c = 0; c < S; ++c) {
+      const float* q = part + c * kStepPartFloats;
+      const float l = __ldcg(q + kStepHeadDim + 1);
+      if (l > 0.f) {
+        const float w = __expf(__ldcg(q + kStepHeadDim) - mx);
+        L += l * w;
+        O += __ldcg(q + d) * w;
+      }
+    }
+    act[idx] = from_float<T>(bad ? NAN : L > 0.f ? O / L : 0.f);
+  }
+  consumers_sync();
 }
 
 template <typename T>
@@ -358,8 +447,8 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
 
   const int C = p.width, B = p.batch;
   T* x = static_cast<T*>(p.x);
-  const int pairs = B * p.n_head;
-  const int pair = int(gridDim.x) - 1 - t;  // attention on the last blocks, which own the fewest tiles
+  const int items = B * p.n_head * p.att_splits;
+  const int item = int(gridDim.x) - 1 - t;  // attention on the last blocks, which own the fewest tiles
   float* scores = reinterpret_cast<float*>(act);
   float* part = scores + p.max_len;
   float* qs = part + kWarps * kStepHeadDim;
@@ -393,16 +482,17 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       give_back();
       signal(counter(p, l, 0));
     }
-    // attention: one (sequence, head) a block.
-    if (pair >= 0 && pair < pairs) {
+    // attention: one split of one (sequence, head) a block, its cached rows prefetched before the wait.
+    if (item >= 0 && item < items) {
+      prefetch_split<T>(p, l, item);
       wait_for(counter(p, l, 0), p.tiles[0]);
-      attend<T>(p, l, pair / p.n_head, pair % p.n_head, scores, part, qs, red);
+      attend_split<T>(p, l, item, scores, part, qs, red);
       signal(counter(p, l, 1));
     }
-    // attention's c_proj, + residual.
+    // attention's c_proj (its input: the splits merged), + residual.
     if (t < p.tiles[1]) {
-      wait_for(counter(p, l, 1), pairs);
-      stage_rows<T>(static_cast<const T*>(p.attn), B, C, act);
+      wait_for(counter(p, l, 1), items);
+      merge_splits<T>(p, act);
       const T* w = take();
       const int r0 = t * p.tile_rows[1];
       const int rows = min(p.tile_rows[1], C - r0);

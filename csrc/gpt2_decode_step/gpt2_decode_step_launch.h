@@ -16,6 +16,9 @@ constexpr int kStepHeadDim = 64;
 constexpr int kStepConsumers = 256;  // threads that compute; one more warp issues the weight copies
 constexpr int kStepThreads = kStepConsumers + 32;
 constexpr int kStepMaxSlots = 5;     // weight slots of the shared-memory ring (a slot holds one block's tile)
+// The attention's work items, (sequence, head, split of its keys), one a block: partials o[64], m, l (padded).
+constexpr int kStepMaxItems = 1024;
+constexpr int kStepPartFloats = 68;
 
 // One layer's tensors, each contiguous: weights [n_out, n_in] (nn.Linear's layout), biases and norms [n_out].
 struct StepLayer {
@@ -47,14 +50,15 @@ struct StepParams {
   void* v_cache;
   void* logits;                // [batch, vocab]
   // Workspace (the caller's, zeroed once): the residual stream x [batch, C], qkv [batch, 3 C] (the
-  // queries; keys and values go to the cache), the attention's output [batch, C], the MLP's hidden
-  // [batch, 4 C], and the counters (one 128-byte line each): a phase's finished tiles, reset to zero by
+  // queries; keys and values go to the cache), the MLP's hidden [batch, 4 C], the attention's partials,
+  // and the counters (one 128-byte line each): a phase's finished tiles, reset to zero by
   // the launch's last block, so one launch at a time may use a workspace.
   void* x;
   void* qkv;
-  void* attn;
+  float* att_part;             // [items, kStepPartFloats]
   void* hidden;
   unsigned* counters;
+  int att_splits;              // splits of each (sequence, head)'s keys: items = batch x n_head x att_splits
   int batch, n_layer, width, n_head, max_len, vocab, n_positions;
   float eps, scale;
   // Tiles: phase p (0 c_attn, 1 attention's c_proj, 2 c_fc, 3 the MLP's c_proj) has tiles[p] tiles of
