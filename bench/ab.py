@@ -62,6 +62,7 @@ class Variant:
 
 ATTN_H = "csrc/attention/attention_heuristics.h"
 DECODE_H = "csrc/decode_attention/decode_attention_heuristics.h"
+DECODE_K = "csrc/decode_attention/decode_attention_kernel.cuh"
 PDL_H = "csrc/common/pdl.cuh"
 PDL_ROWS = "constexpr long kPdlEarlyRows = 8;"
 PDL_NORM_ROWS = "constexpr long kPdlEarlyNormRows = 16;"
@@ -94,6 +95,24 @@ _VARIANTS = [
                   "constexpr int kDecodePrefetchMaxSlots = 1 << 30;"),),
             "every cached slot of a block's split prefetched into L2 before the PDL wait (the bound's alternative)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'fused- and b1-hq32 and float16'"),
+    Variant("decode-paged-no-prefetch",
+            (Edit(DECODE_K, "  if (!p.pdl_early) return;", "  if (kPaged || !p.pdl_early) return;"),),
+            "no L2 prefetch before the PDL wait for a paged cache (block_table=): predicted slower at batch 1 "
+            "(the contiguous cache's prefetch took MHA B1 D128 32k keys from 66.5% to 93.1% of copy bandwidth, "
+            "fp16, H200)",
+            "python3 -m pytest bench/bench_decode_attention.py -k 'float16 and (paged- or fused-)'"),
+    Variant("decode-paged-table-per-row",
+            (Edit(DECODE_K, "      const int64_t page = pages[n];",
+                  "      const int64_t page = page_at(table, j >> shift);"),
+             Edit(DECODE_K, "      if (j < read_end - TILE && (j1 >> shift) != (j >> shift)) pages[n] = "
+                            "page_at(table, j1 >> shift);\n", ""),
+             Edit(DECODE_K, "      const int j1 = j + TILE;  // this row's slot in the next tile\n", ""),
+             Edit(DECODE_K, "const int64_t page = (j >> shift) == (j0 >> shift) ? first_page : last_page;",
+                  "const int64_t page = page_at(table, j >> shift);"),
+             Edit(DECODE_K, "      if (j0 < read_end - TILE) {", "      if (false) {")),
+            "a block_table load for every row a thread copies, in the row's address (the pages not looked up a "
+            "tile ahead): predicted slower at batch 1",
+            "python3 -m pytest bench/bench_decode_attention.py -k 'float16 and (paged- or fused-)'"),
     Variant("decode-wide-long-caches",
             (Edit(DECODE_H, "constexpr int64_t kDecodeWideMaxLen = 2048;",
                   f"constexpr int64_t kDecodeWideMaxLen = {NEVER};"),),

@@ -334,7 +334,7 @@ MUTATIONS: list[Mutation] = [
              _t(f"{T_DECODE_PAGED}::test_host_checked_pages_raise"),
              why="an out-of-range block_table entry is read as zeros instead of raising"),
     Mutation("decode-kernel-page-is-the-logical-block", "csrc/decode_attention/decode_attention_kernel.cuh",
-             "const int64_t page = table[j >> shift];", "const int64_t page = j >> shift;",
+             "  return table[blk];", "  return blk;",
              _t(f"{T_DECODE_PAGED}::test_paged_matches_definition_gpu",
                 f"{T_DECODE_PAGED}::test_paged_equals_contiguous_bitwise_gpu"), gpu=True),
     Mutation("decode-kernel-page-past-the-pool-accepted", "csrc/decode_attention/decode_attention_kernel.cuh",
