@@ -139,8 +139,8 @@ struct SlotRows {
 // previous tile was issued and, when the row's slot in the next tile lies in another page, loads that
 // page's entry (once a page a row), so no row load waits on a table load and each entry has a tile of
 // work to arrive in. Entries are read only for the slots read from the pages, below read_end = min(cached,
-// ke) (pages_ok checked them). at(n, j) is called for every tile in turn while j < read_end (a row past it
-// is never at() again: the tiles after a partial one are partial).
+// ke) (pages_ok checked them). at() is called for row n of every tile in turn while its slot j < read_end (a
+// row past it is never at() again: the tiles after a partial one are partial).
 template <bool kPaged, int N, int TILE>
 struct TileRows {
   int pages[kPaged ? N : 1];
@@ -178,7 +178,7 @@ struct TileRows {
 // (j0 = the tile's first slot + r0 x N; N <= 8, less than the smallest page, so they lie in at most two
 // pages), and holds the pages of the first of them and of the last it reads (< read_end), looked up one tile
 // ahead as TileRows' are (next() after each tile; an entry read only when the run moves into another
-// page): two registers where one a row would be N.
+// page): two registers a thread instead of one a row (N).
 template <bool kPaged, int N, int TILE>
 struct TileRun {
   int first_page, last_page;
