@@ -114,6 +114,11 @@ _VARIANTS = [
             "a block_table load in every row's address (decode::SlotRows in the loops: the pages not looked up a "
             "tile ahead): predicted slower at batch 1",
             "python3 -m pytest bench/bench_decode_attention.py -k 'float16 and (paged- or fused-)'"),
+    Variant("decode-paged-check-one-entry-at-a-time",
+            (Edit(DECODE_H, "constexpr int kDecodePagesInFlight = 8;", "constexpr int kDecodePagesInFlight = 1;"),),
+            "a paged cache's entries checked one load at a time before a block's first tile (16 dependent L2 round "
+            "trips a thread at 32k keys in pages of 16): predicted slower at batch 1 by ~3-4% at 32k keys",
+            "python3 -m pytest bench/bench_decode_attention.py -k 'float16 and (paged- or fused-)'"),
     Variant("decode-wide-long-caches",
             (Edit(DECODE_H, "constexpr int64_t kDecodeWideMaxLen = 2048;",
                   f"constexpr int64_t kDecodeWideMaxLen = {NEVER};"),),

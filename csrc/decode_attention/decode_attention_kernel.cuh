@@ -240,9 +240,19 @@ __device__ __forceinline__ bool pages_ok(const DecodeParams& p, int b, int start
     const int first = start >> p.page_shift;
     const int last = end > start ? ((end - 1) >> p.page_shift) + 1 : first;
     bool bad = false;
-    for (int i = first + int(threadIdx.x); i < last; i += blockDim.x) {
-      const int page = table[i];
-      bad |= page < 0 || page >= p.num_pages;
+    // kDecodePagesInFlight entries loaded before any is compared: independent loads (the heuristics' entry).
+    for (int i0 = first + int(threadIdx.x); i0 < last; i0 += kDecodePagesInFlight * int(blockDim.x)) {
+      int entries[kDecodePagesInFlight];
+#pragma unroll
+      for (int k = 0; k < kDecodePagesInFlight; ++k) {
+        const int i = i0 + k * int(blockDim.x);
+        entries[k] = i < last ? table[i] : 0;
+      }
+#pragma unroll
+      for (int k = 0; k < kDecodePagesInFlight; ++k) {
+        const int page = entries[k];
+        bad |= page < 0 || page >= p.num_pages;
+      }
     }
     return !__syncthreads_or(bad);
   }
