@@ -117,7 +117,7 @@ _VARIANTS = [
     Variant("decode-paged-check-one-entry-at-a-time",
             (Edit(DECODE_H, "constexpr int kDecodePagesInFlight = 8;", "constexpr int kDecodePagesInFlight = 1;"),),
             "a paged cache's entries checked one load at a time before a block's first tile (16 dependent L2 round "
-            "trips a thread at 32k keys in pages of 16): predicted slower at batch 1 by ~3-4% at 32k keys",
+            "trips a thread at 32k keys in pages of 16): predicted slower by 3-5% at batch 1, at any length",
             "python3 -m pytest bench/bench_decode_attention.py -k 'float16 and (paged- or fused-)'"),
     Variant("decode-wide-long-caches",
             (Edit(DECODE_H, "constexpr int64_t kDecodeWideMaxLen = 2048;",
