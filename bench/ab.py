@@ -62,6 +62,7 @@ class Variant:
 
 ATTN_H = "csrc/attention/attention_heuristics.h"
 DECODE_H = "csrc/decode_attention/decode_attention_heuristics.h"
+DECODE_K = "csrc/decode_attention/decode_attention_kernel.cuh"
 PDL_H = "csrc/common/pdl.cuh"
 PDL_ROWS = "constexpr long kPdlEarlyRows = 8;"
 PDL_NORM_ROWS = "constexpr long kPdlEarlyNormRows = 16;"
@@ -101,6 +102,30 @@ _VARIANTS = [
                   "constexpr int kDecodePrefetchMaxSlots = 1 << 30;"),),
             "every cached slot of a block's split prefetched into L2 before the PDL wait (the bound's alternative)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'fused- and b1-hq32 and float16'"),
+    Variant("decode-paged-no-prefetch",
+            (Edit(DECODE_K, "  if (!p.pdl_early) return;", "  if (kPaged || !p.pdl_early) return;"),),
+            "no L2 prefetch before the PDL wait for a paged cache (block_table=): predicted slower at batch 1 "
+            "(the contiguous cache's prefetch took MHA B1 D128 32k keys from 66.5% to 93.1% of copy bandwidth, "
+            "fp16, H200)",
+            "python3 -m pytest bench/bench_decode_attention.py -k 'float16 and (paged- or fused-)'"),
+    Variant("decode-paged-table-per-row",
+            (Edit(DECODE_K, "tile_rows.at(p, b, min(cached, ke), u, jt + u * NY + ty, k_off, v_off);",
+                  "decode::SlotRows<kPaged>(p, b).at(p, jt + u * NY + ty, k_off, v_off);"),
+             Edit(DECODE_K, "if (on && j < cached) tile_rows.at(p, b, min(cached, ke), u, j, k_off, v_off);",
+                  "if (on && j < cached) decode::SlotRows<kPaged>(p, b).at(p, j, k_off, v_off);"),
+             Edit(DECODE_K, "        tile_run.at(p, jt + r0 * N, j, k_off, v_off);\n        ksrc",
+                  "        decode::SlotRows<kPaged>(p, b).at(p, j, k_off, v_off);\n        ksrc"),
+             Edit(DECODE_K, "if (j < cached) tile_run.at(p, jt + r0 * N, j, k_off, v_off);",
+                  "if (j < cached) decode::SlotRows<kPaged>(p, b).at(p, j, k_off, v_off);"),
+             Edit(DECODE_K, "    tile_run.next(p, b, jt + r0 * N, min(cached, ke));\n", "")),
+            "a block_table load in every row's address (decode::SlotRows in the loops: the pages not looked up a "
+            "tile ahead): predicted slower at batch 1",
+            "python3 -m pytest bench/bench_decode_attention.py -k 'float16 and (paged- or fused-)'"),
+    Variant("decode-paged-check-one-entry-at-a-time",
+            (Edit(DECODE_H, "constexpr int kDecodePagesInFlight = 8;", "constexpr int kDecodePagesInFlight = 1;"),),
+            "a paged cache's entries checked one load at a time before a block's first tile (16 dependent L2 round "
+            "trips a thread at 32k keys in pages of 16): predicted slower by 3-5% at batch 1, at any length",
+            "python3 -m pytest bench/bench_decode_attention.py -k 'float16 and (paged- or fused-)'"),
     Variant("decode-wide-long-caches",
             (Edit(DECODE_H, "constexpr int64_t kDecodeWideMaxLen = 2048;",
                   f"constexpr int64_t kDecodeWideMaxLen = {NEVER};"),),

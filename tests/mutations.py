@@ -377,7 +377,7 @@ MUTATIONS: list[Mutation] = [
              _t(f"{T_DECODE_RAGGED}::test_ragged_matches_definition_gpu"), gpu=True,
              why="the combine kernel (num_splits > 16, or pre-sm_90) writes every sequence into the first rows"),
     Mutation("decode-kernel-page-is-the-logical-block", "csrc/decode_attention/decode_attention_kernel.cuh",
-             "const int64_t page = table[j >> shift];", "const int64_t page = j >> shift;",
+             "  return table[blk];", "  return blk;",
              _t(f"{T_DECODE_PAGED}::test_paged_matches_definition_gpu",
                 f"{T_DECODE_PAGED}::test_paged_equals_contiguous_bitwise_gpu"), gpu=True),
     Mutation("decode-kernel-page-past-the-pool-accepted", "csrc/decode_attention/decode_attention_kernel.cuh",

@@ -2,7 +2,9 @@
 launch-shape class, long rows, fully masked rows, masks, both versions, and the backward; and
 decode_attention: appends, GQA / MQA, forced splits (more than keys too), left padding, head dims
 32 to 256, float32, ragged batches (cu_seqlens_q: zero-length sequences, idle rows, a paged cache, the combine
-kernel), and out-of-bounds device lengths and offsets (which must read and write nothing); layer_norm /
+kernel), out-of-bounds device lengths and offsets (which must read and write nothing), and over a
+paged cache (pages in random order, 16 and 256 slots, appends across a page boundary, split boundaries
+inside a page, block_table entries out of the pool, which must read and write nothing); layer_norm /
 rms_norm: every row class, odd widths, misaligned and strided rows, with and without the residual, and
 gathered rows with indices out of range;
 attention: the flash kernel at every padded head dim (both versions at 128 on Hopper, and head dim
@@ -122,6 +124,68 @@ RAGGED_CASES = [
 ]
 
 
+# decode_attention over a paged cache (tests/test_decode_attention_paged.py's run_and_check: the pages handed
+# out in random order, every pool row no sequence owns NaN; the append checked bit for bit). Splits of many
+# tiles (the pages looked up a tile ahead, the L2 prefetch through the table), an append across a page
+# boundary in each case (slots seqlens .. seqlens + seqlen_new - 1 straddle a multiple of page_size), split
+# boundaries inside a page (whole tiles of 16 / 64 slots, pages of 256), the CUDA-core kernel (rows < 4) and
+# the tensor-core one (GQA, rows >= 4), float32, token-major (nhd) pools, unused entries -1 or past the pool.
+PAGED_DECODE_CASES = [
+    dict(batch=2, nheads_kv=2, group=1, headdim=128, page_size=16, max_len=1024, seqlens=[1006, 318],
+         seqlen_new=3, leftpad=[0, 5], num_splits=3, dtype=torch.float16),
+    dict(batch=1, nheads_kv=2, group=4, headdim=128, page_size=256, max_len=768, seqlens=[510], seqlen_new=3,
+         num_splits=5, dtype=torch.bfloat16),
+    dict(batch=3, nheads_kv=1, group=8, headdim=64, page_size=16, max_len=512, seqlens=[0, 207, 495],
+         seqlen_new=2, leftpad=[0, 3, 190], num_splits=7, dtype=torch.float16, pool_layout="nhd",
+         unused_entry="past_the_pool"),
+    dict(batch=2, nheads_kv=2, group=1, headdim=64, page_size=256, max_len=768, seqlens=[255, 700], seqlen_new=2,
+         num_splits=3, dtype=torch.float32, spare_pages=3),
+    dict(batch=2, nheads_kv=1, group=2, headdim=256, page_size=16, max_len=160, seqlens=[15, 150], seqlen_new=2,
+         num_splits=2, dtype=torch.float32, use_out=True),
+    dict(batch=2, nheads_kv=2, group=1, headdim=32, page_size=16, max_len=256, seqlens=[31, 200], seqlen_new=2,
+         num_splits=None, dtype=torch.float16, key_mask=0.5),
+]
+
+
+def paged_decode_cases(quick: bool) -> int:
+    """PAGED_DECODE_CASES, then block_table entries out of [0, num_pages) among the pages a sequence reads or
+    writes (NaN outputs, no page written for it, nothing read through them) beside an in-range sequence, on the
+    CUDA-core and tensor-core kernels, with and without splits."""
+    from fused_attn.decode_attention import decode_attention
+    from tests.test_decode_attention_paged import appended_pool, paged_case_of
+    from tests.test_decode_attention_paged import run_and_check as paged_run_and_check
+
+    cases = 0
+    for i, kw in enumerate(PAGED_DECODE_CASES[:2] if quick else PAGED_DECODE_CASES):
+        paged_run_and_check(paged_case_of(seed=i, **kw), "cuda")
+        cases += 1
+    ps, max_blocks, hkv, d, sn, b = 16, 4, 2, 64, 3, 4
+    num_pages = b * max_blocks
+    for group, num_splits in ((1, 3), (4, 1), (8, 3)):
+        g = torch.Generator(device="cuda").manual_seed(group)
+        k_pool = torch.randn(num_pages, hkv, ps, d, generator=g, device="cuda").half()
+        v_pool = torch.randn(num_pages, hkv, ps, d, generator=g, device="cuda").half()
+        q = torch.randn(b, hkv * group, sn, d, generator=g, device="cuda").half()
+        kn, vn = (torch.randn(b, hkv, sn, d, generator=g, device="cuda").half() for _ in range(2))
+        table = torch.arange(num_pages, dtype=torch.int32).view(b, max_blocks)
+        table[1, 0] = -5  # a page read, below the pool
+        table[2, 1] = num_pages  # the append's page, past the pool
+        table[3, 3] = 2**31 - 1  # a block sequence 3 never touches: computed
+        table = table.cuda()
+        lengths = [20, 20, 20, 20]
+        k0, v0 = k_pool.clone(), v_pool.clone()
+        out = decode_attention(q, k_pool, v_pool, torch.tensor(lengths, dtype=torch.int32, device="cuda"), k_new=kn,
+                               v_new=vn, num_splits=num_splits, block_table=table)
+        good = [0, 3]
+        assert out[1].isnan().all() and out[2].isnan().all(), f"group {group}: out-of-range pages give NaN"
+        assert not out[good].isnan().any(), f"group {group}: in-range sequences computed"
+        k_want = appended_pool(k0, kn[good], table[good], [lengths[i] for i in good], ps)
+        v_want = appended_pool(v0, vn[good], table[good], [lengths[i] for i in good], ps)
+        assert torch.equal(k_pool, k_want) and torch.equal(v_pool, v_want), f"group {group}: only in-range appends"
+        cases += 1
+    return cases
+
+
 def decode_cases(quick: bool) -> int:
     from fused_attn.decode_attention import decode_attention
 
@@ -132,6 +196,7 @@ def decode_cases(quick: bool) -> int:
     for i, kw in enumerate(RAGGED_CASES):
         ragged.run_and_check(ragged.ragged_case_of(seed=i, **kw), "cuda")
         cases += 1
+    cases += paged_decode_cases(quick)
     # out-of-bounds device lengths (past max_len - seqlen_new, negative, leftpad past the length): NaN, no access
     q = torch.randn(4, 4, 3, 64, device="cuda", dtype=torch.float16)
     k, v = torch.randn(4, 2, 32, 64, device="cuda", dtype=torch.float16), torch.randn(4, 2, 32, 64, device="cuda",

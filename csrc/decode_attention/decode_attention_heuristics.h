@@ -48,6 +48,15 @@ constexpr int decode_splits(int64_t work, int max_len, int sms, bool cluster_ok)
 // (splits of at most ~200 slots) are unchanged by the bound.
 constexpr int kDecodePrefetchMaxSlots = 128;
 
+// A paged cache's block_table entries each thread of a block has in flight when the block checks the entries
+// of its sequence's pages (decode_attention_kernel.cuh, pages_ok), before its first tile: every block reads
+// all of them, ceil(L / page_size) (2048 at 32k keys in pages of 16: 16 a thread of 128). One at a time
+// (a load, then its compare) they were L / 2048 dependent L2 round trips a thread in pages of 16 (~5 us
+// against the step's ~110 us at Llama's MHA shape, batch 1, 32k keys); 8 in flight make them 2. Predicted
+// ~4% at batch 1 (docs/lab-notes/decode-attention.md, 2026-11-29), not yet measured; the alternative:
+// bench/ab.py's decode-paged-check-one-entry-at-a-time.
+constexpr int kDecodePagesInFlight = 8;
+
 // The deep build of the CUDA-core kernel (48 KB of K and V a block in flight instead of 32: DecodeTile's
 // kDeep), for one query row per block at batch <= kDecodeDeepMaxBatch where the launch triggers its
 // dependent early (pdl.cuh) and a split's share of the cache's slots fits in the deep pipeline (STAGES x

@@ -32,11 +32,14 @@
 // decode::NewRows, chunk_live). Without it, the one branch on the null pointer and no load.
 //
 // Paged cache (kPaged, p.block_table): the caches are page pools [num_pages, nheads_kv, page_size,
-// headdim] and slot j of sequence b is row j & (page_size - 1) of page block_table[b][j >> page_shift]
-// (decode::SlotRows). Each thread looks the page up for every row it loads (one int load, from L1 / L2:
-// the lanes of a warp that load rows of one page load the same word), so a tile may straddle pages and
-// page_size may be smaller than a tile. Every block first checks the entries of the pages its sequence
-// reads or writes (decode::pages_ok); one out of [0, num_pages) is treated as out-of-bounds lengths.
+// headdim] and slot j of sequence b is row j & (page_size - 1) of page block_table[b][j >> page_shift].
+// Every block first checks the entries of the pages its sequence reads or writes (decode::pages_ok); one
+// out of [0, num_pages) is treated as out-of-bounds lengths. The loops then look each row's page up one
+// tile ahead, in registers, reading an entry only when a row moves into another page (decode::TileRows,
+// decode::TileRun), so a row's address is the page's base + its row in the page with no table load in
+// the way; a tile may straddle pages and page_size may be smaller than a tile. The L2 prefetch before the
+// PDL wait goes through the entries of the split's first slots as the contiguous cache's goes through
+// its rows (decode::prefetch_cache), skipping entries out of the pool.
 //
 // Tests: tests/test_decode_attention.py; benchmark: bench/bench_decode_attention.py.
 #pragma once
@@ -139,9 +142,16 @@ __device__ __forceinline__ void split_range(const DecodeParams& p, int start, in
   ke = min(end, kb + tiles_per_split * tile);
 }
 
+// Page of logical block blk of a sequence (blk: a slot >> page_shift; table: the sequence's block_table row),
+// read after wait_for_primary() (a plain load; the prefetch's entries, read before it: prefetch_cache).
+__device__ __forceinline__ int page_at(const int* table, int blk) {
+  return table[blk];
+}
+
 // The offsets (elements) of slot j's K and V rows of one sequence from that sequence's base (caches +
 // hkv x stride_h, + b x stride_b when contiguous: cache_base). Contiguous: j x stride_l. Paged: the page
-// from this sequence's row of block_table, then the row in the page.
+// from this sequence's row of block_table, then the row in the page. For one row (the append); the loops
+// over tiles take TileRows.
 template <bool kPaged>
 struct SlotRows {
   const int* table;  // block_table + b x table_stride_b (paged)
@@ -152,13 +162,103 @@ struct SlotRows {
         mask((1 << p.page_shift) - 1) {}
   __device__ __forceinline__ void at(const DecodeParams& p, int j, int64_t& k_off, int64_t& v_off) const {
     if constexpr (kPaged) {
-      const int64_t page = table[j >> shift];  // plain load: read after wait_for_primary()
+      const int64_t page = page_at(table, j >> shift);
       const int64_t row = j & mask;
       k_off = page * p.k_stride_b + row * p.k_stride_l;
       v_off = page * p.v_stride_b + row * p.v_stride_l;
     } else {
       k_off = int64_t(j) * p.k_stride_l;
       v_off = int64_t(j) * p.v_stride_l;
+    }
+  }
+};
+
+// The K and V offsets (as SlotRows') of decode_kernel's N rows a thread copies in each tile of TILE slots of
+// its split, the tiles issued in order: slots j0 + n x step of the first tile, TILE slots further in each
+// next one. Paged: each row's page is looked up one tile ahead. at() takes the page loaded while the
+// previous tile was issued and, when the row's slot in the next tile lies in another page, loads that
+// page's entry (once a page a row), so no row load waits on a table load and each entry has a tile of
+// work to arrive in. Entries are read only for the slots read from the pages, below read_end = min(cached,
+// ke) (pages_ok checked them). at() is called for row n of every tile in turn while its slot j < read_end (a
+// row past it is never at() again: the tiles after a partial one are partial).
+template <bool kPaged, int N, int TILE>
+struct TileRows {
+  int pages[kPaged ? N : 1];
+  __device__ __forceinline__ void start(const DecodeParams& p, int b, int j0, int step, int read_end) {
+    if constexpr (kPaged) {
+      const int* table = p.block_table + b * p.table_stride_b;
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        const int j = j0 + n * step;
+        pages[n] = j < read_end ? page_at(table, j >> p.page_shift) : 0;
+      }
+    }
+  }
+  __device__ __forceinline__ void at(const DecodeParams& p, int b, int read_end, int n, int j, int64_t& k_off,
+                                     int64_t& v_off) {
+    if constexpr (kPaged) {
+      const int shift = p.page_shift;
+      const int64_t page = pages[n];
+      const int j1 = j + TILE;  // this row's slot in the next tile
+      if (j < read_end - TILE && (j1 >> shift) != (j >> shift)) {
+        pages[n] = page_at(p.block_table + b * p.table_stride_b, j1 >> shift);
+      }
+      const int64_t row = j & ((1 << shift) - 1);
+      k_off = page * p.k_stride_b + row * p.k_stride_l;
+      v_off = page * p.v_stride_b + row * p.v_stride_l;
+    } else {
+      k_off = int64_t(j) * p.k_stride_l;
+      v_off = int64_t(j) * p.v_stride_l;
+    }
+  }
+};
+
+// The K and V offsets (as SlotRows') of decode_mma_kernel's rows of each tile. Contiguous: a thread copies
+// rows r0 + n x RS (j x stride_l). Paged: it copies N consecutive rows, slots j0 .. j0 + N - 1 of each tile
+// (j0 = the tile's first slot + r0 x N; N <= 8, less than the smallest page, so they lie in at most two
+// pages), and holds the pages of the first of them and of the last it reads (< read_end), looked up one tile
+// ahead as TileRows' are (next() after each tile; an entry read only when the run moves into another
+// page): two registers a thread instead of one a row (N).
+template <bool kPaged, int N, int TILE>
+struct TileRun {
+  int first_page, last_page;
+  // The pages of the first tile's run, slots j0 .. j0 + N - 1 (those below read_end).
+  __device__ __forceinline__ void start(const DecodeParams& p, int b, int j0, int read_end) {
+    if constexpr (kPaged) {
+      const int* table = p.block_table + b * p.table_stride_b;
+      first_page = last_page = 0;
+      if (j0 < read_end) {
+        first_page = page_at(table, j0 >> p.page_shift);
+        last_page = page_at(table, min(j0 + N - 1, read_end - 1) >> p.page_shift);
+      }
+    }
+  }
+  // Slot j of the run starting at j0 (j < read_end).
+  __device__ __forceinline__ void at(const DecodeParams& p, int j0, int j, int64_t& k_off, int64_t& v_off) const {
+    if constexpr (kPaged) {
+      const int shift = p.page_shift;
+      const int64_t page = (j >> shift) == (j0 >> shift) ? first_page : last_page;
+      const int64_t row = j & ((1 << shift) - 1);
+      k_off = page * p.k_stride_b + row * p.k_stride_l;
+      v_off = page * p.v_stride_b + row * p.v_stride_l;
+    } else {
+      k_off = int64_t(j) * p.k_stride_l;
+      v_off = int64_t(j) * p.v_stride_l;
+    }
+  }
+  // After the tile whose run starts at j0: the pages of the next tile's run.
+  __device__ __forceinline__ void next(const DecodeParams& p, int b, int j0, int read_end) {
+    if constexpr (kPaged) {
+      if (j0 < read_end - TILE) {
+        const int* table = p.block_table + b * p.table_stride_b;
+        const int shift = p.page_shift;
+        const int first = j0 >> shift, last = min(j0 + N - 1, read_end - 1) >> shift;
+        const int j1 = j0 + TILE;
+        const int first1 = j1 >> shift, last1 = min(j1 + N - 1, read_end - 1) >> shift;
+        const int f = first1 == last ? last_page : first1 == first ? first_page : page_at(table, first1);
+        last_page = last1 == first1 ? f : last1 == last ? last_page : page_at(table, last1);
+        first_page = f;
+      }
     }
   }
 };
@@ -180,37 +280,76 @@ __device__ __forceinline__ bool pages_ok(const DecodeParams& p, int b, int start
     const int first = start >> p.page_shift;
     const int last = end > start ? ((end - 1) >> p.page_shift) + 1 : first;
     bool bad = false;
-    for (int i = first + int(threadIdx.x); i < last; i += blockDim.x) {
-      const int page = table[i];
-      bad |= page < 0 || page >= p.num_pages;
+    // kDecodePagesInFlight entries loaded before any is compared: independent loads (the heuristics' entry).
+    for (int i0 = first + int(threadIdx.x); i0 < last; i0 += kDecodePagesInFlight * int(blockDim.x)) {
+      int entries[kDecodePagesInFlight];
+#pragma unroll
+      for (int k = 0; k < kDecodePagesInFlight; ++k) {
+        const int i = i0 + k * int(blockDim.x);
+        entries[k] = i < last ? table[i] : 0;
+      }
+#pragma unroll
+      for (int k = 0; k < kDecodePagesInFlight; ++k) {
+        const int page = entries[k];
+        bad |= page < 0 || page >= p.num_pages;
+      }
     }
     return !__syncthreads_or(bad);
   }
 }
 
+// A block_table entry read before wait_for_primary() (the prefetch's): at L2 (.cg), leaving no L1 line that
+// the reads after the wait (page_at, plain) could hit if an earlier kernel of the PDL chain was still
+// writing the table (L1 is not coherent).
+__device__ __forceinline__ int load_entry_before_wait(const int* ptr) {
+#if defined(__CUDA_ARCH__)
+  int v;
+  asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(v) : "l"(ptr));
+  return v;
+#else
+  return *ptr;
+#endif
+}
+
 // Before wait_for_primary(): the cached K and V rows this block will read into L2, so their DRAM
 // round trip overlaps the previous kernel (under PDL the block starts early: pdl.cuh). The slots are
 // written by earlier steps, not by the kernels this one overlaps; only the lengths might be (a caller
-// whose previous kernel writes seqlens): then the stale lengths make a wrong hint, nothing else. A
-// prefetch moves no data into the block, L2 is where every write lands, and every address is inside
-// the cache (lengths_ok bounds end by max_len). Not for a paged cache: its pages are known only after the
-// block_table entries are checked, after the wait.
+// whose previous kernel writes seqlens), or a paged cache's block_table: then the stale values make a
+// wrong hint, nothing else. A prefetch moves no data into the block, L2 is where every write lands, and
+// every address is inside the cache (lengths_ok bounds end by max_len; a paged cache's rows are
+// prefetched only through entries in [0, num_pages), one entry read a slot, the rows of a page taken
+// one by one: its rows of one head are strided in the nhd layout).
 template <typename T, bool kPaged>
 __device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int hkv, int split, int tile) {
-  if (kPaged || !p.pdl_early) return;  // both parts of the run-ahead together (pdl.cuh)
+  if (!p.pdl_early) return;  // both parts of the run-ahead together (pdl.cuh)
   int cached, end, start, kb, ke;
   if (!lengths_ok(p, b, cached, end, start, /*before_wait=*/true)) return;
   split_range(p, start, end, split, tile, kb, ke);
   // Slots from `cached` on are this step's appends (k_new / v_new); the bound: decode_attention_heuristics.h.
   const int hi = min(min(ke, cached), kb + kDecodePrefetchMaxSlots);
   const int lines = (p.headdim * int(sizeof(T)) + 127) / 128, per_line = 128 / int(sizeof(T));
-  const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h;
-  const T* vc = static_cast<const T*>(p.v_cache) + b * p.v_stride_b + hkv * p.v_stride_h;
-  for (int idx = threadIdx.x; idx < (hi - kb) * lines; idx += blockDim.x) {
-    const int64_t j = kb + idx / lines;
-    const int c = idx % lines * per_line;
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + j * p.k_stride_l + c));
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + j * p.v_stride_l + c));
+  const T* kc = static_cast<const T*>(p.k_cache) + cache_base<kPaged>(b, p.k_stride_b) + hkv * p.k_stride_h;
+  const T* vc = static_cast<const T*>(p.v_cache) + cache_base<kPaged>(b, p.v_stride_b) + hkv * p.v_stride_h;
+  if constexpr (kPaged) {
+    const int* table = p.block_table + b * p.table_stride_b;
+    const int mask = (1 << p.page_shift) - 1;
+    for (int j = kb + int(threadIdx.x); j < hi; j += blockDim.x) {
+      const int page = load_entry_before_wait(table + (j >> p.page_shift));
+      if (page < 0 || page >= p.num_pages) continue;  // no address outside the pools
+      const T* kr = kc + page * p.k_stride_b + int64_t(j & mask) * p.k_stride_l;
+      const T* vr = vc + page * p.v_stride_b + int64_t(j & mask) * p.v_stride_l;
+      for (int c = 0; c < lines * per_line; c += per_line) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kr + c));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + c));
+      }
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < (hi - kb) * lines; idx += blockDim.x) {
+      const int64_t j = kb + idx / lines;
+      const int c = idx % lines * per_line;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + j * p.k_stride_l + c));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + j * p.v_stride_l + c));
+    }
   }
 }
 
@@ -425,7 +564,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   const int sn = p.seqlen_new;
   const T* kc = static_cast<const T*>(p.k_cache) + decode::cache_base<kPaged>(b, p.k_stride_b) + hkv * p.k_stride_h + e0;
   const T* vc = static_cast<const T*>(p.v_cache) + decode::cache_base<kPaged>(b, p.v_stride_b) + hkv * p.v_stride_h + e0;
-  const decode::SlotRows<kPaged> slot_rows(p, b);
+  decode::TileRows<kPaged, U, TILE> tile_rows;  // started once the split's range is known
   const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h + e0;
   const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_stride_b + hkv * p.vn_stride_h + e0;
   auto word = [&](int stage, int kv, int u, int w) {
@@ -442,7 +581,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         int64_t k_off, v_off;
-        slot_rows.at(p, jt + u * NY + ty, k_off, v_off);
+        tile_rows.at(p, b, min(cached, ke), u, jt + u * NY + ty, k_off, v_off);
         const T* ks = kc + k_off;
         const T* vs = vc + v_off;
 #pragma unroll
@@ -458,7 +597,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
       const int j = jt + u * NY + ty;
       const bool on = lane_on && j < ke;
       int64_t k_off = 0, v_off = 0;
-      if (on && j < cached) slot_rows.at(p, j, k_off, v_off);
+      if (on && j < cached) tile_rows.at(p, b, min(cached, ke), u, j, k_off, v_off);
       const T* ks = !on ? static_cast<const T*>(p.k_cache)
                         : j < cached ? kc + k_off : kn + (j - cached) * p.kn_stride_s;
       const T* vs = !on ? static_cast<const T*>(p.v_cache)
@@ -510,6 +649,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   if (!decode::chunk_live<R>(p, chunk, nr)) return;
   decode::split_range(p, start, end, split, TILE, kb, ke);
   const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
+  tile_rows.start(p, b, kb + ty, NY, min(cached, ke));
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
     if (t < n_tiles) issue(t);
@@ -722,13 +862,16 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
 
   const T* kc = static_cast<const T*>(p.k_cache) + decode::cache_base<kPaged>(b, p.k_stride_b) + hkv * p.k_stride_h;
   const T* vc = static_cast<const T*>(p.v_cache) + decode::cache_base<kPaged>(b, p.v_stride_b) + hkv * p.v_stride_h;
-  const decode::SlotRows<kPaged> slot_rows(p, b);
   const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h + nr.row0 * p.kn_stride_s;
   const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_stride_b + hkv * p.vn_stride_h + nr.row0 * p.vn_stride_s;
   // Each thread copies one fixed 16-byte column chunk c of rows r0, r0 + RS, ...; a tile wholly
   // inside the cache and the split takes the short path (no selects).
   constexpr int RS = kDecodeThreads / CH;
   const int c = threadIdx.x % CH, r0 = threadIdx.x / CH;
+  constexpr int N = TILE / RS;  // rows a thread copies a tile
+  static_assert(N <= 16, "a thread's run of a tile lies in at most two pages of the smallest size (16 slots)");
+  decode::TileRun<kPaged, N, TILE> tile_run;
+  tile_run.start(p, b, kb + r0 * N, min(cached, ke));
   const bool col_on = c * kVec < p.headdim;
   auto issue = [&](int t) {
     T* ks = pipe + (t % STAGES) * 2 * TILE * HD;
@@ -736,25 +879,26 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
     const int jt = kb + t * TILE;
     const bool fast = jt + TILE <= min(cached, ke);
 #pragma unroll
-    for (int n = 0; n < TILE / RS; ++n) {
-      const int row = r0 + n * RS, j = jt + row;
+    for (int n = 0; n < N; ++n) {
+      const int row = kPaged ? r0 * N + n : r0 + n * RS, j = jt + row;
       const bool on = col_on && (fast || j < ke);
       const T* ksrc = static_cast<const T*>(p.k_cache);
       const T* vsrc = static_cast<const T*>(p.v_cache);
       if (fast) {
         int64_t k_off, v_off;
-        slot_rows.at(p, j, k_off, v_off);
+        tile_run.at(p, jt + r0 * N, j, k_off, v_off);
         ksrc = kc + k_off + c * kVec;
         vsrc = vc + v_off + c * kVec;
       } else if (on) {
         int64_t k_off = 0, v_off = 0;
-        if (j < cached) slot_rows.at(p, j, k_off, v_off);
+        if (j < cached) tile_run.at(p, jt + r0 * N, j, k_off, v_off);
         ksrc = (j < cached ? kc + k_off : kn + (j - cached) * p.kn_stride_s) + c * kVec;
         vsrc = (j < cached ? vc + v_off : vn + (j - cached) * p.vn_stride_s) + c * kVec;
       }
       cp_async16(reinterpret_cast<uint4*>(ks + swizzled<HD>(row, c)), ksrc, on);
       cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(row, c)), vsrc, on);
     }
+    tile_run.next(p, b, jt + r0 * N, min(cached, ke));
   };
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
