@@ -144,7 +144,10 @@ at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, cons
   p.eps = float(eps);
   p.scale = 0.125f;  // head_dim ** -0.5
   // The attention: every (sequence, head)'s keys split over as many blocks as there are, one item a block.
-  p.att_splits = int(std::max<int64_t>(1, std::min<int64_t>(grid, kStepMaxItems) / (batch * p.n_head)));
+  // Splits: 128 keys a block where there are blocks enough (a split's keys are 4 loads a thread in flight),
+  // up to kStepMaxSplits; at most one item a block.
+  p.att_splits = int(std::max<int64_t>(1, std::min<int64_t>({ceil_div(max_len, 128), kStepMaxSplits,
+                                                              std::min<int64_t>(grid, kStepMaxItems) / (batch * p.n_head)})));
   // One tile a block in each phase: ceil(rows / SMs) weight rows a tile.
   const int64_t n_rows[4] = {3 * width, width, 4 * width, width};
   const int64_t k_cols[4] = {width, width, width, 4 * width};
@@ -157,8 +160,11 @@ at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, cons
   p.slot_bytes = int(ceil_div(slot_bytes, 128) * 128);
   p.chunk_rows = int(p.slot_bytes / (width * elem));
   p.vocab_rows = int(ceil_div(vocab, grid));
-  p.act_bytes = step_act_bytes(int(batch), int(width), int(max_len), int(elem));
-  const int64_t fixed = p.act_bytes + 2 * kStepMaxSlots * 8 + 64;
+  FA_CHECK_ARG(p.tile_rows[2] <= kStepMaxTileRows, wte,
+               "leave a tile of at most " + std::to_string(kStepMaxTileRows) + " weight rows a block (4 n_embd / SMs)",
+               std::to_string(p.tile_rows[2]) + " on " + std::to_string(grid) + " SMs");
+  p.act_bytes = step_act_bytes(int(batch), int(width), int(elem));
+  const int64_t fixed = p.act_bytes + kStepSmemExtra;
   p.slots = int(std::min<int64_t>(kStepMaxSlots, (int64_t(prop->sharedMemPerBlockOptin) - fixed) / p.slot_bytes));
   FA_CHECK_ARG(p.slots >= 2, k_cache,
                "leave room for two weight slots in shared memory (max_len and batch set the rest)",

@@ -105,21 +105,40 @@ __device__ __forceinline__ float ld_f(const T* p) {
   return to_float(__ldcg(p));
 }
 
-// The rows of x [batch, C] (global, or the embedding at layer 0), LayerNorm'd with (g, b), into act
-// [batch, C] in T, as F.layer_norm rounds its output. At layer 0 (emb) x is wte[token] + wpe[pos],
-// rounded to T (transformers' add), and block 0 writes it to the residual stream.
+// A LayerNorm's weight and bias, this thread's elements (k = threadIdx.x + i x 256): loaded before the wait
+// for the phase's input, so they are not a DRAM round trip on the dependency chain.
+constexpr int kPerThread = kStepMaxWidth / kStepConsumers;
+struct NormParams {
+  float g[kPerThread], b[kPerThread];
+};
 template <typename T>
-__device__ void norm_rows(const StepParams& p, const T* g, const T* b, T* act, float* red, bool emb) {
+__device__ __forceinline__ NormParams load_norm(const StepParams& p, const void* g, const void* b) {
+  NormParams n;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int k = threadIdx.x + i * kStepConsumers;
+    n.g[i] = k < p.width ? to_float(__ldg(static_cast<const T*>(g) + k)) : 0.f;
+    n.b[i] = k < p.width ? to_float(__ldg(static_cast<const T*>(b) + k)) : 0.f;
+  }
+  return n;
+}
+
+// The rows of x [batch, C] (global, or the embedding at layer 0), LayerNorm'd with np, into act [batch, C]
+// in T, as F.layer_norm rounds its output. At layer 0 (emb) x is wte[token] + wpe[pos], rounded to T
+// (transformers' add), and block 0 writes it to the residual stream. Every row's loads are issued first.
+template <typename T>
+__device__ void norm_rows(const StepParams& p, const NormParams& np, T* act, float* red, bool emb) {
   const int C = p.width;
   const T* x = static_cast<const T*>(p.x);
-  for (int r = 0; r < p.batch; ++r) {
-    float v[kStepMaxWidth / kStepConsumers];
-    float s = 0.f;
-    const T* wte_row = nullptr;
-    const T* wpe_row = nullptr;
+  float v[kStepMaxRows][kPerThread];
+#pragma unroll
+  for (int r = 0; r < kStepMaxRows; ++r) {
+    if (r >= p.batch) break;
     // A token or position outside its table (a caller's bug: the sampler never writes one) reads nothing
     // and gives the row NaN.
     bool bad = false;
+    const T* wte_row = nullptr;
+    const T* wpe_row = nullptr;
     if (emb) {
       const int64_t tok = p.token[r], pos = p.pos[r];
       bad = tok < 0 || tok >= p.vocab || pos < 0 || pos >= p.n_positions;
@@ -127,43 +146,66 @@ __device__ void norm_rows(const StepParams& p, const T* g, const T* b, T* act, f
       wpe_row = static_cast<const T*>(p.wpe) + (bad ? 0 : pos) * C;
     }
 #pragma unroll
-    for (int i = 0; i < kStepMaxWidth / kStepConsumers; ++i) {
+    for (int i = 0; i < kPerThread; ++i) {
       const int k = threadIdx.x + i * kStepConsumers;
-      v[i] = 0.f;
+      v[r][i] = 0.f;
       if (k < C) {
         if (emb) {
-          const T e = bad ? from_float<T>(NAN) : from_float<T>(to_float(__ldg(wte_row + k)) + to_float(__ldg(wpe_row + k)));
-          v[i] = to_float(e);
+          const T e = bad ? from_float<T>(NAN)
+                          : from_float<T>(to_float(__ldg(wte_row + k)) + to_float(__ldg(wpe_row + k)));
+          v[r][i] = to_float(e);
           if (blockIdx.x == 0) static_cast<T*>(p.x)[r * C + k] = e;
         } else {
-          v[i] = ld_f(x + r * C + k);
+          v[r][i] = ld_f(x + r * C + k);
         }
       }
-      s += v[i];
     }
+  }
+#pragma unroll
+  for (int r = 0; r < kStepMaxRows; ++r) {
+    if (r >= p.batch) break;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) s += v[r][i];
     const float mean = consumers_sum(s, red) / C;
     float q = 0.f;
 #pragma unroll
-    for (int i = 0; i < kStepMaxWidth / kStepConsumers; ++i) {
+    for (int i = 0; i < kPerThread; ++i) {
       const int k = threadIdx.x + i * kStepConsumers;
-      if (k < C) q += (v[i] - mean) * (v[i] - mean);
+      if (k < C) q += (v[r][i] - mean) * (v[r][i] - mean);
     }
     const float rstd = rsqrtf(consumers_sum(q, red) / C + p.eps);
 #pragma unroll
-    for (int i = 0; i < kStepMaxWidth / kStepConsumers; ++i) {
+    for (int i = 0; i < kPerThread; ++i) {
       const int k = threadIdx.x + i * kStepConsumers;
-      if (k < C) act[r * C + k] = from_float<T>((v[i] - mean) * rstd * to_float(g[k]) + to_float(b[k]));
+      if (k < C) act[r * C + k] = from_float<T>((v[r][i] - mean) * rstd * np.g[i] + np.b[i]);
     }
   }
   consumers_sync();
+}
+
+// A tile's bias (rows r0 .. r0 + rows - 1) into shared memory, before the wait.
+template <typename T>
+__device__ __forceinline__ void load_bias(const void* bias, int r0, int rows, float* bias_s) {
+  if (int(threadIdx.x) < rows) bias_s[threadIdx.x] = to_float(__ldg(static_cast<const T*>(bias) + r0 + threadIdx.x));
 }
 
 // act [batch, K] = src [batch, K] from global (another phase's output).
 template <typename T>
 __device__ void stage_rows(const T* src, int rows, int K, T* act) {
   const int n = rows * K / 8;
-  for (int i = threadIdx.x; i < n; i += kStepConsumers) {
-    reinterpret_cast<uint4*>(act)[i] = __ldcg(reinterpret_cast<const uint4*>(src) + i);
+  for (int i0 = 0; i0 < n; i0 += 4 * kStepConsumers) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = i0 + u * kStepConsumers + threadIdx.x;
+      if (i < n) v[u] = __ldcg(reinterpret_cast<const uint4*>(src) + i);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = i0 + u * kStepConsumers + threadIdx.x;
+      if (i < n) reinterpret_cast<uint4*>(act)[i] = v[u];
+    }
   }
   consumers_sync();
 }
@@ -264,13 +306,13 @@ __device__ void prefetch_split(const StepParams& p, int layer, int item) {
   }
 }
 
-// Split c of the attention of sequence b's query at head h: its keys' scores, their max m, l = sum of
-// exp(score - m) and o = sum of exp(score - m) v, unnormalized, into the item's partial (o[64], m, l),
-// which the c_proj phase merges. Keys 32 at a time (8 lanes a key, 16 bytes each), 4 such loads in flight.
+// Split c of the attention of sequence b's query at head h: m (its keys' largest score), l = sum of
+// exp(score - m) and o = sum of exp(score - m) v, unnormalized, into the item's partial (o[64], m, l), which the
+// c_proj phase merges. 8 lanes a key (16 bytes each), 32 keys a pass, kAttBatch passes' K and V rows loaded at
+// once; each thread keeps a running (m, l, o[8]) (online softmax), merged over the groups, then the warps.
 constexpr int kAttBatch = 4;
 template <typename T>
-__device__ void attend_split(const StepParams& p, int layer, int item, float* scores, float* part, float* qs,
-                             float* red) {
+__device__ void attend_split(const StepParams& p, int layer, int item, float* part, float* qs) {
   const int C = p.width, D = kStepHeadDim;
   const int pair = item / p.att_splits, b = pair / p.n_head, h = pair % p.n_head;
   int lo, hi;
@@ -280,115 +322,117 @@ __device__ void attend_split(const StepParams& p, int layer, int item, float* sc
   const int64_t head = ((int64_t(layer) * p.batch + b) * p.n_head + h) * p.max_len * D;
   const T* kc = static_cast<const T*>(p.k_cache) + head + int64_t(lo) * D;
   const T* vc = static_cast<const T*>(p.v_cache) + head + int64_t(lo) * D;
-  if (threadIdx.x < D) {
-    qs[threadIdx.x] = ld_f(static_cast<const T*>(p.qkv) + int64_t(b) * 3 * C + h * D + threadIdx.x) * p.scale;
-  }
-  consumers_sync();
   const int group = threadIdx.x / 8, sub = threadIdx.x % 8;
   constexpr int kGroups = kStepConsumers / 8;
   float qr[8];
+  {
+    const uint4 qv = __ldcg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.qkv) + int64_t(b) * 3 * C + h * D) + sub);
+    const T* qe = reinterpret_cast<const T*>(&qv);
 #pragma unroll
-  for (int e = 0; e < 8; ++e) qr[e] = qs[sub * 8 + e];
-  float m = -INFINITY;
+    for (int e = 0; e < 8; ++e) qr[e] = to_float(qe[e]) * p.scale;
+  }
+  float m = -INFINITY, l = 0.f, o[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) o[e] = 0.f;
   for (int j0 = 0; j0 < n; j0 += kGroups * kAttBatch) {
-    uint4 kv[kAttBatch];
+    uint4 kv[kAttBatch], vv[kAttBatch];
 #pragma unroll
     for (int u = 0; u < kAttBatch; ++u) {
       const int j = j0 + u * kGroups + group;
       kv[u] = j < n ? __ldcg(reinterpret_cast<const uint4*>(kc + int64_t(j) * D) + sub) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kAttBatch; ++u) {
-      const int j = j0 + u * kGroups + group;
-      const T* ke = reinterpret_cast<const T*>(&kv[u]);
-      float s = 0.f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) s = fmaf(qr[e], to_float(ke[e]), s);
-      s += __shfl_xor_sync(0xffffffffu, s, 4);
-      s += __shfl_xor_sync(0xffffffffu, s, 2);
-      s += __shfl_xor_sync(0xffffffffu, s, 1);
-      if (j < n) {
-        if (sub == 0) scores[j] = s;
-        m = fmaxf(m, s);
-      }
-    }
-  }
-  m = consumers_max(m, red);
-  float sum = 0.f;
-  for (int j = threadIdx.x; j < n; j += kStepConsumers) {
-    const float e = __expf(scores[j] - m);
-    scores[j] = e;
-    sum += e;
-  }
-  sum = consumers_sum(sum, red);  // its barriers also publish scores
-  float o[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) o[e] = 0.f;
-  for (int j0 = 0; j0 < n; j0 += kGroups * kAttBatch) {
-    uint4 vv[kAttBatch];
-#pragma unroll
-    for (int u = 0; u < kAttBatch; ++u) {
-      const int j = j0 + u * kGroups + group;
       vv[u] = j < n ? __ldcg(reinterpret_cast<const uint4*>(vc + int64_t(j) * D) + sub) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kAttBatch; ++u) {
       const int j = j0 + u * kGroups + group;
-      const float pj = j < n ? scores[j] : 0.f;
-      const T* ve = reinterpret_cast<const T*>(&vv[u]);
+      const T* ke = reinterpret_cast<const T*>(&kv[u]);
+      float sc = 0.f;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = fmaf(pj, to_float(ve[e]), o[e]);
+      for (int e = 0; e < 8; ++e) sc = fmaf(qr[e], to_float(ke[e]), sc);
+      sc += __shfl_xor_sync(0xffffffffu, sc, 4);
+      sc += __shfl_xor_sync(0xffffffffu, sc, 2);
+      sc += __shfl_xor_sync(0xffffffffu, sc, 1);
+      if (j < n) {
+        const float mn = fmaxf(m, sc);
+        const float keep = __expf(m - mn), w = __expf(sc - mn);
+        const T* ve = reinterpret_cast<const T*>(&vv[u]);
+        l = l * keep + w;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = fmaf(w, to_float(ve[e]), o[e] * keep);
+        m = mn;
+      }
     }
   }
-  // The 4 groups of a warp, then the 8 warps.
+  // Merge the 4 groups of a warp (lanes 8 apart), then the 8 warps through shared memory.
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    o[e] += __shfl_xor_sync(0xffffffffu, o[e], 8);
-    o[e] += __shfl_xor_sync(0xffffffffu, o[e], 16);
+  for (int off = 8; off < 32; off <<= 1) {
+    const float mo = __shfl_xor_sync(0xffffffffu, m, off), lo_ = __shfl_xor_sync(0xffffffffu, l, off);
+    const float mn = fmaxf(m, mo);
+    const float a = mn == -INFINITY ? 0.f : __expf(m - mn), c = mn == -INFINITY ? 0.f : __expf(mo - mn);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = o[e] * a + __shfl_xor_sync(0xffffffffu, o[e], off) * c;
+    l = l * a + lo_ * c;
+    m = mn;
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane < 8) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) part[warp * D + lane * 8 + e] = o[e];
   }
+  if (lane == 0) {
+    qs[warp] = m;
+    qs[kWarps + warp] = l;
+  }
   consumers_sync();
+  float mx = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, qs[w]);
   float* out = p.att_part + int64_t(item) * kStepPartFloats;
   if (threadIdx.x < D) {
     float v = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += part[w * D + threadIdx.x];
+    for (int w = 0; w < kWarps; ++w) v += mx == -INFINITY ? 0.f : part[w * D + threadIdx.x] * __expf(qs[w] - mx);
     out[threadIdx.x] = v;
   }
   if (threadIdx.x == D) {
-    out[D] = m;
-    out[D + 1] = bad ? NAN : sum;
+    float L = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) L += mx == -INFINITY ? 0.f : qs[kWarps + w] * __expf(qs[w] - mx);
+    out[D] = mx;
+    out[D + 1] = bad ? NAN : L;
   }
 }
 
 // act [batch, C] = the attention's output: each (sequence, head)'s splits merged (softmax's rescaling) and
-// rounded to T, as the attention's output is stored.
+// rounded to T, as the attention's output is stored. Every split's (m, l, o) is loaded before any is used.
 template <typename T>
 __device__ void merge_splits(const StepParams& p, T* act) {
   const int C = p.width, S = p.att_splits;
   for (int idx = threadIdx.x; idx < p.batch * C; idx += kStepConsumers) {
     const int b = idx / C, within = idx % C, h = within / kStepHeadDim, d = within % kStepHeadDim;
     const float* part = p.att_part + int64_t((b * p.n_head + h) * S) * kStepPartFloats;
+    float ms[kStepMaxSplits], ls[kStepMaxSplits], os[kStepMaxSplits];
+#pragma unroll
+    for (int c = 0; c < kStepMaxSplits; ++c) {
+      const float* q = part + c * kStepPartFloats;
+      ms[c] = c < S ? __ldcg(q + kStepHeadDim) : -INFINITY;
+      ls[c] = c < S ? __ldcg(q + kStepHeadDim + 1) : 0.f;
+      os[c] = c < S ? __ldcg(q + d) : 0.f;
+    }
     float mx = -INFINITY;
     bool bad = false;
-    for (int c = 0; c < S; ++c) {
-      const float* q = part + c * kStepPartFloats;
-      const float l = __ldcg(q + kStepHeadDim + 1);
-      bad |= isnan(l);
-      if (l > 0.f) mx = fmaxf(mx, __ldcg(q + kStepHeadDim));
+#pragma unroll
+    for (int c = 0; c < kStepMaxSplits; ++c) {
+      bad |= isnan(ls[c]);
+      if (ls[c] > 0.f) mx = fmaxf(mx, ms[c]);
     }
     float L = 0.f, O = 0.f;
-    for (int c = 0; c < S; ++c) {
-      const float* q = part + c * kStepPartFloats;
-      const float l = __ldcg(q + kStepHeadDim + 1);
-      if (l > 0.f) {
-        const float w = __expf(__ldcg(q + kStepHeadDim) - mx);
-        L += l * w;
-        O += __ldcg(q + d) * w;
+#pragma unroll
+    for (int c = 0; c < kStepMaxSplits; ++c) {
+      if (ls[c] > 0.f) {
+        const float w = __expf(ms[c] - mx);
+        L += ls[c] * w;
+        O += os[c] * w;
       }
     }
     act[idx] = from_float<T>(bad ? NAN : L > 0.f ? O / L : 0.f);
@@ -449,33 +493,46 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
   T* x = static_cast<T*>(p.x);
   const int items = B * p.n_head * p.att_splits;
   const int item = int(gridDim.x) - 1 - t;  // attention on the last blocks, which own the fewest tiles
-  float* scores = reinterpret_cast<float*>(act);
-  float* part = scores + p.max_len;
+  float* part = reinterpret_cast<float*>(act);
   float* qs = part + kWarps * kStepHeadDim;
+  // Constants of the launch and of each tile's epilogue, in shared memory: the new slots, a tile's bias, and
+  // the residual rows its projection adds (read right after the wait, beside the phase's input).
+  int* slots = reinterpret_cast<int*>(red + 16);
+  float* bias_s = reinterpret_cast<float*>(slots + kStepMaxRows);
+  float* res_s = bias_s + kStepMaxTileRows;
+  if (threadIdx.x < B) slots[threadIdx.x] = p.seqlens[threadIdx.x];
+  // Residual rows r0 .. r0 + rows - 1 of x into res_s [batch][kStepMaxTileRows].
+  auto load_residual = [&](int r0, int rows) {
+    for (int i = threadIdx.x; i < B * rows; i += kStepConsumers) {
+      res_s[(i / rows) * kStepMaxTileRows + i % rows] = ld_f(x + (i / rows) * C + r0 + i % rows);
+    }
+  };
 
   for (int l = 0; l < p.n_layer; ++l) {
     const StepLayer& L = p.layers[l];
     // c_attn over ln_1(x): queries to qkv, keys and values into the cache at slot seqlens[b].
     if (t < p.tiles[0]) {
-      if (l > 0) wait_for(counter(p, l - 1, 4), p.tiles[3]);
-      norm_rows<T>(p, static_cast<const T*>(L.ln1_w), static_cast<const T*>(L.ln1_b), act, red, l == 0);
-      const T* w = take();
       const int r0 = t * p.tile_rows[0];
       const int rows = min(p.tile_rows[0], 3 * C - r0);
-      const T* bias = static_cast<const T*>(L.b_qkv);
+      const NormParams np = load_norm<T>(p, L.ln1_w, L.ln1_b);
+      load_bias<T>(L.b_qkv, r0, rows, bias_s);
+      if (l > 0) {
+        wait_for(counter(p, l - 1, 4), p.tiles[3]);
+      } else {
+        consumers_sync();
+      }
+      norm_rows<T>(p, np, act, red, l == 0);
+      const T* w = take();
       tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
         const int n = r0 + r;
         const int part_of = n / C, within = n % C, hh = within / kStepHeadDim, d = within % kStepHeadDim;
         for (int b = 0; b < B; ++b) {
-          const T y = from_float<T>(acc[b] + to_float(bias[n]));
+          const T y = from_float<T>(acc[b] + bias_s[r]);
           if (part_of == 0) {
             static_cast<T*>(p.qkv)[int64_t(b) * 3 * C + n] = y;
-          } else {
-            const int slot = p.seqlens[b];
-            if (slot >= 0 && slot < p.max_len) {
-              T* cache = static_cast<T*>(part_of == 1 ? p.k_cache : p.v_cache);
-              cache[(((int64_t(l) * B + b) * p.n_head + hh) * p.max_len + slot) * kStepHeadDim + d] = y;
-            }
+          } else if (slots[b] >= 0 && slots[b] < p.max_len) {
+            T* cache = static_cast<T*>(part_of == 1 ? p.k_cache : p.v_cache);
+            cache[(((int64_t(l) * B + b) * p.n_head + hh) * p.max_len + slots[b]) * kStepHeadDim + d] = y;
           }
         }
       });
@@ -486,21 +543,21 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
     if (item >= 0 && item < items) {
       prefetch_split<T>(p, l, item);
       wait_for(counter(p, l, 0), p.tiles[0]);
-      attend_split<T>(p, l, item, scores, part, qs, red);
+      attend_split<T>(p, l, item, part, qs);
       signal(counter(p, l, 1));
     }
     // attention's c_proj (its input: the splits merged), + residual.
     if (t < p.tiles[1]) {
-      wait_for(counter(p, l, 1), items);
-      merge_splits<T>(p, act);
-      const T* w = take();
       const int r0 = t * p.tile_rows[1];
       const int rows = min(p.tile_rows[1], C - r0);
-      const T* bias = static_cast<const T*>(L.b_o);
+      load_bias<T>(L.b_o, r0, rows, bias_s);
+      wait_for(counter(p, l, 1), items);
+      load_residual(r0, rows);
+      merge_splits<T>(p, act);
+      const T* w = take();
       tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
-        const int n = r0 + r;
         for (int b = 0; b < B; ++b) {
-          x[b * C + n] = from_float<T>(acc[b] + to_float(bias[n]) + ld_f(x + b * C + n));
+          x[b * C + r0 + r] = from_float<T>(acc[b] + bias_s[r] + res_s[b * kStepMaxTileRows + r]);
         }
       });
       give_back();
@@ -508,32 +565,32 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
     }
     // c_fc over ln_2(x), GELU.
     if (t < p.tiles[2]) {
-      wait_for(counter(p, l, 2), p.tiles[1]);
-      norm_rows<T>(p, static_cast<const T*>(L.ln2_w), static_cast<const T*>(L.ln2_b), act, red, false);
-      const T* w = take();
       const int r0 = t * p.tile_rows[2];
       const int rows = min(p.tile_rows[2], 4 * C - r0);
-      const T* bias = static_cast<const T*>(L.b_fc);
+      const NormParams np = load_norm<T>(p, L.ln2_w, L.ln2_b);
+      load_bias<T>(L.b_fc, r0, rows, bias_s);
+      wait_for(counter(p, l, 2), p.tiles[1]);
+      norm_rows<T>(p, np, act, red, false);
+      const T* w = take();
       T* hidden = static_cast<T*>(p.hidden);
       tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
-        const int n = r0 + r;
-        for (int b = 0; b < B; ++b) hidden[b * 4 * C + n] = from_float<T>(gelu_tanh(acc[b] + to_float(bias[n])));
+        for (int b = 0; b < B; ++b) hidden[b * 4 * C + r0 + r] = from_float<T>(gelu_tanh(acc[b] + bias_s[r]));
       });
       give_back();
       signal(counter(p, l, 3));
     }
     // the MLP's c_proj, + residual.
     if (t < p.tiles[3]) {
-      wait_for(counter(p, l, 3), p.tiles[2]);
-      stage_rows<T>(static_cast<const T*>(p.hidden), B, 4 * C, act);
-      const T* w = take();
       const int r0 = t * p.tile_rows[3];
       const int rows = min(p.tile_rows[3], C - r0);
-      const T* bias = static_cast<const T*>(L.b_p);
+      load_bias<T>(L.b_p, r0, rows, bias_s);
+      wait_for(counter(p, l, 3), p.tiles[2]);
+      load_residual(r0, rows);
+      stage_rows<T>(static_cast<const T*>(p.hidden), B, 4 * C, act);
+      const T* w = take();
       tile_dots<T>(w, rows, 4 * C, act, B, [&](int r, const float* acc) {
-        const int n = r0 + r;
         for (int b = 0; b < B; ++b) {
-          x[b * C + n] = from_float<T>(acc[b] + to_float(bias[n]) + ld_f(x + b * C + n));
+          x[b * C + r0 + r] = from_float<T>(acc[b] + bias_s[r] + res_s[b * kStepMaxTileRows + r]);
         }
       });
       give_back();
@@ -543,8 +600,9 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
   // ln_f, then this block's rows of the lm_head (tied to wte), chunk by chunk through the ring.
   const int v0 = t * p.vocab_rows, v1 = min(p.vocab, v0 + p.vocab_rows);
   if (v0 < v1) {
+    const NormParams np = load_norm<T>(p, p.lnf_w, p.lnf_b);
     wait_for(counter(p, p.n_layer - 1, 4), p.tiles[3]);
-    norm_rows<T>(p, static_cast<const T*>(p.lnf_w), static_cast<const T*>(p.lnf_b), act, red, false);
+    norm_rows<T>(p, np, act, red, false);
     T* logits = static_cast<T*>(p.logits);
     for (int r0 = v0; r0 < v1; r0 += p.chunk_rows) {
       const int rows = min(p.chunk_rows, v1 - r0);

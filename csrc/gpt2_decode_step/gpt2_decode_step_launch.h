@@ -19,6 +19,12 @@ constexpr int kStepMaxSlots = 5;     // weight slots of the shared-memory ring (
 // The attention's work items, (sequence, head, split of its keys), one a block: partials o[64], m, l (padded).
 constexpr int kStepMaxItems = 1024;
 constexpr int kStepPartFloats = 68;
+constexpr int kStepMaxSplits = 8;     // splits of a (sequence, head)'s keys: 128 keys a block at GPT-2's 1024
+constexpr int kStepMaxTileRows = 64;  // weight rows of a block's tile (its bias and residual staged in shared memory)
+// Shared memory beside the ring and the activations: the ring's mbarriers, the reductions' 16 floats, the new
+// slots, a tile's bias and residual rows.
+constexpr int kStepSmemExtra = 2 * kStepMaxSlots * 8 + 16 * 4 + kStepMaxRows * 4 + kStepMaxTileRows * 4 +
+                               kStepMaxRows * kStepMaxTileRows * 4;
 
 // One layer's tensors, each contiguous: weights [n_out, n_in] (nn.Linear's layout), biases and norms [n_out].
 struct StepLayer {
@@ -69,11 +75,11 @@ struct StepParams {
   int slots, slot_bytes, act_bytes, smem_bytes;
 };
 
-// The shared memory a launch needs beyond the weight ring: the activations [batch, 4 C] and the
-// attention's scores [max_len] and partial outputs.
-inline int step_act_bytes(int batch, int width, int max_len, int elem_bytes) {
+// The shared memory a launch needs beyond the weight ring: the activations [batch, 4 C], or the attention's
+// per-warp partials.
+inline int step_act_bytes(int batch, int width, int elem_bytes) {
   const int act = batch * 4 * width * elem_bytes;
-  const int attn = max_len * 4 + (kStepConsumers / 32) * kStepHeadDim * 4 + kStepHeadDim * 4;
+  const int attn = (kStepConsumers / 32) * kStepHeadDim * 4 + 2 * (kStepConsumers / 32) * 4;
   return ((act > attn ? act : attn) + 127) / 128 * 128;
 }
 
