@@ -126,15 +126,24 @@ def check_step_args(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b
                          f"{tuple(workspace.shape)} {workspace.dtype} {workspace.device}")
 
 
+TRACE_STRIDE = 1024  # kStepTraceStride: stamps a block
+TRACE_PHASES = ("c_attn", "attention", "c_proj", "c_fc", "mlp c_proj")
+
+
 def gpt2_decode_step(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, v_cache, workspace,
-                     eps: float = 1e-5) -> torch.Tensor:
+                     eps: float = 1e-5, *, trace: torch.Tensor | None = None) -> torch.Tensor:
     """The logits ``[batch, vocab]`` of one decode step, with every layer's key and value appended (module
-    docstring)."""
+    docstring). ``trace`` (CUDA only): an int64 ``[SMs, 1024]`` tensor; each block's thread 0 writes its phase
+    timeline there in %globaltimer nanoseconds: column 0 its start, then for layer l and phase p
+    (``TRACE_PHASES``) columns ``1 + (5 l + p) * 3 + (0, 1, 2)``: before the phase's wait, after it, after its
+    signal (0 where the block has no such work), then the lm_head's three (layer n_layer, phase 0)."""
     check_step_args(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, v_cache, workspace, eps)
+    if trace is not None and wte.device.type != "cuda":
+        raise ValueError(f"trace must be None on {wte.device.type} (it records the CUDA kernel's phases), got a tensor")
     if wte.device.type == "cuda":
         _ops.ensure_loaded()
     return torch.ops.fused_attn.gpt2_decode_step(token, pos, seqlens, leftpad, wte, wpe, list(layers), lnf_w, lnf_b,
-                                                 k_cache, v_cache, workspace, float(eps))
+                                                 k_cache, v_cache, workspace, float(eps), trace)
 
 
 def _cpu(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, v_cache, eps) -> torch.Tensor:
@@ -175,7 +184,8 @@ def _cpu(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, 
     return (ln(x, lnf_w.to(acc), lnf_b.to(acc)) @ wte.to(acc).T).to(dt)
 
 
-def _autograd(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, v_cache, workspace, eps):
+def _autograd(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, v_cache, workspace, eps,
+              trace=None):
     for name, t in (("wte", wte), ("wpe", wpe), ("lnf_w", lnf_w), ("lnf_b", lnf_b), ("k_cache", k_cache),
                     ("v_cache", v_cache), *((f"layers[{i}]", t) for i, t in enumerate(layers))):
         if t.requires_grad and torch.is_grad_enabled():
@@ -183,20 +193,22 @@ def _autograd(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_ca
                              "gradient), got requires_grad=True")
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.fused_attn.gpt2_decode_step(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b,
-                                                     k_cache, v_cache, workspace, eps)
+                                                     k_cache, v_cache, workspace, eps, trace)
 
 
 def _register() -> None:
     lib = "fused_attn::gpt2_decode_step"
 
     @torch.library.register_fake(lib)
-    def _fake(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, v_cache, workspace, eps):
+    def _fake(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, v_cache, workspace, eps,
+              trace=None):
         check_step_args(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, v_cache, workspace,
                         eps)
         return wte.new_empty(token.shape[0], wte.shape[0])
 
     @torch.library.register_kernel(lib, "cpu")
-    def _cpu_kernel(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, v_cache, workspace, eps):
+    def _cpu_kernel(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, v_cache, workspace, eps,
+                    trace=None):
         check_step_args(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, v_cache, workspace,
                         eps)
         return _cpu(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, v_cache, eps)

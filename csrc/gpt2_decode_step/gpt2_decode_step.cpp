@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,8 @@ int64_t workspace_bytes(int64_t batch, int64_t width, int64_t n_layer, int64_t e
 at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, const at::Tensor& seqlens,
                             const at::Tensor& leftpad, const at::Tensor& wte, const at::Tensor& wpe,
                             at::TensorList layers, const at::Tensor& lnf_w, const at::Tensor& lnf_b,
-                            at::Tensor& k_cache, at::Tensor& v_cache, at::Tensor& workspace, double eps) {
+                            at::Tensor& k_cache, at::Tensor& v_cache, at::Tensor& workspace, double eps,
+                            const std::optional<at::Tensor>& trace) {
   FA_CHECK_CUDA(wte);
   FA_CHECK_ARG(wte.scalar_type() == at::kHalf || wte.scalar_type() == at::kBFloat16, wte,
                "have dtype float16 or bfloat16", dtype_str(wte.scalar_type()));
@@ -105,6 +107,15 @@ at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, cons
 
   const c10::cuda::CUDAGuard guard(wte.device());
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(wte.device().index());
+  if (trace.has_value()) {
+    const at::Tensor& t = *trace;
+    FA_CHECK_ARG(t.device() == wte.device() && t.scalar_type() == at::kLong && t.is_contiguous() &&
+                     t.numel() >= int64_t(prop->multiProcessorCount) * kStepTraceStride,
+                 trace, "be a contiguous int64 tensor of at least SMs x " + std::to_string(kStepTraceStride) +
+                            " = " + std::to_string(int64_t(prop->multiProcessorCount) * kStepTraceStride) +
+                            " elements on wte's device",
+                 shape_str(t.sizes()) + " " + dtype_str(t.scalar_type()));
+  }
   FA_CHECK_ARG(prop->major >= 9, wte, "be on an sm_90 device (bulk copies into shared memory)",
                "an earlier architecture");
   const int grid = prop->multiProcessorCount;
@@ -134,6 +145,7 @@ at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, cons
   p.att_part = reinterpret_cast<float*>(ws + activation_bytes(batch, width, elem));
   p.counters = reinterpret_cast<unsigned*>(ws + activation_bytes(batch, width, elem) +
                                            int64_t(kStepMaxItems) * kStepPartFloats * 4);
+  p.trace = trace.has_value() ? trace->data_ptr<int64_t>() : nullptr;
   p.batch = int(batch);
   p.n_layer = int(n_layer);
   p.width = int(width);

@@ -74,6 +74,18 @@ __device__ __forceinline__ void signal(unsigned* c) {
   }
 }
 
+// The phase timeline (p.trace, optional): thread 0 of each block writes %globaltimer (ns) at stamp i of its row
+// (gpt2_decode_step_launch.h: kStepTraceStride): 0 the start, then per (layer, phase) 3 stamps (before its
+// wait, after it, after its signal), then the lm_head's 3.
+__device__ __forceinline__ void stamp(const StepParams& p, int i) {
+  if (p.trace != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    p.trace[int64_t(blockIdx.x) * kStepTraceStride + i] = (long long)t;
+  }
+}
+__device__ __forceinline__ int stamp_of(int layer, int phase) { return 1 + (layer * kPhases + phase) * 3; }
+
 // Block-wide sum of the consumers (red: kWarps floats of shared memory); every consumer gets it.
 __device__ __forceinline__ float consumers_sum(float v, float* red) {
 #pragma unroll
@@ -501,6 +513,7 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
   float* bias_s = reinterpret_cast<float*>(slots + kStepMaxRows);
   float* res_s = bias_s + kStepMaxTileRows;
   if (threadIdx.x < B) slots[threadIdx.x] = p.seqlens[threadIdx.x];
+  stamp(p, 0);
   // Residual rows r0 .. r0 + rows - 1 of x into res_s [batch][kStepMaxTileRows].
   auto load_residual = [&](int r0, int rows) {
     for (int i = threadIdx.x; i < B * rows; i += kStepConsumers) {
@@ -516,11 +529,13 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       const int rows = min(p.tile_rows[0], 3 * C - r0);
       const NormParams np = load_norm<T>(p, L.ln1_w, L.ln1_b);
       load_bias<T>(L.b_qkv, r0, rows, bias_s);
+      stamp(p, stamp_of(l, 0));
       if (l > 0) {
         wait_for(counter(p, l - 1, 4), p.tiles[3]);
       } else {
         consumers_sync();
       }
+      stamp(p, stamp_of(l, 0) + 1);
       norm_rows<T>(p, np, act, red, l == 0);
       const T* w = take();
       tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
@@ -538,20 +553,26 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       });
       give_back();
       signal(counter(p, l, 0));
+      stamp(p, stamp_of(l, 0) + 2);
     }
     // attention: one split of one (sequence, head) a block, its cached rows prefetched before the wait.
     if (item >= 0 && item < items) {
       prefetch_split<T>(p, l, item);
+      stamp(p, stamp_of(l, 1));
       wait_for(counter(p, l, 0), p.tiles[0]);
+      stamp(p, stamp_of(l, 1) + 1);
       attend_split<T>(p, l, item, part, qs);
       signal(counter(p, l, 1));
+      stamp(p, stamp_of(l, 1) + 2);
     }
     // attention's c_proj (its input: the splits merged), + residual.
     if (t < p.tiles[1]) {
       const int r0 = t * p.tile_rows[1];
       const int rows = min(p.tile_rows[1], C - r0);
       load_bias<T>(L.b_o, r0, rows, bias_s);
+      stamp(p, stamp_of(l, 2));
       wait_for(counter(p, l, 1), items);
+      stamp(p, stamp_of(l, 2) + 1);
       load_residual(r0, rows);
       merge_splits<T>(p, act);
       const T* w = take();
@@ -562,6 +583,7 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       });
       give_back();
       signal(counter(p, l, 2));
+      stamp(p, stamp_of(l, 2) + 2);
     }
     // c_fc over ln_2(x), GELU.
     if (t < p.tiles[2]) {
@@ -569,7 +591,9 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       const int rows = min(p.tile_rows[2], 4 * C - r0);
       const NormParams np = load_norm<T>(p, L.ln2_w, L.ln2_b);
       load_bias<T>(L.b_fc, r0, rows, bias_s);
+      stamp(p, stamp_of(l, 3));
       wait_for(counter(p, l, 2), p.tiles[1]);
+      stamp(p, stamp_of(l, 3) + 1);
       norm_rows<T>(p, np, act, red, false);
       const T* w = take();
       T* hidden = static_cast<T*>(p.hidden);
@@ -578,13 +602,16 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       });
       give_back();
       signal(counter(p, l, 3));
+      stamp(p, stamp_of(l, 3) + 2);
     }
     // the MLP's c_proj, + residual.
     if (t < p.tiles[3]) {
       const int r0 = t * p.tile_rows[3];
       const int rows = min(p.tile_rows[3], C - r0);
       load_bias<T>(L.b_p, r0, rows, bias_s);
+      stamp(p, stamp_of(l, 4));
       wait_for(counter(p, l, 3), p.tiles[2]);
+      stamp(p, stamp_of(l, 4) + 1);
       load_residual(r0, rows);
       stage_rows<T>(static_cast<const T*>(p.hidden), B, 4 * C, act);
       const T* w = take();
@@ -595,13 +622,16 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       });
       give_back();
       signal(counter(p, l, 4));
+      stamp(p, stamp_of(l, 4) + 2);
     }
   }
   // ln_f, then this block's rows of the lm_head (tied to wte), chunk by chunk through the ring.
   const int v0 = t * p.vocab_rows, v1 = min(p.vocab, v0 + p.vocab_rows);
   if (v0 < v1) {
     const NormParams np = load_norm<T>(p, p.lnf_w, p.lnf_b);
+    stamp(p, stamp_of(p.n_layer, 0));
     wait_for(counter(p, p.n_layer - 1, 4), p.tiles[3]);
+    stamp(p, stamp_of(p.n_layer, 0) + 1);
     norm_rows<T>(p, np, act, red, false);
     T* logits = static_cast<T*>(p.logits);
     for (int r0 = v0; r0 < v1; r0 += p.chunk_rows) {
@@ -613,6 +643,7 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       give_back();
     }
   }
+  stamp(p, stamp_of(p.n_layer, 0) + 2);
   // The last block to finish resets the counters for the next launch (every other block is past its waits).
   consumers_sync();
   if (threadIdx.x == 0) {
