@@ -145,7 +145,7 @@ at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, cons
   p.att_part = reinterpret_cast<float*>(ws + activation_bytes(batch, width, elem));
   p.counters = reinterpret_cast<unsigned*>(ws + activation_bytes(batch, width, elem) +
                                            int64_t(kStepMaxItems) * kStepPartFloats * 4);
-  p.trace = trace.has_value() ? trace->data_ptr<int64_t>() : nullptr;
+  p.trace = trace.has_value() ? reinterpret_cast<long long*>(trace->data_ptr<int64_t>()) : nullptr;
   p.batch = int(batch);
   p.n_layer = int(n_layer);
   p.width = int(width);
