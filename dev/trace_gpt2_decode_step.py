@@ -51,8 +51,17 @@ def main():
     t0 = int(t[:, 0][t[:, 0] > 0].min())
 
     def col(layer, phase, k):
-        v = t[:, 1 + (layer * 5 + phase) * 3 + k]
+        v = t[:, 1 + (layer * 5 + phase) * 6 + k]
         return v[v > 0] - t0
+
+    def parts(layer, phase):
+        """Median over the blocks of (staging, weights, dots, release + signal) in us, from the stamps."""
+        v = t[:, 1 + (layer * 5 + phase) * 6:1 + (layer * 5 + phase) * 6 + 6].double()
+        v = v[v[:, 3] > 0]
+        if not len(v):
+            return None
+        d = torch.stack([v[:, 3] - v[:, 1], v[:, 4] - v[:, 3], v[:, 5] - v[:, 4], v[:, 2] - v[:, 5]], 1)
+        return (d.median(0).values / 1e3).tolist()
 
     print(f"{torch.cuda.get_device_name()}, {a.dtype}, batch {a.batch}, prompt {a.prompt}: "
           f"event time {start.elapsed_time(end) * 1e3:.1f} us")
@@ -78,6 +87,16 @@ def main():
         total_hop += sum(hops)
     for r in rows:
         print(f"{r[0]:<12} {r[1]:>6} {r[2]:>12.2f} {r[3]:>9.2f} {r[4]:>9.2f} {r[5]:>8.2f}")
+    print("GEMV phases, median block (us): staging the input / waiting for the weights / dot products + epilogue / "
+          "release + signal")
+    for ph, name in enumerate(TRACE_PHASES):
+        got = [x for x in (parts(layer, ph) for layer in range(c.n_layer)) if x is not None]
+        if got:
+            med = [statistics.median(g[i] for g in got) for i in range(4)]
+            print(f"  {name:<12} " + " / ".join(f"{m:.2f}" for m in med))
+    lm = parts(c.n_layer, 0)
+    if lm:
+        print("  lm_head (last chunk) " + " / ".join(f"{m:.2f}" for m in lm))
     lm_wait_end, lm_end = col(c.n_layer, 0, 1), col(c.n_layer, 0, 2)
     print(f"lm_head: from the last layer's end {lm_wait_end.min().item() / 1e3:.1f} us after the start to "
           f"{lm_end.max().item() / 1e3:.1f} us (slowest block {(lm_end - lm_wait_end).max().item() / 1e3:.1f} us)")

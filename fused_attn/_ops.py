@@ -81,7 +81,7 @@ _define(
 # ln_2 w/b, c_fc w [4C, C] / b, c_proj w [C, 4C] / b), each layer's key and value appended at slot seqlens[b]
 # of k_cache / v_cache [n_layer, batch, C / 64, max_len, 64], attention over slots leftpad[b] .. seqlens[b],
 # ln_f and the tied lm_head; returns the logits [batch, vocab]. workspace: uint8, zeros before the first call.
-# trace: optional int64 [SMs, 1024] (CUDA): each block's phase timeline in %globaltimer ns.
+# trace: optional int64 [SMs, 2048] (CUDA): each block's phase timeline in %globaltimer ns.
 _define(
     "gpt2_decode_step(Tensor token, Tensor pos, Tensor seqlens, Tensor leftpad, Tensor wte, Tensor wpe, "
     "Tensor[] layers, Tensor lnf_w, Tensor lnf_b, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor(c!) workspace, "

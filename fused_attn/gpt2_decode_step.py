@@ -126,17 +126,18 @@ def check_step_args(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b
                          f"{tuple(workspace.shape)} {workspace.dtype} {workspace.device}")
 
 
-TRACE_STRIDE = 1024  # kStepTraceStride: stamps a block
+TRACE_STRIDE = 2048  # kStepTraceStride: stamps a block
 TRACE_PHASES = ("c_attn", "attention", "c_proj", "c_fc", "mlp c_proj")
 
 
 def gpt2_decode_step(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, v_cache, workspace,
                      eps: float = 1e-5, *, trace: torch.Tensor | None = None) -> torch.Tensor:
     """The logits ``[batch, vocab]`` of one decode step, with every layer's key and value appended (module
-    docstring). ``trace`` (CUDA only): an int64 ``[SMs, 1024]`` tensor; each block's thread 0 writes its phase
+    docstring). ``trace`` (CUDA only): an int64 ``[SMs, 2048]`` tensor; each block's thread 0 writes its phase
     timeline there in %globaltimer nanoseconds: column 0 its start, then for layer l and phase p
-    (``TRACE_PHASES``) columns ``1 + (5 l + p) * 3 + (0, 1, 2)``: before the phase's wait, after it, after its
-    signal (0 where the block has no such work), then the lm_head's three (layer n_layer, phase 0)."""
+    (``TRACE_PHASES``) columns ``1 + (5 l + p) * 6 + k``: k = 0 before the phase's wait, 1 after it, 2 after its
+    signal, and for the GEMV phases 3 after the input is staged, 4 after the weights are in, 5 after the dot
+    products (0 where the block has no such work); then the lm_head's (layer n_layer, phase 0)."""
     check_step_args(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b, k_cache, v_cache, workspace, eps)
     if trace is not None and wte.device.type != "cuda":
         raise ValueError(f"trace must be None on {wte.device.type} (it records the CUDA kernel's phases), got a tensor")

@@ -75,8 +75,9 @@ __device__ __forceinline__ void signal(unsigned* c) {
 }
 
 // The phase timeline (p.trace, optional): thread 0 of each block writes %globaltimer (ns) at stamp i of its row
-// (gpt2_decode_step_launch.h: kStepTraceStride): 0 the start, then per (layer, phase) 3 stamps (before its
-// wait, after it, after its signal), then the lm_head's 3.
+// (gpt2_decode_step_launch.h: kStepTraceStride): 0 the start, then per (layer, phase) 6 stamps: before its
+// wait, after it, after its signal, and for a GEMV phase after its input is staged, after its weights are in
+// (take) and after its dot products (the last chunk's, for the lm_head); then the lm_head's.
 __device__ __forceinline__ void stamp(const StepParams& p, int i) {
   if (p.trace != nullptr && threadIdx.x == 0) {
     unsigned long long t;
@@ -84,7 +85,7 @@ __device__ __forceinline__ void stamp(const StepParams& p, int i) {
     p.trace[int64_t(blockIdx.x) * kStepTraceStride + i] = (long long)t;
   }
 }
-__device__ __forceinline__ int stamp_of(int layer, int phase) { return 1 + (layer * kPhases + phase) * 3; }
+__device__ __forceinline__ int stamp_of(int layer, int phase) { return 1 + (layer * kPhases + phase) * 6; }
 
 // Block-wide sum of the consumers (red: kWarps floats of shared memory); every consumer gets it.
 __device__ __forceinline__ float consumers_sum(float v, float* red) {
@@ -537,7 +538,9 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       }
       stamp(p, stamp_of(l, 0) + 1);
       norm_rows<T>(p, np, act, red, l == 0);
+      stamp(p, stamp_of(l, 0) + 3);
       const T* w = take();
+      stamp(p, stamp_of(l, 0) + 4);
       tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
         const int n = r0 + r;
         const int part_of = n / C, within = n % C, hh = within / kStepHeadDim, d = within % kStepHeadDim;
@@ -551,6 +554,7 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
           }
         }
       });
+      stamp(p, stamp_of(l, 0) + 5);
       give_back();
       signal(counter(p, l, 0));
       stamp(p, stamp_of(l, 0) + 2);
@@ -575,12 +579,15 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       stamp(p, stamp_of(l, 2) + 1);
       load_residual(r0, rows);
       merge_splits<T>(p, act);
+      stamp(p, stamp_of(l, 2) + 3);
       const T* w = take();
+      stamp(p, stamp_of(l, 2) + 4);
       tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
         for (int b = 0; b < B; ++b) {
           x[b * C + r0 + r] = from_float<T>(acc[b] + bias_s[r] + res_s[b * kStepMaxTileRows + r]);
         }
       });
+      stamp(p, stamp_of(l, 2) + 5);
       give_back();
       signal(counter(p, l, 2));
       stamp(p, stamp_of(l, 2) + 2);
@@ -595,11 +602,14 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       wait_for(counter(p, l, 2), p.tiles[1]);
       stamp(p, stamp_of(l, 3) + 1);
       norm_rows<T>(p, np, act, red, false);
+      stamp(p, stamp_of(l, 3) + 3);
       const T* w = take();
+      stamp(p, stamp_of(l, 3) + 4);
       T* hidden = static_cast<T*>(p.hidden);
       tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
         for (int b = 0; b < B; ++b) hidden[b * 4 * C + r0 + r] = from_float<T>(gelu_tanh(acc[b] + bias_s[r]));
       });
+      stamp(p, stamp_of(l, 3) + 5);
       give_back();
       signal(counter(p, l, 3));
       stamp(p, stamp_of(l, 3) + 2);
@@ -614,12 +624,15 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       stamp(p, stamp_of(l, 4) + 1);
       load_residual(r0, rows);
       stage_rows<T>(static_cast<const T*>(p.hidden), B, 4 * C, act);
+      stamp(p, stamp_of(l, 4) + 3);
       const T* w = take();
+      stamp(p, stamp_of(l, 4) + 4);
       tile_dots<T>(w, rows, 4 * C, act, B, [&](int r, const float* acc) {
         for (int b = 0; b < B; ++b) {
           x[b * C + r0 + r] = from_float<T>(acc[b] + bias_s[r] + res_s[b * kStepMaxTileRows + r]);
         }
       });
+      stamp(p, stamp_of(l, 4) + 5);
       give_back();
       signal(counter(p, l, 4));
       stamp(p, stamp_of(l, 4) + 2);
@@ -636,10 +649,13 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
     T* logits = static_cast<T*>(p.logits);
     for (int r0 = v0; r0 < v1; r0 += p.chunk_rows) {
       const int rows = min(p.chunk_rows, v1 - r0);
+      stamp(p, stamp_of(p.n_layer, 0) + 3);
       const T* w = take();
+      stamp(p, stamp_of(p.n_layer, 0) + 4);
       tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
         for (int b = 0; b < B; ++b) logits[int64_t(b) * p.vocab + r0 + r] = from_float<T>(acc[b]);
       });
+      stamp(p, stamp_of(p.n_layer, 0) + 5);
       give_back();
     }
   }

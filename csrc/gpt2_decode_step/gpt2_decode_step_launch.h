@@ -19,7 +19,7 @@ constexpr int kStepMaxSlots = 5;     // weight slots of the shared-memory ring (
 // The attention's work items, (sequence, head, split of its keys), one a block: partials o[64], m, l (padded).
 constexpr int kStepMaxItems = 1024;
 constexpr int kStepPartFloats = 68;
-constexpr int kStepTraceStride = 1024;  // int64 stamps a block in the optional trace (1 + 15 a layer + 3 used)
+constexpr int kStepTraceStride = 2048;  // int64 stamps a block in the optional trace (1 + 30 a layer + 6 used)
 constexpr int kStepMaxSplits = 8;     // splits of a (sequence, head)'s keys: 128 keys a block at GPT-2's 1024
 constexpr int kStepMaxTileRows = 64;  // weight rows of a block's tile (its bias and residual staged in shared memory)
 // Shared memory beside the ring and the activations: the ring's mbarriers, the reductions' 16 floats, the new
