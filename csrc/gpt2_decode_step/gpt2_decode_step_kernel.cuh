@@ -66,12 +66,11 @@ __device__ __forceinline__ void wait_for(const unsigned* c, unsigned n) {
   }
   consumers_sync();
 }
+// The barrier, then one release by thread 0 (CUTLASS's semaphore does the same: bar.sync orders the block's
+// writes before it, the release makes them visible at gpu scope with the count).
 __device__ __forceinline__ void signal(unsigned* c) {
   consumers_sync();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    add_release(c);
-  }
+  if (threadIdx.x == 0) add_release(c);
 }
 
 // The phase timeline (p.trace, optional): thread 0 of each block writes %globaltimer (ns) at stamp i of its row
@@ -140,7 +139,7 @@ __device__ __forceinline__ NormParams load_norm(const StepParams& p, const void*
 // in T, as F.layer_norm rounds its output. At layer 0 (emb) x is wte[token] + wpe[pos], rounded to T
 // (transformers' add), and block 0 writes it to the residual stream. Every row's loads are issued first.
 template <typename T>
-__device__ void norm_rows(const StepParams& p, const NormParams& np, T* act, float* red, bool emb) {
+__device__ __noinline__ void norm_rows(const StepParams& p, const NormParams& np, T* act, float* red, bool emb) {
   const int C = p.width;
   const T* x = static_cast<const T*>(p.x);
   float v[kStepMaxRows][kPerThread];
@@ -223,10 +222,13 @@ __device__ void stage_rows(const T* src, int rows, int K, T* act) {
   consumers_sync();
 }
 
-// The tile's dot products: w [rows, K] and act [batch, K] in shared memory; a warp a weight row (rows
-// warp, warp + 8, ...), its lanes over K in 16-byte chunks; then epi(row, acc[]) on lane 0.
-template <typename T, typename Epi>
-__device__ __forceinline__ void tile_dots(const T* w, int rows, int K, const T* act, int batch, Epi epi) {
+// The tile's dot products: w [rows, K] and act [batch, K] in shared memory; a warp a weight row (rows warp,
+// warp + 8, ...), its lanes over K in 16-byte chunks; dot [r][b] (kStepMaxRows a row) into shared memory, then
+// the consumers' barrier. Not inlined: one copy of the loop for every phase. The kernel's code once held five
+// inlined copies with their epilogues (176 KB of SASS, past the instruction cache: every phase refetched its
+// code), and a phase's dot products took 1.5-2.6 us (H200, dev/trace_gpt2_decode_step.py).
+template <typename T>
+__device__ __noinline__ void tile_dots(const T* w, int rows, int K, const T* act, int batch, float* dot) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunks = K / 8;
   for (int r = warp; r < rows; r += kWarps) {
@@ -237,26 +239,29 @@ __device__ __forceinline__ void tile_dots(const T* w, int rows, int K, const T* 
     for (int c = lane; c < chunks; c += 32) {
       const uint4 wv = wr[c];
       const T* we = reinterpret_cast<const T*>(&wv);
-      float wf[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) wf[e] = to_float(we[e]);
 #pragma unroll
       for (int b = 0; b < kStepMaxRows; ++b) {
         if (b < batch) {
           const uint4 av = reinterpret_cast<const uint4*>(act + b * K)[c];
           const T* ae = reinterpret_cast<const T*>(&av);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[b] = fmaf(wf[e], to_float(ae[e]), acc[b]);
+          for (int e = 0; e < 8; ++e) acc[b] = fmaf(to_float(we[e]), to_float(ae[e]), acc[b]);
         }
       }
     }
 #pragma unroll
     for (int b = 0; b < kStepMaxRows; ++b) {
+      if (b < batch) {
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], o);
+        for (int o = 16; o > 0; o >>= 1) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], o);
+      }
     }
-    if (lane == 0) epi(r, acc);
+    if (lane == 0) {
+#pragma unroll
+      for (int b = 0; b < kStepMaxRows; ++b) dot[r * kStepMaxRows + b] = acc[b];
+    }
   }
+  consumers_sync();
 }
 
 // The weight ring: load i goes to slot i % slots; full[s] completes when its bytes land, empty[s] when
@@ -513,6 +518,7 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
   int* slots = reinterpret_cast<int*>(red + 16);
   float* bias_s = reinterpret_cast<float*>(slots + kStepMaxRows);
   float* res_s = bias_s + kStepMaxTileRows;
+  float* dot = res_s + kStepMaxRows * kStepMaxTileRows;  // [kStepMaxTileRows][kStepMaxRows]: a tile's dot products
   if (threadIdx.x < B) slots[threadIdx.x] = p.seqlens[threadIdx.x];
   stamp(p, 0);
   // Residual rows r0 .. r0 + rows - 1 of x into res_s [batch][kStepMaxTileRows].
@@ -541,19 +547,18 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       stamp(p, stamp_of(l, 0) + 3);
       const T* w = take();
       stamp(p, stamp_of(l, 0) + 4);
-      tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
-        const int n = r0 + r;
+      tile_dots<T>(w, rows, C, act, B, dot);
+      for (int i = threadIdx.x; i < rows * B; i += kStepConsumers) {
+        const int r = i / B, b = i % B, n = r0 + r;
         const int part_of = n / C, within = n % C, hh = within / kStepHeadDim, d = within % kStepHeadDim;
-        for (int b = 0; b < B; ++b) {
-          const T y = from_float<T>(acc[b] + bias_s[r]);
-          if (part_of == 0) {
-            static_cast<T*>(p.qkv)[int64_t(b) * 3 * C + n] = y;
-          } else if (slots[b] >= 0 && slots[b] < p.max_len) {
-            T* cache = static_cast<T*>(part_of == 1 ? p.k_cache : p.v_cache);
-            cache[(((int64_t(l) * B + b) * p.n_head + hh) * p.max_len + slots[b]) * kStepHeadDim + d] = y;
-          }
+        const T y = from_float<T>(dot[r * kStepMaxRows + b] + bias_s[r]);
+        if (part_of == 0) {
+          static_cast<T*>(p.qkv)[int64_t(b) * 3 * C + n] = y;
+        } else if (slots[b] >= 0 && slots[b] < p.max_len) {
+          T* cache = static_cast<T*>(part_of == 1 ? p.k_cache : p.v_cache);
+          cache[(((int64_t(l) * B + b) * p.n_head + hh) * p.max_len + slots[b]) * kStepHeadDim + d] = y;
         }
-      });
+      }
       stamp(p, stamp_of(l, 0) + 5);
       give_back();
       signal(counter(p, l, 0));
@@ -582,11 +587,11 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       stamp(p, stamp_of(l, 2) + 3);
       const T* w = take();
       stamp(p, stamp_of(l, 2) + 4);
-      tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
-        for (int b = 0; b < B; ++b) {
-          x[b * C + r0 + r] = from_float<T>(acc[b] + bias_s[r] + res_s[b * kStepMaxTileRows + r]);
-        }
-      });
+      tile_dots<T>(w, rows, C, act, B, dot);
+      for (int i = threadIdx.x; i < rows * B; i += kStepConsumers) {
+        const int r = i / B, b = i % B;
+        x[b * C + r0 + r] = from_float<T>(dot[r * kStepMaxRows + b] + bias_s[r] + res_s[b * kStepMaxTileRows + r]);
+      }
       stamp(p, stamp_of(l, 2) + 5);
       give_back();
       signal(counter(p, l, 2));
@@ -606,9 +611,11 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       const T* w = take();
       stamp(p, stamp_of(l, 3) + 4);
       T* hidden = static_cast<T*>(p.hidden);
-      tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
-        for (int b = 0; b < B; ++b) hidden[b * 4 * C + r0 + r] = from_float<T>(gelu_tanh(acc[b] + bias_s[r]));
-      });
+      tile_dots<T>(w, rows, C, act, B, dot);
+      for (int i = threadIdx.x; i < rows * B; i += kStepConsumers) {
+        const int r = i / B, b = i % B;
+        hidden[b * 4 * C + r0 + r] = from_float<T>(gelu_tanh(dot[r * kStepMaxRows + b] + bias_s[r]));
+      }
       stamp(p, stamp_of(l, 3) + 5);
       give_back();
       signal(counter(p, l, 3));
@@ -627,11 +634,11 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       stamp(p, stamp_of(l, 4) + 3);
       const T* w = take();
       stamp(p, stamp_of(l, 4) + 4);
-      tile_dots<T>(w, rows, 4 * C, act, B, [&](int r, const float* acc) {
-        for (int b = 0; b < B; ++b) {
-          x[b * C + r0 + r] = from_float<T>(acc[b] + bias_s[r] + res_s[b * kStepMaxTileRows + r]);
-        }
-      });
+      tile_dots<T>(w, rows, 4 * C, act, B, dot);
+      for (int i = threadIdx.x; i < rows * B; i += kStepConsumers) {
+        const int r = i / B, b = i % B;
+        x[b * C + r0 + r] = from_float<T>(dot[r * kStepMaxRows + b] + bias_s[r] + res_s[b * kStepMaxTileRows + r]);
+      }
       stamp(p, stamp_of(l, 4) + 5);
       give_back();
       signal(counter(p, l, 4));
@@ -652,9 +659,11 @@ __global__ void __launch_bounds__(kStepThreads, 1) gpt2_decode_step_kernel(const
       stamp(p, stamp_of(p.n_layer, 0) + 3);
       const T* w = take();
       stamp(p, stamp_of(p.n_layer, 0) + 4);
-      tile_dots<T>(w, rows, C, act, B, [&](int r, const float* acc) {
-        for (int b = 0; b < B; ++b) logits[int64_t(b) * p.vocab + r0 + r] = from_float<T>(acc[b]);
-      });
+      tile_dots<T>(w, rows, C, act, B, dot);
+      for (int i = threadIdx.x; i < rows * B; i += kStepConsumers) {
+        const int r = i / B, b = i % B;
+        logits[int64_t(b) * p.vocab + r0 + r] = from_float<T>(dot[r * kStepMaxRows + b]);
+      }
       stamp(p, stamp_of(p.n_layer, 0) + 5);
       give_back();
     }

@@ -23,9 +23,9 @@ constexpr int kStepTraceStride = 2048;  // int64 stamps a block in the optional 
 constexpr int kStepMaxSplits = 8;     // splits of a (sequence, head)'s keys: 128 keys a block at GPT-2's 1024
 constexpr int kStepMaxTileRows = 64;  // weight rows of a block's tile (its bias and residual staged in shared memory)
 // Shared memory beside the ring and the activations: the ring's mbarriers, the reductions' 16 floats, the new
-// slots, a tile's bias and residual rows.
+// slots, a tile's bias, residual rows and dot products.
 constexpr int kStepSmemExtra = 2 * kStepMaxSlots * 8 + 16 * 4 + kStepMaxRows * 4 + kStepMaxTileRows * 4 +
-                               kStepMaxRows * kStepMaxTileRows * 4;
+                               2 * kStepMaxRows * kStepMaxTileRows * 4;
 
 // One layer's tensors, each contiguous: weights [n_out, n_in] (nn.Linear's layout), biases and norms [n_out].
 struct StepLayer {
