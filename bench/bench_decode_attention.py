@@ -25,11 +25,33 @@ cache_seqlens is an int32 device tensor (no host-to-device copy per call, CUDA-g
 
 Shapes, written [B, Hq, Hkv, D, L] (L last so that bench.report plots latency against L):
 GPT-2 small (B 1, 16; H 12; D 64; L 128, 256, 1024), Llama-like (B 1, 16; H 32; D 128; L 1k, 8k,
-32k) and GQA (B 1, 16; Hq 32, Hkv 8; D 128; L 8k, 32k); seqlen_new = 1. L is the number of valid keys
-after the append; the cache holds exactly max_len = L slots (cache_seqlens = L - 1 before the
-append), so SDPA, which reads the whole cache under its mask, reads no slot beyond the valid ones
-(a longer cache would only cost SDPA more). Cases whose K + V exceed 40% of the free device memory
-are skipped (B16 H32 L32k D128 float16: 8.6 GB, fine on an 80 GB H100).
+32k) and GQA (B 1, 16; Hq 32, Hkv 8; D 128; L 8k, 32k); seqlen_new = 1. --full adds the serving shapes
+(SERVING_SHAPES): Hq/Hkv 32/32, 32/8 and 64/8, D 64 and 128, B 1, 4 and 16, L 8k, 32k and 128k (54 shapes,
+46 of them new), each with SERVING_PROVIDERS only (sdpa, sdpa_flash, sdpa_cudnn, paged, fused: no compile
+a case). L is the number of valid keys after the append; the cache holds exactly max_len = L slots
+(cache_seqlens = L - 1 before the append), so SDPA, which reads the whole cache under its mask, reads no
+slot beyond the valid ones (a longer cache would only cost SDPA more).
+
+Memory: a provider that cannot hold a shape is skipped with the reason, never run into an out-of-memory
+error: a case runs when its modeled peak (peak_bytes: the caches, the paged pools beside them, the peer's
+own copies, the check's float64 copies of one sequence) is at most MAX_FRACTION_OF_FREE of the free device
+memory. The peers' copies are what drop them: sdpa and compiled (PyTorch's math backend under the length
+mask: K and V repeated to Hq heads and upcast to float32, 172 GB at B16 32/32 D128 L128k) and sdpa_cudnn on
+GQA (the repeated K and V) are modeled as holding them. On an H200 (~140 GB free) every case of the
+serving selection below fits (the largest, paged at B16 32/32 D128 L128k: 103 GB, K + V 34 GB); sdpa is
+skipped at B16 D128 L128k (32/32 and 64/8). MHA 64/64 is not a serving shape: its cache alone is 69 GB
+at B16 D128 L128k, with the check's copies as much again.
+
+The serving selection, every serving shape with the providers the bar compares (ours and paged against
+the better of sdpa_flash and sdpa_cudnn), float16 and bfloat16, in one run (SERVING_K):
+    python -m pytest bench/bench_decode_attention.py --full \
+        -k "(sdpa_flash- or sdpa_cudnn- or paged- or fused-) and (l8192- or l32768- or l131072-)"
+    BENCH_K="<the same expression>" DECODE_ARGS=--full DECODE_TIMEOUT=570 bash bench/run_gpu.sh decode
+432 cases (54 shapes x 2 dtypes x 4 providers). Time on an H200, estimated conservatively: the data moved
+(60 rounds + 5 warm-up of K + V, ours at 80% and the SDPA backends at 25% of 3.5 TB/s, a 0.6 ms flush and
+spin a round, the same-bytes copy floor once per size) takes ~80 s, and each case's fixed cost (gc and
+empty_cache, the inputs, the float64 check, the clock warm-up) ~0.3-1 s: 3.5-8.5 minutes, plus the
+library's build on a fresh machine.
 
 The append is in place and idempotent: every call (warm-up, check, timed rounds) writes the same
 k_new/v_new at the same slot L - 1 (cache_seqlens never advances), so each round sees the same
@@ -70,10 +92,25 @@ SEQLEN_NEW = 1
 GPT2_SHAPES = [(b, 12, 12, 64, n) for b in (1, 16) for n in (128, 256, 1024)]
 LLAMA_SHAPES = [(b, 32, 32, 128, n) for b in (1, 16) for n in (1024, 8192, 32768)]
 GQA_SHAPES = [(b, 32, 8, 128, n) for b in (1, 16) for n in (8192, 32768)]
+# The serving bar (H200, float16 and bfloat16, one run): ours at least the better of sdpa_flash and sdpa_cudnn,
+# paged within 3% of contiguous, at these shapes. MHA 64/64 is left out: at batch 16, 128k keys, D128 its cache is
+# 69 GB, and the float64 check's copies of one sequence as much again.
+SERVING_HEADS = ((32, 32), (32, 8), (64, 8))
+SERVING_SHAPES = [(b, hq, hkv, d, n) for hq, hkv in SERVING_HEADS for d in (64, 128) for b in (1, 4, 16)
+                  for n in (8192, 32768, 131072)]
+# The providers the bar compares (and the default sdpa, the gpt-fast user's step) on the serving shapes that the
+# Llama-like and GQA lists above do not hold: no compiled (one compile a case, ~10 s each), no fused_nosplit,
+# no sdpa_efficient (it refuses GQA), no gpt2_step (MHA at GPT-2's shapes).
+SERVING_PROVIDERS = ("sdpa", "sdpa_flash", "sdpa_cudnn", "paged", "fused")
+# The serving bar's cases alone (every serving shape, the bar's providers), with --full for bfloat16:
+#   python -m pytest bench/bench_decode_attention.py --full -k "$SERVING_K"
+SERVING_K = "(sdpa_flash- or sdpa_cudnn- or paged- or fused-) and (l8192- or l32768- or l131072-)"
 CPU_SHAPES = [(2, 4, 2, 16, 32), (1, 2, 2, 16, 32)]
 QUICK_DTYPES = ("float16",)
 FULL_DTYPES = ("float16", "bfloat16")
-MAX_KV_FRACTION_OF_FREE = 0.4
+# A case runs when its modeled peak device memory (peak_bytes) is at most this fraction of the free memory; the
+# rest covers the timer's 512 MiB of flush buffers and the allocator's rounding.
+MAX_FRACTION_OF_FREE = 0.85
 
 # Baselines first (speedups are against providers already measured in the group); `fused` last:
 # bench.report takes the last provider named fused* as ours.
@@ -149,15 +186,35 @@ def modeled_traffic(shape, dtype: torch.dtype, page_size: int | None = None) -> 
     return kv_bytes(shape, dtype) + q + new + table, q + new
 
 
+def peak_bytes(provider: str, shape, dtype: torch.dtype) -> int:
+    """Modeled peak device memory of one case, conservative: the caches; for paged the pools beside them (the
+    check's contiguous caches); then the larger of what the provider's call or the inputs' set-up holds for a
+    while (sdpa and compiled: the math backend's K and V repeated to Hq heads and upcast to float32;
+    sdpa_cudnn: K and V repeated for GQA; paged: one pool's reshaped copy while the pools are filled; the
+    others: nothing of the cache's size) and the check's float64 copies of one sequence (K and V, the
+    reference's scatter, where and repeat to Hq heads). The caching allocator reuses the one's blocks for
+    the other."""
+    b, hq, hkv, d, n = shape
+    kv = kv_bytes(shape, dtype)
+    repeated = 2 * kv * hq // hkv + 2 * kv
+    transient = {"sdpa": repeated, "compiled": repeated, "paged": kv // 2,
+                 "sdpa_cudnn": kv * hq // hkv if hq != hkv else 0}.get(provider, 0)
+    check = 2 * (3 * hkv + hq) * n * d * 8
+    return kv + (kv if provider == "paged" else 0) + max(transient, check)
+
+
 def providers(shape) -> tuple[str, ...]:
     """The providers measured for a shape (gpt2_step only where Hq == Hkv, paged at L >= PAGED_MIN_L and on
-    the CPU shapes)."""
+    the CPU shapes, SERVING_PROVIDERS only on the serving shapes beyond the Llama-like and GQA lists)."""
     paged = shape[-1] >= PAGED_MIN_L or tuple(shape) in CPU_SHAPES
-    return tuple(p for p in PROVIDERS if (shape[1] == shape[2] or p not in MHA_ONLY) and (paged or p != "paged"))
+    serving_only = tuple(shape) in SERVING_SHAPES and tuple(shape) not in LLAMA_SHAPES + GQA_SHAPES
+    return tuple(p for p in PROVIDERS if (shape[1] == shape[2] or p not in MHA_ONLY) and (paged or p != "paged")
+                 and (not serving_only or p in SERVING_PROVIDERS))
 
 
 def gpu_shapes() -> list[tuple[int, int, int, int, int]]:
-    return GPT2_SHAPES + LLAMA_SHAPES + GQA_SHAPES
+    listed = GPT2_SHAPES + LLAMA_SHAPES + GQA_SHAPES
+    return listed + [s for s in SERVING_SHAPES if s not in listed]
 
 
 def dtypes_for(config) -> list[str]:
@@ -314,10 +371,10 @@ def group(case: dict) -> str:
 def bench_decode_attention(benchmark, case, device, timer, ceilings_gbps, launch_floor_us, medians):
     provider, shape, dtype = case["provider"], case["shape"], DTYPES[case["dtype"]]
     free = start_case(benchmark, group(case), provider, device, GPU_ONLY)
-    copies = 2 if provider == "paged" else 1  # the pools beside the contiguous caches (the check's)
-    if free is not None and copies * kv_bytes(shape, dtype) > MAX_KV_FRACTION_OF_FREE * free:
-        pytest.skip(f"{copies} x K + V of {kv_bytes(shape, dtype) / 1e9:.1f} GB exceed {MAX_KV_FRACTION_OF_FREE:.0%} "
-                    f"of the free device memory ({free / 1e9:.1f} GB)")
+    peak = peak_bytes(provider, shape, dtype)
+    if free is not None and peak > MAX_FRACTION_OF_FREE * free:
+        pytest.skip(f"{provider}: its modeled peak of {peak / 1e9:.1f} GB (K + V {kv_bytes(shape, dtype) / 1e9:.1f} "
+                    f"GB) exceeds {MAX_FRACTION_OF_FREE:.0%} of the free device memory ({free / 1e9:.1f} GB)")
     t = make_inputs(shape, dtype, device)
     if provider == "paged":
         page_inputs(t, PAGE_SIZE)

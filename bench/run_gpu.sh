@@ -5,7 +5,10 @@
 # The benchmark steps run their headline cases (bench/conftest.py HEADLINE) unless their *_ARGS hold --full
 # (every case: every dtype, shape and provider; the case counts below are the float16 ones).
 # BENCH_ARGS narrows the softmax step, e.g. BENCH_ARGS='-k backward' (backward cases only);
-# DECODE_ARGS the decode step, e.g. DECODE_ARGS='-k b1-' (batch 1 only) or DECODE_ARGS=--full (adds bfloat16);
+# DECODE_ARGS the decode step, e.g. DECODE_ARGS='-k b1-' (batch 1 only) or DECODE_ARGS=--full (adds bfloat16 and the
+#   serving shapes); the serving bar's cases alone (bench_decode_attention.py's SERVING_K: 432 cases, 3.5-8.5 min on
+#   an H200, see its docstring): DECODE_ARGS=--full DECODE_TIMEOUT=570
+#   BENCH_K='(sdpa_flash- or sdpa_cudnn- or paged- or fused-) and (l8192- or l32768- or l131072-)'
 # NORM_ARGS the norm step, e.g. NORM_ARGS='-k layer_norm-add' (add + LayerNorm only) or NORM_ARGS=--full (adds bfloat16).
 # ATTN_ARGS the attention step, e.g. ATTN_ARGS='-k causal' or ATTN_ARGS=--full (adds bfloat16).
 # LINEAR_ARGS the linear step (bench_linear + bench_mlp), e.g. LINEAR_ARGS='-k m1-' (M = 1 only) or LINEAR_ARGS=--full (adds bfloat16).
@@ -208,7 +211,8 @@ bench_step() {
 }
 if has decode; then
   log "decode (bench_decode_attention)"
-  # 16 shapes x 7-8 providers in float16 (124 cases), 16 compiles; K + V up to 8.6 GB per case (B16 H32 L32k D128)
+  # 16 shapes x 7-8 providers + 46 serving shapes x 4-5 in float16 (362 cases), 16 compiles; K + V up to 34 GB per
+  # case (B16 H32 L128k D128); a provider whose modeled peak memory does not fit is skipped
   bench_step decode "${DECODE_TIMEOUT:-420}" "${DECODE_ARGS:-}" bench/bench_decode_attention.py
 fi
 if has norm; then

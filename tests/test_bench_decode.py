@@ -39,20 +39,63 @@ def test_providers_put_the_baselines_first_and_fused_last():
     assert dec.providers((16, 32, 32, 128, 32768)) == dec.PROVIDERS
 
 
-def test_gpu_shapes_are_the_issues():
+def test_gpu_shapes_are_gpt2_llama_gqa_and_the_serving_bar():
     shapes = dec.gpu_shapes()
-    assert len(shapes) == len(set(shapes)) == 16
+    assert len(shapes) == len(set(shapes)) == 16 + 46
+    assert shapes[:16] == dec.GPT2_SHAPES + dec.LLAMA_SHAPES + dec.GQA_SHAPES  # the headline and story shapes first
     assert (1, 12, 12, 64, 1024) in shapes and (16, 12, 12, 64, 128) in shapes
-    assert {s[-1] for s in shapes if s[1:4] == (32, 32, 128)} == {1024, 8192, 32768}
-    assert {(s[0], s[-1]) for s in shapes if s[1:3] == (32, 8)} == {(1, 8192), (1, 32768), (16, 8192), (16, 32768)}
+    assert {s[-1] for s in shapes if s[1:4] == (32, 32, 128)} == {1024, 8192, 32768, 131072}
+    # the serving bar: MHA 32/32 and GQA 32/8, 64/8; D64 and D128; B 1, 4, 16; 8k, 32k and 128k keys
+    serving = {s for s in shapes if s[-1] >= 8192}
+    assert serving == set(dec.SERVING_SHAPES) and len(serving) == 3 * 2 * 3 * 3
+    assert {s[1:3] for s in serving} == {(32, 32), (32, 8), (64, 8)} and {s[3] for s in serving} == {64, 128}
+    assert {s[0] for s in serving} == {1, 4, 16} and {s[-1] for s in serving} == {8192, 32768, 131072}
+    # the story's long shapes keep every provider; the new serving shapes measure the bar's (and sdpa)
+    assert dec.providers((16, 32, 8, 128, 32768)) == tuple(p for p in dec.PROVIDERS if p != "gpt2_step")
+    assert dec.providers((4, 32, 32, 128, 32768)) == dec.SERVING_PROVIDERS
+    assert dec.providers((16, 64, 8, 64, 131072)) == dec.SERVING_PROVIDERS
+
+
+def _selected(expression: str, cases: list[dict]) -> list[dict]:
+    """The cases ``pytest -k expression`` keeps (a keyword matches a substring of the item's name,
+    ignoring case)."""
+    from _pytest.mark.expression import Expression
+
+    compiled = Expression.compile(expression)
+    return [c for c in cases
+            if compiled.evaluate(lambda k, c=c: k.lower() in f"bench_decode_attention[{dec.case_id(c)}]".lower())]
+
+
+def test_the_serving_selection_is_the_bar_in_both_dtypes():
+    full = dec.make_cases(_config(full=True), cuda=True)
+    picked = _selected(dec.SERVING_K, full)
+    assert len(picked) == 54 * 2 * 4 == 432
+    assert {(c["shape"], c["dtype"], c["provider"]) for c in picked} == {
+        (s, d, p) for s in dec.SERVING_SHAPES for d in ("float16", "bfloat16")
+        for p in ("sdpa_flash", "sdpa_cudnn", "paged", "fused")}
+    assert dec.SERVING_K in (ROOT / "bench" / "run_gpu.sh").read_text()  # the command documented there
+
+
+def test_peak_memory_drops_the_peers_copies_that_do_not_fit_an_h200():
+    free = 140e9  # an H200's free memory, conservatively
+    fits = {(p, s) for s in dec.gpu_shapes() for p in dec.providers(s)
+            if dec.peak_bytes(p, s, torch.float16) <= dec.MAX_FRACTION_OF_FREE * free}
+    dropped = {(p, s) for s in dec.gpu_shapes() for p in dec.providers(s)} - fits
+    assert dropped == {("sdpa", (16, 32, 32, 128, 131072)), ("sdpa", (16, 64, 8, 128, 131072))}
+    # the largest case that runs: paged at B16 32/32 D128 L128k, pools beside the caches (34 GB each) and the
+    # check's float64 copies of one sequence (K and V, scatter, where, repeat: 34 GB)
+    assert dec.peak_bytes("paged", (16, 32, 32, 128, 131072), torch.float16) == 3 * 34_359_738_368
+    assert dec.peak_bytes("fused", (1, 32, 8, 128, 8192), torch.float16) == (
+        dec.kv_bytes((1, 32, 8, 128, 8192), torch.float16) + 2 * (3 * 8 + 32) * 8192 * 128 * 8)
 
 
 def test_quick_is_float16_and_full_adds_bfloat16():
     assert {c["dtype"] for c in dec.make_cases(_config(), cuda=True)} == {"float16"}
     full = dec.make_cases(_config(full=True), cuda=True)
     assert {c["dtype"] for c in full} == {"float16", "bfloat16"}
-    # no gpt2_step for the 4 GQA shapes, no paged for the 8 shapes below L 8192
-    assert len(full) == 2 * (16 * len(dec.PROVIDERS) - 4 - 8)
+    # no gpt2_step for the 4 GQA shapes, no paged for the 8 shapes below L 8192; the 46 new serving shapes with
+    # SERVING_PROVIDERS
+    assert len(full) == 2 * (16 * len(dec.PROVIDERS) - 4 - 8 + 46 * len(dec.SERVING_PROVIDERS)) == 724
     assert {c["dtype"] for c in dec.make_cases(_config(dtypes="bfloat16"), cuda=True)} == {"bfloat16"}
     cpu = dec.make_cases(_config(full=True), cuda=False)
     assert {c["dtype"] for c in cpu} == {"float32"} and len(cpu) == 2 * len(dec.PROVIDERS) - 1
