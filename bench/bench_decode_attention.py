@@ -190,14 +190,14 @@ def peak_bytes(provider: str, shape, dtype: torch.dtype) -> int:
     """Modeled peak device memory of one case, conservative: the caches; for paged the pools beside them (the
     check's contiguous caches); then the larger of what the provider's call or the inputs' set-up holds for a
     while (sdpa and compiled: the math backend's K and V repeated to Hq heads and upcast to float32;
-    sdpa_cudnn: K and V repeated for GQA; paged: one pool's reshaped copy while the pools are filled; the
-    others: nothing of the cache's size) and the check's float64 copies of one sequence (K and V, the
+    sdpa_cudnn: K and V repeated for GQA; paged: one pool gathered in logical order and reshaped, the check's
+    two copies of it; the others: nothing of the cache's size) and the check's float64 copies of one sequence (K and V, the
     reference's scatter, where and repeat to Hq heads). The caching allocator reuses the one's blocks for
     the other."""
     b, hq, hkv, d, n = shape
     kv = kv_bytes(shape, dtype)
     repeated = 2 * kv * hq // hkv + 2 * kv
-    transient = {"sdpa": repeated, "compiled": repeated, "paged": kv // 2,
+    transient = {"sdpa": repeated, "compiled": repeated, "paged": kv,
                  "sdpa_cudnn": kv * hq // hkv if hq != hkv else 0}.get(provider, 0)
     check = 2 * (3 * hkv + hq) * n * d * 8
     return kv + (kv if provider == "paged" else 0) + max(transient, check)
