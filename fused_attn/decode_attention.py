@@ -160,12 +160,8 @@ def _as_offsets(values, q: torch.Tensor, batch: int) -> tuple[torch.Tensor | Non
     if values is None:
         return None, None
     if isinstance(values, torch.Tensor):
-        if values.device == q.device and (q.device.type != "cpu" or torch.compiler.is_compiling()):
+        if _used_as_it_is(values, "cu_seqlens_q", q):
             return values, None
-        if values.device.type != "cpu":
-            raise ValueError(f"cu_seqlens_q must be on q's device ({q.device}) or the CPU, got {values.device}")
-        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
-            raise ValueError(f"cu_seqlens_q must have an integer dtype (torch.int32 on the device), got {values.dtype}")
         if tuple(values.shape) != (batch + 1,):
             raise ValueError(f"cu_seqlens_q must have shape (batch + 1,) = ({batch + 1},), got {_shape(values)}")
         host = values.tolist()
@@ -300,20 +296,29 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
     return float(scale)
 
 
+def _used_as_it_is(values: torch.Tensor, name: str, q: torch.Tensor) -> bool:
+    """Whether the lengths or offsets tensor ``values`` goes to the op as it is (on q's device); otherwise
+    (False) it is a host tensor of an integer dtype, which the caller reads (ValueError naming ``name`` for
+    any other device or dtype)."""
+    # Under torch.compile a CPU tensor is not read on the host either (a data-dependent
+    # read breaks the graph): the CPU kernel checks the values when it runs.
+    if values.device == q.device and (q.device.type != "cpu" or torch.compiler.is_compiling()):
+        return True
+    if values.device.type != "cpu":
+        raise ValueError(f"{name} must be on q's device ({q.device}) or the CPU, got {values.device}")
+    if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+        raise ValueError(f"{name} must have an integer dtype (torch.int32 on the device), got {values.dtype}")
+    return False
+
+
 def _as_lengths(values, name: str, q: torch.Tensor, batch: int) -> tuple[torch.Tensor | None, list[int] | None]:
     """``(device tensor, host values or None)``: ints, sequences and CPU tensors are host-known (checked
     here, then copied to q's device); a tensor on q's device is used as it is (int32)."""
     if values is None:
         return None, None
     if isinstance(values, torch.Tensor):
-        # Under torch.compile a CPU tensor is not read on the host either (a data-dependent
-        # read breaks the graph): the CPU kernel checks the lengths when it runs.
-        if values.device == q.device and (q.device.type != "cpu" or torch.compiler.is_compiling()):
+        if _used_as_it_is(values, name, q):
             return values, None
-        if values.device.type != "cpu":
-            raise ValueError(f"{name} must be on q's device ({q.device}) or the CPU, got {values.device}")
-        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
-            raise ValueError(f"{name} must have an integer dtype (torch.int32 on the device), got {values.dtype}")
         if tuple(values.shape) not in ((batch,), ()):
             raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {_shape(values)}")
         host = values.expand(batch).tolist()
