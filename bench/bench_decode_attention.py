@@ -261,13 +261,14 @@ def make_inputs(shape, dtype: torch.dtype, device, seed: int = 0) -> dict:
     return t
 
 
-def page_inputs(t: dict, page_size: int) -> None:
+def page_inputs(t: dict, page_size: int, shuffled: bool = True) -> None:
     """Adds the caches as page pools t["k_pool"], t["v_pool"] [B x L / page_size, Hkv, page_size, D] (the
     same values; the contiguous caches stay for the check) and t["block_table"] int32 [B, L / page_size]:
-    the pages handed out in a shuffled order."""
+    the pages handed out in a shuffled order (``shuffled=False``: in order, sequence by sequence)."""
     b, hkv, n, d = t["k_cache"].shape
     blocks = n // page_size
-    order = torch.randperm(b * blocks, generator=torch.Generator().manual_seed(0)).to(t["k_cache"].device)
+    order = (torch.randperm(b * blocks, generator=torch.Generator().manual_seed(0)) if shuffled
+             else torch.arange(b * blocks)).to(t["k_cache"].device)
     for name in ("k", "v"):
         cache = t[f"{name}_cache"]
         pool = torch.empty(b * blocks, hkv, page_size, d, dtype=cache.dtype, device=cache.device)

@@ -1,11 +1,14 @@
 """decode_attention's split count, swept: what the heuristic's choice costs against every other.
 
     python -m dev.sweep_decode_splits [--shapes 1,32,8,128,32768 ...] [--splits 1,8,16,24,33,64] [--rounds 40]
+                                      [--layouts contiguous paged:16 paged:16:inorder paged:256]
 
 For each shape [B, Hq, Hkv, D, L] (the cases of bench_decode_attention, same inputs and timing:
 cold L2, CUDA events, p50 over ``--rounds``) prints one line per forced ``num_splits`` and one for the
 heuristic (``auto``), with % of the measured copy bandwidth on the step's bytes, the same-bytes copy
-and the ``sdpa`` provider of the same run. Every output is checked against the float64 reference
+and the ``sdpa`` provider of the same run, for each cache layout of ``--layouts``: ``contiguous``, or
+``paged:SIZE`` (page pools of SIZE slots, pages shuffled as bench_decode_attention's paged provider has them)
+and ``paged:SIZE:inorder`` (each sequence's pages in order in the pool: what the shuffle costs). Every output is checked against the float64 reference
 once before timing. A tuning tool: it writes nothing, and its lines go to docs/lab-notes/decode-attention.md by hand.
 """
 
@@ -29,13 +32,28 @@ def _shape(text: str) -> tuple[int, ...]:
     return parts
 
 
+def _layout(text: str) -> tuple[int | None, bool]:
+    """(page size or None for contiguous, shuffled)."""
+    parts = text.split(":")
+    if parts == ["contiguous"]:
+        return None, True
+    if parts[0] == "paged" and len(parts) in (2, 3) and parts[1].isdigit() and parts[2:] in ([], ["inorder"]):
+        return int(parts[1]), len(parts) == 2
+    raise argparse.ArgumentTypeError(f"layout must be contiguous, paged:SIZE or paged:SIZE:inorder, got {text!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", nargs="+", type=_shape, default=[_shape(s) for s in DEFAULT_SHAPES])
     ap.add_argument("--splits", default="1,4,8,12,16,24,32,33,48,64")
     ap.add_argument("--dtype", default="float16", choices=sorted(bd.DTYPES))
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--layouts", nargs="+", default=["contiguous"])
     args = ap.parse_args(argv)
+    try:
+        layouts = [(name, _layout(name)) for name in args.layouts]
+    except argparse.ArgumentTypeError as e:
+        ap.error(str(e))
     if not torch.cuda.is_available():
         raise SystemExit("dev.sweep_decode_splits needs a CUDA device")
     from fused_attn import decode_attention
@@ -54,14 +72,22 @@ def main(argv: list[str] | None = None) -> int:
         sdpa = statistics.median(timer.sample(bd.provider_fn("sdpa", t)))
         print(f"shape {shape}: {nbytes / 1e6:.1f} MB, copy-bandwidth time {floor:.1f} us, same-bytes copy "
               f"{same:.1f} us, sdpa {sdpa:.1f} us")
-        for splits in [None] + [int(s) for s in args.splits.split(",")]:
-            def call(splits=splits):
-                return decode_attention(t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"], k_new=t["k_new"],
-                                        v_new=t["v_new"], num_splits=splits)
-            bd.check_step(f"num_splits={splits}", call(), t)
-            p50 = statistics.median(timer.sample(call))
-            print(f"  {'auto' if splits is None else splits:>5}: {p50:7.1f} us  {100 * floor / p50:5.1f}% of copy  "
-                  f"{sdpa / p50:4.2f}x sdpa")
+        for name, (page_size, shuffled) in layouts:
+            print(f" layout {name}")
+            if page_size is not None:
+                bd.page_inputs(t, page_size, shuffled)
+            k, v = ("k_cache", "v_cache") if page_size is None else ("k_pool", "v_pool")
+            table = None if page_size is None else t["block_table"]
+            for splits in [None] + [int(s) for s in args.splits.split(",")]:
+                def call(splits=splits):
+                    return decode_attention(t["q"], t[k], t[v], t["cache_seqlens"], k_new=t["k_new"],
+                                            v_new=t["v_new"], num_splits=splits, block_table=table)
+                bd.check_step("fused" if page_size is None else "paged", call(), t)
+                p50 = statistics.median(timer.sample(call))
+                print(f"  {'auto' if splits is None else splits:>5}: {p50:7.1f} us  {100 * floor / p50:5.1f}% of "
+                      f"copy  {sdpa / p50:4.2f}x sdpa")
+            for key in ("k_pool", "v_pool", "block_table"):
+                t.pop(key, None)
     return 0
 
 
