@@ -169,10 +169,11 @@ def attention(
     ``torch.compile(fullgraph=True)`` and CUDA-graph capture. Differentiable with respect to q, k,
     v and an additive mask (the backward recomputes through ``fused_attn.reference.attention``).
     """
-    if (out is None and not torch.compiler.is_compiling() and _ops.direct is not None and type(causal) is bool
+    if (not torch.compiler.is_compiling() and _ops.direct is not None and type(causal) is bool
             and type(return_lse) is bool and type(mode) is str and (scale is None or type(scale) is float)):
         try:  # the direct path (fused_attn._ops.direct): None where the dispatcher must run the op
-            r = _ops.direct.attention(q, k, v, attn_mask, scale, causal, mode, return_lse)
+            r = (_ops.direct.attention(q, k, v, attn_mask, scale, causal, mode, return_lse) if out is None
+                 else _ops.direct.attention_out(q, k, v, attn_mask, scale, causal, mode, return_lse, out))
         except (TypeError, ValueError):
             r = None  # bad input (or a layout the checks below copy): the path below
         if r is not None:

@@ -219,8 +219,15 @@ def fused_attention_forward(
             and flash_supports(query.dtype, query.shape[-1]) and key.dtype == query.dtype
             and value.dtype == query.dtype):
         # No score matrix; a 4-D mask never gets here (the kernel would read it per score).
-        out = attention(query, key, value, causal=causal, attn_mask=mask, scale=scale)
-        return out.transpose(1, 2).contiguous(), None
+        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+            out = attention(query, key, value, causal=causal, attn_mask=mask, scale=scale)
+            return out.transpose(1, 2).contiguous(), None
+        # Without autograd, written straight into the [batch, seqlen_q, nheads, headdim] layout returned, as
+        # SDPA's flash and cuDNN kernels lay their output out: no transposing copy, and a prompt's allocations
+        # are sdpa's (bench_hf_prefill's peak memory).
+        out = query.new_empty(query.shape[0], q_len, query.shape[1], query.shape[3])
+        attention(query, key, value, causal=causal, attn_mask=mask, scale=scale, out=out.transpose(1, 2))
+        return out, None
     n_rep = query.shape[1] // key.shape[1]
     if n_rep > 1:
         key = key.repeat_interleave(n_rep, dim=1)

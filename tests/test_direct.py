@@ -131,6 +131,25 @@ def test_qkv_decode_attention_direct_path_bumps_the_caches_version(spy):
     _same((kc, vc), (kc2, vc2))
 
 
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_attention_out_direct_path_writes_a_transposed_out_and_bumps_its_version(spy, return_lse):
+    """out= a [batch, seqlen, heads, headdim] buffer seen as [batch, heads, seqlen, headdim] (the layout the
+    Hugging Face forward hands back): the direct path is taken, writes every element of it, returns it and
+    bumps its version; the values are the dispatcher's, from a contiguous out."""
+    q, k, v = _r(2, 8, 48, 64, seed=1), _r(2, 4, 48, 64, seed=2), _r(2, 4, 48, 64, seed=3)
+    buf = torch.full((2, 48, 8, 64), float("nan"), device="cuda", dtype=torch.float16)
+    out = buf.transpose(1, 2)
+    version = buf._version
+    got = fused_attn.attention(q, k, v, causal=True, out=out, return_lse=return_lse)
+    assert spy.calls == [("attention_out", True)]
+    o = got[0] if return_lse else got
+    assert o is out and buf._version > version
+    want = torch.ops.fused_attn.attention(q, k, v, None, None, causal=True, return_lse=return_lse)
+    _same(buf, want[0].transpose(1, 2).contiguous())
+    if return_lse:
+        _same(got[1], want[1])
+
+
 def test_an_input_that_requires_grad_goes_through_autograd(spy):
     x = _r(4, 768).requires_grad_()
     w, b = _r(768, seed=1), _r(768, seed=2)

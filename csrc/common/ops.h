@@ -29,6 +29,9 @@ at::Tensor scaled_masked_softmax(const at::Tensor& x, double scale, const std::o
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              const std::optional<at::Tensor>& attn_mask, std::optional<double> scale,
                                              bool causal, c10::string_view mode, bool return_lse);
+void attention_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const std::optional<at::Tensor>& attn_mask, std::optional<double> scale, bool causal,
+                   c10::string_view mode, const at::Tensor& out, const at::Tensor& lse);
 at::Tensor sample(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
                   const std::optional<at::Tensor>& offsets, int64_t top_k);
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

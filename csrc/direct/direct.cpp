@@ -140,6 +140,27 @@ py::object direct_attention(py::handle q, py::handle k, py::handle v, py::handle
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
+// attention(out=): the kernel writes into the caller's out (any strides with a contiguous last dim, e.g. a
+// transposed [batch, seqlen, heads, headdim] buffer), which is returned; its version counter is bumped as for
+// a schema's mutable argument.
+py::object direct_attention_out(py::handle q, py::handle k, py::handle v, py::handle attn_mask,
+                                std::optional<double> scale, bool causal, const std::string& algo, bool return_lse,
+                                py::handle out) {
+  HANDLE_TH_ERRORS
+  Args a;
+  at::Tensor q_ = a.tensor(q), k_ = a.tensor(k), v_ = a.tensor(v), o = a.tensor(out);
+  auto m = a.optional(attn_mask);
+  // lse is sized from q before the op's checks run: a q that is not 4-D goes to the wrapper's message.
+  if (!a.ok || q_.dim() != 4) return py::none();
+  at::Tensor lse = return_lse ? at::empty({q_.size(0), q_.size(1), q_.size(2)}, q_.options().dtype(at::kFloat))
+                              : at::empty({0}, q_.options().dtype(at::kFloat));
+  attention_out(q_, k_, v_, m, scale, causal, algo, o, lse);
+  o.unsafeGetTensorImpl()->bump_version();
+  py::object o_obj = py::reinterpret_borrow<py::object>(out);
+  return return_lse ? py::object(py::make_tuple(o_obj, wrap(std::move(lse)))) : o_obj;
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
 py::object direct_sample(py::handle logits, double temperature, int64_t seed, int64_t offset, py::handle offsets,
                          int64_t top_k) {
   HANDLE_TH_ERRORS
@@ -201,6 +222,7 @@ PYBIND11_MODULE(fused_attn_C, m) {
   m.def("mlp", &direct_mlp);
   m.def("scaled_masked_softmax", &direct_scaled_masked_softmax);
   m.def("attention", &direct_attention);
+  m.def("attention_out", &direct_attention_out);
   m.def("sample", &direct_sample);
   m.def("decode_attention", &direct_decode_attention);
   m.def("qkv_decode_attention", &direct_qkv_decode_attention);
