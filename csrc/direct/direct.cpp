@@ -142,7 +142,7 @@ py::object direct_attention(py::handle q, py::handle k, py::handle v, py::handle
 
 // attention(out=): the kernel writes into the caller's out (any strides with a contiguous last dim, e.g. a
 // transposed [batch, seqlen, heads, headdim] buffer), which is returned; its version counter is bumped as for
-// a schema's mutable argument.
+// a schema's mutable argument. Returns (out, lse), lse empty unless return_lse.
 py::object direct_attention_out(py::handle q, py::handle k, py::handle v, py::handle attn_mask,
                                 std::optional<double> scale, bool causal, const std::string& algo, bool return_lse,
                                 py::handle out) {
@@ -156,8 +156,8 @@ py::object direct_attention_out(py::handle q, py::handle k, py::handle v, py::ha
                               : at::empty({0}, q_.options().dtype(at::kFloat));
   attention_out(q_, k_, v_, m, scale, causal, algo, o, lse);
   o.unsafeGetTensorImpl()->bump_version();
-  py::object o_obj = py::reinterpret_borrow<py::object>(out);
-  return return_lse ? py::object(py::make_tuple(o_obj, wrap(std::move(lse)))) : o_obj;
+  // (out, lse) as direct_attention returns: the wrapper picks out when return_lse is false.
+  return py::make_tuple(py::reinterpret_borrow<py::object>(out), wrap(std::move(lse)));
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
