@@ -288,6 +288,13 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
                               (use_mma ? mma_arch >= 90 : cluster_capable<scalar_t, HD>(R));
       p.num_splits = num_splits > 0 ? int(num_splits) : decode_splits(work, p.max_len, sm_count(q), cluster_ok);
       p.cluster = cluster_ok && p.num_splits > 1 && p.num_splits <= kMaxClusterSplits;
+      if constexpr (kMmaKernel) {
+        if (use_mma && p.cluster) {
+          const int fit = p.block_table != nullptr ? decode_mma_max_active_clusters<scalar_t, HD, true>(p.num_splits)
+                                                   : decode_mma_max_active_clusters<scalar_t, HD, false>(p.num_splits);
+          p.cluster = decode_cluster_fits(work, fit);
+        }
+      }
       p.programmatic = cluster_ok;  // the same condition: an sm_90 device, the kernel compiled for it
       at::Tensor partial_o, partial_lse;
       if (p.num_splits > 1 && !p.cluster) {

@@ -40,6 +40,15 @@ constexpr int decode_splits(int64_t work, int max_len, int sms, bool cluster_ok)
   return int(std::clamp<int64_t>(splits, 1, kMaxSplits));
 }
 
+// A split launch merges its splits in one cluster (kMaxClusterSplits) only when every cluster of the grid is
+// resident at once (max_active: cudaOccupancyMaxActiveClusters for the kernel and cluster size); otherwise the
+// splits write partials and the combine kernel merges them. A cluster waits for all its blocks, so a grid of
+// more clusters than fit runs the rest as a second wave. The tensor-core kernel at head dim 128 holds two
+// blocks an SM (shared memory), and the H200 fits 30 clusters of 8 of it: GQA 32/8 D128 at batch 4 is 32
+// clusters of 8 splits (bench_decode_attention, fp16, H200: 8k keys 72.9 us, 32k 226.9 us; 17 splits without
+// a cluster: 59.7 / 159.6 us, dev.sweep_decode_splits).
+constexpr bool decode_cluster_fits(int64_t clusters, int max_active) { return clusters <= max_active; }
+
 // The L2 prefetch a block issues before its PDL wait (decode_attention_kernel.cuh, prefetch_cache): at most
 // the first kDecodePrefetchMaxSlots cached slots of its split. The prefetch overlaps the first loads' DRAM
 // round trip with the previous kernel; a whole split of a long cache (Llama B1 MHA 32k: 256 blocks of 4096

@@ -7,4 +7,5 @@ template void launch_decode<__nv_bfloat16, 64, 2, true>(const DecodeParams&, cud
 template void launch_decode<__nv_bfloat16, 64, 4, true>(const DecodeParams&, cudaStream_t);
 template void launch_decode<__nv_bfloat16, 64, 8, true>(const DecodeParams&, cudaStream_t);
 template void launch_decode_mma<__nv_bfloat16, 64, true>(const DecodeParams&, cudaStream_t);
+template int decode_mma_max_active_clusters<__nv_bfloat16, 64, true>(int);
 }  // namespace fused_attn

@@ -44,6 +44,7 @@
 // Tests: tests/test_decode_attention.py; benchmark: bench/bench_decode_attention.py.
 #pragma once
 
+#include <atomic>
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -1138,6 +1139,40 @@ void launch_decode_mma(const DecodeParams& p, cudaStream_t stream) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
   launch_attention_kernel(p, kernel, smem, stream);
+}
+
+template <typename T, int HD, bool kPaged>
+int decode_mma_max_active_clusters(int splits) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices][kMaxClusterSplits + 1];  // count + 1; 0: not read yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= kDevices || splits < 1 || splits > kMaxClusterSplits) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (const int n = known[device][splits].load(std::memory_order_relaxed); n > 0) return n - 1;
+  const auto kernel = decode_mma_kernel<T, HD, kPaged>;
+  const int smem = DecodeMmaGeometry<T, HD>::kSmemBytes + decode::kPushBytes<16, HD>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 1;
+  attr.val.clusterDim.y = unsigned(splits);
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1, unsigned(splits), 1);
+  cfg.blockDim = dim3(kDecodeThreads);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  known[device][splits].store(n + 1, std::memory_order_relaxed);
+  return n;
 }
 
 template <typename T, int HD>

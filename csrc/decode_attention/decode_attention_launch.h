@@ -117,6 +117,10 @@ template <typename T, int HD, bool kPaged>
 void launch_decode_mma(const DecodeParams& p, cudaStream_t stream);
 template <typename T, int HD>
 int decode_mma_arch();
+// How many clusters of `splits` blocks of decode_mma_kernel the current device holds at once (its
+// cudaOccupancyMaxActiveClusters with the cluster merge's shared memory), read once per device and size.
+template <typename T, int HD, bool kPaged>
+int decode_mma_max_active_clusters(int splits);
 // Whether decode_kernel<T, HD, R, false, kDecodeThreads, false> was compiled for sm_90 or later (the cluster
 // merge's code is there).
 template <typename T, int HD, int R>

@@ -36,6 +36,7 @@ def units() -> dict[str, str]:
                     + ("" if paged else f"template bool decode_cluster_capable<{T}, {hd}, {r}>();\n") for r in ROWS)
                 if dt != "fp32" and hd in MMA_HEADDIMS:
                     decls += f"template void launch_decode_mma<{T}, {hd}, {flag}>(const DecodeParams&, cudaStream_t);\n"
+                    decls += f"template int decode_mma_max_active_clusters<{T}, {hd}, {flag}>(int);\n"
                     if not paged:
                         decls += f"template int decode_mma_arch<{T}, {hd}>();\n"
                 out[f"decode_attention_inst_{dt}_hd{hd}{suffix}.cu"] = HEADER + decls + "}  // namespace fused_attn\n"
