@@ -7,6 +7,11 @@ grouped by the first frame in transformers, fused_attn or torch.nn (sizes in MB)
 groups between each implementation and sdpa.
 
     python -m dev.probe_hf_peak_memory [--batch 8] [--prompt 960]
+
+Then, per implementation, the allocator's blocks at the peak itself (a snapshot taken in a forward hook on the
+lm_head, whose output is the last allocation of the forward): the blocks whose size exceeds what their tensor
+requested (a cached block reused whole, or a segment's remainder left unsplit), grouped as above: where
+max_memory_allocated and the live tensors part.
 """
 from __future__ import annotations
 
@@ -49,6 +54,16 @@ def live_at_peak(snapshot: dict, base: int) -> tuple[int, Counter]:
     return peak, groups
 
 
+def rounding_at(snapshot: dict) -> Counter:
+    """Block size minus requested size of every allocated block of the snapshot, grouped by allocation site."""
+    over = Counter()
+    for seg in snapshot["segments"]:
+        for blk in seg["blocks"]:
+            if blk["state"] == "active_allocated" and blk["size"] > blk.get("requested_size", blk["size"]):
+                over[where(blk.get("frames", []))] += blk["size"] - blk["requested_size"]
+    return over
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=8)
@@ -83,6 +98,18 @@ def main():
         print(f"== {impl}: peak above the model {peak_mb:.3f} MB (max_memory_allocated); traced peak "
               f"{traced / 2**20:.3f} MB")
         for k, v in groups.most_common(12):
+            print(f"  {v / 2**20:10.3f} MB  {k}")
+        at_peak = []
+        hook = m.lm_head.register_forward_hook(lambda *_: at_peak.append(torch.cuda.memory._snapshot()))
+        torch.cuda.empty_cache()
+        torch.cuda.memory._record_memory_history(stacks="python", max_entries=200000)
+        run()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        hook.remove()
+        over = rounding_at(at_peak[0])
+        print(f"   blocks larger than their tensors at the lm_head's output, from an empty cache: "
+              f"{sum(over.values()) / 2**20:.3f} MB")
+        for k, v in over.most_common(8):
             print(f"  {v / 2**20:10.3f} MB  {k}")
         del m
         torch.cuda.empty_cache()
