@@ -89,13 +89,18 @@ def max_len_of(k_cache: torch.Tensor, block_table: torch.Tensor | None) -> int:
     return k_cache.shape[2] if block_table is None else block_table.shape[1] * k_cache.shape[2]
 
 
+def _check_int32_on(t, name: str, kind: str, q: torch.Tensor) -> None:
+    """t is an int32 tensor on q's device (block_table, cu_seqlens_q); kind: what the TypeError says t must be."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be {kind}, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise ValueError(f"{name} must have dtype torch.int32, got {t.dtype}")
+    if t.device != q.device:
+        raise ValueError(f"{name} must be on the same device as q ({q.device}), got {t.device}")
+
+
 def _check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor, batch: int) -> None:
-    if not isinstance(block_table, torch.Tensor):
-        raise TypeError(f"block_table must be a torch.Tensor or None, got {type(block_table).__name__}")
-    if block_table.dtype != torch.int32:
-        raise ValueError(f"block_table must have dtype torch.int32, got {block_table.dtype}")
-    if block_table.device != q.device:
-        raise ValueError(f"block_table must be on the same device as q ({q.device}), got {block_table.device}")
+    _check_int32_on(block_table, "block_table", "a torch.Tensor or None", q)
     if block_table.dim() != 2 or block_table.shape[0] != batch:
         raise ValueError(f"block_table must have shape (batch, max_blocks) = ({batch}, max_blocks), "
                          f"got {_shape(block_table)}")
@@ -121,12 +126,7 @@ def batch_of(q: torch.Tensor, k_cache, block_table, ragged: bool) -> int:
 
 def _check_offsets_tensor(cu_seqlens_q, q: torch.Tensor, batch: int) -> None:
     """cu_seqlens_q as the op takes it: int32 [batch + 1] on q's device, contiguous (values not read)."""
-    if not isinstance(cu_seqlens_q, torch.Tensor):
-        raise TypeError(f"cu_seqlens_q must be a torch.Tensor, got {type(cu_seqlens_q).__name__}")
-    if cu_seqlens_q.dtype != torch.int32:
-        raise ValueError(f"cu_seqlens_q must have dtype torch.int32, got {cu_seqlens_q.dtype}")
-    if cu_seqlens_q.device != q.device:
-        raise ValueError(f"cu_seqlens_q must be on the same device as q ({q.device}), got {cu_seqlens_q.device}")
+    _check_int32_on(cu_seqlens_q, "cu_seqlens_q", "a torch.Tensor", q)
     if tuple(cu_seqlens_q.shape) != (batch + 1,):
         raise ValueError(f"cu_seqlens_q must have shape (batch + 1,) = ({batch + 1},), got {_shape(cu_seqlens_q)}")
     if cu_seqlens_q.stride(0) != 1 and batch > 0:
