@@ -73,7 +73,9 @@ def _t(*ids: str) -> tuple[str, ...]:
 
 _HF_PROBS = "probs = scaled_masked_softmax(scores, scale, causal=causal, attn_mask=mask)"
 # The HF backend's half-precision prompt attention on CUDA (fused_attn.attention's flash kernel).
-_HF_FLASH_OUT = "out = attention(query, key, value, causal=causal, attn_mask=mask, scale=scale)"
+_HF_FLASH_GRAD_OUT = "            out = attention(query, key, value, causal=causal, attn_mask=mask, scale=scale)"
+_HF_FLASH_OUT = ("attention(query, key, value, causal=causal, attn_mask=mask, scale=scale, out=out.transpose(1, 2))\n"
+                 "        return out, None")
 # The fused backend's prompt attention (fused_attn.attention written into c_proj's layout), 1% off.
 _GPT2_PROMPT_OUT = "        return o.view(b, s, h * d)\n"
 _GPT2_PROMPT_OUT_OFF = "        return o.view(b, s, h * d) * 1.01\n"
@@ -122,7 +124,9 @@ MUTATIONS: list[Mutation] = [
              _t(f"{T_HF}::test_greedy_decode_through_decode_attention_cpu"),
              why="decode steps silently fall back to matmul + softmax: right tokens, no decode kernel"),
     Mutation("hf-decode-path-taken-with-grad", "fused_attn/hf.py",
-             "if torch.is_grad_enabled() and (query.requires_grad", "if False and (query.requires_grad",
+             "if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):\n"
+             "        return False",
+             "if False and (query.requires_grad or key.requires_grad or value.requires_grad):\n        return False",
              _t(f"{T_HF}::test_decode_path_only_without_grad_dropout_or_additive_mask"),
              why="a one-query step that needs gradients reaches decode_attention, which raises"),
     Mutation("gpt2-decode-ignores-keys-ok", "fused_attn/gpt2.py",
@@ -296,9 +300,17 @@ MUTATIONS: list[Mutation] = [
              why="a 1% error in every attention probability must fail the float16/bfloat16 tests"),
     Mutation("gpt2-probs-off-by-1pct-half", "fused_attn/gpt2.py", _GPT2_PROMPT_OUT, _GPT2_PROMPT_OUT_OFF,
              _t(f"{T_GPT2}::test_half_precision_attention_per_layer_cpu")),
-    Mutation("hf-flash-out-off-by-1pct-half-gpu", "fused_attn/hf.py", _HF_FLASH_OUT, _HF_FLASH_OUT + " * 1.01",
+    Mutation("hf-flash-out-off-by-1pct-half-gpu", "fused_attn/hf.py", _HF_FLASH_OUT,
+             _HF_FLASH_OUT.replace("return out, None", "return out * 1.01, None"),
              _t(f"{T_HF}::test_half_precision_attention_per_layer_gpu"), gpu=True,
              why="float16/bfloat16 prompts on CUDA run the flash path: a 1% error there must fail the GPU test"),
+    Mutation("hf-flash-grad-out-off-by-1pct-half-gpu", "fused_attn/hf.py", _HF_FLASH_GRAD_OUT,
+             _HF_FLASH_GRAD_OUT + " * 1.01", _t(f"{T_HF}::test_half_precision_attention_per_layer_gpu"), gpu=True,
+             why="the prompt path with inputs that require grad (training) keeps the autograd op: 1% off there"),
+    Mutation("hf-flash-out-wrong-layout-gpu", "fused_attn/hf.py", "out=out.transpose(1, 2))", "out=out.view(query.shape))",
+             _t(f"{T_HF}::test_half_precision_attention_per_layer_gpu"), gpu=True,
+             why="the flash output written as [batch, heads, seqlen, headdim] into the buffer returned as "
+                 "[batch, seqlen, heads, headdim]: rows land under the wrong positions and heads"),
     Mutation("gpt2-probs-off-by-1pct-half-gpu", "fused_attn/gpt2.py", _GPT2_PROMPT_OUT, _GPT2_PROMPT_OUT_OFF,
              _t(f"{T_GPT2}::test_half_precision_attention_per_layer_gpu"), gpu=True),
     # ------------------------------------------------------------ decode_attention (CPU path, tolerance)

@@ -661,9 +661,16 @@ def check_half_precision_attention_per_layer(device, dtype):
         assert attn_mask is not None and tuple(attn_mask.shape) == tuple(mask.shape)  # causal + key padding
         full = attn_mask[:, None, None, :]
         want = attention_definition(q, k, v, full, scale, True)[real]
-        ours = fhf.fused_attention_forward(_Attn().eval(), q, k, v, attn_mask, scaling=scaling)[0][real].double()
         eager = eager_same_dtype(q, k, v, full, scale, True)[real]
-        assert_error_at_most_twice(ours, eager, want, 1e-5, f"layer {layer}")
+        # Without autograd (the output written in place, in transformers' layout) and with inputs that
+        # require grad (the autograd path): both half-precision prompt paths.
+        with torch.no_grad():
+            ours = fhf.fused_attention_forward(_Attn().eval(), q, k, v, attn_mask, scaling=scaling)[0]
+        assert_error_at_most_twice(ours[real].double(), eager, want, 1e-5, f"layer {layer}, no grad")
+        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+        ours = fhf.fused_attention_forward(_Attn().eval(), qg, kg, vg, attn_mask, scaling=scaling)[0]
+        assert ours.requires_grad
+        assert_error_at_most_twice(ours.detach()[real].double(), eager, want, 1e-5, f"layer {layer}, grad")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
