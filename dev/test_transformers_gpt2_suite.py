@@ -1,11 +1,12 @@
-"""dev.transformers_gpt2_suite's pure logic: which implementation a request becomes, how a test's reports fold
-into one outcome, and the comparison of two modes (the suite itself needs transformers' test tree)."""
+"""dev.transformers_gpt2_suite's pure logic: which implementation a request becomes, which call means a model
+escaped the forcing, how a test's reports fold into one outcome, and the comparison of two modes (the suite
+itself needs transformers' test tree)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dev.transformers_gpt2_suite import compare, fold_outcome, forced_implementation
+from dev.transformers_gpt2_suite import compare, escaped_forcing, fold_outcome, forced_implementation
 
 
 @pytest.mark.parametrize("requested, expected", [
@@ -15,6 +16,15 @@ from dev.transformers_gpt2_suite import compare, fold_outcome, forced_implementa
 ])
 def test_forced_implementation_keeps_only_eager_and_paged_requests(requested, expected):
     assert forced_implementation(requested, "fused_attn") == expected
+
+
+@pytest.mark.parametrize("called, forced, escaped", [
+    ("fused_attn", "fused_attn", False), ("eager", "fused_attn", False), ("paged|sdpa", "fused_attn", False),
+    ("sdpa", "fused_attn", True), ("flex_attention", "fused_attn", True),
+    ("eager", "eager", False), ("sdpa", "eager", True), ("fused_attn", "eager", True),
+])
+def test_escaped_forcing_flags_any_other_implementation_called(called, forced, escaped):
+    assert escaped_forcing(called, forced) is escaped
 
 
 @pytest.mark.parametrize("phases, expected", [

@@ -18,7 +18,8 @@ dev.transformers_gpt2_suite``). The plugin:
 - in fused_attn mode, registers fused_attn (``fused_attn.hf.register()``);
 - counts the calls of every attention function (each entry of ``AttentionInterface`` and GPT-2's
   ``eager_attention_forward``; calls traced by torch.compile are not counted), per test, and fails the
-  session when the forced implementation was never called (a forcing that did nothing);
+  session when the forced implementation was never called (a forcing that did nothing) or any other but
+  eager and paged ones was (a model that escaped it: SDPA, the default, would show here);
 - writes each test's outcome (passed, failed, error, skipped, xfailed, xpassed) and its call counts to a JSON
   report the runner reads.
 
@@ -98,6 +99,12 @@ def forced_implementation(requested: str | None, forced: str) -> str:
     if requested == "eager" or (isinstance(requested, str) and requested.startswith("paged|")):
         return requested
     return forced
+
+
+def escaped_forcing(called: str, forced: str) -> bool:
+    """Whether a call of the attention function ``called`` under ``forced`` means a model escaped the forcing:
+    anything but the forced one and those ``forced_implementation`` keeps (eager, paged)."""
+    return called not in (forced, "eager") and not called.startswith("paged|")
 
 
 def fold_outcome(phases: list[tuple[str, str, bool]]) -> str:
@@ -207,7 +214,7 @@ class _Forcing:
     def pytest_runtest_protocol(self, item, nextitem):
         before = collections.Counter(self.calls)
         yield
-        used = {k: v for k, v in (self.calls - before).items() if v}
+        used = dict(self.calls - before)
         if used:
             self.calls_by_test[item.nodeid] = used
 
@@ -222,15 +229,19 @@ class _Forcing:
 
         outcomes = {nodeid: fold_outcome(phases) for nodeid, phases in self.phases.items()}
         tests_forced = sum(1 for used in self.calls_by_test.values() if used.get(self.forced))
+        escaped = {name: n for name, n in self.calls.items() if escaped_forcing(name, self.forced)}
         report = {"mode": self.forced, "transformers": transformers.__version__, "exitstatus": int(exitstatus),
-                  "calls": dict(self.calls), "tests_calling_forced": tests_forced, "outcomes": outcomes,
-                  "messages": self.messages, "calls_by_test": self.calls_by_test}
+                  "calls": dict(self.calls), "escaped": escaped, "tests_calling_forced": tests_forced,
+                  "outcomes": outcomes, "messages": self.messages, "calls_by_test": self.calls_by_test}
         if self.report_path:
             Path(self.report_path).write_text(json.dumps(report, indent=1, sort_keys=True))
         calls = ", ".join(f"{k} {v}" for k, v in sorted(self.calls.items())) or "none"
         print(f"\nforced {self.forced}: attention calls {calls}; {tests_forced} tests called {self.forced}")
         if not self.calls[self.forced]:
             print(f"forced {self.forced}: no model called it, the forcing did nothing")
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+        if escaped:
+            print(f"forced {self.forced}: models escaped the forcing, calls {escaped}")
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
 
@@ -316,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             problems.append(f"{mode}: pytest exited {rc}")
         if not report["calls"].get(mode):
             problems.append(f"{mode}: no model called {mode}'s attention (the forcing did nothing)")
+        if report["escaped"]:
+            problems.append(f"{mode}: models escaped the forcing, calls {report['escaped']}")
     summary = {"suite": SUITE, "seconds": seconds, "problems": problems}
     unknown = []
     if len(reports) == len(MODES):
