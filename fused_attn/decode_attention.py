@@ -255,12 +255,7 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
     for t, name in ((cache_seqlens, "cache_seqlens"), (cache_leftpad, "cache_leftpad")):
         if t is None:
             continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.int32:
-            raise ValueError(f"{name} must have dtype torch.int32, got {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name} must be on the same device as q ({q.device}), got {t.device}")
+        _check_int32_on(t, name, "a torch.Tensor", q)
         if tuple(t.shape) != (batch,):
             raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {_shape(t)}")
     if key_mask is not None:
