@@ -27,7 +27,7 @@ import torch
 
 from fused_attn import _ops, reference
 from fused_attn.decode_attention import _aligned_copy, _check_aligned
-from fused_attn.softmax import _check_dims, _check_is_tensor, _check_like, _requires_grad, _scale_value, _shape
+from fused_attn.softmax import _check_dims, _check_is_tensor, _check_out, _requires_grad, _scale_value, _shape
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = _DTYPES + (torch.float64,)
@@ -110,7 +110,7 @@ def check_args(q, k, v, attn_mask, scale, causal, mode, out=None, lse=None) -> f
             raise ValueError(f"attn_mask must be broadcastable to {full}, got {_shape(attn_mask)}")
     scale = headdim ** -0.5 if scale is None else _scale_value(scale)
     if out is not None:
-        _check_like(out, "out", q, "q", "a torch.Tensor or None")
+        _check_out(out, q, "q")
         if not cpu and _is_flash(mode, q.dtype, headdim):
             _check_aligned(out, "out")
     if lse is not None and lse.numel() > 0:

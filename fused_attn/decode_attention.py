@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from fused_attn import _ops, reference
-from fused_attn.softmax import _check_dims, _check_is_tensor, _check_like, _scale_value, _shape
+from fused_attn.softmax import _check_dims, _check_is_tensor, _check_out, _scale_value, _shape
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = _DTYPES + (torch.float64,)
@@ -285,7 +285,7 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
         _check_aligned(k_cache, "k_cache")
         _check_aligned(v_cache, "v_cache")
     if out is not None:
-        _check_like(out, "out", q, "q", "a torch.Tensor or None")
+        _check_out(out, q, "q")
         if not cpu:
             _check_aligned(out, "out")
     return float(scale)

@@ -83,7 +83,7 @@ def check_args(
         ):
             raise ValueError(f"attn_mask must be broadcastable to {_shape(x)}, got {_shape(attn_mask)}")
     if out is not None:
-        _check_like(out, "out", x, name, "a torch.Tensor or None")
+        _check_out(out, x, name)
         if not out.is_contiguous():
             raise ValueError(f"out must be contiguous, got strides {out.stride()}")
     return scale
@@ -116,6 +116,14 @@ def _check_like(t, t_name: str, ref: torch.Tensor, ref_name: str, kind: str = "a
         raise ValueError(f"{t_name} must have {ref_name}'s dtype ({ref.dtype}), got {t.dtype}")
     if same_shape and t.shape != ref.shape:
         raise ValueError(f"{t_name} must have {ref_name}'s shape {_shape(ref)}, got {_shape(t)}")
+
+
+def _check_out(out, ref: torch.Tensor, ref_name: str) -> None:
+    """An op's ``out=``: a tensor like ``ref`` (_check_like) that autograd would not see written: under grad mode
+    it must not require grad (PyTorch's own out= variants refuse it too)."""
+    _check_like(out, "out", ref, ref_name, "a torch.Tensor or None")
+    if torch.is_grad_enabled() and out.requires_grad:
+        raise ValueError("out must not require grad (out= records no gradient), got a tensor that requires grad")
 
 
 def _requires_grad(*tensors) -> bool:

@@ -123,6 +123,11 @@ MUTATIONS: list[Mutation] = [
              "    if q_len != 1 or (dropout and module.training)", "    if True or (dropout and module.training)",
              _t(f"{T_HF}::test_greedy_decode_through_decode_attention_cpu"),
              why="decode steps silently fall back to matmul + softmax: right tokens, no decode kernel"),
+    Mutation("out-requires-grad-unchecked", "fused_attn/softmax.py",
+             "    if torch.is_grad_enabled() and out.requires_grad:\n",
+             "    if False and out.requires_grad:\n",
+             _t(f"{T_BAD}::test_bad_argument_is_named"),
+             why="an out= tensor that requires grad would be written in place with no gradient recorded"),
     Mutation("hf-decode-path-taken-with-grad", "fused_attn/hf.py",
              "if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):\n"
              "        return False",

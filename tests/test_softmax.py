@@ -1196,6 +1196,18 @@ def test_backward_cpp_checks_gpu(built_library):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_out_that_requires_grad_is_written_under_no_grad(device):
+    """As PyTorch's out= variants: refused under grad mode (test_bad_inputs.py pins the message), written
+    without it."""
+    x = torch.randn(3, 4, device=device)
+    out = torch.zeros(3, 4, device=device, requires_grad=True)
+    with torch.no_grad():
+        got = scaled_masked_softmax(x, out=out)
+    assert got is out
+    torch.testing.assert_close(out.detach(), torch.softmax(x, -1))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_out_under_autograd_raises(device):
     x = torch.randn(3, 4, device=device, requires_grad=True)
     match = r"out must be None when x or attn_mask requires grad \(out= records no gradient\), got a tensor"
