@@ -143,6 +143,14 @@ __device__ __forceinline__ void split_range(const DecodeParams& p, int start, in
   ke = min(end, kb + tiles_per_split * tile);
 }
 
+// The K and V offsets (elements, from the pools' (hkv) base) of row `row` of page `page` of a paged cache: the
+// one address computation of SlotRows, TileRows and TileRun.
+__device__ __forceinline__ void page_offsets(const DecodeParams& p, int64_t page, int64_t row, int64_t& k_off,
+                                             int64_t& v_off) {
+  k_off = page * p.k_stride_b + row * p.k_stride_l;
+  v_off = page * p.v_stride_b + row * p.v_stride_l;
+}
+
 // Page of logical block blk of a sequence (blk: a slot >> page_shift; table: the sequence's block_table row),
 // read after wait_for_primary() (a plain load; the prefetch's entries, read before it: prefetch_cache).
 __device__ __forceinline__ int page_at(const int* table, int blk) {
@@ -163,10 +171,7 @@ struct SlotRows {
         mask((1 << p.page_shift) - 1) {}
   __device__ __forceinline__ void at(const DecodeParams& p, int j, int64_t& k_off, int64_t& v_off) const {
     if constexpr (kPaged) {
-      const int64_t page = page_at(table, j >> shift);
-      const int64_t row = j & mask;
-      k_off = page * p.k_stride_b + row * p.k_stride_l;
-      v_off = page * p.v_stride_b + row * p.v_stride_l;
+      page_offsets(p, page_at(table, j >> shift), j & mask, k_off, v_off);
     } else {
       k_off = int64_t(j) * p.k_stride_l;
       v_off = int64_t(j) * p.v_stride_l;
@@ -204,9 +209,7 @@ struct TileRows {
       if (j < read_end - TILE && (j1 >> shift) != (j >> shift)) {
         pages[n] = page_at(p.block_table + b * p.table_stride_b, j1 >> shift);
       }
-      const int64_t row = j & ((1 << shift) - 1);
-      k_off = page * p.k_stride_b + row * p.k_stride_l;
-      v_off = page * p.v_stride_b + row * p.v_stride_l;
+      page_offsets(p, page, j & ((1 << shift) - 1), k_off, v_off);
     } else {
       k_off = int64_t(j) * p.k_stride_l;
       v_off = int64_t(j) * p.v_stride_l;
@@ -239,9 +242,7 @@ struct TileRun {
     if constexpr (kPaged) {
       const int shift = p.page_shift;
       const int64_t page = (j >> shift) == (j0 >> shift) ? first_page : last_page;
-      const int64_t row = j & ((1 << shift) - 1);
-      k_off = page * p.k_stride_b + row * p.k_stride_l;
-      v_off = page * p.v_stride_b + row * p.v_stride_l;
+      page_offsets(p, page, j & ((1 << shift) - 1), k_off, v_off);
     } else {
       k_off = int64_t(j) * p.k_stride_l;
       v_off = int64_t(j) * p.v_stride_l;
