@@ -209,8 +209,6 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
 # the attention implementation eager, sdpa and "fused_attn" (fused_attn.hf).
 HF_PREFILL_IMPLS = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-fused": "fused_attn"}
 HF_PREFILL_ROUNDS = 30
-# The provider timed against rounds of its peer interleaved with its own, and that peer.
-PREFILL_PAIRED = ("hf-fused", "hf-sdpa")
 
 
 def _hf_prefill_cases(metafunc):
@@ -283,8 +281,8 @@ def bench_hf_prefill(benchmark, hf_prefill_case, hf_prefill_models, medians):
     # read 0.64x in one H200 run and 1.04x in the next, each against sdpa's separate rounds).
     paired = []
     setup = None
-    if c["provider"] == PREFILL_PAIRED[0]:
-        peer = hf_prefill_models(PREFILL_PAIRED[1], dtype)
+    if c["provider"] == PAIRED[0]:
+        peer = hf_prefill_models(PAIRED[1], dtype)
         first_token(peer)
 
         def setup():
@@ -303,7 +301,7 @@ def bench_hf_prefill(benchmark, hf_prefill_case, hf_prefill_models, medians):
                 clock="host clock around the forward and the first token's read-back")
     if paired:
         peer_p50 = 1e6 * statistics.median(paired)
-        info["interleaved_peer"] = PREFILL_PAIRED[1]
+        info["interleaved_peer"] = PAIRED[1]
         info["interleaved"] = dict(p50_us=round(peer_p50, 2), ttft_ms=round(peer_p50 / 1e3, 4))
         info["speedup_vs_hf_sdpa"] = round(peer_p50 / p50, 3)
     elif (benchmark.group, "hf-sdpa") in medians:

@@ -89,18 +89,20 @@ def max_len_of(k_cache: torch.Tensor, block_table: torch.Tensor | None) -> int:
     return k_cache.shape[2] if block_table is None else block_table.shape[1] * k_cache.shape[2]
 
 
-def _check_int32_on(t, name: str, kind: str, q: torch.Tensor) -> None:
-    """t is an int32 tensor on q's device (block_table, cu_seqlens_q); kind: what the TypeError says t must be."""
+def _check_on_q(t, name: str, kind: str, q: torch.Tensor, dtype: torch.dtype = torch.int32,
+                dtype_text: str | None = None) -> None:
+    """t is a dtype tensor on q's device (block_table, cu_seqlens_q, the lengths, key_mask); kind: what the
+    TypeError says t must be; dtype_text: the dtype as the message names it (default: the dtype)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be {kind}, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise ValueError(f"{name} must have dtype torch.int32, got {t.dtype}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must have dtype {dtype_text or dtype}, got {t.dtype}")
     if t.device != q.device:
         raise ValueError(f"{name} must be on the same device as q ({q.device}), got {t.device}")
 
 
 def _check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor, batch: int) -> None:
-    _check_int32_on(block_table, "block_table", "a torch.Tensor or None", q)
+    _check_on_q(block_table, "block_table", "a torch.Tensor or None", q)
     if block_table.dim() != 2 or block_table.shape[0] != batch:
         raise ValueError(f"block_table must have shape (batch, max_blocks) = ({batch}, max_blocks), "
                          f"got {_shape(block_table)}")
@@ -126,7 +128,7 @@ def batch_of(q: torch.Tensor, k_cache, block_table, ragged: bool) -> int:
 
 def _check_offsets_tensor(cu_seqlens_q, q: torch.Tensor, batch: int) -> None:
     """cu_seqlens_q as the op takes it: int32 [batch + 1] on q's device, contiguous (values not read)."""
-    _check_int32_on(cu_seqlens_q, "cu_seqlens_q", "a torch.Tensor", q)
+    _check_on_q(cu_seqlens_q, "cu_seqlens_q", "a torch.Tensor", q)
     if tuple(cu_seqlens_q.shape) != (batch + 1,):
         raise ValueError(f"cu_seqlens_q must have shape (batch + 1,) = ({batch + 1},), got {_shape(cu_seqlens_q)}")
     if cu_seqlens_q.stride(0) != 1 and batch > 0:
@@ -255,16 +257,11 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
     for t, name in ((cache_seqlens, "cache_seqlens"), (cache_leftpad, "cache_leftpad")):
         if t is None:
             continue
-        _check_int32_on(t, name, "a torch.Tensor", q)
+        _check_on_q(t, name, "a torch.Tensor", q)
         if tuple(t.shape) != (batch,):
             raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {_shape(t)}")
     if key_mask is not None:
-        if not isinstance(key_mask, torch.Tensor):
-            raise TypeError(f"key_mask must be a torch.Tensor or None, got {type(key_mask).__name__}")
-        if key_mask.dtype != torch.bool:
-            raise ValueError(f"key_mask must have dtype torch.bool (True = attend), got {key_mask.dtype}")
-        if key_mask.device != q.device:
-            raise ValueError(f"key_mask must be on the same device as q ({q.device}), got {key_mask.device}")
+        _check_on_q(key_mask, "key_mask", "a torch.Tensor or None", q, torch.bool, "torch.bool (True = attend)")
         max_len = max_len_of(k_cache, block_table)
         if key_mask.dim() != 2 or key_mask.shape[0] not in (1, batch) or key_mask.shape[1] != max_len:
             raise ValueError(f"key_mask must have shape (batch or 1, max_len) = ({batch} or 1, {max_len}), "

@@ -67,7 +67,7 @@ from fused_attn.decode_attention import _CPU_DTYPES, _DTYPES, MAX_HEADDIM, _read
 from fused_attn.layer_norm import layer_norm
 from fused_attn.linear import packed_in_out
 from fused_attn.mlp import mlp
-from fused_attn.softmax import scaled_masked_softmax
+from fused_attn.softmax import _requires_grad, scaled_masked_softmax
 
 NAME = "fused_attn"
 MIN_TRANSFORMERS = (4, 56)
@@ -219,7 +219,7 @@ def fused_attention_forward(
             and flash_supports(query.dtype, query.shape[-1]) and key.dtype == query.dtype
             and value.dtype == query.dtype):
         # No score matrix; a 4-D mask never gets here (the kernel would read it per score).
-        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        if _requires_grad(query, key, value):
             out = attention(query, key, value, causal=causal, attn_mask=mask, scale=scale)
             return out.transpose(1, 2).contiguous(), None
         # Without autograd, written straight into the [batch, seqlen_q, nheads, headdim] layout returned, as
