@@ -65,6 +65,8 @@ DECODE_H = "csrc/decode_attention/decode_attention_heuristics.h"
 DECODE_K = "csrc/decode_attention/decode_attention_kernel.cuh"
 DECODE_L = "csrc/decode_attention/decode_attention_launch.h"
 DECODE_CPP = "csrc/decode_attention/decode_attention.cpp"
+DECODE_PY = "fused_attn/decode_attention.py"
+DECODE_PAGED_TEST = "tests/test_decode_attention_paged.py"
 PDL_H = "csrc/common/pdl.cuh"
 PDL_ROWS = "constexpr long kPdlEarlyRows = 8;"
 PDL_NORM_ROWS = "constexpr long kPdlEarlyNormRows = 16;"
@@ -72,9 +74,9 @@ WIDE = "constexpr int64_t kDecodeWideMinBatch = 16;"
 NEVER = "int64_t(1) << 40"
 
 # decode-paged-page-base's edits (one a hunk): the paged rows addressed from byte strides below 2**32
-# (DecodeParams, checked by the launcher) with wide multiply-adds, each row's block_table entry pointer
-# carried from tile to tile, the pools' bases held in registers; the tensor-core kernel's run of rows from two
-# addresses a tile.
+# (DecodeParams; checked by the launcher and check_args, the message pinned) with wide multiply-adds, each
+# row's block_table entry pointer carried from tile to tile, the pools' bases held in registers; the
+# tensor-core kernel's run of rows from two addresses a tile.
 PAGE_BASE_EDITS = (
     Edit(DECODE_CPP,
          "#define FA_CHECK_ROWS_ALIGNED(t)                                                                        \\\n",
@@ -386,6 +388,48 @@ PAGE_BASE_EDITS = (
          "  // page_size - 1: a row's address is two 32 x 32 -> 64-bit multiply-adds (decode::TileRows).\n"
          "  uint32_t k_page_bytes, k_row_bytes, v_page_bytes, v_row_bytes, page_mask;\n"
          "  // Ragged batch, or nullptr: [batch + 1] offsets, sequence b's n_b = cu[b + 1] - cu[b] new tokens at rows\n"),
+    Edit(DECODE_PY,
+         "def batch_of(q: torch.Tensor, k_cache, block_table, ragged: bool) -> int:\n",
+         "def _check_page_strides(pool: torch.Tensor, name: str) -> None:\n"
+         "    \"\"\"The CUDA kernels address a page pool's rows from its page and row strides in bytes as 32-bit values (a\n"
+         "    pool of one page never uses its page stride).\"\"\"\n"
+         "    size = pool.element_size()\n"
+         "    if (pool.shape[0] > 1 and pool.stride(0) * size >= 2**32) or pool.stride(2) * size >= 2**32:\n"
+         "        raise ValueError(f\"{name} must have page (dim 0, when num_pages > 1) and row (dim 2) strides below 2**32 \"\n"
+         "                         f\"bytes with block_table, got strides {pool.stride()}\")\n"
+         "\n"
+         "\n"
+         "def batch_of(q: torch.Tensor, k_cache, block_table, ragged: bool) -> int:\n"),
+    Edit(DECODE_PY,
+         "    elif k_cache.shape[0] != batch:\n",
+         "        _check_page_strides(k_cache, \"k_cache\")\n"
+         "        _check_page_strides(v_cache, \"v_cache\")\n"
+         "    elif k_cache.shape[0] != batch:\n"),
+    Edit(DECODE_PAGED_TEST,
+         "@pytest.mark.parametrize(\"device\", [\"cpu\", pytest.param(\"cuda\", marks=pytest.mark.gpu)])\n"
+         "def test_bad_paged_inputs_through_the_op(device):\n",
+         "def test_page_strides_of_4gb_raise():\n"
+         "    \"\"\"The kernels take a pool's page and row strides in bytes as 32-bit values: a page stride of 2**32 bytes\n"
+         "    (2**31 float16 elements, meta tensors: no storage) is refused, for k_cache and v_cache alike; a pool of one\n"
+         "    page, whose page stride is never used, is not. The C++ launcher's message is the same text.\"\"\"\n"
+         "    ops = torch.ops.fused_attn\n"
+         "    m = dict(device=\"meta\", dtype=torch.float16)\n"
+         "    q = torch.empty(2, 4, 1, 64, **m)\n"
+         "    lens = torch.empty(2, device=\"meta\", dtype=torch.int32)\n"
+         "    table = torch.empty(2, 2, device=\"meta\", dtype=torch.int32)\n"
+         "    pool = torch.empty(2, 2, 16, 64, **m)\n"
+         "    far = torch.empty_strided((2, 2, 16, 64), (2**31, 1024, 64, 1), **m)\n"
+         "    requirement = (r\"must have page \\(dim 0, when num_pages > 1\\) and row \\(dim 2\\) strides below 2\\*\\*32 bytes \"\n"
+         "                   r\"with block_table, got strides \\(2147483648, 1024, 64, 1\\)\")\n"
+         "    for name, k, v in ((\"k_cache\", far, pool), (\"v_cache\", pool, far)):\n"
+         "        with pytest.raises(ValueError, match=f\"{name} {requirement}\"):\n"
+         "            ops.decode_attention(q, k, v, lens, block_table=table)\n"
+         "    one = torch.empty_strided((1, 2, 16, 64), (2**31, 1024, 64, 1), **m)\n"
+         "    assert ops.decode_attention(q, one, one, lens, block_table=table).shape == q.shape\n"
+         "\n"
+         "\n"
+         "@pytest.mark.parametrize(\"device\", [\"cpu\", pytest.param(\"cuda\", marks=pytest.mark.gpu)])\n"
+         "def test_bad_paged_inputs_through_the_op(device):\n"),
 )
 
 _VARIANTS = [
@@ -457,7 +501,8 @@ _VARIANTS = [
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'float16 and (paged- or fused-) and b1-'"),
     Variant("decode-paged-page-base", PAGE_BASE_EDITS,
             "a paged row's address as the pool's base + page x page stride + row x row stride, the strides in bytes "
-            "(32-bit, a launcher check: k_cache / v_cache must have page and row strides below 2**32 bytes) in two "
+            "(32-bit; k_cache / v_cache must have page and row strides below 2**32 bytes: the launcher and check_args, "
+            "pinned by a test) in two "
             "wide multiply-adds, the row's block_table entry read through a pointer carried from tile to tile (no "
             "table address, no sign extension), the bases held in registers; the tensor-core kernel's 8-row run from "
             "two addresses a tile (first page, second page) and a select a row. SASS (nvcc 13.0, sm_90a, fp16, "
