@@ -117,6 +117,15 @@ def _check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor, batc
                          f"{block_table.shape[1]} x {page_size}")
 
 
+def _check_page_strides(pool: torch.Tensor, name: str) -> None:
+    """The CUDA kernels address a page pool's rows from its page and row strides in bytes as 32-bit values (a
+    pool of one page never uses its page stride)."""
+    size = pool.element_size()
+    if (pool.shape[0] > 1 and pool.stride(0) * size >= 2**32) or pool.stride(2) * size >= 2**32:
+        raise ValueError(f"{name} must have page (dim 0, when num_pages > 1) and row (dim 2) strides below 2**32 "
+                         f"bytes with block_table, got strides {pool.stride()}")
+
+
 def batch_of(q: torch.Tensor, k_cache, block_table, ragged: bool) -> int:
     """The batch size: q's dim 0, or with cu_seqlens_q (q packed) the cache's: block_table's rows for a
     paged cache, else k_cache's dim 0 (0 where that argument is malformed: check_args names it)."""
@@ -228,6 +237,8 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new, cache_leftpad, 
         raise ValueError(f"v_cache must have k_cache's shape {_shape(k_cache)}, got {_shape(v_cache)}")
     if block_table is not None:
         _check_block_table(block_table, q, k_cache, batch)
+        _check_page_strides(k_cache, "k_cache")
+        _check_page_strides(v_cache, "v_cache")
     elif k_cache.shape[0] != batch:
         raise ValueError(f"k_cache must have q's batch size ({batch}), got {_shape(k_cache)}")
     if k_cache.shape[3] != headdim:

@@ -71,6 +71,9 @@ def test_times_are_read_from_lines_and_benchmark_json(tmp_path):
     j.write_text('{"benchmarks": [{"name": "a", "extra_info": {"p50_us": 12.5}, "stats": {"median": 1.0}},'
                  ' {"name": "b", "extra_info": {}, "stats": {"median": 2e-05}}]}')
     assert ab.times_from_benchmark_json(j) == {"a": 12.5, "b": pytest.approx(20.0)}
+    empty = tmp_path / "tests.json"  # what pytest-benchmark leaves after a test command: no case, no error
+    empty.write_text("")
+    assert ab.times_from_benchmark_json(empty) == {}
 
 
 def test_main_prints_one_table_against_the_default(tmp_path, monkeypatch, capsys):

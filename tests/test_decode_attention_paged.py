@@ -377,6 +377,26 @@ def test_opcheck_paged():
     assert out.shape == (2, 8, 3, 64) and out.device.type == "meta"
 
 
+def test_page_strides_of_4gb_raise():
+    """The kernels take a pool's page and row strides in bytes as 32-bit values: a page stride of 2**32 bytes
+    (2**31 float16 elements, meta tensors: no storage) is refused, for k_cache and v_cache alike; a pool of one
+    page, whose page stride is never used, is not. The C++ launcher's message is the same text."""
+    ops = torch.ops.fused_attn
+    m = dict(device="meta", dtype=torch.float16)
+    q = torch.empty(2, 4, 1, 64, **m)
+    lens = torch.empty(2, device="meta", dtype=torch.int32)
+    table = torch.empty(2, 2, device="meta", dtype=torch.int32)
+    pool = torch.empty(2, 2, 16, 64, **m)
+    far = torch.empty_strided((2, 2, 16, 64), (2**31, 1024, 64, 1), **m)
+    requirement = (r"must have page \(dim 0, when num_pages > 1\) and row \(dim 2\) strides below 2\*\*32 bytes "
+                   r"with block_table, got strides \(2147483648, 1024, 64, 1\)")
+    for name, k, v in (("k_cache", far, pool), ("v_cache", pool, far)):
+        with pytest.raises(ValueError, match=f"{name} {requirement}"):
+            ops.decode_attention(q, k, v, lens, block_table=table)
+    one = torch.empty_strided((1, 2, 16, 64), (2**31, 1024, 64, 1), **m)
+    assert ops.decode_attention(q, one, one, lens, block_table=table).shape == q.shape
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_bad_paged_inputs_through_the_op(device):
     """The op itself (no wrapper) checks block_table and the pools: the CPU kernel and the fake kernel

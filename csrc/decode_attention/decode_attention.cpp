@@ -30,6 +30,18 @@ constexpr int64_t kMinPageSize = 16, kMaxPageSize = 256;
 
 std::string strides_str(const at::Tensor& t) { return shape_str(t.strides()); }
 
+// A page pool's page and row strides in bytes fit 32 bits (a pool of one page: its page stride is never used).
+constexpr const char* kPageStridesFit =
+    "have page (dim 0, when num_pages > 1) and row (dim 2) strides below 2**32 bytes with block_table";
+bool page_strides_fit(const at::Tensor& pool) {
+  const int64_t limit = int64_t(1) << 32;
+  return (pool.size(0) <= 1 || pool.stride(0) * pool.element_size() < limit) &&
+         pool.stride(2) * pool.element_size() < limit;
+}
+uint32_t page_stride_bytes(const at::Tensor& pool) {
+  return pool.size(0) <= 1 ? 0 : uint32_t(pool.stride(0) * pool.element_size());
+}
+
 #define FA_CHECK_ROWS_ALIGNED(t)                                                                        \
   FA_CHECK_ARG(rows_aligned(t), t,                                                                      \
                "have a contiguous last dim and 16-byte aligned rows (other strides multiples of " +     \
@@ -111,6 +123,9 @@ double check_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
                      k_cache.size(0) < std::numeric_limits<int>::max(),
                  block_table, "have max_blocks x page_size below 2**31",
                  std::to_string(block_table.size(1)) + " x " + std::to_string(page_size));
+    // decode::TileRows addresses a row with 32 x 32 -> 64-bit multiply-adds of the page and row strides in bytes.
+    FA_CHECK_ARG(page_strides_fit(k_cache), k_cache, kPageStridesFit, "strides " + strides_str(k_cache));
+    FA_CHECK_ARG(page_strides_fit(v_cache), v_cache, kPageStridesFit, "strides " + strides_str(v_cache));
     max_len = block_table.size(1) * page_size;
   } else {
     FA_CHECK_ARG(k_cache.size(0) == batch, k_cache, "have q's batch size (" + std::to_string(batch) + ")",
@@ -266,6 +281,11 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
     p.page_shift = 0;
     while ((int64_t(1) << p.page_shift) < k_cache.size(2)) ++p.page_shift;
     p.num_pages = int(k_cache.size(0));
+    p.k_page_bytes = page_stride_bytes(k_cache);
+    p.k_row_bytes = uint32_t(k_cache.stride(2) * k_cache.element_size());
+    p.v_page_bytes = page_stride_bytes(v_cache);
+    p.v_row_bytes = uint32_t(v_cache.stride(2) * v_cache.element_size());
+    p.page_mask = uint32_t(k_cache.size(2) - 1);
     p.max_len = int(block_table->size(1) * k_cache.size(2));
   }
   p.group = p.nheads_q / p.nheads_kv;

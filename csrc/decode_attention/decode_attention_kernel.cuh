@@ -143,8 +143,8 @@ __device__ __forceinline__ void split_range(const DecodeParams& p, int start, in
   ke = min(end, kb + tiles_per_split * tile);
 }
 
-// The K and V offsets (elements, from the pools' (hkv) base) of row `row` of page `page` of a paged cache: the
-// one address computation of SlotRows, TileRows and TileRun.
+// The K and V offsets (elements, from the pools' (hkv) base) of row `row` of page `page` of a paged cache, for
+// SlotRows (the append); the loops over tiles address rows from the strides in bytes (TileRows, TileRun).
 __device__ __forceinline__ void page_offsets(const DecodeParams& p, int64_t page, int64_t row, int64_t& k_off,
                                              int64_t& v_off) {
   k_off = page * p.k_stride_b + row * p.k_stride_l;
@@ -179,57 +179,92 @@ struct SlotRows {
   }
 };
 
-// The K and V offsets (as SlotRows') of decode_kernel's N rows a thread copies in each tile of TILE slots of
-// its split, the tiles issued in order: slots j0 + n x step of the first tile, TILE slots further in each
-// next one. Paged: each row's page is looked up one tile ahead. at() takes the page loaded while the
-// previous tile was issued and, when the row's slot in the next tile lies in another page, loads that
-// page's entry (once a page a row), so no row load waits on a table load and each entry has a tile of
-// work to arrive in. Entries are read only for the slots read from the pages, below read_end = min(cached,
-// ke) (pages_ok checked them). at() is called for row n of every tile in turn while its slot j < read_end (a
-// row past it is never at() again: the tiles after a partial one are partial).
+// x computed once: a volatile asm is neither rematerialized inside a loop nor seen through, so a loop keeps x
+// in registers instead of re-deriving it from the parameters each iteration.
+__device__ __forceinline__ uint64_t opaque(uint64_t x) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(x));
+  return x;
+}
+
+// a x b + c, the product 64-bit: a wide multiply-add, no sign extension.
+__device__ __forceinline__ uint64_t mad_wide(uint32_t a, uint32_t b, uint64_t c) {
+  uint64_t d;
+  asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(d) : "r"(a), "r"(b), "l"(c));
+  return d;
+}
+
+// The K and V rows of decode_kernel's N rows a thread copies in each tile of TILE slots of its split, the
+// tiles issued in order: slots j0 + n x step of the first tile, TILE slots further in each next one.
+// Contiguous: the sequence's base + j x stride_l. Paged: each row's page is looked up one tile ahead. at()
+// takes the page loaded while the previous tile was issued and, when the row's slot in the next tile lies in
+// another page (its row in the page + TILE reaches past the page), loads that page's entry through the row's
+// entry pointer (once a page a row), so no row load waits on a table load and each entry has a tile of work
+// to arrive in. A row's address is the pool's base (held from start()) + page x page stride + row x row
+// stride, the strides in bytes below 2**32 (DecodeParams) and the page and row unsigned (pages_ok bounds the
+// page, the row is a slot & mask): two wide multiply-adds a row, no sign extension, no table address.
+// Entries are read only for the slots read from the pages, below read_end = min(cached, ke) (pages_ok checked
+// them). at() is called for row n of every tile in turn while its slot j < read_end (a row past it is never
+// at() again: the tiles after a partial one are partial).
 template <bool kPaged, int N, int TILE>
 struct TileRows {
   int pages[kPaged ? N : 1];
-  __device__ __forceinline__ void start(const DecodeParams& p, int b, int j0, int step, int read_end) {
+  const int* entries[kPaged ? N : 1];  // each row's block_table entry (its page's)
+  uint64_t k_base, v_base;             // the pools' (hkv) addresses, + the thread's column
+  template <typename T>
+  __device__ __forceinline__ void start(const DecodeParams& p, int b, int j0, int step, int read_end, const T* kc,
+                                        const T* vc) {
     if constexpr (kPaged) {
       const int* table = p.block_table + b * p.table_stride_b;
+      k_base = opaque(reinterpret_cast<uint64_t>(kc));
+      v_base = opaque(reinterpret_cast<uint64_t>(vc));
 #pragma unroll
       for (int n = 0; n < N; ++n) {
         const int j = j0 + n * step;
-        pages[n] = j < read_end ? page_at(table, j >> p.page_shift) : 0;
+        entries[n] = table + (uint32_t(j) >> p.page_shift);
+        pages[n] = j < read_end ? *entries[n] : 0;
       }
     }
   }
-  __device__ __forceinline__ void at(const DecodeParams& p, int b, int read_end, int n, int j, int64_t& k_off,
-                                     int64_t& v_off) {
+  template <typename T>
+  __device__ __forceinline__ void at(const DecodeParams& p, int read_end, int n, int j, const T* kc, const T* vc,
+                                     const T*& ks, const T*& vs) {
     if constexpr (kPaged) {
-      const int shift = p.page_shift;
-      const int64_t page = pages[n];
-      const int j1 = j + TILE;  // this row's slot in the next tile
-      if (j < read_end - TILE && (j1 >> shift) != (j >> shift)) {
-        pages[n] = page_at(p.block_table + b * p.table_stride_b, j1 >> shift);
+      const uint32_t page = pages[n], row = uint32_t(j) & p.page_mask;
+      const uint32_t moved = (row + TILE) >> p.page_shift;  // the pages the row moves to the next tile
+      if (j < read_end - TILE && moved != 0) {
+        entries[n] += moved;
+        pages[n] = *entries[n];
       }
-      page_offsets(p, page, j & ((1 << shift) - 1), k_off, v_off);
+      ks = reinterpret_cast<const T*>(mad_wide(row, p.k_row_bytes, mad_wide(page, p.k_page_bytes, k_base)));
+      vs = reinterpret_cast<const T*>(mad_wide(row, p.v_row_bytes, mad_wide(page, p.v_page_bytes, v_base)));
     } else {
-      k_off = int64_t(j) * p.k_stride_l;
-      v_off = int64_t(j) * p.v_stride_l;
+      ks = kc + int64_t(j) * p.k_stride_l;
+      vs = vc + int64_t(j) * p.v_stride_l;
     }
   }
 };
 
-// The K and V offsets (as SlotRows') of decode_mma_kernel's rows of each tile. Contiguous: a thread copies
-// rows r0 + n x RS (j x stride_l). Paged: it copies N consecutive rows, slots j0 .. j0 + N - 1 of each tile
-// (j0 = the tile's first slot + r0 x N; N <= 8, less than the smallest page, so they lie in at most two
+// The K and V rows of decode_mma_kernel's rows of each tile. Contiguous: a thread copies rows r0 + n x RS
+// (the sequence's base + j x stride_l). Paged: it copies N consecutive rows, slots j0 .. j0 + N - 1 of each
+// tile (j0 = the tile's first slot + r0 x N; N <= 8, less than the smallest page, so they lie in at most two
 // pages), and holds the pages of the first of them and of the last it reads (< read_end), looked up one tile
-// ahead as TileRows' are (next() after each tile; an entry read only when the run moves into another
-// page): two registers a thread instead of one a row (N).
+// ahead as TileRows' are (next() after each tile; an entry read only when the run moves into another page):
+// two registers a thread instead of one a row (N). Per tile, run() turns them into two addresses (the first
+// row's, and the second page's row 0 less the rows before it), and a row's is one of the two + n x row stride:
+// a select and a wide multiply-add a row, as TileRows' strides in bytes.
 template <bool kPaged, int N, int TILE>
 struct TileRun {
   int first_page, last_page;
+  const int* table;         // the sequence's block_table row
+  uint64_t k_base, v_base;  // the pools' (hkv) addresses
   // The pages of the first tile's run, slots j0 .. j0 + N - 1 (those below read_end).
-  __device__ __forceinline__ void start(const DecodeParams& p, int b, int j0, int read_end) {
+  template <typename T>
+  __device__ __forceinline__ void start(const DecodeParams& p, int b, int j0, int read_end, const T* kc,
+                                        const T* vc) {
     if constexpr (kPaged) {
-      const int* table = p.block_table + b * p.table_stride_b;
+      table = p.block_table + int64_t(opaque(uint64_t(b * p.table_stride_b)));
+      k_base = opaque(reinterpret_cast<uint64_t>(kc));
+      v_base = opaque(reinterpret_cast<uint64_t>(vc));
       first_page = last_page = 0;
       if (j0 < read_end) {
         first_page = page_at(table, j0 >> p.page_shift);
@@ -237,22 +272,40 @@ struct TileRun {
       }
     }
   }
-  // Slot j of the run starting at j0 (j < read_end).
-  __device__ __forceinline__ void at(const DecodeParams& p, int j0, int j, int64_t& k_off, int64_t& v_off) const {
+  // The run's addresses in the tile whose run starts at j0: rows n < cross lie in the first page.
+  struct Run {
+    uint64_t k_first, v_first, k_next, v_next;
+    uint32_t cross;
+  };
+  __device__ __forceinline__ Run run(const DecodeParams& p, int j0) const {
+    Run r{};
     if constexpr (kPaged) {
-      const int shift = p.page_shift;
-      const int64_t page = (j >> shift) == (j0 >> shift) ? first_page : last_page;
-      page_offsets(p, page, j & ((1 << shift) - 1), k_off, v_off);
+      const uint32_t row0 = uint32_t(j0) & p.page_mask;
+      r.cross = p.page_mask + 1 - row0;
+      r.k_first = mad_wide(row0, p.k_row_bytes, mad_wide(first_page, p.k_page_bytes, k_base));
+      r.v_first = mad_wide(row0, p.v_row_bytes, mad_wide(first_page, p.v_page_bytes, v_base));
+      r.k_next = mad_wide(last_page, p.k_page_bytes, k_base) - uint64_t(r.cross) * p.k_row_bytes;
+      r.v_next = mad_wide(last_page, p.v_page_bytes, v_base) - uint64_t(r.cross) * p.v_row_bytes;
+    }
+    return r;
+  }
+  // Row n of the run (slot j < read_end).
+  template <typename T>
+  __device__ __forceinline__ void at(const DecodeParams& p, const Run& r, int n, int j, const T* kc, const T* vc,
+                                     const T*& ks, const T*& vs) const {
+    if constexpr (kPaged) {
+      const bool first = uint32_t(n) < r.cross;
+      ks = reinterpret_cast<const T*>(mad_wide(n, p.k_row_bytes, first ? r.k_first : r.k_next));
+      vs = reinterpret_cast<const T*>(mad_wide(n, p.v_row_bytes, first ? r.v_first : r.v_next));
     } else {
-      k_off = int64_t(j) * p.k_stride_l;
-      v_off = int64_t(j) * p.v_stride_l;
+      ks = kc + int64_t(j) * p.k_stride_l;
+      vs = vc + int64_t(j) * p.v_stride_l;
     }
   }
   // After the tile whose run starts at j0: the pages of the next tile's run.
-  __device__ __forceinline__ void next(const DecodeParams& p, int b, int j0, int read_end) {
+  __device__ __forceinline__ void next(const DecodeParams& p, int j0, int read_end) {
     if constexpr (kPaged) {
       if (j0 < read_end - TILE) {
-        const int* table = p.block_table + b * p.table_stride_b;
         const int shift = p.page_shift;
         const int first = j0 >> shift, last = min(j0 + N - 1, read_end - 1) >> shift;
         const int j1 = j0 + TILE;
@@ -582,10 +635,9 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     if (jt + TILE <= min(cached, ke)) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        int64_t k_off, v_off;
-        tile_rows.at(p, b, min(cached, ke), u, jt + u * NY + ty, k_off, v_off);
-        const T* ks = kc + k_off;
-        const T* vs = vc + v_off;
+        const T* ks;
+        const T* vs;
+        tile_rows.at(p, min(cached, ke), u, jt + u * NY + ty, kc, vc, ks, vs);
 #pragma unroll
         for (int w = 0; w < kWords; ++w) {
           cp_async16(word(stage, 0, u, w), ks + w * (16 / int(sizeof(T))), lane_on);
@@ -598,12 +650,14 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     for (int u = 0; u < U; ++u) {
       const int j = jt + u * NY + ty;
       const bool on = lane_on && j < ke;
-      int64_t k_off = 0, v_off = 0;
-      if (on && j < cached) tile_rows.at(p, b, min(cached, ke), u, j, k_off, v_off);
-      const T* ks = !on ? static_cast<const T*>(p.k_cache)
-                        : j < cached ? kc + k_off : kn + (j - cached) * p.kn_stride_s;
-      const T* vs = !on ? static_cast<const T*>(p.v_cache)
-                        : j < cached ? vc + v_off : vn + (j - cached) * p.vn_stride_s;
+      const T* ks = static_cast<const T*>(p.k_cache);
+      const T* vs = static_cast<const T*>(p.v_cache);
+      if (on && j < cached) {
+        tile_rows.at(p, min(cached, ke), u, j, kc, vc, ks, vs);
+      } else if (on) {
+        ks = kn + (j - cached) * p.kn_stride_s;
+        vs = vn + (j - cached) * p.vn_stride_s;
+      }
 #pragma unroll
       for (int w = 0; w < kWords; ++w) {
         cp_async16(word(stage, 0, u, w), ks + w * (16 / int(sizeof(T))), on);
@@ -651,7 +705,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   if (!decode::chunk_live<R>(p, chunk, nr)) return;
   decode::split_range(p, start, end, split, TILE, kb, ke);
   const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;
-  tile_rows.start(p, b, kb + ty, NY, min(cached, ke));
+  tile_rows.start(p, b, kb + ty, NY, min(cached, ke), kc, vc);
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
     if (t < n_tiles) issue(t);
@@ -873,34 +927,32 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   constexpr int N = TILE / RS;  // rows a thread copies a tile
   static_assert(N <= 16, "a thread's run of a tile lies in at most two pages of the smallest size (16 slots)");
   decode::TileRun<kPaged, N, TILE> tile_run;
-  tile_run.start(p, b, kb + r0 * N, min(cached, ke));
+  tile_run.start(p, b, kb + r0 * N, min(cached, ke), kc, vc);
   const bool col_on = c * kVec < p.headdim;
   auto issue = [&](int t) {
     T* ks = pipe + (t % STAGES) * 2 * TILE * HD;
     T* vs = ks + TILE * HD;
     const int jt = kb + t * TILE;
     const bool fast = jt + TILE <= min(cached, ke);
+    const auto run = tile_run.run(p, jt + r0 * N);
 #pragma unroll
     for (int n = 0; n < N; ++n) {
       const int row = kPaged ? r0 * N + n : r0 + n * RS, j = jt + row;
       const bool on = col_on && (fast || j < ke);
       const T* ksrc = static_cast<const T*>(p.k_cache);
       const T* vsrc = static_cast<const T*>(p.v_cache);
-      if (fast) {
-        int64_t k_off, v_off;
-        tile_run.at(p, jt + r0 * N, j, k_off, v_off);
-        ksrc = kc + k_off + c * kVec;
-        vsrc = vc + v_off + c * kVec;
+      if (fast || (on && j < cached)) {
+        tile_run.at(p, run, n, j, kc, vc, ksrc, vsrc);
+        ksrc += c * kVec;
+        vsrc += c * kVec;
       } else if (on) {
-        int64_t k_off = 0, v_off = 0;
-        if (j < cached) tile_run.at(p, jt + r0 * N, j, k_off, v_off);
-        ksrc = (j < cached ? kc + k_off : kn + (j - cached) * p.kn_stride_s) + c * kVec;
-        vsrc = (j < cached ? vc + v_off : vn + (j - cached) * p.vn_stride_s) + c * kVec;
+        ksrc = kn + (j - cached) * p.kn_stride_s + c * kVec;
+        vsrc = vn + (j - cached) * p.vn_stride_s + c * kVec;
       }
       cp_async16(reinterpret_cast<uint4*>(ks + swizzled<HD>(row, c)), ksrc, on);
       cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(row, c)), vsrc, on);
     }
-    tile_run.next(p, b, jt + r0 * N, min(cached, ke));
+    tile_run.next(p, jt + r0 * N, min(cached, ke));
   };
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {

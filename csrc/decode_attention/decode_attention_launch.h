@@ -38,6 +38,9 @@ struct DecodeParams {
   const int* block_table;
   int64_t table_stride_b;
   int page_shift, num_pages;
+  // The page pools' page and row strides in bytes (each below 2**32: decode_attention.cpp checks), and
+  // page_size - 1: a row's address is two 32 x 32 -> 64-bit multiply-adds (decode::TileRows).
+  uint32_t k_page_bytes, k_row_bytes, v_page_bytes, v_row_bytes, page_mask;
   // Ragged batch, or nullptr: [batch + 1] offsets, sequence b's n_b = cu[b + 1] - cu[b] new tokens at rows
   // cu[b] .. cu[b + 1] - 1 of the packed tensors ([total_q, ...]); seqlen_new is then max_seqlen_q (the
   // grid's rows per sequence), rows i >= n_b idle (decode::NewRows).
