@@ -69,7 +69,14 @@ PDL_NORM_ROWS = "constexpr long kPdlEarlyNormRows = 16;"
 WIDE = "constexpr int64_t kDecodeWideMinBatch = 16;"
 NEVER = "int64_t(1) << 40"
 
+GPT2_PY = "fused_attn/gpt2.py"
+
 _VARIANTS = [
+    Variant("gpt2-step-launch-chain",
+            (Edit(GPT2_PY, "MEGAKERNEL_MAX_ROWS = 4", "MEGAKERNEL_MAX_ROWS = 0"),),
+            "GPT-2's decode step as the launch chain (~50 launches a token, PDL) at every batch, in place of "
+            "gpt2_decode_step's one persistent launch at 1-4 sequences",
+            "python3 -m bench.time_decode_graph --backends graph-fused --batches 1,2,4"),
     Variant("flash-tma-off", (Edit(ATTN_H, "constexpr bool kFlashTma = true;", "constexpr bool kFlashTma = false;"),),
             "the cp.async loader everywhere: 1.5-1.7x slower than TMA at D128 S4096 (fp16, H100)",
             "python3 -m pytest bench/bench_attention.py -k fused_flash"),

@@ -76,6 +76,18 @@ _define(
     "Tensor cache_seqlens, Tensor? cache_leftpad, float eps, float scale) -> Tensor"
 )
 
+# GPT-2's decode step in one persistent launch (float16 / bfloat16, 1-4 sequences, sm_90): embedding of token
+# [batch] at pos, every layer (layers: 12 tensors a layer, ln_1 w/b, c_attn w [3C, C] / b, c_proj w [C, C] / b,
+# ln_2 w/b, c_fc w [4C, C] / b, c_proj w [C, 4C] / b), each layer's key and value appended at slot seqlens[b]
+# of k_cache / v_cache [n_layer, batch, C / 64, max_len, 64], attention over slots leftpad[b] .. seqlens[b],
+# ln_f and the tied lm_head; returns the logits [batch, vocab]. workspace: uint8, zeros before the first call.
+# trace: optional int64 [SMs, 2048] (CUDA): each block's phase timeline in %globaltimer ns.
+_define(
+    "gpt2_decode_step(Tensor token, Tensor pos, Tensor seqlens, Tensor leftpad, Tensor wte, Tensor wpe, "
+    "Tensor[] layers, Tensor lnf_w, Tensor lnf_b, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor(c!) workspace, "
+    "float eps, Tensor? trace=None) -> Tensor"
+)
+
 # LayerNorm over the last dim of x [..., width] (rms: RMSNorm, no centering), float32 statistics;
 # weight / bias [width] (x's dtype or float32) or None. add_layer_norm first adds residual (x's shape
 # and dtype) and returns (y, h = x + residual in x's dtype): the pre-LN transformer's add + norm.

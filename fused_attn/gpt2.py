@@ -38,6 +38,7 @@ from torch import nn
 from fused_attn import reference
 from fused_attn.attention import attention
 from fused_attn.decode_attention import decode_attention
+from fused_attn.gpt2_decode_step import gpt2_decode_step, workspace_bytes
 from fused_attn.layer_norm import layer_norm
 from fused_attn.linear import linear, packed_in_out
 from fused_attn.mlp import mlp
@@ -83,6 +84,9 @@ BACKENDS = {"attention": ("fused", "eager", "sdpa"), "layer_norm": ("eager", "fu
 #   length measured (H200: 584 slots 192.9 us against 212.5, 972 slots 199.7 against 224.3).
 QKV_ATTENTION_MAX_ROWS = 8
 QKV_ATTENTION_MAX_SLOTS = 256
+# - MEGAKERNEL_MAX_ROWS: the whole step as one gpt2_decode_step launch (then the sampler's) up to this many
+#   sequences (the op's limit is 4: its dot products run on CUDA cores); more rows run the launch chain.
+MEGAKERNEL_MAX_ROWS = 4
 
 
 def _qkv_attention_applies(rows: int, slots: int) -> bool:
@@ -388,6 +392,8 @@ class DecodeCache(nn.Module):
         # new tokens from it, with no copy of `token` between replays.
         self.register_buffer("history", torch.zeros(batch, max_len, dtype=torch.long, device=device),
                              persistent=False)
+        # gpt2_decode_step's workspace (zeros; the model sets it where the step runs as one launch).
+        self.step_workspace: torch.Tensor | None = None
         self.prefill_graphs: dict[int, _PrefillGraph] = {}  # by prompt length
         self.decode_graph: _DecodeGraph | None = None
 
@@ -584,7 +590,35 @@ class GPT2(nn.Module):
         (compiled after ``compile_decode_step()``)."""
         self._step(cache)
 
+    def megakernel_applies(self, batch: int) -> bool:
+        """Whether a decode step of ``batch`` sequences runs as one gpt2_decode_step launch: every module on our
+        ops (graph-fused's backends), CUDA, float16 / bfloat16, the op's shapes, and MEGAKERNEL_MAX_ROWS."""
+        c, b = self.config, self.backends
+        return (b["attention"] == "fused" and b["linear"] == "fused" and b["mlp"] == "fused"
+                and b["layer_norm"] in ("fused", "folded") and b["embed"] == "fused"
+                and self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
+                and 1 <= batch <= MEGAKERNEL_MAX_ROWS and c.head_dim == 64 and c.n_embd % 256 == 0
+                and c.n_embd <= 1024 and c.n_layer <= 48 and self._step == self._decode_step)
+
+    def step_layers(self) -> list[torch.Tensor]:
+        """Every layer's tensors in gpt2_decode_step's order (weights ``[n_out, n_in]``, contiguous)."""
+        out = []
+        for blk in self.h:
+            a, m = blk.attn, blk.mlp
+            out += [blk.ln_1.weight, blk.ln_1.bias, a.c_attn.weight_nk, a.c_attn.bias, a.c_proj.weight_nk,
+                    a.c_proj.bias, blk.ln_2.weight, blk.ln_2.bias, m.c_fc.weight_nk, m.c_fc.bias, m.c_proj.weight_nk,
+                    m.c_proj.bias]
+        return [t.detach() for t in out]
+
     def _decode_step(self, cache: DecodeCache) -> None:
+        if cache.step_workspace is not None:  # the whole step in one launch (decode_cache set the workspace)
+            logits = gpt2_decode_step(cache.token, cache.pos, cache.seqlens, cache.leftpad, self.wte.weight.detach(),
+                                      self.wpe.weight.detach(), self.step_layers(), self.ln_f.weight.detach(),
+                                      self.ln_f.bias.detach(), cache.k, cache.v, cache.step_workspace,
+                                      self.config.eps)
+            cache.set_next_token(logits)
+            cache.advance(slot=False)
+            return
         fused = self.backends["attention"] == "fused"
         if not fused:  # the fused backend reads seqlens / leftpad instead of the key mask
             cache.keys_ok.index_fill_(1, cache.slot, True)
@@ -600,8 +634,13 @@ class GPT2(nn.Module):
         """The DecodeCache of this shape and sampling setting (created on first use, then reused)."""
         key = (batch, max_len, float(temperature), int(top_k))
         if key not in self._caches:
-            self._caches[key] = DecodeCache(self.config, batch, max_len, temperature, top_k, self.dtype, self.device,
-                                            fused_sampler=self.backends["linear"] == "fused")
+            cache = DecodeCache(self.config, batch, max_len, temperature, top_k, self.dtype, self.device,
+                                fused_sampler=self.backends["linear"] == "fused")
+            if self.megakernel_applies(batch) and all(w.is_contiguous() for w in self.step_layers()):
+                c = self.config
+                cache.step_workspace = torch.zeros(workspace_bytes(batch, c.n_embd, c.n_layer, self.dtype),
+                                                   dtype=torch.uint8, device=self.device)
+            self._caches[key] = cache
         return self._caches[key]
 
     def generate(

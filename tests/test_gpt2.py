@@ -641,6 +641,7 @@ def test_fused_qkv_attention_by_rows_and_slots_gpu(rows, new_tokens, fused_launc
 
     monkeypatch.setattr(gpt2_module, "qkv_decode_attention", spy("qkv", gpt2_module.qkv_decode_attention))
     monkeypatch.setattr(gpt2_module, "decode_attention", spy("decode", gpt2_module.decode_attention))
+    monkeypatch.setattr(gpt2_module, "MEGAKERNEL_MAX_ROWS", 0)  # the launch chain, whose choice this checks
     config = dict(TINY, n_embd=256, n_head=4, n_positions=512)  # head_dim 64, a width the op takes
     hf = hf_model(config)
     ids, mask = left_padded(config["vocab_size"], rows, "cuda")
