@@ -35,7 +35,7 @@ def main():
     c = model.config
     from fused_attn.gpt2_decode_step import workspace_bytes
 
-    ws = torch.zeros(workspace_bytes(a.batch, c.n_embd, c.n_layer, dtype), dtype=torch.uint8, device="cuda")
+    ws = torch.zeros(workspace_bytes(a.batch, c.n_embd, c.n_layer), dtype=torch.uint8, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     trace = torch.zeros(sms, TRACE_STRIDE, dtype=torch.int64, device="cuda")
     args = (cache.token, cache.pos, cache.seqlens, cache.leftpad, model.wte.weight, model.wpe.weight,

@@ -638,7 +638,7 @@ class GPT2(nn.Module):
                                 fused_sampler=self.backends["linear"] == "fused")
             if self.megakernel_applies(batch) and all(w.is_contiguous() for w in self.step_layers()):
                 c = self.config
-                cache.step_workspace = torch.zeros(workspace_bytes(batch, c.n_embd, c.n_layer, self.dtype),
+                cache.step_workspace = torch.zeros(workspace_bytes(batch, c.n_embd, c.n_layer),
                                                    dtype=torch.uint8, device=self.device)
             self._caches[key] = cache
         return self._caches[key]

@@ -16,12 +16,13 @@ outputs, q / k / v, the attention's output, the MLP's hidden, the residual strea
 every sum in float32. ``layers`` holds 12 tensors a layer: ln_1 weight, bias; c_attn weight ``[3C, C]``, bias;
 c_proj weight ``[C, C]``, bias; ln_2 weight, bias; c_fc weight ``[4C, C]``, bias; the MLP's c_proj weight
 ``[C, 4C]``, bias (weights in nn.Linear's ``[n_out, n_in]`` layout, all contiguous). Caches ``[n_layer,
-batch, C / 64, max_len, 64]``. ``workspace``: uint8, at least ``workspace_bytes(batch, C, n_layer, dtype)``
+batch, C / 64, max_len, 64]``. ``workspace``: uint8, at least ``workspace_bytes(batch, C, n_layer)``
 bytes, zeros before its first call and used by one call at a time.
 
 On CUDA (float16 / bfloat16, 1-4 sequences, C a multiple of 256 up to 1024, sm_90) one cooperative launch
 (``csrc/gpt2_decode_step/``): one block an SM, every phase's weights cut into one tile a block and streamed
-into shared memory ahead of the phase, phases ordered by counters in global memory, no grid barrier. The
+into shared memory ahead of the phase, each hand-off between blocks a flagged store that its readers poll (no
+counter, no fence, no grid barrier). The
 next token is the caller's (``fused_attn.sample`` over the logits). A token, position or length out of
 range (device values, not checked on the host) gives that sequence NaN logits and reads nothing out of
 bounds. On the CPU: the same computation in PyTorch (float32 sums), with the lengths checked.
@@ -47,14 +48,15 @@ _DTYPES = (torch.float16, torch.bfloat16)
 _CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-MAX_ITEMS, PART_FLOATS = 1024, 68  # kStepMaxItems, kStepPartFloats: the attention's split partials
+MAX_SPLITS, PART_LINES = 4, 33  # kStepMaxSplits, kStepPartLines: the attention's split partials
 
 
-def workspace_bytes(batch: int, width: int, n_layer: int, dtype: torch.dtype) -> int:
-    """The workspace a call needs: x, qkv and the MLP's hidden ([batch, 8 C] elements, rounded up to 128 bytes),
-    the attention's split partials (float32), then one 128-byte counter line for the launch and five a layer."""
-    elem = torch.empty(0, dtype=dtype).element_size()
-    return -(-batch * 8 * width * elem // 128) * 128 + MAX_ITEMS * PART_FLOATS * 4 + (1 + n_layer * 5) * 128
+def workspace_bytes(batch: int, width: int, n_layer: int) -> int:
+    """The workspace a call needs (csrc/gpt2_decode_step/gpt2_decode_step_launch.h: step_workspace_bytes): a
+    256-byte header, then per layer its hand-offs as 16-byte lines: q, k, v, the residual stream twice and the
+    MLP's hidden (9 C / 4 lines a sequence) and the attention's split partials."""
+    lines = 9 * batch * width // 4 + batch * (width // HEAD_DIM) * MAX_SPLITS * PART_LINES
+    return 256 + n_layer * lines * 16
 
 
 def _layer_shapes(c: int) -> list[tuple[int, ...]]:
@@ -119,7 +121,7 @@ def check_step_args(token, pos, seqlens, leftpad, wte, wpe, layers, lnf_w, lnf_b
                              f"of wte's dtype and device, got {tuple(t.shape)} {t.dtype} {t.device}")
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
-    need = workspace_bytes(batch, c, n_layer, wte.dtype)
+    need = workspace_bytes(batch, c, n_layer)
     if workspace.device != wte.device or workspace.dtype != torch.uint8 or not workspace.is_contiguous() \
             or workspace.numel() < need:
         raise ValueError(f"workspace must be a contiguous uint8 tensor of at least {need} bytes on wte's device, got "

@@ -37,7 +37,7 @@ def step_args(model: GPT2, cache, dtype=None):
     dt = dtype or model.dtype
     cast = lambda t: t.detach().to(dt).contiguous()  # noqa: E731
     c = model.config
-    ws = torch.zeros(workspace_bytes(cache.batch, c.n_embd, c.n_layer, dt), dtype=torch.uint8,
+    ws = torch.zeros(workspace_bytes(cache.batch, c.n_embd, c.n_layer), dtype=torch.uint8,
                      device=model.device)
     return dict(token=cache.token.clone(), pos=cache.pos.clone(), seqlens=cache.seqlens.clone(),
                 leftpad=cache.leftpad.clone(), wte=cast(model.wte.weight), wpe=cast(model.wpe.weight),

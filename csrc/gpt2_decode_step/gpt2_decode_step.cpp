@@ -25,13 +25,6 @@ constexpr int kLayerTensors = 12;  // StepLayer's fields, in order
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The workspace's bytes: x, qkv, hidden ([batch, 8 C] elements), the attention's partials, then one 128-byte
-// line a counter (fused_attn/gpt2_decode_step.py: workspace_bytes).
-int64_t activation_bytes(int64_t batch, int64_t width, int64_t elem) { return ceil_div(batch * 8 * width * elem, 128) * 128; }
-int64_t workspace_bytes(int64_t batch, int64_t width, int64_t n_layer, int64_t elem) {
-  return activation_bytes(batch, width, elem) + int64_t(kStepMaxItems) * kStepPartFloats * 4 + (1 + n_layer * 5) * 128;
-}
-
 }  // namespace
 
 at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, const at::Tensor& seqlens,
@@ -99,7 +92,7 @@ at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, cons
                shape_str(v_cache.sizes()));
   const int64_t max_len = k_cache.size(3);
   const int64_t elem = wte.element_size();
-  const int64_t need = workspace_bytes(batch, width, n_layer, elem);
+  const int64_t need = step_workspace_bytes(batch, width, n_layer);
   FA_CHECK_ARG(workspace.device() == wte.device() && workspace.scalar_type() == at::kByte &&
                    workspace.is_contiguous() && workspace.numel() >= need,
                workspace, "be a contiguous uint8 tensor of at least " + std::to_string(need) + " bytes on wte's device",
@@ -138,13 +131,8 @@ at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, cons
   p.v_cache = v_cache.data_ptr();
   at::Tensor logits = at::empty({batch, vocab}, wte.options());
   p.logits = logits.data_ptr();
-  unsigned char* ws = static_cast<unsigned char*>(workspace.data_ptr());
-  p.x = ws;
-  p.qkv = ws + batch * width * elem;
-  p.hidden = ws + batch * 4 * width * elem;
-  p.att_part = reinterpret_cast<float*>(ws + activation_bytes(batch, width, elem));
-  p.counters = reinterpret_cast<unsigned*>(ws + activation_bytes(batch, width, elem) +
-                                           int64_t(kStepMaxItems) * kStepPartFloats * 4);
+  p.header = static_cast<unsigned*>(workspace.data_ptr());
+  p.lines = reinterpret_cast<uint4*>(static_cast<unsigned char*>(workspace.data_ptr()) + 256);
   p.trace = trace.has_value() ? reinterpret_cast<long long*>(trace->data_ptr<int64_t>()) : nullptr;
   p.batch = int(batch);
   p.n_layer = int(n_layer);
@@ -159,13 +147,16 @@ at::Tensor gpt2_decode_step(const at::Tensor& token, const at::Tensor& pos, cons
   // Splits: 128 keys a block where there are blocks enough (a split's keys are 4 loads a thread in flight),
   // up to kStepMaxSplits; at most one item a block.
   p.att_splits = int(std::max<int64_t>(1, std::min<int64_t>({ceil_div(max_len, 128), kStepMaxSplits,
-                                                              std::min<int64_t>(grid, kStepMaxItems) / (batch * p.n_head)})));
+                                                              grid / (batch * p.n_head)})));
+  FA_CHECK_ARG(batch * p.n_head <= grid, token,
+               "leave one (sequence, head) a block: batch x n_head at most the " + std::to_string(grid) + " SMs",
+               std::to_string(batch) + " x " + std::to_string(p.n_head));
   // One tile a block in each phase: ceil(rows / SMs) weight rows a tile.
   const int64_t n_rows[4] = {3 * width, width, 4 * width, width};
   const int64_t k_cols[4] = {width, width, width, 4 * width};
   int64_t slot_bytes = 0;
   for (int ph = 0; ph < 4; ++ph) {
-    p.tile_rows[ph] = int(ceil_div(n_rows[ph], grid));
+    p.tile_rows[ph] = int(ceil_div(n_rows[ph], 2 * grid) * 2);  // even: an epilogue task writes two rows
     p.tiles[ph] = int(ceil_div(n_rows[ph], p.tile_rows[ph]));
     slot_bytes = std::max(slot_bytes, p.tile_rows[ph] * k_cols[ph] * elem);
   }
