@@ -62,12 +62,23 @@ __device__ __forceinline__ void st_line(uint4* p, unsigned w0, unsigned w1, unsi
                : "memory");
 }
 // v (loaded from p) once both its flags are the epoch: loaded again until they are.
+__device__ __forceinline__ void backoff() {
+#ifdef FA_STEP_BACKOFF_NS
+  __nanosleep(FA_STEP_BACKOFF_NS);
+#endif
+}
 __device__ __forceinline__ uint4 settle(const uint4* p, uint4 v, unsigned flag) {
-  while (v.y != flag || v.w != flag) v = ld_line(p);
+  while (v.y != flag || v.w != flag) {
+    backoff();
+    v = ld_line(p);
+  }
   return v;
 }
 __device__ __forceinline__ uint2 settle_unit(const uint2* p, uint2 v, unsigned flag) {
-  while (v.y != flag) v = ld_unit(p);
+  while (v.y != flag) {
+    backoff();
+    v = ld_unit(p);
+  }
   return v;
 }
 
@@ -269,6 +280,16 @@ __device__ __noinline__ void stage_lines(const uint4* src, int n, unsigned flag,
   consumers_sync();
 }
 
+// 16 bytes of shared memory in one load (the words' unpacking would otherwise split it into four 4-byte loads,
+// each a 4-way bank conflict across a warp reading consecutive 16-byte chunks: ncu, H200).
+__device__ __forceinline__ uint4 lds128(const void* p) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem_addr(p)));
+  return v;
+}
+
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& w, float (&f)[8]) {
   const float2 a = unpack2<T>(w.x), b = unpack2<T>(w.y), c = unpack2<T>(w.z), d = unpack2<T>(w.w);
@@ -291,15 +312,16 @@ __device__ __noinline__ void tile_dots(const T* w, int rows, int K, const T* act
     for (int b = 0; b < kStepMaxRows; ++b) a0[b] = a1[b] = 0.f;
     const uint4* w0 = reinterpret_cast<const uint4*>(w + int64_t(r) * K);
     const uint4* w1 = reinterpret_cast<const uint4*>(w + int64_t(two ? r2 : r) * K);
+#pragma unroll 2
     for (int c = lane; c < chunks; c += 32) {
       float f0[8], f1[8];
-      unpack8<T>(w0[c], f0);
-      unpack8<T>(w1[c], f1);
+      unpack8<T>(lds128(w0 + c), f0);
+      unpack8<T>(lds128(w1 + c), f1);
 #pragma unroll
       for (int b = 0; b < kStepMaxRows; ++b) {
         if (b < batch) {
           float fa[8];
-          unpack8<T>(reinterpret_cast<const uint4*>(act + b * K)[c], fa);
+          unpack8<T>(lds128(reinterpret_cast<const uint4*>(act + b * K) + c), fa);
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
             a0[b] = fmaf(f0[e], fa[e], a0[b]);
