@@ -43,7 +43,7 @@ constexpr int kPhases = 5;  // stamps a layer: c_attn, attention, c_proj, c_fc, 
 // 8-byte half is written whole, so a half whose flag is the epoch holds this launch's data word.
 __device__ __forceinline__ uint4 ld_line(const uint4* p) {
   uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p)
                : "memory");
@@ -51,14 +51,14 @@ __device__ __forceinline__ uint4 ld_line(const uint4* p) {
 }
 __device__ __forceinline__ uint2 ld_unit(const uint2* p) {
   uint2 v;
-  asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+  asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
   return v;
 }
 __device__ __forceinline__ void st_unit(uint2* p, unsigned word, unsigned flag) {
-  asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(word), "r"(flag) : "memory");
+  asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(word), "r"(flag) : "memory");
 }
 __device__ __forceinline__ void st_line(uint4* p, unsigned w0, unsigned w1, unsigned flag) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w0), "r"(flag), "r"(w1), "r"(flag)
+  asm volatile("st.relaxed.gpu.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w0), "r"(flag), "r"(w1), "r"(flag)
                : "memory");
 }
 // v (loaded from p) once both its flags are the epoch: loaded again until they are.
