@@ -11,6 +11,9 @@ dependencies through per-tile counters in global memory, is bounded by three thi
   alone and with one warp a block spinning on an acquire load meanwhile (the consumer waiting on a counter);
 - phase: an all-to-all dependency through one counter (every block waits for all blocks' previous phase: a
   GEMV needs its whole input vector), the hop a phase of a megakernel pays when its work is nothing;
+- data phase: the same all-to-all phases carrying a vector every block reads whole (as a GEMV phase reads its
+  input), handed off as flagged lines that readers poll (no counter, no fence) or as plain data behind a
+  counter (barrier + release, acquire spin, then the loads);
 - loop: the cost an instruction of an empty persistent loop (one block an SM, fetch the next instruction
   index, publish its counter), independent instructions and a fully serial chain (each waits for the one
   before, on another SM: the hop inside a persistent kernel).
@@ -132,6 +135,57 @@ __global__ void phases(int* count, int n_phases) {
   }
 }
 
+// The same all-to-all phases carrying data: a vector of V 16-byte lines a phase, each block writing its share
+// (line i is block i % grid's) and every block reading all of it before its next phase, as a megakernel's
+// GEMV phase reads its whole input. Two hand-offs:
+//   - flagged (flagged = 1): a line is (data word, flag, data word, flag), the flag the phase + 1; a reader
+//     polls each of its lines until both flags are its phase's, no counter, no fence (NCCL's LL protocol);
+//   - counter (flagged = 0): plain stores, the block's barrier and one red.release on the phase's counter; a
+//     reader's thread 0 spins on it with ld.acquire, the barrier, then every thread loads its lines.
+// sink keeps the loads' values live. Time a phase: what a hand-off of V lines costs with no work around it.
+__global__ void data_phases(uint4* buf, int* count, int n_phases, int V, int flagged, int* sink) {
+  unsigned acc = 0;
+  for (int p = 0; p < n_phases; ++p) {
+    if (p > 0) {
+      const uint4* prev = buf + int64_t(p - 1) * V;
+      if (flagged) {
+        for (int i = threadIdx.x; i < V; i += blockDim.x) {
+          uint4 v;
+          do {
+            asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(prev + i) : "memory");
+          } while (v.y != unsigned(p) || v.w != unsigned(p));
+          acc += v.x + v.z;
+        }
+      } else {
+        if (threadIdx.x == 0) {
+          while (load_acquire(count + (p - 1) * 32) < (int)gridDim.x) {}
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < V; i += blockDim.x) {
+          const uint4 v = __ldcg(prev + i);
+          acc += v.x + v.z;
+        }
+      }
+      __syncthreads();
+    }
+    uint4* cur = buf + int64_t(p) * V;
+    for (int i = blockIdx.x + threadIdx.x * gridDim.x; i < V; i += blockDim.x * gridDim.x) {
+      if (flagged) {
+        asm volatile("st.relaxed.gpu.global.v4.u32 [%0], {%1, %2, %3, %4};"
+                     ::"l"(cur + i), "r"(unsigned(i)), "r"(unsigned(p + 1)), "r"(acc), "r"(unsigned(p + 1)) : "memory");
+      } else {
+        cur[i] = make_uint4(unsigned(i), 0u, acc, 0u);
+      }
+    }
+    if (!flagged) {
+      __syncthreads();
+      if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count + p * 32) : "memory");
+    }
+  }
+  if (acc == 0xffffffffu) sink[0] = int(acc);
+}
+
 std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
   const cudaStream_t stream_ = at::cuda::getCurrentCUDAStream();
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
@@ -188,6 +242,24 @@ std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
     C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     r.push_back(double(ms) * 1e6 / n_phases);  // ns a phase
   }
+  // all-to-all phases carrying V lines: flagged lines, then counter + plain data; V = 192 (GPT-2 small's
+  // residual stream, 768 fp16 values) and 768 (its MLP's hidden), 256 threads a block (the megakernel's)
+  for (int V : {192, 768}) {
+    for (int flagged = 1; flagged >= 0; --flagged) {
+      const int n_phases = 2000;
+      auto buf = torch::zeros({(long long)n_phases * V * 4}, i32);
+      auto count = torch::zeros({n_phases * 32}, i32);
+      auto sink = torch::zeros({1}, i32);
+      C10_CUDA_CHECK(cudaEventRecord(a, stream_));
+      data_phases<<<sms, 256, 0, stream_>>>(reinterpret_cast<uint4*>(buf.data_ptr<int>()), count.data_ptr<int>(),
+                                           n_phases, V, flagged, sink.data_ptr<int>());
+      C10_CUDA_CHECK(cudaEventRecord(b, stream_));
+      C10_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0.f;
+      C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      r.push_back(double(ms) * 1e6 / n_phases);  // ns a phase
+    }
+  }
   C10_CUDA_CHECK(cudaEventDestroy(a));
   C10_CUDA_CHECK(cudaEventDestroy(b));
   return r;
@@ -215,13 +287,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = [mod.run(args.iters, int(args.slab_mb * 2**20) // 4096 * 4096, args.instructions)
             for _ in range(args.repeats)]
     med = [statistics.median(r[i] for r in rows) for i in range(len(rows[0]))]
-    hop_ns, sm0, sm1, bw, bw_spin, loop_ns, chain_ns, phase_ns = med
+    hop_ns, sm0, sm1, bw, bw_spin, loop_ns, chain_ns, phase_ns, ll192, ct192, ll768, ct768 = med
     print(f"{torch.cuda.get_device_name()}, median of {args.repeats}")
     print(f"hop (one way, SM {int(sm0)} <-> SM {int(sm1)}): {hop_ns:.0f} ns")
     print(f"stream global -> shared, every SM: {bw:.0f} GB/s; with a warp a block spinning: {bw_spin:.0f} GB/s")
     print(f"persistent loop: {loop_ns:.1f} ns an independent instruction, {chain_ns:.0f} ns a chained one")
     print(f"all-to-all phase through one counter ({torch.cuda.get_device_properties(0).multi_processor_count} "
           f"blocks): {phase_ns:.0f} ns a phase")
+    print(f"all-to-all phase carrying a vector, every block reading all of it: 192 lines (3 KB) flagged "
+          f"{ll192:.0f} ns, counter + data {ct192:.0f} ns; 768 lines (12 KB) flagged {ll768:.0f} ns, counter + "
+          f"data {ct768:.0f} ns")
     print(f"model (GPT-2 small fp16, {PHASES_A_TOKEN} dependent phases a token, a {args.cache}-token cache):")
     for batch in (1, 16, 64):
         kv = GPT2_LAYERS * 2 * batch * args.cache * GPT2_WIDTH * 2
