@@ -8,4 +8,5 @@ template void launch_decode<__nv_bfloat16, 64, 4, true>(const DecodeParams&, cud
 template void launch_decode<__nv_bfloat16, 64, 8, true>(const DecodeParams&, cudaStream_t);
 template void launch_decode_mma<__nv_bfloat16, 64, true>(const DecodeParams&, cudaStream_t);
 template int decode_mma_max_active_clusters<__nv_bfloat16, 64, true>(int);
+template int decode_mma_max_blocks_per_sm<__nv_bfloat16, 64, true>();
 }  // namespace fused_attn

@@ -8,4 +8,5 @@ template void launch_decode<__half, 128, 4, true>(const DecodeParams&, cudaStrea
 template void launch_decode<__half, 128, 8, true>(const DecodeParams&, cudaStream_t);
 template void launch_decode_mma<__half, 128, true>(const DecodeParams&, cudaStream_t);
 template int decode_mma_max_active_clusters<__half, 128, true>(int);
+template int decode_mma_max_blocks_per_sm<__half, 128, true>();
 }  // namespace fused_attn

@@ -12,5 +12,6 @@ template void launch_decode<__half, 64, 8, false>(const DecodeParams&, cudaStrea
 template bool decode_cluster_capable<__half, 64, 8>();
 template void launch_decode_mma<__half, 64, false>(const DecodeParams&, cudaStream_t);
 template int decode_mma_max_active_clusters<__half, 64, false>(int);
+template int decode_mma_max_blocks_per_sm<__half, 64, false>();
 template int decode_mma_arch<__half, 64>();
 }  // namespace fused_attn

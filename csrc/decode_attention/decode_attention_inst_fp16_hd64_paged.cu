@@ -8,4 +8,5 @@ template void launch_decode<__half, 64, 4, true>(const DecodeParams&, cudaStream
 template void launch_decode<__half, 64, 8, true>(const DecodeParams&, cudaStream_t);
 template void launch_decode_mma<__half, 64, true>(const DecodeParams&, cudaStream_t);
 template int decode_mma_max_active_clusters<__half, 64, true>(int);
+template int decode_mma_max_blocks_per_sm<__half, 64, true>();
 }  // namespace fused_attn

@@ -35,8 +35,8 @@
 // headdim] and slot j of sequence b is row j & (page_size - 1) of page block_table[b][j >> page_shift].
 // Every block first checks the entries of the pages its sequence reads or writes (decode::pages_ok); one
 // out of [0, num_pages) is treated as out-of-bounds lengths. The loops then look each row's page up one
-// tile ahead, in registers, reading an entry only when a row moves into another page (decode::TileRows,
-// decode::TileRun), so a row's address is the page's base + its row in the page with no table load in
+// tile ahead, in registers (decode::TileRows: an entry read only when a row moves into another page;
+// decode::TileRun: its run's two entries every tile), so a row's address is the page's base + its row in the page with no table load in
 // the way; a tile may straddle pages and page_size may be smaller than a tile. The L2 prefetch before the
 // PDL wait goes through the entries of the split's first slots as the contiguous cache's goes through
 // its rows (decode::prefetch_cache), skipping entries out of the pool.
@@ -248,8 +248,7 @@ struct TileRows {
 // (the sequence's base + j x stride_l). Paged: it copies N consecutive rows, slots j0 .. j0 + N - 1 of each
 // tile (j0 = the tile's first slot + r0 x N; N <= 8, less than the smallest page, so they lie in at most two
 // pages), and holds the pages of the first of them and of the last it reads (< read_end), looked up one tile
-// ahead as TileRows' are (next() after each tile; an entry read only when the run moves into another page):
-// two registers a thread instead of one a row (N). Per tile, run() turns them into two addresses (the first
+// ahead (next() after each tile reads both entries): two registers a thread instead of one a row (N). Per tile, run() turns them into two addresses (the first
 // row's, and the second page's row 0 less the rows before it), and a row's is one of the two + n x row stride:
 // a select and a wide multiply-add a row, as TileRows' strides in bytes.
 template <bool kPaged, int N, int TILE>
@@ -302,17 +301,16 @@ struct TileRun {
       vs = vc + int64_t(j) * p.v_stride_l;
     }
   }
-  // After the tile whose run starts at j0: the pages of the next tile's run.
+  // After the tile whose run starts at j0: the pages of the next tile's run, both read every tile. Nothing
+  // consumes them before the next tile's run(), a tile of work later. Reusing a page already held (a select
+  // on the loaded entry) made every thread wait for its load right there, each tile: B4 GQA 32/8 D64 128k,
+  // pages of 16, 403 -> 341 us (H200, fp16, bench.ab against the select, 2026-11-29).
   __device__ __forceinline__ void next(const DecodeParams& p, int j0, int read_end) {
     if constexpr (kPaged) {
       if (j0 < read_end - TILE) {
-        const int shift = p.page_shift;
-        const int first = j0 >> shift, last = min(j0 + N - 1, read_end - 1) >> shift;
         const int j1 = j0 + TILE;
-        const int first1 = j1 >> shift, last1 = min(j1 + N - 1, read_end - 1) >> shift;
-        const int f = first1 == last ? last_page : first1 == first ? first_page : page_at(table, first1);
-        last_page = last1 == first1 ? f : last1 == last ? last_page : page_at(table, last1);
-        first_page = f;
+        first_page = page_at(table, j1 >> p.page_shift);
+        last_page = page_at(table, min(j1 + N - 1, read_end - 1) >> p.page_shift);
       }
     }
   }
@@ -1225,6 +1223,28 @@ int decode_mma_max_active_clusters(int splits) {
     n = 0;
   }
   known[device][splits].store(n + 1, std::memory_order_relaxed);
+  return n;
+}
+
+template <typename T, int HD, bool kPaged>
+int decode_mma_max_blocks_per_sm() {
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices];  // count + 1; 0: not read yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= kDevices) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (const int n = known[device].load(std::memory_order_relaxed); n > 0) return n - 1;
+  const auto kernel = decode_mma_kernel<T, HD, kPaged>;
+  const int smem = DecodeMmaGeometry<T, HD>::kSmemBytes + decode::kPushBytes<16, HD>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kDecodeThreads, size_t(smem)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  known[device].store(n + 1, std::memory_order_relaxed);
   return n;
 }
 

@@ -124,6 +124,10 @@ int decode_mma_arch();
 // cudaOccupancyMaxActiveClusters with the cluster merge's shared memory), read once per device and size.
 template <typename T, int HD, bool kPaged>
 int decode_mma_max_active_clusters(int splits);
+// How many blocks of decode_mma_kernel an SM of the current device holds at once (its
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor with the cluster merge's shared memory), read once per device.
+template <typename T, int HD, bool kPaged>
+int decode_mma_max_blocks_per_sm();
 // Whether decode_kernel<T, HD, R, false, kDecodeThreads, false> was compiled for sm_90 or later (the cluster
 // merge's code is there).
 template <typename T, int HD, int R>

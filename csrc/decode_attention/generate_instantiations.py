@@ -37,6 +37,7 @@ def units() -> dict[str, str]:
                 if dt != "fp32" and hd in MMA_HEADDIMS:
                     decls += f"template void launch_decode_mma<{T}, {hd}, {flag}>(const DecodeParams&, cudaStream_t);\n"
                     decls += f"template int decode_mma_max_active_clusters<{T}, {hd}, {flag}>(int);\n"
+                    decls += f"template int decode_mma_max_blocks_per_sm<{T}, {hd}, {flag}>();\n"
                     if not paged:
                         decls += f"template int decode_mma_arch<{T}, {hd}>();\n"
                 out[f"decode_attention_inst_{dt}_hd{hd}{suffix}.cu"] = HEADER + decls + "}  // namespace fused_attn\n"
