@@ -306,15 +306,17 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
                    "have batch x nheads_q x seqlen_new (max_seqlen_q) below 2**31 blocks", shape_str(q.sizes()));
       const bool cluster_ok = at::cuda::getDeviceProperties(q.device().index())->major >= 9 &&
                               (use_mma ? mma_arch >= 90 : cluster_capable<scalar_t, HD>(R));
-      int blocks_per_sm = kDecodeBlocksPerSm;
+      int blocks_per_sm = kDecodeBlocksPerSm, cluster_max_len = 0;
       if constexpr (kMmaKernel) {
         if (use_mma && num_splits <= 0) {
           blocks_per_sm = decode_mma_blocks_per_sm(p.block_table != nullptr ? decode_mma_max_blocks_per_sm<scalar_t, HD, true>()
                                                                             : decode_mma_max_blocks_per_sm<scalar_t, HD, false>());
+          cluster_max_len = kDecodeMmaClusterMaxLen;
         }
       }
       p.num_splits = num_splits > 0 ? int(num_splits)
-                                    : decode_splits(work, p.max_len, sm_count(q), cluster_ok, blocks_per_sm);
+                                    : decode_splits(work, p.max_len, sm_count(q), cluster_ok, blocks_per_sm,
+                                                    cluster_max_len);
       p.cluster = cluster_ok && p.num_splits > 1 && p.num_splits <= kMaxClusterSplits;
       if constexpr (kMmaKernel) {
         if (use_mma && p.cluster) {

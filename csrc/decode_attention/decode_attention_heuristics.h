@@ -32,15 +32,27 @@ constexpr int decode_rows_per_block(int rows) { return rows <= 1 ? 1 : rows <= 2
 // bench_decode_attention and bench.sweep_decode_splits: more splits for small grids made GPT-2's step at
 // batch 4 faster at long caches but the op alone at Llama batch 2 slower, so the CUDA-core kernel's rule stays
 // two blocks per SM (kDecodeBlocksPerSm). work: the blocks before splitting (batch x nheads_kv x row chunks).
+// cluster_max_len: caches of at most this many slots take the cluster's splits at any count past the limit
+// (the tensor-core kernel's kDecodeMmaClusterMaxLen; 0: only up to twice the limit).
 constexpr int kDecodeMinKeysPerSplit = 64;
 constexpr int kDecodeBlocksPerSm = 2;
 constexpr int decode_splits(int64_t work, int max_len, int sms, bool cluster_ok,
-                            int blocks_per_sm = kDecodeBlocksPerSm) {
+                            int blocks_per_sm = kDecodeBlocksPerSm, int cluster_max_len = 0) {
   int64_t splits = std::max<int64_t>(1, int64_t(blocks_per_sm) * sms / work);
   splits = std::min<int64_t>(splits, std::max(1, max_len / kDecodeMinKeysPerSplit));
-  if (cluster_ok && splits > kMaxClusterSplits && splits <= 2 * kMaxClusterSplits) splits = kMaxClusterSplits;
+  if (cluster_ok && splits > kMaxClusterSplits && (splits <= 2 * kMaxClusterSplits || max_len <= cluster_max_len)) {
+    splits = kMaxClusterSplits;
+  }
   return int(std::clamp<int64_t>(splits, 1, kMaxSplits));
 }
+
+// The tensor-core kernel at short caches and few blocks before splitting (batch 1 GQA: 8 kv heads): its
+// 33-49 splits of an 8k cache run 3-4 tiles each, where the pipeline's fill, the partials and the combine's
+// launch cost more than the extra blocks bring; the cluster's 16 splits (8 tiles each, merged in the launch)
+// are faster. H200, fp16, batch 1, forced num_splits (2026-11-29), 8k keys: 32/8 D128 33 splits 28.9 us ->
+// 16 in a cluster 25.5 (cuDNN 26.6), 64/8 D128 30.9 -> 27.6 (27.1), 32/8 D64 49 splits 24.3 -> 19.4 (21.0);
+// at 32k keys the more splits win (D128 33: 50.5 us, 16: 64.9; D64 49: 36.3, 16: 44.3).
+constexpr int kDecodeMmaClusterMaxLen = 8192;
 
 // The tensor-core kernel's blocks per SM for the splits: as many as the SM holds at once (fit: its occupancy,
 // cudaOccupancyMaxActiveBlocksPerMultiprocessor with the cluster merge's shared memory), at least two. Its
