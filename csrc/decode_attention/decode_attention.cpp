@@ -309,8 +309,9 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       int blocks_per_sm = kDecodeBlocksPerSm, cluster_max_len = 0;
       if constexpr (kMmaKernel) {
         if (use_mma && num_splits <= 0) {
-          blocks_per_sm = decode_mma_blocks_per_sm(p.block_table != nullptr ? decode_mma_max_blocks_per_sm<scalar_t, HD, true>()
-                                                                            : decode_mma_max_blocks_per_sm<scalar_t, HD, false>());
+          const int fit = p.block_table != nullptr ? decode_mma_max_blocks_per_sm<scalar_t, HD, true>()
+                                                   : decode_mma_max_blocks_per_sm<scalar_t, HD, false>();
+          blocks_per_sm = decode_mma_blocks_per_sm(fit);
           cluster_max_len = kDecodeMmaClusterMaxLen;
         }
       }

@@ -24,14 +24,14 @@ constexpr bool decode_use_mma(int rows) { return rows >= kDecodeMmaMinRows; }
 // (beyond that, more row chunks: each re-reads the kv head's keys, mostly from L2).
 constexpr int decode_rows_per_block(int rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8; }
 
-// The splits: about blocks_per_sm blocks per SM (rounded down: a batch that already fills the GPU is not
-// split), and no split shorter than kDecodeMinKeysPerSplit slots of the cache's capacity. Depends only on shapes, never
-// on the device-side lengths: a captured graph keeps its grid and a split past the current length exits
-// early. Where the device merges the splits in a cluster, up to twice the cluster limit becomes the limit
-// (one launch, no combine kernel: measured faster than more splits plus the combine). H100,
-// bench_decode_attention and bench.sweep_decode_splits: more splits for small grids made GPT-2's step at
-// batch 4 faster at long caches but the op alone at Llama batch 2 slower, so the CUDA-core kernel's rule stays
-// two blocks per SM (kDecodeBlocksPerSm). work: the blocks before splitting (batch x nheads_kv x row chunks).
+// The splits: about blocks_per_sm blocks per SM (rounded down: a batch that already fills the GPU is not split),
+// and no split shorter than kDecodeMinKeysPerSplit slots of the cache's capacity. Depends only on shapes, never
+// on the device-side lengths: a captured graph keeps its grid and a split past the current length exits early.
+// Where the device merges the splits in a cluster, up to twice the cluster limit becomes the limit (one launch,
+// no combine kernel: measured faster than more splits plus the combine). H100, bench_decode_attention and
+// bench.sweep_decode_splits: more splits for small grids made GPT-2's step at batch 4 faster at long caches but
+// the op alone at Llama batch 2 slower, so the CUDA-core kernel's rule stays two blocks per SM
+// (kDecodeBlocksPerSm). work: the blocks before splitting (batch x nheads_kv x row chunks).
 // cluster_max_len: caches of at most this many slots take the cluster's splits at any count past the limit
 // (the tensor-core kernel's kDecodeMmaClusterMaxLen; 0: only up to twice the limit).
 constexpr int kDecodeMinKeysPerSplit = 64;
@@ -58,7 +58,7 @@ constexpr int kDecodeMmaClusterMaxLen = 8192;
 // cudaOccupancyMaxActiveBlocksPerMultiprocessor with the cluster merge's shared memory), at least two. Its
 // warps wait on dependent ldmatrix / mma / exp2 chains (Nsight Compute, B4 GQA 32/8 D64 128k at two blocks an
 // SM: 0.37 instructions issued a scheduler a cycle, 2.1 warps a scheduler, 5.6 cycles between two of a warp's
-// instructions), so a third block an SM is ~20% more issue. D64 holds 3 (shared memory: 4 stages of 16 KB),
+// instructions), so a third block an SM (half as many warps again) issues more. D64 holds 3 (shared memory: 4 stages of 16 KB),
 // H200, fp16, contiguous cache, two blocks an SM -> three: B4 128k 314.7 -> 259.5 us, B4 32k 88.2 -> 77.4,
 // B16 32k 289.6 -> 259.2, B1 128k 87.5 -> 82.8 (four, a second wave: 338.1 / 102.8 / 335.8 / 114.4). D128 holds
 // 2: unchanged. (bench.ab, forced num_splits, 2026-11-29; docs/lab-notes/decode-attention.md.)

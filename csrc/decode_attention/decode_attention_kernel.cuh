@@ -36,8 +36,8 @@
 // Every block first checks the entries of the pages its sequence reads or writes (decode::pages_ok); one
 // out of [0, num_pages) is treated as out-of-bounds lengths. The loops then look each row's page up one
 // tile ahead, in registers (decode::TileRows: an entry read only when a row moves into another page;
-// decode::TileRun: its run's two entries every tile), so a row's address is the page's base + its row in the page with no table load in
-// the way; a tile may straddle pages and page_size may be smaller than a tile. The L2 prefetch before the
+// decode::TileRun: its run's two entries every tile), so a row's address is the page's base + its row in the
+// page with no table load in the way; a tile may straddle pages and page_size may be smaller than a tile. The L2 prefetch before the
 // PDL wait goes through the entries of the split's first slots as the contiguous cache's goes through
 // its rows (decode::prefetch_cache), skipping entries out of the pool.
 //
@@ -248,9 +248,10 @@ struct TileRows {
 // (the sequence's base + j x stride_l). Paged: it copies N consecutive rows, slots j0 .. j0 + N - 1 of each
 // tile (j0 = the tile's first slot + r0 x N; N <= 8, less than the smallest page, so they lie in at most two
 // pages), and holds the pages of the first of them and of the last it reads (< read_end), looked up one tile
-// ahead (next() after each tile reads both entries): two registers a thread instead of one a row (N). Per tile, run() turns them into two addresses (the first
-// row's, and the second page's row 0 less the rows before it), and a row's is one of the two + n x row stride:
-// a select and a wide multiply-add a row, as TileRows' strides in bytes.
+// ahead (next() after each tile reads both entries): two registers a thread instead of one a row (N). Per
+// tile, run() turns them into two addresses (the first row's, and the second page's row 0 less the rows before
+// it), and a row's is one of the two + n x row stride: a select and a wide multiply-add a row, as TileRows'
+// strides in bytes.
 template <bool kPaged, int N, int TILE>
 struct TileRun {
   int first_page, last_page;
