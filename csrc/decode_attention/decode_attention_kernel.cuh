@@ -31,15 +31,15 @@
 // per (sequence, head), rows i >= n_b idle (no load, no output, a chunk of them exits at once:
 // decode::NewRows, chunk_live). Without it, the one branch on the null pointer and no load.
 //
-// Paged cache (kPaged, p.block_table): the caches are page pools [num_pages, nheads_kv, page_size,
-// headdim] and slot j of sequence b is row j & (page_size - 1) of page block_table[b][j >> page_shift].
-// Every block first checks the entries of the pages its sequence reads or writes (decode::pages_ok); one
-// out of [0, num_pages) is treated as out-of-bounds lengths. The loops then look each row's page up one
-// tile ahead, in registers (decode::TileRows: an entry read only when a row moves into another page;
-// decode::TileRun: its run's two entries every tile), so a row's address is the page's base + its row in the
-// page with no table load in the way; a tile may straddle pages and page_size may be smaller than a tile. The L2 prefetch before the
-// PDL wait goes through the entries of the split's first slots as the contiguous cache's goes through
-// its rows (decode::prefetch_cache), skipping entries out of the pool.
+// Paged cache (kPaged, p.block_table): the caches are page pools [num_pages, nheads_kv, page_size, headdim] and
+// slot j of sequence b is row j & (page_size - 1) of page block_table[b][j >> page_shift]. Every block first
+// checks the entries of the pages its sequence reads or writes (decode::pages_ok); one out of [0, num_pages) is
+// treated as out-of-bounds lengths. The loops then look each row's page up one tile ahead, in registers
+// (decode::TileRows: an entry read only when a row moves into another page; decode::TileRun: its run's two
+// entries every tile), so a row's address is the page's base + its row in the page with no table load in the
+// way; a tile may straddle pages and page_size may be smaller than a tile. The L2 prefetch before the PDL wait
+// goes through the entries of the split's first slots as the contiguous cache's goes through its rows
+// (decode::prefetch_cache), skipping entries out of the pool.
 //
 // Tests: tests/test_decode_attention.py; benchmark: bench/bench_decode_attention.py.
 #pragma once
@@ -1193,60 +1193,72 @@ void launch_decode_mma(const DecodeParams& p, cudaStream_t stream) {
   launch_attention_kernel(p, kernel, smem, stream);
 }
 
-template <typename T, int HD, bool kPaged>
-int decode_mma_max_active_clusters(int splits) {
-  constexpr int kDevices = 64;
-  static std::atomic<int> known[kDevices][kMaxClusterSplits + 1];  // count + 1; 0: not read yet
+// read() on the current device, kept in known[device][key] after the first call (stored + 1: 0 is not read yet).
+// 0 where the device cannot be told or is past the table, or the key is outside it.
+constexpr int kDecodeDevices = 64;
+template <int K, typename Read>
+int read_once_per_device(std::atomic<int> (&known)[kDecodeDevices][K], int key, Read read) {
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device >= kDevices || splits < 1 || splits > kMaxClusterSplits) {
+  if (cudaGetDevice(&device) != cudaSuccess || device >= kDecodeDevices || key < 0 || key >= K) {
     (void)cudaGetLastError();
     return 0;
   }
-  if (const int n = known[device][splits].load(std::memory_order_relaxed); n > 0) return n - 1;
-  const auto kernel = decode_mma_kernel<T, HD, kPaged>;
-  const int smem = DecodeMmaGeometry<T, HD>::kSmemBytes + decode::kPushBytes<16, HD>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 1;
-  attr.val.clusterDim.y = unsigned(splits);
-  attr.val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(1, unsigned(splits), 1);
-  cfg.blockDim = dim3(kDecodeThreads);
-  cfg.dynamicSmemBytes = size_t(smem);
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();
-    n = 0;
-  }
-  known[device][splits].store(n + 1, std::memory_order_relaxed);
+  if (const int n = known[device][key].load(std::memory_order_relaxed); n > 0) return n - 1;
+  const int n = read();
+  known[device][key].store(n + 1, std::memory_order_relaxed);
   return n;
+}
+
+// decode_mma_kernel's shared memory with the cluster merge's push area (the most a launch takes), allowed on the
+// kernel: what its occupancy queries ask about.
+template <typename T, int HD, bool kPaged>
+int decode_mma_occupancy_smem() {
+  const int smem = DecodeMmaGeometry<T, HD>::kSmemBytes + decode::kPushBytes<16, HD>;
+  cudaFuncSetAttribute(decode_mma_kernel<T, HD, kPaged>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  return smem;
+}
+
+template <typename T, int HD, bool kPaged>
+int decode_mma_max_active_clusters(int splits) {
+  static std::atomic<int> known[kDecodeDevices][kMaxClusterSplits + 1];
+  if (splits < 1) return 0;
+  return read_once_per_device(known, splits, [splits] {
+    const auto kernel = decode_mma_kernel<T, HD, kPaged>;
+    const int smem = decode_mma_occupancy_smem<T, HD, kPaged>();
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = unsigned(splits);
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(1, unsigned(splits), 1);
+    cfg.blockDim = dim3(kDecodeThreads);
+    cfg.dynamicSmemBytes = size_t(smem);
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();
+      n = 0;
+    }
+    return n;
+  });
 }
 
 template <typename T, int HD, bool kPaged>
 int decode_mma_max_blocks_per_sm() {
-  constexpr int kDevices = 64;
-  static std::atomic<int> known[kDevices];  // count + 1; 0: not read yet
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device >= kDevices) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (const int n = known[device].load(std::memory_order_relaxed); n > 0) return n - 1;
-  const auto kernel = decode_mma_kernel<T, HD, kPaged>;
-  const int smem = DecodeMmaGeometry<T, HD>::kSmemBytes + decode::kPushBytes<16, HD>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kDecodeThreads, size_t(smem)) != cudaSuccess) {
-    (void)cudaGetLastError();
-    n = 0;
-  }
-  known[device].store(n + 1, std::memory_order_relaxed);
-  return n;
+  static std::atomic<int> known[kDecodeDevices][1];
+  return read_once_per_device(known, 0, [] {
+    const int smem = decode_mma_occupancy_smem<T, HD, kPaged>();
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_mma_kernel<T, HD, kPaged>, kDecodeThreads,
+                                                      size_t(smem)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      n = 0;
+    }
+    return n;
+  });
 }
 
 template <typename T, int HD>
