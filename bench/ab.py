@@ -106,6 +106,11 @@ _VARIANTS = [
             "a paged cache's entries checked one load at a time before a block's first tile (16 dependent L2 round "
             "trips a thread at 32k keys in pages of 16): predicted slower by 3-5% at batch 1, at any length",
             "python3 -m pytest bench/bench_decode_attention.py -k 'float16 and (paged- or fused-)'"),
+    Variant("decode-paged-no-check",
+            (Edit(DECODE_K, "    return !__syncthreads_or(bad);", "    (void)bad;\n    return true;"),),
+            "no block checks its sequence's block_table entries before its first tile (unsafe: the bound on what "
+            "the check costs, not a candidate)",
+            "python3 -m pytest bench/bench_decode_attention.py --full -k 'float16 and (paged- or fused-) and hkv8'"),
     Variant("decode-wide-long-caches",
             (Edit(DECODE_H, "constexpr int64_t kDecodeWideMaxLen = 2048;",
                   f"constexpr int64_t kDecodeWideMaxLen = {NEVER};"),),
