@@ -430,7 +430,7 @@ def test_does_not_sync_and_uses_the_current_stream_gpu():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("num_splits", [1, 3, 20])  # one split, merged in a cluster, through the combine kernel
 def test_out_of_bounds_device_lengths_give_nan_and_no_write_gpu(dtype, num_splits):
     """Device-side lengths are not read on the host: a sequence with cache_seqlens past
     max_len - seqlen_new, negative, or cache_leftpad past cache_seqlens gets NaN outputs and its cache

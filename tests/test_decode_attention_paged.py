@@ -293,7 +293,7 @@ def test_paged_cuda_graph_replays_at_growing_lengths_gpu(page_size, num_splits):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("num_splits", [1, 3, 20])  # one split, merged in a cluster, through the combine kernel
 @pytest.mark.parametrize("group", [1, 8])
 def test_out_of_range_pages_give_nan_and_no_write_gpu(dtype, num_splits, group):
     """Device-side block_table entries are not read on the host: a sequence with an entry out of [0,
@@ -336,6 +336,64 @@ def test_out_of_range_pages_give_nan_and_no_write_gpu(dtype, num_splits, group):
     assert_attention_close(out[idx], peer_attention(q, k_all, v_all, lens_t, None, True, None)[idx], want[idx],
                            magnitude[idx], score_max(q, k_all, lens_t, None, True, None)[idx], "in-range sequences")
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits", [3, 20])  # merged in a cluster, through the combine kernel
+@pytest.mark.parametrize("group", [1, 8])
+@pytest.mark.parametrize("entry", [-3, "num_pages"])
+def test_bad_page_read_by_a_later_split_gives_nan_gpu(dtype, num_splits, group, entry):
+    """An entry out of the pool among the pages only a later split reads (slots 160-175 of 224: the first split
+    covers at most the first 128) still makes every row of its sequence NaN and leaves its pages unwritten,
+    whatever kernel (CUDA cores at group 1, tensor cores at group 8 in 16-row chunks) and merge serve it."""
+    ps, max_blocks, hkv, d, sn = 16, 16, 2, 64, 3
+    b = 2
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    num_pages = b * max_blocks
+    k_pool = torch.randn(num_pages, hkv, ps, d, generator=gen, device="cuda").to(dtype)
+    v_pool = torch.randn(num_pages, hkv, ps, d, generator=gen, device="cuda").to(dtype)
+    q = torch.randn(b, hkv * group, sn, d, generator=gen, device="cuda").to(dtype)
+    kn = torch.randn(b, hkv, sn, d, generator=gen, device="cuda").to(dtype)
+    vn = torch.randn(b, hkv, sn, d, generator=gen, device="cuda").to(dtype)
+    table = torch.randperm(num_pages, generator=torch.Generator().manual_seed(3)).to(torch.int32).view(b, max_blocks)
+    table[1, 10] = num_pages if entry == "num_pages" else entry
+    table = table.cuda()
+    seqlens = [221, 221]
+    k0, v0 = k_pool.clone(), v_pool.clone()
+    out = torch.full_like(q, 7.0)
+    decode_attention(q, k_pool, v_pool, torch.tensor(seqlens, dtype=torch.int32, device="cuda"), k_new=kn, v_new=vn,
+                     num_splits=num_splits, out=out, block_table=table)
+    assert out[1].isnan().all(), "sequence 1: NaN outputs expected in every row"
+    k_want = appended_pool(k0, kn[:1], table[:1], seqlens[:1], ps)
+    v_want = appended_pool(v0, vn[:1], table[:1], seqlens[:1], ps)
+    assert torch.equal(bits(k_pool), bits(k_want)) and torch.equal(bits(v_pool), bits(v_want))
+    k_all = logical(k_want, table[:1], ps, 1, max_blocks * ps)
+    v_all = logical(v_want, table[:1], ps, 1, max_blocks * ps)
+    want = definition(q[:1], k_all, v_all, seqlens[:1], None, True, None, None).cuda()
+    magnitude = definition(q[:1], k_all, v_all.abs(), seqlens[:1], None, True, None, None).cuda()
+    lens_t = torch.tensor(seqlens[:1], dtype=torch.int32)
+    assert_attention_close(out[:1], peer_attention(q[:1], k_all, v_all, lens_t, None, True, None), want, magnitude,
+                           score_max(q[:1], k_all, lens_t, None, True, None), "the in-range sequence")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 3, 20])
+def test_empty_pool_gpu(num_splits):
+    """A pool of no page: a sequence that reads or writes a slot gets NaN (every entry is out of the pool); one
+    with no slot to read and none to append gets zeros (no visible key), and nothing is read or written."""
+    q = torch.randn(3, 4, 1, 64, device="cuda", dtype=torch.float16)
+    pool = torch.empty(0, 2, 16, 64, device="cuda", dtype=torch.float16)
+    table = torch.zeros(3, 2, dtype=torch.int32, device="cuda")
+    out = decode_attention(q, pool, pool.clone(), torch.tensor([0, 5, 0], dtype=torch.int32, device="cuda"),
+                           cache_leftpad=torch.tensor([0, 0, 0], dtype=torch.int32, device="cuda"),
+                           num_splits=num_splits, block_table=table)
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.equal(out[2], torch.zeros_like(out[2]))
+    assert out[1].isnan().all()
+    kn = torch.randn(3, 2, 1, 64, device="cuda", dtype=torch.float16)
+    out = decode_attention(q, pool, pool.clone(), torch.tensor([0, 0, 0], dtype=torch.int32, device="cuda"),
+                           k_new=kn, v_new=kn.clone(), num_splits=num_splits, block_table=table)
+    assert out.isnan().all(), "an append into an empty pool: every sequence NaN"
 
 def _pool_call(device, table_rows, seqlens, **kw):
     g = torch.Generator(device=device).manual_seed(0)

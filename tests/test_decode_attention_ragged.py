@@ -397,7 +397,7 @@ def test_cuda_graph_replays_at_new_lengths_and_offsets_gpu(paged, num_splits):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("num_splits", [1, 3, 20])  # one split, merged in a cluster, through the combine kernel
 @pytest.mark.parametrize("group", [1, 8])
 def test_out_of_range_device_offsets_give_nan_and_no_write_gpu(num_splits, group):
     """Device offsets are not read on the host: a sequence whose offsets decrease, leave [0, total_q] or

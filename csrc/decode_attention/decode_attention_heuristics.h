@@ -81,13 +81,13 @@ constexpr bool decode_cluster_fits(int64_t clusters, int max_active) { return cl
 // (splits of at most ~200 slots) are unchanged by the bound.
 constexpr int kDecodePrefetchMaxSlots = 128;
 
-// A paged cache's block_table entries each thread of a block has in flight when the block checks the entries
-// of its sequence's pages (decode_attention_kernel.cuh, pages_ok), before its first tile: every block reads
-// all of them, ceil(L / page_size) (2048 at 32k keys in pages of 16: 16 a thread of 128). One at a time
-// (a load, then its compare) they were L / 2048 dependent L2 round trips a thread in pages of 16 (~5 us
-// against the step's ~110 us at Llama's MHA shape, batch 1, 32k keys); 8 in flight make them 2. Predicted
-// ~4% at batch 1 (docs/lab-notes/decode-attention.md, 2026-11-29), not yet measured; the alternative:
-// bench/ab.py's decode-paged-check-one-entry-at-a-time.
+// The 16-byte loads of block_table entries (four entries each) a thread of a paged cache's first split has in
+// flight when the block checks every entry of its sequence's pages (decode_attention_kernel.cuh, pages_ok),
+// issued after its first tiles: ceil(L / page_size) entries (8192 at 128k keys in pages of 16: 16 loads a thread
+// of 128, two rounds). The other splits check nothing and clamp each entry where they use it (in_pool). When
+// every block checked every entry before its first tile, one entry a load, 8 in flight (8 rounds at 128k), the
+// check cost paged B1 GQA 32/8 D64 128k keys 17.6 us of 99.1 and B16 32k 29 us of 290 (the bound without any
+// check, H200, fp16, pages of 16, bench.ab decode-paged-no-check, 2026-11-29).
 constexpr int kDecodePagesInFlight = 8;
 
 // The deep build of the CUDA-core kernel (48 KB of K and V a block in flight instead of 32: DecodeTile's
