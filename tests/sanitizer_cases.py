@@ -149,8 +149,9 @@ PAGED_DECODE_CASES = [
 
 def paged_decode_cases(quick: bool) -> int:
     """PAGED_DECODE_CASES, then block_table entries out of [0, num_pages) among the pages a sequence reads or
-    writes (NaN outputs, no page written for it, nothing read through them) beside an in-range sequence, on the
-    CUDA-core and tensor-core kernels, with and without splits."""
+    writes (NaN outputs, no page written for it, no address outside the pool: a split other than the first reads
+    through the entry clamped into the pool) beside an in-range sequence, on the CUDA-core and tensor-core
+    kernels, one split, splits merged in a cluster and through the combine kernel."""
     from fused_attn.decode_attention import decode_attention
     from tests.test_decode_attention_paged import appended_pool, paged_case_of
     from tests.test_decode_attention_paged import run_and_check as paged_run_and_check
@@ -159,20 +160,20 @@ def paged_decode_cases(quick: bool) -> int:
     for i, kw in enumerate(PAGED_DECODE_CASES[:2] if quick else PAGED_DECODE_CASES):
         paged_run_and_check(paged_case_of(seed=i, **kw), "cuda")
         cases += 1
-    ps, max_blocks, hkv, d, sn, b = 16, 4, 2, 64, 3, 4
+    ps, max_blocks, hkv, d, sn, b = 16, 16, 2, 64, 3, 4
     num_pages = b * max_blocks
-    for group, num_splits in ((1, 3), (4, 1), (8, 3)):
+    for group, num_splits in ((1, 3), (4, 1), (8, 3), (1, 20), (8, 20)):
         g = torch.Generator(device="cuda").manual_seed(group)
         k_pool = torch.randn(num_pages, hkv, ps, d, generator=g, device="cuda").half()
         v_pool = torch.randn(num_pages, hkv, ps, d, generator=g, device="cuda").half()
         q = torch.randn(b, hkv * group, sn, d, generator=g, device="cuda").half()
         kn, vn = (torch.randn(b, hkv, sn, d, generator=g, device="cuda").half() for _ in range(2))
         table = torch.arange(num_pages, dtype=torch.int32).view(b, max_blocks)
-        table[1, 0] = -5  # a page read, below the pool
-        table[2, 1] = num_pages  # the append's page, past the pool
-        table[3, 3] = 2**31 - 1  # a block sequence 3 never touches: computed
+        table[1, 10] = -5  # a page read (slots 160-175: past the first of 3 splits), below the pool
+        table[2, 12] = num_pages  # the append's page (slots 200-202), past the pool
+        table[3, 15] = 2**31 - 1  # a block sequence 3 never touches: computed
         table = table.cuda()
-        lengths = [20, 20, 20, 20]
+        lengths = [200, 200, 200, 200]
         k0, v0 = k_pool.clone(), v_pool.clone()
         out = decode_attention(q, k_pool, v_pool, torch.tensor(lengths, dtype=torch.int32, device="cuda"), k_new=kn,
                                v_new=vn, num_splits=num_splits, block_table=table)
