@@ -35,9 +35,10 @@
 // j of sequence b is row j & (page_size - 1) of page block_table[b][j >> page_shift]. The first split of each row
 // chunk checks the entries of every page its sequence reads or writes (decode::pages_ok); one out of [0, num_pages)
 // is treated as out-of-bounds lengths (that split's rows are poisoned, so the merged rows are NaN, and the append is
-// skipped). The other splits check nothing before their first tile: the loops clamp each entry into the pool where
-// they use it (decode::in_pool), so no address leaves the pools, and a row read through a bad entry only feeds
-// outputs the first split makes NaN. The loops look each row's page up one tile ahead, in registers
+// skipped). The other splits of the tensor-core kernel check nothing and clamp each entry into the pool where they
+// use it (decode::in_pool), so no address leaves the pools, and a row read through a bad entry only feeds outputs
+// the first split makes NaN. Every block of the CUDA-core kernel checks all of them before its first tile (its
+// loop's code is the cheaper for it: decode_kernel), writes NaN and returns at a bad one. The loops look each row's page up one tile ahead, in registers
 // (decode::TileRows: an entry read only when a row moves into another page; decode::TileRun: its run's two entries
 // every tile), so a row's address is the page's base + its row in the page with no table load in the way; a tile may
 // straddle pages and page_size may be smaller than a tile. The L2 prefetch before the PDL wait goes through the
@@ -169,8 +170,8 @@ __device__ __forceinline__ void page_offsets(const DecodeParams& p, int64_t page
 __device__ __forceinline__ int page_at(const int* table, int blk) {
   return table[blk];
 }
-// A loaded entry as a page the loops may address: itself when in [0, num_pages), else the pool's last page
-// (a negative entry is >= 2**31 unsigned). Applied where the page is used, a tile after its load, so no
+// A loaded entry as a page the tensor-core kernel (TileRun) may address: itself when in [0, num_pages), else the
+// pool's last page (a negative entry is >= 2**31 unsigned). Applied where the page is used, a tile after its load, so no
 // thread waits for the load there; the first split's pages_ok makes the outputs of a sequence with such an
 // entry NaN. num_pages >= 1 wherever a row is read (the kernels treat an empty pool as bad lengths).
 __device__ __forceinline__ uint32_t in_pool(const DecodeParams& p, int page) {
@@ -220,9 +221,9 @@ __device__ __forceinline__ uint64_t mad_wide(uint32_t a, uint32_t b, uint64_t c)
 // page + TILE reaches past the page), loads that page's entry through the row's entry pointer (once a page a row),
 // so no row load waits on a table load and each entry has a tile of work to arrive in. A row's address is the pool's
 // base (held from start()) + page x page stride + row x row stride, the strides in bytes below 2**32 (DecodeParams)
-// and the page and row unsigned (in_pool bounds the page, the row is a slot & mask): two wide multiply-adds a row,
-// no sign extension, no table address. Entries are read only for the slots read from the pages, below read_end =
-// min(cached, ke). at() is called for row n of every tile in turn while its slot j < read_end (a row past it is
+// and the page and row unsigned (pages_ok checked the page before the first tile, the row is a slot & mask): two
+// wide multiply-adds a row, no sign extension, no table address. Entries are read only for the slots read from the
+// pages, below read_end = min(cached, ke). at() is called for row n of every tile in turn while its slot j < read_end (a row past it is
 // never at() again: the tiles after a partial one are partial).
 template <bool kPaged, int N, int TILE>
 struct TileRows {
@@ -248,7 +249,7 @@ struct TileRows {
   __device__ __forceinline__ void at(const DecodeParams& p, int read_end, int n, int j, const T* kc, const T* vc,
                                      const T*& ks, const T*& vs) {
     if constexpr (kPaged) {
-      const uint32_t page = in_pool(p, pages[n]), row = uint32_t(j) & p.page_mask;
+      const uint32_t page = pages[n], row = uint32_t(j) & p.page_mask;
       const uint32_t moved = (row + TILE) >> p.page_shift;  // the pages the row moves to the next tile
       if (j < read_end - TILE && moved != 0) {
         entries[n] += moved;
@@ -343,10 +344,12 @@ __device__ __forceinline__ int64_t cache_base(int b, int64_t stride_b) {
 }
 
 // Paged: whether every block_table entry of the pages holding slots [start, end) is in [0, num_pages), read by
-// the block's threads together (called by every thread of the block). Contiguous: true. Four entries a 16-byte
-// load where the row's alignment allows (the up to three entries on either side one by one), and
-// kDecodePagesInFlight loads a thread issued before any is compared (the heuristics' entry).
-template <bool kPaged>
+// the block's threads together (called by every thread of the block). Contiguous: true. kDecodePagesInFlight
+// loads a thread issued before any is compared (the heuristics' entry). kWide (the tensor-core kernel's first
+// split): four entries a 16-byte load where the row's alignment allows (the up to three on either side one by
+// one), their largest as unsigned compared once. The CUDA-core kernel keeps one entry a load, each compared: with
+// either change nvcc 13.0 gives its loop 394-400 instructions a tile instead of 345 (fp16, D64, paged, one row).
+template <bool kPaged, bool kWide = false>
 __device__ __forceinline__ bool pages_ok(const DecodeParams& p, int b, int start, int end) {
   if constexpr (!kPaged) {
     return true;
@@ -354,37 +357,52 @@ __device__ __forceinline__ bool pages_ok(const DecodeParams& p, int b, int start
     const int* table = p.block_table + b * p.table_stride_b;
     const int first = start >> p.page_shift;
     const int last = end > start ? ((end - 1) >> p.page_shift) + 1 : first;
-    // [first, a) and [z, last): single entries; [a, z): groups of four at 16-byte boundaries.
-    const int lead = int((16 - (reinterpret_cast<uintptr_t>(table + first) & 15)) & 15) / 4;
-    const int a = min(last, first + lead), z = a + (last - a) / 4 * 4, t = int(threadIdx.x);
-    uint32_t worst = 0;  // the largest entry as unsigned: a negative one is >= 2**31
-    if (t < a - first) worst = uint32_t(table[first + t]);
-    if (t < last - z) worst = max(worst, uint32_t(table[z + t]));
-    const uint4* groups = reinterpret_cast<const uint4*>(table + a);
-    const int n = (z - a) / 4;
-    for (int g0 = t; g0 < n; g0 += kDecodePagesInFlight * int(blockDim.x)) {
-      uint4 e[kDecodePagesInFlight];
+    const int t = int(threadIdx.x), step = kDecodePagesInFlight * int(blockDim.x);
+    if constexpr (kWide) {
+      uint32_t worst = 0;  // the largest entry as unsigned: a negative one is >= 2**31
+      // [first, a) and [z, last): single entries; [a, z): groups of four at 16-byte boundaries.
+      const int lead = int((16 - (reinterpret_cast<uintptr_t>(table + first) & 15)) & 15) / 4;
+      const int a = min(last, first + lead), z = a + (last - a) / 4 * 4, n = (z - a) / 4;
+      if (t < a - first) worst = uint32_t(table[first + t]);
+      if (t < last - z) worst = max(worst, uint32_t(table[z + t]));
+      const uint4* groups = reinterpret_cast<const uint4*>(table + a);
+      for (int g0 = t; g0 < n; g0 += step) {
+        uint4 e[kDecodePagesInFlight];
 #pragma unroll
-      for (int k = 0; k < kDecodePagesInFlight; ++k) {
-        const int g = g0 + k * int(blockDim.x);
-        e[k] = g < n ? groups[g] : make_uint4(0, 0, 0, 0);
+        for (int k = 0; k < kDecodePagesInFlight; ++k) {
+          const int g = g0 + k * int(blockDim.x);
+          e[k] = g < n ? groups[g] : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int k = 0; k < kDecodePagesInFlight; ++k) worst = max(worst, max(max(e[k].x, e[k].y), max(e[k].z, e[k].w)));
       }
+      return !__syncthreads_or(last > first && worst >= uint32_t(p.num_pages));
+    } else {
+      bool bad = false;
+      for (int i0 = first + t; i0 < last; i0 += step) {
+        int e[kDecodePagesInFlight];
 #pragma unroll
-      for (int k = 0; k < kDecodePagesInFlight; ++k) worst = max(worst, max(max(e[k].x, e[k].y), max(e[k].z, e[k].w)));
+        for (int k = 0; k < kDecodePagesInFlight; ++k) {
+          const int i = i0 + k * int(blockDim.x);
+          e[k] = i < last ? table[i] : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < kDecodePagesInFlight; ++k) bad |= e[k] < 0 || e[k] >= p.num_pages;
+      }
+      return !__syncthreads_or(bad);
     }
-    return !__syncthreads_or(last > first && worst >= uint32_t(p.num_pages));
   }
 }
 
-// Whether the block's rows come out as computed: the lengths are in bounds and, in the first split of a paged
-// cache, every entry of the sequence's pages is in the pool (pages_ok; called by every thread of the block, after
-// the block's first tiles are issued so its loads overlap theirs). The other splits read through clamped entries
-// (in_pool); a bad one makes the first split's rows, and so every merged row, NaN. Not ok: the caller poisons
-// its rows (poison) and does not append.
+// The tensor-core kernel's rule: whether the block's rows come out as computed: the lengths are in bounds and, in
+// the first split of a paged cache, every entry of the sequence's pages is in the pool (pages_ok; called by every
+// thread of the block, after the block's first tiles are issued so its loads overlap theirs). The other splits read
+// through clamped entries (in_pool); a bad one makes the first split's rows, and so every merged row, NaN. Not ok:
+// the caller poisons its rows (poison) and does not append.
 template <bool kPaged>
 __device__ __forceinline__ bool sequence_ok(const DecodeParams& p, int b, int split, bool lengths, int start,
                                             int end) {
-  return lengths && (split != 0 || pages_ok<kPaged>(p, b, start, end));
+  return lengths && (split != 0 || pages_ok<kPaged, true>(p, b, start, end));
 }
 // A block's rows poisoned: a NaN running max makes every weight of the merge NaN, so the rows' outputs (one
 // split), their partials (the combine kernel) or their merge in the cluster come out NaN.
@@ -467,6 +485,28 @@ __device__ void append(const DecodeParams& p, int b, int hkv, int cached, const 
     T* vc = static_cast<T*>(p.v_cache) + cache_base<kPaged>(b, p.v_stride_b) + hkv * p.v_stride_h + v_off + c;
     *reinterpret_cast<uint4*>(kc) = *reinterpret_cast<const uint4*>(kn);
     *reinterpret_cast<uint4*>(vc) = *reinterpret_cast<const uint4*>(vn);
+  }
+}
+
+// decode_kernel's block whose sequence has out-of-bounds lengths or pages (every split of it sees them): its rows'
+// outputs are NaN, written by the one split that owns them (one split; split 0 of a cluster), or, with the
+// combine kernel, each split's partial log2-sum-exp is NaN, which makes the merged row NaN.
+template <typename T, int R>
+__device__ __forceinline__ void write_nan_rows(const DecodeParams& p, int chunk, int b, int hkv, int split,
+                                               const NewRows& nr) {
+  const bool partials = p.num_splits > 1 && !p.cluster;
+  if (!partials && split != 0) return;
+  const int sn = p.seqlen_new;
+  const float nan = __int_as_float(0x7fc00000);
+  for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
+    const int rr = chunk * R + idx / p.headdim, e = idx % p.headdim;
+    if (rr >= p.rows || rr % sn >= nr.n) continue;
+    const int h = hkv * p.group + rr / sn, i = rr % sn;
+    if (partials) {
+      if (e == 0) p.partial_lse[((int64_t(split) * p.batch + b) * p.nheads_q + h) * sn + i] = nan;
+    } else {
+      static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + (nr.row0 + i) * p.o_stride_s + e] = from_float<T>(nan);
+    }
   }
 }
 
@@ -720,7 +760,16 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     }
   }
 
-  const bool lengths = decode::read_lengths<kPaged>(p, b, nr, cached, end, start);
+  // Every block checks every entry of its sequence's pages before its first tile (pages_ok), so a failure is the
+  // same in every split and the block may return at once (write_nan_rows), and the loop uses the entries as
+  // loaded. The tensor-core kernel's way (only the first split checks, the others clamp each entry where they
+  // use it) made this kernel's loop 359-400 instructions a tile instead of 345 (fp16, D64, paged, one row; nvcc
+  // 13.0) and its paged cache at batch 4, 32 heads, D64 4.5% / 6.7% slower at 8k / 32k keys, where it issues from
+  // two warps a scheduler (H200, fp16, the two builds interleaved, 2026-11-29).
+  if (!decode::lengths_ok(p, b, nr, cached, end, start) || !decode::pages_ok<kPaged>(p, b, start, end)) {
+    decode::write_nan_rows<T, R>(p, chunk, b, hkv, split, nr);
+    return;
+  }
   // Ragged: a chunk with no token of the sequence (chunk 0's is its first, so nothing to append either).
   if (!decode::chunk_live<R>(p, chunk, nr)) return;
   decode::split_range(p, start, end, split, TILE, kb, ke);
@@ -731,8 +780,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     if (t < n_tiles) issue(t);
     cp_async_commit();
   }
-  const bool ok = decode::sequence_ok<kPaged>(p, b, split, lengths, start, end);  // its loads under the tiles'
-  if (ok && p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T, kPaged>(p, b, hkv, cached, nr);
+  if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T, kPaged>(p, b, hkv, cached, nr);
 
   int lim[R];  // first slot row r cannot see (causal among the sequence's nr.n new tokens; 0 for idle rows)
 #pragma unroll
@@ -822,7 +870,6 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     }
   }
   cp_async_wait<0>();
-  if (!ok) decode::poison<R>(m);
 
   // Merge the warp's 32 / TX key slots of each row with shuffles (lanes TX apart hold the same elements
   // of different keys), then the NW warps' results through shared memory (decode::finish).
@@ -1101,14 +1148,14 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
 #endif
 }
 
-// One block per output row (b, h, i): merges the num_splits partial rows. The split weights go through shared
-// memory first; then thread t sums four columns (4 (t % Q) .., Q = headdim / 4) over every P-th split (P = 128 /
-// Q, from t / Q), its 16-byte loads independent and unrolled, so a row's partials arrive in one or two L2 round
-// trips, and the P sums of a column meet in shared memory. A split of weight 0 (empty: its partial never written)
-// adds nothing whatever its memory holds. A block of the attention kernel with out-of-bounds lengths or pages
-// poisons its partials (NaN: decode::poison), so the merge needs no check of its own. The first version chained a
-// load of lse and of o per split (~0.5 us of L2 latency a split, 15 us at 33 splits); one column a thread, the
-// loads behind a branch on the weight: 16.3 us at B1 GQA 32/8 D64 32k keys (49 splits), cuDNN's reduction 4.3
+// One block per output row (b, h, i): merges the num_splits partial rows. The split weights go through shared memory
+// first; then thread t sums four columns (4 (t % Q) .., Q = headdim / 4) over every P-th split (P = 128 / Q, from t
+// / Q), its 16-byte loads independent and unrolled, so a row's partials arrive in one or two L2 round trips, and the
+// P sums of a column meet in shared memory. A split of weight 0 (empty: its partial never written) adds nothing
+// whatever its memory holds. A block of the attention kernels with out-of-bounds lengths or pages makes its partial
+// NaN (decode::poison; decode_kernel's write_nan_rows), so the merge needs no check of its own. The first version
+// chained a load of lse and of o per split (~0.5 us of L2 latency a split, 15 us at 33 splits); one column a thread,
+// the loads behind a branch on the weight: 16.3 us at B1 GQA 32/8 D64 32k keys (49 splits), cuDNN's reduction 4.3
 // (H200, fp16, Nsight Compute, cold caches).
 template <typename T>
 __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams p) {
