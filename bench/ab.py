@@ -114,6 +114,11 @@ _VARIANTS = [
             "checked all of them before its first tile, and without: paged B1 GQA 32/8 D64 128k keys 99.1 us, without 81.5 (contiguous 82.5); B4 32k 91.0 -> 79.4 "
             "(77.8); B16 32k 290.1 -> 261.1 (258.5) (H200, fp16, pages of 16)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'float16 and (paged- or fused-) and hkv8'"),
+    Variant("decode-long-splits-off",
+            (Edit(DECODE_H, "constexpr int kDecodeLongMinLen = 131072;", "constexpr int kDecodeLongMinLen = 1 << 30;"),),
+            "the CUDA-core kernel's general rule at 128k keys too (batch 1 MHA: 8 splits in a cluster): B1 32/32 "
+            "D128 513.1 us against 24 splits' 494.5, D64 261.3 against 253.0 (H200, fp16, forced num_splits)",
+            "python3 -m pytest bench/bench_decode_attention.py --full -k 'fused- and b1-hq32-hkv32 and l131072'"),
     Variant("decode-wide-long-caches",
             (Edit(DECODE_H, "constexpr int64_t kDecodeWideMaxLen = 2048;",
                   f"constexpr int64_t kDecodeWideMaxLen = {NEVER};"),),

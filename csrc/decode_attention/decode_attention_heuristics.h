@@ -46,6 +46,25 @@ constexpr int decode_splits(int64_t work, int max_len, int sms, bool cluster_ok,
   return int(std::clamp<int64_t>(splits, 1, kMaxSplits));
 }
 
+// The CUDA-core kernel at long caches and few blocks before splitting (batch 1 MHA): the general rule's 8 splits
+// in a cluster (32 heads, 16k slots a split at 128k keys) read ~4.1 TB/s; kDecodeLongBlocksPerSm blocks an SM (24
+// splits of 5.5k slots, past a cluster: merged by the combine kernel) read more. H200, fp16, B1 32/32, 128k keys,
+// forced num_splits (2026-11-29), against cuDNN in the same run: D128 8 splits 513.1 us, 24: 494.5 (12 / 16 in a
+// cluster 565.8 / 554.6, 32 (a second wave) 528.7; cuDNN 488.4); D64 261.3 -> 253.0 (cuDNN 251.5). At 32k keys
+// the general rule is at cuDNN (136.7 against 137.6 us); where six blocks an SM are at most a cluster's splits
+// (batch 4 MHA: 6), the rule stays general (3 or 4 splits in a cluster at B4 D128 32k: 525.7 / 518.8 against
+// 2's 487.5).
+constexpr int kDecodeLongMinLen = 131072;
+constexpr int kDecodeLongBlocksPerSm = 6;
+// The CUDA-core kernel's splits at a cache of at least kDecodeLongMinLen slots: kDecodeLongBlocksPerSm blocks an SM
+// where that is more splits than a cluster holds; 0 elsewhere (decode_splits decides).
+constexpr int decode_long_splits(int64_t work, int max_len, int sms) {
+  if (max_len < kDecodeLongMinLen) return 0;
+  const int64_t splits = std::min<int64_t>(int64_t(kDecodeLongBlocksPerSm) * sms / work,
+                                           std::max(1, max_len / kDecodeMinKeysPerSplit));
+  return splits > kMaxClusterSplits ? int(std::min<int64_t>(splits, kMaxSplits)) : 0;
+}
+
 // The tensor-core kernel at short caches and few blocks before splitting (batch 1 GQA: 8 kv heads): its
 // 33-49 splits of an 8k cache run 3-4 tiles each, where the pipeline's fill, the partials and the combine's
 // launch cost more than the extra blocks bring; the cluster's 16 splits (8 tiles each, merged in the launch)
