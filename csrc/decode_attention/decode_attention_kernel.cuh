@@ -38,12 +38,12 @@
 // skipped). The other splits of the tensor-core kernel check nothing and clamp each entry into the pool where they
 // use it (decode::in_pool), so no address leaves the pools, and a row read through a bad entry only feeds outputs
 // the first split makes NaN. Every block of the CUDA-core kernel checks all of them before its first tile (its
-// loop's code is the cheaper for it: decode_kernel), writes NaN and returns at a bad one. The loops look each row's page up one tile ahead, in registers
-// (decode::TileRows: an entry read only when a row moves into another page; decode::TileRun: its run's two entries
-// every tile), so a row's address is the page's base + its row in the page with no table load in the way; a tile may
-// straddle pages and page_size may be smaller than a tile. The L2 prefetch before the PDL wait goes through the
-// entries of the split's first slots as the contiguous cache's goes through its rows (decode::prefetch_cache),
-// skipping entries out of the pool.
+// loop's code is the cheaper for it: decode_kernel), writes NaN and returns at a bad one. The loops look each row's
+// page up one tile ahead, in registers (decode::TileRows: an entry read only when a row moves into another page;
+// decode::TileRun: its run's two entries every tile), so a row's address is the page's base + its row in the page
+// with no table load in the way; a tile may straddle pages and page_size may be smaller than a tile. The L2 prefetch
+// before the PDL wait goes through the entries of the split's first slots as the contiguous cache's goes through its
+// rows (decode::prefetch_cache), skipping entries out of the pool.
 //
 // Tests: tests/test_decode_attention.py; benchmark: bench/bench_decode_attention.py.
 #pragma once
@@ -137,7 +137,7 @@ __device__ __forceinline__ bool chunk_live(const DecodeParams& p, int chunk, con
   return live;
 }
 
-// The attention kernels' lengths: lengths_ok, and with a paged cache an empty pool only where nothing is read or
+// The tensor-core kernel's lengths: lengths_ok, and with a paged cache an empty pool only where nothing is read or
 // written. Out of bounds: false, and cached = start = end = 0, so the block reads no key (its rows are poisoned
 // at the end: sequence_ok) and appends nothing.
 template <bool kPaged>
@@ -171,8 +171,8 @@ __device__ __forceinline__ int page_at(const int* table, int blk) {
   return table[blk];
 }
 // A loaded entry as a page the tensor-core kernel (TileRun) may address: itself when in [0, num_pages), else the
-// pool's last page (a negative entry is >= 2**31 unsigned). Applied where the page is used, a tile after its load, so no
-// thread waits for the load there; the first split's pages_ok makes the outputs of a sequence with such an
+// pool's last page (a negative entry is >= 2**31 unsigned). Applied where the page is used, a tile after its load,
+// so no thread waits for the load there; the first split's pages_ok makes the outputs of a sequence with such an
 // entry NaN. num_pages >= 1 wherever a row is read (the kernels treat an empty pool as bad lengths).
 __device__ __forceinline__ uint32_t in_pool(const DecodeParams& p, int page) {
   return min(uint32_t(page), uint32_t(p.num_pages - 1));
@@ -223,8 +223,8 @@ __device__ __forceinline__ uint64_t mad_wide(uint32_t a, uint32_t b, uint64_t c)
 // base (held from start()) + page x page stride + row x row stride, the strides in bytes below 2**32 (DecodeParams)
 // and the page and row unsigned (pages_ok checked the page before the first tile, the row is a slot & mask): two
 // wide multiply-adds a row, no sign extension, no table address. Entries are read only for the slots read from the
-// pages, below read_end = min(cached, ke). at() is called for row n of every tile in turn while its slot j < read_end (a row past it is
-// never at() again: the tiles after a partial one are partial).
+// pages, below read_end = min(cached, ke). at() is called for row n of every tile in turn while its slot j <
+// read_end (a row past it is never at() again: the tiles after a partial one are partial).
 template <bool kPaged, int N, int TILE>
 struct TileRows {
   int pages[kPaged ? N : 1];
@@ -374,7 +374,9 @@ __device__ __forceinline__ bool pages_ok(const DecodeParams& p, int b, int start
           e[k] = g < n ? groups[g] : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
-        for (int k = 0; k < kDecodePagesInFlight; ++k) worst = max(worst, max(max(e[k].x, e[k].y), max(e[k].z, e[k].w)));
+        for (int k = 0; k < kDecodePagesInFlight; ++k) {
+          worst = max(worst, max(max(e[k].x, e[k].y), max(e[k].z, e[k].w)));
+        }
       }
       return !__syncthreads_or(last > first && worst >= uint32_t(p.num_pages));
     } else {
@@ -505,7 +507,8 @@ __device__ __forceinline__ void write_nan_rows(const DecodeParams& p, int chunk,
     if (partials) {
       if (e == 0) p.partial_lse[((int64_t(split) * p.batch + b) * p.nheads_q + h) * sn + i] = nan;
     } else {
-      static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + (nr.row0 + i) * p.o_stride_s + e] = from_float<T>(nan);
+      static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + (nr.row0 + i) * p.o_stride_s + e] =
+          from_float<T>(nan);
     }
   }
 }
