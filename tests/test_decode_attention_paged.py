@@ -291,6 +291,15 @@ def test_paged_cuda_graph_replays_at_growing_lengths_gpu(page_size, num_splits):
         seqlens.add_(sn if t < 3 else page_size + 1)
 
 
+def _pool_inputs(seed, num_pages, b, hkv, group, ps, d, sn, dtype):
+    """k_pool, v_pool [num_pages, hkv, ps, d], q [b, hkv x group, sn, d], k_new, v_new [b, hkv, sn, d] on CUDA."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    pools = [torch.randn(num_pages, hkv, ps, d, generator=gen, device="cuda").to(dtype) for _ in range(2)]
+    q = torch.randn(b, hkv * group, sn, d, generator=gen, device="cuda").to(dtype)
+    new = [torch.randn(b, hkv, sn, d, generator=gen, device="cuda").to(dtype) for _ in range(2)]
+    return (*pools, q, *new)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_splits", [1, 3, 20])  # one split, merged in a cluster, through the combine kernel
@@ -301,13 +310,8 @@ def test_out_of_range_pages_give_nan_and_no_write_gpu(dtype, num_splits, group):
     out-of-range entry of a block it never touches changes nothing; the other sequences are computed."""
     ps, max_blocks, hkv, d, sn = 16, 4, 2, 64, 3
     b = 5
-    gen = torch.Generator(device="cuda").manual_seed(1)
     num_pages = b * max_blocks
-    k_pool = torch.randn(num_pages, hkv, ps, d, generator=gen, device="cuda").to(dtype)
-    v_pool = torch.randn(num_pages, hkv, ps, d, generator=gen, device="cuda").to(dtype)
-    q = torch.randn(b, hkv * group, sn, d, generator=gen, device="cuda").to(dtype)
-    kn = torch.randn(b, hkv, sn, d, generator=gen, device="cuda").to(dtype)
-    vn = torch.randn(b, hkv, sn, d, generator=gen, device="cuda").to(dtype)
+    k_pool, v_pool, q, kn, vn = _pool_inputs(1, num_pages, b, hkv, group, ps, d, sn, dtype)
     table = torch.arange(num_pages, dtype=torch.int32).view(b, max_blocks)
     seqlens = [20, 20, 20, 20, 14]
     #   ok  read page negative  append page past the pool  unused block bad (ok)  append page = -1 (2nd block)
@@ -349,13 +353,8 @@ def test_bad_page_read_by_a_later_split_gives_nan_gpu(dtype, num_splits, group, 
     whatever kernel (CUDA cores at group 1, tensor cores at group 8 in 16-row chunks) and merge serve it."""
     ps, max_blocks, hkv, d, sn = 16, 16, 2, 64, 3
     b = 2
-    gen = torch.Generator(device="cuda").manual_seed(3)
     num_pages = b * max_blocks
-    k_pool = torch.randn(num_pages, hkv, ps, d, generator=gen, device="cuda").to(dtype)
-    v_pool = torch.randn(num_pages, hkv, ps, d, generator=gen, device="cuda").to(dtype)
-    q = torch.randn(b, hkv * group, sn, d, generator=gen, device="cuda").to(dtype)
-    kn = torch.randn(b, hkv, sn, d, generator=gen, device="cuda").to(dtype)
-    vn = torch.randn(b, hkv, sn, d, generator=gen, device="cuda").to(dtype)
+    k_pool, v_pool, q, kn, vn = _pool_inputs(3, num_pages, b, hkv, group, ps, d, sn, dtype)
     table = torch.randperm(num_pages, generator=torch.Generator().manual_seed(3)).to(torch.int32).view(b, max_blocks)
     table[1, 10] = num_pages if entry == "num_pages" else entry
     table = table.cuda()
