@@ -4,6 +4,8 @@
     python -m bench.ab decode-wide-from-8                      # against the default, bench.time_decode_graph
     python -m bench.ab flash-tma-off --cmd "python3 -m pytest bench/bench_attention.py -k causal" --repeat 2
     python -m bench.ab pdl-early-all --no-default --cmd "python3 -m pytest -q -m gpu tests/test_gpt2.py"
+    git archive REV | (mkdir -p .ab-trees/old && tar -x -C .ab-trees/old)   # another commit, as a tree ...
+    python -m bench.ab --tree old=.ab-trees/old --cmd "..." --repeat 3       # ... timed beside this one
 
 A variant is a list of edits (file, anchor, replacement); each anchor must occur exactly once in its file, as
 tests/mutations.py's anchors must. Each variant, and the default (no edit), gets its own copy of the
@@ -11,7 +13,9 @@ repository under --workdir (the files git tracks plus the untracked ones it does
 tests.mutations.copy_repo), its own library cache (FUSED_ATTN_CACHE beside the copy) and its own build; then
 the command runs in each copy in turn, --repeat rounds interleaved, and one table prints each case's time
 per variant beside the default's. The checkout is only read. A copy keeps its path and its files' times
-between calls, so a second call rebuilds only what its edits touch.
+between calls, so a second call rebuilds only what its edits touch. --tree NAME=DIR adds another tree of the
+project (a commit exported with git archive, say, or a git work tree) as a variant of its own: the same command,
+the same interleaved rounds, so two commits are compared in one process each, one GPU session.
 
 Times are read from the command's output: lines "<case>: <time> us" (bench.time_decode_graph prints one a
 case), or for a pytest command pytest-benchmark's JSON (this script adds --benchmark-json): each case's
@@ -111,11 +115,13 @@ _VARIANTS = [
                   "      (void)worst;\n      return true;"),),
             "the tensor-core kernel's first split does not check its sequence's block_table entries (unsafe: the "
             "bound on what the check costs, not a candidate). Before the first split alone checked, every block "
-            "checked all of them before its first tile, and without: paged B1 GQA 32/8 D64 128k keys 99.1 us, without 81.5 (contiguous 82.5); B4 32k 91.0 -> 79.4 "
-            "(77.8); B16 32k 290.1 -> 261.1 (258.5) (H200, fp16, pages of 16)",
+            "checked all of them before its first tile; that check against none: paged B1 GQA 32/8 D64 128k keys "
+            "99.1 -> 81.5 us (contiguous 82.5); B4 32k 91.0 -> 79.4 (77.8); B16 32k 290.1 -> 261.1 (258.5) (H200, "
+            "fp16, pages of 16)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'float16 and (paged- or fused-) and hkv8'"),
     Variant("decode-long-splits-off",
-            (Edit(DECODE_H, "constexpr int kDecodeLongMinLen = 131072;", "constexpr int kDecodeLongMinLen = 1 << 30;"),),
+            (Edit(DECODE_H, "constexpr int kDecodeLongMinLen = 131072;",
+                  "constexpr int kDecodeLongMinLen = 1 << 30;"),),
             "the CUDA-core kernel's general rule at 128k keys too (batch 1 MHA: 8 splits in a cluster): B1 32/32 "
             "D128 513.1 us against 24 splits' 494.5, D64 261.3 against 253.0 (H200, fp16, forced num_splits)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'fused- and b1-hq32-hkv32 and l131072'"),
@@ -160,15 +166,38 @@ def apply_edit(root: Path, variant: str, e: Edit) -> None:
     replace_once(root, e.path, e.old, e.new, variant)
 
 
+def copy_tree(src: Path, dst: Path) -> None:
+    """A tree of the project into dst: a git work tree's files as tests.mutations.copy_repo takes them, any other
+    directory's regular files (caches and .git left out)."""
+    if (src / ".git").exists():
+        copy_repo(src, dst)
+        return
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        if path.is_file() and not ({"__pycache__", ".git"} & set(rel.parts)):
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dst / rel)
+
+
 def prepare(root: Path, workdir: Path, v: Variant) -> Path:
     """v's copy of root under workdir (refreshed: the previous copy's files removed) with v's edits applied."""
     copy = workdir / v.name / "repo"
     if copy.exists():
         shutil.rmtree(copy)
-    copy_repo(root, copy)
+    copy_tree(root, copy)
     for e in v.edits:
         apply_edit(copy, v.name, e)
     return copy
+
+
+def parse_tree(arg: str, taken: set[str]) -> tuple[str, Path]:
+    """--tree's NAME=DIR: a name no other variant has, a directory holding the project (fused_attn/, csrc/)."""
+    name, sep, path = arg.partition("=")
+    tree = Path(path)
+    if not sep or not name or name in taken or not (tree / "fused_attn").is_dir() or not (tree / "csrc").is_dir():
+        raise ValueError(f"--tree must be NAME=DIR with a new name (not {', '.join(sorted(taken))}) and DIR a tree of "
+                         f"the project (fused_attn/ and csrc/ in it), got {arg!r}")
+    return name, tree
 
 
 def variant_env(copy: Path) -> dict[str, str]:
@@ -268,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="rounds of the variant sequence, interleaved")
     ap.add_argument("--no-default", action="store_true", help="run the variants only (not the unedited tree)")
     ap.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where the copies and their caches live")
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                    help="another tree of the project, timed as a variant named NAME (repeatable)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per command run")
     args = ap.parse_args(argv)
     if args.list:
@@ -282,11 +313,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         ap.error(f"--repeat must be at least 1, got {args.repeat}")
     chosen = [VARIANTS[n] for n in args.variants]
-    if not chosen and args.no_default:
+    trees: dict[str, Path] = {}
+    for arg in args.tree:
+        try:
+            name, tree = parse_tree(arg, {DEFAULT, *VARIANTS, *trees})
+        except ValueError as exc:
+            ap.error(str(exc))
+        trees[name] = tree
+    if not chosen and not trees and args.no_default:
         ap.error("variants must name at least one variant with --no-default, got none")
     cmd = args.cmd or (chosen[0].cmd if chosen else DEFAULT_CMD)
-    order = ([] if args.no_default else [Variant(DEFAULT, ())]) + chosen
-    copies = {v.name: prepare(ROOT, args.workdir, v) for v in order}
+    order = ([] if args.no_default else [Variant(DEFAULT, ())]) + chosen + [Variant(n, ()) for n in trees]
+    copies = {v.name: prepare(trees.get(v.name, ROOT), args.workdir, v) for v in order}
     failed = build(copies)
     for name, tail in failed.items():
         print(f"== {name}: the build failed\n{tail}", file=sys.stderr)

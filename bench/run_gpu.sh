@@ -20,7 +20,8 @@
 # A/B steps run bench/ab.py: each variant (a name from its VARIANTS: edits of a copy of the tree, built
 #   beside the default in its own cache under /tmp/fused_attn_ab) runs the same command as the default.
 # AB_VARIANTS: the ab step's variants (space-separated), AB_CMD its command (default: the first variant's),
-#   AB_REPEAT its interleaved rounds, AB_TIMEOUT its limit per command.
+#   AB_REPEAT its interleaved rounds, AB_TIMEOUT its limit per command, AB_TREES other trees of the project timed
+#   beside this one (space-separated NAME=DIR: bench/ab.py's --tree; e.g. a commit exported with git archive).
 # GRAPH_AB: the graphab step's variants (space-separated), timed by bench.time_decode_graph with GRAPH_AB_ARGS.
 # PDL_TIMEOUT the pdl step's limit per trigger point (its files: PDL_TEST_FILES below).
 # FLAG_VARIANTS: the flagtests step's variants: the GPU tests of FLAG_TEST_FILES (default the tensor-core
@@ -48,7 +49,8 @@ python3 -c "import torch,transformers; print('torch', torch.__version__, 'cuda',
 
 if has ab; then
   log "ab (${AB_VARIANTS:-no variant}: bench/ab.py)"
-  python3 -m bench.ab ${AB_VARIANTS:-} ${AB_CMD:+--cmd "$AB_CMD"} --repeat ${AB_REPEAT:-2} \
+  trees=(); for t in ${AB_TREES:-}; do trees+=(--tree "$t"); done
+  python3 -m bench.ab ${AB_VARIANTS:-} "${trees[@]}" ${AB_CMD:+--cmd "$AB_CMD"} --repeat ${AB_REPEAT:-2} \
     --timeout ${AB_TIMEOUT:-200} > "$OUT/ab.txt" 2>&1 || rc=1
   cat "$OUT/ab.txt"
 fi

@@ -101,3 +101,37 @@ def test_main_refuses_unknown_variants_and_bad_repeats(capsys):
     with pytest.raises(SystemExit):
         ab.main(["--no-default"])
     assert "variants must name at least one variant with --no-default, got none" in capsys.readouterr().err
+
+
+def test_a_tree_is_timed_beside_the_default(tmp_path, monkeypatch, capsys):
+    """--tree NAME=DIR: another tree of the project (here not a git work tree: a commit exported by git archive)
+    is copied without its caches and runs the same command in the same rounds; its row sits beside the default's."""
+    root = make_repo(tmp_path / "repo", {"t.txt": "3\n", "fused_attn/a.py": "", "csrc/b.cu": ""})
+    other = tmp_path / "old"
+    files = {"t.txt": "5\n", "fused_attn/a.py": "", "csrc/b.cu": "",
+             "fused_attn/__pycache__/a.pyc": "x"}
+    for rel, text in files.items():
+        (other / rel).parent.mkdir(parents=True, exist_ok=True)
+        (other / rel).write_text(text)
+    monkeypatch.setattr(ab, "ROOT", root)
+    monkeypatch.setattr(ab, "build", lambda copies: {})
+    cmd = f"{sys.executable} -c \"print('case A:', open('t.txt').read().strip(), 'us')\""
+    work = tmp_path / "work"
+    assert ab.main(["--tree", f"old={other}", "--cmd", cmd, "--repeat", "2", "--workdir", str(work)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^case A\s+3\.0\s+5\.0 \(1\.667\)$", out, re.MULTILINE), out
+    assert (work / "old" / "repo" / "csrc" / "b.cu").is_file()
+    assert not (work / "old" / "repo" / "fused_attn" / "__pycache__").exists()
+
+
+@pytest.mark.parametrize("arg", ["old", "=DIR", "default=DIR", "decode-deep-off=DIR", "old=NOWHERE"])
+def test_a_tree_must_be_a_new_name_and_a_tree_of_the_project(tmp_path, capsys, arg):
+    tree = tmp_path / "t"
+    (tree / "fused_attn").mkdir(parents=True)
+    (tree / "csrc").mkdir()
+    arg = arg.replace("DIR", str(tree)).replace("NOWHERE", str(tmp_path / "none"))
+    with pytest.raises(SystemExit):
+        ab.main(["--tree", arg])
+    err = capsys.readouterr().err
+    assert "--tree must be NAME=DIR with a new name (not " in err and "and DIR a tree of the project (fused_attn/ " \
+        "and csrc/ in it), got " + repr(arg) in err, err
