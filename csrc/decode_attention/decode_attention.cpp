@@ -315,10 +315,11 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
           cluster_max_len = kDecodeMmaClusterMaxLen;
         }
       }
-      const int long_splits = use_mma ? 0 : decode_long_splits(work, p.max_len, sm_count(q));
+      const int sms = sm_count(q);
+      const int long_splits = use_mma ? 0 : decode_long_splits(work, p.max_len, sms);
       p.num_splits = num_splits > 0  ? int(num_splits)
                      : long_splits > 0 ? long_splits
-                                       : decode_splits(work, p.max_len, sm_count(q), cluster_ok, blocks_per_sm,
+                                       : decode_splits(work, p.max_len, sms, cluster_ok, blocks_per_sm,
                                                        cluster_max_len);
       p.cluster = cluster_ok && p.num_splits > 1 && p.num_splits <= kMaxClusterSplits;
       if constexpr (kMmaKernel) {

@@ -60,9 +60,8 @@ constexpr int kDecodeLongBlocksPerSm = 6;
 // where that is more splits than a cluster holds; 0 elsewhere (decode_splits decides).
 constexpr int decode_long_splits(int64_t work, int max_len, int sms) {
   if (max_len < kDecodeLongMinLen) return 0;
-  const int64_t splits = std::min<int64_t>(int64_t(kDecodeLongBlocksPerSm) * sms / work,
-                                           std::max(1, max_len / kDecodeMinKeysPerSplit));
-  return splits > kMaxClusterSplits ? int(std::min<int64_t>(splits, kMaxSplits)) : 0;
+  const int splits = decode_splits(work, max_len, sms, /*cluster_ok=*/false, kDecodeLongBlocksPerSm);
+  return splits > kMaxClusterSplits ? splits : 0;
 }
 
 // The tensor-core kernel at short caches and few blocks before splitting (batch 1 GQA: 8 kv heads): its
