@@ -15,7 +15,7 @@ the command runs in each copy in turn, --repeat rounds interleaved, and one tabl
 per variant beside the default's. The checkout is only read. A copy keeps its path and its files' times
 between calls, so a second call rebuilds only what its edits touch. --tree NAME=DIR adds another tree of the
 project (a commit exported with git archive, say, or a git work tree) as a variant of its own: the same command,
-the same interleaved rounds, so two commits are compared in one process each, one GPU session.
+the same interleaved rounds, so two commits are compared in one process each, in one device run.
 
 Times are read from the command's output: lines "<case>: <time> us" (bench.time_decode_graph prints one a
 case), or for a pytest command pytest-benchmark's JSON (this script adds --benchmark-json): each case's
