@@ -186,6 +186,99 @@ __global__ void data_phases(uint4* buf, int* count, int n_phases, int V, int fla
   if (acc == 0xffffffffu) sink[0] = int(acc);
 }
 
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+  asm volatile("{\n.reg .pred done;\nwait:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra wait;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ uint4 ld_line(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+
+// The flagged data phases again, with a megakernel's weight stream beside them: 288 threads a block, the last
+// warp copying slot_bytes a phase (the block's tile of the next weights, from a slab of its own, all slabs
+// together past L2's size) into a 4-slot shared ring with bulk copies, as far ahead as the ring allows. The 256
+// others poll the previous phase's V flagged lines (every thread its share, or warp 0 alone while the others
+// wait at a named barrier: one_poller), take the phase's slot, read a word of it, give it back and write their
+// share of this phase's lines. slot_bytes = 0: no stream; V = 0: no hand-off (the stream alone). Time a phase:
+// does the weight stream slow the hand-off, and does one polling warp a block hand off faster than 256 threads?
+__global__ void __launch_bounds__(288, 1) streamed_phases(uint4* buf, int n_phases, int V, const char* src,
+                                                         long long slab_bytes, int slot_bytes, int one_poller,
+                                                         int* sink) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int kSlots = 4, kDepth = 8;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kSlots * slot_bytes);
+  uint64_t* empty = full + kSlots;
+  uint4* stage = reinterpret_cast<uint4*>(empty + kSlots);  // the polled lines, for the one_poller mode
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2 * kSlots; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(full + s)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x >= 256) {
+    if (threadIdx.x == 256 && slot_bytes > 0) {
+      const char* s = src + blockIdx.x * slab_bytes;
+      long long off = 0;
+      for (int i = 0; i < n_phases; ++i) {
+        const int k = i % kSlots;
+        if (i >= kSlots) mbar_wait(empty + k, ((i / kSlots) - 1) & 1);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(full + k)),
+                     "r"(slot_bytes) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(smem_u32(smem + k * slot_bytes)), "l"(s + off), "r"(slot_bytes),
+                     "r"(smem_u32(full + k)) : "memory");
+        off += slot_bytes;
+        if (off + slot_bytes > slab_bytes) off = 0;
+      }
+    }
+    return;
+  }
+  unsigned acc = 0;
+  for (int p = 0; p < n_phases; ++p) {
+    if (p > 0 && V > 0) {
+      const uint4* prev = buf + int64_t(p - 1) * V;
+      const int stride = one_poller ? 32 : 256;
+      if (!one_poller || threadIdx.x < 32) {
+        for (int i0 = threadIdx.x; i0 < V; i0 += kDepth * stride) {
+          uint4 v[kDepth];
+#pragma unroll
+          for (int u = 0; u < kDepth; ++u)
+            if (i0 + u * stride < V) v[u] = ld_line(prev + i0 + u * stride);
+#pragma unroll
+          for (int u = 0; u < kDepth; ++u) {
+            const int i = i0 + u * stride;
+            if (i < V) {
+              while (v[u].y != unsigned(p) || v[u].w != unsigned(p)) v[u] = ld_line(prev + i);
+              if (one_poller) stage[i] = v[u];
+              else acc += v[u].x + v[u].z;
+            }
+          }
+        }
+      }
+      asm volatile("bar.sync 1, 256;" ::: "memory");
+      if (one_poller)
+        for (int i = threadIdx.x; i < V; i += 256) acc += stage[i].x + stage[i].z;
+    }
+    if (slot_bytes > 0) {
+      const int k = p % kSlots;
+      mbar_wait(full + k, (p / kSlots) & 1);
+      acc += reinterpret_cast<const unsigned*>(smem + k * slot_bytes)[threadIdx.x];
+    }
+    asm volatile("bar.sync 1, 256;" ::: "memory");  // the slot and the staged lines are free again
+    if (slot_bytes > 0 && threadIdx.x == 0)
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(empty + p % kSlots)) : "memory");
+    uint4* cur = buf + int64_t(p) * V;
+    for (int i = blockIdx.x + threadIdx.x * gridDim.x; i < V; i += 256 * gridDim.x)
+      asm volatile("st.relaxed.gpu.global.v4.u32 [%0], {%1, %2, %3, %4};"
+                   ::"l"(cur + i), "r"(unsigned(i)), "r"(unsigned(p + 1)), "r"(acc), "r"(unsigned(p + 1)) : "memory");
+  }
+  if (acc == 0xffffffffu) sink[0] = int(acc);
+}
+
 std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
   const cudaStream_t stream_ = at::cuda::getCurrentCUDAStream();
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
@@ -260,6 +353,32 @@ std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
       r.push_back(double(ms) * 1e6 / n_phases);  // ns a phase
     }
   }
+  // the flagged phases beside the weight stream: (V, slot bytes, one poller) for V = 192 with c_attn's tile
+  // (18 rows x 768 fp16 = 27 KB) and V = 768 with the MLP projection's (6 rows x 3072), each without the
+  // stream, with it, and the stream alone
+  {
+    const int n_phases = 2000;
+    const long long slab = 2LL << 20;
+    auto wsrc = torch::empty({(long long)sms * slab / 4}, i32);
+    const int cfg[][3] = {{192, 0, 0}, {192, 27648, 0}, {192, 0, 1}, {192, 27648, 1}, {0, 27648, 0},
+                          {768, 0, 0}, {768, 36864, 0}, {768, 0, 1}, {768, 36864, 1}, {0, 36864, 0}};
+    for (const auto& c : cfg) {
+      const int V = c[0], slot = c[1], one = c[2];
+      auto buf = torch::zeros({(long long)n_phases * (V > 0 ? V : 1) * 4}, i32);
+      auto sink = torch::zeros({1}, i32);
+      const int smem_bytes = 4 * slot + 64 + 768 * 16;
+      C10_CUDA_CHECK(cudaFuncSetAttribute(streamed_phases, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+      C10_CUDA_CHECK(cudaEventRecord(a, stream_));
+      streamed_phases<<<sms, 288, smem_bytes, stream_>>>(reinterpret_cast<uint4*>(buf.data_ptr<int>()), n_phases,
+          V, reinterpret_cast<const char*>(wsrc.data_ptr<int>()), slab, slot, one, sink.data_ptr<int>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      C10_CUDA_CHECK(cudaEventRecord(b, stream_));
+      C10_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0.f;
+      C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      r.push_back(double(ms) * 1e6 / n_phases);  // ns a phase
+    }
+  }
   C10_CUDA_CHECK(cudaEventDestroy(a));
   C10_CUDA_CHECK(cudaEventDestroy(b));
   return r;
@@ -287,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [mod.run(args.iters, int(args.slab_mb * 2**20) // 4096 * 4096, args.instructions)
             for _ in range(args.repeats)]
     med = [statistics.median(r[i] for r in rows) for i in range(len(rows[0]))]
-    hop_ns, sm0, sm1, bw, bw_spin, loop_ns, chain_ns, phase_ns, ll192, ct192, ll768, ct768 = med
+    hop_ns, sm0, sm1, bw, bw_spin, loop_ns, chain_ns, phase_ns, ll192, ct192, ll768, ct768 = med[:12]
+    streamed = med[12:]
     print(f"{torch.cuda.get_device_name()}, median of {args.repeats}")
     print(f"hop (one way, SM {int(sm0)} <-> SM {int(sm1)}): {hop_ns:.0f} ns")
     print(f"stream global -> shared, every SM: {bw:.0f} GB/s; with a warp a block spinning: {bw_spin:.0f} GB/s")
@@ -297,6 +417,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"all-to-all phase carrying a vector, every block reading all of it: 192 lines (3 KB) flagged "
           f"{ll192:.0f} ns, counter + data {ct192:.0f} ns; 768 lines (12 KB) flagged {ll768:.0f} ns, counter + "
           f"data {ct768:.0f} ns")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for at, (lines, slot) in enumerate(((192, 27648), (768, 36864))):
+        alone, beside, one_alone, one_beside, stream_only = streamed[5 * at:5 * at + 5]
+        print(f"flagged phase of {lines} lines beside a weight stream of {slot // 1024} KB a block a phase "
+              f"({sms * slot / stream_only / 1e3:.0f} GB/s alone: {stream_only:.0f} ns a phase): every thread polling "
+              f"{alone:.0f} ns without the stream, {beside:.0f} ns with it; one warp polling {one_alone:.0f} / "
+              f"{one_beside:.0f} ns")
     print(f"model (GPT-2 small fp16, {PHASES_A_TOKEN} dependent phases a token, a {args.cache}-token cache):")
     for batch in (1, 16, 64):
         kv = GPT2_LAYERS * 2 * batch * args.cache * GPT2_WIDTH * 2
