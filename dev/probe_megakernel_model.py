@@ -14,6 +14,9 @@ dependencies through per-tile counters in global memory, is bounded by three thi
 - data phase: the same all-to-all phases carrying a vector every block reads whole (as a GEMV phase reads its
   input), handed off as flagged lines that readers poll (no counter, no fence) or as plain data behind a
   counter (barrier + release, acquire spin, then the loads);
+- streamed phases: the flagged phases again with the weight stream beside them (each block's copy warp filling
+  a 4-slot shared ring with bulk copies, a tile a phase) and ~1 us of work a phase: how much the stream slows a
+  hand-off, and whether pacing the copies away from the polls wins it back;
 - loop: the cost an instruction of an empty persistent loop (one block an SM, fetch the next instruction
   index, publish its counter), independent instructions and a fully serial chain (each waits for the one
   before, on another SM: the hop inside a persistent kernel).
@@ -198,25 +201,61 @@ __device__ __forceinline__ uint4 ld_line(const uint4* p) {
   return v;
 }
 
-// The flagged data phases again, with a megakernel's weight stream beside them: 288 threads a block, the last
-// warp copying slot_bytes a phase (the block's tile of the next weights, from a slab of its own, all slabs
-// together past L2's size) into a 4-slot shared ring with bulk copies, as far ahead as the ring allows. The 256
-// others poll the previous phase's V flagged lines (every thread its share, or warp 0 alone while the others
-// wait at a named barrier: one_poller), take the phase's slot, read a word of it, give it back and write their
-// share of this phase's lines. slot_bytes = 0: no stream; V = 0: no hand-off (the stream alone). Time a phase:
-// does the weight stream slow the hand-off, and does one polling warp a block hand off faster than 256 threads?
+// The flagged data phases again, with a megakernel's weight stream and work beside them: 288 threads a block,
+// the last warp copying slot_bytes a phase (the block's tile of the next weights, from a slab of its own, all
+// slabs together past L2's size) into a 4-slot shared ring with bulk copies. The 256 others, a phase: poll the
+// previous phase's V flagged lines (every thread its share; or warp 0 alone while the others wait at a named
+// barrier: one_poller), take the phase's slot, spin work_cycles (the dot products), give the slot back and
+// write their share of this phase's lines. A poll round issues the loads of every line still stale at once and
+// then checks them (a stale line found one at a time costs a round trip each). The refill of a slot goes out
+// when the slot is given back, or, paced, only once the block has its next input (so the copies do not queue
+// beside the polls). slot_bytes = 0: no stream; V = 0: no hand-off. Time a phase.
+template <int kLines>
+__device__ __forceinline__ unsigned poll_lines(const uint4* prev, int first, int stride, int V, unsigned flag,
+                                               uint4* stage) {
+  uint4 v[kLines];
+  bool stale[kLines];
+#pragma unroll
+  for (int u = 0; u < kLines; ++u) stale[u] = first + u * stride < V;
+  bool any = true;
+  while (any) {
+#pragma unroll
+    for (int u = 0; u < kLines; ++u)
+      if (stale[u]) v[u] = ld_line(prev + first + u * stride);
+    any = false;
+#pragma unroll
+    for (int u = 0; u < kLines; ++u) {
+      if (stale[u]) {
+        stale[u] = v[u].y != flag || v[u].w != flag;
+        any |= stale[u];
+      }
+    }
+  }
+  unsigned acc = 0;
+#pragma unroll
+  for (int u = 0; u < kLines; ++u) {
+    if (first + u * stride < V) {
+      if (stage != nullptr) stage[first + u * stride] = v[u];
+      acc += v[u].x + v[u].z;
+    }
+  }
+  return acc;
+}
+
 __global__ void __launch_bounds__(288, 1) streamed_phases(uint4* buf, int n_phases, int V, const char* src,
                                                          long long slab_bytes, int slot_bytes, int one_poller,
-                                                         int* sink) {
+                                                         long long work_cycles, int paced, int* sink) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int kSlots = 4, kDepth = 8;
+  constexpr int kSlots = 4;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kSlots * slot_bytes);
   uint64_t* empty = full + kSlots;
-  uint4* stage = reinterpret_cast<uint4*>(empty + kSlots);  // the polled lines, for the one_poller mode
+  volatile int* polled = reinterpret_cast<volatile int*>(empty + kSlots);  // the last phase whose input is in
+  uint4* stage = reinterpret_cast<uint4*>(empty + kSlots + 2);  // the polled lines, for the one_poller mode
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2 * kSlots; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(full + s)) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    *polled = 0;
   }
   __syncthreads();
   if (threadIdx.x >= 256) {
@@ -225,7 +264,10 @@ __global__ void __launch_bounds__(288, 1) streamed_phases(uint4* buf, int n_phas
       long long off = 0;
       for (int i = 0; i < n_phases; ++i) {
         const int k = i % kSlots;
-        if (i >= kSlots) mbar_wait(empty + k, ((i / kSlots) - 1) & 1);
+        if (i >= kSlots) {
+          mbar_wait(empty + k, ((i / kSlots) - 1) & 1);
+          if (paced) while (*polled < i - kSlots + 1) {}
+        }
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(full + k)),
                      "r"(slot_bytes) : "memory");
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -241,32 +283,25 @@ __global__ void __launch_bounds__(288, 1) streamed_phases(uint4* buf, int n_phas
   for (int p = 0; p < n_phases; ++p) {
     if (p > 0 && V > 0) {
       const uint4* prev = buf + int64_t(p - 1) * V;
-      const int stride = one_poller ? 32 : 256;
-      if (!one_poller || threadIdx.x < 32) {
-        for (int i0 = threadIdx.x; i0 < V; i0 += kDepth * stride) {
-          uint4 v[kDepth];
-#pragma unroll
-          for (int u = 0; u < kDepth; ++u)
-            if (i0 + u * stride < V) v[u] = ld_line(prev + i0 + u * stride);
-#pragma unroll
-          for (int u = 0; u < kDepth; ++u) {
-            const int i = i0 + u * stride;
-            if (i < V) {
-              while (v[u].y != unsigned(p) || v[u].w != unsigned(p)) v[u] = ld_line(prev + i);
-              if (one_poller) stage[i] = v[u];
-              else acc += v[u].x + v[u].z;
-            }
-          }
-        }
+      if (one_poller) {
+        if (threadIdx.x < 32)
+          for (int i0 = threadIdx.x; i0 < V; i0 += 8 * 32) poll_lines<8>(prev, i0, 32, V, unsigned(p), stage);
+      } else {
+        for (int i0 = threadIdx.x; i0 < V; i0 += 4 * 256) acc += poll_lines<4>(prev, i0, 256, V, unsigned(p), nullptr);
       }
       asm volatile("bar.sync 1, 256;" ::: "memory");
       if (one_poller)
         for (int i = threadIdx.x; i < V; i += 256) acc += stage[i].x + stage[i].z;
     }
+    if (threadIdx.x == 0) *polled = p;
     if (slot_bytes > 0) {
       const int k = p % kSlots;
       mbar_wait(full + k, (p / kSlots) & 1);
       acc += reinterpret_cast<const unsigned*>(smem + k * slot_bytes)[threadIdx.x];
+    }
+    if (work_cycles > 0) {
+      const long long t0 = clock64();
+      while (clock64() - t0 < work_cycles) {}
     }
     asm volatile("bar.sync 1, 256;" ::: "memory");  // the slot and the staged lines are free again
     if (slot_bytes > 0 && threadIdx.x == 0)
@@ -353,24 +388,28 @@ std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
       r.push_back(double(ms) * 1e6 / n_phases);  // ns a phase
     }
   }
-  // the flagged phases beside the weight stream: (V, slot bytes, one poller) for V = 192 with c_attn's tile
-  // (18 rows x 768 fp16 = 27 KB) and V = 768 with the MLP projection's (6 rows x 3072), each without the
-  // stream, with it, and the stream alone
+  // the flagged phases beside the weight stream and work: V = 192 lines with c_attn's tile (18 rows x 768 fp16
+  // = 27 KB a block) and V = 768 with the MLP projection's (6 rows x 3072); configurations
+  // (V, slot bytes, one poller, work cycles, paced)
   {
     const int n_phases = 2000;
     const long long slab = 2LL << 20;
     auto wsrc = torch::empty({(long long)sms * slab / 4}, i32);
-    const int cfg[][3] = {{192, 0, 0}, {192, 27648, 0}, {192, 0, 1}, {192, 27648, 1}, {0, 27648, 0},
-                          {768, 0, 0}, {768, 36864, 0}, {768, 0, 1}, {768, 36864, 1}, {0, 36864, 0}};
+    const long long W = 2000;  // ~1 us at the H200's 1.98 GHz
+    const long long cfg[][5] = {
+        {0, 27648, 0, 0, 0},  {192, 0, 0, 0, 0},  {192, 27648, 0, 0, 0}, {192, 0, 1, 0, 0}, {192, 27648, 1, 0, 0},
+        {192, 0, 0, W, 0},    {192, 27648, 0, W, 0}, {192, 27648, 0, W, 1},
+        {0, 36864, 0, 0, 0},  {768, 0, 0, 0, 0},  {768, 36864, 0, 0, 0}, {768, 0, 1, 0, 0}, {768, 36864, 1, 0, 0},
+        {768, 0, 0, W, 0},    {768, 36864, 0, W, 0}, {768, 36864, 0, W, 1}};
     for (const auto& c : cfg) {
-      const int V = c[0], slot = c[1], one = c[2];
+      const int V = int(c[0]), slot = int(c[1]), one = int(c[2]), paced = int(c[4]);
       auto buf = torch::zeros({(long long)n_phases * (V > 0 ? V : 1) * 4}, i32);
       auto sink = torch::zeros({1}, i32);
-      const int smem_bytes = 4 * slot + 64 + 768 * 16;
+      const int smem_bytes = 4 * slot + 128 + 768 * 16;
       C10_CUDA_CHECK(cudaFuncSetAttribute(streamed_phases, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
       C10_CUDA_CHECK(cudaEventRecord(a, stream_));
       streamed_phases<<<sms, 288, smem_bytes, stream_>>>(reinterpret_cast<uint4*>(buf.data_ptr<int>()), n_phases,
-          V, reinterpret_cast<const char*>(wsrc.data_ptr<int>()), slab, slot, one, sink.data_ptr<int>());
+          V, reinterpret_cast<const char*>(wsrc.data_ptr<int>()), slab, slot, one, c[3], paced, sink.data_ptr<int>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       C10_CUDA_CHECK(cudaEventRecord(b, stream_));
       C10_CUDA_CHECK(cudaEventSynchronize(b));
@@ -419,11 +458,13 @@ def main(argv: list[str] | None = None) -> int:
           f"data {ct768:.0f} ns")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for at, (lines, slot) in enumerate(((192, 27648), (768, 36864))):
-        alone, beside, one_alone, one_beside, stream_only = streamed[5 * at:5 * at + 5]
-        print(f"flagged phase of {lines} lines beside a weight stream of {slot // 1024} KB a block a phase "
-              f"({sms * slot / stream_only / 1e3:.0f} GB/s alone: {stream_only:.0f} ns a phase): every thread polling "
-              f"{alone:.0f} ns without the stream, {beside:.0f} ns with it; one warp polling {one_alone:.0f} / "
-              f"{one_beside:.0f} ns")
+        stream_only, alone, beside, one_alone, one_beside, work, work_beside, work_paced = streamed[8 * at:8 * at + 8]
+        print(f"flagged phase of {lines} lines, a weight stream of {slot // 1024} KB a block a phase "
+              f"(alone {stream_only:.0f} ns a phase, {sms * slot / stream_only:.0f} GB/s):")
+        print(f"  every thread polling: {alone:.0f} ns without the stream, {beside:.0f} ns with it; one warp polling "
+              f"{one_alone:.0f} / {one_beside:.0f} ns")
+        print(f"  with ~1 us of work a phase: {work:.0f} ns without the stream, {work_beside:.0f} ns with it, "
+              f"{work_paced:.0f} ns with it paced (a refill goes out once the block has its next input)")
     print(f"model (GPT-2 small fp16, {PHASES_A_TOKEN} dependent phases a token, a {args.cache}-token cache):")
     for batch in (1, 16, 64):
         kv = GPT2_LAYERS * 2 * batch * args.cache * GPT2_WIDTH * 2
