@@ -119,6 +119,13 @@ _VARIANTS = [
             "99.1 -> 81.5 us (contiguous 82.5); B4 32k 91.0 -> 79.4 (77.8); B16 32k 290.1 -> 261.1 (258.5) (H200, "
             "fp16, pages of 16)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'float16 and (paged- or fused-) and hkv8'"),
+    Variant("decode-mma-d128-two-stages",
+            (Edit(DECODE_K, "static constexpr int STAGES = kStageBytes <= 16384 ? 4 : 3;",
+                  "static constexpr int STAGES = kStageBytes <= 16384 ? 4 : 2;"),),
+            "the tensor-core kernel at head dim 128 with two 32 KB stages (68 KB: three blocks an SM) instead of three "
+            "(100 KB: two)",
+            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
+            "hkv8 and d128 and (l8192- or l32768- or l131072-)'"),
     Variant("decode-long-splits-off",
             (Edit(DECODE_H, "constexpr int kDecodeLongMinLen = 131072;",
                   "constexpr int kDecodeLongMinLen = 1 << 30;"),),

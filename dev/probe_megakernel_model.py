@@ -17,6 +17,8 @@ dependencies through per-tile counters in global memory, is bounded by three thi
 - streamed phases: the flagged phases again with the weight stream beside them (each block's copy warp filling
   a 4-slot shared ring with bulk copies, a tile a phase) and ~1 us of work a phase: how much the stream slows a
   hand-off, and whether pacing the copies away from the polls wins it back;
+- dot phases: a GEMV phase's dot products at batch 1 alone (weights already in shared memory, or copied in
+  each phase), the megakernel's loop against one that issues every row's loads at once;
 - loop: the cost an instruction of an empty persistent loop (one block an SM, fetch the next instruction
   index, publish its counter), independent instructions and a fully serial chain (each waits for the one
   before, on another SM: the hop inside a persistent kernel).
@@ -41,6 +43,7 @@ SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
+#include <cuda_fp16.h>
 
 __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
@@ -314,6 +317,134 @@ __global__ void __launch_bounds__(288, 1) streamed_phases(uint4* buf, int n_phas
   if (acc == 0xffffffffu) sink[0] = int(acc);
 }
 
+// A GEMV phase's dot products alone (batch 1): rows x K fp16 weights in a shared slot (the copy warp's bulk
+// copy: each phase's own with refill, else the first 4 slots' loaded once and reused), the activation (K fp16)
+// in shared memory, 256 threads; a phase ends at the barrier after every row's sum is in shared memory. ilp = 0:
+// the megakernel's loop (a warp two rows at a time, r and r + 8, its lanes over K in 16-byte chunks, unrolled by
+// 2, then the two sums' shuffles); ilp = 1: a warp's rows all at once (every row's loads issued before the first
+// FMA, the shuffles of all rows interleaved). Time a phase: what the work between two hand-offs costs.
+template <int kMaxRowsAWarp>
+__device__ __forceinline__ void dots_ilp(const __half* w, int rows, int K, const __half* act, float* dot) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, chunks = K / 8;
+  float acc[kMaxRowsAWarp];
+#pragma unroll
+  for (int i = 0; i < kMaxRowsAWarp; ++i) acc[i] = 0.f;
+  for (int c = lane; c < chunks; c += 32) {
+    const uint4 a = *reinterpret_cast<const uint4*>(act + c * 8);
+    uint4 wv[kMaxRowsAWarp];
+#pragma unroll
+    for (int i = 0; i < kMaxRowsAWarp; ++i) {
+      const int r = warp + 8 * i;
+      if (r < rows) wv[i] = *reinterpret_cast<const uint4*>(w + int64_t(r) * K + c * 8);
+    }
+    const __half2* ah = reinterpret_cast<const __half2*>(&a);
+#pragma unroll
+    for (int i = 0; i < kMaxRowsAWarp; ++i) {
+      if (warp + 8 * i < rows) {
+        const __half2* wh = reinterpret_cast<const __half2*>(&wv[i]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 x = __half22float2(wh[e]), y = __half22float2(ah[e]);
+          acc[i] = fmaf(x.x, y.x, fmaf(x.y, y.y, acc[i]));
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+    for (int i = 0; i < kMaxRowsAWarp; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < kMaxRowsAWarp; ++i)
+      if (warp + 8 * i < rows) dot[warp + 8 * i] = acc[i];
+  }
+}
+
+__device__ __forceinline__ void dots_pairs(const __half* w, int rows, int K, const __half* act, float* dot) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, chunks = K / 8;
+  for (int r = warp; r < rows; r += 16) {
+    const int r2 = r + 8;
+    const bool two = r2 < rows;
+    float a0 = 0.f, a1 = 0.f;
+    const uint4* w0 = reinterpret_cast<const uint4*>(w + int64_t(r) * K);
+    const uint4* w1 = reinterpret_cast<const uint4*>(w + int64_t(two ? r2 : r) * K);
+#pragma unroll 2
+    for (int c = lane; c < chunks; c += 32) {
+      const uint4 x0 = w0[c], x1 = w1[c], a = reinterpret_cast<const uint4*>(act)[c];
+      const __half2 *h0 = reinterpret_cast<const __half2*>(&x0), *h1 = reinterpret_cast<const __half2*>(&x1),
+                    *ha = reinterpret_cast<const __half2*>(&a);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f0 = __half22float2(h0[e]), f1 = __half22float2(h1[e]), fa = __half22float2(ha[e]);
+        a0 = fmaf(f0.x, fa.x, fmaf(f0.y, fa.y, a0));
+        a1 = fmaf(f1.x, fa.x, fmaf(f1.y, fa.y, a1));
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      a0 += __shfl_xor_sync(0xffffffffu, a0, o);
+      a1 += __shfl_xor_sync(0xffffffffu, a1, o);
+    }
+    if (lane == 0) {
+      dot[r] = a0;
+      if (two) dot[r2] = a1;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(288, 1) dot_phases(int n_phases, const char* src, long long slab_bytes, int rows,
+                                                    int K, int refill, int ilp, int* sink) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int kSlots = 4;
+  const int slot_bytes = rows * K * 2;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kSlots * slot_bytes);
+  uint64_t* empty = full + kSlots;
+  __half* act = reinterpret_cast<__half*>(empty + kSlots);
+  float* dot = reinterpret_cast<float*>(act + K);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2 * kSlots; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(full + s)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  for (int i = threadIdx.x; i < K; i += blockDim.x) act[i] = __float2half(0.001f * (i % 7));
+  __syncthreads();
+  const int copies = refill ? n_phases : kSlots;
+  if (threadIdx.x >= 256) {
+    if (threadIdx.x == 256) {
+      const char* s = src + blockIdx.x * slab_bytes;
+      long long off = 0;
+      for (int i = 0; i < copies; ++i) {
+        const int k = i % kSlots;
+        if (i >= kSlots) mbar_wait(empty + k, ((i / kSlots) - 1) & 1);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(full + k)),
+                     "r"(slot_bytes) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(smem_u32(smem + k * slot_bytes)), "l"(s + off), "r"(slot_bytes),
+                     "r"(smem_u32(full + k)) : "memory");
+        off += slot_bytes;
+        if (off + slot_bytes > slab_bytes) off = 0;
+      }
+    }
+    return;
+  }
+  float acc = 0.f;
+  for (int p = 0; p < n_phases; ++p) {
+    const int k = p % kSlots;
+    if (p < copies) mbar_wait(full + k, (p / kSlots) & 1);
+    const __half* w = reinterpret_cast<const __half*>(smem + k * slot_bytes);
+    if (ilp) dots_ilp<4>(w, rows, K, act, dot);
+    else dots_pairs(w, rows, K, act, dot);
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    acc += dot[threadIdx.x % rows];
+    if (refill && threadIdx.x == 0)
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(empty + k)) : "memory");
+    asm volatile("bar.sync 1, 256;" ::: "memory");  // dot is free again
+  }
+  if (acc == 12345.f) sink[0] = 1;
+}
+
 std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
   const cudaStream_t stream_ = at::cuda::getCurrentCUDAStream();
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
@@ -418,6 +549,29 @@ std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
       r.push_back(double(ms) * 1e6 / n_phases);  // ns a phase
     }
   }
+  // a GEMV phase's dot products alone: (rows, K, refill, ilp) for c_attn's tile (18 x 768), c_fc's (24 x 768)
+  // and the MLP projection's (6 x 3072)
+  {
+    const int n_phases = 2000;
+    const long long slab = 2LL << 20;
+    auto wsrc = torch::zeros({(long long)sms * slab / 4}, i32);
+    auto sink = torch::zeros({1}, i32);
+    const int cfg[][4] = {{18, 768, 0, 0}, {18, 768, 0, 1}, {18, 768, 1, 0}, {18, 768, 1, 1},
+                          {24, 768, 0, 0}, {24, 768, 0, 1}, {6, 3072, 0, 0}, {6, 3072, 0, 1}};
+    for (const auto& c : cfg) {
+      const int smem_bytes = 4 * c[0] * c[1] * 2 + 64 + c[1] * 2 + 64 * 4;
+      C10_CUDA_CHECK(cudaFuncSetAttribute(dot_phases, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+      C10_CUDA_CHECK(cudaEventRecord(a, stream_));
+      dot_phases<<<sms, 288, smem_bytes, stream_>>>(n_phases, reinterpret_cast<const char*>(wsrc.data_ptr<int>()),
+                                                   slab, c[0], c[1], c[2], c[3], sink.data_ptr<int>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      C10_CUDA_CHECK(cudaEventRecord(b, stream_));
+      C10_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0.f;
+      C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      r.push_back(double(ms) * 1e6 / n_phases);  // ns a phase
+    }
+  }
   C10_CUDA_CHECK(cudaEventDestroy(a));
   C10_CUDA_CHECK(cudaEventDestroy(b));
   return r;
@@ -446,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.repeats)]
     med = [statistics.median(r[i] for r in rows) for i in range(len(rows[0]))]
     hop_ns, sm0, sm1, bw, bw_spin, loop_ns, chain_ns, phase_ns, ll192, ct192, ll768, ct768 = med[:12]
-    streamed = med[12:]
+    streamed, dots = med[12:28], med[28:]
     print(f"{torch.cuda.get_device_name()}, median of {args.repeats}")
     print(f"hop (one way, SM {int(sm0)} <-> SM {int(sm1)}): {hop_ns:.0f} ns")
     print(f"stream global -> shared, every SM: {bw:.0f} GB/s; with a warp a block spinning: {bw_spin:.0f} GB/s")
@@ -465,6 +619,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{one_alone:.0f} / {one_beside:.0f} ns")
         print(f"  with ~1 us of work a phase: {work:.0f} ns without the stream, {work_beside:.0f} ns with it, "
               f"{work_paced:.0f} ns with it paced (a refill goes out once the block has its next input)")
+    print("a GEMV phase's dot products alone, batch 1 (ns a phase; the megakernel's loop / every row's loads at "
+          "once):")
+    for at, (what, rows, k) in enumerate((("c_attn", 18, 768), ("c_fc", 24, 768), ("MLP c_proj", 6, 3072))):
+        if at == 0:
+            print(f"  {what} {rows} x {k}: weights in shared memory {dots[0]:.0f} / {dots[1]:.0f}; each phase's "
+                  f"copied in {dots[2]:.0f} / {dots[3]:.0f}")
+        else:
+            print(f"  {what} {rows} x {k}: weights in shared memory {dots[2 + 2 * at]:.0f} / {dots[3 + 2 * at]:.0f}")
     print(f"model (GPT-2 small fp16, {PHASES_A_TOKEN} dependent phases a token, a {args.cache}-token cache):")
     for batch in (1, 16, 64):
         kv = GPT2_LAYERS * 2 * batch * args.cache * GPT2_WIDTH * 2
