@@ -19,9 +19,11 @@ run (its datetime), source (file name), op (the benchmark function without ``ben
 provider (or GPT-2 backend; an A/B variant as ``fused_v1 [variant]``), the figures of
 bench.report's KERNEL_METRICS and MODEL_METRICS that the case has (p50_us and the other
 percentiles for kernels: device time; tokens/s, TTFT and TBT for models), every
-``speedup_vs_<provider>`` and ``tokens_match_<backend>``, and a note. A column that a new run
-brings is added (the whole table is rewritten in one column order). Adding a file whose (source, run) is already in the table adds nothing.
-The table is written only where --csv says.
+``speedup_vs_<provider>`` and ``tokens_match_<backend>``. A column that a new run brings is added
+(the whole table is rewritten in one column order). Adding a file whose (source, run) is already in the
+table adds nothing. A run's note (--note) is written once, not on every row: to the notes table beside
+the table (history.notes.csv beside history.csv: source, run, note). The tables are written only where
+--csv says.
 """
 
 from __future__ import annotations
@@ -147,11 +149,29 @@ def generate_rows(path: Path, commit: str, gpu: str, note: str = "") -> list[dic
 
 def columns(keys: set[str]) -> list[str]:
     """The table's columns in one order whatever the runs: keys, figures, speedups and token matches
-    by name, other columns a run brought, the note."""
+    by name, other columns a run brought (not the note: notes_path)."""
     cols = KEYS + [k for k in FIGURES if k in keys]
     for prefix in PATTERNS:
         cols += sorted(k for k in keys if k.startswith(prefix))
-    return cols + sorted(keys - set(cols) - {"note"}) + ["note"]
+    return cols + sorted(keys - set(cols) - {"note"})
+
+
+NOTE_KEYS = ["source", "run", "note"]
+
+
+def notes_path(csv_path: Path) -> Path:
+    """The notes table of a history table: history.csv -> history.notes.csv. One row per (source, run) with a
+    note; the note on every row of its run was 30% of history.csv's bytes."""
+    return csv_path.with_suffix(".notes.csv")
+
+
+def read_notes(csv_path: Path) -> dict[tuple[str, str], str]:
+    """{(source, run): note} of a history table (empty without a notes table)."""
+    path = notes_path(csv_path)
+    if not path.exists():
+        return {}
+    with path.open(newline="") as f:
+        return {(r["source"], r["run"]): r["note"] for r in csv.DictReader(f)}
 
 
 def _cell(v) -> str:
@@ -163,14 +183,20 @@ def _cell(v) -> str:
 
 
 def add(csv_path: Path, rows: list[dict]) -> int:
-    """Append rows to the table (creating it), skipping (source, run) pairs already there; returns rows added."""
+    """Append rows to the table (creating it), skipping (source, run) pairs already there, their runs' notes to
+    its notes table; returns rows added. A table that still holds a note column has it moved out."""
     old, existing = [], []
     if csv_path.exists():
         with csv_path.open(newline="") as f:
             reader = csv.DictReader(f)
             existing, old = list(reader.fieldnames or []), list(reader)
+    notes = read_notes(csv_path)
     seen = {(r["source"], r["run"]) for r in old}
     new = [r for r in rows if (r["source"], r["run"]) not in seen]
+    for r in old + new:
+        note = r.pop("note", None)
+        if note:
+            notes.setdefault((r["source"], r["run"]), note)
     cols = columns(set(existing) | {k for r in new for k in r})
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     with csv_path.open("w", newline="") as f:
@@ -178,6 +204,11 @@ def add(csv_path: Path, rows: list[dict]) -> int:
         w.writeheader()
         w.writerows(old)
         w.writerows({c: _cell(r.get(c)) for c in cols} for r in new)
+    if notes:
+        with notes_path(csv_path).open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=NOTE_KEYS, lineterminator="\n")
+            w.writeheader()
+            w.writerows(dict(source=s, run=r, note=n) for (s, r), n in notes.items())
     return len(new)
 
 
@@ -270,11 +301,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--gpu", required=True, help='GPU name as torch gives it, e.g. "NVIDIA H200"')
     for p in sub.choices.values():
         p.add_argument("--csv", type=Path, required=True, help="the table to append to (bench/results/history.csv)")
-        p.add_argument("--note", default="", help="a short note stored with every row")
+        p.add_argument("--note", default="", help="a short note on the run (the table's notes file)")
     st = sub.add_parser("store", help="pytest-benchmark JSON runs into the stored results")
     st.add_argument("files", nargs="+", type=Path)
     st.add_argument("--results", type=Path, required=True, help="the stored results folder (bench/results)")
-    st.add_argument("--note", default="", help="a short note stored with every row")
+    st.add_argument("--note", default="", help="a short note on the run (history.notes.csv)")
     args = ap.parse_args(argv)
     if args.cmd == "store":
         try:

@@ -40,12 +40,13 @@ def test_runs_become_one_row_per_case_and_adding_twice_adds_nothing(tmp_path, ca
     cols, rows = _read(table)
     run = json.loads(RUN.read_text())
     assert len(rows) == len(run["benchmarks"])
-    assert cols[:7] == history.KEYS and cols[-1] == "note"
+    assert cols[:7] == history.KEYS and "note" not in cols
     b = run["benchmarks"][-1]
     last = rows[-1]
     assert (last["gpu"], last["op"], last["case"], last["provider"]) == (
         "NVIDIA H200", "scaled_masked_softmax", b["group"], b["extra_info"]["provider"])
-    assert float(last["p50_us"]) == b["extra_info"]["p50_us"] and last["note"] == "small"
+    assert float(last["p50_us"]) == b["extra_info"]["p50_us"]
+    assert history.read_notes(table) == {(last["source"], last["run"]): "small"}  # once, in history.notes.csv
     assert float(last["speedup_vs_eager"]) == b["extra_info"]["speedup_vs_eager"]
     history.main(["add", str(RUN), "--csv", str(table)])
     assert len(_read(table)[1]) == len(rows)
@@ -62,7 +63,7 @@ def test_model_columns_join_the_table_in_one_order(tmp_path):
     gpt2.write_text(json.dumps(data))
     history.main(["add", str(gpt2), "--csv", str(table)])
     cols, rows = _read(table)
-    assert cols.index("p50_us") < cols.index("tokens_per_s") < cols.index("speedup_vs_eager") < cols.index("note")
+    assert cols.index("p50_us") < cols.index("tokens_per_s") < cols.index("speedup_vs_eager")
     assert "tokens_match_hf_eager" in cols
     paired = [r for r in rows if r["provider"] == "hf-eager (interleaved with hf-fused)"]
     assert len(paired) == 1 and paired[0]["tokens_per_s"] == "140.0" and paired[0]["tbt_p50_ms"] == ""
@@ -75,6 +76,21 @@ def test_model_columns_join_the_table_in_one_order(tmp_path):
     assert len(paired) == 1 and paired[0]["tokens_per_s"] == "150.0"
     graph = next(r for r in rows if r["provider"] == "graph" and r["case"] == "gpt2 b1 p128 float16")
     assert graph["op"] == "gpt2" and graph["p50_us"] == "" and graph["tokens_match_hf_eager"] == "yes"
+
+
+def test_a_table_with_a_note_column_has_its_notes_moved_to_the_notes_table(tmp_path):
+    table = tmp_path / "history.csv"
+    table.write_text("commit,gpu,run,source,op,case,provider,p50_us,note\n"
+                     "abc1234,NVIDIA H200,t1,a.json,softmax,s1,fused,1.5,first run\n"
+                     "abc1234,NVIDIA H200,t1,a.json,softmax,s2,fused,2.5,first run\n"
+                     "def5678,NVIDIA H200,t2,b.json,softmax,s1,fused,1.4,\n")
+    assert history.main(["add", str(RUN), "--csv", str(table), "--note", "the new run"]) == 0
+    cols, rows = _read(table)
+    assert "note" not in cols and [r["p50_us"] for r in rows[:3]] == ["1.5", "2.5", "1.4"]
+    run = json.loads(RUN.read_text())
+    source = rows[-1]["source"]
+    assert history.read_notes(table) == {("a.json", "t1"): "first run", (source, run["datetime"]): "the new run"}
+    assert history.notes_path(table).name == "history.notes.csv"
 
 
 @pytest.mark.parametrize("text,expected", [

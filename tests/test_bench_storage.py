@@ -57,8 +57,9 @@ def test_stored_runs_sit_directly_in_their_gpu_folder():
 
 
 def test_stored_results_stay_small_and_every_stored_run_is_in_the_history():
-    # 4 MB: every suite part's newest run on two GPUs and history.csv (1.7 MB); the largest run is the decode
-    # serving selection (432 cases, 0.67 MB), the bar's same-run comparison, stored whole.
+    # 4 MB: every suite part's newest run on two GPUs and history.csv (1.5 MB; each run's note once, in
+    # history.notes.csv); the largest run is the decode serving selection (432 cases, 0.67 MB), the bar's
+    # same-run comparison, stored whole.
     assert sum(p.stat().st_size for p in RESULTS.rglob("*") if p.is_file()) <= 4_000_000
     with (RESULTS / "history.csv").open(newline="") as f:
         have = {(r["source"], r["run"]) for r in csv.DictReader(f)}
