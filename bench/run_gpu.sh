@@ -81,8 +81,13 @@ pytest_side_by_side() {
   local out=$1 limit=$2 profile=$3 mark=$4 group i n=0
   shift 4
   local pids=()
+  # The processes share the machine's cores: each gets its share of torch's CPU threads (the CPU references).
+  # Unbounded (16 a process on the 16-core H200 host), the tests step at the gpu profile ran test_sample.py's
+  # first two GPU tests in 323 s; alone, with 8 threads, its 69 GPU tests took 25 s (2026-11-30). Whether the
+  # threads or the GPU's time slicing between the processes made the difference was not measured.
+  local threads=${OMP_NUM_THREADS:-$(( $(nproc) / $# > 0 ? $(nproc) / $# : 1 ))}
   for group in "$@"; do
-    FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=$profile timeout -s INT -k 30 "$limit" \
+    OMP_NUM_THREADS=$threads FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=$profile timeout -s INT -k 30 "$limit" \
       python3 -m pytest $group ${mark:+-m "$mark"} -q -p no:cacheprovider -rfEs --durations=5 \
       > "/tmp/side_by_side_$n.log" 2>&1 &
     pids+=($!)
