@@ -204,6 +204,30 @@ __device__ __forceinline__ uint4 ld_line(const uint4* p) {
   return v;
 }
 
+constexpr int kRingSlots = 4;  // the probes' weight ring: slots of a block's shared memory
+
+// The copy warp's thread of the probes below: `copies` bulk copies of slot_bytes from the block's slab (from
+// its start again at its end) into the ring, each into a slot its consumers gave back (empty); with polled, a
+// refill also waits until the consumers have the input of the phase after the slot's (the paced stream).
+__device__ __forceinline__ void fill_ring(unsigned char* smem, uint64_t* full, uint64_t* empty, int slot_bytes,
+                                          const char* slab, long long slab_bytes, int copies, volatile int* polled) {
+  long long off = 0;
+  for (int i = 0; i < copies; ++i) {
+    const int k = i % kRingSlots;
+    if (i >= kRingSlots) {
+      mbar_wait(empty + k, ((i / kRingSlots) - 1) & 1);
+      if (polled != nullptr) while (*polled < i - kRingSlots + 1) {}
+    }
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(full + k)),
+                 "r"(slot_bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_u32(smem + k * slot_bytes)), "l"(slab + off), "r"(slot_bytes),
+                 "r"(smem_u32(full + k)) : "memory");
+    off += slot_bytes;
+    if (off + slot_bytes > slab_bytes) off = 0;
+  }
+}
+
 // The flagged data phases again, with a megakernel's weight stream and work beside them: 288 threads a block,
 // the last warp copying slot_bytes a phase (the block's tile of the next weights, from a slab of its own, all
 // slabs together past L2's size) into a 4-slot shared ring with bulk copies. The 256 others, a phase: poll the
@@ -249,37 +273,21 @@ __global__ void __launch_bounds__(288, 1) streamed_phases(uint4* buf, int n_phas
                                                          long long slab_bytes, int slot_bytes, int one_poller,
                                                          long long work_cycles, int paced, int* sink) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int kSlots = 4;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kSlots * slot_bytes);
-  uint64_t* empty = full + kSlots;
-  volatile int* polled = reinterpret_cast<volatile int*>(empty + kSlots);  // the last phase whose input is in
-  uint4* stage = reinterpret_cast<uint4*>(empty + kSlots + 2);  // the polled lines, for the one_poller mode
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kRingSlots * slot_bytes);
+  uint64_t* empty = full + kRingSlots;
+  volatile int* polled = reinterpret_cast<volatile int*>(empty + kRingSlots);  // the last phase whose input is in
+  uint4* stage = reinterpret_cast<uint4*>(empty + kRingSlots + 2);  // the polled lines, for the one_poller mode
   if (threadIdx.x == 0) {
-    for (int s = 0; s < 2 * kSlots; ++s)
+    for (int s = 0; s < 2 * kRingSlots; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(full + s)) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     *polled = 0;
   }
   __syncthreads();
   if (threadIdx.x >= 256) {
-    if (threadIdx.x == 256 && slot_bytes > 0) {
-      const char* s = src + blockIdx.x * slab_bytes;
-      long long off = 0;
-      for (int i = 0; i < n_phases; ++i) {
-        const int k = i % kSlots;
-        if (i >= kSlots) {
-          mbar_wait(empty + k, ((i / kSlots) - 1) & 1);
-          if (paced) while (*polled < i - kSlots + 1) {}
-        }
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(full + k)),
-                     "r"(slot_bytes) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"(smem_u32(smem + k * slot_bytes)), "l"(s + off), "r"(slot_bytes),
-                     "r"(smem_u32(full + k)) : "memory");
-        off += slot_bytes;
-        if (off + slot_bytes > slab_bytes) off = 0;
-      }
-    }
+    if (threadIdx.x == 256 && slot_bytes > 0)
+      fill_ring(smem, full, empty, slot_bytes, src + blockIdx.x * slab_bytes, slab_bytes, n_phases,
+                paced ? polled : nullptr);
     return;
   }
   unsigned acc = 0;
@@ -298,8 +306,8 @@ __global__ void __launch_bounds__(288, 1) streamed_phases(uint4* buf, int n_phas
     }
     if (threadIdx.x == 0) *polled = p;
     if (slot_bytes > 0) {
-      const int k = p % kSlots;
-      mbar_wait(full + k, (p / kSlots) & 1);
+      const int k = p % kRingSlots;
+      mbar_wait(full + k, (p / kRingSlots) & 1);
       acc += reinterpret_cast<const unsigned*>(smem + k * slot_bytes)[threadIdx.x];
     }
     if (work_cycles > 0) {
@@ -308,7 +316,7 @@ __global__ void __launch_bounds__(288, 1) streamed_phases(uint4* buf, int n_phas
     }
     asm volatile("bar.sync 1, 256;" ::: "memory");  // the slot and the staged lines are free again
     if (slot_bytes > 0 && threadIdx.x == 0)
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(empty + p % kSlots)) : "memory");
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(empty + p % kRingSlots)) : "memory");
     uint4* cur = buf + int64_t(p) * V;
     for (int i = blockIdx.x + threadIdx.x * gridDim.x; i < V; i += 256 * gridDim.x)
       asm volatile("st.relaxed.gpu.global.v4.u32 [%0], {%1, %2, %3, %4};"
@@ -397,42 +405,28 @@ __device__ __forceinline__ void dots_pairs(const __half* w, int rows, int K, con
 __global__ void __launch_bounds__(288, 1) dot_phases(int n_phases, const char* src, long long slab_bytes, int rows,
                                                     int K, int refill, int ilp, int* sink) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int kSlots = 4;
   const int slot_bytes = rows * K * 2;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kSlots * slot_bytes);
-  uint64_t* empty = full + kSlots;
-  __half* act = reinterpret_cast<__half*>(empty + kSlots);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kRingSlots * slot_bytes);
+  uint64_t* empty = full + kRingSlots;
+  __half* act = reinterpret_cast<__half*>(empty + kRingSlots);
   float* dot = reinterpret_cast<float*>(act + K);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < 2 * kSlots; ++s)
+    for (int s = 0; s < 2 * kRingSlots; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(full + s)) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   for (int i = threadIdx.x; i < K; i += blockDim.x) act[i] = __float2half(0.001f * (i % 7));
   __syncthreads();
-  const int copies = refill ? n_phases : kSlots;
+  const int copies = refill ? n_phases : kRingSlots;
   if (threadIdx.x >= 256) {
-    if (threadIdx.x == 256) {
-      const char* s = src + blockIdx.x * slab_bytes;
-      long long off = 0;
-      for (int i = 0; i < copies; ++i) {
-        const int k = i % kSlots;
-        if (i >= kSlots) mbar_wait(empty + k, ((i / kSlots) - 1) & 1);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(full + k)),
-                     "r"(slot_bytes) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"(smem_u32(smem + k * slot_bytes)), "l"(s + off), "r"(slot_bytes),
-                     "r"(smem_u32(full + k)) : "memory");
-        off += slot_bytes;
-        if (off + slot_bytes > slab_bytes) off = 0;
-      }
-    }
+    if (threadIdx.x == 256)
+      fill_ring(smem, full, empty, slot_bytes, src + blockIdx.x * slab_bytes, slab_bytes, copies, nullptr);
     return;
   }
   float acc = 0.f;
   for (int p = 0; p < n_phases; ++p) {
-    const int k = p % kSlots;
-    if (p < copies) mbar_wait(full + k, (p / kSlots) & 1);
+    const int k = p % kRingSlots;
+    if (p < copies) mbar_wait(full + k, (p / kRingSlots) & 1);
     const __half* w = reinterpret_cast<const __half*>(smem + k * slot_bytes);
     if (ilp) dots_ilp<4>(w, rows, K, act, dot);
     else dots_pairs(w, rows, K, act, dot);
@@ -443,6 +437,19 @@ __global__ void __launch_bounds__(288, 1) dot_phases(int n_phases, const char* s
     asm volatile("bar.sync 1, 256;" ::: "memory");  // dot is free again
   }
   if (acc == 12345.f) sink[0] = 1;
+}
+
+// Milliseconds between events around launch() on stream s (launch checked).
+template <typename F>
+float time_ms(cudaEvent_t a, cudaEvent_t b, cudaStream_t s, F launch) {
+  C10_CUDA_CHECK(cudaEventRecord(a, s));
+  launch();
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  C10_CUDA_CHECK(cudaEventRecord(b, s));
+  C10_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0.f;
+  C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  return ms;
 }
 
 std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
@@ -538,14 +545,10 @@ std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
       auto sink = torch::zeros({1}, i32);
       const int smem_bytes = 4 * slot + 128 + 768 * 16;
       C10_CUDA_CHECK(cudaFuncSetAttribute(streamed_phases, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-      C10_CUDA_CHECK(cudaEventRecord(a, stream_));
-      streamed_phases<<<sms, 288, smem_bytes, stream_>>>(reinterpret_cast<uint4*>(buf.data_ptr<int>()), n_phases,
-          V, reinterpret_cast<const char*>(wsrc.data_ptr<int>()), slab, slot, one, c[3], paced, sink.data_ptr<int>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      C10_CUDA_CHECK(cudaEventRecord(b, stream_));
-      C10_CUDA_CHECK(cudaEventSynchronize(b));
-      float ms = 0.f;
-      C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      const float ms = time_ms(a, b, stream_, [&] {
+        streamed_phases<<<sms, 288, smem_bytes, stream_>>>(reinterpret_cast<uint4*>(buf.data_ptr<int>()), n_phases,
+            V, reinterpret_cast<const char*>(wsrc.data_ptr<int>()), slab, slot, one, c[3], paced, sink.data_ptr<int>());
+      });
       r.push_back(double(ms) * 1e6 / n_phases);  // ns a phase
     }
   }
@@ -561,14 +564,10 @@ std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
     for (const auto& c : cfg) {
       const int smem_bytes = 4 * c[0] * c[1] * 2 + 64 + c[1] * 2 + 64 * 4;
       C10_CUDA_CHECK(cudaFuncSetAttribute(dot_phases, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-      C10_CUDA_CHECK(cudaEventRecord(a, stream_));
-      dot_phases<<<sms, 288, smem_bytes, stream_>>>(n_phases, reinterpret_cast<const char*>(wsrc.data_ptr<int>()),
-                                                   slab, c[0], c[1], c[2], c[3], sink.data_ptr<int>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      C10_CUDA_CHECK(cudaEventRecord(b, stream_));
-      C10_CUDA_CHECK(cudaEventSynchronize(b));
-      float ms = 0.f;
-      C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      const float ms = time_ms(a, b, stream_, [&] {
+        dot_phases<<<sms, 288, smem_bytes, stream_>>>(n_phases, reinterpret_cast<const char*>(wsrc.data_ptr<int>()),
+                                                     slab, c[0], c[1], c[2], c[3], sink.data_ptr<int>());
+      });
       r.push_back(double(ms) * 1e6 / n_phases);  // ns a phase
     }
   }
