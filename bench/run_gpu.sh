@@ -83,8 +83,9 @@ pytest_side_by_side() {
   local pids=()
   # The processes share the machine's cores: each gets its share of torch's CPU threads (the CPU references).
   # Unbounded (16 a process on the 16-core H200 host), the tests step at the gpu profile had passed one of
-  # test_sample.py's GPU tests after 323 s and was inside the second; alone, with 8 threads, its 69 GPU tests took 25 s (2026-11-30). Whether the
-  # threads or the GPU's time slicing between the processes made the difference was not measured.
+  # test_sample.py's GPU tests after 323 s and was inside the second; alone, with 8 threads, its 69 GPU tests
+  # took 25 s (2026-11-30). Whether the threads or the GPU's time slicing between the processes made the
+  # difference was not measured.
   local threads=${OMP_NUM_THREADS:-$(( $(nproc) / $# > 0 ? $(nproc) / $# : 1 ))}
   for group in "$@"; do
     OMP_NUM_THREADS=$threads FUSED_ATTN_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=$profile timeout -s INT -k 30 "$limit" \
