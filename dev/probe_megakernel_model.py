@@ -476,36 +476,25 @@ std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
     stream<<<sms, 256, 0, stream_>>>(reinterpret_cast<const uint4*>(src.data_ptr<int>()), slab_bytes, spin,
                                     flag.data_ptr<int>());  // warm-up
     flag.zero_();
-    C10_CUDA_CHECK(cudaEventRecord(a, stream_));
-    stream<<<sms, 256, 0, stream_>>>(reinterpret_cast<const uint4*>(src.data_ptr<int>()), slab_bytes, spin,
-                                    flag.data_ptr<int>());
-    C10_CUDA_CHECK(cudaEventRecord(b, stream_));
-    C10_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0.f;
-    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    const float ms = time_ms(a, b, stream_, [&] {
+      stream<<<sms, 256, 0, stream_>>>(reinterpret_cast<const uint4*>(src.data_ptr<int>()), slab_bytes, spin,
+                                      flag.data_ptr<int>());
+    });
     r.push_back(double(sms) * slab_bytes / (ms * 1e-3) / 1e9);  // GB/s, all SMs
   }
   // loop, independent and chained
   for (int chain = 0; chain < 2; ++chain) {
     auto done = torch::zeros({n_instr}, i32);
-    C10_CUDA_CHECK(cudaEventRecord(a, stream_));
-    loop<<<sms, 128, 0, stream_>>>(done.data_ptr<int>(), n_instr, chain);
-    C10_CUDA_CHECK(cudaEventRecord(b, stream_));
-    C10_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0.f;
-    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    const float ms =
+        time_ms(a, b, stream_, [&] { loop<<<sms, 128, 0, stream_>>>(done.data_ptr<int>(), n_instr, chain); });
     r.push_back(double(ms) * 1e6 / n_instr);  // ns an instruction
   }
   // all-to-all phases through one counter each
   {
     const int n_phases = 2000;
     auto count = torch::zeros({n_phases * 32}, i32);
-    C10_CUDA_CHECK(cudaEventRecord(a, stream_));
-    phases<<<sms, 128, 0, stream_>>>(count.data_ptr<int>(), n_phases);
-    C10_CUDA_CHECK(cudaEventRecord(b, stream_));
-    C10_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0.f;
-    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    const float ms =
+        time_ms(a, b, stream_, [&] { phases<<<sms, 128, 0, stream_>>>(count.data_ptr<int>(), n_phases); });
     r.push_back(double(ms) * 1e6 / n_phases);  // ns a phase
   }
   // all-to-all phases carrying V lines: flagged lines, then counter + plain data; V = 192 (GPT-2 small's
@@ -516,13 +505,10 @@ std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
       auto buf = torch::zeros({(long long)n_phases * V * 4}, i32);
       auto count = torch::zeros({n_phases * 32}, i32);
       auto sink = torch::zeros({1}, i32);
-      C10_CUDA_CHECK(cudaEventRecord(a, stream_));
-      data_phases<<<sms, 256, 0, stream_>>>(reinterpret_cast<uint4*>(buf.data_ptr<int>()), count.data_ptr<int>(),
-                                           n_phases, V, flagged, sink.data_ptr<int>());
-      C10_CUDA_CHECK(cudaEventRecord(b, stream_));
-      C10_CUDA_CHECK(cudaEventSynchronize(b));
-      float ms = 0.f;
-      C10_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      const float ms = time_ms(a, b, stream_, [&] {
+        data_phases<<<sms, 256, 0, stream_>>>(reinterpret_cast<uint4*>(buf.data_ptr<int>()), count.data_ptr<int>(),
+                                             n_phases, V, flagged, sink.data_ptr<int>());
+      });
       r.push_back(double(ms) * 1e6 / n_phases);  // ns a phase
     }
   }
