@@ -330,6 +330,7 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         }
       }
       p.programmatic = cluster_ok;  // the same condition: an sm_90 device, the kernel compiled for it
+      decode_divisors(p, use_mma ? 16 : R);
       at::Tensor partial_o, partial_lse;
       if (p.num_splits > 1 && !p.cluster) {
         const int64_t rows = int64_t(p.num_splits) * p.batch * p.nheads_q * p.seqlen_new;

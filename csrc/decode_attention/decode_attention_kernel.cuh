@@ -124,17 +124,14 @@ __device__ __forceinline__ bool lengths_ok(const DecodeParams& p, int b, int& ca
 }
 
 // Ragged: whether any of the chunk's R query rows is one of the sequence's n_b tokens (a chunk of idle rows,
-// i >= n_b, has no output and exits before loading a key). Always true without cu_seqlens_q.
+// i >= n_b, has no output and exits before loading a key). Always true without cu_seqlens_q. The chunk's rows
+// take the token positions rr % seqlen_new in turn from its first row's, a: one of them is below n_b when a is, or
+// when the positions wrap to 0 inside the chunk (one division; a loop over the rows took R).
 template <int R>
 __device__ __forceinline__ bool chunk_live(const DecodeParams& p, int chunk, const NewRows& nr) {
   if (p.cu_seqlens_q == nullptr) return true;
-  bool live = false;
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int rr = chunk * R + r;
-    live |= rr < p.rows && rr % p.seqlen_new < nr.n;
-  }
-  return live;
+  const int first = chunk * R, count = min(R, p.rows - first), a = p.div_seqlen_new.mod(first);
+  return count > 0 && nr.n > 0 && (a < nr.n || p.seqlen_new - a < count);
 }
 
 // The tensor-core kernel's lengths: lengths_ok, and with a paged cache an empty pool only where nothing is read or
@@ -152,7 +149,7 @@ __device__ __forceinline__ bool read_lengths(const DecodeParams& p, int b, const
 __device__ __forceinline__ void split_range(const DecodeParams& p, int start, int end, int split, int tile, int& kb,
                                             int& ke) {
   const int tiles = (end - start + tile - 1) / tile;
-  const int tiles_per_split = (tiles + p.num_splits - 1) / p.num_splits;
+  const int tiles_per_split = p.div_splits.div(tiles + p.num_splits - 1);
   kb = start + split * tiles_per_split * tile;
   ke = min(end, kb + tiles_per_split * tile);
 }
@@ -460,11 +457,11 @@ __device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int
       }
     }
   } else {
-    for (int idx = threadIdx.x; idx < (hi - kb) * lines; idx += blockDim.x) {
-      const int64_t j = kb + idx / lines;
-      const int c = idx % lines * per_line;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + j * p.k_stride_l + c));
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + j * p.v_stride_l + c));
+    for (int j = kb + int(threadIdx.x); j < hi; j += blockDim.x) {  // a row's lines: no division by `lines`
+      for (int c = 0; c < lines * per_line; c += per_line) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + int64_t(j) * p.k_stride_l + c));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + int64_t(j) * p.v_stride_l + c));
+      }
     }
   }
 }
@@ -473,11 +470,11 @@ __device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int
 template <typename T, bool kPaged>
 __device__ void append(const DecodeParams& p, int b, int hkv, int cached, const NewRows& nr) {
   constexpr int kVec = 16 / int(sizeof(T));
-  const int per_row = p.headdim / kVec;
-  const int n = nr.n * per_row;
+  const int n = nr.n * p.headdim / kVec;  // headdim % kVec == 0
   const SlotRows<kPaged> rows(p, b);
   for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
-    const int i = idx / per_row, c = (idx % per_row) * kVec;
+    int i, c;  // row, first column
+    p.div_headdim.divmod(idx * kVec, i, c);
     const int64_t row = nr.row0 + i;
     const T* kn = static_cast<const T*>(p.k_new) + b * p.kn_stride_b + hkv * p.kn_stride_h + row * p.kn_stride_s + c;
     const T* vn = static_cast<const T*>(p.v_new) + b * p.vn_stride_b + hkv * p.vn_stride_h + row * p.vn_stride_s + c;
@@ -501,9 +498,12 @@ __device__ __forceinline__ void write_nan_rows(const DecodeParams& p, int chunk,
   const int sn = p.seqlen_new;
   const float nan = __int_as_float(0x7fc00000);
   for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
-    const int rr = chunk * R + idx / p.headdim, e = idx % p.headdim;
-    if (rr >= p.rows || rr % sn >= nr.n) continue;
-    const int h = hkv * p.group + rr / sn, i = rr % sn;
+    int r, e, hq, i;
+    p.div_headdim.divmod(idx, r, e);
+    const int rr = chunk * R + r;
+    p.div_seqlen_new.divmod(rr, hq, i);
+    if (rr >= p.rows || i >= nr.n) continue;
+    const int h = hkv * p.group + hq;
     if (partials) {
       if (e == 0) p.partial_lse[((int64_t(split) * p.batch + b) * p.nheads_q + h) * sn + i] = nan;
     } else {
@@ -576,14 +576,17 @@ template <typename T, int R, int NW, int HD>
 __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o, const float* sm_m, const float* sm_l,
                                        unsigned char* push, int chunk, int b, int hkv, int split, const NewRows& nr) {
   const int sn = p.seqlen_new, n = R * p.headdim;
+  const int live_rows = min(R, p.rows - chunk * R), live = live_rows * p.headdim;  // real (not padding) rows
   if (!p.cluster) {
-    for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
-      const int r = idx / p.headdim, e = idx % p.headdim;
+    for (int idx = threadIdx.x; idx < live; idx += blockDim.x) {
+      int r, e, hq, i;
+      p.div_headdim.divmod(idx, r, e);
       const int rr = chunk * R + r;
-      if (rr >= p.rows || rr % sn >= nr.n) continue;  // padding, or (ragged) not a token of the sequence
+      p.div_seqlen_new.divmod(rr, hq, i);
+      if (i >= nr.n) continue;  // ragged: not a token of the sequence
       float mx, sum;
       const float acc = merge_slots<R, NW, HD>(sm_o, sm_m, sm_l, r, e, mx, sum);
-      const int h = hkv * p.group + rr / sn, i = rr % sn;
+      const int h = hkv * p.group + hq;
       if (p.num_splits == 1) {
         const float val = sum == 0.f ? 0.f : acc / sum;  // no visible key: 0; NaN stays NaN
         static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + (nr.row0 + i) * p.o_stride_s + e] =
@@ -600,22 +603,22 @@ __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o,
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
   const int n_blocks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-  const int slice = (n + n_blocks - 1) / n_blocks;
+  const int slice = p.div_slice.d;  // ceil(n / n_blocks), from the launcher (decode_cluster_slice)
   uint64_t* const bar = reinterpret_cast<uint64_t*>(push);
   float* const push_o = reinterpret_cast<float*>(push + 16);  // [n_blocks][slice]
   float* const push_ml = push_o + R * HD + kMaxClusterSplits;  // [n_blocks][R][2]
-  const int live = min(R, p.rows - chunk * R) * p.headdim;   // outputs of real (not padding) rows: [0, live)
   const int lo = rank * slice, hi = min(n, lo + slice);
   cluster_wait();  // phase 1: every block of the cluster has started, its mbarrier initialized
   if (threadIdx.x == 0) {  // the bytes this block receives: its slice's live outputs and the live rows' (max, sum)
     const int mine = max(0, min(hi, live) - lo);
-    mbarrier_arrive_expect_tx(bar, uint32_t(n_blocks * (mine * 4 + live / p.headdim * 8)));
+    mbarrier_arrive_expect_tx(bar, uint32_t(n_blocks * (mine * 4 + live_rows * 8)));
   }
   for (int idx = threadIdx.x; idx < live; idx += blockDim.x) {
-    const int r = idx / p.headdim, e = idx % p.headdim;
+    int r, e;
+    p.div_headdim.divmod(idx, r, e);
     float mx, sum;
     const float acc = merge_slots<R, NW, HD>(sm_o, sm_m, sm_l, r, e, mx, sum);
-    const int owner = idx / slice;
+    const int owner = p.div_slice.div(idx);
     push_f32(cluster_addr(push_o + rank * slice + (idx - owner * slice), owner), acc, cluster_addr(bar, owner));
     if (e == 0) {
       for (int c = 0; c < n_blocks; ++c) push_f32x2(cluster_addr(push_ml + (rank * R + r) * 2, c), mx, sum, cluster_addr(bar, c));
@@ -623,7 +626,8 @@ __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o,
   }
   mbarrier_wait(bar, 0);  // every block's bytes for this block have landed
   for (int idx = lo + int(threadIdx.x); idx < min(hi, live); idx += blockDim.x) {
-    const int r = idx / p.headdim, e = idx % p.headdim;
+    int r, e;
+    p.div_headdim.divmod(idx, r, e);
     const int rr = chunk * R + r;
     float m_c[kMaxClusterSplits];
     float mx = kNegInf;
@@ -643,7 +647,9 @@ __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o,
         }
       }
     }
-    const int h = hkv * p.group + rr / sn, i = rr % sn;
+    int hq, i;
+    p.div_seqlen_new.divmod(rr, hq, i);
+    const int h = hkv * p.group + hq;
     if (i >= nr.n) continue;  // ragged: not a token of the sequence (its zeros were pushed and merged all the same)
     static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + (nr.row0 + i) * p.o_stride_s + e] =
         from_float<T>(sum == 0.f ? 0.f : acc / sum);
@@ -676,13 +682,12 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   uint4* const pipe = reinterpret_cast<uint4*>(dsmem);
 
   const int split = blockIdx.y;
-  const int chunk = blockIdx.x % p.row_chunks;
-  const int bh = blockIdx.x / p.row_chunks;
-  const int hkv = bh % p.nheads_kv, b = bh / p.nheads_kv;
+  int bh, chunk, b, hkv;  // blockIdx.x = (b x nheads_kv + hkv) x row_chunks + chunk
+  p.div_row_chunks.divmod(int(blockIdx.x), bh, chunk);
+  p.div_nheads_kv.divmod(bh, b, hkv);
   const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
   const int e0 = tx * EPT;              // this thread's first element of a row
   const bool lane_on = e0 < p.headdim;  // headdim % 8 == 0: a slice is all in or all out
-  const int sn = p.seqlen_new;
   const T* kc = static_cast<const T*>(p.k_cache) + decode::cache_base<kPaged>(b, p.k_stride_b) + hkv * p.k_stride_h + e0;
   const T* vc = static_cast<const T*>(p.v_cache) + decode::cache_base<kPaged>(b, p.v_stride_b) + hkv * p.v_stride_h + e0;
   decode::TileRows<kPaged, U, TILE> tile_rows;  // started once the split's range is known
@@ -749,8 +754,10 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int rr = chunk * R + r;
-    if (rr < p.rows && rr % sn < nr.n && lane_on) {
-      const int h = hkv * p.group + rr / sn, i = rr % sn;
+    int hq, i;
+    p.div_seqlen_new.divmod(rr, hq, i);
+    if (rr < p.rows && i < nr.n && lane_on) {
+      const int h = hkv * p.group + hq;
       decode::Row<T, EPT> row;
       row.load(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + (nr.row0 + i) * p.q_stride_s +
                e0);
@@ -788,8 +795,8 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   int lim[R];  // first slot row r cannot see (causal among the sequence's nr.n new tokens; 0 for idle rows)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int rr = chunk * R + r;
-    lim[r] = rr < p.rows && rr % sn < nr.n ? end - nr.n + 1 + rr % sn : 0;
+    const int rr = chunk * R + r, i = p.div_seqlen_new.mod(rr);
+    lim[r] = rr < p.rows && i < nr.n ? end - nr.n + 1 + i : 0;
   }
   float m[R], l[R], o[R][EPT];
 #pragma unroll
@@ -954,24 +961,25 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
 #endif
 
   const int split = blockIdx.y;
-  const int chunk = blockIdx.x % p.row_chunks;
-  const int bh = blockIdx.x / p.row_chunks;
-  const int hkv = bh % p.nheads_kv, b = bh / p.nheads_kv;
+  int bh, chunk, b, hkv;  // blockIdx.x = (b x nheads_kv + hkv) x row_chunks + chunk
+  p.div_row_chunks.divmod(int(blockIdx.x), bh, chunk);
+  p.div_nheads_kv.divmod(bh, b, hkv);
   decode::prefetch_cache<T, kPaged>(p, b, hkv, split, TILE);
   wait_for_primary();
   launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
-  const int sn = p.seqlen_new;
   const decode::NewRows nr = decode::new_rows(p, b);  // as in decode_kernel
 
   // Q rows of this chunk into shared memory (zero rows past p.rows or past the sequence's tokens, zero
   // columns past headdim).
   for (int i = threadIdx.x; i < R * CH; i += kDecodeThreads) {
     const int r = i / CH, c = i % CH, rr = chunk * R + r;
+    int hq, qi;
+    p.div_seqlen_new.divmod(rr, hq, qi);
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (rr < p.rows && rr % sn < nr.n && c * kVec < p.headdim) {
-      const int h = hkv * p.group + rr / sn, qi = rr % sn;
+    if (rr < p.rows && qi < nr.n && c * kVec < p.headdim) {
+      const int h = hkv * p.group + hq;
       v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h +
                                            (nr.row0 + qi) * p.q_stride_s + c * kVec);  // plain: see Row::load
     }
@@ -1041,8 +1049,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   int lim[2];  // first slot rows g and g + 8 cannot see (0 for padding rows)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int rr = chunk * R + g + 8 * h;
-    lim[h] = rr < p.rows && rr % sn < nr.n ? end - nr.n + 1 + rr % sn : 0;
+    const int rr = chunk * R + g + 8 * h, i = p.div_seqlen_new.mod(rr);
+    lim[h] = rr < p.rows && i < nr.n ? end - nr.n + 1 + i : 0;
   }
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
   float o[HD / 8][4];
@@ -1167,11 +1175,11 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
   __shared__ float4 sm_acc[128];  // thread t's sums of its four columns
   launch_dependents_early(p.pdl_early);  // pdl.cuh
   wait_for_primary();  // the partials are the attention kernel's: complete and visible after this
-  const int64_t row = blockIdx.x;
+  const int64_t row = blockIdx.x;  // (b x nheads_q + h) x seqlen_new + i, below 2**31 (the grid's x)
   const int64_t n_rows = int64_t(p.batch) * p.nheads_q * p.seqlen_new;
-  const int i = int(row % p.seqlen_new);
-  const int h = int(row / p.seqlen_new % p.nheads_q);
-  const int b = int(row / (int64_t(p.seqlen_new) * p.nheads_q));
+  int bh, i, b, h;
+  p.div_seqlen_new.divmod(int(row), bh, i);
+  p.div_nheads_q.divmod(bh, b, h);
   const decode::NewRows nr = decode::new_rows(p, b);
   if (i >= nr.n) return;  // ragged: not a token of the sequence (its partials were never written)
   T* out = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + (nr.row0 + i) * p.o_stride_s;
@@ -1194,12 +1202,15 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
     if (t == 0) sm_sum = sum;
   }
   __syncthreads();
-  const int q_cols = p.headdim / 4, parts = int(blockDim.x) / q_cols;  // headdim % 8 == 0, <= 256: parts >= 2
+  // Thread t: columns col .. col + 3 of every parts-th split from `part`; headdim % 8 == 0, <= 256: parts >= 2.
+  const int q_cols = p.headdim / 4, parts = p.div_headdim.div(4 * int(blockDim.x));
+  int part, col;
+  p.div_headdim.divmod(4 * t, part, col);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (t < q_cols * parts) {
-    const float* po = p.partial_o + row * p.headdim + 4 * (t % q_cols);
+  if (part < parts) {
+    const float* po = p.partial_o + row * p.headdim + col;
 #pragma unroll 8
-    for (int s = t / q_cols; s < p.num_splits; s += parts) {
+    for (int s = part; s < p.num_splits; s += parts) {
       const float w = sm_w[s];
       const float4 v = *reinterpret_cast<const float4*>(po + s * n_rows * p.headdim);
       const bool on = w != 0.f;  // NaN weights (a poisoned split) take the value: the row stays NaN

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "../common/fastdiv.cuh"
+
 namespace fused_attn {
 
 struct DecodeParams {
@@ -61,11 +63,34 @@ struct DecodeParams {
   // by the launch functions from the batch: pdl.cuh's pdl_early).
   bool pdl_early;
   float scale_log2;  // scale * log2(e): scores live in the log2 domain
+  // The kernels' divisions by launch-time counts, as multiply-highs (decode_divisors): the block index by
+  // row_chunks and nheads_kv, a query row by seqlen_new, an output index by headdim, the tiles by num_splits, the
+  // combine's rows by nheads_q, the cluster merge's outputs by their slice (decode_cluster_slice). A runtime
+  // division is ~25 dependent instructions: the tensor-core kernel's path to its first K/V load held ten, its
+  // merge one or two an output element (nvcc 13.0, sm_90a SASS, 2026-11-30).
+  FastDiv32 div_row_chunks, div_nheads_kv, div_seqlen_new, div_headdim, div_splits, div_nheads_q, div_slice;
   // num_splits > 1: per split, the normalized partial output and its log2-sum-exp, merged by
   // the combine kernel. [num_splits, batch, nheads_q, seqlen_new, headdim] / [..., seqlen_new].
   float* partial_o;
   float* partial_lse;
 };
+
+// The outputs each block of a cluster of `splits` owns in the cluster merge (decode::finish): a ceil share of the
+// block's rows_per_block x headdim outputs.
+constexpr int decode_cluster_slice(int rows_per_block, int headdim, int splits) {
+  return (rows_per_block * headdim + splits - 1) / (splits > 0 ? splits : 1);
+}
+
+// Fills p's divisors from its counts, once they are final (num_splits, row_chunks, cluster).
+inline void decode_divisors(DecodeParams& p, int rows_per_block) {
+  p.div_row_chunks = FastDiv32(p.row_chunks);
+  p.div_nheads_kv = FastDiv32(p.nheads_kv);
+  p.div_seqlen_new = FastDiv32(p.seqlen_new);
+  p.div_headdim = FastDiv32(p.headdim);
+  p.div_splits = FastDiv32(p.num_splits);
+  p.div_nheads_q = FastDiv32(p.nheads_q);
+  p.div_slice = FastDiv32(decode_cluster_slice(rows_per_block, p.headdim, p.num_splits));
+}
 
 // Tile geometry of decode_kernel<T, HD, R, kDeep, NT, kPaged>: each thread owns EPT consecutive elements of a
 // key row (16-byte loads, at least HD / 32 so a key's row fits one warp), TX threads share a key,
