@@ -402,6 +402,18 @@ MUTATIONS: list[Mutation] = [
              "T* out = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s;",
              _t(f"{T_DECODE_RAGGED}::test_ragged_matches_definition_gpu"), gpu=True,
              why="the combine kernel (num_splits > 16, or pre-sm_90) writes every sequence into the first rows"),
+    Mutation("decode-ragged-chunk-live-without-wrap", "csrc/decode_attention/decode_attention_kernel.cuh",
+             "return count > 0 && nr.n > 0 && (a < nr.n || p.seqlen_new - a < count);",
+             "return count > 0 && nr.n > 0 && a < nr.n;",
+             _t(f"{T_DECODE_RAGGED}::test_ragged_matches_definition_gpu"), gpu=True,
+             why="a row chunk whose first row is idle but whose token positions wrap to a live one inside it exits "
+                 "before its work: those heads' outputs are never written"),
+    Mutation("fastdiv32-multiplier-rounded-down", "csrc/common/fastdiv.cuh",
+             "mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << l) - uint64_t(d))) / uint64_t(d) + 1);",
+             "mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << l) - uint64_t(d))) / uint64_t(d));",
+             _t("tests/test_fastdiv.py::test_quotient_and_remainder_match_divmod"),
+             why="the multiplier one short: quotients one low just below some multiples of the divisor "
+                 "(every index the decode kernels split by a launch-time count)"),
     Mutation("decode-kernel-page-is-the-logical-block", "csrc/decode_attention/decode_attention_kernel.cuh",
              "  return table[blk];", "  return blk;",
              _t(f"{T_DECODE_PAGED}::test_paged_matches_definition_gpu",
