@@ -127,6 +127,89 @@ _VARIANTS = [
             "default, paged 0.971-1.052x, paged slower in 14 of 18 (H200, fp16, two interleaved rounds, 2026-11-30)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
             "hkv8 and d128 and (l8192- or l32768- or l131072-)'"),
+    Variant("decode-mma-paged-aligned-runs",
+            (
+             Edit(DECODE_K,
+                  '  const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;\n'
+                  '\n'
+                  '  const T* kc = static_cast<const T*>(p.k_cache) + decode::cache_base<kPaged>(b, p.k_stride_b)'
+                  ' + hkv * p.k_stride_h;',
+                  '\n'
+                  '  const T* kc = static_cast<const T*>(p.k_cache) + decode::cache_base<kPaged>(b, p.k_stride_b)'
+                  ' + hkv * p.k_stride_h;'),
+             Edit(DECODE_K,
+                  '  static_assert(N <= 16, "a thread\'s run of a tile lies in at most two pages of the smallest'
+                  ' size (16 slots)");\n'
+                  '  decode::TileRun<kPaged, N, TILE> tile_run;\n'
+                  '  tile_run.start(p, b, kb + r0 * N, min(cached, ke), kc, vc);',
+                  '  static_assert(16 % N == 0, "a thread\'s run of a tile lies in one page of the smallest size'
+                  ' (16 slots)");\n'
+                  "  // Paged: the tiles start N-aligned (kt: kb less start's remainder mod N; the rows before kb"
+                  ' are zero-filled and\n'
+                  "  // masked), so a thread's run of N rows lies in one page: one entry a tile, no select a row.\n"
+                  '  const int kt = kPaged ? kb - (start & (N - 1)) : kb;\n'
+                  '  const int n_tiles = ke > kb ? (ke - kt + TILE - 1) / TILE : 0;\n'
+                  '  decode::TileRun<kPaged, N, TILE> tile_run;\n'
+                  '  tile_run.start(p, b, kt + r0 * N, min(cached, ke), kc, vc);'),
+             Edit(DECODE_K,
+                  '    const int jt = kb + t * TILE;\n'
+                  '    const bool fast = jt + TILE <= min(cached, ke);',
+                  '    const int jt = kt + t * TILE;\n'
+                  '    const bool fast = jt >= kb && jt + TILE <= min(cached, ke);'),
+             Edit(DECODE_K,
+                  '      const bool on = col_on && (fast || j < ke);',
+                  '      const bool on = col_on && (fast || (j >= kb && j < ke));'),
+             Edit(DECODE_K,
+                  '  for (int t = 0; t < n_tiles; ++t) {\n'
+                  '    const int jt = kb + t * TILE;\n'
+                  '    cp_async_wait<STAGES - 2>();',
+                  '  for (int t = 0; t < n_tiles; ++t) {\n'
+                  '    const int jt = kt + t * TILE;\n'
+                  '    cp_async_wait<STAGES - 2>();'),
+             Edit(DECODE_K,
+                  '        const bool on = j < ke && j < lim[e / 2] && (key_mask == nullptr || key_mask[j]);',
+                  '        const bool on = uint32_t(j - kb) < uint32_t(ke - kb) && j < lim[e / 2] && (key_mask =='
+                  ' nullptr || key_mask[j]);'),
+             Edit(DECODE_K,
+                  '      first_page = last_page = 0;\n'
+                  '      if (j0 < read_end) {\n'
+                  '        first_page = page_at(table, j0 >> p.page_shift);\n'
+                  '        last_page = page_at(table, min(j0 + N - 1, read_end - 1) >> p.page_shift);\n'
+                  '      }',
+                  '      first_page = last_page = 0;\n'
+                  '      if (j0 < read_end) first_page = page_at(table, j0 >> p.page_shift);'),
+             Edit(DECODE_K,
+                  '      const uint32_t row0 = uint32_t(j0) & p.page_mask, first = in_pool(p, first_page), last ='
+                  ' in_pool(p, last_page);\n'
+                  '      r.cross = p.page_mask + 1 - row0;\n'
+                  '      r.k_first = mad_wide(row0, p.k_row_bytes, mad_wide(first, p.k_page_bytes, k_base));\n'
+                  '      r.v_first = mad_wide(row0, p.v_row_bytes, mad_wide(first, p.v_page_bytes, v_base));\n'
+                  '      r.k_next = mad_wide(last, p.k_page_bytes, k_base) - uint64_t(r.cross) * p.k_row_bytes;\n'
+                  '      r.v_next = mad_wide(last, p.v_page_bytes, v_base) - uint64_t(r.cross) * p.v_row_bytes;',
+                  '      const uint32_t row0 = uint32_t(j0) & p.page_mask, first = in_pool(p, first_page);\n'
+                  '      r.k_first = mad_wide(row0, p.k_row_bytes, mad_wide(first, p.k_page_bytes, k_base));\n'
+                  '      r.v_first = mad_wide(row0, p.v_row_bytes, mad_wide(first, p.v_page_bytes, v_base));'),
+             Edit(DECODE_K,
+                  '      const bool first = uint32_t(n) < r.cross;\n'
+                  '      ks = reinterpret_cast<const T*>(mad_wide(n, p.k_row_bytes, first ? r.k_first :'
+                  ' r.k_next));\n'
+                  '      vs = reinterpret_cast<const T*>(mad_wide(n, p.v_row_bytes, first ? r.v_first : r.v_next));',
+                  '      ks = reinterpret_cast<const T*>(mad_wide(n, p.k_row_bytes, r.k_first));\n'
+                  '      vs = reinterpret_cast<const T*>(mad_wide(n, p.v_row_bytes, r.v_first));'),
+             Edit(DECODE_K,
+                  '        first_page = page_at(table, j1 >> p.page_shift);\n'
+                  '        last_page = page_at(table, min(j1 + N - 1, read_end - 1) >> p.page_shift);',
+                  '        first_page = page_at(table, j1 >> p.page_shift);'),
+            ),
+            "a paged cache's tiles in the tensor-core kernel start N-aligned (kb less start's remainder mod N, the "
+            "rows before kb zero-filled and masked), so a thread's run of N rows (4 at D64, 8 at D128) lies in one "
+            "page: one block_table entry a tile instead of two, no select a row. Static SASS (nvcc 13.0, sm_90a, "
+            "fp16): the main loop 736 -> 705 instructions at D64 (contiguous 686), 1150 -> 1107 at D128 (1101). "
+            "Predicted: paged / contiguous at batch 16 GQA (1.05-1.075, f2f0e0e's serving run) to ~1.02-1.03 "
+            "if the loop's issue is what costs it; not yet measured (its correctness: the paged and ragged GPU "
+            "tests on this variant's library first)",
+            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
+            "hkv8 and (l8192- or l32768- or l131072-)'"),
     Variant("decode-long-splits-off",
             (Edit(DECODE_H, "constexpr int kDecodeLongMinLen = 131072;",
                   "constexpr int kDecodeLongMinLen = 1 << 30;"),),
