@@ -210,6 +210,16 @@ _VARIANTS = [
             "tests on this variant's library first)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
             "hkv8 and (l8192- or l32768- or l131072-)'"),
+    Variant("cp-async-l2-prefetch-256b",
+            (Edit("csrc/common/mma.cuh",
+                  'asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n"',
+                  'asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\\n"'),),
+            "every cp.async past L1 (the decode kernels' K and V, the flash and linear kernels' tiles) asks L2 to "
+            "fetch the 256-byte block around its 16 bytes: larger DRAM requests for the streamed caches. Predicted: "
+            "0-2% at the long cases where cuDNN leads by 0.2-2.1% (f2f0e0e's serving run: batch 16 MHA, GQA D128 at "
+            "batch 4 / 16, 32k-128k keys), nothing at short ones; not yet measured",
+            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
+            "(b4- or b16-) and (l32768- or l131072-)'"),
     Variant("decode-long-splits-off",
             (Edit(DECODE_H, "constexpr int kDecodeLongMinLen = 131072;",
                   "constexpr int kDecodeLongMinLen = 1 << 30;"),),
