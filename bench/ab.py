@@ -220,6 +220,83 @@ _VARIANTS = [
             "batch 4 / 16, 32k-128k keys), nothing at short ones; not yet measured",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
             "(b4- or b16-) and (l32768- or l131072-)'"),
+    Variant("decode-mma-paged-entries-beside-lengths",
+            (
+             Edit(DECODE_K,
+                  '__device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int hkv, int'
+                  ' split, int tile) {\n'
+                  '  if (!p.pdl_early) return;',
+                  '__device__ __forceinline__ int prefetch_cache(const DecodeParams& p, int b, int hkv, int split,'
+                  ' int tile) {\n'
+                  '  if (!p.pdl_early) return -1;'),
+             Edit(DECODE_K,
+                  '  if (!lengths_ok(p, b, cached, end, start, /*before_wait=*/true)) return;',
+                  '  if (!lengths_ok(p, b, cached, end, start, /*before_wait=*/true)) return -1;'),
+             Edit(DECODE_K,
+                  '        asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + int64_t(j) * p.v_stride_l + c));\n'
+                  '      }\n'
+                  '    }\n'
+                  '  }\n'
+                  '}\n',
+                  '        asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + int64_t(j) * p.v_stride_l + c));\n'
+                  '      }\n'
+                  '    }\n'
+                  '  }\n'
+                  "  return kb;  // the split's first slot by the pre-wait lengths (a hint)\n"
+                  '}\n'),
+             Edit(DECODE_K,
+                  '  __device__ __forceinline__ void start(const DecodeParams& p, int b, int j0, int read_end,'
+                  ' const T* kc,\n'
+                  '                                        const T* vc) {',
+                  '  __device__ __forceinline__ void start(const DecodeParams& p, int b, int j0, int read_end,'
+                  ' const T* kc,\n'
+                  '                                        const T* vc, int j0_hint = -1, int hint_first = 0, int'
+                  ' hint_last = 0) {'),
+             Edit(DECODE_K,
+                  '      if (j0 < read_end) {\n'
+                  '        first_page = page_at(table, j0 >> p.page_shift);\n'
+                  '        last_page = page_at(table, min(j0 + N - 1, read_end - 1) >> p.page_shift);\n'
+                  '      }',
+                  "      if (j0 < read_end) {  // the entries loaded beside the lengths where they are this run's\n"
+                  '        const bool hit = j0 == j0_hint && j0 + N - 1 < read_end;\n'
+                  '        first_page = hit ? hint_first : page_at(table, j0 >> p.page_shift);\n'
+                  '        last_page = hit ? hint_last : page_at(table, min(j0 + N - 1, read_end - 1) >>'
+                  ' p.page_shift);\n'
+                  '      }'),
+             Edit(DECODE_K,
+                  '  decode::prefetch_cache<T, kPaged>(p, b, hkv, split, TILE);\n'
+                  '  wait_for_primary();\n'
+                  '  launch_dependents();\n'
+                  '  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;',
+                  '  const int kb_hint = decode::prefetch_cache<T, kPaged>(p, b, hkv, split, TILE);\n'
+                  '  wait_for_primary();\n'
+                  '  launch_dependents();\n'
+                  "  // Paged: this thread's first run's two entries at the slot the pre-wait lengths gave, loaded"
+                  ' now, beside the\n'
+                  '  // lengths instead of after them (tile_run.start takes them where the lengths have not'
+                  ' moved).\n'
+                  '  constexpr int kRunRows = TILE / (kDecodeThreads / CH);\n'
+                  '  const int j0_hint = kb_hint >= 0 ? kb_hint + int(threadIdx.x) / CH * kRunRows : -1;\n'
+                  '  int hint_first = 0, hint_last = 0;\n'
+                  '  if (kPaged && j0_hint >= 0 && j0_hint + kRunRows <= p.max_len) {\n'
+                  '    const int* table = p.block_table + b * p.table_stride_b;\n'
+                  '    hint_first = table[j0_hint >> p.page_shift];\n'
+                  '    hint_last = table[(j0_hint + kRunRows - 1) >> p.page_shift];\n'
+                  '  }\n'
+                  '  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;'),
+             Edit(DECODE_K,
+                  '  tile_run.start(p, b, kb + r0 * N, min(cached, ke), kc, vc);',
+                  '  tile_run.start(p, b, kb + r0 * N, min(cached, ke), kc, vc, j0_hint, hint_first, hint_last);'),
+            ),
+            "the tensor-core kernel's first paged entries loaded right after the PDL wait, beside the lengths, at "
+            "the slot the pre-wait lengths gave (tile_run.start takes them where the lengths did not move, reloads "
+            "where they did): the post-wait chain lengths -> entries -> K/V becomes lengths and entries -> K/V "
+            "(SASS, fp16 D64: the two entry loads move from after the lengths' to before them; the main loop "
+            "unchanged). Only where the launch triggers early (the pre-wait lengths are read there: batch <= 8). "
+            "Predicted: -0.3..-0.5 us a paged launch at batch 1 (one L2 round trip), paged / contiguous at B1 GQA "
+            "8k ~1.10 -> ~1.07; nothing at batch 16; not yet measured",
+            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
+            "(b1- or b4-) and (l8192- or l32768-)'"),
     Variant("decode-long-splits-off",
             (Edit(DECODE_H, "constexpr int kDecodeLongMinLen = 131072;",
                   "constexpr int kDecodeLongMinLen = 1 << 30;"),),
