@@ -411,9 +411,16 @@ MUTATIONS: list[Mutation] = [
     Mutation("fastdiv32-multiplier-rounded-down", "csrc/common/fastdiv.cuh",
              "mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << l) - uint64_t(d))) / uint64_t(d) + 1);",
              "mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << l) - uint64_t(d))) / uint64_t(d));",
-             _t("tests/test_fastdiv.py::test_quotient_and_remainder_match_divmod"),
+             _t("tests/test_fastdiv.py::test_quotient_and_remainder_match_divmod",
+                "tests/test_fastdiv.py::test_fastdiv_quotient_matches_floor_division"),
              why="the multiplier one short: quotients one low just below some multiples of the divisor "
                  "(every index the decode kernels split by a launch-time count)"),
+    Mutation("fastdiv-fast-path-past-2-31", "csrc/common/fastdiv.cuh",
+             "if (shift < 32 && uint64_t(n) < (uint64_t(1) << 31)) {",
+             "if (shift < 32) {",
+             _t("tests/test_fastdiv.py::test_fastdiv_quotient_matches_floor_division"),
+             why="a dividend past 2^31 through the 32-bit multiply: the softmax's row index of a tensor over 2^31 "
+                 "rows split wrong"),
     Mutation("decode-kernel-page-is-the-logical-block", "csrc/decode_attention/decode_attention_kernel.cuh",
              "  return table[blk];", "  return blk;",
              _t(f"{T_DECODE_PAGED}::test_paged_matches_definition_gpu",

@@ -1,5 +1,5 @@
-"""FastDiv32 (csrc/common/fastdiv.cuh): the kernels' divisions by launch-time counts, as a multiply-high, an add
-and a shift. Its quotient and remainder against Python's divmod, on the host side of nvcc's compilation (the same
+"""FastDiv32 and FastDiv (csrc/common/fastdiv.cuh): the kernels' divisions by launch-time counts, as a multiply-high,
+an add and a shift (FastDiv: with a 64-bit division past 2^31). Quotients and remainders against Python's divmod, on the host side of nvcc's compilation (the same
 inline function the kernels call), at the divisors and dividends where a rounding error would show: powers of two
 and their neighbours, the int range's ends, exact multiples and their predecessors, and seeded random pairs. CPU
 only; skipped without nvcc (CI has it)."""
@@ -18,7 +18,12 @@ MAX = 2**31 - 1
 PROGRAM = r"""
 #include <cstdio>
 #include "common/fastdiv.cuh"
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {  // FastDiv: 64-bit divisor and dividend
+    long long d, n;
+    while (std::scanf("%lld %lld", &d, &n) == 2) std::printf("%lld\n", (long long)fused_attn::FastDiv(d).div(n));
+    return 0;
+  }
   int d, n;
   while (std::scanf("%d %d", &d, &n) == 2) {
     fused_attn::FastDiv32 f(d);
@@ -75,3 +80,17 @@ def test_a_divisor_below_one_divides_by_one(fastdiv_binary):
     contract), never a division by zero or a garbage multiplier."""
     r = subprocess.run([str(fastdiv_binary)], input="0 17\n-5 9\n", capture_output=True, text=True, check=True)
     assert r.stdout.split() == ["17", "0", "0", "9", "0", "0"]
+
+
+def test_fastdiv_quotient_matches_floor_division(fastdiv_binary):
+    """FastDiv (the softmax's): the fast path for 0 <= n < 2^31 and 1 <= d < 2^31, the 64-bit division past
+    either end (n and d up to 2^40, where the fast path's 32-bit multiply would be wrong)."""
+    cases = pairs()
+    cases += [(d, n) for d in (1, 3, 7, 1000, 2**31 - 1, 2**31, 2**31 + 1, 2**35 + 3)
+              for n in (0, 5, 2**31 - 1, 2**31, 2**31 + 1, 2**32 + 7, 2**40 + 11)]
+    r = subprocess.run([str(fastdiv_binary), "64"], input="".join(f"{d} {n}\n" for d, n in cases),
+                       capture_output=True, text=True, check=True)
+    got = [int(line) for line in r.stdout.splitlines()]
+    assert len(got) == len(cases)
+    wrong = [(d, n, g) for (d, n), g in zip(cases, got) if g != n // d]
+    assert not wrong, f"{len(wrong)} of {len(cases)} wrong, e.g. (d, n, quotient) {wrong[:5]}"

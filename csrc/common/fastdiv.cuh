@@ -1,6 +1,7 @@
 // FastDiv: division by a divisor fixed at launch, as one multiply-high, an add and a shift.
 // Torch-free; any kernel that maps a flat row index to (lead, q) uses it. Host compilers see the
-// struct and its constructor (launchers build it in .cpp files); the division is device code.
+// structs and their constructors (launchers build them in .cpp files); nvcc's host pass also sees the
+// divisions (tests/test_fastdiv.py runs them on the host).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,6 +9,26 @@
 #include <cstdint>
 
 namespace fused_attn {
+
+// The multiplier and shift of n / d for 1 <= d < 2^31 (FastDiv and FastDiv32 below): l = ceil(log2 d),
+// mul = floor(2^32 (2^l - d) / d) + 1.
+__host__ inline void fastdiv_magic(uint32_t d, uint32_t& mul, uint32_t& shift) {
+  uint32_t l = 0;
+  while ((uint64_t(1) << l) < d) ++l;
+  mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << l) - uint64_t(d))) / uint64_t(d) + 1);
+  shift = l;
+}
+
+#if defined(__CUDACC__)
+// The high 32 bits of a x b: one IMAD.HI on the device; the host build (tests/test_fastdiv.py) computes the same.
+__host__ __device__ __forceinline__ uint32_t fastdiv_umulhi(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __umulhi(a, b);
+#else
+  return uint32_t((uint64_t(a) * b) >> 32);
+#endif
+}
+#endif
 
 // n / d for 0 <= n < 2^31 as one multiply-high, an add and a shift (the
 // round-up method of Granlund & Montgomery, "Division by invariant integers using
@@ -27,17 +48,14 @@ struct FastDiv {
       shift = 32;
       return;
     }
-    uint32_t l = 0;
-    while ((int64_t(1) << l) < divisor) ++l;
-    mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << l) - uint64_t(divisor))) / uint64_t(divisor) + 1);
-    shift = l;
+    fastdiv_magic(uint32_t(divisor), mul, shift);
   }
 
 #if defined(__CUDACC__)
-  __device__ __forceinline__ int64_t div(int64_t n) const {
-    if (shift < 32 && n < (int64_t(1) << 31)) {
+  __host__ __device__ __forceinline__ int64_t div(int64_t n) const {
+    if (shift < 32 && uint64_t(n) < (uint64_t(1) << 31)) {  // 0 <= n < 2^31: one unsigned compare
       const uint32_t n32 = uint32_t(n);
-      return int64_t((__umulhi(mul, n32) + n32) >> shift);
+      return int64_t((fastdiv_umulhi(mul, n32) + n32) >> shift);
     }
     return n / d;
   }
@@ -55,22 +73,12 @@ struct FastDiv32 {
   uint32_t shift = 0;
 
   FastDiv32() = default;
-  __host__ explicit FastDiv32(int divisor) : d(divisor < 1 ? 1 : divisor) {
-    uint32_t l = 0;
-    while ((int64_t(1) << l) < d) ++l;
-    mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << l) - uint64_t(d))) / uint64_t(d) + 1);
-    shift = l;
-  }
+  __host__ explicit FastDiv32(int divisor) : d(divisor < 1 ? 1 : divisor) { fastdiv_magic(uint32_t(d), mul, shift); }
 
 #if defined(__CUDACC__)
   __host__ __device__ __forceinline__ int div(int n) const {
     const uint32_t n32 = uint32_t(n);
-#if defined(__CUDA_ARCH__)
-    const uint32_t hi = __umulhi(mul, n32);
-#else
-    const uint32_t hi = uint32_t((uint64_t(mul) * n32) >> 32);
-#endif
-    return int((hi + n32) >> shift);
+    return int((fastdiv_umulhi(mul, n32) + n32) >> shift);
   }
   __host__ __device__ __forceinline__ int mod(int n) const { return n - div(n) * d; }
   // q = n / d and r = n % d.

@@ -108,6 +108,33 @@ __device__ __forceinline__ NewRows new_rows(const DecodeParams& p, int b, bool b
   return {min(n, p.seqlen_new), inside ? lo : 0, inside && n <= p.seqlen_new};
 }
 
+// Row rr of kv head hkv's group x seqlen_new query rows as its query head h and new token i.
+struct RowHead {
+  int h, i;
+};
+__device__ __forceinline__ RowHead row_head(const DecodeParams& p, int hkv, int rr) {
+  int hq, i;
+  p.div_seqlen_new.divmod(rr, hq, i);
+  return {hkv * p.group + hq, i};
+}
+// Element idx of a block's rows x headdim outputs (row-major; the rows: rows_per_block of the kv head's, from
+// chunk x rows_per_block): its row r in the block, column e, and the row's query head h and new token i.
+struct OutElem {
+  int r, e, h, i;
+};
+__device__ __forceinline__ OutElem out_elem(const DecodeParams& p, int chunk, int rows_per_block, int hkv, int idx) {
+  int r, e;
+  p.div_headdim.divmod(idx, r, e);
+  const RowHead rh = row_head(p, hkv, chunk * rows_per_block + r);
+  return {r, e, rh.h, rh.i};
+}
+// The output of sequence b's query head h at q row `row` (the sequence's new token + its cu_seqlens_q offset),
+// column e.
+template <typename T>
+__device__ __forceinline__ T& out_at(const DecodeParams& p, int b, int h, int row, int e) {
+  return static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + row * p.o_stride_s + e];
+}
+
 __device__ __forceinline__ bool lengths_ok(const DecodeParams& p, int b, const NewRows& nr, int& cached, int& end,
                                            int& start, bool before_wait = false) {
   cached = p.seqlens != nullptr ? load_length(p.seqlens + b, before_wait) : p.max_len;
@@ -498,17 +525,12 @@ __device__ __forceinline__ void write_nan_rows(const DecodeParams& p, int chunk,
   const int sn = p.seqlen_new;
   const float nan = __int_as_float(0x7fc00000);
   for (int idx = threadIdx.x; idx < R * p.headdim; idx += blockDim.x) {
-    int r, e, hq, i;
-    p.div_headdim.divmod(idx, r, e);
-    const int rr = chunk * R + r;
-    p.div_seqlen_new.divmod(rr, hq, i);
-    if (rr >= p.rows || i >= nr.n) continue;
-    const int h = hkv * p.group + hq;
+    const OutElem o = out_elem(p, chunk, R, hkv, idx);
+    if (chunk * R + o.r >= p.rows || o.i >= nr.n) continue;
     if (partials) {
-      if (e == 0) p.partial_lse[((int64_t(split) * p.batch + b) * p.nheads_q + h) * sn + i] = nan;
+      if (o.e == 0) p.partial_lse[((int64_t(split) * p.batch + b) * p.nheads_q + o.h) * sn + o.i] = nan;
     } else {
-      static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + (nr.row0 + i) * p.o_stride_s + e] =
-          from_float<T>(nan);
+      out_at<T>(p, b, o.h, nr.row0 + o.i, o.e) = from_float<T>(nan);
     }
   }
 }
@@ -579,22 +601,17 @@ __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o,
   const int live_rows = min(R, p.rows - chunk * R), live = live_rows * p.headdim;  // real (not padding) rows
   if (!p.cluster) {
     for (int idx = threadIdx.x; idx < live; idx += blockDim.x) {
-      int r, e, hq, i;
-      p.div_headdim.divmod(idx, r, e);
-      const int rr = chunk * R + r;
-      p.div_seqlen_new.divmod(rr, hq, i);
-      if (i >= nr.n) continue;  // ragged: not a token of the sequence
+      const OutElem o = out_elem(p, chunk, R, hkv, idx);
+      if (o.i >= nr.n) continue;  // ragged: not a token of the sequence
       float mx, sum;
-      const float acc = merge_slots<R, NW, HD>(sm_o, sm_m, sm_l, r, e, mx, sum);
-      const int h = hkv * p.group + hq;
+      const float acc = merge_slots<R, NW, HD>(sm_o, sm_m, sm_l, o.r, o.e, mx, sum);
       if (p.num_splits == 1) {
         const float val = sum == 0.f ? 0.f : acc / sum;  // no visible key: 0; NaN stays NaN
-        static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + (nr.row0 + i) * p.o_stride_s + e] =
-            from_float<T>(val);
+        out_at<T>(p, b, o.h, nr.row0 + o.i, o.e) = from_float<T>(val);
       } else {
-        const int64_t row = ((int64_t(split) * p.batch + b) * p.nheads_q + h) * sn + i;
-        p.partial_o[row * p.headdim + e] = sum == 0.f ? 0.f : acc / sum;
-        if (e == 0) p.partial_lse[row] = sum == 0.f ? kNegInf : mx + __log2f(sum);
+        const int64_t row = ((int64_t(split) * p.batch + b) * p.nheads_q + o.h) * sn + o.i;
+        p.partial_o[row * p.headdim + o.e] = sum == 0.f ? 0.f : acc / sum;
+        if (o.e == 0) p.partial_lse[row] = sum == 0.f ? kNegInf : mx + __log2f(sum);
       }
     }
     return;
@@ -626,9 +643,8 @@ __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o,
   }
   mbarrier_wait(bar, 0);  // every block's bytes for this block have landed
   for (int idx = lo + int(threadIdx.x); idx < min(hi, live); idx += blockDim.x) {
-    int r, e;
-    p.div_headdim.divmod(idx, r, e);
-    const int rr = chunk * R + r;
+    const OutElem o = out_elem(p, chunk, R, hkv, idx);
+    const int r = o.r;
     float m_c[kMaxClusterSplits];
     float mx = kNegInf;
 #pragma unroll
@@ -647,12 +663,8 @@ __device__ __forceinline__ void finish(const DecodeParams& p, const float* sm_o,
         }
       }
     }
-    int hq, i;
-    p.div_seqlen_new.divmod(rr, hq, i);
-    const int h = hkv * p.group + hq;
-    if (i >= nr.n) continue;  // ragged: not a token of the sequence (its zeros were pushed and merged all the same)
-    static_cast<T*>(p.out)[b * p.o_stride_b + h * p.o_stride_h + (nr.row0 + i) * p.o_stride_s + e] =
-        from_float<T>(sum == 0.f ? 0.f : acc / sum);
+    if (o.i >= nr.n) continue;  // ragged: not a token of the sequence (its zeros were pushed and merged all the same)
+    out_at<T>(p, b, o.h, nr.row0 + o.i, o.e) = from_float<T>(sum == 0.f ? 0.f : acc / sum);
   }
 #endif
 }
@@ -754,13 +766,11 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int rr = chunk * R + r;
-    int hq, i;
-    p.div_seqlen_new.divmod(rr, hq, i);
-    if (rr < p.rows && i < nr.n && lane_on) {
-      const int h = hkv * p.group + hq;
+    const decode::RowHead rh = decode::row_head(p, hkv, rr);
+    if (rr < p.rows && rh.i < nr.n && lane_on) {
       decode::Row<T, EPT> row;
-      row.load(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + (nr.row0 + i) * p.q_stride_s +
-               e0);
+      row.load(static_cast<const T*>(p.q) + b * p.q_stride_b + rh.h * p.q_stride_h +
+               (nr.row0 + rh.i) * p.q_stride_s + e0);
       row.to_float(q[r]);
 #pragma unroll
       for (int e = 0; e < EPT; ++e) q[r][e] *= p.scale_log2;
@@ -975,13 +985,11 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   // columns past headdim).
   for (int i = threadIdx.x; i < R * CH; i += kDecodeThreads) {
     const int r = i / CH, c = i % CH, rr = chunk * R + r;
-    int hq, qi;
-    p.div_seqlen_new.divmod(rr, hq, qi);
+    const decode::RowHead rh = decode::row_head(p, hkv, rr);
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (rr < p.rows && qi < nr.n && c * kVec < p.headdim) {
-      const int h = hkv * p.group + hq;
-      v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + b * p.q_stride_b + h * p.q_stride_h +
-                                           (nr.row0 + qi) * p.q_stride_s + c * kVec);  // plain: see Row::load
+    if (rr < p.rows && rh.i < nr.n && c * kVec < p.headdim) {
+      v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + b * p.q_stride_b + rh.h * p.q_stride_h +
+                                           (nr.row0 + rh.i) * p.q_stride_s + c * kVec);  // plain: see Row::load
     }
     *reinterpret_cast<uint4*>(sq + swizzled<HD>(r, c)) = v;
   }
@@ -1284,18 +1292,6 @@ bool decode_cluster_capable() {
          attr.binaryVersion >= 90;
 }
 
-template <typename T, int HD, bool kPaged>
-void launch_decode_mma(const DecodeParams& p, cudaStream_t stream) {
-  using M = DecodeMmaGeometry<T, HD>;
-  const auto kernel = decode_mma_kernel<T, HD, kPaged>;
-  const int smem = M::kSmemBytes + (p.cluster ? decode::kPushBytes<16, HD> : 0);
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (p.cluster && p.num_splits > 8) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  }
-  launch_attention_kernel(p, kernel, smem, stream);
-}
-
 // read() on the current device, kept in known[device][key] after the first call (stored + 1: 0 is not read yet).
 // 0 where the device cannot be told or is past the table, or the key is outside it.
 constexpr int kDecodeDevices = 64;
@@ -1319,6 +1315,28 @@ int decode_mma_occupancy_smem() {
   const int smem = DecodeMmaGeometry<T, HD>::kSmemBytes + decode::kPushBytes<16, HD>;
   cudaFuncSetAttribute(decode_mma_kernel<T, HD, kPaged>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   return smem;
+}
+
+// decode_mma_kernel's attributes for any launch, set once per device: the most dynamic shared memory a launch
+// takes (decode_mma_occupancy_smem's, with the cluster merge's push area) and clusters of more than 8 blocks. Where
+// the device cannot be told (read_once_per_device's 0), set on every call.
+template <typename T, int HD, bool kPaged>
+void decode_mma_allow_launches() {
+  static std::atomic<int> known[kDecodeDevices][1];
+  const auto allow = [] {
+    decode_mma_occupancy_smem<T, HD, kPaged>();
+    cudaFuncSetAttribute(decode_mma_kernel<T, HD, kPaged>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    return 1;
+  };
+  if (read_once_per_device(known, 0, allow) != 1) allow();
+}
+
+template <typename T, int HD, bool kPaged>
+void launch_decode_mma(const DecodeParams& p, cudaStream_t stream) {
+  using M = DecodeMmaGeometry<T, HD>;
+  decode_mma_allow_launches<T, HD, kPaged>();
+  const int smem = M::kSmemBytes + (p.cluster ? decode::kPushBytes<16, HD> : 0);
+  launch_attention_kernel(p, decode_mma_kernel<T, HD, kPaged>, smem, stream);
 }
 
 template <typename T, int HD, bool kPaged>
