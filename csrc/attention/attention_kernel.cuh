@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include "../common/math.cuh"
+#include "../common/func_attrs.h"
 #include "../common/mma.cuh"
 #include "../common/vec_dtypes.cuh"
 #include "attention_launch.h"
@@ -370,7 +371,7 @@ __global__ void __launch_bounds__(FlashConfig<T, HD>::kThreads, FlashConfig<T, H
 template <typename T, int HD>
 void launch_attention_flash(const AttentionParams& p, cudaStream_t stream) {
   using C = FlashConfig<T, HD>;
-  cudaFuncSetAttribute(attention_flash_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  allow_dynamic_smem(attention_flash_kernel<T, HD>, C::kSmemBytes);
   const dim3 grid(unsigned((p.seqlen_q + C::BR - 1) / C::BR), unsigned(p.nheads_q), unsigned(p.batch));
   attention_flash_kernel<T, HD><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
 }

@@ -67,6 +67,7 @@
 #include <type_traits>
 
 #include "../common/tma.h"
+#include "../common/func_attrs.h"
 #include "../common/wgmma.cuh"
 #include "attention_heuristics.h"
 #include "attention_kernel.cuh"
@@ -372,7 +373,7 @@ void launch_attention_flash_wgmma(const AttentionParams& p, cudaStream_t stream)
                                           : attention_flash_wgmma_kernel<T, HD, kTile, false, true>)
                                    : (tma ? attention_flash_wgmma_kernel<T, HD, kTile, true, false>
                                           : attention_flash_wgmma_kernel<T, HD, kTile, false, false>);
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  allow_dynamic_smem(kernel, C::kSmemBytes);
   // The grid flash_wgmma_block reads: the query tiles in z longest-first (at most 65535 there: past
   // 65535 BR query rows the natural order), in x otherwise.
   const unsigned tiles = unsigned((p.seqlen_q + C::BR - 1) / C::BR);

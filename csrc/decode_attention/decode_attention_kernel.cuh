@@ -53,6 +53,7 @@
 #include <cuda_runtime.h>
 
 #include "../common/cluster.cuh"
+#include "../common/func_attrs.h"
 #include "../common/math.cuh"
 #include "../common/mbarrier.cuh"
 #include "../common/mma.cuh"
@@ -1274,14 +1275,12 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   const auto kernel = wide   ? decode_kernel<T, HD, R, false, kWide, kPaged>
                       : deep ? decode_kernel<T, HD, R, kHasDeep, kDecodeThreads, kPaged>
                              : decode_kernel<T, HD, R, false, kDecodeThreads, kPaged>;
-  if (p.cluster && p.num_splits > 8) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  }
+  if (p.cluster && p.num_splits > 8) allow_large_clusters(kernel);
   const int body = wide ? DecodeTile<T, HD, R, false, kWide>::kSmemBytes
                    : deep ? Deep::kSmemBytes
                           : DecodeTile<T, HD, R>::kSmemBytes;
   const int smem = body + (p.cluster ? decode::kPushBytes<R, HD> : 0);
-  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  allow_dynamic_smem(kernel, smem);
   launch_attention_kernel(p, kernel, smem, stream, wide ? kWide : kDecodeThreads);
 }
 
@@ -1313,30 +1312,18 @@ int read_once_per_device(std::atomic<int> (&known)[kDecodeDevices][K], int key, 
 template <typename T, int HD, bool kPaged>
 int decode_mma_occupancy_smem() {
   const int smem = DecodeMmaGeometry<T, HD>::kSmemBytes + decode::kPushBytes<16, HD>;
-  cudaFuncSetAttribute(decode_mma_kernel<T, HD, kPaged>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  allow_dynamic_smem(decode_mma_kernel<T, HD, kPaged>, smem);
   return smem;
-}
-
-// decode_mma_kernel's attributes for any launch, set once per device: the most dynamic shared memory a launch
-// takes (decode_mma_occupancy_smem's, with the cluster merge's push area) and clusters of more than 8 blocks. Where
-// the device cannot be told (read_once_per_device's 0), set on every call.
-template <typename T, int HD, bool kPaged>
-void decode_mma_allow_launches() {
-  static std::atomic<int> known[kDecodeDevices][1];
-  const auto allow = [] {
-    decode_mma_occupancy_smem<T, HD, kPaged>();
-    cudaFuncSetAttribute(decode_mma_kernel<T, HD, kPaged>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    return 1;
-  };
-  if (read_once_per_device(known, 0, allow) != 1) allow();
 }
 
 template <typename T, int HD, bool kPaged>
 void launch_decode_mma(const DecodeParams& p, cudaStream_t stream) {
   using M = DecodeMmaGeometry<T, HD>;
-  decode_mma_allow_launches<T, HD, kPaged>();
+  const auto kernel = decode_mma_kernel<T, HD, kPaged>;
   const int smem = M::kSmemBytes + (p.cluster ? decode::kPushBytes<16, HD> : 0);
-  launch_attention_kernel(p, decode_mma_kernel<T, HD, kPaged>, smem, stream);
+  allow_dynamic_smem(kernel, smem);
+  if (p.cluster && p.num_splits > 8) allow_large_clusters(kernel);
+  launch_attention_kernel(p, kernel, smem, stream);
 }
 
 template <typename T, int HD, bool kPaged>
@@ -1346,7 +1333,7 @@ int decode_mma_max_active_clusters(int splits) {
   return read_once_per_device(known, splits, [splits] {
     const auto kernel = decode_mma_kernel<T, HD, kPaged>;
     const int smem = decode_mma_occupancy_smem<T, HD, kPaged>();
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    allow_large_clusters(kernel);
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = 1;

@@ -64,6 +64,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "../common/func_attrs.h"
 #include "../common/math.cuh"
 #include "../common/mma.cuh"
 #include "../common/pdl.cuh"
@@ -1100,11 +1101,10 @@ size_t norm_smem(const LinearParams& p) {
 }
 
 // A kNorm kernel may take up to kLinearNormSmemBytes of dynamic shared memory (the launcher never asks
-// for more); called once per kernel, from a function-local static of its launch.
+// for more): allowed on each device before its first launch there (common/func_attrs.h).
 template <bool kNorm, typename Kernel>
-bool allow_norm_smem(Kernel kernel) {
-  return !kNorm ||
-         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kLinearNormSmemBytes) == cudaSuccess;
+void allow_norm_smem(Kernel kernel) {
+  if constexpr (kNorm) allow_dynamic_smem(kernel, kLinearNormSmemBytes);
 }
 
 template <typename T, int MT, int NB, bool kNorm>
@@ -1112,8 +1112,7 @@ void launch_nb(const LinearParams& params, int threads, cudaStream_t stream) {
   const LinearParams p = with_linear_pdl_early(params);
   const int64_t cols_per_block = p.activation == kActSwiglu ? NB / 2 : NB;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
-  // Programmatic where the kernel has the sm_90 code (common/pdl.cuh); checked once per kernel, with
-  // the shared-memory limit raised (an && that always evaluates its left side first).
+  // Programmatic where the kernel has the sm_90 code (common/pdl.cuh); checked once per kernel.
   // kFold where it applies (the header): no shared memory, so not allow_norm_smem's attribute.
   // One row only: at two, ptxas needs ~120 registers for it (or spills under the 64-register bound).
   constexpr bool kFoldable = kNorm && !std::is_same_v<T, float> && MT == 1;
@@ -1133,11 +1132,13 @@ void launch_nb(const LinearParams& params, int threads, cudaStream_t stream) {
   }
   if (p.vec) {
     constexpr auto kernel = linear_gemv_kernel<T, MT, NB, true, kNorm>;
-    static const bool pdl = allow_norm_smem<kNorm>(kernel) && programmatic_capable(kernel);
+    allow_norm_smem<kNorm>(kernel);
+    static const bool pdl = programmatic_capable(kernel);
     launch_programmatic(pdl, kernel, grid, dim3(threads), norm_smem<T, kNorm>(p), stream, p);
   } else {
     constexpr auto kernel = linear_gemv_kernel<T, MT, NB, false, kNorm>;
-    static const bool pdl = allow_norm_smem<kNorm>(kernel) && programmatic_capable(kernel);
+    allow_norm_smem<kNorm>(kernel);
+    static const bool pdl = programmatic_capable(kernel);
     launch_programmatic(pdl, kernel, grid, dim3(threads), norm_smem<T, kNorm>(p), stream, p);
   }
 }

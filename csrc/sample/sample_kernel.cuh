@@ -38,6 +38,7 @@
 #include <cuda_runtime.h>
 
 #include "../common/cluster.cuh"
+#include "../common/func_attrs.h"
 #include "../common/mbarrier.cuh"
 #include "../common/pdl.cuh"
 #include "../common/vec_dtypes.cuh"
@@ -485,9 +486,7 @@ void launch_sample(const SampleParams& params, cudaStream_t stream) {
     p.stage = bytes <= size_t(kSampleStageMaxBytes);
     if (p.stage) {
       smem = (bytes + 15) / 16 * 16;
-      if (smem > 48 * 1024) {
-        cudaFuncSetAttribute(sample::sample_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-      }
+      allow_dynamic_smem(sample::sample_kernel<T, true>, int(smem));
     }
   }
   // A row's blocks form one cluster where p.cluster (launch_clustered adds the attribute above 1 block).
