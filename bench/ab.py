@@ -138,6 +138,11 @@ _VARIANTS = [
             "rounds, 2026-11-30)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
             "(b4- or b16-) and (l32768- or l131072-)'"),
+    Variant("decode-wave-splits-off",
+            (Edit(DECODE_H, "constexpr int kDecodeWaveMinLen = 32768;", "constexpr int kDecodeWaveMinLen = 1 << 30;"),),
+            "the CUDA-core kernel's general rule (one split) where its unsplit grid fills the GPU at a long cache "
+            "(batch 16 MHA, 32k keys and more): the numbers at kDecodeWaveSplits in decode_attention_heuristics.h",
+            "python3 -m dev.sweep_decode_splits --shapes 16,32,32,128,32768 16,32,32,128,131072 --splits 1,16"),
     Variant("decode-long-splits-off",
             (Edit(DECODE_H, "constexpr int kDecodeLongMinLen = 131072;",
                   "constexpr int kDecodeLongMinLen = 1 << 30;"),),
