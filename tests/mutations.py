@@ -639,6 +639,13 @@ MUTATIONS: list[Mutation] = [
              "constexpr int U = 8 / NB;  // pieces per row in flight per thread\n  if (blockDim.x > 0) return;",
              _t(f"{T_LINEAR}::test_every_row_count_and_epilogue_gpu"), gpu=True, why="no output written: poisoned"),
     # ------------------------------------------------------------ an argument ignored: only its default was tested
+    Mutation("func-attrs-allowance-never-set", "csrc/common/func_attrs.h",
+             "const cudaError_t err = cudaFuncSetAttribute(kernel, attr, value);\n  if (err == cudaSuccess) {",
+             "const cudaError_t err = cudaSuccess;\n  if (err == cudaSuccess) {",
+             _t(f"{T_ATTN}::test_every_flash_headdim_gpu", f"{T_DECODE_PAGED}::test_paged_equals_contiguous_bitwise_gpu"),
+             gpu=True,
+             why="the launch-attribute table records an allowance it never set: every launch past 48 KB of dynamic "
+                 "shared memory (the prefill and tensor-core decode kernels) fails"),
     Mutation("attention-backward-default-scale", "fused_attn/attention.py",
              "ctx.scale = q.shape[-1] ** -0.5 if scale is None else scale", "ctx.scale = q.shape[-1] ** -0.5",
              _t(f"{T_ATTN_ARGS}::test_scale_causal_gqa_mask_forward_and_grad_match_sdpa"),
