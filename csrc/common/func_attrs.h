@@ -1,7 +1,7 @@
 // Kernel attributes a launch needs (more than 48 KB of dynamic shared memory, clusters of more than 8 blocks),
-// set once per kernel and device instead of before every launch. cudaFuncSetAttribute is a driver call: set on
-// every launch it cost the tensor-core decode kernel's eager call 12.0 us of host time against 8.6 us set once
-// (H200, GQA 32/8, head dim 128, 1024 keys, `decode_attention` in a loop; 2026-11-30).
+// set once per kernel and device instead of before every launch: cudaFuncSetAttribute is a driver call, and an
+// eager tensor-core decode call read 12.0 us of host time with it on every launch against 8.6 us set once (H200,
+// GQA 32/8, head dim 128, 1024 keys, two rounds with a spread as large; docs/lab-notes/host-overhead.md).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,36 +11,52 @@
 
 namespace fused_attn {
 
-// cudaFuncSetAttribute(kernel, attr, value) unless this device's kernel already has attr >= value (both attributes
-// used here are "at most": a larger allowance serves a smaller launch). A failed call is returned and not
-// remembered, so the launch that follows fails as it would have. Thread-safe; kernels x devices x attributes
-// entries (tens).
-inline cudaError_t allow_func_attribute(const void* kernel, cudaFuncAttribute attr, int value) {
+// The allowances set so far, kernel x device x attribute (tens of entries), and the rule: set(kernel, attr, value)
+// unless this device's kernel already has attr >= value (both attributes used here are "at most": a larger
+// allowance serves a smaller launch). A failed set is returned and not remembered, so the launch that follows fails
+// as it would have. Thread-safe. `set` is cudaFuncSetAttribute in the library (allow_func_attribute below); a
+// stand-in in tests/test_func_attrs.py.
+class FuncAttrTable {
+ public:
+  template <typename Set>
+  cudaError_t allow(int device, const void* kernel, cudaFuncAttribute attr, int value, Set set) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry* found = nullptr;
+    for (Entry& e : entries_) {
+      if (e.kernel == kernel && e.device == device && e.attr == attr) found = &e;
+    }
+    if (found != nullptr && found->value >= value) return cudaSuccess;
+    const cudaError_t err = set(kernel, attr, value);
+    if (err == cudaSuccess) {
+      if (found != nullptr) {
+        found->value = value;
+      } else {
+        entries_.push_back({kernel, device, attr, value});
+      }
+    }
+    return err;
+  }
+
+ private:
   struct Entry {
     const void* kernel;
     int device;
     cudaFuncAttribute attr;
     int value;
   };
-  static std::mutex mu;
-  static std::vector<Entry> set;
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+};
+
+// cudaFuncSetAttribute(kernel, attr, value) where the current device's kernel does not have it yet (FuncAttrTable);
+// on every call where the current device cannot be told.
+inline cudaError_t allow_func_attribute(const void* kernel, cudaFuncAttribute attr, int value) {
+  static FuncAttrTable table;
   int device = -1;
   if (cudaGetDevice(&device) != cudaSuccess) return cudaFuncSetAttribute(kernel, attr, value);
-  std::lock_guard<std::mutex> lock(mu);
-  Entry* found = nullptr;
-  for (Entry& e : set) {
-    if (e.kernel == kernel && e.device == device && e.attr == attr) found = &e;
-  }
-  if (found != nullptr && found->value >= value) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, attr, value);
-  if (err == cudaSuccess) {
-    if (found != nullptr) {
-      found->value = value;
-    } else {
-      set.push_back({kernel, device, attr, value});
-    }
-  }
-  return err;
+  return table.allow(device, kernel, attr, value, [](const void* k, cudaFuncAttribute a, int v) {
+    return cudaFuncSetAttribute(k, a, v);
+  });
 }
 
 // The dynamic shared memory a launch of kernel takes, allowed where it is past the default 48 KB.
