@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from fused_attn import build
+from tests.host_programs import host_binary
 
 MAX = 2**31 - 1
 
@@ -38,17 +38,7 @@ int main(int argc, char** argv) {
 
 @pytest.fixture(scope="module")
 def fastdiv_binary(tmp_path_factory):
-    try:
-        nvcc = build.find_cuda_home() / "bin" / "nvcc"
-    except RuntimeError as e:
-        pytest.skip(str(e))
-    tmp = tmp_path_factory.mktemp("fastdiv")
-    (tmp / "main.cu").write_text(PROGRAM)
-    exe = tmp / "fastdiv"
-    r = subprocess.run([str(nvcc), "-std=c++17", "-O2", "-I", str(build.CSRC), "-o", str(exe), str(tmp / "main.cu")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return exe
+    return host_binary(tmp_path_factory.mktemp("fastdiv"), "fastdiv", PROGRAM)
 
 
 def pairs() -> list[tuple[int, int]]:

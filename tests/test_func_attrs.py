@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from fused_attn import build
+from tests.host_programs import host_binary
 
 # Reads lines "device kernel attr value fail" (attr 0: the shared-memory allowance, 1: large clusters; kernel: an
 # index into two stand-in kernels; fail 1: the stand-in set fails) and prints, a line each, the call's result (0 ok,
@@ -38,17 +38,7 @@ int main() {
 
 @pytest.fixture(scope="module")
 def table_binary(tmp_path_factory):
-    try:
-        nvcc = build.find_cuda_home() / "bin" / "nvcc"
-    except RuntimeError as e:
-        pytest.skip(str(e))
-    tmp = tmp_path_factory.mktemp("func_attrs")
-    (tmp / "main.cu").write_text(PROGRAM)
-    exe = tmp / "func_attrs"
-    r = subprocess.run([str(nvcc), "-std=c++17", "-O2", "-I", str(build.CSRC), "-o", str(exe), str(tmp / "main.cu")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return exe
+    return host_binary(tmp_path_factory.mktemp("func_attrs"), "func_attrs", PROGRAM)
 
 
 def run(binary, calls: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int]]:
