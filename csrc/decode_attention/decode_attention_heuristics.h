@@ -61,16 +61,18 @@ constexpr int kDecodeLongBlocksPerSm = 6;
 // short; kDecodeWaveSplits splits a block, merged in a cluster, cut the tail fine. H200, fp16, 32 heads, batch 16,
 // contiguous cache, forced num_splits against the general rule's 1 (dev.sweep_decode_splits, 2026-11-30): D128
 // 32k keys 1883.0 -> 1855.9 us (24 splits 1863.1, 2: 1971.2), D128 128k 7500.1 -> 7371.3 (24: 7358.7), D64 128k
-// 3740.7 -> 3678.0; SDPA in the same run 1873.9 / 7501.5 / 3707.8. Only with the cluster merge (cluster_ok): the
-// combine kernel's 16 splits were not measured.
+// 3740.7 -> 3678.0; SDPA in the same run 1873.9 / 7501.5 / 3707.8. Only where measured: with the cluster merge
+// (cluster_ok; the combine kernel's 16 splits were not measured) and an unsplit grid of one to two waves (larger
+// grids' tails are a smaller share of their time, and 16x the blocks' merges were not measured there).
 constexpr int kDecodeWaveMinLen = 32768;
 constexpr int kDecodeWaveSplits = 16;
 static_assert(kDecodeWaveSplits <= kMaxClusterSplits, "the wave rule's splits merge in one cluster");
-// The CUDA-core kernel's splits at long caches: kDecodeWaveSplits where the unsplit grid is a wave or more (above);
+// The CUDA-core kernel's splits at long caches: kDecodeWaveSplits where the unsplit grid is one to two waves (above);
 // at a cache of at least kDecodeLongMinLen slots kDecodeLongBlocksPerSm blocks an SM where that is more splits than
 // a cluster holds; 0 elsewhere (decode_splits decides).
 constexpr int decode_long_splits(int64_t work, int max_len, int sms, bool cluster_ok = false) {
-  if (cluster_ok && max_len >= kDecodeWaveMinLen && work >= int64_t(kDecodeBlocksPerSm) * sms) {
+  const int64_t wave = int64_t(kDecodeBlocksPerSm) * sms;
+  if (cluster_ok && max_len >= kDecodeWaveMinLen && work >= wave && work <= 2 * wave) {
     return kDecodeWaveSplits;
   }
   if (max_len < kDecodeLongMinLen) return 0;
