@@ -70,7 +70,7 @@ static_assert(kDecodeWaveSplits <= kMaxClusterSplits, "the wave rule's splits me
 // The CUDA-core kernel's splits at long caches: kDecodeWaveSplits where the unsplit grid is one to two waves (above);
 // at a cache of at least kDecodeLongMinLen slots kDecodeLongBlocksPerSm blocks an SM where that is more splits than
 // a cluster holds; 0 elsewhere (decode_splits decides).
-constexpr int decode_long_splits(int64_t work, int max_len, int sms, bool cluster_ok = false) {
+constexpr int decode_long_splits(int64_t work, int max_len, int sms, bool cluster_ok) {
   const int64_t wave = int64_t(kDecodeBlocksPerSm) * sms;
   if (cluster_ok && max_len >= kDecodeWaveMinLen && work >= wave && work <= 2 * wave) {
     return kDecodeWaveSplits;

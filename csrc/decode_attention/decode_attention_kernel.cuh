@@ -1250,10 +1250,12 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams 
 }
 
 // The attention kernels' launch: a cluster of the splits when p.cluster, programmatic (pdl.cuh)
-// when p.programmatic.
+// when p.programmatic; the kernel allowed its shared memory and cluster size first (common/func_attrs.h).
 template <typename Kernel>
 void launch_attention_kernel(const DecodeParams& params, Kernel kernel, int smem, cudaStream_t stream,
                              int threads = kDecodeThreads) {
+  allow_dynamic_smem(kernel, smem);
+  if (params.cluster && params.num_splits > 8) allow_large_clusters(kernel);
   const DecodeParams p = with_pdl_early(params, params.batch);
   launch_clustered(p.programmatic, dim3(1, p.cluster ? unsigned(p.num_splits) : 1u, 1), kernel,
                    dim3(unsigned(p.batch) * p.nheads_kv * p.row_chunks, p.num_splits), dim3(unsigned(threads)), smem,
@@ -1275,12 +1277,10 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   const auto kernel = wide   ? decode_kernel<T, HD, R, false, kWide, kPaged>
                       : deep ? decode_kernel<T, HD, R, kHasDeep, kDecodeThreads, kPaged>
                              : decode_kernel<T, HD, R, false, kDecodeThreads, kPaged>;
-  if (p.cluster && p.num_splits > 8) allow_large_clusters(kernel);
   const int body = wide ? DecodeTile<T, HD, R, false, kWide>::kSmemBytes
                    : deep ? Deep::kSmemBytes
                           : DecodeTile<T, HD, R>::kSmemBytes;
   const int smem = body + (p.cluster ? decode::kPushBytes<R, HD> : 0);
-  allow_dynamic_smem(kernel, smem);
   launch_attention_kernel(p, kernel, smem, stream, wide ? kWide : kDecodeThreads);
 }
 
@@ -1289,6 +1289,13 @@ bool decode_cluster_capable() {
   cudaFuncAttributes attr{};
   return cudaFuncGetAttributes(&attr, decode_kernel<T, HD, R, false, kDecodeThreads, false>) == cudaSuccess &&
          attr.binaryVersion >= 90;
+}
+
+template <typename T, int HD, bool kPaged>
+void launch_decode_mma(const DecodeParams& p, cudaStream_t stream) {
+  using M = DecodeMmaGeometry<T, HD>;
+  const int smem = M::kSmemBytes + (p.cluster ? decode::kPushBytes<16, HD> : 0);
+  launch_attention_kernel(p, decode_mma_kernel<T, HD, kPaged>, smem, stream);
 }
 
 // read() on the current device, kept in known[device][key] after the first call (stored + 1: 0 is not read yet).
@@ -1314,16 +1321,6 @@ int decode_mma_occupancy_smem() {
   const int smem = DecodeMmaGeometry<T, HD>::kSmemBytes + decode::kPushBytes<16, HD>;
   allow_dynamic_smem(decode_mma_kernel<T, HD, kPaged>, smem);
   return smem;
-}
-
-template <typename T, int HD, bool kPaged>
-void launch_decode_mma(const DecodeParams& p, cudaStream_t stream) {
-  using M = DecodeMmaGeometry<T, HD>;
-  const auto kernel = decode_mma_kernel<T, HD, kPaged>;
-  const int smem = M::kSmemBytes + (p.cluster ? decode::kPushBytes<16, HD> : 0);
-  allow_dynamic_smem(kernel, smem);
-  if (p.cluster && p.num_splits > 8) allow_large_clusters(kernel);
-  launch_attention_kernel(p, kernel, smem, stream);
 }
 
 template <typename T, int HD, bool kPaged>
