@@ -138,6 +138,39 @@ _VARIANTS = [
             "rounds, 2026-11-30)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
             "(b4- or b16-) and (l32768- or l131072-)'"),
+    Variant("decode-paged-check-after-first-tiles",
+            (Edit(DECODE_K, "#include <atomic>\n", "#include <atomic>\n#include <type_traits>\n"),
+             Edit(DECODE_K, '  template <typename T>\n  __device__ __forceinline__ void at(const DecodeParams& p, int read_end, int n, int j, const T* kc, const T* vc,\n                                     const T*& ks, const T*& vs) {\n    if constexpr (kPaged) {\n      const uint32_t page = pages[n], row = uint32_t(j) & p.page_mask;',
+                  '  template <bool kClamp = false, typename T>\n  __device__ __forceinline__ void at(const DecodeParams& p, int read_end, int n, int j, const T* kc, const T* vc,\n                                     const T*& ks, const T*& vs) {\n    if constexpr (kPaged) {\n      const uint32_t page = kClamp ? in_pool(p, pages[n]) : uint32_t(pages[n]), row = uint32_t(j) & p.page_mask;'),
+             Edit(DECODE_K, '  auto issue = [&](int t) {\n    const int stage = t % STAGES;\n    const int jt = kb + t * TILE;\n    if (jt + TILE <= min(cached, ke)) {',
+                  '  auto issue = [&](int t, auto clamp) {\n    constexpr bool kClamp = decltype(clamp)::value;\n    const int stage = t % STAGES;\n    const int jt = kb + t * TILE;\n    if (jt + TILE <= min(cached, ke)) {'),
+             Edit(DECODE_K, '        tile_rows.at(p, min(cached, ke), u, jt + u * NY + ty, kc, vc, ks, vs);',
+                  '        tile_rows.template at<kClamp>(p, min(cached, ke), u, jt + u * NY + ty, kc, vc, ks, vs);'),
+             Edit(DECODE_K, '        tile_rows.at(p, min(cached, ke), u, j, kc, vc, ks, vs);',
+                  '        tile_rows.template at<kClamp>(p, min(cached, ke), u, j, kc, vc, ks, vs);'),
+             Edit(DECODE_K, "  if (!decode::lengths_ok(p, b, nr, cached, end, start) || !decode::pages_ok<kPaged>(p, b, start, end)) {\n    decode::write_nan_rows<T, R>(p, chunk, b, hkv, split, nr);\n    return;\n  }\n  // Ragged: a chunk with no token of the sequence (chunk 0's is its first, so nothing to append either).\n  if (!decode::chunk_live<R>(p, chunk, nr)) return;\n  decode::split_range(p, start, end, split, TILE, kb, ke);\n  const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;\n  tile_rows.start(p, b, kb + ty, NY, min(cached, ke), kc, vc);\n#pragma unroll\n  for (int t = 0; t < STAGES - 1; ++t) {\n    if (t < n_tiles) issue(t);\n    cp_async_commit();\n  }\n",
+                  "  if (!decode::lengths_ok(p, b, nr, cached, end, start)) {\n    decode::write_nan_rows<T, R>(p, chunk, b, hkv, split, nr);\n    return;\n  }\n  // Ragged: a chunk with no token of the sequence (chunk 0's is its first, so nothing to append either).\n  if (!decode::chunk_live<R>(p, chunk, nr)) return;\n  decode::split_range(p, start, end, split, TILE, kb, ke);\n  const int n_tiles = ke > kb ? (ke - kb + TILE - 1) / TILE : 0;\n  tile_rows.start(p, b, kb + ty, NY, min(cached, ke), kc, vc);\n#pragma unroll\n  for (int t = 0; t < STAGES - 1; ++t) {\n    if (t < n_tiles) issue(t, std::true_type{});\n    cp_async_commit();\n  }\n  if (!decode::pages_ok<kPaged>(p, b, start, end)) {\n    cp_async_wait<0>();\n    decode::write_nan_rows<T, R>(p, chunk, b, hkv, split, nr);\n    return;\n  }\n"),
+             Edit(DECODE_K, '    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);\n    cp_async_commit();\n    bool key_on[U];',
+                  '    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1, std::false_type{});\n    cp_async_commit();\n    bool key_on[U];')),
+            "the CUDA-core kernel's paged check (every entry of the sequence) after its first tiles are issued, those "
+            "tiles' entries clamped into the pool (the loop's are not: the check has passed by then): predicted one "
+            "dependent table round trip less before the first tile, ~1 us a paged launch at batch 1",
+            "python3 -m pytest bench/bench_decode_attention.py --full -k 'float16 and (paged- or fused-) and hkv32'"),
+    Variant("decode-paged-deep",
+            (Edit(DECODE_K, "constexpr bool kHasDeep = kDecodeDeep && R == 1 && !kPaged;",
+                  "constexpr bool kHasDeep = kDecodeDeep && R == 1;"),
+             Edit(DECODE_K, "      kHasDeep && decode_deep(p.batch, pdl_early(p.batch), split_slots, int64_t(Deep::STAGES) * Deep::TILE);",
+                  "      kHasDeep && (kPaged || decode_deep(p.batch, pdl_early(p.batch), split_slots, int64_t(Deep::STAGES) * Deep::TILE));")),
+            "a paged cache's one-row launches on the CUDA-core kernel's deep build (48 KB of K and V in flight a block "
+            "instead of 32): predicted faster where a paged block's stream is latency-bound (batch 1 MHA)",
+            "python3 -m pytest bench/bench_decode_attention.py --full -k 'float16 and (paged- or fused-) and hkv32'"),
+    Variant("decode-paged-long-splits-off",
+            (Edit(DECODE_H, "constexpr int kDecodePagedLongMinLen = 32768;",
+                  "constexpr int kDecodePagedLongMinLen = kDecodeLongMinLen;"),),
+            "a paged cache's CUDA-core launches on the long-cache rule only from 128k keys, as the contiguous "
+            "cache's: the numbers at kDecodePagedLongMinLen in decode_attention_heuristics.h",
+            "python3 -m dev.sweep_decode_splits --shapes 1,32,32,128,32768 1,32,32,64,32768 --layouts paged:16 "
+            "--splits 8,24"),
     Variant("decode-wave-splits-off",
             (Edit(DECODE_H, "constexpr int kDecodeWaveMinLen = 32768;", "constexpr int kDecodeWaveMinLen = 1 << 30;"),),
             "the CUDA-core kernel's general rule (one split) where its unsplit grid fills the GPU at a long cache "

@@ -648,6 +648,12 @@ MUTATIONS: list[Mutation] = [
              "if (cluster_ok && work >= wave",
              _t("tests/test_decode_heuristics.py::test_long_cache_split_rules"),
              why="16 splits of an 8k cache at batch 16 (512-key splits) where one split was measured as fast"),
+    Mutation("decode-paged-long-rule-ignored", "csrc/decode_attention/decode_attention_heuristics.h",
+             "if (max_len < (paged ? kDecodePagedLongMinLen : kDecodeLongMinLen)) return 0;",
+             "if (max_len < kDecodeLongMinLen) return 0;",
+             _t("tests/test_decode_heuristics.py::test_long_cache_split_rules"),
+             why="a paged cache at batch 1 MHA 32k keys back on 8 splits in a cluster (141.7 us against 24 splits' "
+                 "136.3, H200)"),
     Mutation("func-attrs-allowance-never-set", "csrc/common/func_attrs.h",
              "const cudaError_t err = set(kernel, attr, value);", "const cudaError_t err = cudaSuccess;",
              _t("tests/test_func_attrs.py::test_sets_once_and_again_only_for_more"),

@@ -1,8 +1,9 @@
 """decode_attention's split rules for long caches (csrc/decode_attention/decode_attention_heuristics.h,
 decode_long_splits), on the host side of nvcc's compilation: which launches take the wave rule's 16 splits (the
-unsplit grid one to two waves of two blocks an SM, 32k+ keys, the cluster merge available), which the 128k rule's
-six blocks an SM, and which neither (0: the general rule decides). The expected counts are the rules' statements
-in the header's comments worked by hand for an H200 (132 SMs). CPU only; skipped without nvcc (CI has it)."""
+unsplit grid one to two waves of two blocks an SM, 32k+ keys, the cluster merge available), which the long-cache
+rule's six blocks an SM (from 128k keys, from 32k with a paged cache), and which neither (0: the general rule
+decides). The expected counts are the rules' statements in the header's comments worked by hand for an H200 (132
+SMs). CPU only; skipped without nvcc (CI has it)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ PROGRAM = r"""
 #include "decode_attention/decode_attention_heuristics.h"
 int main() {
   long long work;
-  int max_len, sms, cluster_ok;
-  while (std::scanf("%lld %d %d %d", &work, &max_len, &sms, &cluster_ok) == 4) {
-    std::printf("%d\n", fused_attn::decode_long_splits(work, max_len, sms, cluster_ok != 0));
+  int max_len, sms, cluster_ok, paged;
+  while (std::scanf("%lld %d %d %d %d", &work, &max_len, &sms, &cluster_ok, &paged) == 5) {
+    std::printf("%d\n", fused_attn::decode_long_splits(work, max_len, sms, cluster_ok != 0, paged != 0));
   }
   return 0;
 }
@@ -29,20 +30,24 @@ SMS = 132  # an H200
 WAVE = 2 * SMS  # two blocks an SM: 264 blocks at a time
 
 CASES = [
-    # (work = batch x kv heads x row chunks, max_len, cluster_ok) -> splits
-    ((16 * 32, 32768, 1), 16),       # batch 16 MHA 32 heads, 32k: 1.94 waves -> the wave rule
-    ((16 * 32, 131072, 1), 16),      # the same at 128k: the wave rule before the 128k rule
-    ((WAVE, 32768, 1), 16),          # exactly one wave
-    ((2 * WAVE, 65536, 1), 16),      # exactly two waves
-    ((2 * WAVE + 1, 32768, 1), 0),   # past two waves: the general rule
-    ((16 * 32, 32767, 1), 0),        # below 32k keys
-    ((16 * 32, 8192, 1), 0),
-    ((16 * 32, 32768, 0), 0),        # no cluster merge
-    ((WAVE - 1, 32768, 1), 0),       # below a wave, short of 128k
-    ((32, 131072, 1), 24),           # batch 1 MHA 32 heads at 128k: six blocks an SM, 24 splits (past a cluster)
-    ((32, 131072, 0), 24),
-    ((256, 131072, 1), 0),           # batch 8: six blocks an SM are 3 splits, within a cluster: the general rule
-    ((32, 65536, 1), 0),             # below 128k keys, below a wave
+    # (work = batch x kv heads x row chunks, max_len, cluster_ok, paged) -> splits
+    ((16 * 32, 32768, 1, 0), 16),       # batch 16 MHA 32 heads, 32k: 1.94 waves -> the wave rule
+    ((16 * 32, 131072, 1, 0), 16),      # the same at 128k: the wave rule before the 128k rule
+    ((WAVE, 32768, 1, 0), 16),          # exactly one wave
+    ((2 * WAVE, 65536, 1, 0), 16),      # exactly two waves
+    ((2 * WAVE + 1, 32768, 1, 0), 0),   # past two waves: the general rule
+    ((16 * 32, 32767, 1, 0), 0),        # below 32k keys
+    ((16 * 32, 8192, 1, 0), 0),
+    ((16 * 32, 32768, 0, 0), 0),        # no cluster merge
+    ((WAVE - 1, 32768, 1, 0), 0),       # below a wave, short of 128k
+    ((32, 131072, 1, 0), 24),           # batch 1 MHA 32 heads at 128k: six blocks an SM, 24 splits (past a cluster)
+    ((32, 131072, 0, 0), 24),
+    ((256, 131072, 1, 0), 0),           # batch 8: six blocks an SM are 3 splits, within a cluster: the general rule
+    ((32, 65536, 1, 0), 0),             # below 128k keys, below a wave
+    ((32, 32768, 1, 1), 24),            # paged: batch 1 MHA at 32k keys takes the long-cache rule
+    ((32, 32767, 1, 1), 0),             # paged below 32k keys
+    ((128, 32768, 1, 1), 0),            # paged batch 4 MHA: six blocks an SM are 6 splits, within a cluster
+    ((16 * 32, 32768, 1, 1), 16),       # paged batch 16: the wave rule first
 ]
 
 
@@ -52,9 +57,9 @@ def rule_binary(tmp_path_factory):
 
 
 def test_long_cache_split_rules(rule_binary):
-    lines = "".join(f"{w} {n} {SMS} {c}\n" for (w, n, c), _ in CASES)
+    lines = "".join(f"{w} {n} {SMS} {c} {pg}\n" for (w, n, c, pg), _ in CASES)
     r = subprocess.run([str(rule_binary)], input=lines, capture_output=True, text=True, check=True)
     got = [int(x) for x in r.stdout.split()]
     want = [splits for _, splits in CASES]
     wrong = [(case, g, w) for (case, _), g, w in zip(CASES, got, want) if g != w]
-    assert not wrong, f"(work, max_len, cluster_ok), got, want: {wrong}"
+    assert not wrong, f"(work, max_len, cluster_ok, paged), got, want: {wrong}"

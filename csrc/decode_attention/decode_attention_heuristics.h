@@ -56,6 +56,13 @@ constexpr int decode_splits(int64_t work, int max_len, int sms, bool cluster_ok,
 // 2's 487.5).
 constexpr int kDecodeLongMinLen = 131072;
 constexpr int kDecodeLongBlocksPerSm = 6;
+// A paged cache takes the same rule from kDecodePagedLongMinLen slots: at 32k keys its 8 splits in a cluster stream
+// slower than the contiguous cache's (a paged block reads 4 KB runs of 16-slot pages; forced one split, a paged block
+// streams 8% slower than a contiguous one at B1 MHA D128 8k), and 24 splits win back most of it. H200, fp16, B1
+// 32/32, 32k keys, pages of 16, forced num_splits (dev.sweep_decode_splits, 2026-11-30): D128 paged 8 splits 142.3
+// us, 24: 136.3 (the rule before: 141.7; contiguous 132.7); D64 73.9 / 74.7 (contiguous 70.2), even. At 8k keys
+// 24 splits lose (D128 paged 42.5 -> 45.4 us), hence the bound.
+constexpr int kDecodePagedLongMinLen = 32768;
 // The CUDA-core kernel where the blocks before splitting fill the GPU at least once and the cache is long (batch 16
 // MHA): the general rule's one split leaves a grid of 1.94 waves (512 blocks, 264 at a time) whose second wave runs
 // short; kDecodeWaveSplits splits a block, merged in a cluster, cut the tail fine. H200, fp16, 32 heads, batch 16,
@@ -68,14 +75,14 @@ constexpr int kDecodeWaveMinLen = 32768;
 constexpr int kDecodeWaveSplits = 16;
 static_assert(kDecodeWaveSplits <= kMaxClusterSplits, "the wave rule's splits merge in one cluster");
 // The CUDA-core kernel's splits at long caches: kDecodeWaveSplits where the unsplit grid is one to two waves (above);
-// at a cache of at least kDecodeLongMinLen slots kDecodeLongBlocksPerSm blocks an SM where that is more splits than
-// a cluster holds; 0 elsewhere (decode_splits decides).
-constexpr int decode_long_splits(int64_t work, int max_len, int sms, bool cluster_ok) {
+// at a cache of at least kDecodeLongMinLen slots (kDecodePagedLongMinLen paged) kDecodeLongBlocksPerSm blocks an SM
+// where that is more splits than a cluster holds; 0 elsewhere (decode_splits decides).
+constexpr int decode_long_splits(int64_t work, int max_len, int sms, bool cluster_ok, bool paged) {
   const int64_t wave = int64_t(kDecodeBlocksPerSm) * sms;
   if (cluster_ok && max_len >= kDecodeWaveMinLen && work >= wave && work <= 2 * wave) {
     return kDecodeWaveSplits;
   }
-  if (max_len < kDecodeLongMinLen) return 0;
+  if (max_len < (paged ? kDecodePagedLongMinLen : kDecodeLongMinLen)) return 0;
   const int splits = decode_splits(work, max_len, sms, /*cluster_ok=*/false, kDecodeLongBlocksPerSm);
   return splits > kMaxClusterSplits ? splits : 0;
 }
