@@ -37,8 +37,9 @@
 // is treated as out-of-bounds lengths (that split's rows are poisoned, so the merged rows are NaN, and the append is
 // skipped). The other splits of the tensor-core kernel check nothing and clamp each entry into the pool where they
 // use it (decode::in_pool), so no address leaves the pools, and a row read through a bad entry only feeds outputs
-// the first split makes NaN. Every block of the CUDA-core kernel checks all of them before its first tile (its
-// loop's code is the cheaper for it: decode_kernel), writes NaN and returns at a bad one. The loops look each row's
+// the first split makes NaN. Every block of the CUDA-core kernel checks all of them once its first tiles (read
+// through clamped entries) are issued, before its loop (whose code is the cheaper for it: decode_kernel), and writes
+// NaN and returns at a bad one. The loops look each row's
 // page up one tile ahead, in registers (decode::TileRows: an entry read only when a row moves into another page;
 // decode::TileRun: its run's two entries every tile), so a row's address is the page's base + its row in the page
 // with no table load in the way; a tile may straddle pages and page_size may be smaller than a tile. The L2 prefetch
@@ -49,6 +50,7 @@
 #pragma once
 
 #include <atomic>
+#include <type_traits>
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -246,7 +248,8 @@ __device__ __forceinline__ uint64_t mad_wide(uint32_t a, uint32_t b, uint64_t c)
 // page + TILE reaches past the page), loads that page's entry through the row's entry pointer (once a page a row),
 // so no row load waits on a table load and each entry has a tile of work to arrive in. A row's address is the pool's
 // base (held from start()) + page x page stride + row x row stride, the strides in bytes below 2**32 (DecodeParams)
-// and the page and row unsigned (pages_ok checked the page before the first tile, the row is a slot & mask): two
+// and the page and row unsigned (the row is a slot & mask; the page: at<true>, the block's first tiles, issued before
+// pages_ok has checked the entries, clamps it into the pool; the loop's at<false> takes it as loaded, checked): two
 // wide multiply-adds a row, no sign extension, no table address. Entries are read only for the slots read from the
 // pages, below read_end = min(cached, ke). at() is called for row n of every tile in turn while its slot j <
 // read_end (a row past it is never at() again: the tiles after a partial one are partial).
@@ -270,11 +273,11 @@ struct TileRows {
       }
     }
   }
-  template <typename T>
+  template <bool kClamp = false, typename T>
   __device__ __forceinline__ void at(const DecodeParams& p, int read_end, int n, int j, const T* kc, const T* vc,
                                      const T*& ks, const T*& vs) {
     if constexpr (kPaged) {
-      const uint32_t page = pages[n], row = uint32_t(j) & p.page_mask;
+      const uint32_t page = kClamp ? in_pool(p, pages[n]) : uint32_t(pages[n]), row = uint32_t(j) & p.page_mask;
       const uint32_t moved = (row + TILE) >> p.page_shift;  // the pages the row moves to the next tile
       if (j < read_end - TILE && moved != 0) {
         entries[n] += moved;
@@ -713,7 +716,8 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   // Slots >= cached come from k_new / v_new: the append below never races with these reads.
   // A tile wholly inside the cache and the split (all but at most two per block) takes the
   // short path: one 64-bit multiply-add per row, no selects.
-  auto issue = [&](int t) {
+  auto issue = [&](int t, auto clamp) {
+    constexpr bool kClamp = decltype(clamp)::value;
     const int stage = t % STAGES;
     const int jt = kb + t * TILE;
     if (jt + TILE <= min(cached, ke)) {
@@ -721,7 +725,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
       for (int u = 0; u < U; ++u) {
         const T* ks;
         const T* vs;
-        tile_rows.at(p, min(cached, ke), u, jt + u * NY + ty, kc, vc, ks, vs);
+        tile_rows.template at<kClamp>(p, min(cached, ke), u, jt + u * NY + ty, kc, vc, ks, vs);
 #pragma unroll
         for (int w = 0; w < kWords; ++w) {
           cp_async16(word(stage, 0, u, w), ks + w * (16 / int(sizeof(T))), lane_on);
@@ -737,7 +741,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
       const T* ks = static_cast<const T*>(p.k_cache);
       const T* vs = static_cast<const T*>(p.v_cache);
       if (on && j < cached) {
-        tile_rows.at(p, min(cached, ke), u, j, kc, vc, ks, vs);
+        tile_rows.template at<kClamp>(p, min(cached, ke), u, j, kc, vc, ks, vs);
       } else if (on) {
         ks = kn + (j - cached) * p.kn_stride_s;
         vs = vn + (j - cached) * p.vn_stride_s;
@@ -781,13 +785,16 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     }
   }
 
-  // Every block checks every entry of its sequence's pages before its first tile (pages_ok), so a failure is the
-  // same in every split and the block may return at once (write_nan_rows), and the loop uses the entries as
-  // loaded. The tensor-core kernel's way (only the first split checks, the others clamp each entry where they
-  // use it) made this kernel's loop 359-400 instructions a tile instead of 345 (fp16, D64, paged, one row; nvcc
-  // 13.0) and its paged cache at batch 4, 32 heads, D64 4.5% / 6.7% slower at 8k / 32k keys, where it issues from
-  // two warps a scheduler (H200, fp16, the two builds interleaved, 2026-11-29).
-  if (!decode::lengths_ok(p, b, nr, cached, end, start) || !decode::pages_ok<kPaged>(p, b, start, end)) {
+  // Every block checks every entry of its sequence's pages (pages_ok), after issuing its first tiles: those tiles
+  // read through entries clamped into the pool (TileRows::at<true>), so the table's round trip is not on the path
+  // to the first tile (paged B1 MHA 32 heads: D64 8k 27.9 -> 26.8 us, D128 32k 139.3 -> 138.2; H200, fp16, bench.ab,
+  // 2026-11-30). A failure is the same in every split, so the block may return at once (write_nan_rows), and the loop
+  // uses the entries as loaded, unclamped: the tensor-core kernel's way (only the first split checks, the others
+  // clamp every entry they use) made this kernel's loop 359-400 instructions a tile instead of 345 (fp16, D64,
+  // paged, one row; nvcc 13.0) and its paged cache at batch 4, 32 heads, D64 4.5% / 6.7% slower at 8k / 32k keys,
+  // where it issues from two warps a scheduler (H200, fp16, the two builds interleaved, 2026-11-29). An empty pool
+  // has no page to clamp into: bad lengths wherever a slot is read or written.
+  if (!decode::lengths_ok(p, b, nr, cached, end, start) || (kPaged && p.num_pages <= 0 && end > start)) {
     decode::write_nan_rows<T, R>(p, chunk, b, hkv, split, nr);
     return;
   }
@@ -798,8 +805,13 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   tile_rows.start(p, b, kb + ty, NY, min(cached, ke), kc, vc);
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
-    if (t < n_tiles) issue(t);
+    if (t < n_tiles) issue(t, std::true_type{});
     cp_async_commit();
+  }
+  if (!decode::pages_ok<kPaged>(p, b, start, end)) {
+    cp_async_wait<0>();  // the first tiles' copies land before the block's shared memory is released
+    decode::write_nan_rows<T, R>(p, chunk, b, hkv, split, nr);
+    return;
   }
   if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T, kPaged>(p, b, hkv, cached, nr);
 
@@ -820,7 +832,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
 
   const bool* key_mask = p.key_mask != nullptr ? p.key_mask + b * p.key_mask_stride_b : nullptr;
   for (int t = 0; t < n_tiles; ++t) {
-    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);
+    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1, std::false_type{});
     cp_async_commit();
     bool key_on[U];  // in the split, and not masked (read before the wait, so the two overlap)
 #pragma unroll
