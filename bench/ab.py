@@ -138,22 +138,6 @@ _VARIANTS = [
             "rounds, 2026-11-30)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
             "(b4- or b16-) and (l32768- or l131072-)'"),
-    Variant("decode-mma-paged-l2-prefetch-next-tile",
-            (
-             Edit(DECODE_K, "struct TileRun {\n  int first_page, last_page;\n  const int* table;         // the sequence's block_table row",
-                  "struct TileRun {\n  int first_page, last_page;\n  int ahead_first, ahead_last;  // the next tile's run's pages, read a tile before its run() uses them\n  const int* table;         // the sequence's block_table row"),
-             Edit(DECODE_K, '      first_page = last_page = 0;\n      if (j0 < read_end) {\n        first_page = page_at(table, j0 >> p.page_shift);\n        last_page = page_at(table, min(j0 + N - 1, read_end - 1) >> p.page_shift);\n      }\n    }\n  }',
-                  '      first_page = last_page = ahead_first = ahead_last = 0;\n      if (j0 < read_end) {\n        first_page = page_at(table, j0 >> p.page_shift);\n        last_page = page_at(table, min(j0 + N - 1, read_end - 1) >> p.page_shift);\n      }\n      if (j0 + TILE < read_end) {\n        ahead_first = page_at(table, (j0 + TILE) >> p.page_shift);\n        ahead_last = page_at(table, min(j0 + TILE + N - 1, read_end - 1) >> p.page_shift);\n      }\n    }\n  }\n  // Into L2: row c % N of the next tile\'s run (slots j1 ..), the 128-byte line c / N of it (c: the thread\'s\n  // column chunk), K and V, through the pages read a tile ago: the tile\'s rows are on their way from DRAM a tile\n  // before its copies are issued. Two-byte elements (the tensor-core kernel\'s).\n  __device__ __forceinline__ void prefetch_next(const DecodeParams& p, int j1, int read_end, int c) const {\n    if constexpr (kPaged) {\n      const int n = c % N;\n      const uint32_t line = uint32_t(c / N) * 128u;\n      if (j1 + n < read_end && line < uint32_t(p.headdim) * 2u) {\n        const uint32_t row0 = uint32_t(j1) & p.page_mask, cross = p.page_mask + 1 - row0;\n        const bool first = uint32_t(n) < cross;\n        const uint32_t page = in_pool(p, first ? ahead_first : ahead_last), row = first ? row0 + n : n - cross;\n        const uint64_t k = mad_wide(row, p.k_row_bytes, mad_wide(page, p.k_page_bytes, k_base)) + line;\n        const uint64_t v = mad_wide(row, p.v_row_bytes, mad_wide(page, p.v_page_bytes, v_base)) + line;\n        asm volatile("prefetch.global.L2 [%0];" ::"l"(k));\n        asm volatile("prefetch.global.L2 [%0];" ::"l"(v));\n      }\n    }\n  }'),
-             Edit(DECODE_K, '  __device__ __forceinline__ void next(const DecodeParams& p, int j0, int read_end) {\n    if constexpr (kPaged) {\n      if (j0 < read_end - TILE) {\n        const int j1 = j0 + TILE;\n        first_page = page_at(table, j1 >> p.page_shift);\n        last_page = page_at(table, min(j1 + N - 1, read_end - 1) >> p.page_shift);\n      }\n    }\n  }',
-                  '  __device__ __forceinline__ void next(const DecodeParams& p, int j0, int read_end) {\n    if constexpr (kPaged) {\n      first_page = ahead_first;\n      last_page = ahead_last;\n      if (j0 < read_end - 2 * TILE) {\n        const int j2 = j0 + 2 * TILE;\n        ahead_first = page_at(table, j2 >> p.page_shift);\n        ahead_last = page_at(table, min(j2 + N - 1, read_end - 1) >> p.page_shift);\n      }\n    }\n  }'),
-             Edit(DECODE_K, '    tile_run.next(p, jt + r0 * N, min(cached, ke));\n  };',
-                  '    tile_run.prefetch_next(p, jt + TILE + r0 * N, min(cached, ke), c);\n    tile_run.next(p, jt + r0 * N, min(cached, ke));\n  };')),
-            "a paged cache's tensor-core kernel reads each run's entries two tiles ahead and prefetches the next "
-            "tile's rows into L2 (one line of K and of V a thread) a tile before its copies: predicted B16 GQA D128 "
-            "32k paged / contiguous 1.054 -> ~1.03 (a block's bytes in flight, not the layout: the gather floor pays "
-            "0.6% for the shuffled pages there, dev.probe_paged_floor, H200, 2026-11-30)",
-            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (paged- or fused-) and hkv8 "
-            "and (l8192- or l32768- or l131072-)'"),
     Variant("decode-paged-long-splits-off",
             (Edit(DECODE_H, "constexpr int kDecodePagedLongMinLen = 32768;",
                   "constexpr int kDecodePagedLongMinLen = kDecodeLongMinLen;"),),
