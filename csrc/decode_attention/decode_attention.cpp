@@ -316,7 +316,8 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         }
       }
       const int sms = sm_count(q);
-      const int long_splits = use_mma ? 0 : decode_long_splits(work, p.max_len, sms, cluster_ok, p.block_table != nullptr);
+      const bool paged = p.block_table != nullptr;
+      const int long_splits = use_mma ? 0 : decode_long_splits(work, p.max_len, sms, cluster_ok, paged);
       p.num_splits = num_splits > 0  ? int(num_splits)
                      : long_splits > 0 ? long_splits
                                        : decode_splits(work, p.max_len, sms, cluster_ok, blocks_per_sm,
