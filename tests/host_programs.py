@@ -1,6 +1,6 @@
 """Small C++ programs built with nvcc against csrc/ and run on the host: the tests of header-only pieces whose
-logic runs the same there (tests/test_fastdiv.py, tests/test_func_attrs.py). Skips the calling test where no CUDA
-toolkit is found (CI has one)."""
+logic runs the same there (tests/test_fastdiv.py, tests/test_func_attrs.py, tests/test_decode_heuristics.py).
+Skips the calling test where no CUDA toolkit is found (CI has one)."""
 
 from __future__ import annotations
 

@@ -27,8 +27,8 @@
 
 #include <cuda_runtime.h>
 
-#include "../common/math.cuh"
 #include "../common/func_attrs.h"
+#include "../common/math.cuh"
 #include "../common/mma.cuh"
 #include "../common/vec_dtypes.cuh"
 #include "attention_launch.h"

@@ -66,8 +66,8 @@
 
 #include <type_traits>
 
-#include "../common/tma.h"
 #include "../common/func_attrs.h"
+#include "../common/tma.h"
 #include "../common/wgmma.cuh"
 #include "attention_heuristics.h"
 #include "attention_kernel.cuh"

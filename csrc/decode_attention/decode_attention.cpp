@@ -302,6 +302,7 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       const bool use_mma = mma_arch >= 80;
       p.row_chunks = (p.rows + (use_mma ? 16 : R) - 1) / (use_mma ? 16 : R);
       const int64_t work = int64_t(p.batch) * p.nheads_kv * p.row_chunks;
+      const bool paged = p.block_table != nullptr;
       FA_CHECK_ARG(work < std::numeric_limits<int>::max(), q,
                    "have batch x nheads_q x seqlen_new (max_seqlen_q) below 2**31 blocks", shape_str(q.sizes()));
       const bool cluster_ok = at::cuda::getDeviceProperties(q.device().index())->major >= 9 &&
@@ -309,14 +310,13 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       int blocks_per_sm = kDecodeBlocksPerSm, cluster_max_len = 0;
       if constexpr (kMmaKernel) {
         if (use_mma && num_splits <= 0) {
-          const int fit = p.block_table != nullptr ? decode_mma_max_blocks_per_sm<scalar_t, HD, true>()
-                                                   : decode_mma_max_blocks_per_sm<scalar_t, HD, false>();
+          const int fit = paged ? decode_mma_max_blocks_per_sm<scalar_t, HD, true>()
+                                : decode_mma_max_blocks_per_sm<scalar_t, HD, false>();
           blocks_per_sm = decode_mma_blocks_per_sm(fit);
           cluster_max_len = kDecodeMmaClusterMaxLen;
         }
       }
       const int sms = sm_count(q);
-      const bool paged = p.block_table != nullptr;
       const int long_splits = use_mma ? 0 : decode_long_splits(work, p.max_len, sms, cluster_ok, paged);
       p.num_splits = num_splits > 0  ? int(num_splits)
                      : long_splits > 0 ? long_splits
@@ -325,8 +325,8 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       p.cluster = cluster_ok && p.num_splits > 1 && p.num_splits <= kMaxClusterSplits;
       if constexpr (kMmaKernel) {
         if (use_mma && p.cluster) {
-          const int fit = p.block_table != nullptr ? decode_mma_max_active_clusters<scalar_t, HD, true>(p.num_splits)
-                                                   : decode_mma_max_active_clusters<scalar_t, HD, false>(p.num_splits);
+          const int fit = paged ? decode_mma_max_active_clusters<scalar_t, HD, true>(p.num_splits)
+                                : decode_mma_max_active_clusters<scalar_t, HD, false>(p.num_splits);
           p.cluster = decode_cluster_fits(work, fit);
         }
       }
@@ -340,7 +340,7 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         p.partial_o = partial_o.data_ptr<float>();
         p.partial_lse = partial_lse.data_ptr<float>();
       }
-      FA_BOOL_SWITCH(p.block_table != nullptr, kPaged, [&] {
+      FA_BOOL_SWITCH(paged, kPaged, [&] {
         if (use_mma) {
           if constexpr (kMmaKernel) launch_decode_mma<scalar_t, HD, kPaged>(p, stream);
         } else {
