@@ -434,11 +434,9 @@ MUTATIONS: list[Mutation] = [
              _t(f"{T_DECODE_PAGED}::test_out_of_range_pages_give_nan_and_no_write_gpu"), gpu=True,
              why="the CUDA-core kernel's first tiles, issued before its check, read through an entry out of the pool"),
     Mutation("decode-kernel-empty-pool-read", "csrc/decode_attention/decode_attention_kernel.cuh",
-             "if (!decode::read_lengths<kPaged>(p, b, nr, cached, end, start)) {",
-             "if (!decode::lengths_ok(p, b, nr, cached, end, start)) {",
+             "|| (kPaged && p.num_pages <= 0 && end > start)) {", ") {",
              _t(f"{T_DECODE_PAGED}::test_empty_pool_gpu"), gpu=True,
-             why="the CUDA-core kernel without the empty-pool rule: an empty pool has no page to clamp into, and its "
-                 "first tiles read outside it"),
+             why="an empty pool has no page to clamp into: the first tiles read outside it"),
     Mutation("decode-mma-first-split-page-past-the-pool-accepted", "csrc/decode_attention/decode_attention_kernel.cuh",
              "return !__syncthreads_or(last > first && worst >= uint32_t(p.num_pages));",
              "return !__syncthreads_or(last > first && worst >= 0x80000000u);",

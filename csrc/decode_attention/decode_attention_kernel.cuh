@@ -163,10 +163,9 @@ __device__ __forceinline__ bool chunk_live(const DecodeParams& p, int chunk, con
   return count > 0 && nr.n > 0 && (a < nr.n || p.seqlen_new - a < count);
 }
 
-// Both kernels' lengths: lengths_ok, and with a paged cache an empty pool only where nothing is read or written (an
-// empty pool has no page to clamp an entry into: in_pool). Out of bounds: false, and cached = start = end = 0, so a
-// tensor-core block reads no key (its rows are poisoned at the end: sequence_ok) and appends nothing; a CUDA-core
-// block writes NaN and returns.
+// The tensor-core kernel's lengths: lengths_ok, and with a paged cache an empty pool only where nothing is read or
+// written. Out of bounds: false, and cached = start = end = 0, so the block reads no key (its rows are poisoned
+// at the end: sequence_ok) and appends nothing.
 template <bool kPaged>
 __device__ __forceinline__ bool read_lengths(const DecodeParams& p, int b, const NewRows& nr, int& cached, int& end,
                                              int& start) {
@@ -793,8 +792,8 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   // clamp every entry they use) made this kernel's loop 359-400 instructions a tile instead of 345 (fp16, D64,
   // paged, one row; nvcc 13.0) and its paged cache at batch 4, 32 heads, D64 4.5% / 6.7% slower at 8k / 32k keys,
   // where it issues from two warps a scheduler (H200, fp16, the two builds interleaved, 2026-11-29). An empty pool
-  // is bad lengths wherever a slot is read or written (read_lengths).
-  if (!decode::read_lengths<kPaged>(p, b, nr, cached, end, start)) {
+  // has no page to clamp into: bad lengths wherever a slot is read or written.
+  if (!decode::lengths_ok(p, b, nr, cached, end, start) || (kPaged && p.num_pages <= 0 && end > start)) {
     decode::write_nan_rows<T, R>(p, chunk, b, hkv, split, nr);
     return;
   }
