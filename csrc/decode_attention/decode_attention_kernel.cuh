@@ -1026,18 +1026,12 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   decode::TileRun<kPaged, N, TILE> tile_run;
   tile_run.start(p, b, kb + r0 * N, min(cached, ke), kc, vc);
   const bool col_on = c * kVec < p.headdim;
-  // The pipeline runs in halves: half 2t is tile t's K, half 2t + 1 its V, each in a slot of its own (the K and V
-  // halves of stage t % STAGES), so a block keeps 2 x STAGES - 1 halves in flight while it computes one instead of
-  // STAGES - 1 whole tiles (five 16 KB halves instead of two 32 KB tiles at head dim 128, fp16). A tile's run (its
-  // rows' pages) is read at its K half and kept for its V half, issued a half later.
-  constexpr int HALVES = 2 * STAGES;
-  typename decode::TileRun<kPaged, N, TILE>::Run v_run{};
-  auto issue_half = [&](int t, auto v_half) {
-    constexpr bool is_v = decltype(v_half)::value;
-    T* dst = pipe + (t % STAGES) * 2 * TILE * HD + (is_v ? TILE * HD : 0);
+  auto issue = [&](int t) {
+    T* ks = pipe + (t % STAGES) * 2 * TILE * HD;
+    T* vs = ks + TILE * HD;
     const int jt = kb + t * TILE;
     const bool fast = jt + TILE <= min(cached, ke);
-    if constexpr (!is_v) v_run = tile_run.run(p, jt + r0 * N);
+    const auto run = tile_run.run(p, jt + r0 * N);
 #pragma unroll
     for (int n = 0; n < N; ++n) {
       const int row = kPaged ? r0 * N + n : r0 + n * RS, j = jt + row;
@@ -1045,26 +1039,21 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
       const T* ksrc = static_cast<const T*>(p.k_cache);
       const T* vsrc = static_cast<const T*>(p.v_cache);
       if (fast || (on && j < cached)) {
-        tile_run.at(p, v_run, n, j, kc, vc, ksrc, vsrc);
+        tile_run.at(p, run, n, j, kc, vc, ksrc, vsrc);
         ksrc += c * kVec;
         vsrc += c * kVec;
       } else if (on) {
         ksrc = kn + (j - cached) * p.kn_stride_s + c * kVec;
         vsrc = vn + (j - cached) * p.vn_stride_s + c * kVec;
       }
-      cp_async16(reinterpret_cast<uint4*>(dst + swizzled<HD>(row, c)), is_v ? vsrc : ksrc, on);
+      cp_async16(reinterpret_cast<uint4*>(ks + swizzled<HD>(row, c)), ksrc, on);
+      cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(row, c)), vsrc, on);
     }
-    if constexpr (!is_v) tile_run.next(p, jt + r0 * N, min(cached, ke));
+    tile_run.next(p, jt + r0 * N, min(cached, ke));
   };
 #pragma unroll
-  for (int h = 0; h < HALVES - 1; ++h) {
-    if ((h >> 1) < n_tiles) {
-      if (h & 1) {
-        issue_half(h >> 1, std::true_type{});
-      } else {
-        issue_half(h >> 1, std::false_type{});
-      }
-    }
+  for (int t = 0; t < STAGES - 1; ++t) {
+    if (t < n_tiles) issue(t);
     cp_async_commit();
   }
   const bool ok = decode::sequence_ok<kPaged>(p, b, split, lengths, start, end);  // as in decode_kernel
@@ -1091,12 +1080,19 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
 
   for (int t = 0; t < n_tiles; ++t) {
     const int jt = kb + t * TILE;
-    cp_async_wait<HALVES - 2>();
-    __syncthreads();  // tile t's K landed for every thread; the slot tile t - 1's V used is free
-    if (t + STAGES - 1 < n_tiles) issue_half(t + STAGES - 1, std::true_type{});
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free
+    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);
     cp_async_commit();
     const T* ks = pipe + (t % STAGES) * 2 * TILE * HD;
     T* vs = const_cast<T*>(ks) + TILE * HD;
+    if (key_mask != nullptr) {  // a masked slot's value is zeroed: P = 0 times NaN would be NaN
+      for (int i = threadIdx.x; i < TILE * CH; i += kDecodeThreads) {
+        const int row = i / CH, j = jt + row;
+        if (j < ke && !key_mask[j]) *reinterpret_cast<uint4*>(vs + swizzled<HD>(row, i % CH)) = make_uint4(0, 0, 0, 0);
+      }
+      __syncthreads();
+    }
     // S = Q·Kᵀ over this warp's 16 keys: two n-tiles of 8 keys.
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
@@ -1141,17 +1137,6 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
         pr[n][2 * h + 1] = fast_exp2(s[n][2 * h + 1] - base);
         l[h] += pr[n][2 * h] + pr[n][2 * h + 1];
       }
-    }
-    cp_async_wait<HALVES - 2>();
-    __syncthreads();  // tile t's V landed for every thread; every warp is done with tile t's K
-    if (t + STAGES < n_tiles) issue_half(t + STAGES, std::false_type{});  // into tile t's K slot
-    cp_async_commit();
-    if (key_mask != nullptr) {  // a masked slot's value is zeroed: P = 0 times NaN would be NaN
-      for (int i = threadIdx.x; i < TILE * CH; i += kDecodeThreads) {
-        const int row = i / CH, j = jt + row;
-        if (j < ke && !key_mask[j]) *reinterpret_cast<uint4*>(vs + swizzled<HD>(row, i % CH)) = make_uint4(0, 0, 0, 0);
-      }
-      __syncthreads();
     }
     // P as the A fragment of P·V (k = this warp's 16 keys), in T as FlashAttention does.
     const uint32_t pa[4] = {pack2<T>(pr[0][0], pr[0][1]), pack2<T>(pr[0][2], pr[0][3]),
