@@ -1026,28 +1026,57 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   decode::TileRun<kPaged, N, TILE> tile_run;
   tile_run.start(p, b, kb + r0 * N, min(cached, ke), kc, vc);
   const bool col_on = c * kVec < p.headdim;
+  const int cv = col_on ? c * kVec : 0;  // a padding chunk's copy reads nothing; its address stays in its row
+  // A contiguous cache's rows of a thread lie at fixed byte steps: row r0 + n x RS of tile t is the split's row r0
+  // plus (t x N + n) steps of RS rows.
+  const uint64_t k_step = uint64_t(RS) * uint64_t(p.k_stride_l) * sizeof(T);
+  const uint64_t v_step = uint64_t(RS) * uint64_t(p.v_stride_l) * sizeof(T);
+  const uint64_t k_row0 = reinterpret_cast<uint64_t>(kc + int64_t(kb + r0) * p.k_stride_l + cv);
+  const uint64_t v_row0 = reinterpret_cast<uint64_t>(vc + int64_t(kb + r0) * p.v_stride_l + cv);
   auto issue = [&](int t) {
     T* ks = pipe + (t % STAGES) * 2 * TILE * HD;
     T* vs = ks + TILE * HD;
     const int jt = kb + t * TILE;
     const bool fast = jt + TILE <= min(cached, ke);
     const auto run = tile_run.run(p, jt + r0 * N);
+    if (fast) {  // every row in the cache and the split: one address a row, no selects
+      uint64_t ka = k_row0 + uint64_t(t) * N * k_step, va = v_row0 + uint64_t(t) * N * v_step;
 #pragma unroll
-    for (int n = 0; n < N; ++n) {
-      const int row = kPaged ? r0 * N + n : r0 + n * RS, j = jt + row;
-      const bool on = col_on && (fast || j < ke);
-      const T* ksrc = static_cast<const T*>(p.k_cache);
-      const T* vsrc = static_cast<const T*>(p.v_cache);
-      if (fast || (on && j < cached)) {
-        tile_run.at(p, run, n, j, kc, vc, ksrc, vsrc);
-        ksrc += c * kVec;
-        vsrc += c * kVec;
-      } else if (on) {
-        ksrc = kn + (j - cached) * p.kn_stride_s + c * kVec;
-        vsrc = vn + (j - cached) * p.vn_stride_s + c * kVec;
+      for (int n = 0; n < N; ++n) {
+        const int row = kPaged ? r0 * N + n : r0 + n * RS;
+        const T* ksrc;
+        const T* vsrc;
+        if constexpr (kPaged) {
+          tile_run.at(p, run, n, jt + row, kc, vc, ksrc, vsrc);
+          ksrc += cv;
+          vsrc += cv;
+        } else {
+          ksrc = reinterpret_cast<const T*>(ka);
+          vsrc = reinterpret_cast<const T*>(va);
+          ka += k_step;
+          va += v_step;
+        }
+        cp_async16(reinterpret_cast<uint4*>(ks + swizzled<HD>(row, c)), ksrc, col_on);
+        cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(row, c)), vsrc, col_on);
       }
-      cp_async16(reinterpret_cast<uint4*>(ks + swizzled<HD>(row, c)), ksrc, on);
-      cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(row, c)), vsrc, on);
+    } else {
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        const int row = kPaged ? r0 * N + n : r0 + n * RS, j = jt + row;
+        const bool on = col_on && j < ke;
+        const T* ksrc = static_cast<const T*>(p.k_cache);
+        const T* vsrc = static_cast<const T*>(p.v_cache);
+        if (on && j < cached) {
+          tile_run.at(p, run, n, j, kc, vc, ksrc, vsrc);
+          ksrc += c * kVec;
+          vsrc += c * kVec;
+        } else if (on) {
+          ksrc = kn + (j - cached) * p.kn_stride_s + c * kVec;
+          vsrc = vn + (j - cached) * p.vn_stride_s + c * kVec;
+        }
+        cp_async16(reinterpret_cast<uint4*>(ks + swizzled<HD>(row, c)), ksrc, on);
+        cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(row, c)), vsrc, on);
+      }
     }
     tile_run.next(p, jt + r0 * N, min(cached, ke));
   };
