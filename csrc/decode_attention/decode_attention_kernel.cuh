@@ -342,8 +342,8 @@ struct TileRun {
                                      const T*& ks, const T*& vs) const {
     if constexpr (kPaged) {
       const bool first = uint32_t(n) < r.cross;
-      ks = reinterpret_cast<const T*>(decode::mad_wide(n, p.k_row_bytes, first ? r.k_first : r.k_next));
-      vs = reinterpret_cast<const T*>(decode::mad_wide(n, p.v_row_bytes, first ? r.v_first : r.v_next));
+      ks = reinterpret_cast<const T*>(mad_wide(n, p.k_row_bytes, first ? r.k_first : r.k_next));
+      vs = reinterpret_cast<const T*>(mad_wide(n, p.v_row_bytes, first ? r.v_first : r.v_next));
     } else {
       ks = kc + int64_t(j) * p.k_stride_l;
       vs = vc + int64_t(j) * p.v_stride_l;
@@ -1039,42 +1039,25 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
     const int jt = kb + t * TILE;
     const bool fast = jt + TILE <= min(cached, ke);
     const auto run = tile_run.run(p, jt + r0 * N);
-    if (fast) {  // every row in the cache and the split: one address a row, no per-row tests
-      if constexpr (kPaged) {
-        // The run's rows in one page (cross >= N: always where a split starts on a multiple of N slots) are
-        // its first row's address plus row strides; a run that crosses into a second page selects a row.
-        const uint64_t kf = run.k_first + cv * sizeof(T), vf = run.v_first + cv * sizeof(T);
-        if (run.cross >= uint32_t(N)) {
+    if (fast) {  // every row in the cache and the split: one address a row, no selects
+      uint64_t ka = k_row0 + uint64_t(t) * N * k_step, va = v_row0 + uint64_t(t) * N * v_step;
 #pragma unroll
-          for (int n = 0; n < N; ++n) {
-            const int row = r0 * N + n;
-            cp_async16(reinterpret_cast<uint4*>(ks + swizzled<HD>(row, c)),
-                       reinterpret_cast<const T*>(decode::mad_wide(n, p.k_row_bytes, kf)), col_on);
-            cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(row, c)),
-                       reinterpret_cast<const T*>(decode::mad_wide(n, p.v_row_bytes, vf)), col_on);
-          }
+      for (int n = 0; n < N; ++n) {
+        const int row = kPaged ? r0 * N + n : r0 + n * RS;
+        const T* ksrc;
+        const T* vsrc;
+        if constexpr (kPaged) {
+          tile_run.at(p, run, n, jt + row, kc, vc, ksrc, vsrc);
+          ksrc += cv;
+          vsrc += cv;
         } else {
-          const uint64_t kx = run.k_next + cv * sizeof(T), vx = run.v_next + cv * sizeof(T);
-#pragma unroll
-          for (int n = 0; n < N; ++n) {
-            const int row = r0 * N + n;
-            const bool first = uint32_t(n) < run.cross;
-            cp_async16(reinterpret_cast<uint4*>(ks + swizzled<HD>(row, c)),
-                       reinterpret_cast<const T*>(decode::mad_wide(n, p.k_row_bytes, first ? kf : kx)), col_on);
-            cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(row, c)),
-                       reinterpret_cast<const T*>(decode::mad_wide(n, p.v_row_bytes, first ? vf : vx)), col_on);
-          }
-        }
-      } else {
-        uint64_t ka = k_row0 + uint64_t(t) * N * k_step, va = v_row0 + uint64_t(t) * N * v_step;
-#pragma unroll
-        for (int n = 0; n < N; ++n) {
-          const int row = r0 + n * RS;
-          cp_async16(reinterpret_cast<uint4*>(ks + swizzled<HD>(row, c)), reinterpret_cast<const T*>(ka), col_on);
-          cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(row, c)), reinterpret_cast<const T*>(va), col_on);
+          ksrc = reinterpret_cast<const T*>(ka);
+          vsrc = reinterpret_cast<const T*>(va);
           ka += k_step;
           va += v_step;
         }
+        cp_async16(reinterpret_cast<uint4*>(ks + swizzled<HD>(row, c)), ksrc, col_on);
+        cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(row, c)), vsrc, col_on);
       }
     } else {
 #pragma unroll
