@@ -1041,10 +1041,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
     const auto run = tile_run.run(p, jt + r0 * N);
     // A full tile (every row in the cache and the split) in a loop of its own: one address a row, no per-row
     // tests. Before, every row took the general path's tests and a 64-bit j x stride multiply for K and V (~35
-    // instructions a row, ~300 of a contiguous tile's 16 copies; ~70 now): contiguous 1-12% faster (B16 GQA 32/8 D128
-    // 128k 1929.8 -> 1881.6 us, B1 32/8 D128 8k 24.5 -> 21.5), paged 0-7% (H200, fp16, bench.ab against the tree
-    // before, 2026-11-30). The paged runs' selects dropped as well (one page: row strides from the first row) measured
-    // even (0.99-1.01), so the paged rows stay TileRun::at's.
+    // instructions a row, ~300 of a contiguous tile's 16 copies; ~70 now): contiguous up to 12% faster (B16 GQA
+    // 32/8 D128 128k 1929.8 -> 1881.6 us, B1 32/8 D128 8k 24.5 -> 21.5), paged up to 9% (H200, fp16, bench.ab
+    // against the tree before, 2026-11-30). The paged runs' selects dropped as well (one page: row strides from the
+    // first row) measured even (34 of 36 cases within 0.7%), so the paged rows stay TileRun::at's.
     if (fast) {
       uint64_t ka = k_row0 + uint64_t(t) * N * k_step, va = v_row0 + uint64_t(t) * N * v_step;
 #pragma unroll
