@@ -119,6 +119,45 @@ _VARIANTS = [
             "99.1 -> 81.5 us (contiguous 82.5); B4 32k 91.0 -> 79.4 (77.8); B16 32k 290.1 -> 261.1 (258.5) (H200, "
             "fp16, pages of 16)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'float16 and (paged- or fused-) and hkv8'"),
+    Variant("decode-mma-paged-prologue-pages-at-once",
+            (Edit(DECODE_K, """#pragma unroll
+  for (int t = 0; t < STAGES - 1; ++t) {
+    if (t < n_tiles) issue(t);
+    cp_async_commit();
+  }""", """  int pro_first[STAGES - 1], pro_last[STAGES - 1];  // the prologue tiles' pages, read together
+  if constexpr (kPaged) {
+    const int read_end = min(cached, ke);
+#pragma unroll
+    for (int t = 1; t < STAGES - 1; ++t) {
+      const int j1 = kb + t * TILE + r0 * N;
+      pro_first[t] = pro_last[t] = 0;
+      if (j1 < read_end) {
+        pro_first[t] = decode::page_at(tile_run.table, j1 >> p.page_shift);
+        pro_last[t] = decode::page_at(tile_run.table, min(j1 + N - 1, read_end - 1) >> p.page_shift);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < STAGES - 1; ++t) {
+    if (t < n_tiles) {
+      if constexpr (kPaged) {
+        if (t > 0) {
+          tile_run.first_page = pro_first[t];
+          tile_run.last_page = pro_last[t];
+        }
+      }
+      issue(t);
+    }
+    cp_async_commit();
+  }"""),),
+            "the tensor-core kernel's prologue tiles on a paged cache read their block_table entries together before "
+            "the first copy, instead of each tile's after the previous tile's copies (TileRun::next, which nvcc "
+            "does not hoist past the copies' branches at D64: SASS, nvcc 13.0, sm_90a). Predicted (2026-11-30, not "
+            "yet measured): two table round trips fewer before the third tile at D64 (four stages): paged B1 GQA D64 "
+            "8k 1.19-1.20x contiguous -> ~1.08-1.12 (~0.7 us each of a 17-19 us step); D128 (three stages, one "
+            "round trip) less; batch 16 even",
+            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (paged- or fused-) and "
+            "hkv8 and (b1- or b4-) and (l8192- or l32768-)'"),
     Variant("decode-mma-d128-two-stages",
             (Edit(DECODE_K, "static constexpr int STAGES = kStageBytes <= 16384 ? 4 : 3;",
                   "static constexpr int STAGES = kStageBytes <= 16384 ? 4 : 2;"),),
