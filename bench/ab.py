@@ -101,63 +101,31 @@ _VARIANTS = [
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'fused- and b1-hq32 and float16'"),
     Variant("decode-paged-no-prefetch",
             (Edit(DECODE_K, "  if (!p.pdl_early) return;", "  if (kPaged || !p.pdl_early) return;"),),
-            "no L2 prefetch before the PDL wait for a paged cache (block_table=): predicted slower at batch 1 "
-            "(the contiguous cache's prefetch took MHA B1 D128 32k keys from 66.5% to 93.1% of copy bandwidth, "
-            "fp16, H200)",
-            "python3 -m pytest bench/bench_decode_attention.py -k 'float16 and (paged- or fused-)'"),
+            "no L2 prefetch before the PDL wait for a paged cache (block_table=) in the CUDA-core kernel (one query "
+            "row a block: MHA), as the tensor-core kernel has none since 2026-11-30. There, with this edit: paged "
+            "B1 GQA 64/8 D128 8k 25.7 -> 24.0 us, 32/8 D128 8k 23.1 -> 22.4, 32k 0.975-0.983x, B4 0.98-0.995x, D64 "
+            "8k even (H200, fp16, the op alone, two interleaved rounds). For the CUDA-core kernel not yet measured; "
+            "predicted slower at batch 1 (the contiguous cache's prefetch took MHA B1 D128 32k keys from 66.5% to "
+            "93.1% of copy bandwidth)",
+            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (paged- or fused-) and "
+            "hq32-hkv32 and (l8192- or l32768-)'"),
     Variant("decode-paged-check-one-entry-at-a-time",
             (Edit(DECODE_H, "constexpr int kDecodePagesInFlight = 8;", "constexpr int kDecodePagesInFlight = 1;"),),
             "a paged cache's entries checked one 16-byte load (four entries) at a time by the first split (4 "
             "dependent L2 round trips a thread at 32k keys in pages of 16, 16 at 128k): not yet measured",
             "python3 -m pytest bench/bench_decode_attention.py -k 'float16 and (paged- or fused-)'"),
     Variant("decode-paged-no-check",
-            (Edit(DECODE_K, "      return !__syncthreads_or(last > first && worst >= uint32_t(p.num_pages));",
+            (Edit(DECODE_K, "      return !__syncthreads_or(r.last > r.first && worst >= uint32_t(p.num_pages));",
                   "      (void)worst;\n      return true;"),),
             "the tensor-core kernel's first split does not check its sequence's block_table entries (unsafe: the "
             "bound on what the check costs, not a candidate). Before the first split alone checked, every block "
             "checked all of them before its first tile; that check against none: paged B1 GQA 32/8 D64 128k keys "
             "99.1 -> 81.5 us (contiguous 82.5); B4 32k 91.0 -> 79.4 (77.8); B16 32k 290.1 -> 261.1 (258.5) (H200, "
-            "fp16, pages of 16)",
+            "fp16, pages of 16). The first split alone checking after its first tiles were issued, before its loop, "
+            "against none (2026-11-30): B1 64/8 D64 8k 18.8 -> 17.7 us, 32/8 D128 8k 22.6 -> 22.0, B4 32/8 D128 "
+            "32k 137.9 -> 134.7 (contiguous 15.9 / 21.0 / 135.6); since then its first 512 entries are staged "
+            "before the loop and compared after it (PageCheck)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'float16 and (paged- or fused-) and hkv8'"),
-    Variant("decode-mma-paged-prologue-pages-at-once",
-            (Edit(DECODE_K, """#pragma unroll
-  for (int t = 0; t < STAGES - 1; ++t) {
-    if (t < n_tiles) issue(t);
-    cp_async_commit();
-  }""", """  int pro_first[STAGES - 1], pro_last[STAGES - 1];  // the prologue tiles' pages, read together
-  if constexpr (kPaged) {
-    const int read_end = min(cached, ke);
-#pragma unroll
-    for (int t = 1; t < STAGES - 1; ++t) {
-      const int j1 = kb + t * TILE + r0 * N;
-      pro_first[t] = pro_last[t] = 0;
-      if (j1 < read_end) {
-        pro_first[t] = decode::page_at(tile_run.table, j1 >> p.page_shift);
-        pro_last[t] = decode::page_at(tile_run.table, min(j1 + N - 1, read_end - 1) >> p.page_shift);
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < STAGES - 1; ++t) {
-    if (t < n_tiles) {
-      if constexpr (kPaged) {
-        if (t > 0) {
-          tile_run.first_page = pro_first[t];
-          tile_run.last_page = pro_last[t];
-        }
-      }
-      issue(t);
-    }
-    cp_async_commit();
-  }"""),),
-            "the tensor-core kernel's prologue tiles on a paged cache read their block_table entries together before "
-            "the first copy, instead of each tile's after the previous tile's copies (TileRun::next, which nvcc "
-            "does not hoist past the copies' branches at D64: SASS, nvcc 13.0, sm_90a). Predicted (2026-11-30, not "
-            "yet measured): two table round trips fewer before the third tile at D64 (four stages): paged B1 GQA D64 "
-            "8k 1.19-1.20x contiguous -> ~1.08-1.12 (~0.7 us each of a 17-19 us step); D128 (three stages, one "
-            "round trip) less; batch 16 even",
-            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (paged- or fused-) and "
-            "hkv8 and (b1- or b4-) and (l8192- or l32768-)'"),
     Variant("decode-mma-d128-two-stages",
             (Edit(DECODE_K, "static constexpr int STAGES = kStageBytes <= 16384 ? 4 : 3;",
                   "static constexpr int STAGES = kStageBytes <= 16384 ? 4 : 2;"),),

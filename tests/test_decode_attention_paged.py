@@ -377,6 +377,38 @@ def test_bad_page_read_by_a_later_split_gives_nan_gpu(dtype, num_splits, group, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [3, 20])  # merged in a cluster, through the combine kernel
+@pytest.mark.parametrize("where", ["first single", "staged group", "later group", "last single"])
+def test_bad_page_anywhere_in_a_long_table_gives_nan_gpu(num_splits, where):
+    """The tensor-core kernel's first split checks a long sequence's entries in parts: the 16-byte groups of four
+    (the first 128 a block staged before its loop, the others loaded after it) and up to three single entries at
+    either end of them. A row of the table that starts off a 16-byte boundary (a view with row stride 603) puts
+    entry 0 before the groups and the last three after them. An entry out of the pool in any part makes every row
+    of its sequence NaN and leaves its pages unwritten; the other sequence is computed as with a good table."""
+    ps, d, hkv, group, sn, b, n_entries, stride = 16, 64, 1, 8, 1, 2, 600, 603
+    seqlen = n_entries * ps - sn  # the append fills the last page's last slot
+    num_pages = b * n_entries
+    k_pool, v_pool, q, kn, vn = _pool_inputs(5, num_pages, b, hkv, group, ps, d, sn, torch.float16)
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(5)).to(torch.int32).view(b, n_entries)
+    table = torch.zeros(b * stride, dtype=torch.int32, device="cuda").as_strided((b, n_entries), (stride, 1))
+    table.copy_(order)
+    assert table[1].data_ptr() % 16 == 12, "row 1 starts one entry before a 16-byte boundary"
+    seqlens = torch.tensor([seqlen, seqlen], dtype=torch.int32, device="cuda")
+    k_good, v_good = k_pool.clone(), v_pool.clone()
+    want = decode_attention(q, k_good, v_good, seqlens, k_new=kn, v_new=vn, num_splits=num_splits, block_table=table)
+    # row 1: entry 0 single, entries 1 .. 512 the staged groups (128 of 4), 513 .. 596 later groups, 597 .. 599 singles
+    table[1, {"first single": 0, "staged group": 200, "later group": 560, "last single": 599}[where]] = num_pages
+    k0, v0 = k_pool.clone(), v_pool.clone()
+    out = torch.full_like(q, 7.0)
+    decode_attention(q, k_pool, v_pool, seqlens, k_new=kn, v_new=vn, num_splits=num_splits, out=out, block_table=table)
+    assert out[1].isnan().all(), f"a bad {where} entry: NaN expected in every row of its sequence"
+    assert torch.equal(bits(out[0]), bits(want[0])), "the other sequence as with a good table"
+    k_want = appended_pool(k0, kn[:1], table[:1], [seqlen], ps)
+    v_want = appended_pool(v0, vn[:1], table[:1], [seqlen], ps)
+    assert torch.equal(bits(k_pool), bits(k_want)) and torch.equal(bits(v_pool), bits(v_want))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [1, 3, 20])
 def test_empty_pool_gpu(num_splits):
     """A pool of no page: a sequence that reads or writes a slot gets NaN (every entry is out of the pool); one

@@ -123,14 +123,22 @@ constexpr bool decode_cluster_fits(int64_t clusters, int max_active) { return cl
 constexpr int kDecodePrefetchMaxSlots = 128;
 
 // The block_table loads a thread has in flight when a block checks every entry of its sequence's pages
-// (decode_attention_kernel.cuh, pages_ok): ceil(L / page_size) entries, 8192 at 128k keys in pages of 16. The
-// tensor-core kernel's first split alone checks, after its first tiles are issued, four entries a 16-byte load (16
-// loads a thread of 128 at 128k: two rounds); the CUDA-core kernel's every block, after its first tiles are issued and
-// before its loop, one entry a load (64 a thread: eight rounds; its loop's code is the cheaper for it). When every
+// (decode_attention_kernel.cuh, pages_ok, PageCheck): ceil(L / page_size) entries, 8192 at 128k keys in pages of 16.
+// The tensor-core kernel's first split alone checks, four entries a 16-byte load (16 loads a thread of 128 at 128k);
+// the CUDA-core kernel's every block, after its first tiles are issued and before its loop, one entry a load (64 a
+// thread: eight rounds; its loop's code is the cheaper for it). When every
 // tensor-core block checked before its first tile, one entry a load, the check cost paged B1 GQA 32/8 D64 128k keys
 // 17.6 us of 99.1 and B16 32k 29 us of 290 (the bound without any check, H200, fp16, pages of 16, bench.ab
 // decode-paged-no-check, 2026-11-29); one entry at a time (8 -> 1): bench.ab's decode-paged-check-one-entry-at-a-time.
 constexpr int kDecodePagesInFlight = 8;
+// The tensor-core kernel's first split copies its check's first kDecodePagesEarly 16-byte loads a thread into shared
+// memory before its main loop and compares them after it (PageCheck): 1 covers 512 entries, an 8k-slot sequence in
+// pages of 16, so up to there no check's round trip is left between the loop and the merge the other splits wait in.
+// Each is 2 KB a block: one fits beside three blocks an SM at D64 and two at D128, two do not (decode_mma_kernel's
+// geometry). The bound, checking after the first tiles were issued against no check at all: paged B1 GQA 64/8 D64
+// 8k 18.8 -> 17.7 us, 32/8 D128 8k 22.6 -> 22.0, B4 32/8 D128 32k 137.9 -> 134.7 (contiguous 15.9 / 21.0 / 135.6;
+// H200, fp16, pages of 16, bench.ab decode-paged-no-check, 2026-11-30).
+constexpr int kDecodePagesEarly = 1;
 
 // The deep build of the CUDA-core kernel (48 KB of K and V a block in flight instead of 32: DecodeTile's
 // kDeep), for one query row per block at batch <= kDecodeDeepMaxBatch where the launch triggers its

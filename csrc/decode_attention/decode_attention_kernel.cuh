@@ -33,17 +33,18 @@
 //
 // Paged cache (kPaged, p.block_table): the caches are page pools [num_pages, nheads_kv, page_size, headdim] and slot j
 // of sequence b is row j & (page_size - 1) of page block_table[b][j >> page_shift]. The first split of each row chunk
-// checks the entries of every page its sequence reads or writes (decode::pages_ok); one out of [0, num_pages) is
-// treated as out-of-bounds lengths (that split's rows are poisoned, so the merged rows are NaN, and the append is
-// skipped). The other splits of the tensor-core kernel check nothing and clamp each entry into the pool where they use
-// it (decode::in_pool), so no address leaves the pools, and a row read through a bad entry only feeds outputs the first
-// split makes NaN. Every block of the CUDA-core kernel checks all of them once its first tiles (read through clamped
+// checks the entries of every page its sequence reads or writes (decode::PageCheck: loads before its loop, verdict
+// after it); one out of [0, num_pages) is treated as out-of-bounds lengths (that split's rows are poisoned, so the
+// merged rows are NaN, and the append, made after the loop, is skipped). The other splits of the tensor-core kernel
+// check nothing and clamp each entry into the pool where they use it (decode::in_pool), so no address leaves the
+// pools, and a row read through a bad entry only feeds outputs the first split makes NaN. Every block of the CUDA-core kernel checks all of them once its first tiles (read through clamped
 // entries) are issued, before its loop (whose code is the cheaper for it: decode_kernel), and writes NaN and returns at
 // a bad one. The loops look each row's page up one tile ahead, in registers (decode::TileRows: an entry read only when
 // a row moves into another page; decode::TileRun: its run's two entries every tile), so a row's address is the page's
 // base + its row in the page with no table load in the way; a tile may straddle pages and page_size may be smaller than
-// a tile. The L2 prefetch before the PDL wait goes through the entries of the split's first slots as the contiguous
-// cache's goes through its rows (decode::prefetch_cache), skipping entries out of the pool.
+// a tile. The CUDA-core kernel's L2 prefetch before the PDL wait goes through the entries of the split's first slots as
+// the contiguous cache's goes through its rows (decode::prefetch_cache), skipping entries out of the pool; the
+// tensor-core kernel does not prefetch a paged cache (decode_mma_kernel).
 //
 // Tests: tests/test_decode_attention.py; benchmark: bench/bench_decode_attention.py.
 #pragma once
@@ -165,7 +166,7 @@ __device__ __forceinline__ bool chunk_live(const DecodeParams& p, int chunk, con
 
 // The tensor-core kernel's lengths: lengths_ok, and with a paged cache an empty pool only where nothing is read or
 // written. Out of bounds: false, and cached = start = end = 0, so the block reads no key (its rows are poisoned
-// at the end: sequence_ok) and appends nothing.
+// at the end, after the loop) and appends nothing.
 template <bool kPaged>
 __device__ __forceinline__ bool read_lengths(const DecodeParams& p, int b, const NewRows& nr, int& cached, int& end,
                                              int& start) {
@@ -198,7 +199,7 @@ __device__ __forceinline__ int page_at(const int* table, int blk) {
 }
 // A loaded entry as a page the tensor-core kernel (TileRun) may address: itself when in [0, num_pages), else the
 // pool's last page (a negative entry is >= 2**31 unsigned). Applied where the page is used, a tile after its load,
-// so no thread waits for the load there; the first split's pages_ok makes the outputs of a sequence with such an
+// so no thread waits for the load there; the first split's PageCheck makes the outputs of a sequence with such an
 // entry NaN. num_pages >= 1 wherever a row is read (the kernels treat an empty pool as bad lengths).
 __device__ __forceinline__ uint32_t in_pool(const DecodeParams& p, int page) {
   return min(uint32_t(page), uint32_t(p.num_pages - 1));
@@ -372,11 +373,10 @@ __device__ __forceinline__ int64_t cache_base(int b, int64_t stride_b) {
 
 // Paged: whether every block_table entry of the pages holding slots [start, end) is in [0, num_pages), read by
 // the block's threads together (called by every thread of the block). Contiguous: true. kDecodePagesInFlight
-// loads a thread issued before any is compared (the heuristics' entry). kWide (the tensor-core kernel's first
-// split): four entries a 16-byte load where the row's alignment allows (the up to three on either side one by
-// one), their largest as unsigned compared once. The CUDA-core kernel keeps one entry a load, each compared: with
-// either change nvcc 13.0 gives its loop 394-400 instructions a tile instead of 345 (fp16, D64, paged, one row).
-template <bool kPaged, bool kWide = false>
+// loads a thread issued before any is compared (the heuristics' entry), one entry a load, each compared: the
+// CUDA-core kernel's check (the tensor-core kernel's: PageCheck). Four entries a 16-byte load there gave its loop
+// 394-400 instructions a tile instead of 345 (nvcc 13.0, fp16, D64, paged, one row).
+template <bool kPaged>
 __device__ __forceinline__ bool pages_ok(const DecodeParams& p, int b, int start, int end) {
   if constexpr (!kPaged) {
     return true;
@@ -385,15 +385,89 @@ __device__ __forceinline__ bool pages_ok(const DecodeParams& p, int b, int start
     const int first = start >> p.page_shift;
     const int last = end > start ? ((end - 1) >> p.page_shift) + 1 : first;
     const int t = int(threadIdx.x), step = kDecodePagesInFlight * int(blockDim.x);
-    if constexpr (kWide) {
-      uint32_t worst = 0;  // the largest entry as unsigned: a negative one is >= 2**31
-      // [first, a) and [z, last): single entries; [a, z): groups of four at 16-byte boundaries.
-      const int lead = int((16 - (reinterpret_cast<uintptr_t>(table + first) & 15)) & 15) / 4;
-      const int a = min(last, first + lead), z = a + (last - a) / 4 * 4, n = (z - a) / 4;
-      if (t < a - first) worst = uint32_t(table[first + t]);
-      if (t < last - z) worst = max(worst, uint32_t(table[z + t]));
-      const uint4* groups = reinterpret_cast<const uint4*>(table + a);
-      for (int g0 = t; g0 < n; g0 += step) {
+    bool bad = false;
+    for (int i0 = first + t; i0 < last; i0 += step) {
+      int e[kDecodePagesInFlight];
+#pragma unroll
+      for (int k = 0; k < kDecodePagesInFlight; ++k) {
+        const int i = i0 + k * int(blockDim.x);
+        e[k] = i < last ? table[i] : 0;
+      }
+#pragma unroll
+      for (int k = 0; k < kDecodePagesInFlight; ++k) bad |= e[k] < 0 || e[k] >= p.num_pages;
+    }
+    return !__syncthreads_or(bad);
+  }
+}
+
+// A load whose place among the kernel's other asm statements (the cp.async copies, the barriers) the compiler
+// keeps: issued where it is written, however late its value is first used.
+__device__ __forceinline__ uint32_t load_issued_here(const int* ptr) {
+  uint32_t v;
+  asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(ptr));
+  return v;
+}
+
+// The tensor-core kernel's first split checks every block_table entry of the pages holding its sequence's slots
+// [start, end) (the other splits read through clamped entries: in_pool), as pages_ok, in two halves. issue(), before
+// the block's main loop, copies the first kDecodePagesEarly 16-byte groups of four entries a thread into shared
+// memory (`stage`, cp.async: no register holds them through the loop; they complete with the loop's copies) and loads
+// the up to three single entries on either side of the groups' 16-byte boundaries (the first threads the leading
+// ones, the last threads the trailing ones: one register). ok(), after the loop's last cp.async wait, takes their
+// largest as unsigned (a negative entry is >= 2**31), checks the other groups in rounds of kDecodePagesInFlight a
+// thread, and returns the block's verdict. Every thread of the block calls both, with the same start and end; a
+// thread reads back only the groups it copied. So the first round's L2 / DRAM trip is under the loop instead of on
+// the first split's way to the merge, which every other split of the sequence waits for. Holding the groups in
+// registers instead made nvcc recompute the loop's shared-memory addresses every tile (D64 paged: its main loop 787
+// -> 889 SASS instructions, nvcc 13.0, sm_90a). Contiguous: no load, ok() true.
+template <bool kPaged>
+struct PageCheck {
+  uint32_t edge = 0;
+  struct Range {
+    const int* table;
+    int first, a, z, last;  // [first, a) and [z, last): single entries; [a, z): groups of four at 16-byte boundaries
+  };
+  __device__ __forceinline__ static Range range(const DecodeParams& p, int b, int start, int end) {
+    Range r;
+    r.table = p.block_table + b * p.table_stride_b;
+    r.first = start >> p.page_shift;
+    r.last = end > start ? ((end - 1) >> p.page_shift) + 1 : r.first;
+    const int skip = int((16 - (reinterpret_cast<uintptr_t>(r.table + r.first) & 15)) & 15) / 4;
+    r.a = min(r.last, r.first + skip);
+    r.z = r.a + (r.last - r.a) / 4 * 4;
+    return r;
+  }
+  // stage: kDecodePagesEarly x blockDim.x 16-byte slots of shared memory, slot k x blockDim.x + thread.
+  __device__ __forceinline__ void issue(const DecodeParams& p, int b, int start, int end, uint4* stage) {
+    if constexpr (kPaged) {
+      const Range r = range(p, b, start, end);
+      const int t = int(threadIdx.x), u = int(blockDim.x) - 1 - t, n = (r.z - r.a) / 4;
+      if (t < r.a - r.first) edge = load_issued_here(r.table + r.first + t);
+      if (u < r.last - r.z) edge = load_issued_here(r.table + r.z + u);  // blockDim.x > 6: not a leading thread
+      const uint4* groups = reinterpret_cast<const uint4*>(r.table + r.a);
+#pragma unroll
+      for (int k = 0; k < kDecodePagesEarly; ++k) {
+        const int g = t + k * int(blockDim.x);
+        cp_async16(stage + g, g < n ? static_cast<const void*>(groups + g) : p.k_cache, g < n);  // zeros past them
+      }
+    }
+  }
+  // After cp_async_wait<0>() (the staged groups landed).
+  __device__ __forceinline__ bool ok(const DecodeParams& p, int b, int start, int end, const uint4* stage) const {
+    if constexpr (!kPaged) {
+      return true;
+    } else {
+      const Range r = range(p, b, start, end);
+      const int n = (r.z - r.a) / 4;
+      const uint4* groups = reinterpret_cast<const uint4*>(r.table + r.a);
+      uint32_t worst = edge;
+#pragma unroll
+      for (int k = 0; k < kDecodePagesEarly; ++k) {
+        const uint4 e = stage[int(threadIdx.x) + k * int(blockDim.x)];
+        worst = max(worst, max(max(e.x, e.y), max(e.z, e.w)));
+      }
+      const int step = kDecodePagesInFlight * int(blockDim.x);
+      for (int g0 = int(threadIdx.x) + kDecodePagesEarly * int(blockDim.x); g0 < n; g0 += step) {
         uint4 e[kDecodePagesInFlight];
 #pragma unroll
         for (int k = 0; k < kDecodePagesInFlight; ++k) {
@@ -405,34 +479,11 @@ __device__ __forceinline__ bool pages_ok(const DecodeParams& p, int b, int start
           worst = max(worst, max(max(e[k].x, e[k].y), max(e[k].z, e[k].w)));
         }
       }
-      return !__syncthreads_or(last > first && worst >= uint32_t(p.num_pages));
-    } else {
-      bool bad = false;
-      for (int i0 = first + t; i0 < last; i0 += step) {
-        int e[kDecodePagesInFlight];
-#pragma unroll
-        for (int k = 0; k < kDecodePagesInFlight; ++k) {
-          const int i = i0 + k * int(blockDim.x);
-          e[k] = i < last ? table[i] : 0;
-        }
-#pragma unroll
-        for (int k = 0; k < kDecodePagesInFlight; ++k) bad |= e[k] < 0 || e[k] >= p.num_pages;
-      }
-      return !__syncthreads_or(bad);
+      return !__syncthreads_or(r.last > r.first && worst >= uint32_t(p.num_pages));
     }
   }
-}
+};
 
-// The tensor-core kernel's rule: whether the block's rows come out as computed: the lengths are in bounds and, in
-// the first split of a paged cache, every entry of the sequence's pages is in the pool (pages_ok; called by every
-// thread of the block, after the block's first tiles are issued so its loads overlap theirs). The other splits read
-// through clamped entries (in_pool); a bad one makes the first split's rows, and so every merged row, NaN. Not ok:
-// the caller poisons its rows (poison) and does not append.
-template <bool kPaged>
-__device__ __forceinline__ bool sequence_ok(const DecodeParams& p, int b, int split, bool lengths, int start,
-                                            int end) {
-  return lengths && (split != 0 || pages_ok<kPaged, true>(p, b, start, end));
-}
 // A block's rows poisoned: a NaN running max makes every weight of the merge NaN, so the rows' outputs (one
 // split), their partials (the combine kernel) or their merge in the cluster come out NaN.
 template <int N>
@@ -955,7 +1006,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
 // does, and O += P·V as HD / 8 MMAs from ldmatrix.trans'ed V. K and V stream through a
 // multi-stage cp.async pipeline in shared memory (rows XOR-swizzled by 16-byte chunk so ldmatrix
 // is conflict-free). The 4 warps' partial results merge through decode::finish, as above.
-template <typename T, int HD>
+template <typename T, int HD, bool kPaged>
 struct DecodeMmaGeometry {
   static constexpr int TILE = 64;  // keys per stage, 16 per warp
   static constexpr int CH = HD / 8;  // 16-byte chunks per row
@@ -964,14 +1015,23 @@ struct DecodeMmaGeometry {
   static constexpr int kPipeBytes = STAGES * kStageBytes;
   static constexpr int kMergeBytes = (16 * 4 * HD + 2 * 16 * 4) * 4;  // o [16][4 warps][HD], m and l [16][4]
   static constexpr int kQOffset = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
-  static constexpr int kSmemBytes = kQOffset + 16 * HD * int(sizeof(T));
+  // A paged cache's first split stages its check's first block_table loads here (decode::PageCheck): 2 KB at
+  // kDecodePagesEarly = 1, within what keeps three blocks an SM at D64 and two at D128 with the cluster merge's push
+  // area (3 KB to spare a block at either, H200: 228 KB an SM).
+  static constexpr int kCheckOffset = kQOffset + 16 * HD * int(sizeof(T));
+  static constexpr int kSmemBytes = kCheckOffset + (kPaged ? kDecodePagesEarly * kDecodeThreads * 16 : 0);
 };
 
 
+// At D64 a paged cache's first split keeps a few values through the loop for its check and append after it
+// (decode::PageCheck); left to itself nvcc 13.0 held that kernel at 128 registers and recomputed the loop's
+// shared-memory addresses every tile (main loop 787 -> 832 SASS instructions, sm_90a). Three blocks an SM (170
+// registers) is what the shared memory holds there anyway. Elsewhere 0: no minimum, nvcc's own choice (D128 paged
+// with 3 spills).
 template <typename T, int HD, bool kPaged>
-__global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) decode_mma_kernel(const DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using M = DecodeMmaGeometry<T, HD>;
+  using M = DecodeMmaGeometry<T, HD, kPaged>;
   constexpr int TILE = M::TILE, CH = M::CH, STAGES = M::STAGES, R = 16, NW = kDecodeThreads / 32;
   constexpr int kVec = 8;  // elements per 16-byte chunk
   extern __shared__ __align__(128) unsigned char smem[];
@@ -986,7 +1046,12 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
   int bh, chunk, b, hkv;  // blockIdx.x = (b x nheads_kv + hkv) x row_chunks + chunk
   p.div_row_chunks.divmod(int(blockIdx.x), bh, chunk);
   p.div_nheads_kv.divmod(bh, b, hkv);
-  decode::prefetch_cache<T, kPaged>(p, b, hkv, split, TILE);
+  // A paged cache is not prefetched: the prefetch waits on its block_table loads before the block goes on, and the
+  // first tiles' copies wait on the same entries again. Without it, paged B1 GQA 64/8 D128 8k 25.7 -> 24.0 us,
+  // 32/8 D128 8k 23.1 -> 22.4, 32/8 D64 32k 30.1 -> 29.4; B4 0.5-2% (D64 8k even; H200, fp16, the op alone,
+  // bench.ab decode-paged-no-prefetch, 2026-11-30). Under a PDL chain the prefetch would overlap the previous
+  // kernel; not measured there.
+  if constexpr (!kPaged) decode::prefetch_cache<T, kPaged>(p, b, hkv, split, TILE);
   wait_for_primary();
   launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -1086,13 +1151,20 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
     }
     tile_run.next(p, jt + r0 * N, min(cached, ke));
   };
+  // The first split's check of the sequence's entries: its first loads go out first, in the first tile's commit
+  // group (the loop waits for that one first anyway); its verdict comes after the loop, and the append (the first
+  // split's) waits for it.
+  decode::PageCheck<kPaged> check;
+  uint4* const check_stage = reinterpret_cast<uint4*>(smem + M::kCheckOffset);
+  if (split == 0) check.issue(p, b, start, end, check_stage);
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
     if (t < n_tiles) issue(t);
     cp_async_commit();
   }
-  const bool ok = decode::sequence_ok<kPaged>(p, b, split, lengths, start, end);  // as in decode_kernel
-  if (ok && p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T, kPaged>(p, b, hkv, cached, nr);
+  // A contiguous cache has nothing to check: its append goes out here, under the first tiles.
+  const bool append = p.k_new != nullptr && split == 0 && chunk == 0;
+  if (!kPaged && lengths && append) decode::append<T, kPaged>(p, b, hkv, cached, nr);
   __syncthreads();  // Q in shared memory
 
   uint32_t qa[HD / 16][4];  // A fragments of Q, one per 16 columns
@@ -1186,6 +1258,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const Decode
     }
   }
   cp_async_wait<0>();
+  // Whether the rows come out as computed: the lengths are in bounds and, in the first split of a paged cache,
+  // every entry of the sequence's pages is in the pool. Not ok: the rows are poisoned and nothing is appended.
+  const bool ok = lengths && (split != 0 || check.ok(p, b, start, end, check_stage));
+  if (kPaged && ok && append) decode::append<T, kPaged>(p, b, hkv, cached, nr);
   __syncthreads();  // the merge below reuses the pipeline's shared memory
   if (!ok) decode::poison<2>(m);
 
@@ -1339,7 +1415,7 @@ bool decode_cluster_capable() {
 
 template <typename T, int HD, bool kPaged>
 void launch_decode_mma(const DecodeParams& p, cudaStream_t stream) {
-  using M = DecodeMmaGeometry<T, HD>;
+  using M = DecodeMmaGeometry<T, HD, kPaged>;
   const int smem = M::kSmemBytes + (p.cluster ? decode::kPushBytes<16, HD> : 0);
   launch_attention_kernel(p, decode_mma_kernel<T, HD, kPaged>, smem, stream);
 }
@@ -1364,7 +1440,7 @@ int read_once_per_device(std::atomic<int> (&known)[kDecodeDevices][K], int key, 
 // kernel: what its occupancy queries ask about.
 template <typename T, int HD, bool kPaged>
 int decode_mma_occupancy_smem() {
-  const int smem = DecodeMmaGeometry<T, HD>::kSmemBytes + decode::kPushBytes<16, HD>;
+  const int smem = DecodeMmaGeometry<T, HD, kPaged>::kSmemBytes + decode::kPushBytes<16, HD>;
   allow_dynamic_smem(decode_mma_kernel<T, HD, kPaged>, smem);
   return smem;
 }
