@@ -454,7 +454,7 @@ MUTATIONS: list[Mutation] = [
                  "of bounds, the sequence's rows come out computed from a clamped page"),
     Mutation("decode-mma-page-check-staged-groups-ignored", "csrc/decode_attention/decode_attention_kernel.cuh",
              "        worst = max(worst, max(max(e.x, e.y), max(e.z, e.w)));\n", "",
-             _t(f"{T_DECODE_PAGED}::test_out_of_range_pages_give_nan_and_no_write_gpu",
+             _t(f"{T_DECODE_PAGED}::test_bad_page_anywhere_in_a_long_table_gives_nan_gpu",
                 f"{T_DECODE_PAGED}::test_bad_page_read_by_a_later_split_gives_nan_gpu"), gpu=True,
              why="the tensor-core kernel's first split drops the entries it staged in shared memory before its loop "
                  "(the first 512): a bad page among them is neither poisoned nor kept from the append"),
