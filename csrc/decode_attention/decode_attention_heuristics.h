@@ -96,13 +96,13 @@ constexpr int decode_long_splits(int64_t work, int max_len, int sms, bool cluste
 constexpr int kDecodeMmaClusterMaxLen = 8192;
 
 // The tensor-core kernel's blocks per SM for the splits: as many as the SM holds at once (fit: its occupancy,
-// cudaOccupancyMaxActiveBlocksPerMultiprocessor with the cluster merge's shared memory), at least two. Its
-// warps wait on dependent ldmatrix / mma / exp2 chains (Nsight Compute, B4 GQA 32/8 D64 128k at two blocks an
-// SM: 0.37 instructions issued a scheduler a cycle, 2.1 warps a scheduler, 5.6 cycles between two of a warp's
-// instructions), so a third block an SM (half as many warps again) issues more. D64 holds 3 (shared memory: 4 stages of 16 KB),
-// H200, fp16, contiguous cache, two blocks an SM -> three: B4 128k 314.7 -> 259.5 us, B4 32k 88.2 -> 77.4,
-// B16 32k 289.6 -> 259.2, B1 128k 87.5 -> 82.8 (four, a second wave: 338.1 / 102.8 / 335.8 / 114.4). D128 holds
-// 2: unchanged. (bench.ab, forced num_splits, 2026-11-29; docs/lab-notes/decode-attention.md.)
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor with the cluster merge's shared memory), at least two. Its warps wait
+// on dependent ldmatrix / mma / exp2 chains (Nsight Compute, B4 GQA 32/8 D64 128k at two blocks an SM: 0.37
+// instructions issued a scheduler a cycle, 2.1 warps a scheduler, 5.6 cycles between two of a warp's instructions), so
+// a third block an SM (half as many warps again) issues more. D64 holds 3 (shared memory: 4 stages of 16 KB), H200,
+// fp16, contiguous cache, two blocks an SM -> three: B4 128k 314.7 -> 259.5 us, B4 32k 88.2 -> 77.4, B16 32k 289.6 ->
+// 259.2, B1 128k 87.5 -> 82.8 (four, a second wave: 338.1 / 102.8 / 335.8 / 114.4). D128 holds 2: unchanged. (bench.ab,
+// forced num_splits, 2026-11-29; docs/lab-notes/decode-attention.md.)
 constexpr int decode_mma_blocks_per_sm(int fit) { return std::max(kDecodeBlocksPerSm, fit); }
 
 // A split launch merges its splits in one cluster (kMaxClusterSplits) only when every cluster of the grid is
@@ -135,9 +135,11 @@ constexpr int kDecodePagesInFlight = 8;
 // memory before its main loop and compares them after it (PageCheck): 1 covers 512 entries, an 8k-slot sequence in
 // pages of 16, so up to there no check's round trip is left between the loop and the merge the other splits wait in.
 // Each is 2 KB a block: one fits beside three blocks an SM at D64 and two at D128, two do not (decode_mma_kernel's
-// geometry). The bound, checking after the first tiles were issued against no check at all: paged B1 GQA 64/8 D64
-// 8k 18.8 -> 17.7 us, 32/8 D128 8k 22.6 -> 22.0, B4 32/8 D128 32k 137.9 -> 134.7 (contiguous 15.9 / 21.0 / 135.6;
-// H200, fp16, pages of 16, bench.ab decode-paged-no-check, 2026-11-30).
+// geometry). Staged against checked after the first tiles were issued, before the loop, with the tensor-core
+// kernel's paged prefetch dropped in the same change: paged B1 GQA 64/8 D64 8k 18.3 -> 16.9 us, 32/8 D128 8k 23.1
+// -> 21.7, B4 32/8 D128 32k 137.9 -> 133.8 (contiguous 15.8 / 21.5 / 134.3; H200, fp16, pages of 16, bench.ab
+// against the tree before, 2026-11-30). No check at all, in another call: 17.7 / 22.0 / 134.7 against the tree's
+// 18.8 / 22.6 / 137.9 there (decode-paged-no-check, the bound).
 constexpr int kDecodePagesEarly = 1;
 
 // The deep build of the CUDA-core kernel (48 KB of K and V a block in flight instead of 32: DecodeTile's

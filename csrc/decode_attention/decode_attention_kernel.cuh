@@ -36,15 +36,16 @@
 // checks the entries of every page its sequence reads or writes (decode::PageCheck: loads before its loop, verdict
 // after it); one out of [0, num_pages) is treated as out-of-bounds lengths (that split's rows are poisoned, so the
 // merged rows are NaN, and the append, made after the loop, is skipped). The other splits of the tensor-core kernel
-// check nothing and clamp each entry into the pool where they use it (decode::in_pool), so no address leaves the
-// pools, and a row read through a bad entry only feeds outputs the first split makes NaN. Every block of the CUDA-core kernel checks all of them once its first tiles (read through clamped
-// entries) are issued, before its loop (whose code is the cheaper for it: decode_kernel), and writes NaN and returns at
-// a bad one. The loops look each row's page up one tile ahead, in registers (decode::TileRows: an entry read only when
-// a row moves into another page; decode::TileRun: its run's two entries every tile), so a row's address is the page's
-// base + its row in the page with no table load in the way; a tile may straddle pages and page_size may be smaller than
-// a tile. The CUDA-core kernel's L2 prefetch before the PDL wait goes through the entries of the split's first slots as
-// the contiguous cache's goes through its rows (decode::prefetch_cache), skipping entries out of the pool; the
-// tensor-core kernel does not prefetch a paged cache (decode_mma_kernel).
+// check nothing and clamp each entry into the pool where they use it (decode::in_pool), so no address leaves the pools,
+// and a row read through a bad entry only feeds outputs the first split makes NaN. Every block of the CUDA-core kernel
+// checks all of them once its first tiles (read through clamped entries) are issued, before its loop (whose code is the
+// cheaper for it: decode_kernel), and writes NaN and returns at a bad one. The loops look each row's page up one tile
+// ahead, in registers (decode::TileRows: an entry read only when a row moves into another page; decode::TileRun: its
+// run's two entries every tile), so a row's address is the page's base + its row in the page with no table load in the
+// way; a tile may straddle pages and page_size may be smaller than a tile. The CUDA-core kernel's L2 prefetch before
+// the PDL wait goes through the entries of the split's first slots as the contiguous cache's goes through its rows
+// (decode::prefetch_cache), skipping entries out of the pool; the tensor-core kernel does not prefetch a paged cache
+// (decode_mma_kernel).
 //
 // Tests: tests/test_decode_attention.py; benchmark: bench/bench_decode_attention.py.
 #pragma once
