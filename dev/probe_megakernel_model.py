@@ -19,6 +19,9 @@ dependencies through per-tile counters in global memory, is bounded by three thi
   hand-off, and whether pacing the copies away from the polls wins it back;
 - dot phases: a GEMV phase's dot products at batch 1 alone (weights already in shared memory, or copied in
   each phase), the megakernel's loop against one that issues every row's loads at once;
+- reduce phases: all-to-all phases whose hand-off is a sum (every block adds its partial of a 768-float vector
+  into L2 with vector atomics, then a counter): the hand-off a split-K projection pays instead of a phase of its
+  own, as a design of three phases a layer would use it;
 - loop: the cost an instruction of an empty persistent loop (one block an SM, fetch the next instruction
   index, publish its counter), independent instructions and a fully serial chain (each waits for the one
   before, on another SM: the hop inside a persistent kernel).
@@ -190,6 +193,39 @@ __global__ void data_phases(uint4* buf, int* count, int n_phases, int V, int fla
     }
   }
   if (acc == 0xffffffffu) sink[0] = int(acc);
+}
+
+// All-to-all phases whose hand-off is a sum: every block adds its partial of a V-float vector (GPT-2 small's
+// residual row: 768) into the phase's fp32 buffer with red.global.add.v4.f32 (sm_90), its barrier and one
+// red.release on the phase's counter; a reader's thread 0 spins on the counter with ld.acquire, the barrier, then
+// every thread loads the sums at L2. The hand-off of a split-K projection whose partials meet in L2 instead of in a
+// second all-to-all phase (the projection's), with no work around it. partial = 0: every block adds all V (the MLP
+// projection of its FC rows); otherwise its share of V / gridDim (an attention head's slice). Time a phase.
+__global__ void reduce_phases(float* buf, int* count, int n_phases, int V, int partial, int* sink) {
+  float acc = 0.f;
+  for (int p = 0; p < n_phases; ++p) {
+    if (p > 0) {
+      if (threadIdx.x == 0) {
+        while (load_acquire(count + (p - 1) * 32) < (int)gridDim.x) {}
+      }
+      __syncthreads();
+      const float4* prev = reinterpret_cast<const float4*>(buf + int64_t(p - 1) * V);
+      for (int i = threadIdx.x; i < V / 4; i += blockDim.x) {
+        const float4 v = __ldcg(prev + i);
+        acc += v.x + v.y + v.z + v.w;
+      }
+    }
+    float* cur = buf + int64_t(p) * V;
+    const int lines = V / 4, first = partial ? blockIdx.x * lines / gridDim.x : 0;
+    const int last = partial ? (blockIdx.x + 1) * lines / gridDim.x : lines;
+    for (int i = first + threadIdx.x; i < last; i += blockDim.x) {
+      asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                   ::"l"(cur + 4 * i), "f"(acc), "f"(1.f), "f"(2.f), "f"(3.f) : "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count + p * 32) : "memory");
+  }
+  if (acc == 12345.f) sink[0] = 1;
 }
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -557,6 +593,18 @@ std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
       r.push_back(double(ms) * 1e6 / n_phases);  // ns a phase
     }
   }
+  // all-to-all phases handing off a sum of 768 floats: every block adding all of it, then each its slice
+  for (int partial = 0; partial < 2; ++partial) {
+    const int n_phases = 2000, V = 768;
+    auto buf = torch::zeros({(long long)n_phases * V}, torch::dtype(torch::kFloat32).device(torch::kCUDA));
+    auto count = torch::zeros({n_phases * 32}, i32);
+    auto sink = torch::zeros({1}, i32);
+    const float ms = time_ms(a, b, stream_, [&] {
+      reduce_phases<<<sms, 256, 0, stream_>>>(buf.data_ptr<float>(), count.data_ptr<int>(), n_phases, V, partial,
+                                             sink.data_ptr<int>());
+    });
+    r.push_back(double(ms) * 1e6 / n_phases);  // ns a phase
+  }
   C10_CUDA_CHECK(cudaEventDestroy(a));
   C10_CUDA_CHECK(cudaEventDestroy(b));
   return r;
@@ -566,6 +614,7 @@ std::vector<double> run(int iters, long long slab_bytes, int n_instr) {
 GPT2_WEIGHT_BYTES = 124_439_808 * 2  # GPT-2 small, fp16 (lm_head tied to wte: read once)
 GPT2_LAYERS, GPT2_WIDTH = 12, 768
 PHASES_A_TOKEN = GPT2_LAYERS * 5 + 4
+SPLIT_K_PHASES_A_TOKEN = GPT2_LAYERS * 3 + 4  # the projections' partials summed in L2 (reduce_phases)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -585,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.repeats)]
     med = [statistics.median(r[i] for r in rows) for i in range(len(rows[0]))]
     hop_ns, sm0, sm1, bw, bw_spin, loop_ns, chain_ns, phase_ns, ll192, ct192, ll768, ct768 = med[:12]
-    streamed, dots = med[12:28], med[28:]
+    streamed, dots, (reduce_all, reduce_slice) = med[12:28], med[28:36], med[36:38]
     print(f"{torch.cuda.get_device_name()}, median of {args.repeats}")
     print(f"hop (one way, SM {int(sm0)} <-> SM {int(sm1)}): {hop_ns:.0f} ns")
     print(f"stream global -> shared, every SM: {bw:.0f} GB/s; with a warp a block spinning: {bw_spin:.0f} GB/s")
@@ -612,6 +661,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"copied in {dots[2]:.0f} / {dots[3]:.0f}")
         else:
             print(f"  {what} {rows} x {k}: weights in shared memory {dots[2 + 2 * at]:.0f} / {dots[3 + 2 * at]:.0f}")
+    print(f"all-to-all phase handing off a sum of 768 floats (red.global.add.v4.f32, then a counter): every block "
+          f"adding all of it {reduce_all:.0f} ns, each its slice {reduce_slice:.0f} ns")
+    # Three phases a layer: LayerNorm + QKV; attention + its projection's partials added in L2; LayerNorm + FC +
+    # GELU + the MLP projection's partials added in L2. The two sums are the layer's inputs to its next phases.
+    hand_offs = GPT2_LAYERS * (reduce_slice + ll192 + reduce_all) + 4 * phase_ns
+    work = GPT2_LAYERS * (dots[1] + 2 * dots[5])
+    print(f"split-K design ({SPLIT_K_PHASES_A_TOKEN} dependent phases a token): hand-offs {hand_offs / 1e3:.1f} us, "
+          f"QKV + FC + MLP projection dot products {work / 1e3:.1f} us (attention, norms and the lm_head not "
+          f"included): at least {(hand_offs + work) / 1e6:.3f} ms/token at batch 1")
     print(f"model (GPT-2 small fp16, {PHASES_A_TOKEN} dependent phases a token, a {args.cache}-token cache):")
     for batch in (1, 16, 64):
         kv = GPT2_LAYERS * 2 * batch * args.cache * GPT2_WIDTH * 2
