@@ -16,7 +16,7 @@ The newest run per GPU model stays a pytest-benchmark JSON under bench/results/<
 here, so that the older JSONs, A/B outputs and logs need not be kept. Columns: commit, gpu,
 run (its datetime), source (file name), op (the benchmark function without ``bench_``, or
 ``generate``), case (the pytest-benchmark group, e.g. ``softmax 8x12x1024x1024 float16 causal``),
-provider (or GPT-2 backend; an A/B variant as ``fused_v1 [variant]``), the figures of
+provider (or GPT-2 backend; an A/B variant as ``ab [variant]``, in the older softmax tables ``fused_v1 [variant]``), the figures of
 bench.report's KERNEL_METRICS and MODEL_METRICS that the case has (p50_us and the other
 percentiles for kernels: device time; tokens/s, TTFT and TBT for models), every
 ``speedup_vs_<provider>`` and ``tokens_match_<backend>``. A column that a new run brings is added
@@ -109,12 +109,18 @@ def _file_time(path: Path) -> str:
 
 
 def ab_rows(path: Path, commit: str, gpu: str, note: str = "") -> list[dict]:
-    """Rows of a `python -m bench.ab` table: one per (shape, variant), provider ``fused_v1 [variant]``."""
+    """Rows of a `python -m bench.ab` table, one per (case, variant). The table bench.ab prints: a "case" header
+    (each variant's "<name> us", "(x default)" past the first), one line a case (a pytest case's name, or the case of
+    a "<case>: <us> us" line), the medians in us (a variant's ratio to the default's after it, "-" where it did not
+    run) and a last "exit status / last line" row; op is the benchmark function without ``bench_``, provider ``ab
+    [variant]``. The older softmax-only table (a "shape" header, p50 (% of copy)) reads as ``fused_v1 [variant]``."""
     lines = path.read_text().splitlines()
     try:
-        head = next(i for i, ln in enumerate(lines) if ln.startswith("shape "))
+        head = next(i for i, ln in enumerate(lines) if ln.startswith(("case ", "shape ")))
     except StopIteration:
-        raise ValueError(f"{path} must hold a bench.ab table (a line starting 'shape'), got none") from None
+        raise ValueError(f"{path} must hold a bench.ab table (a line starting 'case' or 'shape'), got none") from None
+    if lines[head].startswith("case "):
+        return _case_table_rows(path, lines, head, commit, gpu, note)
     variants = re.split(r"\s{2,}", lines[head].strip())[1:]
     variants = [v for v in variants if v != "same-bytes copy us"]
     dtype = "float16" if "float16" in lines[0] else "?"
@@ -129,6 +135,28 @@ def ab_rows(path: Path, commit: str, gpu: str, note: str = "") -> list[dict]:
             rows.append(dict(commit=commit, gpu=gpu, run=_file_time(path), source=path.name, op="scaled_masked_softmax", case=case,
                              provider=f"fused_v1 [{variant}]", p50_us=float(p50), pct_of_copy_bw=float(pct),
                              pct_of_roofline=float(roof) if roof else None, note=note))
+    return rows
+
+
+def _case_table_rows(path: Path, lines: list[str], head: int, commit: str, gpu: str, note: str) -> list[dict]:
+    names = [re.sub(r" us(?: \(x default\))?$", "", c) for c in re.split(r"\s{2,}", lines[head].strip())[1:]]
+    rows = []
+    for ln in lines[head + 1:]:
+        if ln.startswith("exit status / last line"):
+            break
+        cells = re.split(r"\s{2,}", ln.strip())
+        if len(cells) != len(names) + 1:
+            continue
+        case = cells[0]
+        m = re.match(r"bench_(\w+)\[", case)
+        for name, cell in zip(names, cells[1:]):
+            if cell == "-":
+                continue
+            rows.append(dict(commit=commit, gpu=gpu, run=_file_time(path), source=path.name,
+                             op=m.group(1) if m else "bench.ab", case=case, provider=f"ab [{name}]",
+                             p50_us=float(cell.split()[0]), note=note))
+    if not rows:
+        raise ValueError(f"{path} holds a bench.ab table with no case measured")
     return rows
 
 

@@ -22,6 +22,12 @@ empty kernel us: auto: 2.85/3.01/2.72; short block 64: 2.85/2.72/2.98
 shape                  same-bytes copy us                                          auto                                short block 64
 1x12x128x128 c                        3.9                4.6 ( 3.1/ 3.2%) [4.6/4.6/4.5]                4.7 ( 3.0/ 3.0%) [5.0/4.5/4.6]
 """
+AB_CASES = """# python3 -m pytest bench/bench_decode_attention.py --full -k 'paged- and b1-' (2 round(s), medians)
+case                                                            default us  base us (x default)
+bench_decode_attention[paged-b1-hq32-hkv8-d128-l8192-float16]   21.7        23.1 (1.065)
+bench_decode_attention[fused-b1-hq32-hkv8-d128-l8192-float16]   21.5        -
+exit status / last line                                         0: Wrote benchmark data; 0: Wrote  0: Wrote
+"""
 GEN = """gpt2-random on NVIDIA H200, torch.float16, batch 1, prompt 128 tokens, 128 new
 hf-eager  TTFT     8.92 ms  TBT p50   7.307 ms  p95  11.282 ms      127.9 tokens/s
 graph     TTFT     4.19 ms  TBT p50   0.627 ms  p95   0.631 ms     1523.5 tokens/s
@@ -110,6 +116,27 @@ def test_ab_tables_become_rows(tmp_path, text, expected):
     assert {r["commit"] for r in rows} == {"c8d3792"} and all(r["run"] for r in rows)
 
 
+def test_ab_case_tables_become_rows(tmp_path):
+    """The table bench.ab prints for any command: one row a (case, variant) that ran, the op from the case name."""
+    ab, table = tmp_path / "ab.txt", tmp_path / "history.csv"
+    ab.write_text(AB_CASES)
+    history.main(["add-ab", str(ab), "--commit", "efc6be1", "--gpu", "NVIDIA H200", "--csv", str(table)])
+    rows = _read(table)[1]
+    assert [(r["op"], r["case"], r["provider"], r["p50_us"]) for r in rows] == [
+        ("decode_attention", "bench_decode_attention[paged-b1-hq32-hkv8-d128-l8192-float16]", "ab [default]", "21.7"),
+        ("decode_attention", "bench_decode_attention[paged-b1-hq32-hkv8-d128-l8192-float16]", "ab [base]", "23.1"),
+        ("decode_attention", "bench_decode_attention[fused-b1-hq32-hkv8-d128-l8192-float16]", "ab [default]", "21.5")]
+
+
+def test_an_ab_table_with_no_case_is_rejected(tmp_path, capsys):
+    ab = tmp_path / "ab.txt"
+    ab.write_text(AB_CASES.splitlines()[0] + "\n" + AB_CASES.splitlines()[1] + "\nexit status / last line  1: error\n")
+    with pytest.raises(SystemExit) as exc:
+        history.main(["add-ab", str(ab), "--commit", "x", "--gpu", "g", "--csv", str(tmp_path / "history.csv")])
+    assert exc.value.code == 2 and "ab.txt holds a bench.ab table with no case measured" in capsys.readouterr().err
+    assert not (tmp_path / "history.csv").exists()
+
+
 def test_generate_printouts_become_rows(tmp_path):
     gen, table = tmp_path / "gen.txt", tmp_path / "history.csv"
     gen.write_text(GEN)
@@ -124,7 +151,7 @@ def test_files_that_are_not_what_they_should_be_are_rejected(tmp_path, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_text("nothing here\n")
     table = str(tmp_path / "history.csv")
-    for cmd, message in (("add-ab", "bad.txt must hold a bench.ab table (a line starting 'shape'), got none"),
+    for cmd, message in (("add-ab", "bad.txt must hold a bench.ab table (a line starting 'case' or 'shape'), got none"),
                          ("add-generate", "bad.txt must hold `python -m fused_attn.generate` timing lines, got none")):
         with pytest.raises(SystemExit) as exc:
             history.main([cmd, str(bad), "--commit", "x", "--gpu", "g", "--csv", table])
