@@ -459,8 +459,8 @@ MUTATIONS: list[Mutation] = [
              why="the tensor-core kernel's first split drops the entries it staged in shared memory before its loop "
                  "(the first 512): a bad page among them is neither poisoned nor kept from the append"),
     Mutation("decode-mma-paged-append-before-the-check", "csrc/decode_attention/decode_attention_kernel.cuh",
-             "  if (!kPaged && lengths && append) decode::append<T, kPaged>(p, b, hkv, cached, nr);",
-             "  if (lengths && append) decode::append<T, kPaged>(p, b, hkv, cached, nr);",
+             "  if (!kPaged && lengths && appends) decode::append<T, kPaged>(p, b, hkv, cached, nr);",
+             "  if (lengths && appends) decode::append<T, kPaged>(p, b, hkv, cached, nr);",
              _t(f"{T_DECODE_PAGED}::test_out_of_range_pages_give_nan_and_no_write_gpu",
                 f"{T_DECODE_PAGED}::test_bad_page_read_by_a_later_split_gives_nan_gpu"), gpu=True,
              why="the tensor-core kernel appends to a paged cache before its first split's check has its verdict: "

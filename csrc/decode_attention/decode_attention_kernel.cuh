@@ -1164,8 +1164,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) de
     cp_async_commit();
   }
   // A contiguous cache has nothing to check: its append goes out here, under the first tiles.
-  const bool append = p.k_new != nullptr && split == 0 && chunk == 0;
-  if (!kPaged && lengths && append) decode::append<T, kPaged>(p, b, hkv, cached, nr);
+  const bool appends = p.k_new != nullptr && split == 0 && chunk == 0;  // this block writes the new rows
+  if (!kPaged && lengths && appends) decode::append<T, kPaged>(p, b, hkv, cached, nr);
   __syncthreads();  // Q in shared memory
 
   uint32_t qa[HD / 16][4];  // A fragments of Q, one per 16 columns
@@ -1262,7 +1262,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) de
   // Whether the rows come out as computed: the lengths are in bounds and, in the first split of a paged cache,
   // every entry of the sequence's pages is in the pool. Not ok: the rows are poisoned and nothing is appended.
   const bool ok = lengths && (split != 0 || check.ok(p, b, start, end, check_stage));
-  if (kPaged && ok && append) decode::append<T, kPaged>(p, b, hkv, cached, nr);
+  if (kPaged && ok && appends) decode::append<T, kPaged>(p, b, hkv, cached, nr);
   __syncthreads();  // the merge below reuses the pipeline's shared memory
   if (!ok) decode::poison<2>(m);
 
