@@ -372,6 +372,13 @@ __device__ __forceinline__ int64_t cache_base(int b, int64_t stride_b) {
   return kPaged ? 0 : b * stride_b;
 }
 
+// The block_table entries [first, last) of the pages holding slots [start, end) (none when the range is empty): what
+// both checks below read.
+__device__ __forceinline__ void page_span(const DecodeParams& p, int start, int end, int& first, int& last) {
+  first = start >> p.page_shift;
+  last = end > start ? ((end - 1) >> p.page_shift) + 1 : first;
+}
+
 // Paged: whether every block_table entry of the pages holding slots [start, end) is in [0, num_pages), read by
 // the block's threads together (called by every thread of the block). Contiguous: true. kDecodePagesInFlight
 // loads a thread issued before any is compared (the heuristics' entry), one entry a load, each compared: the
@@ -383,8 +390,8 @@ __device__ __forceinline__ bool pages_ok(const DecodeParams& p, int b, int start
     return true;
   } else {
     const int* table = p.block_table + b * p.table_stride_b;
-    const int first = start >> p.page_shift;
-    const int last = end > start ? ((end - 1) >> p.page_shift) + 1 : first;
+    int first, last;
+    page_span(p, start, end, first, last);
     const int t = int(threadIdx.x), step = kDecodePagesInFlight * int(blockDim.x);
     bool bad = false;
     for (int i0 = first + t; i0 < last; i0 += step) {
@@ -431,8 +438,7 @@ struct PageCheck {
   __device__ __forceinline__ static Range range(const DecodeParams& p, int b, int start, int end) {
     Range r;
     r.table = p.block_table + b * p.table_stride_b;
-    r.first = start >> p.page_shift;
-    r.last = end > start ? ((end - 1) >> p.page_shift) + 1 : r.first;
+    page_span(p, start, end, r.first, r.last);
     const int skip = int((16 - (reinterpret_cast<uintptr_t>(r.table + r.first) & 15)) & 15) / 4;
     r.a = min(r.last, r.first + skip);
     r.z = r.a + (r.last - r.a) / 4 * 4;
@@ -453,7 +459,8 @@ struct PageCheck {
       }
     }
   }
-  // After cp_async_wait<0>() (the staged groups landed).
+  // After cp_async_wait<0>() (the staged groups landed). The range is computed again rather than held: only the
+  // loaded values live through the loop.
   __device__ __forceinline__ bool ok(const DecodeParams& p, int b, int start, int end, const uint4* stage) const {
     if constexpr (!kPaged) {
       return true;
@@ -1027,8 +1034,8 @@ struct DecodeMmaGeometry {
 // At D64 a paged cache's first split keeps a few values through the loop for its check and append after it
 // (decode::PageCheck); left to itself nvcc 13.0 held that kernel at 128 registers and recomputed the loop's
 // shared-memory addresses every tile (main loop 787 -> 832 SASS instructions, sm_90a). Three blocks an SM (170
-// registers) is what the shared memory holds there anyway. Elsewhere 0: no minimum, nvcc's own choice (D128 paged
-// with 3 spills).
+// registers) is what the shared memory holds there anyway. Elsewhere 0: no minimum, nvcc's own choice (a minimum of
+// 3 made D128 paged spill 8 bytes).
 template <typename T, int HD, bool kPaged>
 __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) decode_mma_kernel(const DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
