@@ -99,16 +99,6 @@ _VARIANTS = [
                   "constexpr int kDecodePrefetchMaxSlots = 1 << 30;"),),
             "every cached slot of a block's split prefetched into L2 before the PDL wait (the bound's alternative)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'fused- and b1-hq32 and float16'"),
-    Variant("decode-paged-no-prefetch",
-            (Edit(DECODE_K, "  if (!p.pdl_early) return;", "  if (kPaged || !p.pdl_early) return;"),),
-            "no L2 prefetch before the PDL wait for a paged cache (block_table=) in the CUDA-core kernel (one query "
-            "row a block: MHA), as the tensor-core kernel has none since 2026-11-30. There, with this edit: paged "
-            "B1 GQA 64/8 D128 8k 25.7 -> 24.0 us, 32/8 D128 8k 23.1 -> 22.4, 32k 0.975-0.983x, B4 0.98-0.995x, D64 "
-            "8k even (H200, fp16, the op alone, two interleaved rounds). For the CUDA-core kernel not yet measured; "
-            "predicted slower at batch 1 (the contiguous cache's prefetch took MHA B1 D128 32k keys from 66.5% to "
-            "93.1% of copy bandwidth)",
-            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (paged- or fused-) and "
-            "hq32-hkv32 and (l8192- or l32768-)'"),
     Variant("decode-paged-check-one-entry-at-a-time",
             (Edit(DECODE_H, "constexpr int kDecodePagesInFlight = 8;", "constexpr int kDecodePagesInFlight = 1;"),),
             "a paged cache's entries checked one 16-byte load (four entries) at a time by the first split (4 "

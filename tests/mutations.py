@@ -433,6 +433,17 @@ MUTATIONS: list[Mutation] = [
              "if (t < n_tiles) issue(t, std::true_type{});", "if (t < n_tiles) issue(t, std::false_type{});",
              _t(f"{T_DECODE_PAGED}::test_out_of_range_pages_give_nan_and_no_write_gpu"), gpu=True,
              why="the CUDA-core kernel's first tiles, issued before its check, read through an entry out of the pool"),
+    Mutation("decode-kernel-own-split-unchecked", "csrc/decode_attention/decode_attention_kernel.cuh",
+             "const int tiles = decode::pages_ok<kPaged>(p, b, kb, ke) ? n_tiles : -1;",
+             "const int tiles = n_tiles;",
+             _t(f"{T_DECODE_PAGED}::test_bad_page_read_by_a_later_split_gives_nan_gpu"), gpu=True,
+             why="the CUDA-core kernel's later split reads through an entry out of the pool: with no append, nothing "
+                 "else checks it, and the sequence's rows come out from rows outside the pool"),
+    Mutation("decode-kernel-append-before-the-rest-checked", "csrc/decode_attention/decode_attention_kernel.cuh",
+             "      ok = decode::pages_ok<kPaged>(p, b, ke, end) && ok;\n", "",
+             _t(f"{T_DECODE_PAGED}::test_bad_page_read_by_a_later_split_gives_nan_gpu"), gpu=True,
+             why="the CUDA-core kernel's first split appends having seen only its own split's entries: a sequence "
+                 "with a bad page past them gets its new rows written"),
     Mutation("decode-kernel-empty-pool-read", "csrc/decode_attention/decode_attention_kernel.cuh",
              "|| (kPaged && p.num_pages <= 0 && end > start)) {", ") {",
              _t(f"{T_DECODE_PAGED}::test_empty_pool_gpu"), gpu=True,

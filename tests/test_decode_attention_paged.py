@@ -347,10 +347,13 @@ def test_out_of_range_pages_give_nan_and_no_write_gpu(dtype, num_splits, group):
 @pytest.mark.parametrize("num_splits", [3, 20])  # merged in a cluster, through the combine kernel
 @pytest.mark.parametrize("group", [1, 8])
 @pytest.mark.parametrize("entry", [-3, "num_pages"])
-def test_bad_page_read_by_a_later_split_gives_nan_gpu(dtype, num_splits, group, entry):
+@pytest.mark.parametrize("append", [True, False])
+def test_bad_page_read_by_a_later_split_gives_nan_gpu(dtype, num_splits, group, entry, append):
     """An entry out of the pool among the pages only a later split reads (slots 160-175 of 224: the first split
     covers at most the first 128) still makes every row of its sequence NaN and leaves its pages unwritten,
-    whatever kernel (CUDA cores at group 1, tensor cores at group 8 in 16-row chunks) and merge serve it."""
+    whatever kernel (CUDA cores at group 1, tensor cores at group 8 in 16-row chunks) and merge serve it, and
+    with no append too (the CUDA-core kernel's first split checks the rest of the sequence's entries only for
+    its append: there the later split's own check is what finds it)."""
     ps, max_blocks, hkv, d, sn = 16, 16, 2, 64, 3
     b = 2
     num_pages = b * max_blocks
@@ -358,22 +361,26 @@ def test_bad_page_read_by_a_later_split_gives_nan_gpu(dtype, num_splits, group, 
     table = torch.randperm(num_pages, generator=torch.Generator().manual_seed(3)).to(torch.int32).view(b, max_blocks)
     table[1, 10] = num_pages if entry == "num_pages" else entry
     table = table.cuda()
-    seqlens = [221, 221]
+    seqlens = [221, 221] if append else [224, 224]  # the same slots read either way
     k0, v0 = k_pool.clone(), v_pool.clone()
     out = torch.full_like(q, 7.0)
-    decode_attention(q, k_pool, v_pool, torch.tensor(seqlens, dtype=torch.int32, device="cuda"), k_new=kn, v_new=vn,
+    new = {"k_new": kn, "v_new": vn} if append else {"k_new": None, "v_new": None}
+    decode_attention(q, k_pool, v_pool, torch.tensor(seqlens, dtype=torch.int32, device="cuda"), **new,
                      num_splits=num_splits, out=out, block_table=table)
     assert out[1].isnan().all(), "sequence 1: NaN outputs expected in every row"
-    k_want = appended_pool(k0, kn[:1], table[:1], seqlens[:1], ps)
-    v_want = appended_pool(v0, vn[:1], table[:1], seqlens[:1], ps)
+    if append:
+        k_want = appended_pool(k0, kn[:1], table[:1], seqlens[:1], ps)
+        v_want = appended_pool(v0, vn[:1], table[:1], seqlens[:1], ps)
+    else:
+        k_want, v_want = k0, v0
     assert torch.equal(bits(k_pool), bits(k_want)) and torch.equal(bits(v_pool), bits(v_want))
     k_all = logical(k_want, table[:1], ps, 1, max_blocks * ps)
     v_all = logical(v_want, table[:1], ps, 1, max_blocks * ps)
-    want = definition(q[:1], k_all, v_all, seqlens[:1], None, True, None, None).cuda()
-    magnitude = definition(q[:1], k_all, v_all.abs(), seqlens[:1], None, True, None, None).cuda()
+    want = definition(q[:1], k_all, v_all, seqlens[:1], None, append, None, None).cuda()
+    magnitude = definition(q[:1], k_all, v_all.abs(), seqlens[:1], None, append, None, None).cuda()
     lens_t = torch.tensor(seqlens[:1], dtype=torch.int32)
-    assert_attention_close(out[:1], peer_attention(q[:1], k_all, v_all, lens_t, None, True, None), want, magnitude,
-                           score_max(q[:1], k_all, lens_t, None, True, None), "the in-range sequence")
+    assert_attention_close(out[:1], peer_attention(q[:1], k_all, v_all, lens_t, None, append, None), want, magnitude,
+                           score_max(q[:1], k_all, lens_t, None, append, None), "the in-range sequence")
 
 
 @pytest.mark.gpu

@@ -122,11 +122,11 @@ constexpr bool decode_cluster_fits(int64_t clusters, int max_active) { return cl
 // (splits of at most ~200 slots) are unchanged by the bound.
 constexpr int kDecodePrefetchMaxSlots = 128;
 
-// The block_table loads a thread has in flight when a block checks every entry of its sequence's pages
+// The block_table loads a thread has in flight when a block checks the entries of its sequence's pages
 // (decode_attention_kernel.cuh, pages_ok, PageCheck): ceil(L / page_size) entries, 8192 at 128k keys in pages of 16.
 // The tensor-core kernel's first split alone checks, four entries a 16-byte load (16 loads a thread of 128 at 128k);
-// the CUDA-core kernel's every block, after its first tiles are issued and before its loop, one entry a load (64 a
-// thread: eight rounds; its loop's code is the cheaper for it). When every
+// the CUDA-core kernel's every block its own split's, after its first tiles are issued and before its loop, one entry
+// a load (its loop's code is the cheaper for it), and its first split the rest after its loop. When every
 // tensor-core block checked before its first tile, one entry a load, the check cost paged B1 GQA 32/8 D64 128k keys
 // 17.6 us of 99.1 and B16 32k 29 us of 290 (the bound without any check, H200, fp16, pages of 16, bench.ab
 // decode-paged-no-check, 2026-11-29); one entry at a time (8 -> 1): bench.ab's decode-paged-check-one-entry-at-a-time.

@@ -32,20 +32,19 @@
 // decode::NewRows, chunk_live). Without it, the one branch on the null pointer and no load.
 //
 // Paged cache (kPaged, p.block_table): the caches are page pools [num_pages, nheads_kv, page_size, headdim] and slot j
-// of sequence b is row j & (page_size - 1) of page block_table[b][j >> page_shift]. The first split of each row chunk
-// checks the entries of every page its sequence reads or writes (decode::PageCheck: loads before its loop, verdict
-// after it); one out of [0, num_pages) is treated as out-of-bounds lengths (that split's rows are poisoned, so the
-// merged rows are NaN, and the append, made after the loop, is skipped). The other splits of the tensor-core kernel
-// check nothing and clamp each entry into the pool where they use it (decode::in_pool), so no address leaves the pools,
-// and a row read through a bad entry only feeds outputs the first split makes NaN. Every block of the CUDA-core kernel
-// checks all of them once its first tiles (read through clamped entries) are issued, before its loop (whose code is the
-// cheaper for it: decode_kernel), and writes NaN and returns at a bad one. The loops look each row's page up one tile
+// of sequence b is row j & (page_size - 1) of page block_table[b][j >> page_shift]. An entry out of [0, num_pages)
+// among the pages a sequence reads or writes is treated as out-of-bounds lengths: the rows of a split that finds it
+// are poisoned (so the merged rows are NaN) and the append, made after the loop by a split that has seen every entry,
+// is skipped. The tensor-core kernel's first split of each row chunk checks all of them (decode::PageCheck: loads
+// before its loop, verdict after it); its other splits check nothing and clamp each entry into the pool where they use
+// it (decode::in_pool), so no address leaves the pools, and a row read through a bad entry only feeds outputs the first
+// split makes NaN. Each block of the CUDA-core kernel checks the entries of its own split's pages once its first tiles
+// (read through clamped entries) are issued, before its loop (whose code is the cheaper for it: decode_kernel); the
+// first split of chunk 0 checks the rest after its loop, before the append. The loops look each row's page up one tile
 // ahead, in registers (decode::TileRows: an entry read only when a row moves into another page; decode::TileRun: its
 // run's two entries every tile), so a row's address is the page's base + its row in the page with no table load in the
-// way; a tile may straddle pages and page_size may be smaller than a tile. The CUDA-core kernel's L2 prefetch before
-// the PDL wait goes through the entries of the split's first slots as the contiguous cache's goes through its rows
-// (decode::prefetch_cache), skipping entries out of the pool; the tensor-core kernel does not prefetch a paged cache
-// (decode_mma_kernel).
+// way; a tile may straddle pages and page_size may be smaller than a tile. Neither kernel prefetches a paged cache into
+// L2 before its PDL wait (decode::prefetch_cache: the contiguous cache's).
 //
 // Tests: tests/test_decode_attention.py; benchmark: bench/bench_decode_attention.py.
 #pragma once
@@ -194,7 +193,7 @@ __device__ __forceinline__ void page_offsets(const DecodeParams& p, int64_t page
 }
 
 // Page of logical block blk of a sequence (blk: a slot >> page_shift; table: the sequence's block_table row),
-// read after wait_for_primary() (a plain load; the prefetch's entries, read before it: prefetch_cache).
+// read after wait_for_primary() (a plain load).
 __device__ __forceinline__ int page_at(const int* table, int blk) {
   return table[blk];
 }
@@ -380,9 +379,9 @@ __device__ __forceinline__ void page_span(const DecodeParams& p, int start, int 
 }
 
 // Paged: whether every block_table entry of the pages holding slots [start, end) is in [0, num_pages), read by
-// the block's threads together (called by every thread of the block). Contiguous: true. kDecodePagesInFlight
-// loads a thread issued before any is compared (the heuristics' entry), one entry a load, each compared: the
-// CUDA-core kernel's check (the tensor-core kernel's: PageCheck). Four entries a 16-byte load there gave its loop
+// the block's threads together (called by every thread of the block, with the same start and end). Contiguous:
+// true. kDecodePagesInFlight loads a thread issued before any is compared (the heuristics' entry), one entry a load,
+// each compared: the CUDA-core kernel's check (the tensor-core kernel's: PageCheck). Four entries a 16-byte load there gave its loop
 // 394-400 instructions a tile instead of 345 (nvcc 13.0, fp16, D64, paged, one row).
 template <bool kPaged>
 __device__ __forceinline__ bool pages_ok(const DecodeParams& p, int b, int start, int end) {
@@ -500,28 +499,15 @@ __device__ __forceinline__ void poison(float (&m)[N]) {
   for (int r = 0; r < N; ++r) m[r] = __int_as_float(0x7fc00000);
 }
 
-// A block_table entry read before wait_for_primary() (the prefetch's): at L2 (.cg), leaving no L1 line that
-// the reads after the wait (page_at, plain) could hit if an earlier kernel of the PDL chain was still
-// writing the table (L1 is not coherent).
-__device__ __forceinline__ int load_entry_before_wait(const int* ptr) {
-#if defined(__CUDA_ARCH__)
-  int v;
-  asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(v) : "l"(ptr));
-  return v;
-#else
-  return *ptr;
-#endif
-}
-
 // Before wait_for_primary(): the cached K and V rows this block will read into L2, so their DRAM
 // round trip overlaps the previous kernel (under PDL the block starts early: pdl.cuh). The slots are
 // written by earlier steps, not by the kernels this one overlaps; only the lengths might be (a caller
-// whose previous kernel writes seqlens), or a paged cache's block_table: then the stale values make a
-// wrong hint, nothing else. A prefetch moves no data into the block, L2 is where every write lands, and
-// every address is inside the cache (lengths_ok bounds end by max_len; a paged cache's rows are
-// prefetched only through entries in [0, num_pages), one entry read a slot, the rows of a page taken
-// one by one: its rows of one head are strided in the nhd layout).
-template <typename T, bool kPaged>
+// whose previous kernel writes seqlens): then the stale values make a wrong hint, nothing else. A
+// prefetch moves no data into the block, L2 is where every write lands, and every address is inside
+// the cache (lengths_ok bounds end by max_len). A contiguous cache only: a paged cache's rows would be
+// found through block_table loads the block waits for before it goes on, and neither kernel gains
+// from that (decode_kernel, decode_mma_kernel).
+template <typename T>
 __device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int hkv, int split, int tile) {
   if (!p.pdl_early) return;  // both parts of the run-ahead together (pdl.cuh)
   int cached, end, start, kb, ke;
@@ -530,27 +516,12 @@ __device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int
   // Slots from `cached` on are this step's appends (k_new / v_new); the bound: decode_attention_heuristics.h.
   const int hi = min(min(ke, cached), kb + kDecodePrefetchMaxSlots);
   const int lines = (p.headdim * int(sizeof(T)) + 127) / 128, per_line = 128 / int(sizeof(T));
-  const T* kc = static_cast<const T*>(p.k_cache) + cache_base<kPaged>(b, p.k_stride_b) + hkv * p.k_stride_h;
-  const T* vc = static_cast<const T*>(p.v_cache) + cache_base<kPaged>(b, p.v_stride_b) + hkv * p.v_stride_h;
-  if constexpr (kPaged) {
-    const int* table = p.block_table + b * p.table_stride_b;
-    const int mask = (1 << p.page_shift) - 1;
-    for (int j = kb + int(threadIdx.x); j < hi; j += blockDim.x) {
-      const int page = load_entry_before_wait(table + (j >> p.page_shift));
-      if (page < 0 || page >= p.num_pages) continue;  // no address outside the pools
-      const T* kr = kc + page * p.k_stride_b + int64_t(j & mask) * p.k_stride_l;
-      const T* vr = vc + page * p.v_stride_b + int64_t(j & mask) * p.v_stride_l;
-      for (int c = 0; c < lines * per_line; c += per_line) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(kr + c));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + c));
-      }
-    }
-  } else {
-    for (int j = kb + int(threadIdx.x); j < hi; j += blockDim.x) {  // a row's lines: no division by `lines`
-      for (int c = 0; c < lines * per_line; c += per_line) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + int64_t(j) * p.k_stride_l + c));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + int64_t(j) * p.v_stride_l + c));
-      }
+  const T* kc = static_cast<const T*>(p.k_cache) + b * p.k_stride_b + hkv * p.k_stride_h;
+  const T* vc = static_cast<const T*>(p.v_cache) + b * p.v_stride_b + hkv * p.v_stride_h;
+  for (int j = kb + int(threadIdx.x); j < hi; j += blockDim.x) {  // a row's lines: no division by `lines`
+    for (int c = 0; c < lines * per_line; c += per_line) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + int64_t(j) * p.k_stride_l + c));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + int64_t(j) * p.v_stride_l + c));
     }
   }
 }
@@ -576,7 +547,7 @@ __device__ void append(const DecodeParams& p, int b, int hkv, int cached, const 
   }
 }
 
-// decode_kernel's block whose sequence has out-of-bounds lengths or pages (every split of it sees them): its rows'
+// decode_kernel's block whose sequence has out-of-bounds lengths (every split of it sees them): its rows'
 // outputs are NaN, written by the one split that owns them (one split; split 0 of a cluster), or, with the
 // combine kernel, each split's partial log2-sum-exp is NaN, which makes the merged row NaN.
 template <typename T, int R>
@@ -812,7 +783,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     }
   };
 
-  decode::prefetch_cache<T, kPaged>(p, b, hkv, split, TILE);
+  if constexpr (!kPaged) decode::prefetch_cache<T>(p, b, hkv, split, TILE);
   // Launched programmatically (pdl.cuh): q, k_new / v_new and the lengths may be the previous
   // kernel's outputs. The combine kernel (or the next op's kernel) may launch from here on.
   wait_for_primary();
@@ -843,15 +814,18 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     }
   }
 
-  // Every block checks every entry of its sequence's pages (pages_ok), after issuing its first tiles: those tiles
-  // read through entries clamped into the pool (TileRows::at<true>), so the table's round trip is not on the path
-  // to the first tile (paged B1 MHA 32 heads: D64 8k 27.9 -> 26.8 us, D128 32k 139.3 -> 138.2; H200, fp16, bench.ab,
-  // 2026-11-30). A failure is the same in every split, so the block may return at once (write_nan_rows), and the loop
-  // uses the entries as loaded, unclamped: the tensor-core kernel's way (only the first split checks, the others
-  // clamp every entry they use) made this kernel's loop 359-400 instructions a tile instead of 345 (fp16, D64,
-  // paged, one row; nvcc 13.0) and its paged cache at batch 4, 32 heads, D64 4.5% / 6.7% slower at 8k / 32k keys,
-  // where it issues from two warps a scheduler (H200, fp16, the two builds interleaved, 2026-11-29). An empty pool
-  // has no page to clamp into: bad lengths wherever a slot is read or written.
+  // A paged block checks the entries of its own split's pages (pages_ok) after issuing its first tiles: those tiles
+  // read through entries clamped into the pool (TileRows::at<true>), so the table's round trip is not on the path to
+  // the first tile, and the loop uses the entries as loaded, unclamped: the tensor-core kernel's way (only the first
+  // split checks, the others clamp every entry they use) made this kernel's loop 359-400 instructions a tile instead
+  // of 345 (fp16, D64, paged, one row; nvcc 13.0) and its paged cache at batch 4, 32 heads, D64 4.5% / 6.7% slower at
+  // 8k / 32k keys, where it issues from two warps a scheduler (H200, fp16, the two builds interleaved, 2026-11-29).
+  // A bad entry there poisons the split's rows, which makes the merged rows NaN. The first split of chunk 0 checks
+  // the rest of the sequence's entries after its loop, before the append, so no block waits for more than its own
+  // split's entries before its loop. Every block checking every entry before its loop, against this (paged B1 MHA
+  // 32 heads, H200, fp16, bench.ab, two interleaved rounds, 2026-11-30): D128 8k 42.8 -> 41.1 us, D128 32k 137.5 ->
+  // 133.6, D64 32k 73.8 -> 71.4, D64 128k 256.8 -> 252.3 (contiguous 40.9 / 134.8 / 71.7 / 250.2). An empty pool has
+  // no page to clamp into: bad lengths wherever a slot is read or written.
   if (!decode::lengths_ok(p, b, nr, cached, end, start) || (kPaged && p.num_pages <= 0 && end > start)) {
     decode::write_nan_rows<T, R>(p, chunk, b, hkv, split, nr);
     return;
@@ -866,12 +840,10 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     if (t < n_tiles) issue(t, std::true_type{});
     cp_async_commit();
   }
-  if (!decode::pages_ok<kPaged>(p, b, start, end)) {
-    cp_async_wait<0>();  // the first tiles' copies land before the block's shared memory is released
-    decode::write_nan_rows<T, R>(p, chunk, b, hkv, split, nr);
-    return;
-  }
-  if (p.k_new != nullptr && split == 0 && chunk == 0) decode::append<T, kPaged>(p, b, hkv, cached, nr);
+  // A bad entry among the split's own pages: no loop (the first tiles' copies land at its end), rows poisoned.
+  const int tiles = decode::pages_ok<kPaged>(p, b, kb, ke) ? n_tiles : -1;
+  const bool appends = p.k_new != nullptr && split == 0 && chunk == 0;
+  if (!kPaged && appends) decode::append<T, kPaged>(p, b, hkv, cached, nr);
 
   int lim[R];  // first slot row r cannot see (causal among the sequence's nr.n new tokens; 0 for idle rows)
 #pragma unroll
@@ -889,8 +861,8 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   }
 
   const bool* key_mask = p.key_mask != nullptr ? p.key_mask + b * p.key_mask_stride_b : nullptr;
-  for (int t = 0; t < n_tiles; ++t) {
-    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1, std::false_type{});
+  for (int t = 0; t < tiles; ++t) {
+    if (t + STAGES - 1 < tiles) issue(t + STAGES - 1, std::false_type{});
     cp_async_commit();
     bool key_on[U];  // in the split, and not masked (read before the wait, so the two overlap)
 #pragma unroll
@@ -961,6 +933,16 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     }
   }
   cp_async_wait<0>();
+  if constexpr (kPaged) {
+    // The first split of chunk 0 writes this step's rows only when every entry of the sequence's pages is in the
+    // pool: its own were checked before the loop (its range starts at `start`), the rest now, behind the loop.
+    bool ok = tiles >= 0;
+    if (appends) {
+      ok = decode::pages_ok<kPaged>(p, b, ke, end) && ok;
+      if (ok) decode::append<T, kPaged>(p, b, hkv, cached, nr);
+    }
+    if (!ok) decode::poison(m);
+  }
 
   // Merge the warp's 32 / TX key slots of each row with shuffles (lanes TX apart hold the same elements
   // of different keys), then the NW warps' results through shared memory (decode::finish).
@@ -1057,9 +1039,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) de
   // A paged cache is not prefetched: the prefetch waits on its block_table loads before the block goes on, and the
   // first tiles' copies wait on the same entries again. Without it, paged B1 GQA 64/8 D128 8k 25.7 -> 24.0 us,
   // 32/8 D128 8k 23.1 -> 22.4, 32/8 D64 32k 30.1 -> 29.4; B4 0.5-2% (D64 8k even; H200, fp16, the op alone,
-  // bench.ab decode-paged-no-prefetch, 2026-11-30). Under a PDL chain the prefetch would overlap the previous
-  // kernel; not measured there.
-  if constexpr (!kPaged) decode::prefetch_cache<T, kPaged>(p, b, hkv, split, TILE);
+  // bench.ab, 2026-11-30; the CUDA-core kernel's likewise: decode_kernel). Under a PDL chain the prefetch would
+  // overlap the previous kernel; not measured there.
+  if constexpr (!kPaged) decode::prefetch_cache<T>(p, b, hkv, split, TILE);
   wait_for_primary();
   launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
