@@ -526,18 +526,6 @@ __device__ __forceinline__ void prefetch_cache(const DecodeParams& p, int b, int
   }
 }
 
-// A paged cache's block_table row of sequence b into L2, before wait_for_primary(): split s's threads take lines s,
-// s + num_splits, ... of the row (one a thread: the row's first 128 x num_splits lines), so together a sequence's
-// splits ask for all of it while their lengths load, and the entries they read once the lengths are known come from
-// L2, not DRAM. Nothing waits on it: a prefetch moves no data into the block, and a table the previous kernel of a PDL
-// chain writes lands in L2 all the same. Addresses stay inside the row: ceil(max_len / page_size) entries.
-__device__ __forceinline__ void prefetch_table(const DecodeParams& p, int b, int split) {
-  const int* row = p.block_table + b * p.table_stride_b;
-  const int entries = (p.max_len + (1 << p.page_shift) - 1) >> p.page_shift;
-  const int line = split + int(threadIdx.x) * p.num_splits;
-  if (line * 32 < entries) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + line * 32));
-}
-
 // Writes this step's keys and values of (b, kv head) into the cache: nr.n x headdim each.
 template <typename T, bool kPaged>
 __device__ void append(const DecodeParams& p, int b, int hkv, int cached, const NewRows& nr) {
@@ -795,11 +783,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     }
   };
 
-  if constexpr (kPaged) {
-    decode::prefetch_table(p, b, split);
-  } else {
-    decode::prefetch_cache<T>(p, b, hkv, split, TILE);
-  }
+  if constexpr (!kPaged) decode::prefetch_cache<T>(p, b, hkv, split, TILE);
   // Launched programmatically (pdl.cuh): q, k_new / v_new and the lengths may be the previous
   // kernel's outputs. The combine kernel (or the next op's kernel) may launch from here on.
   wait_for_primary();
@@ -1056,12 +1040,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) de
   // first tiles' copies wait on the same entries again. Without it, paged B1 GQA 64/8 D128 8k 25.7 -> 24.0 us,
   // 32/8 D128 8k 23.1 -> 22.4, 32/8 D64 32k 30.1 -> 29.4; B4 0.5-2% (D64 8k even; H200, fp16, the op alone,
   // bench.ab, 2026-11-30; the CUDA-core kernel's likewise: decode_kernel). Under a PDL chain the prefetch would
-  // overlap the previous kernel; not measured there. Its block_table row is (prefetch_table).
-  if constexpr (kPaged) {
-    decode::prefetch_table(p, b, split);
-  } else {
-    decode::prefetch_cache<T>(p, b, hkv, split, TILE);
-  }
+  // overlap the previous kernel; not measured there.
+  if constexpr (!kPaged) decode::prefetch_cache<T>(p, b, hkv, split, TILE);
   wait_for_primary();
   launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
