@@ -1164,10 +1164,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) de
     ldmatrix_x4(qa[ks], smem_addr(sq + swizzled<HD>(row, c)));
   }
   int lim[2];  // first slot rows g and g + 8 cannot see (0 for padding rows)
+  int plain_end = ke;  // tiles ending by here hide no key from this lane's live rows (padding rows: not read out)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int rr = chunk * R + g + 8 * h, i = p.div_seqlen_new.mod(rr);
-    lim[h] = rr < p.rows && i < nr.n ? end - nr.n + 1 + i : 0;
+    const bool live = rr < p.rows && i < nr.n;
+    lim[h] = live ? end - nr.n + 1 + i : 0;
+    if (live) plain_end = min(plain_end, lim[h]);
   }
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
   float o[HD / 8][4];
@@ -1200,14 +1203,24 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) de
       mma16816<T>(s[0], qa[kk], kf[0], kf[1]);
       mma16816<T>(s[1], qa[kk], kf[2], kf[3]);
     }
-    // Scale into the log2 domain; -inf where a key is outside the split, masked, or causally hidden.
+    // Scale into the log2 domain; -inf where a key is outside the split, masked, or causally hidden. A tile
+    // inside the split and every live row's causal limit, with no key_mask (all but the last tiles of a split in
+    // a decode step), hides nothing: it is only scaled.
+    if (key_mask == nullptr && jt + TILE <= plain_end) {
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < 2; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = jt + warp * 16 + n * 8 + 2 * t4 + (e & 1);
-        const bool on = j < ke && j < lim[e / 2] && (key_mask == nullptr || key_mask[j]);
-        s[n][e] = on ? s[n][e] * p.scale_log2 : kNegInf;
+        for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = jt + warp * 16 + n * 8 + 2 * t4 + (e & 1);
+          const bool on = j < ke && j < lim[e / 2] && (key_mask == nullptr || key_mask[j]);
+          s[n][e] = on ? s[n][e] * p.scale_log2 : kNegInf;
+        }
       }
     }
     float pr[2][4];
