@@ -340,6 +340,21 @@ def test_forced_splits_gpu(num_splits, dtype, headdim, rows):
     run_and_check(case, "cuda")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("headdim", [64, 128])
+@pytest.mark.parametrize("group", [1, 4])
+def test_causal_limit_inside_a_full_tile_gpu(num_splits, dtype, headdim, group):
+    """Three new tokens whose sequence ends on a 64-slot boundary: the last full tile of the split holds the keys
+    the first two new rows may not see (slots 126 and 127 of 128; 62 and 63 of 64), with no partial tile after
+    it. The tensor-core kernel (group 4: 12 rows in 16-bit types) scales a full tile without masking only where
+    no live row's limit falls inside it; group 1 is the CUDA-core kernel (3 rows)."""
+    case = case_of(batch=2, nheads_kv=2, group=group, headdim=headdim, max_len=256, seqlens=[125, 61],
+                   leftpad=[0, 0], seqlen_new=3, dtype=dtype, num_splits=num_splits, use_out=True, seed=7)
+    run_and_check(case, "cuda")
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_zero_visible_keys_give_exact_zeros(device):
     """Empty caches, caches left-padded all the way, max_len 0: zeros, never NaN; the cache untouched."""
