@@ -21,14 +21,18 @@ cache, then attends with the one new query per sequence over its L valid keys:
                   slots, the pages of every sequence handed out in a shuffled order, as a serving
                   engine's allocator leaves them; the long-context cases (L >= PAGED_MIN_L) only
   fused           the same with the split count chosen by the op's heuristic (num_splits=None)
+  sdpa_flash_graph, sdpa_cudnn_graph, paged_graph, fused_graph
+                  the provider without the suffix captured once in a CUDA graph (after an eager call, which
+                  makes the backends' choices and lazy set-up), the replay timed: what a serving engine that
+                  captures its decode step pays; the long-context cases (L >= PAGED_MIN_L) only
 cache_seqlens is an int32 device tensor (no host-to-device copy per call, CUDA-graph safe).
 
 Shapes, written [B, Hq, Hkv, D, L] (L last so that bench.report plots latency against L):
 GPT-2 small (B 1, 16; H 12; D 64; L 128, 256, 1024), Llama-like (B 1, 16; H 32; D 128; L 1k, 8k,
 32k) and GQA (B 1, 16; Hq 32, Hkv 8; D 128; L 8k, 32k); seqlen_new = 1. --full adds the serving shapes
 (SERVING_SHAPES): Hq/Hkv 32/32, 32/8 and 64/8, D 64 and 128, B 1, 4 and 16, L 8k, 32k and 128k (54 shapes,
-46 of them new), each with SERVING_PROVIDERS only (sdpa, sdpa_flash, sdpa_cudnn, paged, fused: no compile
-a case). L is the number of valid keys after the append; the cache holds exactly max_len = L slots
+46 of them new), each with SERVING_PROVIDERS only (sdpa, sdpa_flash, sdpa_cudnn, paged, fused and the last four
+captured in a CUDA graph: no compile a case). L is the number of valid keys after the append; the cache holds exactly max_len = L slots
 (cache_seqlens = L - 1 before the append), so SDPA, which reads the whole cache under its mask, reads no
 slot beyond the valid ones (a longer cache would only cost SDPA more).
 
@@ -51,7 +55,13 @@ the better of sdpa_flash and sdpa_cudnn), float16 and bfloat16, in one run (SERV
 (60 rounds + 5 warm-up of K + V, ours at 80% and the SDPA backends at 25% of 3.5 TB/s, a 0.6 ms flush and
 spin a round, the same-bytes copy floor once per size) takes ~80 s, and each case's fixed cost (gc and
 empty_cache, the inputs, the float64 check, the clock warm-up) ~0.3-1 s: 3.5-8.5 minutes, plus the
-library's build on a fresh machine.
+library's build on a fresh machine. Measured on an H200 (2026-11-30): 80-90 s a dtype.
+
+The bar holds in a CUDA graph too: the same cases with the *_graph providers (SERVING_GRAPH_K), a run of their own:
+    python -m pytest bench/bench_decode_attention.py --full -k "(sdpa_flash_graph- or sdpa_cudnn_graph- or \
+        paged_graph- or fused_graph-) and (l8192- or l32768- or l131072-)"
+Each case calls its base provider once eagerly (lazy set-up, the backend's choice, the check of refusals), captures
+one call in a CUDA graph, replays it once for the output check, then times replays (cold L2, as every case).
 
 The append is in place and idempotent: every call (warm-up, check, timed rounds) writes the same
 k_new/v_new at the same slot L - 1 (cache_seqlens never advances), so each round sees the same
@@ -101,10 +111,15 @@ SERVING_SHAPES = [(b, hq, hkv, d, n) for hq, hkv in SERVING_HEADS for d in (64, 
 # The providers the bar compares (and the default sdpa, the gpt-fast user's step) on the serving shapes that the
 # Llama-like and GQA lists above do not hold: no compiled (one compile a case, ~10 s each), no fused_nosplit,
 # no sdpa_efficient (it refuses GQA), no gpt2_step (MHA at GPT-2's shapes).
-SERVING_PROVIDERS = ("sdpa", "sdpa_flash", "sdpa_cudnn", "paged", "fused")
+# The same providers captured in a CUDA graph (GRAPHED below) beside them.
+SERVING_PROVIDERS = ("sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_flash_graph", "sdpa_cudnn_graph", "paged_graph",
+                     "fused_graph", "paged", "fused")
 # The serving bar's cases alone (every serving shape, the bar's providers), with --full for bfloat16:
 #   python -m pytest bench/bench_decode_attention.py --full -k "$SERVING_K"
 SERVING_K = "(sdpa_flash- or sdpa_cudnn- or paged- or fused-) and (l8192- or l32768- or l131072-)"
+# The same in a CUDA graph (the bar holds "in and out of a CUDA graph"): a run of its own, as long as SERVING_K's.
+SERVING_GRAPH_K = ("(sdpa_flash_graph- or sdpa_cudnn_graph- or paged_graph- or fused_graph-) and "
+                   "(l8192- or l32768- or l131072-)")
 CPU_SHAPES = [(2, 4, 2, 16, 32), (1, 2, 2, 16, 32)]
 QUICK_DTYPES = ("float16",)
 FULL_DTYPES = ("float16", "bfloat16")
@@ -113,16 +128,26 @@ FULL_DTYPES = ("float16", "bfloat16")
 MAX_FRACTION_OF_FREE = 0.85
 
 # Baselines first (speedups are against providers already measured in the group); `fused` last:
-# bench.report takes the last provider named fused* as ours.
+# bench.report takes the last provider named fused* as ours (fused_graph comes before it).
 PROVIDERS = ("sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "compiled", "gpt2_step", "fused_nosplit",
-             "paged", "fused")
+             "sdpa_flash_graph", "sdpa_cudnn_graph", "paged_graph", "fused_graph", "paged", "fused")
+# A provider captured in a CUDA graph: the provider it replays.
+GRAPHED = {"sdpa_flash_graph": "sdpa_flash", "sdpa_cudnn_graph": "sdpa_cudnn", "paged_graph": "paged",
+           "fused_graph": "fused"}
+
+
+def base(provider: str) -> str:
+    """The provider whose call ``provider`` times (itself, or the one a *_graph provider replays)."""
+    return GRAPHED.get(provider, provider)
+
+
 SPEEDUP_BASES = ("sdpa", "compiled", "gpt2_step")
 MHA_ONLY = ("gpt2_step",)
 # The paged provider: vLLM's default block size (16 slots: the most page lookups a key), at the long caches
 # where a serving engine pages (and on the CPU shapes, which exercise the harness).
 PAGE_SIZE = 16
 PAGED_MIN_L = 8192
-GPU_ONLY = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "compiled")
+GPU_ONLY = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "compiled", *GRAPHED)
 PINNED_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION",
                    "sdpa_cudnn": "CUDNN_ATTENTION"}
 NOTES = {"sdpa": "index_copy_ x2 + SDPA(bool length mask, default backend)",
@@ -134,6 +159,7 @@ NOTES = {"sdpa": "index_copy_ x2 + SDPA(bool length mask, default backend)",
          "fused": "fused_attn.decode_attention(k_new=, v_new=), num_splits by heuristic",
          **{p: f"index_copy_ x2 + SDPA pinned to {b}, attn_mask=None (max_len = L)"
             for p, b in PINNED_BACKENDS.items()}}
+NOTES.update({g: f"{NOTES[p]}; captured in a CUDA graph, the replay timed" for g, p in GRAPHED.items()})
 
 # What `python -m bench.bytes --op decode_attention [--shape B,Hq,Hkv,D,L]` measures under ncu (one call
 # per provider; K + V of 134 MB, well above the L2). The pinned SDPA backends may refuse a shape and
@@ -152,13 +178,13 @@ def bytes_cases(backward: bool) -> list[tuple[bool, str]]:
 def bytes_model(provider: str, shape, dtype: torch.dtype, causal: bool, backward: bool) -> tuple[int, int]:
     """Modeled (bytes read, bytes written) of one decode step (the same for every provider; paged adds its
     block_table)."""
-    return modeled_traffic(shape, dtype, PAGE_SIZE if provider == "paged" else None)
+    return modeled_traffic(shape, dtype, PAGE_SIZE if base(provider) == "paged" else None)
 
 
 def bytes_call(provider: str, shape, dtype: torch.dtype, causal: bool, backward: bool):
     """One decode step of ``provider`` on random CUDA inputs of ``shape`` [B, Hq, Hkv, D, L]."""
     t = make_inputs(tuple(shape), dtype, torch.device("cuda"))
-    if provider == "paged":
+    if base(provider) == "paged":
         page_inputs(t, PAGE_SIZE)
     return provider_fn(provider, t)
 
@@ -198,18 +224,22 @@ def peak_bytes(provider: str, shape, dtype: torch.dtype) -> int:
     kv = kv_bytes(shape, dtype)
     repeated = 2 * kv * hq // hkv + 2 * kv
     transient = {"sdpa": repeated, "compiled": repeated, "paged": kv,
-                 "sdpa_cudnn": kv * hq // hkv if hq != hkv else 0}.get(provider, 0)
+                 "sdpa_cudnn": kv * hq // hkv if hq != hkv else 0}.get(base(provider), 0)
     check = 2 * (3 * hkv + hq) * n * d * 8
-    return kv + (kv if provider == "paged" else 0) + max(transient, check)
+    # A captured call keeps what it allocates in the graph's pool for the case (the eager call before the capture
+    # has released its own); a paged call's transient is its check's, outside the graph.
+    held = transient if provider in GRAPHED and base(provider) != "paged" else 0
+    return kv + (kv if base(provider) == "paged" else 0) + max(transient, held + check)
 
 
 def providers(shape) -> tuple[str, ...]:
     """The providers measured for a shape (gpt2_step only where Hq == Hkv, paged at L >= PAGED_MIN_L and on
     the CPU shapes, SERVING_PROVIDERS only on the serving shapes beyond the Llama-like and GQA lists)."""
-    paged = shape[-1] >= PAGED_MIN_L or tuple(shape) in CPU_SHAPES
+    long = shape[-1] >= PAGED_MIN_L
+    paged = long or tuple(shape) in CPU_SHAPES
     serving_only = tuple(shape) in SERVING_SHAPES and tuple(shape) not in LLAMA_SHAPES + GQA_SHAPES
     return tuple(p for p in PROVIDERS if (shape[1] == shape[2] or p not in MHA_ONLY) and (paged or p != "paged")
-                 and (not serving_only or p in SERVING_PROVIDERS))
+                 and (long or p not in GRAPHED) and (not serving_only or p in SERVING_PROVIDERS))
 
 
 def gpu_shapes() -> list[tuple[int, int, int, int, int]]:
@@ -297,8 +327,11 @@ def gpt2_step(q, k_cache, v_cache, k_new, v_new, input_pos, keys_ok):
 
 
 def provider_fn(provider: str, t: dict):
-    """One decode step of ``provider`` on the inputs of ``make_inputs`` (mask and lengths built there)."""
+    """One decode step of ``provider`` on the inputs of ``make_inputs`` (mask and lengths built there); a *_graph
+    provider's is its base's, captured by ``captured`` after a first eager call."""
     from fused_attn import decode_attention
+
+    provider = base(provider)
 
     gqa = t["q"].shape[1] != t["k_cache"].shape[1]
     args = (t["q"], t["k_cache"], t["v_cache"], t["k_new"], t["v_new"], t["input_pos"])
@@ -329,12 +362,23 @@ def provider_fn(provider: str, t: dict):
     raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
 
 
+def captured(fn):
+    """``fn`` captured once in a CUDA graph and replayed once: (the replay, the graph's output). Called after an
+    eager ``fn()``, which made the lazy set-up and the backends' choices outside the capture; the append is
+    idempotent, so every replay sees the same cache and writes the same output."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    graph.replay()
+    return graph.replay, out
+
+
 def check_step(provider: str, out: torch.Tensor, t: dict) -> None:
     """Raise unless the appended slot holds k_new/v_new and ``out`` matches the float64 reference on
     the first and last sequence. The cache already holds the append; the reference appends the same
     values at the same slot again (idempotent). paged: the pools are gathered into the contiguous caches
     first (the logical cache they hold)."""
-    if provider == "paged":
+    if base(provider) == "paged":
         table = t["block_table"].to(torch.int64)
         for name in ("k", "v"):
             cache = t[f"{name}_cache"]
@@ -356,7 +400,7 @@ def record(benchmark, case: dict, times: list[float], device, ceilings_gbps, tim
            medians) -> None:
     """extra_info of one case: percentiles, modeled bytes, bandwidth, floors, speedups in this run."""
     shape, provider, dtype = case["shape"], case["provider"], DTYPES[case["dtype"]]
-    read, write = modeled_traffic(shape, dtype, PAGE_SIZE if provider == "paged" else None)
+    read, write = modeled_traffic(shape, dtype, PAGE_SIZE if base(provider) == "paged" else None)
     stats = percentiles(times)
     info = dict(stats, provider=provider, shape=list(shape), dtype=case["dtype"], note=NOTES[provider],
                 seqlen_new=SEQLEN_NEW, max_len=shape[-1], device=str(device), kv_bytes=kv_bytes(shape, dtype))
@@ -377,15 +421,18 @@ def bench_decode_attention(benchmark, case, device, timer, ceilings_gbps, launch
         pytest.skip(f"{provider}: its modeled peak of {peak / 1e9:.1f} GB (K + V {kv_bytes(shape, dtype) / 1e9:.1f} "
                     f"GB) exceeds {MAX_FRACTION_OF_FREE:.0%} of the free device memory ({free / 1e9:.1f} GB)")
     t = make_inputs(shape, dtype, device)
-    if provider == "paged":
+    if base(provider) == "paged":
         page_inputs(t, PAGE_SIZE)
     fn = provider_fn(provider, t)
     try:
         out = fn()
     except RuntimeError as e:
-        if provider not in PINNED_BACKENDS:
+        if base(provider) not in PINNED_BACKENDS:
             raise
         pytest.skip(f"{provider}: the backend refuses this case ({str(e).splitlines()[0][:200]})")
+    if provider in GRAPHED:
+        del out
+        fn, out = captured(fn)
     check_step(provider, out, t)
     del out
     times = timer.run(benchmark, fn)

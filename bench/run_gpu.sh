@@ -9,6 +9,8 @@
 #   serving shapes); the serving bar's cases alone (bench_decode_attention.py's SERVING_K: 432 cases, 3.5-8.5 min on
 #   an H200, see its docstring): DECODE_ARGS=--full DECODE_TIMEOUT=570
 #   BENCH_K='(sdpa_flash- or sdpa_cudnn- or paged- or fused-) and (l8192- or l32768- or l131072-)'
+#   and the same captured in CUDA graphs (SERVING_GRAPH_K: 432 more cases, a run of its own):
+#   BENCH_K='(sdpa_flash_graph- or sdpa_cudnn_graph- or paged_graph- or fused_graph-) and (l8192- or l32768- or l131072-)'
 # NORM_ARGS the norm step, e.g. NORM_ARGS='-k layer_norm-add' (add + LayerNorm only) or NORM_ARGS=--full (adds bfloat16).
 # ATTN_ARGS the attention step, e.g. ATTN_ARGS='-k causal' or ATTN_ARGS=--full (adds bfloat16).
 # LINEAR_ARGS the linear step (bench_linear + bench_mlp), e.g. LINEAR_ARGS='-k m1-' (M = 1 only) or LINEAR_ARGS=--full (adds bfloat16).

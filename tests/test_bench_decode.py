@@ -28,14 +28,20 @@ def _config(full=False, dtypes=None):
 
 def test_providers_put_the_baselines_first_and_fused_last():
     assert dec.PROVIDERS == ("sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "compiled", "gpt2_step",
-                             "fused_nosplit", "paged", "fused")
+                             "fused_nosplit", "sdpa_flash_graph", "sdpa_cudnn_graph", "paged_graph", "fused_graph",
+                             "paged", "fused")
+    # each *_graph provider replays its base's call: the last fused* provider (ours) is still the eager one
+    assert {g: dec.base(g) for g in dec.GRAPHED} == {"sdpa_flash_graph": "sdpa_flash", "sdpa_cudnn_graph": "sdpa_cudnn",
+                                                    "paged_graph": "paged", "fused_graph": "fused"}
+    assert [p for p in dec.PROVIDERS if p.startswith("fused")][-1] == "fused" and dec.base("fused") == "fused"
     # speedups are computed against providers already measured in the group; bench.report's "ours"
     # is the last fused* provider
     assert all(dec.PROVIDERS.index(b) < dec.PROVIDERS.index("fused_nosplit") for b in dec.SPEEDUP_BASES)
     assert dec.REPORT_LABELS["bench_decode_attention"]["order"] == dec.PROVIDERS
     assert set(dec.NOTES) == set(dec.PROVIDERS)
     assert dec.providers((1, 32, 8, 128, 8192)) == tuple(p for p in dec.PROVIDERS if p != "gpt2_step")  # GQA
-    assert dec.providers((1, 12, 12, 64, 128)) == tuple(p for p in dec.PROVIDERS if p != "paged")  # short cache
+    short = tuple(p for p in dec.PROVIDERS if p != "paged" and p not in dec.GRAPHED)
+    assert dec.providers((1, 12, 12, 64, 128)) == short  # a short cache: no paged, no graph
     assert dec.providers((16, 32, 32, 128, 32768)) == dec.PROVIDERS
 
 
@@ -76,6 +82,30 @@ def test_the_serving_selection_is_the_bar_in_both_dtypes():
     assert dec.SERVING_K in (ROOT / "bench" / "run_gpu.sh").read_text()  # the command documented there
 
 
+def test_the_graph_selection_is_the_bar_captured_and_apart_from_the_eager_one():
+    full = dec.make_cases(_config(full=True), cuda=True)
+    picked = _selected(dec.SERVING_GRAPH_K, full)
+    assert len(picked) == 54 * 2 * 4 == 432
+    assert {(c["shape"], c["dtype"], c["provider"]) for c in picked} == {
+        (s, d, p) for s in dec.SERVING_SHAPES for d in ("float16", "bfloat16")
+        for p in ("sdpa_flash_graph", "sdpa_cudnn_graph", "paged_graph", "fused_graph")}
+    assert not {c["provider"] for c in _selected(dec.SERVING_K, full)} & set(dec.GRAPHED)
+    assert dec.SERVING_GRAPH_K in (ROOT / "bench" / "run_gpu.sh").read_text()
+
+
+def test_a_captured_call_keeps_its_transient_memory_for_the_case():
+    gqa, mha = (16, 64, 8, 128, 131072), (1, 32, 32, 128, 8192)
+    kv = dec.kv_bytes(gqa, torch.float16)
+    check = 2 * (3 * 8 + 64) * 131072 * 128 * 8
+    assert dec.peak_bytes("sdpa_cudnn", gqa, torch.float16) == kv + max(kv * 8, check)
+    assert dec.peak_bytes("sdpa_cudnn_graph", gqa, torch.float16) == kv + kv * 8 + check  # the repeat, held
+    for g in ("fused_graph", "paged_graph", "sdpa_flash_graph"):  # nothing of the cache's size held by the graph
+        assert dec.peak_bytes(g, mha, torch.float16) == dec.peak_bytes(dec.base(g), mha, torch.float16)
+    assert dec.bytes_model("paged_graph", mha, torch.float16, False, False) == dec.bytes_model(
+        "paged", mha, torch.float16, False, False)
+    assert dec.NOTES["fused_graph"].startswith(dec.NOTES["fused"]) and "CUDA graph" in dec.NOTES["fused_graph"]
+
+
 def test_peak_memory_drops_the_peers_copies_that_do_not_fit_an_h200():
     free = 140e9  # an H200's free memory, conservatively
     fits = {(p, s) for s in dec.gpu_shapes() for p in dec.providers(s)
@@ -95,10 +125,11 @@ def test_quick_is_float16_and_full_adds_bfloat16():
     assert {c["dtype"] for c in full} == {"float16", "bfloat16"}
     # no gpt2_step for the 4 GQA shapes, no paged for the 8 shapes below L 8192; the 46 new serving shapes with
     # SERVING_PROVIDERS
-    assert len(full) == 2 * (16 * len(dec.PROVIDERS) - 4 - 8 + 46 * len(dec.SERVING_PROVIDERS)) == 724
+    # (and none of the four *_graph providers there)
+    assert len(full) == 2 * (16 * len(dec.PROVIDERS) - 4 - 8 * 5 + 46 * len(dec.SERVING_PROVIDERS)) == 1156
     assert {c["dtype"] for c in dec.make_cases(_config(dtypes="bfloat16"), cuda=True)} == {"bfloat16"}
     cpu = dec.make_cases(_config(full=True), cuda=False)
-    assert {c["dtype"] for c in cpu} == {"float32"} and len(cpu) == 2 * len(dec.PROVIDERS) - 1
+    assert {c["dtype"] for c in cpu} == {"float32"} and len(cpu) == 2 * (len(dec.PROVIDERS) - len(dec.GRAPHED)) - 1
     assert dec.case_id(cpu[0]) == "sdpa-b2-hq4-hkv2-d16-l32-float32"
     assert dec.case_id(cpu[-1]) == "fused-b1-hq2-hkv2-d16-l32-float32"
 
