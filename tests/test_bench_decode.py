@@ -72,25 +72,18 @@ def _selected(expression: str, cases: list[dict]) -> list[dict]:
             if compiled.evaluate(lambda k, c=c: k.lower() in f"bench_decode_attention[{dec.case_id(c)}]".lower())]
 
 
-def test_the_serving_selection_is_the_bar_in_both_dtypes():
+@pytest.mark.parametrize("expression, providers", [
+    ("SERVING_K", ("sdpa_flash", "sdpa_cudnn", "paged", "fused")),
+    ("SERVING_GRAPH_K", ("sdpa_flash_graph", "sdpa_cudnn_graph", "paged_graph", "fused_graph"))])
+def test_the_serving_selections_are_the_bar_in_both_dtypes_eager_and_captured(expression, providers):
+    """SERVING_K: the bar's eager providers; SERVING_GRAPH_K: the same captured in CUDA graphs. Neither selects
+    a case of the other, and both are the commands run_gpu.sh documents."""
     full = dec.make_cases(_config(full=True), cuda=True)
-    picked = _selected(dec.SERVING_K, full)
+    picked = _selected(getattr(dec, expression), full)
     assert len(picked) == 54 * 2 * 4 == 432
     assert {(c["shape"], c["dtype"], c["provider"]) for c in picked} == {
-        (s, d, p) for s in dec.SERVING_SHAPES for d in ("float16", "bfloat16")
-        for p in ("sdpa_flash", "sdpa_cudnn", "paged", "fused")}
-    assert dec.SERVING_K in (ROOT / "bench" / "run_gpu.sh").read_text()  # the command documented there
-
-
-def test_the_graph_selection_is_the_bar_captured_and_apart_from_the_eager_one():
-    full = dec.make_cases(_config(full=True), cuda=True)
-    picked = _selected(dec.SERVING_GRAPH_K, full)
-    assert len(picked) == 54 * 2 * 4 == 432
-    assert {(c["shape"], c["dtype"], c["provider"]) for c in picked} == {
-        (s, d, p) for s in dec.SERVING_SHAPES for d in ("float16", "bfloat16")
-        for p in ("sdpa_flash_graph", "sdpa_cudnn_graph", "paged_graph", "fused_graph")}
-    assert not {c["provider"] for c in _selected(dec.SERVING_K, full)} & set(dec.GRAPHED)
-    assert dec.SERVING_GRAPH_K in (ROOT / "bench" / "run_gpu.sh").read_text()
+        (s, d, p) for s in dec.SERVING_SHAPES for d in ("float16", "bfloat16") for p in providers}
+    assert getattr(dec, expression) in (ROOT / "bench" / "run_gpu.sh").read_text()
 
 
 def test_a_captured_call_keeps_its_transient_memory_for_the_case():
