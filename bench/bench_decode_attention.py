@@ -32,9 +32,9 @@ GPT-2 small (B 1, 16; H 12; D 64; L 128, 256, 1024), Llama-like (B 1, 16; H 32; 
 32k) and GQA (B 1, 16; Hq 32, Hkv 8; D 128; L 8k, 32k); seqlen_new = 1. --full adds the serving shapes
 (SERVING_SHAPES): Hq/Hkv 32/32, 32/8 and 64/8, D 64 and 128, B 1, 4 and 16, L 8k, 32k and 128k (54 shapes,
 46 of them new), each with SERVING_PROVIDERS only (sdpa, sdpa_flash, sdpa_cudnn, paged, fused and the last four
-captured in a CUDA graph: no compile a case). L is the number of valid keys after the append; the cache holds exactly max_len = L slots
-(cache_seqlens = L - 1 before the append), so SDPA, which reads the whole cache under its mask, reads no
-slot beyond the valid ones (a longer cache would only cost SDPA more).
+captured in a CUDA graph: no compile a case). L is the number of valid keys after the append; the cache holds
+exactly max_len = L slots (cache_seqlens = L - 1 before the append), so SDPA, which reads the whole cache under
+its mask, reads no slot beyond the valid ones (a longer cache would only cost SDPA more).
 
 Memory: a provider that cannot hold a shape is skipped with the reason, never run into an out-of-memory
 error: a case runs when its modeled peak (peak_bytes: the caches, the paged pools beside them, the peer's

@@ -381,8 +381,8 @@ __device__ __forceinline__ void page_span(const DecodeParams& p, int start, int 
 // Paged: whether every block_table entry of the pages holding slots [start, end) is in [0, num_pages), read by
 // the block's threads together (called by every thread of the block, with the same start and end). Contiguous:
 // true. kDecodePagesInFlight loads a thread issued before any is compared (the heuristics' entry), one entry a load,
-// each compared: the CUDA-core kernel's check (the tensor-core kernel's: PageCheck). Four entries a 16-byte load there gave its loop
-// 394-400 instructions a tile instead of 345 (nvcc 13.0, fp16, D64, paged, one row).
+// each compared: the CUDA-core kernel's check (the tensor-core kernel's: PageCheck). Four entries a 16-byte load
+// there gave its loop 394-400 instructions a tile instead of 345 (nvcc 13.0, fp16, D64, paged, one row).
 template <bool kPaged>
 __device__ __forceinline__ bool pages_ok(const DecodeParams& p, int b, int start, int end) {
   if constexpr (!kPaged) {
