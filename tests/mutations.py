@@ -914,7 +914,10 @@ def apply(root: Path, m: Mutation) -> None:
 
 
 def run_tests(copy: Path, tests: tuple[str, ...], timeout: float) -> tuple[int, str]:
-    env = dict(os.environ, PYTHONPATH=str(copy), CI="true", HYPOTHESIS_PROFILE="ci", PYTHONDONTWRITEBYTECODE="1")
+    # The mutant's library is built in the copy: in the user's FUSED_ATTN_CACHE it would replace the library
+    # built from the checkout (same flags, same build directory), and a process started meanwhile would load it.
+    env = dict(os.environ, PYTHONPATH=str(copy), CI="true", HYPOTHESIS_PROFILE="ci", PYTHONDONTWRITEBYTECODE="1",
+               FUSED_ATTN_CACHE=str(copy / ".fused_attn_cache"))
     cmd = [sys.executable, "-m", "pytest", *tests, "-x", "-q", "-p", "no:cacheprovider", "-rs"]
     try:
         p = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)

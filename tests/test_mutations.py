@@ -27,3 +27,20 @@ def test_apply_refuses_a_missing_or_repeated_anchor(tmp_path):
         mutations.apply(tmp_path, mutations.Mutation("x", "f.py", "c = 1", "c = 3", ("t",)))
     mutations.apply(tmp_path, mutations.Mutation("x", "f.py", "b = 2", "b = 5", ("t",)))
     assert (tmp_path / "f.py").read_text() == "a = 1\na = 1\nb = 5\n"
+
+
+def test_a_mutant_builds_its_library_in_its_copy(tmp_path, monkeypatch):
+    """A GPU mutant's library must not land in the user's FUSED_ATTN_CACHE: with the same flags it would take the
+    checkout's build directory, and a process loading the library meanwhile would run the mutant."""
+    seen = {}
+
+    def fake_run(cmd, cwd, env, **kwargs):
+        seen.update(cwd=cwd, env=env)
+        return mutations.subprocess.CompletedProcess(cmd, 0, "1 passed\n", "")
+
+    monkeypatch.setenv("FUSED_ATTN_CACHE", str(tmp_path / "user-cache"))
+    monkeypatch.setattr(mutations.subprocess, "run", fake_run)
+    copy = tmp_path / "copy"
+    assert mutations.run_tests(copy, ("tests/test_x.py",), 10)[0] == 0
+    assert seen["cwd"] == copy and seen["env"]["PYTHONPATH"] == str(copy)
+    assert seen["env"]["FUSED_ATTN_CACHE"] == str(copy / ".fused_attn_cache")
