@@ -1,9 +1,10 @@
 """decode_attention's split rules for long caches (csrc/decode_attention/decode_attention_heuristics.h,
 decode_long_splits), on the host side of nvcc's compilation: which launches take the wave rule's 16 splits (the
 unsplit grid one to two waves of two blocks an SM, 32k+ keys, the cluster merge available), which the long-cache
-rule's six blocks an SM (from 128k keys, from 32k with a paged cache), and which neither (0: the general rule
-decides). The expected counts are the rules' statements in the header's comments worked by hand for an H200 (132
-SMs). CPU only; skipped without nvcc (CI has it)."""
+rule's (from 128k keys: up to six blocks an SM, the count whose last round of blocks is fullest; from 32k keys with
+a paged cache: six blocks an SM), and which neither (0: the general rule decides). The expected counts are the
+rules' statements in the header's comments worked by hand for an H200 (132 SMs). CPU only; skipped without nvcc
+(CI has it)."""
 
 from __future__ import annotations
 
@@ -40,8 +41,12 @@ CASES = [
     ((16 * 32, 8192, 1, 0), 0),
     ((16 * 32, 32768, 0, 0), 0),        # no cluster merge
     ((WAVE - 1, 32768, 1, 0), 0),       # below a wave, short of 128k
-    ((32, 131072, 1, 0), 24),           # batch 1 MHA 32 heads at 128k: six blocks an SM, 24 splits (past a cluster)
-    ((32, 131072, 0, 0), 24),
+    ((32, 131072, 1, 0), 20),           # batch 1 MHA 32 heads at 128k: six blocks an SM are 24 splits (past a
+    ((32, 131072, 0, 0), 20),           #   cluster); 17..24, the last round fullest at 20: 640 % 132 = 112
+    ((33, 131072, 1, 0), 24),           # 33 x 24 = 6 x 132: a full last round at six blocks an SM
+    ((40, 131072, 1, 0), 19),           # 17..19: 680 % 132 = 20, 720 % 132 = 60, 760 % 132 = 100
+    ((44, 131072, 1, 0), 18),           # 17..18: 748 % 132 = 88, 792 % 132 = 0 (full)
+    ((48, 131072, 1, 0), 0),            # six blocks an SM are 16 splits, within a cluster: the general rule
     ((256, 131072, 1, 0), 0),           # batch 8: six blocks an SM are 3 splits, within a cluster: the general rule
     ((32, 65536, 1, 0), 0),             # below 128k keys, below a wave
     ((32, 32768, 1, 1), 24),            # paged: batch 1 MHA at 32k keys takes the long-cache rule
