@@ -7,7 +7,8 @@ versions, the target architectures and the compiler flags, and loaded with
 ``torch.ops.load_library``. The directory is stable across source edits, so ninja
 recompiles only the translation units whose sources (or included headers) changed. A
 stamp of the sources' hash lets a later process with unchanged sources load the library
-directly (no ninja). ``FUSED_ATTN_DEBUG=1`` adds ``-G`` (device debug info, no
+directly (no ninja). Processes that need the same build wait for one builder (an ``flock`` on
+the build directory, released however the builder exits), then load what it built. ``FUSED_ATTN_DEBUG=1`` adds ``-G`` (device debug info, no
 optimization) for sanitizer sessions, in a build directory of its own; ``-lineinfo`` is
 always on.
 
@@ -28,6 +29,7 @@ prints where the library is; it needs nvcc but no GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import hashlib
 import os
@@ -208,6 +210,40 @@ def cache_root() -> Path:
     return base
 
 
+@contextlib.contextmanager
+def _build_lock(build_dir: Path):
+    """Hold an exclusive lock on build_dir while building into it: ``flock``, which the kernel releases when the
+    holder exits, however it exits. A process that finds the lock held says whose build it waits for."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's own lock alone
+        yield
+        return
+    with open(build_dir / "build.flock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"fused_attn: waiting for another process's build in {build_dir}", file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _remove_stale_baton(build_dir: Path) -> None:
+    """Before torch 2.14, cpp_extension locked a build directory with a file whose existence is the lock
+    (FileBaton), so a build killed mid-way (a segfault, SIGKILL, a timeout) left every later build waiting
+    forever. Under _build_lock no other build runs here, so such a file is a dead build's: removed. Where
+    torch holds an OS lock on the file instead (FileLock), the file is left as it is."""
+    from torch.utils import cpp_extension
+
+    baton = build_dir / "lock"
+    if not hasattr(cpp_extension, "FileLock") and baton.exists():
+        baton.unlink()
+        print(f"fused_attn: removed {baton}, the lock of a build that did not finish", file=sys.stderr, flush=True)
+
+
 def library_path(verbose: bool = False) -> Path:
     """Path of the built library, building (or incrementally rebuilding) it first when the
     sources changed since the last build in this configuration.
@@ -222,12 +258,22 @@ def library_path(verbose: bool = False) -> Path:
     if lib.is_file() and stamp.is_file() and stamp.read_text() == want:
         return lib
     cuda_home = find_cuda_home()
-    build_dir.mkdir(parents=True, exist_ok=True)
-    print(f"fused_attn: building the CUDA library in {build_dir} (nvcc; only changed sources "
-          "are recompiled; later processes load it from there)", file=sys.stderr, flush=True)
     # cpp_extension reads the toolkit location from CUDA_HOME when first imported (and warns with
     # it when no GPU is visible): set it first, so the location it names is the one used.
     os.environ["CUDA_HOME"] = str(cuda_home)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with _build_lock(build_dir):
+        if lib.is_file() and stamp.is_file() and stamp.read_text() == want:
+            return lib  # built by the process this one waited for
+        _remove_stale_baton(build_dir)
+        _build(build_dir, cuda_home, flags, verbose)
+        stamp.write_text(want)
+    return lib
+
+
+def _build(build_dir: Path, cuda_home: Path, flags: list[str], verbose: bool) -> None:
+    print(f"fused_attn: building the CUDA library in {build_dir} (nvcc; only changed sources "
+          "are recompiled; later processes load it from there)", file=sys.stderr, flush=True)
     from torch.utils import cpp_extension
 
     cpp_extension.CUDA_HOME = str(cuda_home)
@@ -246,8 +292,6 @@ def library_path(verbose: bool = False) -> Path:
         )
     except (RuntimeError, subprocess.CalledProcessError) as exc:
         raise BuildError(f"building {LIB_NAME} in {build_dir} failed: {exc}") from exc
-    stamp.write_text(want)
-    return lib
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -878,6 +878,20 @@ MUTATIONS: list[Mutation] = [
              "    torch.cuda.set_rng_state(rng, device)\n", "",
              _t(f"{T_GPT2}::test_sampled_tokens_of_the_first_graph_call_repeat_with_its_seed_gpu"), gpu=True,
              why="the first sampled generate() after a graph capture draws other tokens than later ones"),
+    Mutation("build-killed-builds-lock-file-kept", "fused_attn/build.py",
+             "    if not hasattr(cpp_extension, \"FileLock\") and baton.exists():",
+             "    if False:",
+             _t("tests/test_build.py::test_a_killed_builds_lock_file_does_not_block_the_next_build"),
+             why="under torch < 2.14 a build killed mid-way leaves cpp_extension's lock file and every later build "
+                 "waits on it forever"),
+    Mutation("build-redone-after-waiting", "fused_attn/build.py",
+             "            return lib  # built by the process this one waited for\n", "            pass\n",
+             _t("tests/test_build.py::test_a_build_finished_by_the_process_waited_for_is_not_redone"),
+             why="a process that waited for another's build builds the same library again"),
+    Mutation("build-lock-not-taken", "fused_attn/build.py",
+             "            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n", "            pass\n",
+             _t("tests/test_build.py::test_a_build_waits_for_another_process_holding_the_directory_and_resumes_when_it_dies"),
+             why="two processes build into one directory at once"),
 ]
 
 

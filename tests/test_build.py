@@ -54,3 +54,90 @@ def test_sm90a_kernels_are_enabled_only_when_sm90_devices_run_the_9_0a_build(arc
     """The wgmma flash kernel is selected only where an sm_90 device cannot load a plain sm_90 pass (whose
     version of it is empty)."""
     assert (build.arch_defines(archs) == ["-DFUSED_ATTN_SM90A"]) == defined
+
+
+@pytest.fixture
+def stub_compiler(tmp_path, monkeypatch):
+    """library_path with cpp_extension.load stubbed: it records its build directories and writes an empty library.
+    Yields (the build directory library_path will use, the list of directories built)."""
+    import os
+
+    from torch.utils import cpp_extension
+
+    built = []
+
+    def fake_load(*, build_directory, **kwargs):
+        built.append(build_directory)
+        (Path(build_directory) / f"{build.LIB_NAME}.so").write_bytes(b"")
+
+    monkeypatch.setenv("FUSED_ATTN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "find_cuda_home", lambda: tmp_path)
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    monkeypatch.setenv("CUDA_HOME", os.environ.get("CUDA_HOME", ""))
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", cpp_extension.CUDA_HOME)
+    build_dir = build.cache_root() / f"{build.LIB_NAME}-{build._build_key(build.cuda_flags())}"
+    yield build_dir, built
+
+
+@pytest.mark.parametrize("os_lock", [False, True], ids=["file-baton", "file-lock"])
+def test_a_killed_builds_lock_file_does_not_block_the_next_build(stub_compiler, monkeypatch, capsys, os_lock):
+    """Before torch 2.14 cpp_extension's lock was a file whose existence blocks (FileBaton): a build killed
+    mid-way left it, and every later build waited on it forever. Under our own lock it is a dead build's, and
+    is removed; where torch's lock is an OS lock (FileLock) the file is left alone."""
+    from torch.utils import cpp_extension
+
+    build_dir, built = stub_compiler
+    if os_lock:
+        monkeypatch.setattr(cpp_extension, "FileLock", object(), raising=False)
+    else:
+        monkeypatch.delattr(cpp_extension, "FileLock", raising=False)
+    build_dir.mkdir(parents=True)
+    (build_dir / "lock").write_text("")
+    lib = build.library_path()
+    assert built == [str(build_dir)] and lib == build_dir / f"{build.LIB_NAME}.so"
+    err = capsys.readouterr().err
+    assert (build_dir / "lock").exists() == os_lock
+    assert (f"fused_attn: removed {build_dir / 'lock'}, the lock of a build that did not finish" in err) != os_lock
+
+
+def test_a_build_waits_for_another_process_holding_the_directory_and_resumes_when_it_dies(stub_compiler, capsys):
+    """Another process holding the build directory's lock is waited for, with a line saying so; the lock is an
+    flock, so it is released when that process is killed, and the build goes on."""
+    import signal
+    import threading
+
+    build_dir, built = stub_compiler
+    build_dir.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, sys, time\n"
+        f"f = open({str(build_dir / 'build.flock')!r}, 'a+')\n"
+        "fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        threading.Timer(1.0, holder.send_signal, (signal.SIGKILL,)).start()
+        lib = build.library_path()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert built == [str(build_dir)] and lib.is_file()
+    assert f"fused_attn: waiting for another process's build in {build_dir}" in capsys.readouterr().err
+
+
+def test_a_build_finished_by_the_process_waited_for_is_not_redone(stub_compiler, monkeypatch):
+    """Two processes asking for the same missing library: the second, past the lock, finds the first's build
+    (library and stamp) and loads it instead of building again."""
+    build_dir, built = stub_compiler
+    real_lock = build._build_lock
+
+    @build.contextlib.contextmanager
+    def lock_after_another_build(d):
+        (d / f"{build.LIB_NAME}.so").write_bytes(b"")  # what the process held up front wrote meanwhile
+        (d / "sources.sha").write_text(build.sources_hash())
+        with real_lock(d):
+            yield
+
+    monkeypatch.setattr(build, "_build_lock", lock_after_another_build)
+    assert build.library_path() == build_dir / f"{build.LIB_NAME}.so"
+    assert built == []
