@@ -154,12 +154,13 @@ _VARIANTS = [
             "D128 513.1 us against 24 splits' 494.5, D64 261.3 against 253.0 (H200, fp16, forced num_splits)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'fused- and b1-hq32-hkv32 and l131072'"),
     Variant("decode-long-six-blocks-an-sm",
-            (Edit(DECODE_H, "  return paged ? splits : decode_long_fill_splits(work, sms, splits);",
-                  "  return splits;"),),
-            "a contiguous cache's long-cache rule at six blocks an SM (24 splits at B1 MHA 32 heads, 128k keys) "
-            "instead of the count whose last round of resident blocks is fullest (20): D128 493.1 / 493.3 us against "
-            "489.5 / 488.8, D64 253.5 against 250.3 (H200, fp16, forced num_splits, two sweeps, 2026-11-30)",
-            "python3 -m dev.sweep_decode_splits --shapes 1,32,32,128,131072 1,32,32,64,131072 --splits 20,24"),
+            (Edit(DECODE_H, "  return decode_long_fill_splits(work, sms, splits);", "  return splits;"),),
+            "the long-cache rule at six blocks an SM (24 splits at B1 MHA 32 heads) instead of the count whose last "
+            "round of resident blocks is fullest (20): contiguous 128k D128 493.1 / 493.3 us against 489.5 / 488.8, "
+            "D64 253.5 against 250.3; paged (pages of 16) D128 128k 496.4 against 491.6, 32k 134.0 against 133.1 "
+            "(H200, fp16, forced num_splits, two sweeps, 2026-11-30)",
+            "python3 -m dev.sweep_decode_splits --shapes 1,32,32,128,131072 1,32,32,128,32768 --layouts contiguous "
+            "paged:16 --splits 20,24"),
     Variant("decode-wide-long-caches",
             (Edit(DECODE_H, "constexpr int64_t kDecodeWideMaxLen = 2048;",
                   f"constexpr int64_t kDecodeWideMaxLen = {NEVER};"),),
