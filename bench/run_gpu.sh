@@ -49,6 +49,13 @@ python3 -c "import torch,transformers; print('torch', torch.__version__, 'cuda',
 [ -n "${FUSED_ATTN_COMMIT:-}" ] && echo "commit (FUSED_ATTN_COMMIT) $FUSED_ATTN_COMMIT" | tee -a "$OUT/gpu.txt" \
   || echo "warning: FUSED_ATTN_COMMIT unset: the JSONs' commit is this copy's .git HEAD, which may predate the tree" | tee -a "$OUT/gpu.txt"
 
+# The SM clock and throttle reasons every second while the steps run, summarized into gpu.txt at the end
+# (python -m bench.clocks): at the read peak a second of power capping is the size of a gap between providers.
+CLOCKS=$(mktemp /tmp/fused_attn_clocks.XXXXXX)
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+  --format=csv,noheader -lms 1000 > "$CLOCKS" 2>/dev/null &
+CLOCKS_PID=$!
+
 if has ab; then
   log "ab (${AB_VARIANTS:-no variant}: bench/ab.py)"
   trees=(); for t in ${AB_TREES:-}; do trees+=(--tree "$t"); done
@@ -266,5 +273,7 @@ if has bytes; then
   timeout ${BYTES_TIMEOUT:-200} python3 -m bench.bytes --backward >> "$OUT/bytes.txt" 2>&1 || rc=1
   tail -30 "$OUT/bytes.txt"
 fi
+kill $CLOCKS_PID 2>/dev/null; wait $CLOCKS_PID 2>/dev/null
+python3 -m bench.clocks "$CLOCKS" 2>&1 | tee -a "$OUT/gpu.txt"
 log "done rc=$rc"
 exit $rc
