@@ -81,6 +81,8 @@ def names(mask: int) -> str:
 def summarize(samples: list[Sample]) -> str:
     """One paragraph: how many samples were busy (not idle), the SM clock over them, and each throttle reason
     seen while busy, with its samples' clock range."""
+    if not samples:
+        return "clocks: no samples (nvidia-smi printed none)"
     busy = [s for s in samples if not s.reasons & 0x1]
     if not busy:
         return f"clocks: {len(samples)} samples, none busy (every sample idle)"

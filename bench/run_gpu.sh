@@ -11,6 +11,8 @@
 #   BENCH_K='(sdpa_flash- or sdpa_cudnn- or paged- or fused-) and (l8192- or l32768- or l131072-)'
 #   and the same captured in CUDA graphs (SERVING_GRAPH_K: 432 more cases, a run of its own):
 #   BENCH_K='(sdpa_flash_graph- or sdpa_cudnn_graph- or paged_graph- or fused_graph-) and (l8192- or l32768- or l131072-)'
+#   or both, each dtype a run, with the bar's counts (bench.serving_bar) after them: the serving step
+#   (SERVING_TIMEOUT a run; ~6 min in all on an H200 after the build).
 # NORM_ARGS the norm step, e.g. NORM_ARGS='-k layer_norm-add' (add + LayerNorm only) or NORM_ARGS=--full (adds bfloat16).
 # ATTN_ARGS the attention step, e.g. ATTN_ARGS='-k causal' or ATTN_ARGS=--full (adds bfloat16).
 # LINEAR_ARGS the linear step (bench_linear + bench_mlp), e.g. LINEAR_ARGS='-k m1-' (M = 1 only) or LINEAR_ARGS=--full (adds bfloat16).
@@ -33,7 +35,7 @@
 #   where the tree is committed): the benchmark JSONs' commit_info. The device copy's .git can predate the tree,
 #   so without it the JSONs may name an older commit (some stored runs do:
 #   history.csv's source column names their tree).
-# steps: ab graphab build tests pdl flagtests wide bench decode norm attention linear host sample layer sanitize bytes gpt2 gpt2bench profile
+# steps: ab graphab build tests pdl flagtests wide bench decode serving norm attention linear host sample layer sanitize bytes gpt2 gpt2bench profile
 # (default: build tests bench decode attention sanitize bytes).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -231,6 +233,22 @@ if has decode; then
   # 16 shapes x 7-8 providers + 46 serving shapes x 4-5 in float16 (362 cases), 16 compiles; K + V up to 34 GB per
   # case (B16 H32 L128k D128); a provider whose modeled peak memory does not fit is skipped
   bench_step decode "${DECODE_TIMEOUT:-420}" "${DECODE_ARGS:-}" bench/bench_decode_attention.py
+fi
+if has serving; then
+  log "serving (bench_decode_attention: the serving bar's cases, eager and in CUDA graphs, float16 and bfloat16)"
+  # SERVING_K and SERVING_GRAPH_K, 216 cases a run, 75-90 s each on an H200 (2026-11-30); bench.serving_bar reads
+  # the four runs: ours against the better SDPA backend, paged against contiguous.
+  for mode in eager graph; do
+    name=SERVING_$([ $mode = graph ] && echo GRAPH_)K
+    k=$(python3 -c "from bench import bench_decode_attention as b; print(b.$name)")
+    for dt in float16 bfloat16; do
+      timeout "${SERVING_TIMEOUT:-240}" python3 -m pytest bench/bench_decode_attention.py --full --bench-dtypes $dt \
+        -q -rs -p no:cacheprovider -p no:logging -k "$k" --benchmark-json="$OUT/bench_serving_${mode}_$dt.json" \
+        >> "$OUT/bench_serving.log" 2>&1 || rc=1
+      grep -E "passed|failed|error" "$OUT/bench_serving.log" | tail -1
+    done
+  done
+  python3 -m bench.serving_bar "$OUT"/bench_serving_*.json 2>&1 | tee -a "$OUT/bench_serving.log"
 fi
 if has norm; then
   log "norm (bench_layer_norm)"

@@ -33,6 +33,7 @@ def test_summary_of_an_unthrottled_and_of_an_idle_run():
     assert clocks.summarize(clocks.parse(steady * 3)).endswith("; none throttled")
     idle = "t, 345 MHz, 3201 MHz, 80.00 W, 38, 0x0000000000000001\n"
     assert clocks.summarize(clocks.parse(idle * 2)) == "clocks: 2 samples, none busy (every sample idle)"
+    assert clocks.summarize([]) == "clocks: no samples (nvidia-smi printed none)"
 
 
 def test_reason_names_cover_combined_and_unknown_bits():
