@@ -161,6 +161,16 @@ _VARIANTS = [
             "(H200, fp16, forced num_splits, two sweeps, 2026-11-30)",
             "python3 -m dev.sweep_decode_splits --shapes 1,32,32,128,131072 1,32,32,128,32768 --layouts contiguous "
             "paged:16 --splits 20,24"),
+    Variant("decode-kernel-own-pages-flag",
+            (Edit(DECODE_K, "  const int tiles = decode::pages_ok<kPaged>(p, b, kb, ke) ? n_tiles : -1;",
+                  "  const bool own_pages_ok = decode::pages_ok<kPaged>(p, b, kb, ke);\n"
+                  "  const int tiles = own_pages_ok ? n_tiles : 0;"),
+             Edit(DECODE_K, "    bool ok = tiles >= 0;", "    bool ok = own_pages_ok;")),
+            "the CUDA-core kernel's bad-page verdict as a flag instead of tiles = -1 (clearer; the loop count is then "
+            "never negative): its paged builds' SASS changes (the fp16 D64 paged unit 18568 -> 18392 instructions, "
+            "nvcc 13.0), so it ships only after a GPU run: predicted even. Not yet measured",
+            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and paged- and hkv32 and "
+            "(l8192- or l32768- or l131072-)'"),
     Variant("decode-wide-long-caches",
             (Edit(DECODE_H, "constexpr int64_t kDecodeWideMaxLen = 2048;",
                   f"constexpr int64_t kDecodeWideMaxLen = {NEVER};"),),
