@@ -4,7 +4,6 @@ CPU smoke run with its report (CPU only; the GPU numbers come from bench/run_gpu
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ pytest.importorskip("pytest_benchmark")
 
 from bench import bench_decode_attention as dec  # noqa: E402
 from bench import report  # noqa: E402
+from tests.child_env import child_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -192,7 +192,7 @@ def test_the_check_rejects_a_wrong_output_and_a_missing_append():
 def test_cpu_smoke_run_and_its_report(tmp_path):
     """The command .ci/run's benchmark smoke test runs over bench/, on this file alone, then bench.report."""
     run = tmp_path / "decode.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    env = child_env(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, "-m", "pytest", "bench/bench_decode_attention.py", "-q", "-rs",
                            "-p", "no:cacheprovider", "--bench-rounds", "3", f"--benchmark-json={run}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

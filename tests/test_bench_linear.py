@@ -5,7 +5,6 @@ linear step)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from bench import bench_linear as lin  # noqa: E402
 from bench import bench_mlp as mlp  # noqa: E402
 from bench import report  # noqa: E402
 from tests.test_bench_decode import _config  # noqa: E402
+from tests.child_env import child_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,7 +127,7 @@ def test_record_on_a_gpu_run_fills_bandwidth_matmul_floors_and_speedups():
 
 def test_cpu_smoke_run_and_its_report(tmp_path):
     run = tmp_path / "linear.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    env = child_env(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, "-m", "pytest", "bench/bench_linear.py", "bench/bench_mlp.py", "-q", "-rs",
                            "-p", "no:cacheprovider", "--bench-rounds", "3", f"--benchmark-json={run}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
