@@ -154,13 +154,20 @@ _VARIANTS = [
             "D128 513.1 us against 24 splits' 494.5, D64 261.3 against 253.0 (H200, fp16, forced num_splits)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'fused- and b1-hq32-hkv32 and l131072'"),
     Variant("decode-long-six-blocks-an-sm",
-            (Edit(DECODE_H, "  return decode_long_fill_splits(work, sms, splits);", "  return splits;"),),
-            "the long-cache rule at six blocks an SM (24 splits at B1 MHA 32 heads) instead of the count whose last "
-            "round of resident blocks is fullest (20): contiguous 128k D128 493.1 / 493.3 us against 489.5 / 488.8, "
-            "D64 253.5 against 250.3; paged (pages of 16) D128 128k 496.4 against 491.6, 32k 134.0 against 133.1 "
-            "(H200, fp16, forced num_splits, two sweeps, 2026-11-30)",
-            "python3 -m dev.sweep_decode_splits --shapes 1,32,32,128,131072 1,32,32,128,32768 --layouts contiguous "
-            "paged:16 --splits 20,24"),
+            (Edit(DECODE_H, "  return paged ? splits : decode_long_fill_splits(work, sms, splits);",
+                  "  return splits;"),),
+            "a contiguous cache's long-cache rule at six blocks an SM (24 splits at B1 MHA 32 heads, 128k keys) "
+            "instead of the count whose last round of resident blocks is fullest (20): D128 493.1 / 493.3 us against "
+            "489.5 / 488.8, D64 253.5 against 250.3 (H200, fp16, forced num_splits, two sweeps, 2026-11-30)",
+            "python3 -m dev.sweep_decode_splits --shapes 1,32,32,128,131072 1,32,32,64,131072 --splits 20,24"),
+    Variant("decode-paged-long-fill-splits",
+            (Edit(DECODE_H, "  return paged ? splits : decode_long_fill_splits(work, sms, splits);",
+                  "  return decode_long_fill_splits(work, sms, splits);"),),
+            "a paged cache's long-cache rule on the fullest last round too (20 splits at B1 MHA 32 heads instead of "
+            "24): forced num_splits, paged (pages of 16) D128 128k 491.6 us against 24's 496.4, 32k 133.1 against "
+            "134.0 (H200, fp16, one sweep, 2026-11-30); D64 not timed. Not yet measured as a rule",
+            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (paged- or fused-) and "
+            "hkv32 and b1- and (l32768- or l131072-)'"),
     Variant("decode-kernel-own-pages-flag",
             (Edit(DECODE_K, "  const int tiles = decode::pages_ok<kPaged>(p, b, kb, ke) ? n_tiles : -1;",
                   "  const bool own_pages_ok = decode::pages_ok<kPaged>(p, b, kb, ke);\n"

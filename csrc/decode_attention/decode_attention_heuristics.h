@@ -57,13 +57,13 @@ constexpr int decode_splits(int64_t work, int max_len, int sms, bool cluster_ok,
 constexpr int kDecodeLongMinLen = 131072;
 constexpr int kDecodeLongBlocksPerSm = 6;
 // Below kDecodeLongBlocksPerSm blocks an SM every block of the grid is resident at once, and the SMs holding one block
-// more than the others finish last: while they do, fewer SMs stream the cache. So the rule takes, among the counts
-// past a cluster up to six blocks an SM, the one whose grid fills its last round of blocks over the SMs best
+// more than the others finish last: while they do, fewer SMs stream the cache. So a contiguous cache takes, among the
+// counts past a cluster up to six blocks an SM, the one whose grid fills its last round of blocks over the SMs best
 // (work x splits mod sms, 0 as full). H200, fp16, B1 32/32, 128k keys, forced num_splits (dev.sweep_decode_splits,
 // 2026-11-30), 18 / 20 / 22 / 24 / 26 splits, their last round 36 / 85 / 33 / 82 / 30% full: D128 509.4 / 489.5 /
 // 511.5 / 493.1 / 515.1 us, D64 261.2 / 250.3 / 261.6 / 253.5 / 267.3 (SDPA's default backend 498.7 / 261.5; 20
-// against 24 in an earlier sweep: 487.5 / 492.8 at D128). Paged (pages of 16), 20 against 24 in the same call as
-// contiguous 488.8 / 493.3 us: D128 128k 491.6 / 496.4, 32k 133.1 / 134.0 (contiguous 134.0 / 137.3).
+// against 24 in an earlier sweep: 487.5 / 492.8 at D128). A paged cache keeps six blocks an SM: its counts between
+// were not measured.
 constexpr int decode_long_fill_splits(int64_t work, int sms, int most) {
   int best = most;
   int64_t best_fill = -1;
@@ -75,8 +75,7 @@ constexpr int decode_long_fill_splits(int64_t work, int sms, int most) {
 }
 // A paged cache takes the same rule from kDecodePagedLongMinLen slots: at 32k keys its 8 splits in a cluster stream
 // slower than the contiguous cache's (a paged block reads 4 KB runs of 16-slot pages; forced one split, a paged block
-// streams 8% slower than a contiguous one at B1 MHA D128 8k), and 24 splits win back most of it (six blocks an SM;
-// the fill rule above takes 20 there). H200, fp16, B1
+// streams 8% slower than a contiguous one at B1 MHA D128 8k), and 24 splits win back most of it. H200, fp16, B1
 // 32/32, 32k keys, pages of 16, forced num_splits (dev.sweep_decode_splits, 2026-11-30): D128 paged 8 splits 142.3
 // us, 24: 136.3 (the rule before: 141.7; contiguous 132.7); D64 73.9 / 74.7 (contiguous 70.2), even. At 8k keys
 // 24 splits lose (D128 paged 42.5 -> 45.4 us), hence the bound.
@@ -94,7 +93,7 @@ constexpr int kDecodeWaveSplits = 16;
 static_assert(kDecodeWaveSplits <= kMaxClusterSplits, "the wave rule's splits merge in one cluster");
 // The CUDA-core kernel's splits at long caches: kDecodeWaveSplits where the unsplit grid is one to two waves (above);
 // at a cache of at least kDecodeLongMinLen slots (kDecodePagedLongMinLen paged), where kDecodeLongBlocksPerSm blocks an
-// SM are more splits than a cluster holds, the count up to there whose last round is fullest
+// SM are more splits than a cluster holds, that count paged and the fullest last round's contiguous
 // (decode_long_fill_splits); 0 elsewhere (decode_splits decides).
 constexpr int decode_long_splits(int64_t work, int max_len, int sms, bool cluster_ok, bool paged) {
   const int64_t wave = int64_t(kDecodeBlocksPerSm) * sms;
@@ -104,7 +103,7 @@ constexpr int decode_long_splits(int64_t work, int max_len, int sms, bool cluste
   if (max_len < (paged ? kDecodePagedLongMinLen : kDecodeLongMinLen)) return 0;
   const int splits = decode_splits(work, max_len, sms, /*cluster_ok=*/false, kDecodeLongBlocksPerSm);
   if (splits <= kMaxClusterSplits) return 0;
-  return decode_long_fill_splits(work, sms, splits);
+  return paged ? splits : decode_long_fill_splits(work, sms, splits);
 }
 
 // The tensor-core kernel at short caches and few blocks before splitting (batch 1 GQA: 8 kv heads): its
