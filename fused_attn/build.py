@@ -7,10 +7,10 @@ versions, the target architectures and the compiler flags, and loaded with
 ``torch.ops.load_library``. The directory is stable across source edits, so ninja
 recompiles only the translation units whose sources (or included headers) changed. A
 stamp of the sources' hash lets a later process with unchanged sources load the library
-directly (no ninja). Processes that need the same build wait for one builder (an ``flock`` on
-the build directory, released however the builder exits), then load what it built. ``FUSED_ATTN_DEBUG=1`` adds ``-G`` (device debug info, no
-optimization) for sanitizer sessions, in a build directory of its own; ``-lineinfo`` is
-always on.
+directly (no ninja). Processes that need the same build wait for one builder (an ``flock``
+on the build directory, released however the builder exits), then load what it built.
+``FUSED_ATTN_DEBUG=1`` adds ``-G`` (device debug info, no optimization) for sanitizer
+runs, in a build directory of its own; ``-lineinfo`` is always on.
 
 Toolkit discovery, in order: ``$CUDA_HOME`` / ``$CUDA_PATH``; the toolkit behind an
 ``nvcc`` on ``PATH`` (a wrapper script is resolved by asking nvcc itself where it
