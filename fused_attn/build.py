@@ -255,7 +255,11 @@ def library_path(verbose: bool = False) -> Path:
     lib = build_dir / f"{LIB_NAME}.so"
     stamp = build_dir / "sources.sha"
     want = sources_hash()
-    if lib.is_file() and stamp.is_file() and stamp.read_text() == want:
+
+    def built() -> bool:
+        return lib.is_file() and stamp.is_file() and stamp.read_text() == want
+
+    if built():
         return lib
     cuda_home = find_cuda_home()
     # cpp_extension reads the toolkit location from CUDA_HOME when first imported (and warns with
@@ -263,7 +267,7 @@ def library_path(verbose: bool = False) -> Path:
     os.environ["CUDA_HOME"] = str(cuda_home)
     build_dir.mkdir(parents=True, exist_ok=True)
     with _build_lock(build_dir):
-        if lib.is_file() and stamp.is_file() and stamp.read_text() == want:
+        if built():
             return lib  # built by the process this one waited for
         _remove_stale_baton(build_dir)
         _build(build_dir, cuda_home, flags, verbose)
