@@ -1,15 +1,15 @@
-"""One aggregate table of every benchmark run: bench/results/history.csv, one row per case.
+"""One aggregate table of every benchmark run: bench/results/history.csv.gz, one row per case.
 
-    python -m bench.history add RUN.json [RUN.json ...] --csv bench/results/history.csv [--note TEXT]
+    python -m bench.history add RUN.json [RUN.json ...] --csv bench/results/history.csv.gz [--note TEXT]
     python -m bench.history add-ab AB.txt --commit C --gpu "NVIDIA H200" --csv ... [--note TEXT]
     python -m bench.history add-generate GEN.txt --commit C --gpu "NVIDIA H200" --csv ... [--note TEXT]
     python -m bench.history store RUN.json [RUN.json ...] --results bench/results [--note TEXT]
 
-``store`` is how a GPU run enters the repository: its rows go into RESULTS/history.csv, and the run
+``store`` is how a GPU run enters the repository: its rows go into RESULTS/history.csv.gz, and the run
 is written as one file per suite part (bench file) under RESULTS/<GPU>/, named
 ``<date>T<hhmm>_<commit>_<part>.json`` (stats without the per-round samples, machine_info without what
 changes from run to run); then every stored file of that GPU and part whose cases all have a newer
-measurement in a newer file is deleted (its rows are in history.csv, its bytes in git history).
+measurement in a newer file is deleted (its rows are in the table, its bytes in git history).
 
 The newest run per GPU model stays a pytest-benchmark JSON under bench/results/<GPU>/ (what
 ``--benchmark-compare`` and ``bench.gate`` read); every run, that one included, also becomes rows
@@ -22,16 +22,24 @@ percentiles for kernels: device time; tokens/s, TTFT and TBT for models), every
 ``speedup_vs_<provider>`` and ``tokens_match_<backend>``. A column that a new run brings is added
 (the whole table is rewritten in one column order). Adding a file whose (source, run) is already in the
 table adds nothing. A run's note (--note) is written once, not on every row: to the notes table beside
-the table (history.notes.csv beside history.csv: source, run, note). The tables are written only where
---csv says.
+the table (source, run, note), named after the table without .gz: history.notes.csv beside history.csv.gz or
+history.csv. The tables are written only where --csv says.
+
+A table named *.csv.gz is the CSV text gzipped (an eighth of the bytes), written with no file name or time in
+the gzip header, so that the same table is the same bytes; a *.csv table is plain text. Adding to X.csv.gz
+moves the rows of a plain X.csv beside it into it and removes X.csv (a checkout from before the table was
+gzipped); adding to X.csv while X.csv.gz exists is refused (the rows would go into a second table).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import gzip
+import io
 import json
 import re
+import zlib
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -41,6 +49,7 @@ KEYS = ["commit", "gpu", "run", "source", "op", "case", "provider"]
 STABLE_MACHINE_KEYS = ("system", "machine", "python_implementation", "python_version")
 FIGURES = list(KERNEL_METRICS) + list(MODEL_METRICS)
 PATTERNS = ("speedup_vs_", "tokens_match_")
+TABLE = "history.csv.gz"  # the table's name in a results folder (store)
 
 
 def stable_machine_info(machine_info: dict) -> dict:
@@ -187,10 +196,50 @@ def columns(keys: set[str]) -> list[str]:
 NOTE_KEYS = ["source", "run", "note"]
 
 
+def _check_name(csv_path: Path) -> None:
+    if not csv_path.name.endswith((".csv", ".csv.gz")):
+        raise ValueError(f"a history table's name must end in .csv or .csv.gz, got {csv_path.name}")
+
+
+def plain_twin(csv_path: Path) -> Path:
+    """The plain table a .csv.gz table replaces: history.csv.gz -> history.csv."""
+    return csv_path.with_name(csv_path.name.removesuffix(".gz"))
+
+
 def notes_path(csv_path: Path) -> Path:
-    """The notes table of a history table: history.csv -> history.notes.csv. One row per (source, run) with a
-    note; the note on every row of its run was 30% of history.csv's bytes."""
-    return csv_path.with_suffix(".notes.csv")
+    """The notes table of a history table: history.csv.gz or history.csv -> history.notes.csv (plain CSV, one
+    name for both, so that gzipping the table leaves it where it was). One row per (source, run) with a note;
+    the note on every row of its run was 30% of the table's bytes."""
+    _check_name(csv_path)
+    return plain_twin(csv_path).with_suffix(".notes.csv")
+
+
+def read_table(csv_path: Path) -> tuple[list[str], list[dict]]:
+    """(columns, rows) of a history table, through gzip for a .csv.gz one; ([], []) where there is none."""
+    _check_name(csv_path)
+    if not csv_path.exists():
+        return [], []
+    opener = gzip.open if csv_path.name.endswith(".gz") else open
+    try:
+        with opener(csv_path, "rt", encoding="utf-8", newline="") as f:
+            reader = csv.DictReader(f)
+            return list(reader.fieldnames or []), list(reader)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise ValueError(f"{csv_path} must be gzipped CSV text, got {type(e).__name__}: {e}") from None
+
+
+def write_table(csv_path: Path, text: str) -> None:
+    """Write a table's CSV text, gzipped for a .csv.gz one with no name and time 0 in the header: the same
+    table, the same bytes (git then sees no change where no row changed)."""
+    _check_name(csv_path)
+    data = text.encode("utf-8")
+    if csv_path.name.endswith(".gz"):
+        buf = io.BytesIO()
+        with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0) as f:
+            f.write(data)
+        data = buf.getvalue()
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    csv_path.write_bytes(data)
 
 
 def read_notes(csv_path: Path) -> dict[tuple[str, str], str]:
@@ -198,7 +247,7 @@ def read_notes(csv_path: Path) -> dict[tuple[str, str], str]:
     path = notes_path(csv_path)
     if not path.exists():
         return {}
-    with path.open(newline="") as f:
+    with path.open(encoding="utf-8", newline="") as f:
         return {(r["source"], r["run"]): r["note"] for r in csv.DictReader(f)}
 
 
@@ -212,12 +261,18 @@ def _cell(v) -> str:
 
 def add(csv_path: Path, rows: list[dict]) -> int:
     """Append rows to the table (creating it), skipping (source, run) pairs already there, their runs' notes to
-    its notes table; returns rows added. A table that still holds a note column has it moved out."""
-    old, existing = [], []
-    if csv_path.exists():
-        with csv_path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            existing, old = list(reader.fieldnames or []), list(reader)
+    its notes table; returns rows added. A table that still holds a note column has it moved out; a .csv.gz
+    table takes in the rows of its plain twin, which is then removed."""
+    existing, old = read_table(csv_path)
+    gz, twin = csv_path.name.endswith(".gz"), csv_path.with_name(csv_path.name + ".gz")
+    if not gz and twin.exists():
+        raise ValueError(f"the table must be {twin}, the gzipped table already there, got {csv_path}")
+    moved = plain_twin(csv_path) if gz and plain_twin(csv_path).exists() else None
+    if moved:
+        cols, plain = read_table(moved)
+        seen = {(r["source"], r["run"]) for r in old}
+        existing += [c for c in cols if c not in existing]
+        old += [r for r in plain if (r["source"], r["run"]) not in seen]
     notes = read_notes(csv_path)
     seen = {(r["source"], r["run"]) for r in old}
     new = [r for r in rows if (r["source"], r["run"]) not in seen]
@@ -226,14 +281,16 @@ def add(csv_path: Path, rows: list[dict]) -> int:
         if note:
             notes.setdefault((r["source"], r["run"]), note)
     cols = columns(set(existing) | {k for r in new for k in r})
-    csv_path.parent.mkdir(parents=True, exist_ok=True)
-    with csv_path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols, lineterminator="\n")
-        w.writeheader()
-        w.writerows(old)
-        w.writerows({c: _cell(r.get(c)) for c in cols} for r in new)
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    w.writerows(old)
+    w.writerows({c: _cell(r.get(c)) for c in cols} for r in new)
+    write_table(csv_path, text.getvalue())
+    if moved:
+        moved.unlink()
     if notes:
-        with notes_path(csv_path).open("w", newline="") as f:
+        with notes_path(csv_path).open("w", encoding="utf-8", newline="") as f:
             w = csv.DictWriter(f, fieldnames=NOTE_KEYS, lineterminator="\n")
             w.writeheader()
             w.writerows(dict(source=s, run=r, note=n) for (s, r), n in notes.items())
@@ -278,7 +335,7 @@ def prune(folder: Path) -> list[Path]:
     """Delete each stored file whose every case a newer stored file holds; returns the deleted files. A file
     with a case no newer run measured stays whole (a run of some shapes of a suite part, the long-context
     decode cases say, leaves the part's other shapes where they were). The deleted files' rows are in
-    history.csv, their bytes in git history."""
+    the history table, their bytes in git history."""
     runs = sorted(((r.get("datetime", ""), p, r) for p in folder.glob("*.json") for r in [load_run(p)]),
                   key=lambda t: t[0], reverse=True)
     seen: set = set()
@@ -293,10 +350,10 @@ def prune(folder: Path) -> list[Path]:
 
 
 def store(files: list[Path], results: Path, note: str = "") -> tuple[int, list[Path], list[Path]]:
-    """Rows of every run into results/history.csv, then each run's parts into results/<GPU>/, then prune.
-    Returns (rows added, files written, files deleted)."""
+    """Rows of every run into results/history.csv.gz (a plain results/history.csv moved into it), then each
+    run's parts into results/<GPU>/, then prune. Returns (rows added, files written, files deleted)."""
     runs = load_runs(files)
-    added = add(results / "history.csv", [r for run in runs for r in run_rows(run, note)])
+    added = add(results / TABLE, [r for run in runs for r in run_rows(run, note)])
     written, folders = [], set()
     for run in runs:
         folder = results / gpu_folder(run.get("machine_info", {}).get("fused_attn", {}).get("gpu_name", "unknown"))
@@ -328,19 +385,24 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--commit", required=True)
         p.add_argument("--gpu", required=True, help='GPU name as torch gives it, e.g. "NVIDIA H200"')
     for p in sub.choices.values():
-        p.add_argument("--csv", type=Path, required=True, help="the table to append to (bench/results/history.csv)")
+        p.add_argument("--csv", type=Path, required=True,
+                       help="the table to append to (bench/results/history.csv.gz; .csv: plain text)")
         p.add_argument("--note", default="", help="a short note on the run (the table's notes file)")
     st = sub.add_parser("store", help="pytest-benchmark JSON runs into the stored results")
     st.add_argument("files", nargs="+", type=Path)
     st.add_argument("--results", type=Path, required=True, help="the stored results folder (bench/results)")
     st.add_argument("--note", default="", help="a short note on the run (history.notes.csv)")
     args = ap.parse_args(argv)
+    table = args.results / TABLE if args.cmd == "store" else args.csv
+    plain = plain_twin(table) if table.name.endswith(".csv.gz") and plain_twin(table).exists() else None
     if args.cmd == "store":
         try:
             added, written, gone = store(args.files, args.results, args.note)
         except (OSError, ValueError) as e:
             ap.exit(2, f"{ap.prog} store: error: {_file_error(e)}\n")
-        print(f"{args.results / 'history.csv'}: {added} rows added; wrote {len(written)} files, deleted {len(gone)}")
+        if plain:
+            print(f"{plain}: its rows moved into {table.name}, the plain table removed")
+        print(f"{table}: {added} rows added; wrote {len(written)} files, deleted {len(gone)}")
         for p in written:
             print(f"  + {p}")
         for p in gone:
@@ -354,9 +416,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             parse = ab_rows if args.cmd == "add-ab" else generate_rows
             rows = [r for f in args.files for r in parse(f, args.commit, args.gpu, args.note)]
+        added = add(args.csv, rows)
     except (OSError, ValueError) as e:
         ap.exit(2, f"{ap.prog} {args.cmd}: error: {_file_error(e)}\n")
-    added = add(args.csv, rows)
+    if plain:
+        print(f"{plain}: its rows moved into {table.name}, the plain table removed")
     print(f"{args.csv}: {added} rows added ({len(rows) - added} already there)")
     return 0
 

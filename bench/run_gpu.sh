@@ -34,7 +34,7 @@
 # FUSED_ATTN_COMMIT: the commit of the tree being run (e.g. FUSED_ATTN_COMMIT=$(git rev-parse --short HEAD), set
 #   where the tree is committed): the benchmark JSONs' commit_info. The device copy's .git can predate the tree,
 #   so without it the JSONs may name an older commit (some stored runs do:
-#   history.csv's source column names their tree).
+#   history.csv.gz's source column names their tree).
 # steps: ab graphab build tests pdl flagtests wide bench decode serving norm attention linear host sample layer sanitize bytes gpt2 gpt2bench profile
 # (default: build tests bench decode attention sanitize bytes).
 set -uo pipefail

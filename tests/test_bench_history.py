@@ -1,8 +1,8 @@
-"""bench.history: runs, A/B tables and generate printouts as rows of one CSV (CPU only)."""
+"""bench.history: runs, A/B tables and generate printouts as rows of one CSV, plain or gzipped (CPU only)."""
 
 from __future__ import annotations
 
-import csv
+import gzip
 import json
 from pathlib import Path
 
@@ -35,9 +35,7 @@ graph     TTFT     4.19 ms  TBT p50   0.627 ms  p95   0.631 ms     1523.5 tokens
 
 
 def _read(path: Path) -> tuple[list[str], list[dict]]:
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        return list(reader.fieldnames), list(reader)
+    return history.read_table(path)
 
 
 def test_runs_become_one_row_per_case_and_adding_twice_adds_nothing(tmp_path, capsys):
@@ -159,3 +157,51 @@ def test_files_that_are_not_what_they_should_be_are_rejected(tmp_path, capsys):
         assert exc.value.code == 2 and f"python -m bench.history {cmd}: error: " in err and message in err, err
     with pytest.raises(SystemExit):  # --csv is required: the tool writes into the checkout only when told
         history.main(["add", str(RUN)])
+
+
+def test_a_gzipped_table_holds_the_plain_tables_text_and_the_same_table_is_the_same_bytes(tmp_path, capsys):
+    plain, table = tmp_path / "plain" / "history.csv", tmp_path / "history.csv.gz"
+    for t in (plain, table):
+        history.main(["add", str(RUN), "--csv", str(t), "--note", "small"])
+    assert _read(table) == _read(plain) and len(_read(table)[1]) == len(json.loads(RUN.read_text())["benchmarks"])
+    assert gzip.decompress(table.read_bytes()) == plain.read_bytes()
+    assert history.notes_path(table) == tmp_path / "history.notes.csv" and history.read_notes(table)
+    first = table.read_bytes()
+    history.main(["add", str(RUN), "--csv", str(table)])  # adds nothing: the table is rewritten as it was
+    assert table.read_bytes() == first
+    other = tmp_path / "other.csv.gz"  # no name or time in the gzip header: bytes depend on the text alone
+    for _ in range(2):
+        history.write_table(other, plain.read_text())
+        assert other.read_bytes() == first
+    assert first[3] == 0 and first[4:8] == bytes(4)  # gzip FLG (no FNAME) and MTIME
+    assert "history.csv.gz: 0 rows added" in capsys.readouterr().out
+
+
+def test_a_gzipped_table_takes_in_the_plain_table_beside_it(tmp_path, capsys):
+    plain, table = tmp_path / "history.csv", tmp_path / "history.csv.gz"
+    plain.write_text("commit,gpu,run,source,op,case,provider,p50_us\n"
+                     "abc1234,NVIDIA H200,t1,a.json,softmax,s1,fused,1.5\n")
+    assert history.main(["add", str(RUN), "--csv", str(table)]) == 0
+    assert not plain.exists()
+    rows = _read(table)[1]
+    assert rows[0]["source"] == "a.json" and len(rows) == 1 + len(json.loads(RUN.read_text())["benchmarks"])
+    assert f"{plain}: its rows moved into history.csv.gz, the plain table removed" in capsys.readouterr().out
+
+
+def test_a_table_that_cannot_be_the_history_is_refused(tmp_path, capsys):
+    with pytest.raises(ValueError, match=r"^a history table's name must end in \.csv or \.csv\.gz, got history\.txt$"):
+        history.add(tmp_path / "history.txt", [])
+    with pytest.raises(SystemExit) as exc:
+        history.main(["add", str(RUN), "--csv", str(tmp_path / "history.tsv")])
+    assert exc.value.code == 2
+    assert "add: error: a history table's name must end in .csv or .csv.gz, got history.tsv" in capsys.readouterr().err
+    table = tmp_path / "history.csv.gz"
+    table.write_text("commit,gpu,run,source,op,case,provider\n")  # plain text under the gzipped name
+    with pytest.raises(ValueError, match=r"history\.csv\.gz must be gzipped CSV text, got BadGzipFile: "):
+        history.read_table(table)
+    history.write_table(table, "commit,gpu,run,source,op,case,provider\n")
+    with pytest.raises(ValueError, match=r"^the table must be .*history\.csv\.gz, the gzipped table already there, "
+                                         r"got .*history\.csv$"):
+        history.add(tmp_path / "history.csv", [])  # a second table beside the gzipped one
+    assert not (tmp_path / "history.csv").exists() and not list(tmp_path.glob("*.txt")) and not list(
+        tmp_path.glob("*.tsv"))

@@ -5,7 +5,7 @@ that it is the CPU smoke mode and stores nothing under bench/results/."""
 
 from __future__ import annotations
 
-import csv
+import gzip
 import json
 import re
 import subprocess
@@ -57,16 +57,45 @@ def test_stored_runs_sit_directly_in_their_gpu_folder():
 
 
 def test_stored_results_stay_small_and_every_stored_run_is_in_the_history():
-    # 5 MB: every suite part's newest run on two GPUs and history.csv (2.2 MB on 2026-11-30, ~0.2 MB more a serving
-    # run; each run's note once, in history.notes.csv); the largest run is the decode serving selection, eager and
-    # in CUDA graphs (4 JSONs, 864 cases, 1.4 MB), the bar's same-run comparison, stored whole.
-    assert sum(p.stat().st_size for p in RESULTS.rglob("*") if p.is_file()) <= 5_000_000
-    with (RESULTS / "history.csv").open(newline="") as f:
-        have = {(r["source"], r["run"]) for r in csv.DictReader(f)}
+    # 4 MB: every suite part's newest run on two GPUs and history.csv.gz (0.26 MB, 2.2 MB of CSV text, on
+    # 2026-11-30; a serving run adds ~0.2 MB of text, ~0.03 MB gzipped; each run's note once, in history.notes.csv);
+    # the largest run is the decode serving selection, eager and in CUDA graphs (4 JSONs, 864 cases, 1.4 MB), the
+    # bar's same-run comparison, stored whole. 2.8 MB in all on 2026-11-30.
+    size = sum(p.stat().st_size for p in RESULTS.rglob("*") if p.is_file())
+    assert size <= 4_000_000, f"bench/results must hold at most 4 MB, got {size / 1e6:.2f} MB"
+    have = {(r["source"], r["run"]) for r in history.read_table(RESULTS / history.TABLE)[1]}
     for folder in GPU_FOLDERS:
         for path in folder.glob("*.json"):
             run = load_run(path)
             assert (run["stored_from"], run["datetime"]) in have, path.name
+
+
+def test_the_stored_history_is_the_gzipped_table():
+    assert history.TABLE == "history.csv.gz" and not (RESULTS / "history.csv").exists()
+    text = gzip.decompress((RESULTS / history.TABLE).read_bytes()).decode()
+    assert text.startswith("commit,gpu,run,source,op,case,provider,")
+    assert history.notes_path(RESULTS / history.TABLE) == RESULTS / "history.notes.csv"
+
+
+def test_storing_into_an_older_checkout_moves_its_plain_table_into_the_gzipped_one(tmp_path, capsys):
+    run = load_run(sorted(GPU_FOLDERS[0].glob("*.json"))[-1]) | {"stored_from": "new.json"}
+    f = tmp_path / "run.json"
+    f.write_text(json.dumps({k: v for k, v in run.items() if k != "_path"}))
+    results = tmp_path / "results"
+    results.mkdir()
+    plain = results / "history.csv"
+    plain.write_text("commit,gpu,run,source,op,case,provider,p50_us\n"
+                     "abc1234,NVIDIA H200,t1,old.json,softmax,s1,fused,1.5\n")
+    (results / "history.notes.csv").write_text("source,run,note\nold.json,t1,the older run\n")
+    assert history.main(["store", str(f), "--results", str(results), "--note", "the new run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [f"{plain}: its rows moved into history.csv.gz, the plain table removed",
+                       f"{results / 'history.csv.gz'}: {len(run['benchmarks'])} rows added; wrote 1 files, deleted 0"]
+    assert sorted(p.name for p in results.iterdir() if p.is_file()) == ["history.csv.gz", "history.notes.csv"]
+    rows = history.read_table(results / "history.csv.gz")[1]
+    assert [r["source"] for r in rows] == ["old.json"] + ["new.json"] * len(run["benchmarks"])
+    assert history.read_notes(results / "history.csv.gz") == {("old.json", "t1"): "the older run",
+                                                             ("new.json", run["datetime"]): "the new run"}
 
 
 def test_stored_machine_info_is_what_a_comparison_must_match():
