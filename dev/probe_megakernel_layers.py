@@ -455,13 +455,13 @@ C, H, D, F = 768, 12, 64, 3072
 BLOCKS = 132
 
 
-def make_layers(n: int, t_max: int, seed: int) -> list[list[torch.Tensor]]:
-    """Each layer's 14 tensors (fp16, cuda): wqkv [2304, 768], bqkv, wo [768, 768], bo, wfc [3072, 768], bfc,
+def make_layers(n: int, t_max: int, seed: int, device: str = "cuda") -> list[list[torch.Tensor]]:
+    """Each layer's 14 tensors (fp16, on device): wqkv [2304, 768], bqkv, wo [768, 768], bo, wfc [3072, 768], bfc,
     wpr [768, 3072], bpr, ln1 g / b, ln2 g / b, the K and V caches [12, t_max, 64] (random rows)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
 
     def rnd(*shape, scale=0.02, mean=0.0):
-        return (torch.randn(*shape, generator=g) * scale + mean).half().cuda()
+        return (torch.randn(*shape, generator=g) * scale + mean).half().to(device)
 
     return [[rnd(3 * C, C), rnd(3 * C), rnd(C, C), rnd(C), rnd(F, C), rnd(F), rnd(C, F), rnd(C),
              rnd(C, scale=0.1, mean=1.0), rnd(C), rnd(C, scale=0.1, mean=1.0), rnd(C),
