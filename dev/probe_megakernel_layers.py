@@ -108,33 +108,25 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
   return s;
 }
 
+// rows x cols halves (cols a multiple of 8) of a row-major matrix whose rows are ld halves apart, from src into
+// dst packed; rows from `valid` on are zero-filled (src is then never read).
+__device__ __forceinline__ void copy_tile(__half* dst, const __half* src, int rows, int cols, size_t ld, int valid) {
+  const int chunks = cols / 8;
+  for (int i = threadIdx.x; i < rows * chunks; i += NT) {
+    const int r = i / chunks, c = i % chunks;
+    const bool on = r < valid;
+    cp16(dst + r * cols + c * 8, on ? src + r * ld + c * 8 : src, on);
+  }
+}
+
 // Block blk's tiles of layer w into buf: c_attn rows, the attention projection's slice, c_fc rows, and the MLP
 // projection's columns for those c_fc rows (rows past a matrix: zero fills).
 __device__ void load_layer(const Layer& w, int blk, __half* buf) {
   const int a0 = blk * RA, h = blk / BH, o0 = (blk % BH) * RO, f0 = blk * RF;
-  for (int i = threadIdx.x; i < RA * (C / 8); i += NT) {
-    const int r = i / (C / 8), c = i % (C / 8);
-    const bool on = a0 + r < QKV;
-    cp16(buf + r * C + c * 8, on ? w.wqkv + size_t(a0 + r) * C + c * 8 : w.wqkv, on);
-  }
-  __half* tb = buf + TA;
-  for (int i = threadIdx.x; i < RO * (D / 8); i += NT) {
-    const int r = i / (D / 8), c = i % (D / 8);
-    const bool on = h < H && o0 + r < C;
-    cp16(tb + r * D + c * 8, on ? w.wo + size_t(o0 + r) * C + h * D + c * 8 : w.wo, on);
-  }
-  __half* tc = tb + TB;
-  for (int i = threadIdx.x; i < RF * (C / 8); i += NT) {
-    const int r = i / (C / 8), c = i % (C / 8);
-    const bool on = f0 + r < F;
-    cp16(tc + r * C + c * 8, on ? w.wfc + size_t(f0 + r) * C + c * 8 : w.wfc, on);
-  }
-  __half* td = tc + TC1;
-  for (int i = threadIdx.x; i < C * (RF / 8); i += NT) {
-    const int o = i / (RF / 8), c = i % (RF / 8);
-    const bool on = f0 < F;
-    cp16(td + o * RF + c * 8, on ? w.wpr + size_t(o) * F + f0 + c * 8 : w.wpr, on);
-  }
+  copy_tile(buf, a0 < QKV ? w.wqkv + size_t(a0) * C : w.wqkv, RA, C, C, QKV - a0);
+  copy_tile(buf + TA, w.wo + size_t(o0) * C + h * D, RO, D, C, C - o0);
+  copy_tile(buf + TA + TB, f0 < F ? w.wfc + size_t(f0) * C : w.wfc, RF, C, C, F - f0);
+  copy_tile(buf + TA + TB + TC1, f0 < F ? w.wpr + f0 : w.wpr, C, RF, F, f0 < F ? C : 0);
 }
 
 // Block-wide sum of (a, b) through red[0 .. 2 NW).
