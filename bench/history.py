@@ -206,6 +206,12 @@ def plain_twin(csv_path: Path) -> Path:
     return csv_path.with_name(csv_path.name.removesuffix(".gz"))
 
 
+def plain_to_move(csv_path: Path) -> Path | None:
+    """The plain table that adding to csv_path moves into it: a .csv.gz table's plain twin, where one exists."""
+    twin = plain_twin(csv_path)
+    return twin if csv_path.name.endswith(".gz") and twin.exists() else None
+
+
 def notes_path(csv_path: Path) -> Path:
     """The notes table of a history table: history.csv.gz or history.csv -> history.notes.csv (plain CSV, one
     name for both, so that gzipping the table leaves it where it was). One row per (source, run) with a note;
@@ -267,7 +273,7 @@ def add(csv_path: Path, rows: list[dict]) -> int:
     gz, twin = csv_path.name.endswith(".gz"), csv_path.with_name(csv_path.name + ".gz")
     if not gz and twin.exists():
         raise ValueError(f"the table must be {twin}, the gzipped table already there, got {csv_path}")
-    moved = plain_twin(csv_path) if gz and plain_twin(csv_path).exists() else None
+    moved = plain_to_move(csv_path)
     if moved:
         cols, plain = read_table(moved)
         seen = {(r["source"], r["run"]) for r in old}
@@ -394,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--note", default="", help="a short note on the run (history.notes.csv)")
     args = ap.parse_args(argv)
     table = args.results / TABLE if args.cmd == "store" else args.csv
-    plain = plain_twin(table) if table.name.endswith(".csv.gz") and plain_twin(table).exists() else None
+    plain = plain_to_move(table)  # looked at before add() moves it
     if args.cmd == "store":
         try:
             added, written, gone = store(args.files, args.results, args.note)
