@@ -292,18 +292,6 @@ struct TileRows {
   }
 };
 
-// A sequence's block_table row as the tensor-core kernel's tiles read it (TileRun): from global memory, or from its
-// copy in shared memory (TableStage). Each entry is one load of the right state space, the other predicated off, so
-// neither kind goes through a generic address: with generic loads (LD.E, the copy's or the row's by one pointer) the
-// paged launches whose entries were past the copy ran 1.2-1.8% slower (B4 GQA 32/8 and 64/8, D64 / D128, 32k keys,
-// 130.9 -> 132.7 us at 32/8 D128; H200, fp16, bench.ab, 2026-12-01).
-struct TableRow {
-  const int* global;  // the row in global memory
-  const int* copy;    // the copy in shared memory, when from_copy
-  bool from_copy;
-  __device__ __forceinline__ int at(int blk) const { return from_copy ? copy[blk] : global[blk]; }
-};
-
 // The K and V rows of decode_mma_kernel's rows of each tile. Contiguous: a thread copies rows r0 + n x RS
 // (the sequence's base + j x stride_l). Paged: it copies N consecutive rows, slots j0 .. j0 + N - 1 of each
 // tile (j0 = the tile's first slot + r0 x N; N <= 8, less than the smallest page, so they lie in at most two
@@ -315,21 +303,20 @@ struct TableRow {
 template <bool kPaged, int N, int TILE>
 struct TileRun {
   int first_page, last_page;
-  const int* table;         // the sequence's block_table row in global memory
+  const int* table;         // the sequence's block_table row
   uint64_t k_base, v_base;  // the pools' (hkv) addresses
-  // The pages of the first tile's run, slots j0 .. j0 + N - 1 (those below read_end), from `row` (the copy in
-  // shared memory, or the global row).
+  // The pages of the first tile's run, slots j0 .. j0 + N - 1 (those below read_end).
   template <typename T>
-  __device__ __forceinline__ void start(const DecodeParams& p, int b, const TableRow& row, int j0, int read_end,
-                                        const T* kc, const T* vc) {
+  __device__ __forceinline__ void start(const DecodeParams& p, int b, int j0, int read_end, const T* kc,
+                                        const T* vc) {
     if constexpr (kPaged) {
       table = p.block_table + int64_t(opaque(uint64_t(b * p.table_stride_b)));
       k_base = opaque(reinterpret_cast<uint64_t>(kc));
       v_base = opaque(reinterpret_cast<uint64_t>(vc));
       first_page = last_page = 0;
       if (j0 < read_end) {
-        first_page = row.at(j0 >> p.page_shift);
-        last_page = row.at(min(j0 + N - 1, read_end - 1) >> p.page_shift);
+        first_page = page_at(table, j0 >> p.page_shift);
+        last_page = page_at(table, min(j0 + N - 1, read_end - 1) >> p.page_shift);
       }
     }
   }
@@ -367,23 +354,12 @@ struct TileRun {
   // consumes them before the next tile's run(), a tile of work later. Reusing a page already held (a select
   // on the loaded entry) made every thread wait for its load right there, each tile: B4 GQA 32/8 D64 128k,
   // pages of 16, 403 -> 341 us (H200, fp16, bench.ab against the select, 2026-11-29).
-  // The main loop's tiles read the global row (its lines are in L2 after TableStage's copy); the prologue's from
-  // `row`, the copy where there is one (next_from).
   __device__ __forceinline__ void next(const DecodeParams& p, int j0, int read_end) {
     if constexpr (kPaged) {
       if (j0 < read_end - TILE) {
         const int j1 = j0 + TILE;
         first_page = page_at(table, j1 >> p.page_shift);
         last_page = page_at(table, min(j1 + N - 1, read_end - 1) >> p.page_shift);
-      }
-    }
-  }
-  __device__ __forceinline__ void next_from(const DecodeParams& p, const TableRow& row, int j0, int read_end) {
-    if constexpr (kPaged) {
-      if (j0 < read_end - TILE) {
-        const int j1 = j0 + TILE;
-        first_page = row.at(j1 >> p.page_shift);
-        last_page = row.at(min(j1 + N - 1, read_end - 1) >> p.page_shift);
       }
     }
   }
@@ -439,47 +415,6 @@ __device__ __forceinline__ uint32_t load_issued_here(const int* ptr) {
   return v;
 }
 
-// The tensor-core kernel's copy of its sequence's block_table row in shared memory, when the row is at most one
-// 16-byte group of four entries a thread (4 x blockDim.x: a cache of up to 8k slots in pages of 16, 128k in pages of
-// 256) and starts on 16 bytes. issue(), right after Q's copies and before the lengths are read, copies it with
-// cp.async, the last group partial (zeros past the row), in a commit group of its own, so its round trip runs beside
-// the lengths' instead of after them: the block's first tiles then wait for two dependent trips (the lengths, the
-// rows), as a contiguous cache's do, not three. row() gives the table the block's tiles read (TileRun). The stage is
-// PageCheck's: the first split's check takes the copy as its groups when its range starts at entry 0 (no leftpad),
-// and copies its own groups over it otherwise, its tiles reading the global row then.
-template <bool kPaged>
-struct TableStage {
-  static_assert(kDecodePagesEarly == 1, "PageCheck's stage is one 16-byte group a thread: the copy's size");
-  bool copied = false;
-  __device__ __forceinline__ void issue(const DecodeParams& p, int b, uint4* stage) {
-    if constexpr (kPaged) {
-      const int* row = p.block_table + b * p.table_stride_b;
-      const int cols = p.max_len >> p.page_shift;
-      copied = (reinterpret_cast<uintptr_t>(row) & 15) == 0 && cols <= 4 * int(blockDim.x);
-      if (!copied) return;  // nothing in flight into the stage: PageCheck may copy into it
-      const int g = int(threadIdx.x), bytes = 4 * min(max(cols - 4 * g, 0), 4);
-      const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(stage + g));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(bytes > 0 ? row + 4 * g : row),
-                   "r"(bytes));
-      cp_async_commit();
-    }
-  }
-  // Whether the copy holds PageCheck's groups for a range starting at entry `first`.
-  __device__ __forceinline__ bool holds_check(int first) const { return copied && first == 0; }
-  // After a cp_async_wait and a __syncthreads that follow issue(): the table the block's tiles read, the copy unless
-  // this block's check (the first split's: checks) copies over it.
-  __device__ __forceinline__ TableRow row(const DecodeParams& p, int b, bool checks, int check_first,
-                                          const uint4* stage) const {
-    TableRow r{nullptr, nullptr, false};
-    if constexpr (kPaged) {
-      r.global = p.block_table + b * p.table_stride_b;
-      r.copy = reinterpret_cast<const int*>(stage);
-      r.from_copy = copied && (!checks || holds_check(check_first));
-    }
-    return r;
-  }
-};
-
 // The tensor-core kernel's first split checks every block_table entry of the pages holding its sequence's slots
 // [start, end) (the other splits read through clamped entries: in_pool), as pages_ok, in two halves. issue(), before
 // the block's main loop, copies the first kDecodePagesEarly 16-byte groups of four entries a thread into shared
@@ -509,14 +444,12 @@ struct PageCheck {
     return r;
   }
   // stage: kDecodePagesEarly x blockDim.x 16-byte slots of shared memory, slot k x blockDim.x + thread.
-  // staged: the stage already holds the row's groups from entry 0 (TableStage::holds_check(first)).
-  __device__ __forceinline__ void issue(const DecodeParams& p, int b, int start, int end, uint4* stage, bool staged) {
+  __device__ __forceinline__ void issue(const DecodeParams& p, int b, int start, int end, uint4* stage) {
     if constexpr (kPaged) {
       const Range r = range(p, b, start, end);
       const int t = int(threadIdx.x), u = int(blockDim.x) - 1 - t, n = (r.z - r.a) / 4;
       if (t < r.a - r.first) edge = load_issued_here(r.table + r.first + t);
       if (u < r.last - r.z) edge = load_issued_here(r.table + r.z + u);  // blockDim.x > 6: not a leading thread
-      if (staged) return;
       const uint4* groups = reinterpret_cast<const uint4*>(r.table + r.a);
 #pragma unroll
       for (int k = 0; k < kDecodePagesEarly; ++k) {
@@ -537,9 +470,8 @@ struct PageCheck {
       uint32_t worst = edge;
 #pragma unroll
       for (int k = 0; k < kDecodePagesEarly; ++k) {
-        const int g = int(threadIdx.x) + k * int(blockDim.x);
-        const uint4 e = stage[g];  // a group past the range: zeros, or TableStage's copy of entries not checked
-        if (g < n) worst = max(worst, max(max(e.x, e.y), max(e.z, e.w)));
+        const uint4 e = stage[int(threadIdx.x) + k * int(blockDim.x)];
+        worst = max(worst, max(max(e.x, e.y), max(e.z, e.w)));
       }
       const int step = kDecodePagesInFlight * int(blockDim.x);
       for (int g0 = int(threadIdx.x) + kDecodePagesEarly * int(blockDim.x); g0 < n; g0 += step) {
@@ -1130,9 +1062,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) de
     cp_async16(reinterpret_cast<uint4*>(sq + swizzled<HD>(r, c)), src, on);
   }
   cp_async_commit();
-  uint4* const check_stage = reinterpret_cast<uint4*>(smem + M::kCheckOffset);
-  decode::TableStage<kPaged> table_stage;
-  table_stage.issue(p, b, check_stage);  // its own commit group (paged)
 
   int cached, end, start;
   const bool lengths = decode::read_lengths<kPaged>(p, b, nr, cached, end, start);
@@ -1155,13 +1084,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) de
   constexpr int N = TILE / RS;  // rows a thread copies a tile
   static_assert(N <= 16, "a thread's run of a tile lies in at most two pages of the smallest size (16 slots)");
   decode::TileRun<kPaged, N, TILE> tile_run;
-  const int check_first = start >> p.page_shift;  // the first split's check's first entry (PageCheck::range)
-  if (kPaged && table_stage.copied) {
-    cp_async_wait<0>();  // Q's group and the table's
-    __syncthreads();     // every thread's group of the table
-  }
-  const decode::TableRow table_row = table_stage.row(p, b, split == 0, check_first, check_stage);
-  tile_run.start(p, b, table_row, kb + r0 * N, min(cached, ke), kc, vc);
+  tile_run.start(p, b, kb + r0 * N, min(cached, ke), kc, vc);
   const bool col_on = c * kVec < p.headdim;
   const int cv = col_on ? c * kVec : 0;  // a padding chunk's copy reads nothing; its address stays in its row
   // A contiguous cache's rows of a thread lie at fixed byte steps: row r0 + n x RS of tile t is the split's row r0
@@ -1170,8 +1093,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) de
   const uint64_t v_step = uint64_t(RS) * uint64_t(p.v_stride_l) * sizeof(T);
   const uint64_t k_row0 = reinterpret_cast<uint64_t>(kc + int64_t(kb + r0) * p.k_stride_l + cv);
   const uint64_t v_row0 = reinterpret_cast<uint64_t>(vc + int64_t(kb + r0) * p.v_stride_l + cv);
-  // prologue: std::true_type for the tiles issued before the main loop (their pages from table_row), else false.
-  auto issue = [&](int t, auto prologue) {
+  auto issue = [&](int t) {
     T* ks = pipe + (t % STAGES) * 2 * TILE * HD;
     T* vs = ks + TILE * HD;
     const int jt = kb + t * TILE;
@@ -1184,7 +1106,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) de
     // against the tree before, 2026-11-30). The paged runs' selects dropped as well (one page: row strides from the
     // first row) measured even (34 of 36 cases within 0.7%), so the paged rows stay TileRun::at's.
     if (fast) {
-      [[maybe_unused]] uint64_t ka = k_row0 + uint64_t(t) * N * k_step, va = v_row0 + uint64_t(t) * N * v_step;
+      uint64_t ka = k_row0 + uint64_t(t) * N * k_step, va = v_row0 + uint64_t(t) * N * v_step;
 #pragma unroll
       for (int n = 0; n < N; ++n) {
         const int row = kPaged ? r0 * N + n : r0 + n * RS;
@@ -1222,20 +1144,17 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) de
         cp_async16(reinterpret_cast<uint4*>(vs + swizzled<HD>(row, c)), vsrc, on);
       }
     }
-    if constexpr (decltype(prologue)::value) {
-      tile_run.next_from(p, table_row, jt + r0 * N, min(cached, ke));
-    } else {
-      tile_run.next(p, jt + r0 * N, min(cached, ke));
-    }
+    tile_run.next(p, jt + r0 * N, min(cached, ke));
   };
   // The first split's check of the sequence's entries: its first loads go out first, in the first tile's commit
   // group (the loop waits for that one first anyway); its verdict comes after the loop, and the append (the first
   // split's) waits for it.
   decode::PageCheck<kPaged> check;
-  if (split == 0) check.issue(p, b, start, end, check_stage, table_stage.holds_check(check_first));
+  uint4* const check_stage = reinterpret_cast<uint4*>(smem + M::kCheckOffset);
+  if (split == 0) check.issue(p, b, start, end, check_stage);
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
-    if (t < n_tiles) issue(t, std::true_type{});
+    if (t < n_tiles) issue(t);
     cp_async_commit();
   }
   // A contiguous cache has nothing to check: its append goes out here, under the first tiles.
@@ -1269,7 +1188,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) de
     const int jt = kb + t * TILE;
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free
-    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1, std::false_type{});
+    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);
     cp_async_commit();
     const T* ks = pipe + (t % STAGES) * 2 * TILE * HD;
     T* vs = const_cast<T*>(ks) + TILE * HD;
