@@ -154,30 +154,20 @@ _VARIANTS = [
             "D128 513.1 us against 24 splits' 494.5, D64 261.3 against 253.0 (H200, fp16, forced num_splits)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'fused- and b1-hq32-hkv32 and l131072'"),
     Variant("decode-long-six-blocks-an-sm",
-            (Edit(DECODE_H, "  return paged ? splits : decode_long_fill_splits(work, sms, splits);",
-                  "  return splits;"),),
-            "a contiguous cache's long-cache rule at six blocks an SM (24 splits at B1 MHA 32 heads, 128k keys) "
-            "instead of the count whose last round of resident blocks is fullest (20): D128 493.1 / 493.3 us against "
+            (Edit(DECODE_H, "  return decode_long_fill_splits(work, sms, splits);", "  return splits;"),),
+            "the long-cache rule at six blocks an SM, both layouts (24 splits at B1 MHA 32 heads, 128k keys) "
+            "instead of the count whose last round of resident blocks is fullest (20), contiguous: D128 493.1 / 493.3 us against "
             "489.5 / 488.8, D64 253.5 against 250.3 (H200, fp16, forced num_splits, two sweeps, 2026-11-30)",
             "python3 -m dev.sweep_decode_splits --shapes 1,32,32,128,131072 1,32,32,64,131072 --splits 20,24"),
-    Variant("decode-paged-long-fill-splits",
-            (Edit(DECODE_H, "  return paged ? splits : decode_long_fill_splits(work, sms, splits);",
-                  "  return decode_long_fill_splits(work, sms, splits);"),),
-            "a paged cache's long-cache rule on the fullest last round too (20 splits at B1 MHA 32 heads instead of "
-            "24): forced num_splits, paged (pages of 16) D128 128k 491.6 us against 24's 496.4, 32k 133.1 against "
-            "134.0 (H200, fp16, one sweep, 2026-11-30); D64 not timed. Not yet measured as a rule",
+    Variant("decode-paged-long-six-blocks-an-sm",
+            (Edit(DECODE_H, "  return decode_long_fill_splits(work, sms, splits);",
+                  "  return paged ? splits : decode_long_fill_splits(work, sms, splits);"),),
+            "a paged cache's long-cache rule at six blocks an SM (24 splits at B1 MHA 32 heads) instead of the "
+            "fullest last round (20): paged D128 32k 131.3 us against 130.9, D64 32k 70.9 / 70.6, D64 128k 248.7 / "
+            "247.8, D128 128k 486.3 / 483.6; contiguous and the other paged cases unchanged (H200, fp16, bench.ab, "
+            "two interleaved rounds, 2026-12-01; forced num_splits, D128 128k: 496.4 against 491.6)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (paged- or fused-) and "
             "hkv32 and b1- and (l32768- or l131072-)'"),
-    Variant("decode-kernel-own-pages-flag",
-            (Edit(DECODE_K, "  const int tiles = decode::pages_ok<kPaged>(p, b, kb, ke) ? n_tiles : -1;",
-                  "  const bool own_pages_ok = decode::pages_ok<kPaged>(p, b, kb, ke);\n"
-                  "  const int tiles = own_pages_ok ? n_tiles : 0;"),
-             Edit(DECODE_K, "    bool ok = tiles >= 0;", "    bool ok = own_pages_ok;")),
-            "the CUDA-core kernel's bad-page verdict as a flag instead of tiles = -1 (clearer; the loop count is then "
-            "never negative): its paged builds' SASS changes (the fp16 D64 paged unit 18568 -> 18392 instructions, "
-            "nvcc 13.0), so it ships only after a GPU run: predicted even. Not yet measured",
-            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and paged- and hkv32 and "
-            "(l8192- or l32768- or l131072-)'"),
     Variant("decode-wide-long-caches",
             (Edit(DECODE_H, "constexpr int64_t kDecodeWideMaxLen = 2048;",
                   f"constexpr int64_t kDecodeWideMaxLen = {NEVER};"),),

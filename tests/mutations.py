@@ -434,8 +434,8 @@ MUTATIONS: list[Mutation] = [
              _t(f"{T_DECODE_PAGED}::test_out_of_range_pages_give_nan_and_no_write_gpu"), gpu=True,
              why="the CUDA-core kernel's first tiles, issued before its check, read through an entry out of the pool"),
     Mutation("decode-kernel-own-split-unchecked", "csrc/decode_attention/decode_attention_kernel.cuh",
-             "const int tiles = decode::pages_ok<kPaged>(p, b, kb, ke) ? n_tiles : -1;",
-             "const int tiles = n_tiles;",
+             "const bool own_pages_ok = decode::pages_ok<kPaged>(p, b, kb, ke);",
+             "const bool own_pages_ok = true;",
              _t(f"{T_DECODE_PAGED}::test_bad_page_read_by_a_later_split_gives_nan_gpu"), gpu=True,
              why="the CUDA-core kernel's later split reads through an entry out of the pool: with no append, nothing "
                  "else checks it, and the sequence's rows come out from rows outside the pool"),

@@ -49,7 +49,9 @@ CASES = [
     ((48, 131072, 1, 0), 0),            # six blocks an SM are 16 splits, within a cluster: the general rule
     ((256, 131072, 1, 0), 0),           # batch 8: six blocks an SM are 3 splits, within a cluster: the general rule
     ((32, 65536, 1, 0), 0),             # below 128k keys, below a wave
-    ((32, 32768, 1, 1), 24),            # paged: batch 1 MHA at 32k keys takes the long-cache rule
+    ((32, 32768, 1, 1), 20),            # paged: batch 1 MHA at 32k keys takes the long-cache rule, the fullest
+    ((32, 131072, 1, 1), 20),           #   last round as a contiguous cache's
+    ((40, 32768, 1, 1), 19),
     ((32, 32767, 1, 1), 0),             # paged below 32k keys
     ((128, 32768, 1, 1), 0),            # paged batch 4 MHA: six blocks an SM are 6 splits, within a cluster
     ((16 * 32, 32768, 1, 1), 16),       # paged batch 16: the wave rule first

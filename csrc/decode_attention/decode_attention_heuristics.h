@@ -57,13 +57,14 @@ constexpr int decode_splits(int64_t work, int max_len, int sms, bool cluster_ok,
 constexpr int kDecodeLongMinLen = 131072;
 constexpr int kDecodeLongBlocksPerSm = 6;
 // Below kDecodeLongBlocksPerSm blocks an SM every block of the grid is resident at once, and the SMs holding one block
-// more than the others finish last: while they do, fewer SMs stream the cache. So a contiguous cache takes, among the
+// more than the others finish last: while they do, fewer SMs stream the cache. So the long-cache rule takes, among the
 // counts past a cluster up to six blocks an SM, the one whose grid fills its last round of blocks over the SMs best
 // (work x splits mod sms, 0 as full). H200, fp16, B1 32/32, 128k keys, forced num_splits (dev.sweep_decode_splits,
 // 2026-11-30), 18 / 20 / 22 / 24 / 26 splits, their last round 36 / 85 / 33 / 82 / 30% full: D128 509.4 / 489.5 /
 // 511.5 / 493.1 / 515.1 us, D64 261.2 / 250.3 / 261.6 / 253.5 / 267.3 (SDPA's default backend 498.7 / 261.5; 20
-// against 24 in an earlier sweep: 487.5 / 492.8 at D128). A paged cache keeps six blocks an SM: its counts between
-// were not measured.
+// against 24 in an earlier sweep: 487.5 / 492.8 at D128). A paged cache likewise: 20 splits against 24 at B1 32/32,
+// pages of 16 (H200, fp16, bench.ab, two interleaved rounds, 2026-12-01), D128 32k 130.9 / 131.3 us, 128k 483.6 / 486.3,
+// D64 32k 70.6 / 70.9, 128k 247.8 / 248.7 (forced num_splits in one sweep, D128 128k: 491.6 / 496.4).
 constexpr int decode_long_fill_splits(int64_t work, int sms, int most) {
   int best = most;
   int64_t best_fill = -1;
@@ -78,7 +79,7 @@ constexpr int decode_long_fill_splits(int64_t work, int sms, int most) {
 // streams 8% slower than a contiguous one at B1 MHA D128 8k), and 24 splits win back most of it. H200, fp16, B1
 // 32/32, 32k keys, pages of 16, forced num_splits (dev.sweep_decode_splits, 2026-11-30): D128 paged 8 splits 142.3
 // us, 24: 136.3 (the rule before: 141.7; contiguous 132.7); D64 73.9 / 74.7 (contiguous 70.2), even. At 8k keys
-// 24 splits lose (D128 paged 42.5 -> 45.4 us), hence the bound.
+// 24 splits lose (D128 paged 42.5 -> 45.4 us), hence the bound. The count among them: decode_long_fill_splits.
 constexpr int kDecodePagedLongMinLen = 32768;
 // The CUDA-core kernel where the blocks before splitting fill the GPU at least once and the cache is long (batch 16
 // MHA): the general rule's one split leaves a grid of 1.94 waves (512 blocks, 264 at a time) whose second wave runs
@@ -93,8 +94,8 @@ constexpr int kDecodeWaveSplits = 16;
 static_assert(kDecodeWaveSplits <= kMaxClusterSplits, "the wave rule's splits merge in one cluster");
 // The CUDA-core kernel's splits at long caches: kDecodeWaveSplits where the unsplit grid is one to two waves (above);
 // at a cache of at least kDecodeLongMinLen slots (kDecodePagedLongMinLen paged), where kDecodeLongBlocksPerSm blocks an
-// SM are more splits than a cluster holds, that count paged and the fullest last round's contiguous
-// (decode_long_fill_splits); 0 elsewhere (decode_splits decides).
+// SM are more splits than a cluster holds, the count up to that with the fullest last round (decode_long_fill_splits);
+// 0 elsewhere (decode_splits decides).
 constexpr int decode_long_splits(int64_t work, int max_len, int sms, bool cluster_ok, bool paged) {
   const int64_t wave = int64_t(kDecodeBlocksPerSm) * sms;
   if (cluster_ok && max_len >= kDecodeWaveMinLen && work >= wave && work <= 2 * wave) {
@@ -103,7 +104,7 @@ constexpr int decode_long_splits(int64_t work, int max_len, int sms, bool cluste
   if (max_len < (paged ? kDecodePagedLongMinLen : kDecodeLongMinLen)) return 0;
   const int splits = decode_splits(work, max_len, sms, /*cluster_ok=*/false, kDecodeLongBlocksPerSm);
   if (splits <= kMaxClusterSplits) return 0;
-  return paged ? splits : decode_long_fill_splits(work, sms, splits);
+  return decode_long_fill_splits(work, sms, splits);
 }
 
 // The tensor-core kernel at short caches and few blocks before splitting (batch 1 GQA: 8 kv heads): its

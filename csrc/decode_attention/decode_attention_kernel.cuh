@@ -840,8 +840,10 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
     if (t < n_tiles) issue(t, std::true_type{});
     cp_async_commit();
   }
-  // A bad entry among the split's own pages: no loop (the first tiles' copies land at its end), rows poisoned.
-  const int tiles = decode::pages_ok<kPaged>(p, b, kb, ke) ? n_tiles : -1;
+  // A bad entry among the split's own pages: no loop (the first tiles' copies land at its end), rows poisoned
+  // (own_pages_ok, read again after the loop).
+  const bool own_pages_ok = decode::pages_ok<kPaged>(p, b, kb, ke);
+  const int tiles = own_pages_ok ? n_tiles : 0;
   const bool appends = p.k_new != nullptr && split == 0 && chunk == 0;
   if (!kPaged && appends) decode::append<T, kPaged>(p, b, hkv, cached, nr);
 
@@ -936,7 +938,7 @@ __global__ void __launch_bounds__(NT) decode_kernel(const DecodeParams p) {
   if constexpr (kPaged) {
     // The first split of chunk 0 writes this step's rows only when every entry of the sequence's pages is in the
     // pool: its own were checked before the loop (its range starts at `start`), the rest now, behind the loop.
-    bool ok = tiles >= 0;
+    bool ok = own_pages_ok;
     if (appends) {
       ok = decode::pages_ok<kPaged>(p, b, ke, end) && ok;
       if (ok) decode::append<T, kPaged>(p, b, hkv, cached, nr);
