@@ -124,6 +124,19 @@ _VARIANTS = [
             "default, paged 0.971-1.052x, paged slower in 14 of 18 (H200, fp16, two interleaved rounds, 2026-11-30)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
             "hkv8 and d128 and (l8192- or l32768- or l131072-)'"),
+    Variant("decode-mma-issue-after-qk",
+            (Edit(DECODE_K, "    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free\n"
+                            "    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);\n    cp_async_commit();\n",
+                  "    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free\n"),
+             Edit(DECODE_K, "      mma16816<T>(s[1], qa[kk], kf[2], kf[3]);\n    }\n",
+                  "      mma16816<T>(s[1], qa[kk], kf[2], kf[3]);\n    }\n"
+                  "    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);\n    cp_async_commit();\n")),
+            "the tensor-core kernel's copies of tile t + STAGES - 1 issued after tile t's Q·Kᵀ mma instead of before "
+            "its ldmatrix: the copies' address math under the mma chain's latency at one warp a scheduler (nvcc 13.0, "
+            "fp16 D64: main loop 733 -> 750 SASS instructions contiguous, 835 -> 879 paged). Not yet measured: "
+            "predicted B1 GQA 8k -0.2..-0.5 us in both layouts (more paged), batch 4 / 16 even",
+            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
+            "hkv8 and (l8192- or l32768-)'"),
     Variant("cp-async-l2-prefetch-256b",
             (Edit("csrc/common/mma.cuh",
                   'asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n"',
