@@ -72,6 +72,10 @@ PDL_ROWS = "constexpr long kPdlEarlyRows = 8;"
 PDL_NORM_ROWS = "constexpr long kPdlEarlyNormRows = 16;"
 WIDE = "constexpr int64_t kDecodeWideMinBatch = 16;"
 NEVER = "int64_t(1) << 40"
+# The tensor-core decode kernel's loop: the barrier after tile t landed, the next tile's copies, Q·Kᵀ's end.
+MMA_TILE_LANDED = "    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free\n"
+MMA_ISSUE_NEXT = "    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);\n    cp_async_commit();\n"
+MMA_QK_END = "      mma16816<T>(s[1], qa[kk], kf[2], kf[3]);\n    }\n"
 
 _VARIANTS = [
     Variant("flash-tma-off", (Edit(ATTN_H, "constexpr bool kFlashTma = true;", "constexpr bool kFlashTma = false;"),),
@@ -125,15 +129,12 @@ _VARIANTS = [
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
             "hkv8 and d128 and (l8192- or l32768- or l131072-)'"),
     Variant("decode-mma-issue-after-qk",
-            (Edit(DECODE_K, "    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free\n"
-                            "    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);\n    cp_async_commit();\n",
-                  "    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free\n"),
-             Edit(DECODE_K, "      mma16816<T>(s[1], qa[kk], kf[2], kf[3]);\n    }\n",
-                  "      mma16816<T>(s[1], qa[kk], kf[2], kf[3]);\n    }\n"
-                  "    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);\n    cp_async_commit();\n")),
-            "the tensor-core kernel's copies of tile t + STAGES - 1 issued after tile t's Q·Kᵀ mma instead of before "
-            "its ldmatrix: the copies' address math under the mma chain's latency at one warp a scheduler (nvcc 13.0, "
-            "fp16 D64: main loop 733 -> 750 SASS instructions contiguous, 835 -> 879 paged). Not yet measured: "
+            (Edit(DECODE_K, MMA_TILE_LANDED + MMA_ISSUE_NEXT, MMA_TILE_LANDED),
+             Edit(DECODE_K, MMA_QK_END, MMA_QK_END + MMA_ISSUE_NEXT)),
+            "the tensor-core kernel's copies of tile t + STAGES - 1 issued after tile t's Q·Kᵀ mma instead of "
+            "before its ldmatrix: the copies' address math under the mma chain's latency at one warp a scheduler "
+            "(nvcc 13.0, fp16 D64: main loop 733 -> 750 SASS instructions contiguous, 835 -> 879 paged). Not yet "
+            "measured: "
             "predicted B1 GQA 8k -0.2..-0.5 us in both layouts (more paged), batch 4 / 16 even",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
             "hkv8 and (l8192- or l32768-)'"),
@@ -169,8 +170,9 @@ _VARIANTS = [
     Variant("decode-long-six-blocks-an-sm",
             (Edit(DECODE_H, "  return decode_long_fill_splits(work, sms, splits);", "  return splits;"),),
             "the long-cache rule at six blocks an SM, both layouts (24 splits at B1 MHA 32 heads, 128k keys) "
-            "instead of the count whose last round of resident blocks is fullest (20), contiguous: D128 493.1 / 493.3 us against "
-            "489.5 / 488.8, D64 253.5 against 250.3 (H200, fp16, forced num_splits, two sweeps, 2026-11-30)",
+            "instead of the count whose last round of resident blocks is fullest (20), contiguous: D128 493.1 / "
+            "493.3 us against 489.5 / 488.8, D64 253.5 against 250.3 (H200, fp16, forced num_splits, two sweeps, "
+            "2026-11-30)",
             "python3 -m dev.sweep_decode_splits --shapes 1,32,32,128,131072 1,32,32,64,131072 --splits 20,24"),
     Variant("decode-paged-long-six-blocks-an-sm",
             (Edit(DECODE_H, "  return decode_long_fill_splits(work, sms, splits);",

@@ -63,8 +63,8 @@ constexpr int kDecodeLongBlocksPerSm = 6;
 // 2026-11-30), 18 / 20 / 22 / 24 / 26 splits, their last round 36 / 85 / 33 / 82 / 30% full: D128 509.4 / 489.5 /
 // 511.5 / 493.1 / 515.1 us, D64 261.2 / 250.3 / 261.6 / 253.5 / 267.3 (SDPA's default backend 498.7 / 261.5; 20
 // against 24 in an earlier sweep: 487.5 / 492.8 at D128). A paged cache likewise: 20 splits against 24 at B1 32/32,
-// pages of 16 (H200, fp16, bench.ab, two interleaved rounds, 2026-12-01), D128 32k 130.9 / 131.3 us, 128k 483.6 / 486.3,
-// D64 32k 70.6 / 70.9, 128k 247.8 / 248.7 (forced num_splits in one sweep, D128 128k: 491.6 / 496.4).
+// pages of 16 (H200, fp16, bench.ab, two interleaved rounds, 2026-12-01), D128 32k 130.9 / 131.3 us, 128k 483.6 /
+// 486.3, D64 32k 70.6 / 70.9, 128k 247.8 / 248.7 (forced num_splits in one sweep, D128 128k: 491.6 / 496.4).
 constexpr int decode_long_fill_splits(int64_t work, int sms, int most) {
   int best = most;
   int64_t best_fill = -1;
