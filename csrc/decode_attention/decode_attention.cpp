@@ -17,7 +17,6 @@
 #include "../common/checks.h"
 #include "../common/ops.h"
 #include "../common/static_switch.h"
-#include "../common/tma.h"
 #include "decode_attention_heuristics.h"
 #include "decode_attention_launch.h"
 
@@ -234,26 +233,6 @@ bool cluster_capable(int R) {
   }
 }
 
-// The tensor-core kernel's TMA maps of the caches (DecodeParams::k_map, v_map) at head dim 64: the contiguous caches
-// in boxes of 64 slots, the page pools in boxes of a page (at most 64 slots). False where TMA cannot describe them
-// (common/tma.h: a base or a stride not on 16 bytes, no driver encoder) or the head dim is not 64 (a box row is the
-// 128-byte swizzle's row).
-template <typename T>
-bool decode_tma_maps(DecodeParams& p, const at::Tensor& k_cache, const at::Tensor& v_cache, bool paged) {
-  if (p.headdim != 64) return false;
-  const CUtensorMapDataType type =
-      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const int64_t rows = k_cache.size(2);  // max_len, or the page size (a power of two in [16, 256])
-  const int box = paged ? int(std::min<int64_t>(rows, 64)) : 64;
-  p.tma_box_shift = 0;
-  while ((1 << p.tma_box_shift) < box) ++p.tma_box_shift;
-  auto encode = [&](CUtensorMap* map, const at::Tensor& c) {
-    return encode_bhsd_map(map, type, c.data_ptr(), c.size(0), c.size(1), rows, 64, c.stride(0), c.stride(1),
-                           c.stride(2), 64, box);
-  };
-  return encode(&p.k_map, k_cache) && encode(&p.v_map, v_cache);
-}
-
 void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& k_new,
             const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cache_leftpad,
@@ -360,9 +339,6 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         partial_lse = at::empty({rows}, q.options().dtype(at::kFloat));
         p.partial_o = partial_o.data_ptr<float>();
         p.partial_lse = partial_lse.data_ptr<float>();
-      }
-      if constexpr (kMmaKernel && HD == 64) {
-        if (use_mma && mma_arch >= 90) p.tma = decode_tma_maps<scalar_t>(p, k_cache, v_cache, paged);
       }
       FA_BOOL_SWITCH(paged, kPaged, [&] {
         if (use_mma) {

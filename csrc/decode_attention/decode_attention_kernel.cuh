@@ -1011,43 +1011,8 @@ struct DecodeMmaGeometry {
   // kDecodePagesEarly = 1, within what keeps three blocks an SM at D64 and two at D128 with the cluster merge's push
   // area (3 KB to spare a block at either, H200: 228 KB an SM).
   static constexpr int kCheckOffset = kQOffset + 16 * HD * int(sizeof(T));
-  // Head dim 64 (2-byte elements): the full tiles may be copied by TMA (DecodeParams::tma), each stage completing on
-  // an mbarrier of its own (8 bytes each, 16-byte aligned).
-  static constexpr bool kTma = HD == 64 && sizeof(T) == 2;
-  static constexpr int kBarOffset = kCheckOffset + (kPaged ? kDecodePagesEarly * kDecodeThreads * 16 : 0);
-  static constexpr int kSmemBytes = kBarOffset + (kTma ? (STAGES * 8 + 15) / 16 * 16 : 0);
+  static constexpr int kSmemBytes = kCheckOffset + (kPaged ? kDecodePagesEarly * kDecodeThreads * 16 : 0);
 };
-
-namespace decode {
-// One full tile of the tensor-core kernel at head dim 64 by TMA, issued by one thread: K and V of slots
-// [jt, jt + 64) into the stage (ks, vs; the 128-byte swizzle swizzled<64> addresses, the stage 1024-byte aligned),
-// counted on the stage's mbarrier. Contiguous: one box of 64 slots each. Paged: a box a page run of 2^tma_box_shift
-// slots (the block's range starts on a box: decode_mma_kernel's tma_block), its page read from block_table here and
-// clamped into the pool as TileRun's are (the first split's PageCheck poisons a sequence with a bad entry).
-template <bool kPaged, typename T>
-__device__ __forceinline__ void tma_tile(const DecodeParams& p, int b, int hkv, int jt, T* ks, T* vs, uint64_t* bar) {
-  constexpr int kTile = 64, kHd = 64;
-  mbarrier_arrive_expect_tx(bar, uint32_t(2 * kTile * kHd * sizeof(T)));
-  if constexpr (kPaged) {
-    const int* table = p.block_table + b * p.table_stride_b;
-    const int box = 1 << p.tma_box_shift;
-    int page[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) page[i] = i * box < kTile ? int(in_pool(p, page_at(table, (jt + i * box) >> p.page_shift))) : 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (i * box < kTile) {
-        const int row = (jt + i * box) & int(p.page_mask);
-        tma_load_4d(ks + i * box * kHd, &p.k_map, 0, row, hkv, page[i], bar);
-        tma_load_4d(vs + i * box * kHd, &p.v_map, 0, row, hkv, page[i], bar);
-      }
-    }
-  } else {
-    tma_load_4d(ks, &p.k_map, 0, jt, hkv, b, bar);
-    tma_load_4d(vs, &p.v_map, 0, jt, hkv, b, bar);
-  }
-}
-}  // namespace decode
 
 
 // At D64 a paged cache's first split keeps a few values through the loop for its check and append after it
@@ -1056,13 +1021,12 @@ __device__ __forceinline__ void tma_tile(const DecodeParams& p, int b, int hkv, 
 // registers) is what the shared memory holds there anyway. Elsewhere 0: no minimum, nvcc's own choice (a minimum of
 // 3 made D128 paged spill 8 bytes).
 template <typename T, int HD, bool kPaged>
-__global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0)
-    decode_mma_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0) decode_mma_kernel(const DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using M = DecodeMmaGeometry<T, HD, kPaged>;
   constexpr int TILE = M::TILE, CH = M::CH, STAGES = M::STAGES, R = 16, NW = kDecodeThreads / 32;
   constexpr int kVec = 8;  // elements per 16-byte chunk
-  extern __shared__ __align__(1024) unsigned char smem[];  // 1024: TMA's 128-byte swizzle (M::kTma)
+  extern __shared__ __align__(128) unsigned char smem[];
   T* const pipe = reinterpret_cast<T*>(smem);  // [stage][K, V][TILE][HD], swizzled
   T* const sq = reinterpret_cast<T*>(smem + M::kQOffset);  // [16][HD], swizzled
   launch_dependents_early(p.pdl_early);  // as in decode_kernel
@@ -1122,18 +1086,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0)
   constexpr int N = TILE / RS;  // rows a thread copies a tile
   static_assert(N <= 16, "a thread's run of a tile lies in at most two pages of the smallest size (16 slots)");
   decode::TileRun<kPaged, N, TILE> tile_run;
-  // The full tiles by TMA (M::kTma, p.tma; a paged range starting on a box): stage s's k-th tile completes full[s]'s
-  // phase k & 1, by its bytes (a TMA tile) or by thread 0's plain arrival (a cp.async tile, waited for by
-  // cp_async_wait as before). Thread 0 initializes the barriers; the others first wait on them after Q's barrier.
-  const bool tma_block = M::kTma && p.tma && (smem_addr(smem) & 1023) == 0 &&
-                         (!kPaged || (start & ((1 << p.tma_box_shift) - 1)) == 0);
-  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + M::kBarOffset);
-  if (tma_block && threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) mbarrier_init(&full[s], 1);
-    fence_mbarrier_init();
-  }
-  if (!tma_block) tile_run.start(p, b, kb + r0 * N, min(cached, ke), kc, vc);
+  tile_run.start(p, b, kb + r0 * N, min(cached, ke), kc, vc);
   const bool col_on = c * kVec < p.headdim;
   const int cv = col_on ? c * kVec : 0;  // a padding chunk's copy reads nothing; its address stays in its row
   // A contiguous cache's rows of a thread lie at fixed byte steps: row r0 + n x RS of tile t is the split's row r0
@@ -1147,16 +1100,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0)
     T* vs = ks + TILE * HD;
     const int jt = kb + t * TILE;
     const bool fast = jt + TILE <= min(cached, ke);
-    if constexpr (M::kTma) {
-      if (tma_block) {
-        if (fast) {  // the fast tiles come first: once a tile is not, none after it is
-          if (threadIdx.x == 0) decode::tma_tile<kPaged>(p, b, hkv, jt, ks, vs, &full[t % STAGES]);
-          return;
-        }
-        if (threadIdx.x == 0) mbarrier_arrive(&full[t % STAGES]);
-        tile_run.start(p, b, jt + r0 * N, min(cached, ke), kc, vc);  // the run's pages, as for a block's first tile
-      }
-    }
     const auto run = tile_run.run(p, jt + r0 * N);
     // A full tile (every row in the cache and the split) in a loop of its own: one address a row, no per-row
     // tests. Before, every row took the general path's tests and a 64-bit j x stride multiply for K and V (~35
@@ -1247,7 +1190,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0)
     const int jt = kb + t * TILE;
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free
-    if (tma_block) mbarrier_wait(&full[t % STAGES], (t / STAGES) & 1);  // and its TMA boxes
     if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);
     cp_async_commit();
     const T* ks = pipe + (t % STAGES) * 2 * TILE * HD;
@@ -1257,8 +1199,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kPaged && HD <= 64 ? 3 : 0)
         const int row = i / CH, j = jt + row;
         if (j < ke && !key_mask[j]) *reinterpret_cast<uint4*>(vs + swizzled<HD>(row, i % CH)) = make_uint4(0, 0, 0, 0);
       }
-      // A TMA tile will land in this stage later: each writer orders its zeros before the async proxy's writes.
-      if (tma_block) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       __syncthreads();
     }
     // S = Q·Kᵀ over this warp's 16 keys: two n-tiles of 8 keys.

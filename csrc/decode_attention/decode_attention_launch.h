@@ -4,7 +4,6 @@
 // the launch functions. Torch-free and host-compilable.
 #pragma once
 
-#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -74,15 +73,6 @@ struct DecodeParams {
   // the combine kernel. [num_splits, batch, nheads_q, seqlen_new, headdim] / [..., seqlen_new].
   float* partial_o;
   float* partial_lse;
-  // The tensor-core kernel at head dim 64: its full tiles copied by TMA (one thread, a tile's boxes) instead of
-  // cp.async (every thread, a 16-byte chunk of a row each), where tma is set (decode_attention.cpp: fp16 / bf16,
-  // caches TMA can describe). k_map / v_map: the caches [batch, nheads_kv, max_len, 64] or the page pools
-  // [num_pages, nheads_kv, page_size, 64] (common/tma.h), boxes of 64 columns x 2^tma_box_shift rows (a tile of 64
-  // slots contiguous; min(page_size, 64) paged), written with the 128-byte swizzle the cp.async copies use.
-  // The kernel reads them in place (a __grid_constant__ parameter).
-  CUtensorMap k_map, v_map;
-  int tma_box_shift;
-  bool tma;
 };
 
 // The outputs each block of a cluster of `splits` owns in the cluster merge (decode::finish): a ceil share of the
