@@ -133,9 +133,10 @@ _VARIANTS = [
              Edit(DECODE_K, MMA_QK_END, MMA_QK_END + MMA_ISSUE_NEXT)),
             "the tensor-core kernel's copies of tile t + STAGES - 1 issued after tile t's Q·Kᵀ mma instead of "
             "before its ldmatrix: the copies' address math under the mma chain's latency at one warp a scheduler "
-            "(nvcc 13.0, fp16 D64: main loop 733 -> 750 SASS instructions contiguous, 835 -> 879 paged). Not yet "
-            "measured: "
-            "predicted B1 GQA 8k -0.2..-0.5 us in both layouts (more paged), batch 4 / 16 even",
+            "(nvcc 13.0, fp16 D64: main loop 733 -> 750 SASS instructions contiguous, 835 -> 879 paged). Predicted "
+            "B1 GQA 8k -0.2..-0.5 us in both layouts; measured even: GQA 32/8 and 64/8, D64 / D128, B1 / B4, 8k / "
+            "32k keys, contiguous 0.996-1.014x the default, paged 0.980-1.035x, B1 32/8 D64 8k 1.016x paged, "
+            "1.014x contiguous (H200, fp16, two interleaved rounds, 2026-12-01)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (fused- or paged-) and "
             "hkv8 and (l8192- or l32768-)'"),
     Variant("cp-async-l2-prefetch-256b",
