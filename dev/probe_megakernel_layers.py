@@ -30,6 +30,7 @@ extension cache).
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 import sys
@@ -63,9 +64,12 @@ struct Layer {
 struct Params {
   const Layer* layers;
   int L, T, t_max;
-  float *xs, *aacc, *macc, *q;  // [L][C] each: layer inputs (xs[0] given), attention sums, MLP sums, queries
+  float *xs, *q;                // [L][C] each: layer inputs (xs[0] given), queries
+  float *aacc, *macc;           // [L][copies][C] each: attention sums, MLP sums (block b adds into copy b % copies)
   int* cnt;                     // [L][3] counters, 32 ints apart
   int vec;                      // C's partial sums: four outputs a thread, one red.global.add.v4.f32 (else four adds)
+  int copies;                   // copies of each sum: the adds spread over as many lines, the readers sum them
+  int early;                    // B's cached K and V rows loaded before its wait (else after it, behind q)
   unsigned long long* trace;    // [grid][L][3][3]: wait passed, the phase's first part done, signal
 };
 
@@ -149,17 +153,19 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float* red) {
   return s;
 }
 
-// LayerNorm of x = a + b + c (b, c optional; read past L1: written by other SMs in this launch) into xn (half,
-// shared); xs_out (optional): this block's XS elements of x written there.
-__device__ void layer_norm(const float* a, const float* b, const float* c, const __half* g, const __half* bb,
-                           __half* xn, float* red, float* xs_out, int blk) {
+// LayerNorm of x = a + b + c (b, c optional, each `copies` vectors C apart summed; read past L1: written by other
+// SMs in this launch) into xn (half, shared); xs_out (optional): this block's XS elements of x written there.
+__device__ void layer_norm(const float* a, const float* b, const float* c, int copies, const __half* g,
+                           const __half* bb, __half* xn, float* red, float* xs_out, int blk) {
   float v[C / NT], s = 0.f, ss = 0.f;
 #pragma unroll
   for (int k = 0; k < C / NT; ++k) {
     const int i = threadIdx.x + k * NT;
     float x = __ldcg(a + i);
-    if (b != nullptr) x += __ldcg(b + i);
-    if (c != nullptr) x += __ldcg(c + i);
+    for (int j = 0; j < copies; ++j) {
+      if (b != nullptr) x += __ldcg(b + j * C + i);
+      if (c != nullptr) x += __ldcg(c + j * C + i);
+    }
     v[k] = x;
     s += x;
     ss += x * x;
@@ -239,8 +245,9 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
     const Layer& w = p.layers[l];
     const __half* buf = wbuf + (l % 2) * LAYER_HALVES;
     float* xs = p.xs + l * C;
-    float* aacc = p.aacc + l * C;
-    float* macc = p.macc + l * C;
+    const int copy = blk % p.copies;
+    float* aacc = p.aacc + l * p.copies * C;  // the layer's copies; this block adds into copy `copy`
+    float* macc = p.macc + l * p.copies * C;
     float* q = p.q + l * C;
     // ---- A: LayerNorm 1, c_attn rows, k / v appended
     if (l > 0) wait_for(l - 1, 2);
@@ -248,9 +255,9 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
     wait_groups<1>();
     __syncthreads();
     if (l == 0) {
-      layer_norm(xs, nullptr, nullptr, w.g1, w.b1, xn, red, nullptr, blk);
+      layer_norm(xs, nullptr, nullptr, 1, w.g1, w.b1, xn, red, nullptr, blk);
     } else {
-      layer_norm(xs - C, p.aacc + (l - 1) * C, p.macc + (l - 1) * C, w.g1, w.b1, xn, red, xs, blk);
+      layer_norm(xs - C, aacc - p.copies * C, macc - p.copies * C, p.copies, w.g1, w.b1, xn, red, xs, blk);
     }
     if (tid == 0) tr[(l * 3 + 0) * 3 + 1] = now_ns();
     const int a0 = blk * RA;
@@ -267,23 +274,31 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
     });
     signal(l, 0);
     // ---- B: one head's attention, its projection slice's partial sums
+    // Thread j holds key j's K and V rows (16 loads in flight, one round trip); o = sum_j p_j V_j is summed over a
+    // warp's keys by halving exchanges (each lane ends with two of the 64 columns), then over warps. The cached
+    // keys' rows (j < T) are not written in this launch: with p.early they are loaded before the wait, under the
+    // hop, and only key T's (A's append) after it.
+    const int hb = blk / BH, keys = p.T + 1;
+    const bool live = tid < keys;
+    const size_t row = (size_t(hb < H ? hb : 0) * p.t_max + (live ? tid : 0)) * D;
+    uint4 kr[D / 8], vr[D / 8];
+    auto load_kv = [&]() {
+#pragma unroll
+      for (int c = 0; c < D / 8; ++c) {
+        kr[c] = live ? __ldcg(reinterpret_cast<const uint4*>(w.kc + row) + c) : make_uint4(0, 0, 0, 0);
+        vr[c] = live ? __ldcg(reinterpret_cast<const uint4*>(w.vc + row) + c) : make_uint4(0, 0, 0, 0);
+      }
+    };
+    if (p.early && tid < p.T) load_kv();
     wait_for(l, 0);
     if (tid == 0) tr[(l * 3 + 1) * 3] = now_ns();
     {
-      const int h = blk / BH, o0 = (blk % BH) * RO, keys = p.T + 1;
+      const int h = hb, o0 = (blk % BH) * RO;
       if (h < H) {
         if (tid < D) sq[tid] = __ldcg(q + h * D + tid) * 0.125f;
+        if (p.early && tid == p.T) load_kv();
         __syncthreads();
-        // Thread j holds key j's K and V rows (16 loads in flight, one round trip); o = sum_j p_j V_j is summed
-        // over a warp's keys by halving exchanges (each lane ends with two of the 64 columns), then over warps.
-        uint4 kr[D / 8], vr[D / 8];
-        const bool live = tid < keys;
-        const size_t row = (size_t(h) * p.t_max + (live ? tid : 0)) * D;
-#pragma unroll
-        for (int c = 0; c < D / 8; ++c) {
-          kr[c] = live ? __ldcg(reinterpret_cast<const uint4*>(w.kc + row) + c) : make_uint4(0, 0, 0, 0);
-          vr[c] = live ? __ldcg(reinterpret_cast<const uint4*>(w.vc + row) + c) : make_uint4(0, 0, 0, 0);
-        }
+        if (!p.early) load_kv();
         float s = 0.f;
 #pragma unroll
         for (int c = 0; c < D / 8; ++c) {
@@ -336,7 +351,7 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
         for (int r = warp; r < RO && o0 + r < C; r += NW) {
           const float2 wv = __half22float2(reinterpret_cast<const __half2*>(tb + r * D)[lane]);
           float v = warp_sum(wv.x * sq[2 * lane] + wv.y * sq[2 * lane + 1]);
-          if (lane == 0) atomicAdd(aacc + o0 + r, v + (h == 0 ? __half2float(w.bo[o0 + r]) : 0.f));
+          if (lane == 0) atomicAdd(aacc + copy * C + o0 + r, v + (h == 0 ? __half2float(w.bo[o0 + r]) : 0.f));
         }
       }
     }
@@ -344,7 +359,7 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
     // ---- C: LayerNorm 2, c_fc rows + GELU, the MLP projection's partial sums
     wait_for(l, 1);
     if (tid == 0) tr[(l * 3 + 2) * 3] = now_ns();
-    layer_norm(xs, aacc, nullptr, w.g2, w.b2, xn, red, nullptr, blk);
+    layer_norm(xs, aacc, nullptr, p.copies, w.g2, w.b2, xn, red, nullptr, blk);
     if (tid == 0) tr[(l * 3 + 2) * 3 + 1] = now_ns();
     const int f0 = blk * RF;
     if (f0 < F) {
@@ -370,11 +385,11 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
         if (tid < C / 4) {
           const int o = 4 * tid;
           const float v0 = out(o), v1 = out(o + 1), v2 = out(o + 2), v3 = out(o + 3);
-          asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(macc + o), "f"(v0), "f"(v1), "f"(v2),
+          asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(macc + copy * C + o), "f"(v0), "f"(v1), "f"(v2),
                        "f"(v3) : "memory");
         }
       } else {
-        for (int o = tid; o < C; o += NT) atomicAdd(macc + o, out(o));
+        for (int o = tid; o < C; o += NT) atomicAdd(macc + copy * C + o, out(o));
       }
     }
     signal(l, 2);
@@ -387,9 +402,11 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
 // around the kernel alone); trace holds the last launch's stamps.
 std::vector<double> run(std::vector<torch::Tensor> w, torch::Tensor xs, torch::Tensor aacc, torch::Tensor macc,
                         torch::Tensor q, torch::Tensor cnt, torch::Tensor trace, int64_t T, int64_t t_max,
-                        int64_t vec, double warmup_ms, int64_t repeats) {
+                        int64_t vec, int64_t copies, int64_t early, double warmup_ms, int64_t repeats) {
   const int L = int(w.size() / 14);
   TORCH_CHECK(T + 1 <= MAX_KEYS, "cache must hold at most ", MAX_KEYS - 1, " tokens, got ", T);
+  TORCH_CHECK(copies >= 1 && aacc.numel() == int64_t(w.size() / 14) * copies * C && macc.numel() == aacc.numel(),
+              "aacc and macc must hold [layers][copies][768] floats with copies >= 1, got copies ", copies);
   std::vector<Layer> layers(L);
   for (int l = 0; l < L; ++l) {
     auto h = [&](int i) { return reinterpret_cast<__half*>(w[l * 14 + i].data_ptr<at::Half>()); };
@@ -403,8 +420,8 @@ std::vector<double> run(std::vector<torch::Tensor> w, torch::Tensor xs, torch::T
   TORCH_CHECK(sms >= 132, "the prototype's tiling needs 132 SMs, got ", sms);
   C10_CUDA_CHECK(cudaFuncSetAttribute(layers_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
   Params p{reinterpret_cast<const Layer*>(dev.data_ptr()), L, int(T), int(t_max), xs.data_ptr<float>(),
-           aacc.data_ptr<float>(), macc.data_ptr<float>(), q.data_ptr<float>(), cnt.data_ptr<int>(), int(vec),
-           reinterpret_cast<unsigned long long*>(trace.data_ptr<int64_t>())};
+           q.data_ptr<float>(), aacc.data_ptr<float>(), macc.data_ptr<float>(), cnt.data_ptr<int>(), int(vec),
+           int(copies), int(early), reinterpret_cast<unsigned long long*>(trace.data_ptr<int64_t>())};
   cudaEvent_t a, b;
   C10_CUDA_CHECK(cudaEventCreate(&a));
   C10_CUDA_CHECK(cudaEventCreate(&b));
@@ -442,7 +459,7 @@ std::vector<double> run(std::vector<torch::Tensor> w, torch::Tensor xs, torch::T
 
 CPP = ("std::vector<double> run(std::vector<torch::Tensor> w, torch::Tensor xs, torch::Tensor aacc, "
        "torch::Tensor macc, torch::Tensor q, torch::Tensor cnt, torch::Tensor trace, int64_t T, int64_t t_max, "
-       "int64_t vec, double warmup_ms, int64_t repeats);")
+       "int64_t vec, int64_t copies, int64_t early, double warmup_ms, int64_t repeats);")
 C, H, D, F = 768, 12, 64, 3072
 BLOCKS = 132
 
@@ -510,11 +527,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warmup-ms", type=float, default=300.0, help="back-to-back launches before the timed ones")
+    ap.add_argument("--vec", type=int, nargs="+", default=[0, 1], choices=[0, 1],
+                    help="C's partial sums: 1 = red.global.add.v4.f32 four outputs a thread, 0 = an atomicAdd each")
+    ap.add_argument("--copies", type=int, nargs="+", default=[1],
+                    help="copies of the attention and MLP sums (block b adds into copy b %% copies)")
+    ap.add_argument("--early", type=int, nargs="+", default=[0], choices=[0, 1],
+                    help="1: phase B's cached K and V rows loaded before its wait")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (sm_90, 132 SMs)")
     if not 0 <= args.cache < 256:
         ap.error(f"--cache must be in [0, 255], got {args.cache}")
+    if not all(1 <= c <= BLOCKS for c in args.copies):
+        ap.error(f"--copies must be in [1, {BLOCKS}], got {args.copies}")
     mod = load_inline("probe_megakernel_layers", cpp_sources=CPP, cuda_sources=SOURCE, functions=["run"],
                       extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
     n, T = args.layers, args.cache
@@ -523,20 +548,22 @@ def main(argv: list[str] | None = None) -> int:
     ref = reference(layers, x0, T)
     print(f"{torch.cuda.get_device_name()}: {n} layers, a {T}-token cache, batch 1, fp16 weights")
     worst = 0.0
-    for vec in (0, 1):
+    for vec, copies, early in itertools.product(args.vec, args.copies, args.early):
         xs = torch.zeros(n, C, device="cuda")
         xs[0] = x0
-        aacc, macc, q = (torch.zeros(n, C, device="cuda") for _ in range(3))
+        q = torch.zeros(n, C, device="cuda")
+        aacc, macc = (torch.zeros(n, copies, C, device="cuda") for _ in range(2))
         cnt = torch.zeros(n * 3 * 32, dtype=torch.int32, device="cuda")
         trace = torch.zeros(BLOCKS * n * 9, dtype=torch.int64, device="cuda")
-        ms = mod.run([t for layer in layers for t in layer], xs, aacc, macc, q, cnt, trace, T, T + 1, vec,
-                     args.warmup_ms, args.repeats)
-        out = xs[n - 1] + aacc[n - 1] + macc[n - 1]
+        ms = mod.run([t for layer in layers for t in layer], xs, aacc, macc, q, cnt, trace, T, T + 1, vec, copies,
+                     early, args.warmup_ms, args.repeats)
+        out = xs[n - 1] + aacc[n - 1].sum(0) + macc[n - 1].sum(0)
         err = float((out - ref).abs().max() / ref.abs().max())
         worst = max(worst, err)
         med = statistics.median(ms)
         how = "red.global.add.v4.f32, four outputs a thread" if vec else "one atomicAdd an output"
-        print(f"the MLP projection's partial sums by {how}:")
+        kv = "before B's wait" if early else "after B's wait, behind q"
+        print(f"the MLP projection's partial sums by {how}; {copies} copies of each sum; cached K, V {kv}:")
         print(f"  kernel: {med * 1e3:.1f} us (median of {len(ms)}, after {args.warmup_ms:.0f} ms of launches), "
               f"{med * 1e3 / n:.2f} us a layer; output against float32 PyTorch: max |error| / max |ref| = {err:.2e}")
         parts = {"A": "LayerNorm 1", "B": "K, V and the softmax", "C": "LayerNorm 2"}
