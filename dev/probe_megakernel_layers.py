@@ -20,6 +20,11 @@ spinning on an acquire load). A block's weights of a layer (108 KB: its c_attn r
 c_fc rows and their MLP projection columns) are copied into shared memory two layers ahead with cp.async, so the
 weights stream under the chain. Every block stamps %globaltimer after each wait and before each signal.
 
+Switches (each a list: every combination runs, in one process): --vec (C's adds four outputs an instruction),
+--copies (the attention and MLP sums in N copies, block b adding into copy b % N, the LayerNorms summing them),
+--early (B's cached K and V rows loaded before its wait), --ln-first (A's LayerNorm before its wait for the layer's
+weights).
+
 Prints: the kernel's time for the layers (CUDA events, median), a layer's share, and per phase kind the median
 over layers of the slowest block's work (wait passed -> signal; split at the end of its first part) and of the
 hop (last signal of the phase before -> first block past its wait); the output's error against a float32
@@ -55,6 +60,7 @@ constexpr int XS = 6;    // elements of the layer's input a block writes: 768 ov
 constexpr int TA = RA * C, TB = RO * D, TC1 = RF * C, TC2 = C * RF;  // halves of each tile
 constexpr int LAYER_HALVES = TA + TB + TC1 + TC2;                   // 110336 bytes
 constexpr int MAX_KEYS = NT;
+constexpr int MAX_COPIES = 8;  // copies of the attention and MLP sums at most
 constexpr int SMEM_BYTES = 2 * LAYER_HALVES * 2 + C * 2 + (MAX_KEYS + NW * D + D + 64 + 32) * 4;
 
 struct Layer {
@@ -70,6 +76,7 @@ struct Params {
   int vec;                      // C's partial sums: four outputs a thread, one red.global.add.v4.f32 (else four adds)
   int copies;                   // copies of each sum: the adds spread over as many lines, the readers sum them
   int early;                    // B's cached K and V rows loaded before its wait (else after it, behind q)
+  int ln_first;                 // A's LayerNorm before the wait for the layer's weights (else after it)
   unsigned long long* trace;    // [grid][L][3][3]: wait passed, the phase's first part done, signal
 };
 
@@ -162,9 +169,10 @@ __device__ void layer_norm(const float* a, const float* b, const float* c, int c
   for (int k = 0; k < C / NT; ++k) {
     const int i = threadIdx.x + k * NT;
     float x = __ldcg(a + i);
-    for (int j = 0; j < copies; ++j) {
-      if (b != nullptr) x += __ldcg(b + j * C + i);
-      if (c != nullptr) x += __ldcg(c + j * C + i);
+#pragma unroll
+    for (int j = 0; j < MAX_COPIES; ++j) {  // unrolled: every load issued before the first add waits
+      if (b != nullptr && j < copies) x += __ldcg(b + j * C + i);
+      if (c != nullptr && j < copies) x += __ldcg(c + j * C + i);
     }
     v[k] = x;
     s += x;
@@ -252,14 +260,21 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
     // ---- A: LayerNorm 1, c_attn rows, k / v appended
     if (l > 0) wait_for(l - 1, 2);
     if (tid == 0) tr[(l * 3 + 0) * 3] = now_ns();
-    wait_groups<1>();
-    __syncthreads();
+    // The layer's weights (copied two layers ahead) are first read by A's c_attn rows, not by its LayerNorm.
+    if (!p.ln_first) {
+      wait_groups<1>();
+      __syncthreads();
+    }
     if (l == 0) {
       layer_norm(xs, nullptr, nullptr, 1, w.g1, w.b1, xn, red, nullptr, blk);
     } else {
       layer_norm(xs - C, aacc - p.copies * C, macc - p.copies * C, p.copies, w.g1, w.b1, xn, red, xs, blk);
     }
     if (tid == 0) tr[(l * 3 + 0) * 3 + 1] = now_ns();
+    if (p.ln_first) {
+      wait_groups<1>();
+      __syncthreads();
+    }
     const int a0 = blk * RA;
     rows_dot(buf, min(RA, max(0, QKV - a0)), xn, [&](int r, float s) {
       const int o = a0 + r;
@@ -289,14 +304,14 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
         vr[c] = live ? __ldcg(reinterpret_cast<const uint4*>(w.vc + row) + c) : make_uint4(0, 0, 0, 0);
       }
     };
-    if (p.early && tid < p.T) load_kv();
+    if (p.early && tid < p.T) load_kv();  // the rest (key T, the zeros of threads past it) after the wait
     wait_for(l, 0);
     if (tid == 0) tr[(l * 3 + 1) * 3] = now_ns();
     {
       const int h = hb, o0 = (blk % BH) * RO;
       if (h < H) {
         if (tid < D) sq[tid] = __ldcg(q + h * D + tid) * 0.125f;
-        if (p.early && tid == p.T) load_kv();
+        if (p.early && tid >= p.T) load_kv();
         __syncthreads();
         if (!p.early) load_kv();
         float s = 0.f;
@@ -385,8 +400,8 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
         if (tid < C / 4) {
           const int o = 4 * tid;
           const float v0 = out(o), v1 = out(o + 1), v2 = out(o + 2), v3 = out(o + 3);
-          asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(macc + copy * C + o), "f"(v0), "f"(v1), "f"(v2),
-                       "f"(v3) : "memory");
+          asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(macc + copy * C + o), "f"(v0),
+                       "f"(v1), "f"(v2), "f"(v3) : "memory");
         }
       } else {
         for (int o = tid; o < C; o += NT) atomicAdd(macc + copy * C + o, out(o));
@@ -398,15 +413,18 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
   }
 }
 
-// Runs the layers `repeats` times (counters and sums zeroed before each), returns each launch's ms (CUDA events
-// around the kernel alone); trace holds the last launch's stamps.
+// Runs the layers `repeats` times (counters, sums and what a launch hands between blocks zeroed before each),
+// returns each launch's ms (CUDA events around the kernel alone); trace holds the last launch's stamps.
 std::vector<double> run(std::vector<torch::Tensor> w, torch::Tensor xs, torch::Tensor aacc, torch::Tensor macc,
                         torch::Tensor q, torch::Tensor cnt, torch::Tensor trace, int64_t T, int64_t t_max,
-                        int64_t vec, int64_t copies, int64_t early, double warmup_ms, int64_t repeats) {
+                        int64_t vec, int64_t copies, int64_t early, int64_t ln_first, double warmup_ms,
+                        int64_t repeats) {
   const int L = int(w.size() / 14);
   TORCH_CHECK(T + 1 <= MAX_KEYS, "cache must hold at most ", MAX_KEYS - 1, " tokens, got ", T);
-  TORCH_CHECK(copies >= 1 && aacc.numel() == int64_t(w.size() / 14) * copies * C && macc.numel() == aacc.numel(),
-              "aacc and macc must hold [layers][copies][768] floats with copies >= 1, got copies ", copies);
+  TORCH_CHECK(copies >= 1 && copies <= MAX_COPIES && aacc.numel() == int64_t(L) * copies * C &&
+                  macc.numel() == aacc.numel(),
+              "aacc and macc must hold [layers][copies][768] floats with copies in [1, ", MAX_COPIES,
+              "], got copies ", copies);
   std::vector<Layer> layers(L);
   for (int l = 0; l < L; ++l) {
     auto h = [&](int i) { return reinterpret_cast<__half*>(w[l * 14 + i].data_ptr<at::Half>()); };
@@ -421,7 +439,7 @@ std::vector<double> run(std::vector<torch::Tensor> w, torch::Tensor xs, torch::T
   C10_CUDA_CHECK(cudaFuncSetAttribute(layers_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
   Params p{reinterpret_cast<const Layer*>(dev.data_ptr()), L, int(T), int(t_max), xs.data_ptr<float>(),
            q.data_ptr<float>(), aacc.data_ptr<float>(), macc.data_ptr<float>(), cnt.data_ptr<int>(), int(vec),
-           int(copies), int(early), reinterpret_cast<unsigned long long*>(trace.data_ptr<int64_t>())};
+           int(copies), int(early), int(ln_first), reinterpret_cast<unsigned long long*>(trace.data_ptr<int64_t>())};
   cudaEvent_t a, b;
   C10_CUDA_CHECK(cudaEventCreate(&a));
   C10_CUDA_CHECK(cudaEventCreate(&b));
@@ -442,6 +460,15 @@ std::vector<double> run(std::vector<torch::Tensor> w, torch::Tensor xs, torch::T
     aacc.zero_();
     macc.zero_();
     cnt.zero_();
+    // What a launch writes before another block reads it (the layers' inputs past the first, q, the caches' slot
+    // T) zeroed too: a launch recomputes the same values, so a read that passed its wait too early would otherwise
+    // find the last launch's equal values and the output check could not see it.
+    q.zero_();
+    if (L > 1) xs.narrow(0, 1, L - 1).zero_();
+    for (int l = 0; l < L; ++l) {
+      w[l * 14 + 12].select(1, T).zero_();
+      w[l * 14 + 13].select(1, T).zero_();
+    }
     C10_CUDA_CHECK(cudaEventRecord(a, stream));
     layers_kernel<<<132, NT, SMEM_BYTES, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -459,9 +486,10 @@ std::vector<double> run(std::vector<torch::Tensor> w, torch::Tensor xs, torch::T
 
 CPP = ("std::vector<double> run(std::vector<torch::Tensor> w, torch::Tensor xs, torch::Tensor aacc, "
        "torch::Tensor macc, torch::Tensor q, torch::Tensor cnt, torch::Tensor trace, int64_t T, int64_t t_max, "
-       "int64_t vec, int64_t copies, int64_t early, double warmup_ms, int64_t repeats);")
+       "int64_t vec, int64_t copies, int64_t early, int64_t ln_first, double warmup_ms, int64_t repeats);")
 C, H, D, F = 768, 12, 64, 3072
 BLOCKS = 132
+MAX_COPIES = 8  # the kernel's MAX_COPIES
 
 
 def make_layers(n: int, t_max: int, seed: int, device: str = "cuda") -> list[list[torch.Tensor]]:
@@ -533,13 +561,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="copies of the attention and MLP sums (block b adds into copy b %% copies)")
     ap.add_argument("--early", type=int, nargs="+", default=[0], choices=[0, 1],
                     help="1: phase B's cached K and V rows loaded before its wait")
+    ap.add_argument("--ln-first", type=int, nargs="+", default=[0], choices=[0, 1],
+                    help="1: phase A's LayerNorm before its wait for the layer's weights")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (sm_90, 132 SMs)")
     if not 0 <= args.cache < 256:
         ap.error(f"--cache must be in [0, 255], got {args.cache}")
-    if not all(1 <= c <= BLOCKS for c in args.copies):
-        ap.error(f"--copies must be in [1, {BLOCKS}], got {args.copies}")
+    if not all(1 <= c <= MAX_COPIES for c in args.copies):
+        ap.error(f"--copies must be in [1, {MAX_COPIES}], got {args.copies}")
     mod = load_inline("probe_megakernel_layers", cpp_sources=CPP, cuda_sources=SOURCE, functions=["run"],
                       extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
     n, T = args.layers, args.cache
@@ -548,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     ref = reference(layers, x0, T)
     print(f"{torch.cuda.get_device_name()}: {n} layers, a {T}-token cache, batch 1, fp16 weights")
     worst = 0.0
-    for vec, copies, early in itertools.product(args.vec, args.copies, args.early):
+    for vec, copies, early, ln_first in itertools.product(args.vec, args.copies, args.early, args.ln_first):
         xs = torch.zeros(n, C, device="cuda")
         xs[0] = x0
         q = torch.zeros(n, C, device="cuda")
@@ -556,14 +586,16 @@ def main(argv: list[str] | None = None) -> int:
         cnt = torch.zeros(n * 3 * 32, dtype=torch.int32, device="cuda")
         trace = torch.zeros(BLOCKS * n * 9, dtype=torch.int64, device="cuda")
         ms = mod.run([t for layer in layers for t in layer], xs, aacc, macc, q, cnt, trace, T, T + 1, vec, copies,
-                     early, args.warmup_ms, args.repeats)
+                     early, ln_first, args.warmup_ms, args.repeats)
         out = xs[n - 1] + aacc[n - 1].sum(0) + macc[n - 1].sum(0)
         err = float((out - ref).abs().max() / ref.abs().max())
         worst = max(worst, err)
         med = statistics.median(ms)
         how = "red.global.add.v4.f32, four outputs a thread" if vec else "one atomicAdd an output"
         kv = "before B's wait" if early else "after B's wait, behind q"
-        print(f"the MLP projection's partial sums by {how}; {copies} copies of each sum; cached K, V {kv}:")
+        ln = "before" if ln_first else "after"
+        print(f"the MLP projection's partial sums by {how}; {copies} copies of each sum; cached K, V {kv}; "
+              f"LayerNorm 1 {ln} the weights' wait:")
         print(f"  kernel: {med * 1e3:.1f} us (median of {len(ms)}, after {args.warmup_ms:.0f} ms of launches), "
               f"{med * 1e3 / n:.2f} us a layer; output against float32 PyTorch: max |error| / max |ref| = {err:.2e}")
         parts = {"A": "LayerNorm 1", "B": "K, V and the softmax", "C": "LayerNorm 2"}
