@@ -23,7 +23,7 @@ weights stream under the chain. Every block stamps %globaltimer after each wait 
 Switches (each a list: every combination runs, in one process): --vec (C's adds four outputs an instruction),
 --copies (the attention and MLP sums in N copies, block b adding into copy b % N, the LayerNorms summing them),
 --early (B's cached K and V rows loaded before its wait), --ln-first (A's LayerNorm before its wait for the layer's
-weights).
+weights), --evict-first (the weights' copies marked evict-first in L2).
 
 Prints: the kernel's time for the layers (CUDA events, median), a layer's share, and per phase kind the median
 over layers of the slowest block's work (wait passed -> signal; split at the end of its first part) and of the
@@ -77,6 +77,7 @@ struct Params {
   int copies;                   // copies of each sum: the adds spread over as many lines, the readers sum them
   int early;                    // B's cached K and V rows loaded before its wait (else after it, behind q)
   int ln_first;                 // A's LayerNorm before the wait for the layer's weights (else after it)
+  int evict_first;              // the weights' copies marked evict-first in L2
   unsigned long long* trace;    // [grid][L][3][3]: wait passed, the phase's first part done, signal
 };
 
@@ -90,9 +91,20 @@ __device__ __forceinline__ int load_acquire(const int* p) {
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ void cp16(void* dst, const void* src, bool on) {
+// A 16-byte copy into shared memory; with `hint`, under the L2 cache policy `policy` (createpolicy).
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool on, bool hint, uint64_t policy) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(on ? 16 : 0));
+  if (hint) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(d), "l"(src),
+                 "r"(on ? 16 : 0), "l"(policy));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(on ? 16 : 0));
+  }
+}
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
 }
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -121,23 +133,26 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 
 // rows x cols halves (cols a multiple of 8) of a row-major matrix whose rows are ld halves apart, from src into
 // dst packed; rows from `valid` on are zero-filled (src is then never read).
-__device__ __forceinline__ void copy_tile(__half* dst, const __half* src, int rows, int cols, size_t ld, int valid) {
+__device__ __forceinline__ void copy_tile(__half* dst, const __half* src, int rows, int cols, size_t ld, int valid,
+                                          bool hint, uint64_t policy) {
   const int chunks = cols / 8;
   for (int i = threadIdx.x; i < rows * chunks; i += NT) {
     const int r = i / chunks, c = i % chunks;
     const bool on = r < valid;
-    cp16(dst + r * cols + c * 8, on ? src + r * ld + c * 8 : src, on);
+    cp16(dst + r * cols + c * 8, on ? src + r * ld + c * 8 : src, on, hint, policy);
   }
 }
 
 // Block blk's tiles of layer w into buf: c_attn rows, the attention projection's slice, c_fc rows, and the MLP
-// projection's columns for those c_fc rows (rows past a matrix: zero fills).
-__device__ void load_layer(const Layer& w, int blk, __half* buf) {
+// projection's columns for those c_fc rows (rows past a matrix: zero fills). hint: the copies marked evict-first
+// in L2, so that the 248 MB a launch streams past L2 does not push out the K / V caches B reads.
+__device__ void load_layer(const Layer& w, int blk, __half* buf, bool hint) {
   const int a0 = blk * RA, h = blk / BH, o0 = (blk % BH) * RO, f0 = blk * RF;
-  copy_tile(buf, a0 < QKV ? w.wqkv + size_t(a0) * C : w.wqkv, RA, C, C, QKV - a0);
-  copy_tile(buf + TA, w.wo + size_t(o0) * C + h * D, RO, D, C, C - o0);
-  copy_tile(buf + TA + TB, f0 < F ? w.wfc + size_t(f0) * C : w.wfc, RF, C, C, F - f0);
-  copy_tile(buf + TA + TB + TC1, f0 < F ? w.wpr + f0 : w.wpr, C, RF, F, f0 < F ? C : 0);
+  const uint64_t pol = hint ? evict_first_policy() : 0;
+  copy_tile(buf, a0 < QKV ? w.wqkv + size_t(a0) * C : w.wqkv, RA, C, C, QKV - a0, hint, pol);
+  copy_tile(buf + TA, w.wo + size_t(o0) * C + h * D, RO, D, C, C - o0, hint, pol);
+  copy_tile(buf + TA + TB, f0 < F ? w.wfc + size_t(f0) * C : w.wfc, RF, C, C, F - f0, hint, pol);
+  copy_tile(buf + TA + TB + TC1, f0 < F ? w.wpr + f0 : w.wpr, C, RF, F, f0 < F ? C : 0, hint, pol);
 }
 
 // Block-wide sum of (a, b) through red[0 .. 2 NW).
@@ -233,9 +248,9 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
   const int blk = blockIdx.x, grid = gridDim.x, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   unsigned long long* tr = p.trace + size_t(blk) * p.L * 9;
-  load_layer(p.layers[0], blk, wbuf);
+  load_layer(p.layers[0], blk, wbuf, p.evict_first);
   commit();
-  if (p.L > 1) load_layer(p.layers[1], blk, wbuf + LAYER_HALVES);
+  if (p.L > 1) load_layer(p.layers[1], blk, wbuf + LAYER_HALVES, p.evict_first);
   commit();
   auto wait_for = [&](int l, int ph) {
     if (tid == 0) while (load_acquire(p.cnt + (l * 3 + ph) * 32) < grid) {}
@@ -408,7 +423,7 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
       }
     }
     signal(l, 2);
-    if (l + 2 < p.L) load_layer(p.layers[l + 2], blk, wbuf + (l % 2) * LAYER_HALVES);  // its tiles were read
+    if (l + 2 < p.L) load_layer(p.layers[l + 2], blk, wbuf + (l % 2) * LAYER_HALVES, p.evict_first);  // read
     commit();
   }
 }
@@ -417,8 +432,8 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
 // returns each launch's ms (CUDA events around the kernel alone); trace holds the last launch's stamps.
 std::vector<double> run(std::vector<torch::Tensor> w, torch::Tensor xs, torch::Tensor aacc, torch::Tensor macc,
                         torch::Tensor q, torch::Tensor cnt, torch::Tensor trace, int64_t T, int64_t t_max,
-                        int64_t vec, int64_t copies, int64_t early, int64_t ln_first, double warmup_ms,
-                        int64_t repeats) {
+                        int64_t vec, int64_t copies, int64_t early, int64_t ln_first, int64_t evict_first,
+                        double warmup_ms, int64_t repeats) {
   const int L = int(w.size() / 14);
   TORCH_CHECK(T + 1 <= MAX_KEYS, "cache must hold at most ", MAX_KEYS - 1, " tokens, got ", T);
   TORCH_CHECK(copies >= 1 && copies <= MAX_COPIES && aacc.numel() == int64_t(L) * copies * C &&
@@ -439,7 +454,8 @@ std::vector<double> run(std::vector<torch::Tensor> w, torch::Tensor xs, torch::T
   C10_CUDA_CHECK(cudaFuncSetAttribute(layers_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
   Params p{reinterpret_cast<const Layer*>(dev.data_ptr()), L, int(T), int(t_max), xs.data_ptr<float>(),
            q.data_ptr<float>(), aacc.data_ptr<float>(), macc.data_ptr<float>(), cnt.data_ptr<int>(), int(vec),
-           int(copies), int(early), int(ln_first), reinterpret_cast<unsigned long long*>(trace.data_ptr<int64_t>())};
+           int(copies), int(early), int(ln_first), int(evict_first),
+           reinterpret_cast<unsigned long long*>(trace.data_ptr<int64_t>())};
   cudaEvent_t a, b;
   C10_CUDA_CHECK(cudaEventCreate(&a));
   C10_CUDA_CHECK(cudaEventCreate(&b));
@@ -486,7 +502,8 @@ std::vector<double> run(std::vector<torch::Tensor> w, torch::Tensor xs, torch::T
 
 CPP = ("std::vector<double> run(std::vector<torch::Tensor> w, torch::Tensor xs, torch::Tensor aacc, "
        "torch::Tensor macc, torch::Tensor q, torch::Tensor cnt, torch::Tensor trace, int64_t T, int64_t t_max, "
-       "int64_t vec, int64_t copies, int64_t early, int64_t ln_first, double warmup_ms, int64_t repeats);")
+       "int64_t vec, int64_t copies, int64_t early, int64_t ln_first, int64_t evict_first, double warmup_ms, "
+       "int64_t repeats);")
 C, H, D, F = 768, 12, 64, 3072
 BLOCKS = 132
 MAX_COPIES = 8  # the kernel's MAX_COPIES
@@ -563,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="1: phase B's cached K and V rows loaded before its wait")
     ap.add_argument("--ln-first", type=int, nargs="+", default=[0], choices=[0, 1],
                     help="1: phase A's LayerNorm before its wait for the layer's weights")
+    ap.add_argument("--evict-first", type=int, nargs="+", default=[0], choices=[0, 1],
+                    help="1: the weights' copies marked evict-first in L2 (the K / V caches stay)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (sm_90, 132 SMs)")
@@ -578,7 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     ref = reference(layers, x0, T)
     print(f"{torch.cuda.get_device_name()}: {n} layers, a {T}-token cache, batch 1, fp16 weights")
     worst = 0.0
-    for vec, copies, early, ln_first in itertools.product(args.vec, args.copies, args.early, args.ln_first):
+    for vec, copies, early, ln_first, evict_first in itertools.product(args.vec, args.copies, args.early,
+                                                                       args.ln_first, args.evict_first):
         xs = torch.zeros(n, C, device="cuda")
         xs[0] = x0
         q = torch.zeros(n, C, device="cuda")
@@ -586,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
         cnt = torch.zeros(n * 3 * 32, dtype=torch.int32, device="cuda")
         trace = torch.zeros(BLOCKS * n * 9, dtype=torch.int64, device="cuda")
         ms = mod.run([t for layer in layers for t in layer], xs, aacc, macc, q, cnt, trace, T, T + 1, vec, copies,
-                     early, ln_first, args.warmup_ms, args.repeats)
+                     early, ln_first, evict_first, args.warmup_ms, args.repeats)
         out = xs[n - 1] + aacc[n - 1].sum(0) + macc[n - 1].sum(0)
         err = float((out - ref).abs().max() / ref.abs().max())
         worst = max(worst, err)
@@ -594,8 +614,9 @@ def main(argv: list[str] | None = None) -> int:
         how = "red.global.add.v4.f32, four outputs a thread" if vec else "one atomicAdd an output"
         kv = "before B's wait" if early else "after B's wait, behind q"
         ln = "before" if ln_first else "after"
+        hint = "; the weights evict-first in L2" if evict_first else ""
         print(f"the MLP projection's partial sums by {how}; {copies} copies of each sum; cached K, V {kv}; "
-              f"LayerNorm 1 {ln} the weights' wait:")
+              f"LayerNorm 1 {ln} the weights' wait{hint}:")
         print(f"  kernel: {med * 1e3:.1f} us (median of {len(ms)}, after {args.warmup_ms:.0f} ms of launches), "
               f"{med * 1e3 / n:.2f} us a layer; output against float32 PyTorch: max |error| / max |ref| = {err:.2e}")
         parts = {"A": "LayerNorm 1", "B": "K, V and the softmax", "C": "LayerNorm 2"}
