@@ -72,6 +72,8 @@ PDL_ROWS = "constexpr long kPdlEarlyRows = 8;"
 PDL_NORM_ROWS = "constexpr long kPdlEarlyNormRows = 16;"
 WIDE = "constexpr int64_t kDecodeWideMinBatch = 16;"
 NEVER = "int64_t(1) << 40"
+# The long-cache rule's count, both layouts: the split count whose last round of resident blocks is fullest.
+LONG_FILL = "  return decode_long_fill_splits(work, sms, splits);"
 # The tensor-core decode kernel's loop: the barrier after tile t landed, the next tile's copies, Q·Kᵀ's end.
 MMA_TILE_LANDED = "    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free\n"
 MMA_ISSUE_NEXT = "    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);\n    cp_async_commit();\n"
@@ -186,15 +188,14 @@ _VARIANTS = [
             "D128 513.1 us against 24 splits' 494.5, D64 261.3 against 253.0 (H200, fp16, forced num_splits)",
             "python3 -m pytest bench/bench_decode_attention.py --full -k 'fused- and b1-hq32-hkv32 and l131072'"),
     Variant("decode-long-six-blocks-an-sm",
-            (Edit(DECODE_H, "  return decode_long_fill_splits(work, sms, splits);", "  return splits;"),),
+            (Edit(DECODE_H, LONG_FILL, "  return splits;"),),
             "the long-cache rule at six blocks an SM, both layouts (24 splits at B1 MHA 32 heads, 128k keys) "
             "instead of the count whose last round of resident blocks is fullest (20), contiguous: D128 493.1 / "
             "493.3 us against 489.5 / 488.8, D64 253.5 against 250.3 (H200, fp16, forced num_splits, two sweeps, "
             "2026-11-30)",
             "python3 -m dev.sweep_decode_splits --shapes 1,32,32,128,131072 1,32,32,64,131072 --splits 20,24"),
     Variant("decode-paged-long-six-blocks-an-sm",
-            (Edit(DECODE_H, "  return decode_long_fill_splits(work, sms, splits);",
-                  "  return paged ? splits : decode_long_fill_splits(work, sms, splits);"),),
+            (Edit(DECODE_H, LONG_FILL, "  return paged ? splits : decode_long_fill_splits(work, sms, splits);"),),
             "a paged cache's long-cache rule at six blocks an SM (24 splits at B1 MHA 32 heads) instead of the "
             "fullest last round (20): paged D128 32k 131.3 us against 130.9, D64 32k 70.9 / 70.6, D64 128k 248.7 / "
             "247.8, D128 128k 486.3 / 483.6; contiguous and the other paged cases unchanged (H200, fp16, bench.ab, "

@@ -256,6 +256,11 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
     if (tid == 0) while (load_acquire(p.cnt + (l * 3 + ph) * 32) < grid) {}
     __syncthreads();
   };
+  // This layer's weights landed in shared memory (their copy group, issued two layers ahead), for every thread.
+  auto weights_landed = [&]() {
+    wait_groups<1>();
+    __syncthreads();
+  };
   auto signal = [&](int l, int ph) {
     __syncthreads();
     if (tid == 0) {
@@ -276,20 +281,14 @@ __global__ void __launch_bounds__(NT, 1) layers_kernel(const Params p) {
     if (l > 0) wait_for(l - 1, 2);
     if (tid == 0) tr[(l * 3 + 0) * 3] = now_ns();
     // The layer's weights (copied two layers ahead) are first read by A's c_attn rows, not by its LayerNorm.
-    if (!p.ln_first) {
-      wait_groups<1>();
-      __syncthreads();
-    }
+    if (!p.ln_first) weights_landed();
     if (l == 0) {
       layer_norm(xs, nullptr, nullptr, 1, w.g1, w.b1, xn, red, nullptr, blk);
     } else {
       layer_norm(xs - C, aacc - p.copies * C, macc - p.copies * C, p.copies, w.g1, w.b1, xn, red, xs, blk);
     }
     if (tid == 0) tr[(l * 3 + 0) * 3 + 1] = now_ns();
-    if (p.ln_first) {
-      wait_groups<1>();
-      __syncthreads();
-    }
+    if (p.ln_first) weights_landed();
     const int a0 = blk * RA;
     rows_dot(buf, min(RA, max(0, QKV - a0)), xn, [&](int r, float s) {
       const int o = a0 + r;
