@@ -39,7 +39,7 @@ from fused_attn import reference
 from fused_attn.attention import attention
 from fused_attn.decode_attention import decode_attention
 from fused_attn.layer_norm import layer_norm
-from fused_attn.linear import linear, packed_in_out
+from fused_attn.linear import MAX_GEMV_ROWS, linear, packed_in_out
 from fused_attn.mlp import mlp
 from fused_attn.qkv_decode_attention import qkv_decode_attention
 from fused_attn.sample import sample
@@ -81,8 +81,15 @@ BACKENDS = {"attention": ("fused", "eager", "sdpa"), "layer_norm": ("eager", "fu
 #   more (H200: batch 4 at 328 / 456 / 584 slots +6.6 / +1.1 / +29 us a step, batch 8 at 328 / 456
 #   +22 / +48). One sequence takes it at any length: its one-row attention (16 keys a pass) wins at every
 #   length measured (H200: 584 slots 192.9 us against 212.5, 972 slots 199.7 against 224.3).
+# - LM_HEAD_PAD_ROWS: the folded lm_head's vocabulary rows padded with zero rows to a multiple of 64
+#   (folded_linear), used above MAX_GEMV_ROWS rows, where cuBLAS writes the logits: GPT-2's 50257 columns
+#   leave each logits row 2-byte aligned, and cuBLAS then runs an align1 CUTLASS kernel (H200, fp16,
+#   batch 64: 106.6 us a step of 653, bench.profile); with 50304 columns its 16-byte-aligned kernels run,
+#   and the logits are a view of the first 50257. Up to MAX_GEMV_ROWS rows our kernel reads the unpadded
+#   rows ([:vocab] of the same tensors) and the logits stay contiguous.
 QKV_ATTENTION_MAX_ROWS = 8
 QKV_ATTENTION_MAX_SLOTS = 256
+LM_HEAD_PAD_ROWS = 64
 
 
 def _qkv_attention_applies(rows: int, slots: int) -> bool:
@@ -165,21 +172,28 @@ class Linear(nn.Module):
 
 @torch.no_grad()
 def folded_linear(weight_nk: torch.Tensor, bias: torch.Tensor | None, ln: "LayerNorm",
-                  owner: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+                  owner: nn.Module, pad_rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """``(W * g, bias + W @ b)``: a linear ``[n_out, n_in]`` with the LayerNorm ``ln`` (weight g, bias b)
     before it folded in, so that ``linear(x, *folded, norm="layer_norm")`` (the norm without weight and
     bias) computes ``linear(ln(x), W, bias)`` (up to the roundings of the folded weights to W's dtype).
     Without the norm's weight and bias, fused_attn.linear folds the norm itself into a one-row GEMV's
     dot products (csrc/linear/linear_kernel.cuh, kFold): layer_norm "folded"'s decode step at batch 1
     then has no norm launch. Computed in float32 once and kept on ``owner`` while the four tensors are
-    the same (storage and version counter): an in-place change or a new state dict folds again."""
+    the same (storage and version counter): an in-place change or a new state dict folds again.
+    ``pad_rows``: both come with zero rows after the n_out real ones, up to a multiple of it (the lm_head's
+    vocabulary: ``GPT2.logits``); ``[:n_out]`` of each is the unpadded pair."""
     key = tuple((t.data_ptr(), t._version) if t is not None else None for t in (weight_nk, bias, ln.weight, ln.bias))
+    key = (*key, pad_rows)
     cached = getattr(owner, "_folded", None)
     if cached is None or cached[0] != key:
         w = weight_nk.float()
-        wf = (w * ln.weight.float()[None, :]).to(weight_nk.dtype).contiguous()
-        bf = w @ ln.bias.float() + (0.0 if bias is None else bias.float())
-        cached = (key, wf, bf.to(weight_nk.dtype))
+        n_out = w.shape[0]
+        rows = -(-n_out // pad_rows) * pad_rows
+        wf = w.new_zeros(rows, w.shape[1], dtype=weight_nk.dtype)
+        bf = w.new_zeros(rows, dtype=weight_nk.dtype)
+        wf[:n_out] = w * ln.weight.float()[None, :]
+        bf[:n_out] = w @ ln.bias.float() + (0.0 if bias is None else bias.float())
+        cached = (key, wf, bf)
         owner._folded = cached
     return cached[1], cached[2]
 
@@ -193,13 +207,13 @@ class LayerNorm(nn.Module):
         self.backend = backend
 
     def folded_into(self, weight_nk: torch.Tensor, bias: torch.Tensor | None, owner: nn.Module,
-                    x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+                    x: torch.Tensor, pad_rows: int = 1) -> tuple[torch.Tensor, torch.Tensor] | None:
         """With the "folded" backend and no gradient to record: the linear after this norm with the norm's
-        weight and bias folded in (``folded_linear``), to call with a weightless ``norm="layer_norm"``;
-        else None (the caller passes ``fold_args()``)."""
+        weight and bias folded in (``folded_linear``, its ``pad_rows``), to call with a weightless
+        ``norm="layer_norm"``; else None (the caller passes ``fold_args()``)."""
         if self.backend != "folded" or _requires_grad(x, weight_nk, self.weight):
             return None
-        return folded_linear(weight_nk, bias, self, owner)
+        return folded_linear(weight_nk, bias, self, owner, pad_rows)
 
     def fold_args(self) -> dict:
         """This norm as fused_attn.linear's (and mlp's) pre-normalization arguments."""
@@ -517,10 +531,13 @@ class GPT2(nn.Module):
         """lm_head(ln_f(x))."""
         folded = None
         if self.backends["linear"] == "fused":
-            folded = self.ln_f.folded_into(self.wte.weight, None, self.ln_f, x)
+            folded = self.ln_f.folded_into(self.wte.weight, None, self.ln_f, x, pad_rows=LM_HEAD_PAD_ROWS)
         if folded is not None:
             with scope("lm_head"):  # ln_f in the lm_head's launch, folded (folded_linear)
-                return linear(x, *folded, norm="layer_norm", eps=self.ln_f.eps)
+                vocab = self.config.vocab_size
+                if x.numel() <= MAX_GEMV_ROWS * x.shape[-1]:  # our kernel: the unpadded rows, contiguous logits
+                    return linear(x, folded[0][:vocab], folded[1][:vocab], norm="layer_norm", eps=self.ln_f.eps)
+                return linear(x, *folded, norm="layer_norm", eps=self.ln_f.eps)[..., :vocab]
         with scope("ln_f"):
             x = self.ln_f(x)
         with scope("lm_head"):

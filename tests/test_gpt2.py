@@ -7,13 +7,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from fused_attn import generate as gen_cli  # noqa: E402
 from fused_attn.generate import GRAPH_BACKENDS  # noqa: E402
-from fused_attn.gpt2 import GPT2, Attention, DecodeCache, _DecodeGraph, _PrefillGraph  # noqa: E402
+from fused_attn.gpt2 import LM_HEAD_PAD_ROWS, GPT2, Attention, DecodeCache, _DecodeGraph, _PrefillGraph  # noqa: E402
+from fused_attn.linear import MAX_GEMV_ROWS  # noqa: E402
 from tests.prompts import SMALL, TINY, VARIED, left_padded  # noqa: E402
 from tests.rowref import attention_definition, eager_same_dtype  # noqa: E402
 from tests.tolerances import assert_close, assert_error_at_most_twice, fp32_tolerance  # noqa: E402
@@ -173,6 +175,30 @@ def test_folded_norms_match_separate_norms_cpu(mlp):
         torch.testing.assert_close(a2, b2, rtol=1e-4, atol=2e-4)
     ours, theirs = (Recorder(model, 3, 20 + 16).run(ids, mask, 16) for model in (m, separate))
     assert torch.equal(ours[0], theirs[0])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("rows", [MAX_GEMV_ROWS, MAX_GEMV_ROWS + 1, 64])
+def test_lm_head_logits_at_any_rows(device, rows):
+    """The folded lm_head (layer_norm "folded"): up to MAX_GEMV_ROWS rows our kernel over the unpadded
+    vocabulary rows, contiguous logits; above, the weight padded to LM_HEAD_PAD_ROWS rows and the logits a
+    view of the first vocab columns. Either way ``[rows, vocab]`` equal to ln_f(x) @ wte.T in float64, at
+    an odd vocabulary (1001: 1024 padded rows)."""
+    dtype = torch.float32 if device == "cpu" else torch.float16
+    hf = varied_norms(hf_model(dict(VARIED, vocab_size=1001)))
+    m = GPT2.from_hf(hf, backends=GRAPH_BACKENDS["graph-fused"]).to(device=device, dtype=dtype)
+    x = torch.randn(rows, TINY["n_embd"], generator=torch.Generator().manual_seed(rows)).to(device, dtype)
+    with torch.no_grad():
+        got = m.logits(x)
+    ln = m.ln_f
+    want = F.layer_norm(x.double(), (x.shape[-1],), ln.weight.double(), ln.bias.double(), ln.eps)
+    want = want @ m.wte.weight.double().t()
+    assert got.shape == (rows, 1001)
+    assert got.is_contiguous() == (rows <= MAX_GEMV_ROWS)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max().item())
+    folded_w = m.ln_f._folded[1]
+    assert folded_w.shape[0] % LM_HEAD_PAD_ROWS == 0 and not folded_w[1001:].any()
 
 
 def test_fused_embedding_matches_the_separate_launches_cpu():
