@@ -154,9 +154,9 @@ _VARIANTS = [
             "the weight stream's loads (load_stream: the linear and qkv_decode_attention kernels) marked evict-first "
             "in L2, so that the step's 248 MB of weights (GPT-2 small, fp16) do not push the K / V caches and the "
             "activations out of L2 between tokens: in dev.probe_megakernel_layers the same hint on the weights' "
-            "copies took 12 layers 287.1 -> 262.0 us (H200, 2026-12-01). Not yet measured here: predicted GPT-2's "
-            "graph-fused step at batch 1 -2..-4% (its attention reads 0.6 MB of cache a layer from DRAM "
-            "otherwise), batch 16 -1..-3%",
+            "copies took 12 layers 287.1 -> 262.0 us (H200, 2026-12-01). Predicted GPT-2's graph-fused step at batch 1 "
+            "-2..-4%, batch 16 -1..-3%; measured even: batch 1 191.8 -> 191.1 us (0.997), batch 16 271.0 -> 270.2 "
+            "(0.997) (H200, fp16, prompt 128, two interleaved rounds, 2026-12-01)",
             "python3 -m bench.time_decode_graph --backends graph-fused --batches 1,16 --reps 5"),
     Variant("cp-async-l2-prefetch-256b",
             (Edit("csrc/common/mma.cuh",
