@@ -67,6 +67,10 @@ CPU_CASES = [((64, 48), 1), ((64, 48), 20)]
 # layer_norm + linear (op "ln_linear"): GPT-2's ln_1 + c_attn, ln_2 + c_fc, ln_f + lm_head in decode.
 LN_SHAPES = [(768, 2304), (768, 3072), (768, 50257)]
 LN_ROWS = (1, 4, 16)
+# GPT-2's ln_f + lm_head also at a 64-sequence decode step and a 2048-token teacher-forced pass: cuBLAS's rows
+# (above 16), 50257 output columns, so rows of logits that are not whole 16-byte pieces.
+LN_WIDE_SHAPE = (768, 50257)
+LN_WIDE_ROWS = (64, 2048)
 LN_CPU_CASES = [((64, 48), 1)]
 LN_EPS = 1e-5
 # linear + layer_norm + linear (op "chain"): K x K residual projection, the norm, K x N with GELU.
@@ -136,6 +140,8 @@ def make_cases(config, cuda: bool | None = None) -> list[dict]:
     return ([dict(shape=s, m=m, dtype=d, provider=p, op="linear") for s in GPT2_SHAPES + LLAMA_SHAPES for m in ROWS
              for d in dts for p in PROVIDERS]
             + [dict(shape=s, m=m, dtype=d, provider=p, op="ln_linear") for s in LN_SHAPES for m in LN_ROWS
+               for d in dts for p in LN_PROVIDERS]
+            + [dict(shape=LN_WIDE_SHAPE, m=m, dtype=d, provider=p, op="ln_linear") for m in LN_WIDE_ROWS
                for d in dts for p in LN_PROVIDERS]
             + [dict(shape=s, m=m, dtype=d, provider=p, op="chain") for s in CHAIN_SHAPES for m in CHAIN_ROWS
                for d in dts for p in CHAIN_PROVIDERS])

@@ -39,12 +39,14 @@ def test_gpu_cases_are_the_issues():
     all_cases = lin.make_cases(_config(), cuda=True)
     cases = [c for c in all_cases if c["op"] == "linear"]
     ln = [c for c in all_cases if c["op"] == "ln_linear"]
-    assert {c["shape"] for c in ln} == {(768, 2304), (768, 3072), (768, 50257)} and len(ln) == 3 * 3 * 5
-    assert {c["m"] for c in ln} == {1, 4, 16} and lin.case_id(ln[0]) == "eager-ln-k768-n2304-m1-float16"
+    assert {c["shape"] for c in ln} == {(768, 2304), (768, 3072), (768, 50257)} and len(ln) == (3 * 3 + 2) * 5
+    assert {c["m"] for c in ln if c["shape"] != (768, 50257)} == {1, 4, 16}
+    assert {c["m"] for c in ln if c["shape"] == (768, 50257)} == {1, 4, 16, 64, 2048}  # the lm_head: cuBLAS's rows too
+    assert lin.case_id(ln[0]) == "eager-ln-k768-n2304-m1-float16"
     assert lin.group(ln[0]) == "ln+linear 768x2304 m1 float16"
     # the fold sits in its peers' groups: every (shape, m, dtype) of the ln+linear cases, one group
     folded = [c for c in ln if c["provider"] == "folded"]
-    assert {(c["shape"], c["m"]) for c in folded} == {(c["shape"], c["m"]) for c in ln} and len(folded) == 9
+    assert {(c["shape"], c["m"]) for c in folded} == {(c["shape"], c["m"]) for c in ln} and len(folded) == 11
     assert lin.case_id(folded[0]) == "folded-ln-k768-n2304-m1-float16" and lin.group(folded[0]) == lin.group(ln[0])
     chain = [c for c in all_cases if c["op"] == "chain"]
     assert {c["shape"] for c in chain} == {(768, 3072), (768, 2304)} and len(chain) == 2 * 3 * 3

@@ -97,6 +97,7 @@ def run_and_check(case, device):
     got = linear(x, w, b, activation=case["activation"], residual=r)
     want = reference.linear(x, w, b, activation=case["activation"], residual=r, compute_dtype=torch.float64)
     assert got.shape == (*x.shape[:-1], n_out) and got.dtype == x.dtype and got.device == x.device
+    assert got.is_contiguous(), f"linear {case}: strides {got.stride()}"
     if x.dtype == torch.float64:
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12 * case["scale"])
         return
@@ -206,6 +207,13 @@ def test_many_rows_epilogue_gpu(dtype):
                 for layout in ("contiguous", "strided", "misaligned"):
                     run_and_check(case_of(m=40, k=72, n=64, dtype=dtype, activation=activation, bias=bias,
                                           residual=residual, layout=layout, seed=len(layout)), "cuda")
+    # Output rows that are not whole 16-byte pieces (1001 and 77 columns: a vocabulary's lm_head): without the
+    # residual as C, Lt writes rows padded to 16 bytes and the first n columns are copied out contiguous.
+    for n in (1001, 77):
+        for activation in (None, "gelu_tanh"):
+            for bias, residual in ((False, False), (True, False), (True, True)):
+                run_and_check(case_of(m=64, k=96, n=n, dtype=dtype, activation=activation, bias=bias,
+                                      residual=residual, seed=n), "cuda")
     for m, n_out in ((17, 64), (40, 5), (65535 + 3, 8)):
         for bias, residual in ((False, False), (True, True), (False, True)):
             run_and_check(case_of(m=m, k=24, n=2 * n_out, dtype=dtype, activation="swiglu", bias=bias,
