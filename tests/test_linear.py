@@ -207,8 +207,8 @@ def test_many_rows_epilogue_gpu(dtype):
                 for layout in ("contiguous", "strided", "misaligned"):
                     run_and_check(case_of(m=40, k=72, n=64, dtype=dtype, activation=activation, bias=bias,
                                           residual=residual, layout=layout, seed=len(layout)), "cuda")
-    # Output rows that are not whole 16-byte pieces (1001 and 77 columns: a vocabulary's lm_head): without the
-    # residual as C, Lt writes rows padded to 16 bytes and the first n columns are copied out contiguous.
+    # Output rows that are not whole 16-byte pieces (1001 and 77 columns: a vocabulary's lm_head), with and
+    # without the residual as Lt's C operand: Lt's D at 2-byte-aligned rows.
     for n in (1001, 77):
         for activation in (None, "gelu_tanh"):
             for bias, residual in ((False, False), (True, False), (True, True)):

@@ -77,21 +77,12 @@ at::Tensor cublaslt_linear(const at::Tensor& x2, const at::Tensor& weight, const
   if (!ok) return {};
   const cudaDataType_t type = st == at::kHalf ? CUDA_R_16F : CUDA_R_16BF;
   const int64_t es = x2.element_size();
-  // D's rows 16-byte aligned. With n not a multiple of 16 / es (a vocabulary of 50257 in 16-bit) every row of a
-  // contiguous [m, n] output starts 2-byte aligned, and Lt's heuristic has only align1 kernels left: CUTLASS's
-  // sm75 128x128 align1 kernel took GPT-2's lm_head (768 -> 50257) at 64 rows 106.6 us, against 24.2 us with
-  // 50304-wide rows (H200, fp16, bench.profile of GPT-2's step). So D gets rows of ldd (n rounded up to 16
-  // bytes) and the first n columns are copied into the contiguous result, one pass over the output. Not with
-  // the residual as C: C would need the same padded rows (a copy of its own); that case keeps D unpadded.
-  const int64_t vec = 16 / es;
-  const bool pad_d = m > 1 && n % vec != 0 && !residual_c;
-  const int64_t ldd = pad_d ? (n + vec - 1) / vec * vec : n;
-  at::Tensor out = at::empty({m, ldd}, x2.options());
+  at::Tensor out = at::empty({m, n}, x2.options());
 
   // Row-major out [m, n] is column-major Dᵀ [n, m]: D = op(A) · B (+ C) with A = W (column-major k x n,
   // transposed), B = x (column-major k x m). The bias runs along D's rows (n), as Lt's BIAS epilogue adds it.
   const int64_t ldw = std::max<int64_t>(weight.stride(0), k), ldx = std::max<int64_t>(x2.stride(0), k);
-  const int64_t ldc = residual_c ? std::max<int64_t>(residual2->stride(0), n) : ldd;
+  const int64_t ldc = residual_c ? std::max<int64_t>(residual2->stride(0), n) : n;
   cublasLtMatmulDesc_t raw_desc = nullptr;
   if (cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return {};
   MatmulDesc desc(raw_desc);
@@ -103,7 +94,7 @@ at::Tensor cublaslt_linear(const at::Tensor& x2, const at::Tensor& weight, const
              set_attr(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, epi) &&
              (!bias.has_value() || set_attr(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias->data_ptr()));
   // C is the residual, or (beta = 0, not read) D itself.
-  const Layout a = layout(type, k, n, ldw), b = layout(type, k, m, ldx), d = layout(type, n, m, ldd);
+  const Layout a = layout(type, k, n, ldw), b = layout(type, k, m, ldx), d = layout(type, n, m, n);
   const Layout c = residual_c ? layout(type, n, m, ldc) : Layout{};
   const cublasLtMatrixLayout_t c_desc = residual_c ? c.get() : d.get();
   if (!set || !a || !b || !c_desc || !d) return {};
@@ -116,7 +107,7 @@ at::Tensor cublaslt_linear(const at::Tensor& x2, const at::Tensor& weight, const
         set_attr(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(weight.data_ptr(), ldw, es)) &&
         set_attr(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(x2.data_ptr(), ldx, es)) &&
         set_attr(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(c_ptr, ldc, es)) &&
-        set_attr(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(out.data_ptr(), ldd, es));
+        set_attr(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(out.data_ptr(), n, es));
   if (!set) return {};
 
   cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
@@ -134,7 +125,7 @@ at::Tensor cublaslt_linear(const at::Tensor& x2, const at::Tensor& weight, const
                      c_desc, out.data_ptr(), d.get(), &heuristic.algo,
                      workspace.data_ptr(), heuristic.workspaceSize, at::cuda::getCurrentCUDAStream());
   if (s != CUBLAS_STATUS_SUCCESS) return {};
-  return pad_d ? out.narrow(1, 0, n).contiguous() : out;
+  return out;
 }
 
 }  // namespace fused_attn
