@@ -225,6 +225,16 @@ _VARIANTS = [
             (Edit(DECODE_H, "constexpr int kDecodeMmaMinRows = 4;", "constexpr int kDecodeMmaMinRows = 1;"),),
             "the tensor-core kernel at one row: GPT-2's step +27 to +42 us, Llama B1 H32 L8192 80-88 us against 54 "
             "(H100)"),
+    Variant("cublaslt-no-workspace",
+            (Edit("csrc/linear/linear_cublaslt.cpp", "constexpr int64_t kWorkspaceBytes = int64_t(32) << 20;",
+                  "constexpr int64_t kWorkspaceBytes = 0;"),),
+            "cuBLASLt without a workspace, so that its heuristic cannot choose a split-K GEMM with a separate "
+            "reduction: in GPT-2's batch-64 step (bench.profile, H200, fp16, 127151d) the 768-column projections' "
+            "split-K GEMMs add 12 cublasLt::splitKreduce_kernel launches, 34 us of a 569 us step. Not yet measured: "
+            "predicted batch 64 -15..-30 us a step (the reductions gone, the unsplit 768-column GEMMs slower), "
+            "batch 32 -5..-15; also to run with bench_linear's many-row cases (--cmd), whose larger GEMMs may use "
+            "the workspace otherwise",
+            "python3 -m bench.time_decode_graph --backends graph-fused --batches 32,64 --reps 5"),
     Variant("pdl-early-none", (Edit(PDL_H, PDL_ROWS, "constexpr long kPdlEarlyRows = 0;"),
                                Edit(PDL_H, PDL_NORM_ROWS, "constexpr long kPdlEarlyNormRows = 0;")),
             "every launch triggers late: GPT-2's step +7% at batch 1, +2% at 2, +6% at 4, +7% at 8 (H100)"),
