@@ -258,10 +258,12 @@ _VARIANTS = [
                   "    linear_mma_kernel(const LinearParams p) {\n"
                   "  constexpr int CH = NT >= 4 ? kMmaWideChunks : kShort ? kMmaShortChunks : kMmaLongChunks;\n"),
              Edit("csrc/linear/linear_kernel.cuh",
-                  '  static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");\n'
+                  '  static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of '
+                  'x");\n'
                   "  const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;\n"
                   "  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));\n",
-                  '  static_assert(MT == 8 || MT == 16 || MT == 32 || MT == 64, "1, 2, 4 or 8 n-tiles of 8 rows of x");\n'
+                  '  static_assert(MT == 8 || MT == 16 || MT == 32 || MT == 64, "1, 2, 4 or 8 n-tiles of 8 rows of '
+                  'x");\n'
                   "  const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;\n"
                   "  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));\n"
                   "  if constexpr (MT >= 32) {\n"
@@ -284,7 +286,8 @@ _VARIANTS = [
                   "    linear_splitk_kernel(const LinearParams p) {\n"
                   "  constexpr int CH = NT >= 4 ? kMmaWideChunks : kShort ? kMmaShortChunks : kMmaLongChunks;\n"),
              Edit("csrc/linear/linear_splitk.cuh",
-                  'static_assert(MT == 8 || MT == 16, "the tensor-core kernels take one or two n-tiles of 8 rows of x");',
+                  'static_assert(MT == 8 || MT == 16, "the tensor-core kernels take one or two n-tiles of 8 rows '
+                  'of x");',
                   'static_assert(MT == 8 || MT == 16 || MT == 32, "1, 2 or 4 n-tiles of 8 rows of x (8: its landing '
                   'and block sums pass 48 KB)");'),
              Edit("csrc/linear/linear_inst_fp16_m16.cu",
@@ -298,7 +301,8 @@ _VARIANTS = [
                   "  if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m >= 2 && m <= kMmaWideMaxRows) {"),
              Edit("csrc/linear/linear.cpp",
                   "  if (m > kMaxGemvRows || !gemv_wins(m, k, path)) {",
-                  "  // 17-64 rows: the tensor-core kernels' wide builds (split-K up to 32 rows), 16-byte weight rows, sm_90.\n"
+                  "  // 17-64 rows: the tensor-core kernels' wide builds (split-K up to 32 rows), 16-byte weight rows, "
+                  "sm_90.\n"
                   "  const bool wide_ok = m <= kMmaWideMaxRows && x.scalar_type() != at::kFloat && k % 8 == 0 &&\n"
                   "                       vector_ready(weight, 8) && norm.norm == kNormNone &&\n"
                   "                       at::cuda::getDeviceProperties(x.device().index())->major >= 9 &&\n"
@@ -309,11 +313,13 @@ _VARIANTS = [
                   "constexpr int64_t kMaxGemvRows = kLinearMaxRows;\nconstexpr int64_t kMmaWideMaxRows = 64;\n"),
              Edit("csrc/linear/linear.cpp",
                   "        if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {\n"
-                  "          wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream) : launch_linear_mma<scalar_t, 8>(p, sms, stream);\n",
+                  "          wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream) : "
+                  "launch_linear_mma<scalar_t, 8>(p, sms, stream);\n",
                   "        if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {\n"
                   "          if (p.m > 32) launch_linear_mma<scalar_t, 64>(p, sms, stream);\n"
                   "          else if (p.m > 16) launch_linear_mma<scalar_t, 32>(p, sms, stream);\n"
-                  "          else wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream) : launch_linear_mma<scalar_t, 8>(p, sms, stream);\n"),
+                  "          else wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream)\n"
+                  "                    : launch_linear_mma<scalar_t, 8>(p, sms, stream);\n"),
              Edit("csrc/linear/linear.cpp",
                   "          wide ? launch_linear_splitk<scalar_t, 16>(p, splits, sms, stream)\n"
                   "               : launch_linear_splitk<scalar_t, 8>(p, splits, sms, stream);\n",
