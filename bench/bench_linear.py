@@ -15,7 +15,8 @@ up), 11008 x 4096 (down), 4096 x 4096 (q/k/v/o); M (rows of x: batch x new token
 
 "layer_norm + linear" cases (group "ln+linear ..."): a pre-LN block's norm and the projection after
 it, y = layer_norm(x) · Wᵀ + b, at GPT-2's 768 x 2304 (ln_1 + c_attn), 768 x 3072 (ln_2 + c_fc) and
-768 x 50257 (ln_f + lm_head), M 1, 4, 16: eager F.layer_norm + F.linear (two kernels), compiled
+768 x 50257 (ln_f + lm_head), M 1, 4, 16 (the lm_head also at 64 and 2048 rows: cuBLAS's, with logits rows
+that are not whole 16-byte pieces): eager F.layer_norm + F.linear (two kernels), compiled
 (torch.compile of that chain), fused (fused_attn.linear(norm="layer_norm"): one launch, the norm in
 the kernel's prologue), and folded: the same op without the norm's weight and bias, which the caller
 folded into W and b at load time (W * g, b + W · beta: fused_attn.gpt2.folded_linear, layer_norm
