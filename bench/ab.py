@@ -79,14 +79,6 @@ MMA_TILE_LANDED = "    __syncthreads();  // tile t landed for every thread; the 
 MMA_ISSUE_NEXT = "    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);\n    cp_async_commit();\n"
 MMA_QK_END = "      mma16816<T>(s[1], qa[kk], kf[2], kf[3]);\n    }\n"
 
-# The wide builds' instantiations (linear-mma-wide-rows), added to the 16-row units.
-_WIDE_INST = ("template void launch_linear_mma<{t}, 32>(const LinearParams&, int, cudaStream_t);\n"
-              "template int linear_mma_arch<{t}, 32>();\n"
-              "template void launch_linear_mma<{t}, 64>(const LinearParams&, int, cudaStream_t);\n"
-              "template int linear_mma_arch<{t}, 64>();\n"
-              "template void launch_linear_splitk<{t}, 32>(const LinearParams&, int, int, cudaStream_t);\n"
-              "template int linear_splitk_arch<{t}, 32>();\n")
-
 _VARIANTS = [
     Variant("flash-tma-off", (Edit(ATTN_H, "constexpr bool kFlashTma = true;", "constexpr bool kFlashTma = false;"),),
             "the cp.async loader everywhere: 1.5-1.7x slower than TMA at D128 S4096 (fp16, H100)",
@@ -233,107 +225,6 @@ _VARIANTS = [
             (Edit(DECODE_H, "constexpr int kDecodeMmaMinRows = 4;", "constexpr int kDecodeMmaMinRows = 1;"),),
             "the tensor-core kernel at one row: GPT-2's step +27 to +42 us, Llama B1 H32 L8192 80-88 us against 54 "
             "(H100)"),
-    Variant("cublaslt-no-workspace",
-            (Edit("csrc/linear/linear_cublaslt.cpp", "constexpr int64_t kWorkspaceBytes = int64_t(32) << 20;",
-                  "constexpr int64_t kWorkspaceBytes = 0;"),),
-            "cuBLASLt without a workspace, so that its heuristic cannot choose a split-K GEMM with a separate "
-            "reduction: in GPT-2's batch-64 step (bench.profile, H200, fp16, 127151d) the 768-column projections' "
-            "split-K GEMMs add 12 cublasLt::splitKreduce_kernel launches, 34 us of a 569 us step. Not yet measured: "
-            "predicted batch 64 -15..-30 us a step (the reductions gone, the unsplit 768-column GEMMs slower), "
-            "batch 32 -5..-15; also to run with bench_linear's many-row cases (--cmd), whose larger GEMMs may use "
-            "the workspace otherwise",
-            "python3 -m bench.time_decode_graph --backends graph-fused --batches 32,64 --reps 5"),
-    Variant("linear-mma-wide-rows",
-            (Edit("csrc/linear/linear_heuristics.h", "constexpr bool kMmaXFence = true;\n",
-                  "constexpr bool kMmaXFence = true;\n"
-                  "// The wide builds (17-64 rows: four or eight n-tiles): one chunk of 32 k a warp in flight, every "
-                  "n-tile's x piece\n// in registers, two blocks per SM.\n"
-                  "constexpr int kMmaWideChunks = 1;\nconstexpr int kMmaWideMinBlocks = 2;\n"),
-             Edit("csrc/linear/linear_kernel.cuh",
-                  "__global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)\n"
-                  "    linear_mma_kernel(const LinearParams p) {\n"
-                  "  constexpr int CH = kShort ? kMmaShortChunks : kMmaLongChunks;\n",
-                  "__global__ void __launch_bounds__(kLinearMmaThreads, NT >= 4 ? kMmaWideMinBlocks\n"
-                  "                                                     : kShort ? kMmaShortMinBlocks : 1)\n"
-                  "    linear_mma_kernel(const LinearParams p) {\n"
-                  "  constexpr int CH = NT >= 4 ? kMmaWideChunks : kShort ? kMmaShortChunks : kMmaLongChunks;\n"),
-             Edit("csrc/linear/linear_kernel.cuh",
-                  '  static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of '
-                  'x");\n'
-                  "  const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;\n"
-                  "  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));\n",
-                  '  static_assert(MT == 8 || MT == 16 || MT == 32 || MT == 64, "1, 2, 4 or 8 n-tiles of 8 rows of '
-                  'x");\n'
-                  "  const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;\n"
-                  "  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));\n"
-                  "  if constexpr (MT >= 32) {\n"
-                  "    static_assert(!kSelfNorm, \"the wide builds take no norm\");\n"
-                  "    constexpr auto wide_build = linear_mma_kernel<T, MT / 8, false, false, false, kAct>;\n"
-                  "    static const bool pdl_wide = programmatic_capable(wide_build);\n"
-                  "    launch_programmatic(pdl_wide, wide_build, grid, dim3(kLinearMmaThreads), 0, stream, p);\n"
-                  "  } else {\n"),
-             Edit("csrc/linear/linear_kernel.cuh",
-                  "  launch_programmatic(staged ? pdl_staged : pdl_short, staged ? staged_build : short_build, grid,\n"
-                  "                      dim3(kLinearMmaThreads), 0, stream, p);\n}\n",
-                  "  launch_programmatic(staged ? pdl_staged : pdl_short, staged ? staged_build : short_build, grid,\n"
-                  "                      dim3(kLinearMmaThreads), 0, stream, p);\n  }\n}\n"),
-             Edit("csrc/linear/linear_splitk.cuh",
-                  "__global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)\n"
-                  "    linear_splitk_kernel(const LinearParams p) {\n"
-                  "  constexpr int CH = kShort ? kMmaShortChunks : kMmaLongChunks;\n",
-                  "__global__ void __launch_bounds__(kLinearMmaThreads, NT >= 4 ? kMmaWideMinBlocks\n"
-                  "                                                     : kShort ? kMmaShortMinBlocks : 1)\n"
-                  "    linear_splitk_kernel(const LinearParams p) {\n"
-                  "  constexpr int CH = NT >= 4 ? kMmaWideChunks : kShort ? kMmaShortChunks : kMmaLongChunks;\n"),
-             Edit("csrc/linear/linear_splitk.cuh",
-                  'static_assert(MT == 8 || MT == 16, "the tensor-core kernels take one or two n-tiles of 8 rows '
-                  'of x");',
-                  'static_assert(MT == 8 || MT == 16 || MT == 32, "1, 2 or 4 n-tiles of 8 rows of x (8: its landing '
-                  'and block sums pass 48 KB)");'),
-             Edit("csrc/linear/linear_inst_fp16_m16.cu",
-                  "template int linear_splitk_arch<__half, 16>();\n",
-                  "template int linear_splitk_arch<__half, 16>();\n" + _WIDE_INST.format(t="__half")),
-             Edit("csrc/linear/linear_inst_bf16_m16.cu",
-                  "template int linear_splitk_arch<__nv_bfloat16, 16>();\n",
-                  "template int linear_splitk_arch<__nv_bfloat16, 16>();\n" + _WIDE_INST.format(t="__nv_bfloat16")),
-             Edit("csrc/linear/linear.cpp",
-                  "  if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m >= 2 && m <= kMaxGemvRows) {",
-                  "  if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m >= 2 && m <= kMmaWideMaxRows) {"),
-             Edit("csrc/linear/linear.cpp",
-                  "  if (m > kMaxGemvRows || !gemv_wins(m, k, path)) {",
-                  "  // 17-64 rows: the tensor-core kernels' wide builds (split-K up to 32 rows), 16-byte weight rows, "
-                  "sm_90.\n"
-                  "  const bool wide_ok = m <= kMmaWideMaxRows && x.scalar_type() != at::kFloat && k % 8 == 0 &&\n"
-                  "                       vector_ready(weight, 8) && norm.norm == kNormNone &&\n"
-                  "                       at::cuda::getDeviceProperties(x.device().index())->major >= 9 &&\n"
-                  "                       (path == GemvPath::kTensorCores || (path == GemvPath::kSplitK && m <= 32));\n"
-                  "  if ((m > kMaxGemvRows && !wide_ok) || !gemv_wins(m, k, path)) {"),
-             Edit("csrc/linear/linear.cpp",
-                  "constexpr int64_t kMaxGemvRows = kLinearMaxRows;\n",
-                  "constexpr int64_t kMaxGemvRows = kLinearMaxRows;\nconstexpr int64_t kMmaWideMaxRows = 64;\n"),
-             Edit("csrc/linear/linear.cpp",
-                  "        if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {\n"
-                  "          wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream) : "
-                  "launch_linear_mma<scalar_t, 8>(p, sms, stream);\n",
-                  "        if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {\n"
-                  "          if (p.m > 32) launch_linear_mma<scalar_t, 64>(p, sms, stream);\n"
-                  "          else if (p.m > 16) launch_linear_mma<scalar_t, 32>(p, sms, stream);\n"
-                  "          else wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream)\n"
-                  "                    : launch_linear_mma<scalar_t, 8>(p, sms, stream);\n"),
-             Edit("csrc/linear/linear.cpp",
-                  "          wide ? launch_linear_splitk<scalar_t, 16>(p, splits, sms, stream)\n"
-                  "               : launch_linear_splitk<scalar_t, 8>(p, splits, sms, stream);\n",
-                  "          if (p.m > 16) launch_linear_splitk<scalar_t, 32>(p, splits, sms, stream);\n"
-                  "          else wide ? launch_linear_splitk<scalar_t, 16>(p, splits, sms, stream)\n"
-                  "               : launch_linear_splitk<scalar_t, 8>(p, splits, sms, stream);\n")),
-            "our tensor-core linear from 17 to 64 rows of 16-bit x (four / eight n-tiles; the split-K kernel to 32 "
-            "rows, its landing and block sums at eight n-tiles past 48 KB of static shared memory) instead of "
-            "cuBLAS: at 16 rows its launches cost 2.4-2.7 us in GPT-2's batch-16 step, cuBLAS's 5.1-5.8 us at 64 "
-            "rows plus 2.9 us for each split-K reduction (bench.profile, H200, fp16, 127151d). Not yet measured: "
-            "predicted GPT-2's graph-fused step at batch 32 -40..-80 us, batch 64 -30..-60 (c_attn and c_fc ours, "
-            "the 768-column projections still cuBLAS's). Correctness first: --no-default --cmd \"python3 -m "
-            "pytest -q -m gpu tests/test_linear.py tests/test_gpt2.py\"",
-            "python3 -m bench.time_decode_graph --backends graph-fused --batches 24,32,48,64 --reps 5"),
     Variant("pdl-early-none", (Edit(PDL_H, PDL_ROWS, "constexpr long kPdlEarlyRows = 0;"),
                                Edit(PDL_H, PDL_NORM_ROWS, "constexpr long kPdlEarlyNormRows = 0;")),
             "every launch triggers late: GPT-2's step +7% at batch 1, +2% at 2, +6% at 4, +7% at 8 (H100)"),

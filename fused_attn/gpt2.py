@@ -82,11 +82,12 @@ BACKENDS = {"attention": ("fused", "eager", "sdpa"), "layer_norm": ("eager", "fu
 #   +22 / +48). One sequence takes it at any length: its one-row attention (16 keys a pass) wins at every
 #   length measured (H200: 584 slots 192.9 us against 212.5, 972 slots 199.7 against 224.3).
 # - LM_HEAD_PAD_ROWS: the folded lm_head's vocabulary rows padded with zero rows to a multiple of 64
-#   (folded_linear), used above MAX_GEMV_ROWS rows, where cuBLAS writes the logits: GPT-2's 50257 columns
-#   leave each logits row 2-byte aligned, and cuBLAS then runs an align1 CUTLASS kernel (H200, fp16,
-#   batch 64: 106.6 us a step of 653, bench.profile); with 50304 columns its 16-byte-aligned kernels run,
-#   and the logits are a view of the first 50257. Up to MAX_GEMV_ROWS rows our kernel reads the unpadded
-#   rows ([:vocab] of the same tensors) and the logits stay contiguous.
+#   (folded_linear), used above MAX_GEMV_ROWS rows: above MAX_MMA_ROWS cuBLAS writes the logits, and
+#   GPT-2's 50257 columns leave each logits row 2-byte aligned, so cuBLAS runs an align1 CUTLASS kernel
+#   (H200, fp16, batch 64: 106.6 us a step of 653, bench.profile); with 50304 columns its 16-byte-aligned
+#   kernels run, and the logits are a view of the first 50257 (17-32 rows, our kernels' wide build, were
+#   measured on the padded rows: linear.cpp's kMmaWideMaxRows). Up to MAX_GEMV_ROWS rows our kernel reads
+#   the unpadded rows ([:vocab] of the same tensors) and the logits stay contiguous.
 QKV_ATTENTION_MAX_ROWS = 8
 QKV_ATTENTION_MAX_SLOTS = 256
 LM_HEAD_PAD_ROWS = 64

@@ -8,7 +8,8 @@ reads the weight once at the copy bandwidth with bias, activation and residual i
 CUDA cores; from 2 rows in float16 / bfloat16 on tensor cores (one row too where no norm is folded
 in, K <= 4096 and the weight has a 16-row tile per SM), mma.sync with the weight as the
 16-row operand, K split over the blocks of a thread-block cluster where the weight has fewer 16-row
-tiles than the GPU has SMs, e.g. GPT-2's 768 outputs); above that, cuBLAS (in float16 / bfloat16 one
+tiles than the GPU has SMs, e.g. GPT-2's 768 outputs; the same two kernels' wide build to ``MAX_MMA_ROWS``
+rows on sm_90 where the weight's rows are 16-byte pieces); above that, cuBLAS (in float16 / bfloat16 one
 cuBLASLt call with the bias, GELU and, without GELU, the residual as its C operand in the epilogue;
 elsewhere ATen's ``addmm`` and the rest of the epilogue in place; SwiGLU as one pass of our own over
 the gate and up columns). With ``norm`` and one row of x, the norm runs in our kernel's launch: in float16 /
@@ -47,9 +48,12 @@ _NAMES = {code: name for name, code in ACTIVATIONS.items()}
 # The pre-normalization's codes (LinearNorm in csrc/linear/linear_launch.h).
 NORMS = {None: 0, "layer_norm": 1, "rms_norm": 2}
 _NORM_NAMES = {code: name for name, code in NORMS.items()}
-# Rows of x (the product of its leading dims) up to which our CUDA kernel runs (kMaxGemvRows in
-# csrc/linear/linear.cpp); above it, cuBLAS.
+# Rows of x (the product of its leading dims) up to which our CUDA kernels run (kMaxGemvRows in
+# csrc/linear/linear.cpp); above it, cuBLAS, except MAX_MMA_ROWS below.
 MAX_GEMV_ROWS = 16
+# Up to this many rows float16 / bfloat16 x still runs our tensor-core kernels (their wide build, on sm_90, where
+# the weight's rows are 16-byte pieces and K is a multiple of 8: kMmaWideMaxRows in csrc/linear/linear.cpp).
+MAX_MMA_ROWS = 32
 _KEYS = (str, type(None))  # the types activation / norm may have
 
 
@@ -189,8 +193,9 @@ def linear(
 
     Returns ``[..., out]`` in x's dtype, where out is out_features (hidden for swiglu). On CUDA,
     up to ``MAX_GEMV_ROWS`` rows of x (the product of its leading dims) run our kernel, one launch
-    that reads the weight once; more rows run cuBLAS (``addmm``) with the epilogue as separate
-    passes. Launches on the current stream, never synchronizes the host, works under
+    that reads the weight once (float16 / bfloat16 on sm_90 up to ``MAX_MMA_ROWS``, where the weight's
+    rows are 16-byte pieces); more rows run cuBLAS (cuBLASLt with the epilogue fused, else ``addmm``
+    with the epilogue as separate passes). Launches on the current stream, never synchronizes the host, works under
     ``torch.compile(fullgraph=True)`` and CUDA-graph capture. Differentiable (the backward
     recomputes through the PyTorch reference), also with respect to norm_weight and norm_bias.
     With ``norm``, up to ``MAX_GEMV_ROWS`` rows whose normalized copy fits 64 KB of shared memory

@@ -307,6 +307,9 @@ LINEAR_CASES = [
     dict(m=16, k=3080, n=776, activation="gelu_tanh", dtype=torch.float16),
     dict(m=13, k=1536, n=768, activation=None, dtype=torch.bfloat16),  # short splits: x staged
     dict(m=6, k=72, n=400, activation="swiglu", dtype=torch.bfloat16, lead="3d"),
+    # 17-32 rows: the wide build of both (four n-tiles, the last one partly past m)
+    dict(m=25, k=776, n=2305, activation="gelu_tanh", dtype=torch.float16),
+    dict(m=32, k=3080, n=776, activation="swiglu", dtype=torch.bfloat16, lead="3d"),
 ]
 
 

@@ -13,7 +13,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from fused_attn import reference
-from fused_attn.linear import MAX_GEMV_ROWS, linear
+from fused_attn.linear import MAX_GEMV_ROWS, MAX_MMA_ROWS, linear
 from tests.tolerances import NORM_ULPS, assert_close, assert_linear_close, norm_tolerance
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -33,7 +33,7 @@ def linear_case(draw, budget, cuda):
     n = draw(st.one_of(st.sampled_from([1, 8, 64, 768, 2304]), st.integers(1, 300)))
     n = 2 * n if activation == "swiglu" else n
     m_cap = max(1, budget // max(1, k * n))
-    m = draw(st.one_of(st.integers(1, MAX_GEMV_ROWS), st.sampled_from([1, 4, 5, 16, 17, 128]),
+    m = draw(st.one_of(st.integers(1, MAX_GEMV_ROWS), st.sampled_from([1, 4, 5, 16, 17, 24, 32, 33, 128]),
                        st.integers(1, 4096))) if m_cap > 1 else 1
     m = min(m, m_cap)
     if k * n > 4 * budget:
@@ -196,7 +196,8 @@ def test_tensor_core_path_gpu(m, activation, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_many_rows_epilogue_gpu(dtype):
-    """The cuBLAS path (more than MAX_GEMV_ROWS rows), each epilogue x bias x residual: in float16 /
+    """The cuBLAS path (more than MAX_MMA_ROWS rows; float32 from MAX_GEMV_ROWS + 1, and where the tensor-core
+    kernels' wide build does not take the shape), each epilogue x bias x residual: in float16 /
     bfloat16 one cuBLASLt call (bias, GELU and the residual as its C operand: linear_cublaslt.cpp), in
     float32 and at layouts Lt does not take ATen's addmm; the one-pass SwiGLU kernel (linear_swiglu.cu)
     in its 16-byte build (hidden a multiple of the vector width) and its element-wise one (odd hidden),
@@ -214,7 +215,7 @@ def test_many_rows_epilogue_gpu(dtype):
             for bias, residual in ((False, False), (True, False), (True, True)):
                 run_and_check(case_of(m=64, k=96, n=n, dtype=dtype, activation=activation, bias=bias,
                                       residual=residual, seed=n), "cuda")
-    for m, n_out in ((17, 64), (40, 5), (65535 + 3, 8)):
+    for m, n_out in ((MAX_MMA_ROWS + 1, 64), (40, 5), (65535 + 3, 8)):
         for bias, residual in ((False, False), (True, True), (False, True)):
             run_and_check(case_of(m=m, k=24, n=2 * n_out, dtype=dtype, activation="swiglu", bias=bias,
                                   residual=residual, seed=m), "cuda")
@@ -253,6 +254,25 @@ def test_split_k_path_gpu(m, activation, dtype):
                               lead="3d" if i == 0 else "2d", seed=m * 100 + i), "cuda")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [MAX_GEMV_ROWS + 1, 20, 25, MAX_MMA_ROWS, MAX_MMA_ROWS + 1])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_wide_rows_gpu(m, activation, dtype):
+    """17-32 rows of float16 / bfloat16 x: the tensor-core kernels' wide build (four n-tiles; the last one
+    partly rows past m), the whole-K kernel's shapes (a partial last chunk of 32 and a partial last tile, GPT-2's
+    c_attn, Llama's 4096 x 4096, 625 blocks of many waves) and the split-K kernel's (SPLIT_K_SHAPES' first four:
+    a cluster of up to 8 blocks, a partial last tile, a short last split); 33 rows, the same shapes on cuBLAS.
+    Bias and residual as test_tensor_core_path_gpu pairs them; each output poisoned."""
+    swiglu = activation == "swiglu"
+    shapes = ((776, 2305), (768, 2304), (4096, 4096), (744, 10000)) + tuple(SPLIT_K_SHAPES[:4])
+    for i, (k, n_out) in enumerate(shapes):
+        combos = ((False, False), (True, True)) if (i + m) % 2 == 0 else ((True, False), (False, True))
+        for bias, residual in combos:
+            run_and_check(case_of(m=m, k=k, n=2 * n_out if swiglu else n_out, dtype=dtype, activation=activation,
+                                  bias=bias, residual=residual, lead="3d" if i == 4 else "2d", seed=m + k), "cuda")
+
+
 def _kernels_run(fn) -> list[str]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -270,21 +290,33 @@ def _kernels_run(fn) -> list[str]:
                                           (2, 768, 2304, "linear_mma_kernel"),
                                           (1, 3072, 768, "linear_gemv_kernel"),
                                           (1, 768, 2304, "linear_mma_kernel"),
-                                          (1, 11008, 4096, "linear_gemv_kernel")])
+                                          (1, 11008, 4096, "linear_gemv_kernel"),
+                                          (17, 3072, 768, "linear_splitk_kernel"),
+                                          (MAX_MMA_ROWS, 768, 768, "linear_splitk_kernel"),
+                                          (24, 768, 3072, "linear_mma_kernel"),
+                                          (MAX_MMA_ROWS, 4096, 4096, "linear_mma_kernel"),
+                                          (MAX_MMA_ROWS + 1, 768, 3072, "cuBLAS"),
+                                          (24, 11008, 4096, "cuBLAS")])
 def test_kernel_choice_gpu(m, k, n, kernel):
     """linear.cpp's dispatch at GPT-2 / Llama decode shapes, read from the kernel names torch.profiler
     records: 2-16 rows over fewer 16-row tiles than SMs take the split-K kernel (sm_90), one tile per SM
     or more the tensor-core kernel; one row the CUDA-core kernel, except the tensor-core kernel's class
-    (a tile per SM) at K <= 4096 (linear.cpp's kMmaOneRowMaxK)."""
+    (a tile per SM) at K <= 4096 (linear.cpp's kMmaOneRowMaxK); 17-32 rows the same two kernels' wide build
+    (sm_90), except K > 4096 on the tensor-core kernel's class (gemv_wins); more rows none of ours."""
     props = torch.cuda.get_device_properties(0)
-    if kernel == "linear_splitk_kernel" and props.major < 9:
-        pytest.skip("the split-K kernel needs sm_90 (thread-block clusters)")
+    if (kernel == "linear_splitk_kernel" or m > MAX_GEMV_ROWS) and props.major < 9:
+        pytest.skip("the split-K kernel and the wide build need sm_90")
     if kernel == "linear_mma_kernel" and n // 16 < props.multi_processor_count:
         pytest.skip(f"{n} output columns give fewer 16-row tiles than this GPU's SMs")
     x, w, b, r = make_inputs(case_of(m=m, k=k, n=n, activation="gelu_tanh"), "cuda")
     linear(x, w, b, activation="gelu_tanh", residual=r)  # loads the library outside the profile
     names = _kernels_run(lambda: linear(x, w, b, activation="gelu_tanh", residual=r))
-    assert any(kernel in name for name in names), names
+    ours = [name for name in names if any(k in name for k in ("linear_mma_kernel", "linear_splitk_kernel",
+                                                              "linear_gemv_kernel"))]
+    if kernel == "cuBLAS":
+        assert not ours and names, names
+    else:
+        assert any(kernel in name for name in ours), names
 
 
 # --------------------------------------------------------------------------- gradients
@@ -565,8 +597,12 @@ NORM_EXAMPLES = [
     norm_case_of(k=7, n=5, m=3, dtype=torch.bfloat16, magnitude="constant"),  # element-wise path, zero variance
     norm_case_of(k=33, n=9, m=5, dtype=torch.float16, layout="strided", norm="rms_norm", norm_bias=False),
     norm_case_of(k=1000, n=6, m=16, dtype=torch.float32, activation="swiglu", layout="misaligned"),
-    norm_case_of(k=64, n=10, m=17, dtype=torch.bfloat16, activation="swiglu", magnitude="offset"),  # cuBLAS path
-    norm_case_of(k=40, n=10, m=20, dtype=torch.float16),  # cuBLAS path, a width layer_norm's kernel does not take
+    # 17-32 rows: the norm's own launch, then the split-K kernel's wide build (a width layer_norm's kernel does not
+    # take: the ATen composition); more rows cuBLAS.
+    norm_case_of(k=64, n=10, m=17, dtype=torch.bfloat16, activation="swiglu", magnitude="offset"),
+    norm_case_of(k=40, n=10, m=20, dtype=torch.float16),
+    norm_case_of(k=64, n=10, m=40, dtype=torch.bfloat16, activation="swiglu", magnitude="offset"),
+    norm_case_of(k=40, n=10, m=33, dtype=torch.float16),
     norm_case_of(k=256, n=64, m=2, dtype=torch.float16, magnitude="constant", norm_weight=False, norm_bias=False),
     norm_case_of(k=256, n=64, m=8, dtype=torch.bfloat16, magnitude="constant", norm="rms_norm", norm_bias=False),
     # The prologue's weight and bias: staged in shared memory before the wait where aligned, else read
@@ -594,7 +630,7 @@ def test_norm_matches_reference_cpu(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 2, 4, 5, 8, 9, 16, 17])
+@pytest.mark.parametrize("m", [1, 2, 4, 5, 8, 9, 16, 17, MAX_MMA_ROWS, MAX_MMA_ROWS + 1])
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_norm_rows_match_layer_norm_gpu(m, norm, dtype):
@@ -603,7 +639,8 @@ def test_norm_rows_match_layer_norm_gpu(m, norm, dtype):
     product). The float32 statistics are the same formulas summed in another order, so an element may
     differ by one rounding of x's dtype, or (near 0, where that rounding is finer) by the statistics'
     float32 error (tolerances.NORM_ULPS); in float16 / bfloat16, 99% of them are bit for bit equal.
-    N = 2304: the tensor-core kernel from 2 rows in float16 / bfloat16; 17 rows: layer_norm's kernel."""
+    N = 2304: the tensor-core kernel from 2 rows in float16 / bfloat16 (17-32 rows its wide build); from 17 rows
+    layer_norm's kernel first, and from 33 cuBLAS."""
     from fused_attn.layer_norm import layer_norm, rms_norm
 
     gen = torch.Generator().manual_seed(m)

@@ -1,5 +1,6 @@
 // Launcher of linear (schema: fused_attn/_ops.py): the checks that guard memory, the choice between
-// our weight-streaming kernel (rows of x <= kMaxGemvRows) and cuBLAS through ATen (more rows), and the
+// our weight-streaming kernel (rows of x <= kMaxGemvRows; 16-bit x on tensor cores to kMmaWideMaxRows) and cuBLAS
+// (more rows), and the
 // kernel's launch shape (rows of x per launch, weight rows per block, threads). With a pre-normalization
 // (norm), our kernels normalize x in their prologue; where they do not run, or the normalized rows do
 // not fit kLinearNormSmemBytes of shared memory, x is normalized first by our layer_norm op (the same
@@ -35,6 +36,14 @@ namespace {
 // against 128): our CUDA-core kernel does M FMAs per weight element, which at M = 16 in 16-bit
 // types is about what the SM's FP32 units can do at the copy bandwidth.
 constexpr int64_t kMaxGemvRows = kLinearMaxRows;
+
+// 17-32 rows of float16 / bfloat16 x: the tensor-core kernels' wide build (four n-tiles, linear_heuristics.h's
+// kMmaWideChunks) where it takes the shape (16-byte weight rows, K a multiple of 8, sm_90, gemv_wins), else
+// cuBLAS. GPT-2's graph-fused step, where every projection and the lm_head leave cuBLAS for it (H200, fp16, prompt
+// 128, bench.ab, two interleaved rounds, us a step, cuBLAS -> ours): batch 24 460.4 -> 349.3, batch 32 471.6 ->
+// 368.9; batches 1 and 16 even (192.9 / 271.3 against 193.1 / 271.4). Eight n-tiles to 64 rows measured slower than
+// cuBLAS: batch 48 529.7 -> 547.3, batch 64 548.8 -> 583.5.
+constexpr int64_t kMmaWideMaxRows = 32;
 
 // Rows of x from which float16 / bfloat16 run a tensor-core kernel (16-byte rows): linear_mma_kernel
 // where the weight has at least one block of 16 rows per SM, else the split-K kernel (sm_90: clusters),
@@ -273,19 +282,33 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
       }
       // Otherwise the tensor-core kernels take no norm (linear_impl normalized 2-16 rows of 16-bit x first).
       if (on_mma && mma_blocks >= sms) {
-        if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
+        if (p.m > kMaxGemvRows) {
+          if (linear_mma_arch<scalar_t, 32>() >= 80) {
+            launch_linear_mma<scalar_t, 32>(p, sms, stream);
+            return;
+          }
+        } else if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
           wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream) : launch_linear_mma<scalar_t, 8>(p, sms, stream);
           return;
         }
       } else if (on_mma) {
-        if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
-          const int splits = splitk_splits(mma_blocks, p.k, sms);
+        const int splits = splitk_splits(mma_blocks, p.k, sms);
+        if (p.m > kMaxGemvRows) {
+          if (linear_splitk_arch<scalar_t, 32>() >= 90) {
+            launch_linear_splitk<scalar_t, 32>(p, splits, sms, stream);
+            return;
+          }
+        } else if ((wide ? linear_splitk_arch<scalar_t, 16>() : linear_splitk_arch<scalar_t, 8>()) >= 90) {
           wide ? launch_linear_splitk<scalar_t, 16>(p, splits, sms, stream)
                : launch_linear_splitk<scalar_t, 8>(p, splits, sms, stream);
           return;
         }
       }
     }
+    // The CUDA-core kernels take up to kLinearMaxRows rows: linear_impl sends more here only for the wide build,
+    // which a build without sm_90 code (the arch probes above) cannot run.
+    TORCH_CHECK(p.m <= kLinearMaxRows, "fused_attn.linear: the tensor-core kernels for ", p.m,
+                " rows of x were not compiled for this GPU (sm_90 and later; rebuild with its arch)");
     FA_BOOL_SWITCH(normed, kNorm, [&] {
       if (p.m <= 1) launch_linear_gemv<scalar_t, 1, kNorm>(p, rows, threads, stream);
       else if (p.m <= 2) launch_linear_gemv<scalar_t, 2, kNorm>(p, rows, threads, stream);
@@ -374,13 +397,13 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   at::Tensor x2 = x.reshape({m, k});
   std::optional<at::Tensor> residual2;
   if (residual.has_value()) residual2 = residual->reshape({m, n_out});
-  // A norm over 2-16 rows of float16 / bfloat16: our layer_norm launch first, then the plain kernels.
+  // A norm over 2-32 rows of float16 / bfloat16: our layer_norm launch first, then the plain kernels.
   // The kernels' prologue (normalize in shared memory, then multiply) measured slower than the two
   // launches in GPT-2's chained step at every batch (docs/lab-notes/linear-mlp.md). One row
   // keeps it in the launch: the prologue, or without the norm's weight and bias the fold into the dot
   // products (linear_kernel.cuh, kFold); 2-8 rows without them, where the tensor-core kernel runs in one
   // wave, the same fold on tensor cores (self_norm_in_mma, kSelfNorm).
-  if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m >= 2 && m <= kMaxGemvRows) {
+  if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m >= 2 && m <= kMmaWideMaxRows) {
     if (self_norm_in_mma(x, weight, norm, m, k, n_out, activation)) {
       norm.in_mma = true;
     } else {
@@ -400,7 +423,11 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
       path = GemvPath::kSplitK;
     }
   }
-  if (m > kMaxGemvRows || !gemv_wins(m, k, path)) {
+  // 17-32 rows: the wide build of the tensor-core kernels (split-K included), which need what path says.
+  const bool wide_rows = m > kMaxGemvRows && m <= kMmaWideMaxRows && k % 8 == 0 && vector_ready(weight, 8) &&
+                    at::cuda::getDeviceProperties(x.device().index())->major >= 9 &&
+                    (path == GemvPath::kTensorCores || path == GemvPath::kSplitK);
+  if ((m > kMaxGemvRows && !wide_rows) || !gemv_wins(m, k, path)) {
     if (norm.norm != kNormNone) x2 = normalized(x2, norm);
     return linear_cublas(x2, weight, bias, residual2, activation).view(out_shape);
   }

@@ -34,5 +34,13 @@ constexpr bool kMmaStageX = true;
 // byte-identical.
 constexpr bool kMmaXFence = true;
 
+// The wide build (17-32 rows of x: four n-tiles; linear.cpp's kMmaWideMaxRows): one chunk of 32 k a warp in flight,
+// every n-tile's x piece in registers, two blocks per SM (ptxas, sm_90a: 94-104 registers, no spills). GPT-2's
+// graph-fused step against cuBLAS at those rows (H200, fp16, prompt 128, bench.ab, two interleaved rounds): batch 24
+// 460.4 -> 349.3 us, batch 32 471.6 -> 368.9. Eight n-tiles (33-64 rows, 128 registers) measured slower than cuBLAS
+// in the same call: batch 48 529.7 -> 547.3, batch 64 548.8 -> 583.5.
+constexpr int kMmaWideChunks = 1;
+constexpr int kMmaWideMinBlocks = 2;
+
 }  // namespace linear
 }  // namespace fused_attn

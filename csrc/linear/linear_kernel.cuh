@@ -1036,17 +1036,18 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
 }
 #endif
 
-// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); kShort: the short build (CH chunks in
-// flight, kMmaShortMinBlocks blocks per SM), else the long one (kMmaLongChunks, unbounded). No norm in
+// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16, 4: up to 32); kShort: the short build (CH chunks
+// in flight, kMmaShortMinBlocks blocks per SM), else the long one (kMmaLongChunks, unbounded); four n-tiles have one
+// build (kMmaWideChunks, kMmaWideMinBlocks) whatever kShort. No norm in
 // the plain build: linear.cpp normalizes 2-16 16-bit rows in a launch of their own (the prologue measured
 // slower in GPT-2's step, and a fold into the products slower still: docs/lab-notes/linear-mlp.md), except
 // 2-8 rows with the norm folded into the weight (kSelfNorm, below).
 // kSelfNorm: x's rows normalized from their own pieces (p.norm kNormLayer / kNormRms; mma_accumulate_self).
 // kAct: the activation compiled in, or kActRuntime (p.activation; launch_mma_builds says which runs).
 template <typename T, int NT, bool kShort, bool kStageX, bool kSelfNorm = false, int kAct = kActRuntime>
-__global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)
+__global__ void __launch_bounds__(kLinearMmaThreads, NT >= 4 ? kMmaWideMinBlocks : kShort ? kMmaShortMinBlocks : 1)
     linear_mma_kernel(const LinearParams p) {
-  constexpr int CH = kShort ? kMmaShortChunks : kMmaLongChunks;
+  constexpr int CH = NT >= 4 ? kMmaWideChunks : kShort ? kMmaShortChunks : kMmaLongChunks;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const int warp = threadIdx.x / 32;
@@ -1182,13 +1183,12 @@ void with_build_activation(const LinearParams& p, const Launch& launch) {
   return with_build_epilogue<kActNone>(p, launch);
 }
 
-// kSelfNorm has the short build only: its launches come through linear_mma_self_norm_fits, which admits no
-// other.
+// One or two n-tiles (up to 16 rows): the short build, x staged (mma_stage_x) where the grid allows it, or the long
+// build for longer rows. kSelfNorm has the short build only: its launches come through linear_mma_self_norm_fits,
+// which admits no other.
 template <typename T, int MT, bool kSelfNorm, int kAct>
-void launch_mma_act(const LinearParams& p, int sms, cudaStream_t stream) {
-  static_assert(MT == 8 || MT == 16, "the tensor-core kernel takes one or two n-tiles of 8 rows of x");
-  const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
-  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
+void launch_mma_tiles(const LinearParams& p, const dim3 grid, int sms, cudaStream_t stream) {
+  static_assert(MT == 8 || MT == 16, "the short and long builds take one or two n-tiles of 8 rows of x");
   constexpr auto short_build = linear_mma_kernel<T, MT / 8, true, false, kSelfNorm, kAct>;
   constexpr auto staged_build = linear_mma_kernel<T, MT / 8, true, MT == 16, kSelfNorm, kAct>;
   static const bool pdl_short = programmatic_capable(short_build), pdl_staged = programmatic_capable(staged_build);
@@ -1204,6 +1204,21 @@ void launch_mma_act(const LinearParams& p, int sms, cudaStream_t stream) {
   const bool staged = mma_stage_x<MT / 8>(grid.x, sms);
   launch_programmatic(staged ? pdl_staged : pdl_short, staged ? staged_build : short_build, grid,
                       dim3(kLinearMmaThreads), 0, stream, p);
+}
+
+// Four n-tiles (17-32 rows, linear.cpp's kMmaWideMaxRows): the wide build; fewer: launch_mma_tiles.
+template <typename T, int MT, bool kSelfNorm, int kAct>
+void launch_mma_act(const LinearParams& p, int sms, cudaStream_t stream) {
+  const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
+  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
+  if constexpr (MT == 32) {  // the wide build (kMmaWideChunks): one build for every K, x in registers
+    static_assert(!kSelfNorm, "the wide build takes no norm");
+    constexpr auto wide_build = linear_mma_kernel<T, MT / 8, false, false, false, kAct>;
+    static const bool pdl_wide = programmatic_capable(wide_build);
+    launch_programmatic(pdl_wide, wide_build, grid, dim3(kLinearMmaThreads), 0, stream, p);
+  } else {
+    launch_mma_tiles<T, MT, kSelfNorm, kAct>(p, grid, sms, stream);
+  }
 }
 
 template <typename T, int MT, bool kSelfNorm>
@@ -1236,7 +1251,8 @@ void launch_linear_mma_self_norm(const LinearParams& p, int sms, cudaStream_t st
 template <typename T, int MT>
 int linear_mma_arch() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, true, false, false, kArchProbeBuild>) ==
+  // MT 32: the wide build's own instantiation (kShort false), not one more kernel.
+  return cudaFuncGetAttributes(&attr, linear::linear_mma_kernel<T, MT / 8, MT < 32, false, false, kArchProbeBuild>) ==
                  cudaSuccess
              ? attr.binaryVersion
              : 0;

@@ -96,15 +96,15 @@ __device__ __forceinline__ void splitk_reduce_store(const LinearParams& p, int64
 }
 #endif
 
-// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16); blockIdx.x the tile, the cluster
-// (blockIdx.y) the split of K.
+// NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16, 4: up to 32); blockIdx.x the tile, the
+// cluster (blockIdx.y) the split of K.
 // kShort: linear_mma_kernel's short build (CH chunks in flight, kMmaShortMinBlocks blocks per SM),
-// for a split whose warps' share of K is in flight before the wait; else the long one. kAct: as
-// linear_mma_kernel's.
+// for a split whose warps' share of K is in flight before the wait; else the long one; four n-tiles: the
+// wide build whatever kShort (kMmaWideChunks). kAct: as linear_mma_kernel's.
 template <typename T, int NT, bool kShort, bool kStageX, int kAct = kActRuntime>
-__global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks : 1)
+__global__ void __launch_bounds__(kLinearMmaThreads, NT >= 4 ? kMmaWideMinBlocks : kShort ? kMmaShortMinBlocks : 1)
     linear_splitk_kernel(const LinearParams p) {
-  constexpr int CH = kShort ? kMmaShortChunks : kMmaLongChunks;
+  constexpr int CH = NT >= 4 ? kMmaWideChunks : kShort ? kMmaShortChunks : kMmaLongChunks;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
@@ -147,16 +147,22 @@ __global__ void __launch_bounds__(kLinearMmaThreads, kShort ? kMmaShortMinBlocks
 namespace linear {
 template <typename T, int MT, int kAct>
 void launch_splitk_act(const LinearParams& p, int splits, int sms, cudaStream_t stream) {
-  static_assert(MT == 8 || MT == 16, "the tensor-core kernels take one or two n-tiles of 8 rows of x");
+  static_assert(MT == 8 || MT == 16 || MT == 32, "the split-K kernel takes one, two or four n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block), unsigned(splits));
-  const int64_t chunks = (p.k + 31) / 32, per_split = (chunks + splits - 1) / splits;
-  const bool is_short = mma_short(per_split);
-  const bool staged = is_short && mma_stage_x<MT / 8>(int64_t(grid.x) * splits, sms);
-  const auto kernel = staged     ? linear_splitk_kernel<T, MT / 8, true, MT == 16, kAct>
-                      : is_short ? linear_splitk_kernel<T, MT / 8, true, false, kAct>
-                                 : linear_splitk_kernel<T, MT / 8, false, false, kAct>;
-  launch_clustered(true, dim3(1, unsigned(splits), 1), kernel, grid, dim3(kLinearMmaThreads), 0, stream, p);
+  const dim3 cluster(1, unsigned(splits), 1);
+  if constexpr (MT == 32) {  // the wide build: one for every split's K
+    launch_clustered(true, cluster, linear_splitk_kernel<T, 4, false, false, kAct>, grid, dim3(kLinearMmaThreads), 0,
+                     stream, p);
+  } else {
+    const int64_t chunks = (p.k + 31) / 32, per_split = (chunks + splits - 1) / splits;
+    const bool is_short = mma_short(per_split);
+    const bool staged = is_short && mma_stage_x<MT / 8>(int64_t(grid.x) * splits, sms);
+    const auto kernel = staged     ? linear_splitk_kernel<T, MT / 8, true, MT == 16, kAct>
+                        : is_short ? linear_splitk_kernel<T, MT / 8, true, false, kAct>
+                                   : linear_splitk_kernel<T, MT / 8, false, false, kAct>;
+    launch_clustered(true, cluster, kernel, grid, dim3(kLinearMmaThreads), 0, stream, p);
+  }
 }
 
 // The build activation as launch_mma_builds picks it.
@@ -176,7 +182,7 @@ template <typename T, int MT>
 int linear_splitk_arch() {
   static const int arch = [] {
     cudaFuncAttributes attr{};
-    constexpr auto kernel = linear::linear_splitk_kernel<T, MT / 8, true, false, kArchProbeBuild>;
+    constexpr auto kernel = linear::linear_splitk_kernel<T, MT / 8, MT < 32, false, kArchProbeBuild>;
     return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.binaryVersion : 0;
   }();
   return arch;
