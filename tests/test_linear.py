@@ -215,6 +215,15 @@ def test_many_rows_epilogue_gpu(dtype):
             for bias, residual in ((False, False), (True, False), (True, True)):
                 run_and_check(case_of(m=64, k=96, n=n, dtype=dtype, activation=activation, bias=bias,
                                       residual=residual, seed=n), "cuda")
+    # From 4096 output columns, widths that are not whole 16-byte pieces: a GEMM of the first n - n % 8 columns, one
+    # of the last (1 or 7 here), joined by a copy, the residual after it (linear.cpp's kLtSplitMinCols); x at an odd
+    # offset too. 4096 columns: one call.
+    for n in (4097, 4103, 4096):
+        for activation in (None, "gelu_tanh"):
+            for bias, residual, layout in ((False, False, "contiguous"), (True, False, "misaligned"),
+                                           (True, True, "contiguous"), (False, True, "misaligned")):
+                run_and_check(case_of(m=40, k=72, n=n, dtype=dtype, activation=activation, bias=bias,
+                                      residual=residual, layout=layout, seed=n), "cuda")
     for m, n_out in ((MAX_MMA_ROWS + 1, 64), (40, 5), (65535 + 3, 8)):
         for bias, residual in ((False, False), (True, True), (False, True)):
             run_and_check(case_of(m=m, k=24, n=2 * n_out, dtype=dtype, activation="swiglu", bias=bias,
