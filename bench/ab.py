@@ -81,6 +81,42 @@ WIDE_CHUNKS = "constexpr int kMmaWideChunks = 1;"
 WIDE_CMD = "python3 -m bench.time_decode_graph --backends graph-fused --batches 24,32,48,64 --reps 5"
 
 
+# The many-row path's wide odd widths (linear-lt-split-odd-wide): linear_cublas's head, and the split before it.
+LT_SPLIT_OLD = (
+    "pass of our own over the GEMM's gate and up columns (linear_swiglu.cu), the residual added after it.\n"
+    "at::Tensor linear_cublas(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,\n"
+    "                         const std::optional<at::Tensor>& residual2, int64_t activation) {\n"
+)
+LT_SPLIT_NEW = (
+    "pass of our own over the GEMM's gate and up columns (linear_swiglu.cu), the residual added after it.\n"
+    "//\n"
+    "// A wide output whose rows are not whole 16-byte pieces (a vocabulary's lm_head: GPT-2's 50257 columns) keeps\n"
+    "// cuBLAS on its align-1 kernels: at [64, 768] x [768, 50257] fp16, cutlass_75_..._align1, 106.6 us (H200,\n"
+    "// bench.profile), against 24.2 for nvjet with 50304 columns; writing padded output rows did not help (0164d1c:\n"
+    "// the odd N itself keeps Lt there). So from kLtSplitMinCols columns, 16-bit: the first n8 = n - n % 8 columns "
+    "are\n"
+    "// a GEMM of their own (a view of the weight's first rows, 16-byte aligned, into [m, n8]), the last n % 8 "
+    "another,\n"
+    "// and one copy joins them (then the residual, in a pass of its own).\n"
+    "constexpr int64_t kLtSplitMinCols = 4096;\n"
+    "\n"
+    "at::Tensor linear_cublas(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,\n"
+    "                         const std::optional<at::Tensor>& residual2, int64_t activation) {\n"
+    "  const int64_t n = weight.size(0);\n"
+    "  if (activation != kActSwiglu && x2.scalar_type() != at::kFloat && x2.is_cuda() && n % 8 != 0 &&\n"
+    "      n >= kLtSplitMinCols) {\n"
+    "    const int64_t n8 = n / 8 * 8;\n"
+    "    const auto part = [&](int64_t from, int64_t cols) {\n"
+    "      const std::optional<at::Tensor> b =\n"
+    "          bias.has_value() ? std::optional<at::Tensor>(bias->narrow(0, from, cols)) : std::nullopt;\n"
+    "      return linear_cublas(x2, weight.narrow(0, from, cols), b, std::nullopt, activation);\n"
+    "    };\n"
+    "    at::Tensor y = at::cat({part(0, n8), part(n8, n - n8)}, 1);\n"
+    "    if (residual2.has_value()) y.add_(*residual2);\n"
+    "    return y;\n"
+    "  }\n"
+)
+
 MMA_TILE_LANDED = "    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free\n"
 MMA_ISSUE_NEXT = "    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);\n    cp_async_commit();\n"
 MMA_QK_END = "      mma16816<T>(s[1], qa[kk], kf[2], kf[3]);\n    }\n"
@@ -152,6 +188,13 @@ _VARIANTS = [
             "GPT-2's graph-fused step B32 375.5 -> 373.1 us (0.994, predicted -10..-25 us), B64 even (H200, fp16, "
             "prompt 128, two interleaved rounds, 2026-12-02): within the call's spread, so the fewer registers stay",
             WIDE_CMD),
+    Variant("linear-lt-split-odd-wide", (Edit("csrc/linear/linear.cpp", LT_SPLIT_OLD, LT_SPLIT_NEW),),
+            "a wide output whose rows are not 16-byte pieces (from 4096 columns, 16-bit, the cuBLAS path) as two GEMMs "
+            "(the first n - n % 8 columns, the rest) joined by a copy, so that cuBLAS leaves its align-1 kernels: not "
+            "yet measured; predicted for ln + lm_head 768 x 50257 (fp16, cold L2) 64 rows 120 -> ~35-45 us, 2048 rows "
+            "2141 -> ~400-450 us (docs/lab-notes/linear-mlp.md). tests/test_linear.py's test_many_rows_epilogue_gpu "
+            "covers its widths (4097, 4103)",
+            "python3 -m pytest bench/bench_linear.py --full -k 'ln-k768-n50257 and (m64- or m2048-) and float16'"),
     Variant("stream-l2-evict-first",
             (Edit("csrc/common/mma.cuh",
                   '  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"\n'

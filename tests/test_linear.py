@@ -215,9 +215,8 @@ def test_many_rows_epilogue_gpu(dtype):
             for bias, residual in ((False, False), (True, False), (True, True)):
                 run_and_check(case_of(m=64, k=96, n=n, dtype=dtype, activation=activation, bias=bias,
                                       residual=residual, seed=n), "cuda")
-    # From 4096 output columns, widths that are not whole 16-byte pieces: a GEMM of the first n - n % 8 columns, one
-    # of the last (1 or 7 here), joined by a copy, the residual after it (linear.cpp's kLtSplitMinCols); x at an odd
-    # offset too. 4096 columns: one call.
+    # Wide outputs (4096 columns and more) whose rows are whole 16-byte pieces or not (the last piece 1 or 7
+    # elements), x at an odd offset too: bench.ab linear-lt-split-odd-wide's widths.
     for n in (4097, 4103, 4096):
         for activation in (None, "gelu_tanh"):
             for bias, residual, layout in ((False, False, "contiguous"), (True, False, "misaligned"),
