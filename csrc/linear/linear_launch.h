@@ -64,7 +64,8 @@ struct LinearParams {
 };
 
 // Rows of x one launch handles at once: the kernel's MT template (1, 2, 4, 8, 16); each weight row
-// is read once for all of them.
+// is read once for all of them. The tensor-core kernels' wide build (MT 32, 16-bit only: linear.cpp's
+// kMmaWideMaxRows) goes past it.
 constexpr int kLinearMaxRows = 16;
 constexpr int kLinearMaxThreads = 256;
 // The shared memory the normalized rows of x may take (p.m x xs_pitch x sizeof(T)); a launch that
