@@ -81,55 +81,6 @@ WIDE_CHUNKS = "constexpr int kMmaWideChunks = 1;"
 WIDE_CMD = "python3 -m bench.time_decode_graph --backends graph-fused --batches 24,32,48,64 --reps 5"
 
 
-# The many-row path's wide odd widths (linear-lt-split-odd-wide): linear_cublas's head, and the split before it.
-LT_SPLIT_OLD = (
-    "pass of our own over the GEMM's gate and up columns (linear_swiglu.cu), the residual added after it.\n"
-    "at::Tensor linear_cublas(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,\n"
-    "                         const std::optional<at::Tensor>& residual2, int64_t activation) {\n"
-)
-LT_SPLIT_NEW = (
-    "pass of our own over the GEMM's gate and up columns (linear_swiglu.cu), the residual added after it.\n"
-    "//\n"
-    "// A wide output whose rows are not whole 16-byte pieces (a vocabulary's lm_head: GPT-2's 50257 columns) keeps\n"
-    "// cuBLAS on its align-1 kernels: at [64, 768] x [768, 50257] fp16, cutlass_75_..._align1, 106.6 us (H200,\n"
-    "// bench.profile), against 24.2 for nvjet with 50304 columns; writing padded output rows did not help (0164d1c:\n"
-    "// the odd N itself keeps Lt there). So from kLtSplitMinCols columns, 16-bit: the first n8 = n - n % 8 columns "
-    "are\n"
-    "// a GEMM of their own (a view of the weight's first rows, 16-byte aligned, into [m, n8]), the last n % 8 "
-    "another,\n"
-    "// and one copy joins them (then the residual, in a pass of its own).\n"
-    "constexpr int64_t kLtSplitMinCols = 4096;\n"
-    "\n"
-    "at::Tensor linear_cublas(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,\n"
-    "                         const std::optional<at::Tensor>& residual2, int64_t activation) {\n"
-    "  const int64_t n = weight.size(0);\n"
-    "  if (activation != kActSwiglu && x2.scalar_type() != at::kFloat && x2.is_cuda() && n % 8 != 0 &&\n"
-    "      n >= kLtSplitMinCols) {\n"
-    "    const int64_t n8 = n / 8 * 8;\n"
-    "    const auto part = [&](int64_t from, int64_t cols) {\n"
-    "      const std::optional<at::Tensor> b =\n"
-    "          bias.has_value() ? std::optional<at::Tensor>(bias->narrow(0, from, cols)) : std::nullopt;\n"
-    "      return linear_cublas(x2, weight.narrow(0, from, cols), b, std::nullopt, activation);\n"
-    "    };\n"
-    "    at::Tensor y = at::cat({part(0, n8), part(n8, n - n8)}, 1);\n"
-    "    if (residual2.has_value()) y.add_(*residual2);\n"
-    "    return y;\n"
-    "  }\n"
-)
-
-# The tensor-core decode kernel's paged runs (decode-paged-prologue-entries-at-once): TileRun's entries.
-TILE_RUN_HEAD = "template <bool kPaged, int N, int TILE>\nstruct TileRun {\n  int first_page, last_page;\n"
-TILE_RUN_START = ("      first_page = last_page = 0;\n"
-                  "      if (j0 < read_end) {\n"
-                  "        first_page = page_at(table, j0 >> p.page_shift);\n"
-                  "        last_page = page_at(table, min(j0 + N - 1, read_end - 1) >> p.page_shift);\n"
-                  "      }\n")
-TILE_RUN_USE = "first = in_pool(p, first_page), last = in_pool(p, last_page);"
-TILE_RUN_NEXT = ("      if (j0 < read_end - TILE) {\n"
-                 "        const int j1 = j0 + TILE;\n"
-                 "        first_page = page_at(table, j1 >> p.page_shift);\n"
-                 "        last_page = page_at(table, min(j1 + N - 1, read_end - 1) >> p.page_shift);\n"
-                 "      }\n")
 MMA_TILE_LANDED = "    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free\n"
 MMA_ISSUE_NEXT = "    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);\n    cp_async_commit();\n"
 MMA_QK_END = "      mma16816<T>(s[1], qa[kk], kf[2], kf[3]);\n    }\n"
@@ -201,49 +152,6 @@ _VARIANTS = [
             "GPT-2's graph-fused step B32 375.5 -> 373.1 us (0.994, predicted -10..-25 us), B64 even (H200, fp16, "
             "prompt 128, two interleaved rounds, 2026-12-02): within the call's spread, so the fewer registers stay",
             WIDE_CMD),
-    Variant("linear-lt-split-odd-wide", (Edit("csrc/linear/linear.cpp", LT_SPLIT_OLD, LT_SPLIT_NEW),),
-            "a wide output whose rows are not 16-byte pieces (from 4096 columns, 16-bit, the cuBLAS path) as two GEMMs "
-            "(the first n - n % 8 columns, the rest) joined by a copy, so that cuBLAS leaves its align-1 kernels: not "
-            "yet measured; predicted for ln + lm_head 768 x 50257 (fp16, cold L2) 64 rows 120 -> ~35-45 us, 2048 rows "
-            "2141 -> ~400-450 us (docs/lab-notes/linear-mlp.md). tests/test_linear.py's test_many_rows_epilogue_gpu "
-            "covers its widths (4097, 4103)",
-            "python3 -m pytest bench/bench_linear.py --full -k 'ln-k768-n50257 and (m64- or m2048-) and float16'"),
-    Variant("decode-paged-prologue-entries-at-once",
-            (Edit(DECODE_K, TILE_RUN_HEAD,
-                  "template <bool kPaged, int N, int TILE, int P>\nstruct TileRun {\n"
-                  "  int first_page[P], last_page[P];  // the next P tiles' runs: [0] the tile issue() copies next\n"),
-             Edit(DECODE_K, TILE_RUN_START,
-                  "#pragma unroll\n"
-                  "      for (int s = 0; s < P; ++s) {  // the first P tiles: every load out before any use\n"
-                  "        const int js = j0 + s * TILE;\n"
-                  "        first_page[s] = last_page[s] = 0;\n"
-                  "        if (js < read_end) {\n"
-                  "          first_page[s] = page_at(table, js >> p.page_shift);\n"
-                  "          last_page[s] = page_at(table, min(js + N - 1, read_end - 1) >> p.page_shift);\n"
-                  "        }\n"
-                  "      }\n"),
-             Edit(DECODE_K, TILE_RUN_USE, "first = in_pool(p, first_page[0]), last = in_pool(p, last_page[0]);"),
-             Edit(DECODE_K, TILE_RUN_NEXT,
-                  "#pragma unroll\n"
-                  "      for (int s = 0; s + 1 < P; ++s) {\n"
-                  "        first_page[s] = first_page[s + 1];\n"
-                  "        last_page[s] = last_page[s + 1];\n"
-                  "      }\n"
-                  "      const int j1 = j0 + P * TILE;  // the tile P after the one just issued\n"
-                  "      if (j1 < read_end) {\n"
-                  "        first_page[P - 1] = page_at(table, j1 >> p.page_shift);\n"
-                  "        last_page[P - 1] = page_at(table, min(j1 + N - 1, read_end - 1) >> p.page_shift);\n"
-                  "      }\n"),
-             Edit(DECODE_K, "  decode::TileRun<kPaged, N, TILE> tile_run;\n",
-                  "  decode::TileRun<kPaged, N, TILE, STAGES - 1> tile_run;\n")),
-            "the tensor-core kernel's paged runs hold the entries of the next STAGES - 1 tiles (a ring shifted each "
-            "tile), all of the prologue's loaded at once: today the prologue's tiles 1 .. STAGES - 2 each wait one "
-            "block_table round trip, in turn, before their copies go out (two at D64's four stages, one at D128's "
-            "three), which contiguous caches do not. Not yet measured: predicted paged B1 GQA 32/8 and 64/8 D64 8k "
-            "15.8 -> 14.3-14.8 us (paged / contiguous 1.16 -> 1.05-1.09), D128 8k -0.3..-0.7 us, the long and "
-            "batch-16 cases within 1% (their entries are ahead already); contiguous unchanged",
-            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (paged- or fused-) and "
-            "hkv8 and (b1- or b4-) and (l8192- or l32768-)'"),
     Variant("stream-l2-evict-first",
             (Edit("csrc/common/mma.cuh",
                   '  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"\n'

@@ -216,7 +216,7 @@ def test_many_rows_epilogue_gpu(dtype):
                 run_and_check(case_of(m=64, k=96, n=n, dtype=dtype, activation=activation, bias=bias,
                                       residual=residual, seed=n), "cuda")
     # Wide outputs (4096 columns and more) whose rows are whole 16-byte pieces or not (the last piece 1 or 7
-    # elements), x at an odd offset too: bench.ab linear-lt-split-odd-wide's widths.
+    # elements), x at an odd offset too: linear_cublas's split of such outputs into two GEMMs (kLtSplitMinCols).
     for n in (4097, 4103, 4096):
         for activation in (None, "gelu_tanh"):
             for bias, residual, layout in ((False, False, "contiguous"), (True, False, "misaligned"),

@@ -328,8 +328,34 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
 // the GPU suite; layouts Lt does not take) ATen: addmm with the bias, or with a bias-free residual as its
 // C operand (ATen copies it into the output first), then the rest of the epilogue in place. SwiGLU is one
 // pass of our own over the GEMM's gate and up columns (linear_swiglu.cu), the residual added after it.
+//
+// A wide output whose rows are not whole 16-byte pieces (a vocabulary's lm_head: GPT-2's 50257 columns) keeps
+// cuBLAS on its align-1 kernels: at [64, 768] x [768, 50257] fp16, cutlass_75_..._align1, 106.6 us (H200,
+// bench.profile), against 24.2 for nvjet with 50304 columns; writing padded output rows did not help (0164d1c:
+// the odd N itself keeps Lt there). So from kLtSplitMinCols columns, 16-bit: the first n8 = n - n % 8 columns are
+// a GEMM of their own (a view of the weight's first rows, 16-byte aligned, into [m, n8]), the last n % 8 another,
+// and one copy joins them (then the residual, in a pass of its own). ln + lm_head [m, 768] x [768, 50257] against
+// one call (H200, bench.ab linear-lt-split-odd-wide against the tree before, bench_linear, 2026-12-02), us:
+// fp16 64 rows 111.8 -> 40.8, 2048 rows 1934 -> 457 (torch.compile 292.7, eager 1567); bf16 161.0 -> 40.9 and
+// 1732 -> 452. Only that width was measured; kLtSplitMinCols keeps narrower outputs, where the second GEMM and the
+// copy weigh more, on one call.
+constexpr int64_t kLtSplitMinCols = 4096;
+
 at::Tensor linear_cublas(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& residual2, int64_t activation) {
+  const int64_t n = weight.size(0);
+  if (activation != kActSwiglu && x2.scalar_type() != at::kFloat && x2.is_cuda() && n % 8 != 0 &&
+      n >= kLtSplitMinCols) {
+    const int64_t n8 = n / 8 * 8;
+    const auto part = [&](int64_t from, int64_t cols) {
+      const std::optional<at::Tensor> b =
+          bias.has_value() ? std::optional<at::Tensor>(bias->narrow(0, from, cols)) : std::nullopt;
+      return linear_cublas(x2, weight.narrow(0, from, cols), b, std::nullopt, activation);
+    };
+    at::Tensor y = at::cat({part(0, n8), part(n8, n - n8)}, 1);
+    if (residual2.has_value()) y.add_(*residual2);
+    return y;
+  }
   const bool gelu = activation == kActGeluTanh;
   at::Tensor y = cublaslt_linear(x2, weight, bias, activation == kActNone ? residual2 : std::nullopt, gelu);
   const bool lt = y.defined();
