@@ -81,32 +81,6 @@ WIDE_CHUNKS = "constexpr int kMmaWideChunks = 1;"
 WIDE_CMD = "python3 -m bench.time_decode_graph --backends graph-fused --batches 24,32,48,64 --reps 5"
 
 
-# A paged cache's block_table row prefetched into L2 before the PDL wait (decode-paged-table-prefetch).
-TABLE_PREFETCH_AT = "// Writes this step's keys and values of (b, kv head) into the cache: nr.n x headdim each.\n"
-TABLE_PREFETCH_FN = (
-    "// Before wait_for_primary(), a paged cache: sequence b's block_table row into L2, its 128-byte lines shared out\n"
-    "// among the blocks that read the sequence (idx of count), so that the entries a block reads after its lengths\n"
-    "// come from L2 rather than DRAM. Addresses inside the row only; nothing read here is used.\n"
-    "__device__ __forceinline__ void prefetch_table(const DecodeParams& p, int b, int idx, int count) {\n"
-    "  const int entries = p.max_len >> p.page_shift;\n"
-    "  if (entries <= 0) return;\n"
-    "  const uint64_t first = reinterpret_cast<uint64_t>(p.block_table + int64_t(b) * p.table_stride_b);\n"
-    "  const uint64_t last = first + uint64_t(entries - 1) * sizeof(int);\n"
-    "  const uint64_t base = first & ~uint64_t(127);\n"
-    "  const int lines = int((last - base) >> 7) + 1;\n"
-    "  for (int l = idx + int(threadIdx.x) * count; l < lines; l += int(blockDim.x) * count) {\n"
-    "    const uint64_t a = min(max(base + uint64_t(l) * 128, first), last);\n"
-    '    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));\n'
-    "  }\n"
-    "}\n"
-    "\n"
-)
-TABLE_PREFETCH_IDX = ("decode::prefetch_table(p, b, int(blockIdx.x) - b * p.nheads_kv * p.row_chunks + "
-                      "int(blockIdx.y) * p.nheads_kv * p.row_chunks, p.nheads_kv * p.row_chunks * p.num_splits);")
-TABLE_PREFETCH_CC = ("  if constexpr (!kPaged) decode::prefetch_cache<T>(p, b, hkv, split, TILE);\n"
-                     "  // Launched programmatically")
-TABLE_PREFETCH_MMA = ("  if constexpr (!kPaged) decode::prefetch_cache<T>(p, b, hkv, split, TILE);\n"
-                      "  wait_for_primary();\n  launch_dependents();\n  const int warp")
 MMA_TILE_LANDED = "    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free\n"
 MMA_ISSUE_NEXT = "    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);\n    cp_async_commit();\n"
 MMA_QK_END = "      mma16816<T>(s[1], qa[kk], kf[2], kf[3]);\n    }\n"
@@ -178,19 +152,6 @@ _VARIANTS = [
             "GPT-2's graph-fused step B32 375.5 -> 373.1 us (0.994, predicted -10..-25 us), B64 even (H200, fp16, "
             "prompt 128, two interleaved rounds, 2026-12-02): within the call's spread, so the fewer registers stay",
             WIDE_CMD),
-    Variant("decode-paged-table-prefetch",
-            (Edit(DECODE_K, TABLE_PREFETCH_AT, TABLE_PREFETCH_FN + TABLE_PREFETCH_AT),
-             Edit(DECODE_K, TABLE_PREFETCH_CC, TABLE_PREFETCH_CC.replace(
-                 "TILE);\n", "TILE);\n  else " + TABLE_PREFETCH_IDX + "\n")),
-             Edit(DECODE_K, TABLE_PREFETCH_MMA, TABLE_PREFETCH_MMA.replace(
-                 "TILE);\n", "TILE);\n  else " + TABLE_PREFETCH_IDX + "\n"))),
-            "a paged cache's block_table row prefetched into L2 at each block's start (its lines shared out among the "
-            "sequence's blocks), so that a block's first entries, read after its lengths, are L2 hits: a paged tile "
-            "waits lengths -> entries -> rows where a contiguous one waits lengths -> rows, and the prologue's tiles "
-            "each wait their entries in turn. Not yet measured: predicted paged B1 GQA D64 8k 15.4-16.1 -> 14.4-15.1 "
-            "us, D128 8k -0.3..-0.8 us, 32k and B4 within 1%, contiguous unchanged",
-            "python3 -m pytest bench/bench_decode_attention.py --full -k 'not bfloat16 and (paged- or fused-) and "
-            "(b1- or b4-) and (l8192- or l32768-)'"),
     Variant("stream-l2-evict-first",
             (Edit("csrc/common/mma.cuh",
                   '  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"\n'
