@@ -152,22 +152,6 @@ _VARIANTS = [
             "GPT-2's graph-fused step B32 375.5 -> 373.1 us (0.994, predicted -10..-25 us), B64 even (H200, fp16, "
             "prompt 128, two interleaved rounds, 2026-12-02): within the call's spread, so the fewer registers stay",
             WIDE_CMD),
-    Variant("linear-one-row-wide-norm-first",
-            (Edit("csrc/linear/linear.cpp",
-                  "  if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m >= 2 && m <= kMmaWideMaxRows) {\n",
-                  "  if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m == 1 && n_out > 16384) {\n"
-                  "    x2 = normalized(x2, norm);\n"
-                  "    norm = Norm{};\n"
-                  "  }\n"
-                  "  if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m >= 2 && m <= kMmaWideMaxRows) {\n"),),
-            "one row of 16-bit x into more than 16384 output columns (a vocabulary's lm_head) normalized by our "
-            "layer_norm launch first instead of in the CUDA-core kernel's blocks (the prologue, or the fold without "
-            "the norm's weight): bench_linear ln + lm_head 768 x 50257 at one row, fp16, H200: fused 75.4 us, folded "
-            "30.4, unfolded (the two launches) 24.5 (2026-12-02, stored 9690685). Not yet measured as a variant: "
-            "predicted fused and folded -> ~24-26 us, GPT-2's graph-fused step at batch 1 -3..-6 us (its lm_head is "
-            "the folded one-row launch)",
-            "python3 -m bench.time_decode_graph --backends graph-fused --batches 1 --reps 5 && python3 -m pytest "
-            "bench/bench_linear.py --full -k 'not compiled and not eager and (ln-k768-n50257-m1- or ln-k768-n2304-m1-)'"),
     Variant("stream-l2-evict-first",
             (Edit("csrc/common/mma.cuh",
                   '  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"\n'

@@ -619,6 +619,10 @@ NORM_EXAMPLES = [
     norm_case_of(k=768, n=2304, m=16, dtype=torch.bfloat16, affine_misaligned=True),
     norm_case_of(k=768, n=2304, m=16, dtype=torch.float16, norm_weight=False, affine_fp32=True),
     norm_case_of(k=768, n=3072, m=1, dtype=torch.bfloat16, norm_weight=False),
+    # One row into more than kOneRowNormMaxCols (16384) columns: the norm's own launch first, then the kernel.
+    norm_case_of(k=768, n=16392, m=1, dtype=torch.float16),
+    norm_case_of(k=64, n=16385, m=1, dtype=torch.bfloat16, activation="gelu_tanh", norm="rms_norm",
+                 norm_bias=False, affine_misaligned=True),
 ]
 
 
@@ -693,7 +697,7 @@ def fold_row(kind: str, k: int, gen) -> torch.Tensor:
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("k,n,act", [(768, 2304, None), (1001, 96, "gelu_tanh"), (64, 4000, None),
-                                     (4096, 512, None), (768, 40, "swiglu")])
+                                     (4096, 512, None), (768, 40, "swiglu"), (64, 16392, None)])
 def test_norm_fold_one_row_gpu(k, n, act, dtype, norm, kind):
     """linear(x [1, k], norm=..., no norm weight or bias), the fold, against float64 (the norm, the matmul,
     bias, activation and residual all in float64): no further off than the two launches (our layer_norm,

@@ -215,6 +215,15 @@ struct Norm {
 // the plain one at 16 rows, 0.8 at 8, against the ~1.4 us norm launch it saves), so from 9 rows the norm
 // keeps its launch (kSelfNormMaxRows).
 constexpr int64_t kSelfNormMaxRows = 8;
+// One row into more than kOneRowNormMaxCols output columns (a vocabulary's lm_head): our layer_norm launch first,
+// then the plain kernel. Each of the CUDA-core kernel's blocks normalizes the row again (the prologue) or folds the
+// norm into its dot products, and at 50257 columns that is ~12.5k blocks, 47 waves. ln + lm_head 768 x 50257, one
+// row, H200, bench.ab linear-one-row-wide-norm-first against the tree before (bench_linear, 2026-12-02), us: the
+// norm's weight in the launch 75.7 -> 24.3 (fp16), 77.3 -> 25.9 (bf16); folded (no norm weight) 30.1 -> 24.5, 30.6
+// -> 24.4; GPT-2's graph-fused step at batch 1 (its lm_head the folded one-row launch) 192.7 -> 188.4 us a step.
+// At 768 x 2304 (GPT-2's c_attn) the launch keeps the norm (within 2% either way in the same call); widths between
+// 2304 and 50257 were not measured.
+constexpr int64_t kOneRowNormMaxCols = 16384;
 bool self_norm_in_mma(const at::Tensor& x, const at::Tensor& weight, const Norm& norm, int64_t m, int64_t k,
                       int64_t n_out, int64_t activation) {
   if (norm.norm == kNormNone || norm.weight.defined() || norm.bias.defined()) return false;
@@ -425,10 +434,14 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   if (residual.has_value()) residual2 = residual->reshape({m, n_out});
   // A norm over 2-32 rows of float16 / bfloat16: our layer_norm launch first, then the plain kernels.
   // The kernels' prologue (normalize in shared memory, then multiply) measured slower than the two
-  // launches in GPT-2's chained step at every batch (docs/lab-notes/linear-mlp.md). One row
-  // keeps it in the launch: the prologue, or without the norm's weight and bias the fold into the dot
-  // products (linear_kernel.cuh, kFold); 2-8 rows without them, where the tensor-core kernel runs in one
-  // wave, the same fold on tensor cores (self_norm_in_mma, kSelfNorm).
+  // launches in GPT-2's chained step at every batch (docs/lab-notes/linear-mlp.md). One row (into at most
+  // kOneRowNormMaxCols columns) keeps it in the launch: the prologue, or without the norm's weight and bias the
+  // fold into the dot products (linear_kernel.cuh, kFold); 2-8 rows without them, where the tensor-core kernel
+  // runs in one wave, the same fold on tensor cores (self_norm_in_mma, kSelfNorm).
+  if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m == 1 && n_out > kOneRowNormMaxCols) {
+    x2 = normalized(x2, norm);
+    norm = Norm{};
+  }
   if (norm.norm != kNormNone && x.scalar_type() != at::kFloat && m >= 2 && m <= kMmaWideMaxRows) {
     if (self_norm_in_mma(x, weight, norm, m, k, n_out, activation)) {
       norm.in_mma = true;
