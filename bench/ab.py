@@ -71,6 +71,7 @@ PDL_H = "csrc/common/pdl.cuh"
 PDL_ROWS = "constexpr long kPdlEarlyRows = 8;"
 PDL_NORM_ROWS = "constexpr long kPdlEarlyNormRows = 16;"
 WIDE = "constexpr int64_t kDecodeWideMinBatch = 16;"
+WIDE_MAX = "constexpr int64_t kDecodeWideMaxBatch = 16;"
 NEVER = "int64_t(1) << 40"
 # The long-cache rule's count, both layouts: the split count whose last round of resident blocks is fullest.
 LONG_FILL = "  return decode_long_fill_splits(work, sms, splits);"
@@ -222,11 +223,18 @@ _VARIANTS = [
     Variant("decode-wide-from-8", (Edit(DECODE_H, WIDE, "constexpr int64_t kDecodeWideMinBatch = 8;"),),
             "the 256-thread build from batch 8: GPT-2's B8 step +2..+3 us (H100)",
             "python3 -m bench.time_decode_graph --batches 8,16"),
-    Variant("decode-wide-every-batch", (Edit(DECODE_H, WIDE, "constexpr int64_t kDecodeWideMinBatch = 1;"),),
+    Variant("decode-wide-to-24", (Edit(DECODE_H, WIDE_MAX, "constexpr int64_t kDecodeWideMaxBatch = 24;"),),
+            "the 256-thread build up to batch 24 (the batches between the measured 16, where it wins, and 32, where "
+            "it loses): not yet measured",
+            "python3 -m bench.time_decode_graph --backends graph-fused --batches 16,24,32 --reps 5"),
+    Variant("decode-wide-every-batch", (Edit(DECODE_H, WIDE, "constexpr int64_t kDecodeWideMinBatch = 1;"),
+                                        Edit(DECODE_H, WIDE_MAX, f"constexpr int64_t kDecodeWideMaxBatch = {NEVER};")),
             "every one-row launch not on the deep build on the 256-thread build (the correctness run of the wide "
             "build at every batch)"),
     Variant("decode-wide-off", (Edit(DECODE_H, WIDE, f"constexpr int64_t kDecodeWideMinBatch = {NEVER};"),),
-            "no wide build: GPT-2's B16 step +3.3 us at a 128-token prompt, +4.0 at 512 (H200, settled process)",
+            "no wide build: GPT-2's B16 step +3.3 us at a 128-token prompt, +4.0 at 512 (H200, settled process); "
+            "when the wide build ran from batch 16 up, B32 / B48 / B64 374.0 -> 368.6 / 526.1 -> 497.2 / 544.2 -> "
+            "516.2 us without it (H200, fp16, prompt 128, two interleaved rounds, 2026-12-02): kDecodeWideMaxBatch",
             "python3 -m bench.time_decode_graph --batches 16"),
     Variant("decode-deep-off",
             (Edit(DECODE_H, "constexpr bool kDecodeDeep = true;", "constexpr bool kDecodeDeep = false;"),),

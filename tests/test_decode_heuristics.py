@@ -3,8 +3,9 @@ decode_long_splits), on the host side of nvcc's compilation: which launches take
 unsplit grid one to two waves of two blocks an SM, 32k+ keys, the cluster merge available), which the long-cache
 rule's (from 128k keys: up to six blocks an SM, the count whose last round of blocks is fullest; from 32k keys with
 a paged cache: six blocks an SM), and which neither (0: the general rule decides). The expected counts are the
-rules' statements in the header's comments worked by hand for an H200 (132 SMs). CPU only; skipped without nvcc
-(CI has it)."""
+rules' statements in the header's comments worked by hand for an H200 (132 SMs). Also which one-row launches take the
+CUDA-core kernel's 256-thread build (decode_wide: batch 16 at caches up to 2048 slots). CPU only; skipped without
+nvcc (CI has it)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,39 @@ def test_long_cache_split_rules(rule_binary):
     want = [splits for _, splits in CASES]
     wrong = [(case, g, w) for (case, _), g, w in zip(CASES, got, want) if g != w]
     assert not wrong, f"(work, max_len, cluster_ok, paged), got, want: {wrong}"
+
+
+WIDE_PROGRAM = r"""
+#include <cstdio>
+#include "decode_attention/decode_attention_heuristics.h"
+int main() {
+  long long batch, max_len;
+  while (std::scanf("%lld %lld", &batch, &max_len) == 2) std::printf("%d\n", int(fused_attn::decode_wide(batch, max_len)));
+  return 0;
+}
+"""
+
+WIDE_CASES = [
+    # (batch, max_len) -> the 256-thread build
+    ((16, 192), 1),     # GPT-2 at batch 16: its grid leaves each scheduler 1-2 warps
+    ((16, 2048), 1),
+    ((16, 2049), 0),    # longer caches stream better on the 128-thread build
+    ((15, 192), 0),     # batch 8-15: the 128-thread build
+    ((8, 192), 0),
+    ((17, 192), 0),     # past kDecodeWideMaxBatch: batches 32-64 measured faster on 128 threads
+    ((32, 192), 0),
+    ((64, 192), 0),
+]
+
+
+@pytest.fixture(scope="module")
+def wide_binary(tmp_path_factory):
+    return host_binary(tmp_path_factory.mktemp("decode_wide"), "decode_wide", WIDE_PROGRAM)
+
+
+def test_wide_build_rule(wide_binary):
+    lines = "".join(f"{b} {n}\n" for (b, n), _ in WIDE_CASES)
+    r = subprocess.run([str(wide_binary)], input=lines, capture_output=True, text=True, check=True)
+    got = [int(x) for x in r.stdout.split()]
+    wrong = [(case, g, w) for (case, w), g in zip(WIDE_CASES, got) if g != w]
+    assert not wrong, f"(batch, max_len), got, want: {wrong}"

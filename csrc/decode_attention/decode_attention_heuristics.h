@@ -180,7 +180,7 @@ constexpr bool decode_deep(int64_t batch, bool pdl_early, int64_t split_slots, i
 }
 
 // The wide build of the CUDA-core kernel (kDecodeWideThreads, one query row per block) from batch
-// kDecodeWideMinBatch on, where the deep build is not taken. For batches whose grid leaves each scheduler
+// kDecodeWideMinBatch to kDecodeWideMaxBatch, where the deep build is not taken. For batches whose grid leaves each scheduler
 // 1-2 warps (GPT-2 at batch 16, ncu): the four warps of the 128-thread build each run a ~1.4 k-instruction
 // chain at ~8 cycles an instruction. GPT-2's fp16 step, bench.time_decode_graph, wide against 128 threads:
 // H100 batch 16 -4..-7 us, batch 8 +2..+3, batch 16 at a 512-token prompt even; H200 in a settled process
@@ -188,10 +188,15 @@ constexpr bool decode_deep(int64_t batch, bool pdl_early, int64_t split_slots, i
 // Caches longer than kDecodeWideMaxLen slots keep it too: at Llama's MHA shape, batch 16, D128, fp16 (H200,
 // bench_decode_attention, one run), the wide build read 84.9% / 93.5% of copy bandwidth at 8k / 32k keys,
 // the 128-thread build (the paged provider, which only has that build) 102.6% / 104.6%, cuDNN 103.1% / 105.6%.
+// Larger batches keep the 128-thread build: their grids give each scheduler enough warps, and the wide build's
+// 256-thread blocks leave GPT-2's batch-48 / 64 grids (576 / 768 blocks) more than one round of resident blocks.
+// GPT-2's fp16 graph-fused step (H200, prompt 128, bench.ab decode-wide-off, two interleaved rounds, 2026-12-02),
+// wide -> 128 threads: batch 32 374.0 -> 368.6 us, batch 48 526.1 -> 497.2, batch 64 544.2 -> 516.2.
 constexpr int64_t kDecodeWideMinBatch = 16;
+constexpr int64_t kDecodeWideMaxBatch = 16;
 constexpr int64_t kDecodeWideMaxLen = 2048;
 constexpr bool decode_wide(int64_t batch, int64_t max_len) {
-  return batch >= kDecodeWideMinBatch && max_len <= kDecodeWideMaxLen;
+  return batch >= kDecodeWideMinBatch && batch <= kDecodeWideMaxBatch && max_len <= kDecodeWideMaxLen;
 }
 
 }  // namespace fused_attn
