@@ -9,7 +9,8 @@ CUDA cores; from 2 rows in float16 / bfloat16 on tensor cores (one row too where
 in, K <= 4096 and the weight has a 16-row tile per SM), mma.sync with the weight as the
 16-row operand, K split over the blocks of a thread-block cluster where the weight has fewer 16-row
 tiles than the GPU has SMs, e.g. GPT-2's 768 outputs; the same two kernels' wide build to ``MAX_MMA_ROWS``
-rows on sm_90 where the weight's rows are 16-byte pieces); above that, cuBLAS (in float16 / bfloat16 one
+rows on sm_90 where the weight's rows are 16-byte pieces, the split-K kernel's in two row groups to
+``MAX_SPLIT_K_ROWS``); above that, cuBLAS (in float16 / bfloat16 one
 cuBLASLt call with the bias, GELU and, without GELU, the residual as its C operand in the epilogue;
 elsewhere ATen's ``addmm`` and the rest of the epilogue in place; SwiGLU as one pass of our own over
 the gate and up columns). With ``norm`` and one row of x, the norm runs in our kernel's launch: in float16 /
@@ -54,6 +55,9 @@ MAX_GEMV_ROWS = 16
 # Up to this many rows float16 / bfloat16 x still runs our tensor-core kernels (their wide build, on sm_90, where
 # the weight's rows are 16-byte pieces and K is a multiple of 8: kMmaWideMaxRows in csrc/linear/linear.cpp).
 MAX_MMA_ROWS = 32
+# Up to this many rows the split-K kernel's shapes (fewer 16-row weight tiles than SMs, e.g. GPT-2's 768 outputs)
+# still run it, its wide build in row groups of 32 (kSplitKGroupMaxRows in csrc/linear/linear.cpp).
+MAX_SPLIT_K_ROWS = 64
 _KEYS = (str, type(None))  # the types activation / norm may have
 
 
@@ -194,7 +198,8 @@ def linear(
     Returns ``[..., out]`` in x's dtype, where out is out_features (hidden for swiglu). On CUDA,
     up to ``MAX_GEMV_ROWS`` rows of x (the product of its leading dims) run our kernel, one launch
     that reads the weight once (float16 / bfloat16 on sm_90 up to ``MAX_MMA_ROWS``, where the weight's
-    rows are 16-byte pieces); more rows run cuBLAS (cuBLASLt with the epilogue fused, else ``addmm``
+    rows are 16-byte pieces, and up to ``MAX_SPLIT_K_ROWS`` where it has fewer 16-row tiles than the GPU has
+    SMs); more rows run cuBLAS (cuBLASLt with the epilogue fused, else ``addmm``
     with the epilogue as separate passes). Launches on the current stream, never synchronizes the host, works under
     ``torch.compile(fullgraph=True)`` and CUDA-graph capture. Differentiable (the backward
     recomputes through the PyTorch reference), also with respect to norm_weight and norm_bias.

@@ -13,7 +13,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from fused_attn import reference
-from fused_attn.linear import MAX_GEMV_ROWS, MAX_MMA_ROWS, linear
+from fused_attn.linear import MAX_GEMV_ROWS, MAX_MMA_ROWS, MAX_SPLIT_K_ROWS, linear
 from tests.tolerances import NORM_ULPS, assert_close, assert_linear_close, norm_tolerance
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -119,7 +119,7 @@ EDGE_EXAMPLES = [
     # GEMM's epilogue (_addmm_activation)
     case_of(k=96, n=40, m=33, dtype=torch.float32, activation="gelu_tanh", scale=2.0),
     case_of(k=8, n=8, m=17, dtype=torch.float32, activation="gelu_tanh", residual=False),
-    case_of(k=128, n=72, m=48, dtype=torch.float16, activation="gelu_tanh", residual=False),
+    case_of(k=128, n=72, m=65, dtype=torch.float16, activation="gelu_tanh", residual=False),
     case_of(k=0, n=3, m=17, dtype=torch.float32, activation="gelu_tanh", residual=False),  # no epilogue: gelu(bias)
     case_of(k=33, n=9, m=5, dtype=torch.float16, layout="strided", activation="gelu_tanh"),
     case_of(k=256, n=64, m=2, dtype=torch.float16, scale=2.0**5, activation="gelu_tanh"),
@@ -196,8 +196,9 @@ def test_tensor_core_path_gpu(m, activation, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_many_rows_epilogue_gpu(dtype):
-    """The cuBLAS path (more than MAX_MMA_ROWS rows; float32 from MAX_GEMV_ROWS + 1, and where the tensor-core
-    kernels' wide build does not take the shape), each epilogue x bias x residual: in float16 /
+    """The cuBLAS path (more than MAX_SPLIT_K_ROWS rows, or more than MAX_MMA_ROWS at a weight of a 16-row tile per
+    SM; float32 from MAX_GEMV_ROWS + 1, and where the tensor-core kernels' wide build does not take the shape), each
+    epilogue x bias x residual: in float16 /
     bfloat16 one cuBLASLt call (bias, GELU and the residual as its C operand: linear_cublaslt.cpp), in
     float32 and at layouts Lt does not take ATen's addmm; the one-pass SwiGLU kernel (linear_swiglu.cu)
     in its 16-byte build (hidden a multiple of the vector width) and its element-wise one (odd hidden),
@@ -206,15 +207,15 @@ def test_many_rows_epilogue_gpu(dtype):
         for bias in (False, True):
             for residual in (False, True):
                 for layout in ("contiguous", "strided", "misaligned"):
-                    run_and_check(case_of(m=40, k=72, n=64, dtype=dtype, activation=activation, bias=bias,
-                                          residual=residual, layout=layout, seed=len(layout)), "cuda")
+                    run_and_check(case_of(m=MAX_SPLIT_K_ROWS + 1, k=72, n=64, dtype=dtype, activation=activation,
+                                          bias=bias, residual=residual, layout=layout, seed=len(layout)), "cuda")
     # Output rows that are not whole 16-byte pieces (1001 and 77 columns: a vocabulary's lm_head), with and
     # without the residual as Lt's C operand: Lt's D at 2-byte-aligned rows.
     for n in (1001, 77):
         for activation in (None, "gelu_tanh"):
             for bias, residual in ((False, False), (True, False), (True, True)):
-                run_and_check(case_of(m=64, k=96, n=n, dtype=dtype, activation=activation, bias=bias,
-                                      residual=residual, seed=n), "cuda")
+                run_and_check(case_of(m=MAX_SPLIT_K_ROWS + 1, k=96, n=n, dtype=dtype, activation=activation,
+                                      bias=bias, residual=residual, seed=n), "cuda")
     # Wide outputs (4096 columns and more) whose rows are whole 16-byte pieces or not (the last piece 1 or 7
     # elements), x at an odd offset too: linear_cublas's split of such outputs into two GEMMs (kLtSplitMinCols).
     for n in (4097, 4103, 4096):
@@ -223,7 +224,7 @@ def test_many_rows_epilogue_gpu(dtype):
                                            (True, True, "contiguous"), (False, True, "misaligned")):
                 run_and_check(case_of(m=40, k=72, n=n, dtype=dtype, activation=activation, bias=bias,
                                       residual=residual, layout=layout, seed=n), "cuda")
-    for m, n_out in ((MAX_MMA_ROWS + 1, 64), (40, 5), (65535 + 3, 8)):
+    for m, n_out in ((MAX_SPLIT_K_ROWS + 1, 64), (MAX_SPLIT_K_ROWS + 2, 5), (65535 + 3, 8)):
         for bias, residual in ((False, False), (True, True), (False, True)):
             run_and_check(case_of(m=m, k=24, n=2 * n_out, dtype=dtype, activation="swiglu", bias=bias,
                                   residual=residual, seed=m), "cuda")
@@ -263,14 +264,16 @@ def test_split_k_path_gpu(m, activation, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [MAX_GEMV_ROWS + 1, 20, 25, MAX_MMA_ROWS, MAX_MMA_ROWS + 1])
+@pytest.mark.parametrize("m", [MAX_GEMV_ROWS + 1, 20, 25, MAX_MMA_ROWS, MAX_MMA_ROWS + 1, 47, MAX_SPLIT_K_ROWS,
+                               MAX_SPLIT_K_ROWS + 1])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_wide_rows_gpu(m, activation, dtype):
     """17-32 rows of float16 / bfloat16 x: the tensor-core kernels' wide build (four n-tiles; the last one
     partly rows past m), the whole-K kernel's shapes (a partial last chunk of 32 and a partial last tile, GPT-2's
     c_attn, Llama's 4096 x 4096, 625 blocks of many waves) and the split-K kernel's (SPLIT_K_SHAPES' first four:
-    a cluster of up to 8 blocks, a partial last tile, a short last split); 33 rows, the same shapes on cuBLAS.
+    a cluster of up to 8 blocks, a partial last tile, a short last split); 33-64 rows, the split-K shapes in two
+    row groups (the second full, or 1 or 15 rows) and the whole-K shapes on cuBLAS; 65 rows, all on cuBLAS.
     Bias and residual as test_tensor_core_path_gpu pairs them; each output poisoned."""
     swiglu = activation == "swiglu"
     shapes = ((776, 2305), (768, 2304), (4096, 4096), (744, 10000)) + tuple(SPLIT_K_SHAPES[:4])
@@ -304,13 +307,18 @@ def _kernels_run(fn) -> list[str]:
                                           (24, 768, 3072, "linear_mma_kernel"),
                                           (MAX_MMA_ROWS, 4096, 4096, "linear_mma_kernel"),
                                           (MAX_MMA_ROWS + 1, 768, 3072, "cuBLAS"),
+                                          (MAX_MMA_ROWS + 1, 768, 768, "linear_splitk_kernel"),
+                                          (MAX_SPLIT_K_ROWS, 3072, 768, "linear_splitk_kernel"),
+                                          (MAX_SPLIT_K_ROWS + 1, 768, 768, "cuBLAS"),
+                                          (48, 4096, 4096, "cuBLAS"),
                                           (24, 11008, 4096, "cuBLAS")])
 def test_kernel_choice_gpu(m, k, n, kernel):
     """linear.cpp's dispatch at GPT-2 / Llama decode shapes, read from the kernel names torch.profiler
     records: 2-16 rows over fewer 16-row tiles than SMs take the split-K kernel (sm_90), one tile per SM
     or more the tensor-core kernel; one row the CUDA-core kernel, except the tensor-core kernel's class
     (a tile per SM) at K <= 4096 (linear.cpp's kMmaOneRowMaxK); 17-32 rows the same two kernels' wide build
-    (sm_90), except K > 4096 on the tensor-core kernel's class (gemv_wins); more rows none of ours."""
+    (sm_90), except K > 4096 on the tensor-core kernel's class (gemv_wins); 33-64 rows the split-K kernel's shapes
+    only (in row groups); more rows none of ours."""
     props = torch.cuda.get_device_properties(0)
     if (kernel == "linear_splitk_kernel" or m > MAX_GEMV_ROWS) and props.major < 9:
         pytest.skip("the split-K kernel and the wide build need sm_90")

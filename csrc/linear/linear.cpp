@@ -44,6 +44,14 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 // 368.9; batches 1 and 16 even (192.9 / 271.3 against 193.1 / 271.4). Eight n-tiles to 64 rows measured slower than
 // cuBLAS: batch 48 529.7 -> 547.3, batch 64 548.8 -> 583.5.
 constexpr int64_t kMmaWideMaxRows = 32;
+// 33-64 rows of the split-K class (fewer 16-row weight tiles than SMs, GPT-2's 768-column projections): the same
+// wide build in two row groups (linear_launch.h's kMmaGroupRows), grid layers of one launch, each group's blocks
+// reading the weight tile again. Against cuBLAS, whose GEMMs at these shapes split K into a second launch: GPT-2's
+// graph-fused step (H200, fp16, prompt 128, bench.ab against 5818221, two interleaved rounds, us a step) batch 48
+// 499.9 -> 470.0, batch 64 527.0 -> 493.8. The whole-K kernel's shapes (c_attn, c_fc, the lm_head) stay on cuBLAS
+// there: with them in row groups too the step lost to cuBLAS (batch 48 526.1 -> 532.2, batch 64 544.2 -> 569.5, the
+// same call's default on the 256-thread decode build).
+constexpr int64_t kSplitKGroupMaxRows = 64;
 
 // Rows of x from which float16 / bfloat16 run a tensor-core kernel (16-byte rows): linear_mma_kernel
 // where the weight has at least one block of 16 rows per SM, else the split-K kernel (sm_90: clusters),
@@ -291,7 +299,9 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
       }
       // Otherwise the tensor-core kernels take no norm (linear_impl normalized 2-16 rows of 16-bit x first).
       if (on_mma && mma_blocks >= sms) {
-        if (p.m > kMaxGemvRows) {
+        if (p.m > kMmaWideMaxRows) {
+          // not this kernel's rows (linear_impl sends none): the check below refuses them
+        } else if (p.m > kMaxGemvRows) {
           if (linear_mma_arch<scalar_t, 32>() >= 80) {
             launch_linear_mma<scalar_t, 32>(p, sms, stream);
             return;
@@ -301,8 +311,15 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
           return;
         }
       } else if (on_mma) {
-        const int splits = splitk_splits(mma_blocks, p.k, sms);
-        if (p.m > kMaxGemvRows) {
+        // The splits cover the SMs with every row group's tiles (33-64 rows: two groups).
+        const int64_t groups = p.m > kMmaWideMaxRows ? (p.m + kMmaGroupRows - 1) / kMmaGroupRows : 1;
+        const int splits = splitk_splits(mma_blocks * groups, p.k, sms);
+        if (p.m > kMmaWideMaxRows) {  // linear_impl's wide_rows: 33-64 rows in row groups
+          if (linear_splitk_arch<scalar_t, 64>() >= 90) {
+            launch_linear_splitk<scalar_t, 64>(p, splits, sms, stream);
+            return;
+          }
+        } else if (p.m > kMaxGemvRows) {
           if (linear_splitk_arch<scalar_t, 32>() >= 90) {
             launch_linear_splitk<scalar_t, 32>(p, splits, sms, stream);
             return;
@@ -462,10 +479,12 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
       path = GemvPath::kSplitK;
     }
   }
-  // 17-32 rows: the wide build of the tensor-core kernels (split-K included), which need what path says.
-  const bool wide_rows = m > kMaxGemvRows && m <= kMmaWideMaxRows && k % 8 == 0 && vector_ready(weight, 8) &&
-                    at::cuda::getDeviceProperties(x.device().index())->major >= 9 &&
-                    (path == GemvPath::kTensorCores || path == GemvPath::kSplitK);
+  // 17-32 rows: the wide build of the tensor-core kernels (split-K included), which need what path says; 33-64 rows
+  // the split-K kernel's wide build in row groups.
+  const bool wide_rows = m > kMaxGemvRows && k % 8 == 0 && vector_ready(weight, 8) &&
+                         at::cuda::getDeviceProperties(x.device().index())->major >= 9 &&
+                         ((m <= kMmaWideMaxRows && path == GemvPath::kTensorCores) ||
+                          (m <= kSplitKGroupMaxRows && path == GemvPath::kSplitK));
   if ((m > kMaxGemvRows && !wide_rows) || !gemv_wins(m, k, path)) {
     if (norm.norm != kNormNone) x2 = normalized(x2, norm);
     return linear_cublas(x2, weight, bias, residual2, activation).view(out_shape);

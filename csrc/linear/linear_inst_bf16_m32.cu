@@ -6,4 +6,6 @@ template void launch_linear_mma<__nv_bfloat16, 32>(const LinearParams&, int, cud
 template int linear_mma_arch<__nv_bfloat16, 32>();
 template void launch_linear_splitk<__nv_bfloat16, 32>(const LinearParams&, int, int, cudaStream_t);
 template int linear_splitk_arch<__nv_bfloat16, 32>();
+template void launch_linear_splitk<__nv_bfloat16, 64>(const LinearParams&, int, int, cudaStream_t);
+template int linear_splitk_arch<__nv_bfloat16, 64>();
 }  // namespace fused_attn

@@ -6,4 +6,6 @@ template void launch_linear_mma<__half, 32>(const LinearParams&, int, cudaStream
 template int linear_mma_arch<__half, 32>();
 template void launch_linear_splitk<__half, 32>(const LinearParams&, int, int, cudaStream_t);
 template int linear_splitk_arch<__half, 32>();
+template void launch_linear_splitk<__half, 64>(const LinearParams&, int, int, cudaStream_t);
+template int linear_splitk_arch<__half, 64>();
 }  // namespace fused_attn

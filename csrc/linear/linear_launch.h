@@ -118,6 +118,10 @@ bool linear_mma_self_norm_fits(int64_t k, int64_t blocks, int sms);
 // k) per tile form a cluster along K; sms as for launch_linear_mma. linear_splitk_arch: the SM version it was compiled for (0 if
 // none; clusters need sm_90).
 constexpr int kLinearMaxSplits = 8;
+// MT 64 (33-64 rows, linear.cpp's kSplitKGroupMaxRows): the wide build in row groups of kMmaGroupRows rows of x, one
+// grid layer (blockIdx.z) a group, each reading the whole weight tile again (from L2 when the other group's blocks
+// of the tile are resident beside it).
+constexpr int kMmaGroupRows = 32;
 template <typename T, int MT>
 void launch_linear_splitk(const LinearParams& p, int splits, int sms, cudaStream_t stream);
 template <typename T, int MT>

@@ -96,16 +96,30 @@ __device__ __forceinline__ void splitk_reduce_store(const LinearParams& p, int64
 }
 #endif
 
+// Row group g of a kRowGroups launch: kMmaGroupRows rows of x, residual and out from row g x kMmaGroupRows.
+template <typename T>
+__device__ __forceinline__ LinearParams splitk_row_group(const LinearParams& p, int g) {
+  LinearParams q = p;
+  const int first = g * kMmaGroupRows;
+  q.m = min(kMmaGroupRows, p.m - first);
+  q.x = static_cast<const T*>(p.x) + int64_t(first) * p.x_stride;
+  if (p.residual != nullptr) q.residual = static_cast<const T*>(p.residual) + int64_t(first) * p.r_stride;
+  q.out = static_cast<T*>(p.out) + int64_t(first) * p.o_stride;
+  return q;
+}
+
 // NT n-tiles of 8 rows of x (NT = 1: up to 8 rows, 2: up to 16, 4: up to 32); blockIdx.x the tile, the
-// cluster (blockIdx.y) the split of K.
+// cluster (blockIdx.y) the split of K; with kRowGroups (NT 4, 33-64 rows) blockIdx.z the row group.
 // kShort: linear_mma_kernel's short build (CH chunks in flight, kMmaShortMinBlocks blocks per SM),
 // for a split whose warps' share of K is in flight before the wait; else the long one; four n-tiles: the
 // wide build whatever kShort (kMmaWideChunks). kAct: as linear_mma_kernel's.
-template <typename T, int NT, bool kShort, bool kStageX, int kAct = kActRuntime>
+template <typename T, int NT, bool kShort, bool kStageX, int kAct = kActRuntime, bool kRowGroups = false>
 __global__ void __launch_bounds__(kLinearMmaThreads, NT >= 4 ? kMmaWideMinBlocks : kShort ? kMmaShortMinBlocks : 1)
-    linear_splitk_kernel(const LinearParams p) {
+    linear_splitk_kernel(const LinearParams params) {
   constexpr int CH = NT >= 4 ? kMmaWideChunks : kShort ? kMmaShortChunks : kMmaLongChunks;
+  static_assert(!kRowGroups || NT == 4, "row groups are the wide build's");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const LinearParams p = kRowGroups ? splitk_row_group<T>(params, int(blockIdx.z)) : params;
   namespace cg = cooperative_groups;
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const cg::cluster_group cluster = cg::this_cluster();
@@ -147,11 +161,16 @@ __global__ void __launch_bounds__(kLinearMmaThreads, NT >= 4 ? kMmaWideMinBlocks
 namespace linear {
 template <typename T, int MT, int kAct>
 void launch_splitk_act(const LinearParams& p, int splits, int sms, cudaStream_t stream) {
-  static_assert(MT == 8 || MT == 16 || MT == 32, "the split-K kernel takes one, two or four n-tiles of 8 rows of x");
+  static_assert(MT == 8 || MT == 16 || MT == 32 || MT == 64,
+                "the split-K kernel takes one, two or four n-tiles of 8 rows of x, or two groups of four");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
-  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block), unsigned(splits));
+  const unsigned groups = MT == 64 ? unsigned((p.m + kMmaGroupRows - 1) / kMmaGroupRows) : 1;
+  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block), unsigned(splits), groups);
   const dim3 cluster(1, unsigned(splits), 1);
-  if constexpr (MT == 32) {  // the wide build: one for every split's K
+  if constexpr (MT == 64) {  // the wide build in row groups
+    launch_clustered(true, cluster, linear_splitk_kernel<T, 4, false, false, kAct, true>, grid,
+                     dim3(kLinearMmaThreads), 0, stream, p);
+  } else if constexpr (MT == 32) {  // the wide build: one for every split's K
     launch_clustered(true, cluster, linear_splitk_kernel<T, 4, false, false, kAct>, grid, dim3(kLinearMmaThreads), 0,
                      stream, p);
   } else {
@@ -182,7 +201,8 @@ template <typename T, int MT>
 int linear_splitk_arch() {
   static const int arch = [] {
     cudaFuncAttributes attr{};
-    constexpr auto kernel = linear::linear_splitk_kernel<T, MT / 8, MT < 32, false, kArchProbeBuild>;
+    constexpr auto kernel = linear::linear_splitk_kernel<T, MT >= 32 ? 4 : MT / 8, MT < 32, false, kArchProbeBuild,
+                                                         MT == 64>;
     return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.binaryVersion : 0;
   }();
   return arch;
