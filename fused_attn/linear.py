@@ -53,7 +53,7 @@ _NORM_NAMES = {code: name for name, code in NORMS.items()}
 MAX_GEMV_ROWS = 16
 # Up to this many rows float16 / bfloat16 x still runs our tensor-core kernels (their wide build, on sm_90, where
 # the weight's rows are 16-byte pieces and K is a multiple of 8: kMmaWideMaxRows in csrc/linear/linear.cpp).
-MAX_MMA_ROWS = 32
+MAX_MMA_ROWS = 64
 _KEYS = (str, type(None))  # the types activation / norm may have
 
 

@@ -263,7 +263,7 @@ def test_split_k_path_gpu(m, activation, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [MAX_GEMV_ROWS + 1, 20, 25, MAX_MMA_ROWS, MAX_MMA_ROWS + 1])
+@pytest.mark.parametrize("m", [MAX_GEMV_ROWS + 1, 20, 25, 32, 33, 47, MAX_MMA_ROWS, MAX_MMA_ROWS + 1])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_wide_rows_gpu(m, activation, dtype):

@@ -43,7 +43,7 @@ constexpr int64_t kMaxGemvRows = kLinearMaxRows;
 // 128, bench.ab, two interleaved rounds, us a step, cuBLAS -> ours): batch 24 460.4 -> 349.3, batch 32 471.6 ->
 // 368.9; batches 1 and 16 even (192.9 / 271.3 against 193.1 / 271.4). Eight n-tiles to 64 rows measured slower than
 // cuBLAS: batch 48 529.7 -> 547.3, batch 64 548.8 -> 583.5.
-constexpr int64_t kMmaWideMaxRows = 32;
+constexpr int64_t kMmaWideMaxRows = 64;
 
 // Rows of x from which float16 / bfloat16 run a tensor-core kernel (16-byte rows): linear_mma_kernel
 // where the weight has at least one block of 16 rows per SM, else the split-K kernel (sm_90: clusters),
@@ -301,7 +301,7 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
           return;
         }
       } else if (on_mma) {
-        const int splits = splitk_splits(mma_blocks, p.k, sms);
+        const int splits = splitk_splits(mma_blocks * (p.m > kMaxGemvRows ? linear_row_groups(p.m) : 1), p.k, sms);
         if (p.m > kMaxGemvRows) {
           if (linear_splitk_arch<scalar_t, 32>() >= 90) {
             launch_linear_splitk<scalar_t, 32>(p, splits, sms, stream);

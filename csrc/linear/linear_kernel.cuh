@@ -1044,17 +1044,34 @@ __device__ __forceinline__ void mma_self_norm_finish(const LinearParams& p, int6
 // 2-8 rows with the norm folded into the weight (kSelfNorm, below).
 // kSelfNorm: x's rows normalized from their own pieces (p.norm kNormLayer / kNormRms; mma_accumulate_self).
 // kAct: the activation compiled in, or kActRuntime (p.activation; launch_mma_builds says which runs).
+// The wide build's row group g of a launch (kMmaGroupRows rows of x, residual and out from row g x 32); the other
+// builds take every row (groups 1).
+template <typename T, int NT>
+__device__ __forceinline__ LinearParams mma_row_group(const LinearParams& p, int g) {
+  if constexpr (NT < 4) return p;
+  LinearParams q = p;
+  const int first = g * kMmaGroupRows;
+  q.m = min(kMmaGroupRows, p.m - first);
+  q.x = static_cast<const T*>(p.x) + int64_t(first) * p.x_stride;
+  if (p.residual != nullptr) q.residual = static_cast<const T*>(p.residual) + int64_t(first) * p.r_stride;
+  q.out = static_cast<T*>(p.out) + int64_t(first) * p.o_stride;
+  return q;
+}
+
 template <typename T, int NT, bool kShort, bool kStageX, bool kSelfNorm = false, int kAct = kActRuntime>
 __global__ void __launch_bounds__(kLinearMmaThreads, NT >= 4 ? kMmaWideMinBlocks : kShort ? kMmaShortMinBlocks : 1)
-    linear_mma_kernel(const LinearParams p) {
+    linear_mma_kernel(const LinearParams params) {
   constexpr int CH = NT >= 4 ? kMmaWideChunks : kShort ? kMmaShortChunks : kMmaLongChunks;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int groups = NT >= 4 ? linear_row_groups(params.m) : 1;
+  const LinearParams p = mma_row_group<T, NT>(params, int(blockIdx.x) % groups);
+  const int tile = int(blockIdx.x) / groups;
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const int warp = threadIdx.x / 32;
   // Spelled out here, not through build_activation: that form moved ptxas's schedule of the kActRuntime builds
   // (docs/lab-notes/linear-mlp.md).
   const bool swiglu = kAct == kActRuntime ? p.activation == kActSwiglu : (kAct & kActCodeMask) == kActSwiglu;
-  const int64_t col0 = int64_t(blockIdx.x) * (swiglu ? 8 : 16);
+  const int64_t col0 = int64_t(tile) * (swiglu ? 8 : 16);
   const MmaLane<T, NT> L = mma_lane<T, NT, kAct>(p, col0, threadIdx.x % 32);
   float acc[NT][4];
 #pragma unroll
@@ -1210,7 +1227,7 @@ void launch_mma_tiles(const LinearParams& p, const dim3 grid, int sms, cudaStrea
 template <typename T, int MT, bool kSelfNorm, int kAct>
 void launch_mma_act(const LinearParams& p, int sms, cudaStream_t stream) {
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
-  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block));
+  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block * (MT == 32 ? linear_row_groups(p.m) : 1)));
   if constexpr (MT == 32) {  // the wide build (kMmaWideChunks): one build for every K, x in registers
     static_assert(!kSelfNorm, "the wide build takes no norm");
     constexpr auto wide_build = linear_mma_kernel<T, MT / 8, false, false, false, kAct>;

@@ -98,6 +98,11 @@ void launch_linear_gemv(const LinearParams& p, int rows_per_block, int threads, 
 // norm; 16 output columns per block (8 with kActSwiglu). linear_mma_arch: the SM version it was
 // compiled for (0 if none: mma.sync needs sm_80).
 constexpr int kLinearMmaThreads = 256;
+// The wide build's rows of x a block takes (four n-tiles): a launch of more rows runs ceil(m / 32) row groups, the
+// blocks of one weight tile's groups side by side in the grid (block b: tile b / groups, group b % groups), so the
+// group that reads a tile second finds it in L2.
+constexpr int kMmaGroupRows = 32;
+constexpr int linear_row_groups(int m) { return m > kMmaGroupRows ? (m + kMmaGroupRows - 1) / kMmaGroupRows : 1; }
 // `sms`: the device's SM count (the launcher stages x where the grid is resident at once: kStageX in
 // linear_kernel.cuh).
 template <typename T, int MT>

@@ -103,9 +103,12 @@ __device__ __forceinline__ void splitk_reduce_store(const LinearParams& p, int64
 // wide build whatever kShort (kMmaWideChunks). kAct: as linear_mma_kernel's.
 template <typename T, int NT, bool kShort, bool kStageX, int kAct = kActRuntime>
 __global__ void __launch_bounds__(kLinearMmaThreads, NT >= 4 ? kMmaWideMinBlocks : kShort ? kMmaShortMinBlocks : 1)
-    linear_splitk_kernel(const LinearParams p) {
+    linear_splitk_kernel(const LinearParams params) {
   constexpr int CH = NT >= 4 ? kMmaWideChunks : kShort ? kMmaShortChunks : kMmaLongChunks;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int groups = NT >= 4 ? linear_row_groups(params.m) : 1;
+  const LinearParams p = mma_row_group<T, NT>(params, int(blockIdx.x) % groups);
+  const int tile = int(blockIdx.x) / groups;
   namespace cg = cooperative_groups;
   launch_dependents_early(p.pdl_early);  // pdl.cuh: every block waits below before it exits
   const cg::cluster_group cluster = cg::this_cluster();
@@ -117,7 +120,7 @@ __global__ void __launch_bounds__(kLinearMmaThreads, NT >= 4 ? kMmaWideMinBlocks
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Spelled out, not through build_activation, as in linear_mma_kernel (which says why).
   const bool swiglu = kAct == kActRuntime ? p.activation == kActSwiglu : (kAct & kActCodeMask) == kActSwiglu;
-  const int64_t col0 = int64_t(blockIdx.x) * (swiglu ? 8 : 16);
+  const int64_t col0 = int64_t(tile) * (swiglu ? 8 : 16);
   const MmaLane<T, NT> L = mma_lane<T, NT, kAct>(p, col0, lane);
   float acc[NT][4];
 #pragma unroll
@@ -149,7 +152,8 @@ template <typename T, int MT, int kAct>
 void launch_splitk_act(const LinearParams& p, int splits, int sms, cudaStream_t stream) {
   static_assert(MT == 8 || MT == 16 || MT == 32, "the split-K kernel takes one, two or four n-tiles of 8 rows of x");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
-  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block), unsigned(splits));
+  const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block * (MT == 32 ? linear_row_groups(p.m) : 1)),
+                  unsigned(splits));
   const dim3 cluster(1, unsigned(splits), 1);
   if constexpr (MT == 32) {  // the wide build: one for every split's K
     launch_clustered(true, cluster, linear_splitk_kernel<T, 4, false, false, kAct>, grid, dim3(kLinearMmaThreads), 0,
