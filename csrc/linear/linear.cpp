@@ -465,7 +465,7 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const std:
   // 17-32 rows: the wide build of the tensor-core kernels (split-K included), which need what path says.
   const bool wide_rows = m > kMaxGemvRows && m <= kMmaWideMaxRows && k % 8 == 0 && vector_ready(weight, 8) &&
                     at::cuda::getDeviceProperties(x.device().index())->major >= 9 &&
-                    (path == GemvPath::kTensorCores || path == GemvPath::kSplitK);
+                    (path == GemvPath::kSplitK || (path == GemvPath::kTensorCores && m <= 32));
   if ((m > kMaxGemvRows && !wide_rows) || !gemv_wins(m, k, path)) {
     if (norm.norm != kNormNone) x2 = normalized(x2, norm);
     return linear_cublas(x2, weight, bias, residual2, activation).view(out_shape);
