@@ -225,7 +225,8 @@ _VARIANTS = [
             "python3 -m bench.time_decode_graph --batches 8,16"),
     Variant("decode-wide-to-24", (Edit(DECODE_H, WIDE_MAX, "constexpr int64_t kDecodeWideMaxBatch = 24;"),),
             "the 256-thread build up to batch 24 (the batches between the measured 16, where it wins, and 32, where "
-            "it loses): not yet measured",
+            "it loses): GPT-2's step B16 270.9 -> 270.6 us, B24 344.0 -> 344.4 (H200, fp16, prompt 128, two "
+            "interleaved rounds, 2026-12-02): even, so the bound stays at 16",
             "python3 -m bench.time_decode_graph --backends graph-fused --batches 16,24,32 --reps 5"),
     Variant("decode-wide-every-batch", (Edit(DECODE_H, WIDE, "constexpr int64_t kDecodeWideMinBatch = 1;"),
                                         Edit(DECODE_H, WIDE_MAX, f"constexpr int64_t kDecodeWideMaxBatch = {NEVER};")),

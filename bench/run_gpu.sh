@@ -170,6 +170,8 @@ if has gpt2; then
 fi
 if has gpt2bench; then
   # One pytest run per batch size, each with its own JSON: a run killed by the time limit keeps the other.
+  # Batches past 1 and 16 are not headline cases: on a GPU they need GPT2_BENCH_ARGS="--full --bench-gpt2-batches N"
+  # (and GPT2_BENCH_K to narrow --full's dtypes and sampling).
   for b in ${GPT2_BENCH_BATCHES:-1 16}; do
     log "bench_gpt2 batch $b"
     k="b$b-"
