@@ -78,7 +78,9 @@ WIDE_PROGRAM = r"""
 #include "decode_attention/decode_attention_heuristics.h"
 int main() {
   long long batch, max_len;
-  while (std::scanf("%lld %lld", &batch, &max_len) == 2) std::printf("%d\n", int(fused_attn::decode_wide(batch, max_len)));
+  while (std::scanf("%lld %lld", &batch, &max_len) == 2) {
+    std::printf("%d\n", int(fused_attn::decode_wide(batch, max_len)));
+  }
   return 0;
 }
 """

@@ -180,8 +180,8 @@ constexpr bool decode_deep(int64_t batch, bool pdl_early, int64_t split_slots, i
 }
 
 // The wide build of the CUDA-core kernel (kDecodeWideThreads, one query row per block) from batch
-// kDecodeWideMinBatch to kDecodeWideMaxBatch, where the deep build is not taken. For batches whose grid leaves each scheduler
-// 1-2 warps (GPT-2 at batch 16, ncu): the four warps of the 128-thread build each run a ~1.4 k-instruction
+// kDecodeWideMinBatch to kDecodeWideMaxBatch, where the deep build is not taken. For batches whose grid leaves each
+// scheduler 1-2 warps (GPT-2 at batch 16, ncu): the four warps of the 128-thread build each run a ~1.4 k-instruction
 // chain at ~8 cycles an instruction. GPT-2's fp16 step, bench.time_decode_graph, wide against 128 threads:
 // H100 batch 16 -4..-7 us, batch 8 +2..+3, batch 16 at a 512-token prompt even; H200 in a settled process
 // batch 16 -3.3 us at a 128-token prompt, -4.0 at 512. Batch 8 keeps the 128-thread build.
