@@ -1,0 +1,375 @@
+"""A GEMM tile for 33-64 rows of x against cuBLAS at GPT-2's whole-K shapes (H200, ~1 min):
+
+    python -m dev.probe_gemm_rows [--rows 33,48,64] [--splits 1,2,3,4] [--reps 200]
+
+At 33-64 rows GPT-2's c_attn (768 -> 2304), c_fc (768 -> 3072, GELU) and lm_head (768 -> 50304 padded) run on
+cuBLAS: our linear kernels give each block 16 weight columns, and every block then reads all of x's rows from L2
+(96 KB at 64 rows and K 768 against 24 KB of weights), which lost to cuBLAS's GEMM tiles at batch 48 / 64
+(docs/lab-notes/linear-mlp.md). The tile measured here is the one that arithmetic asks for:
+
+- a block owns 64 weight columns and all 64 rows of x (four m16 tiles of weight columns x eight n8 tiles of x rows,
+  mma.sync m16n8k16, float32 accumulation; warp w takes m-tile w % 4 and x rows 32 (w / 4) .. + 32);
+- both operands go global -> shared by cp.async in 64-wide k steps (8 KB of W and 8 KB of x a step, 128-byte rows
+  XOR-swizzled for ldmatrix), four stages in flight, so x is read once a 64 columns, a quarter of what the GEMV
+  tiles read;
+- K is split over a thread-block cluster (grid: column tiles x splits, cluster 1 x splits), so that column tiles x
+  splits cover the SMs; each other split writes its partial sums into rank 0's shared memory (distributed shared
+  memory, between two cluster barriers), and rank 0 adds them in rank order and applies bias, GELU (tanh) and the
+  residual, one rounding to float16;
+- launched as a programmatic dependent (PDL): its first stages of weights are in flight before its
+  griddepcontrol.wait, as our other linear kernels do, and it triggers its dependent after its loop.
+
+What it prints, for each row count: the largest error against a float64 product (each split count), the time a
+launch in a CUDA graph of 12 layers' weights (a different weight each launch: 12 x 8.3 MB streamed from DRAM, as in
+the decode step) for ours at each split count against cuBLAS (torch.addmm; c_fc through torch._addmm_activation,
+the cuBLASLt GELU epilogue fused_attn's linear uses above its own kernels' rows), and the lm_head alone. The chain
+figure is what moves GPT-2's step: cuBLAS's launches there take 5.1-5.8 us at 64 rows (bench.profile, 127151d).
+Nothing is written into the checkout (load_inline builds under torch's extension cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+
+import torch
+from torch.utils.cpp_extension import load_inline
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <cooperative_groups.h>
+#include <cuda_fp16.h>
+
+namespace cg = cooperative_groups;
+
+constexpr int kCols = 64, kRows = 64, kStepK = 64, kThreads = 256, kStages = 4;
+constexpr int kTileBytes = 64 * 128;          // 64 rows of 64 halves
+constexpr int kStageBytes = 2 * kTileBytes;   // W's tile, then x's
+constexpr int kSmemBytes = kStages * kStageBytes;
+constexpr int kMaxSplits = 4;                 // the landing of the other splits' sums fits the pipeline's memory
+
+struct Args {
+  const __half* x;
+  const __half* w;
+  const __half* bias;
+  const __half* res;
+  __half* out;
+  int m, k, n, act;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+// Byte offset of 16-byte chunk `chunk` of row `row` in a 64 x 128-byte tile: chunks XOR-swizzled by the row, so the
+// eight rows an ldmatrix phase reads (one chunk each) sit in eight different bank groups.
+__device__ __forceinline__ int swz(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool live) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(live ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ float gelu_tanh(float v) {
+  const float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+  return 0.5f * v * (1.f + tanhf(u));
+}
+
+// out[m, n] = act(x[m, k] . w[n, k]^T + bias) + res; k a multiple of 64, m <= 64, rows 16-byte aligned.
+__global__ void __launch_bounds__(kThreads) gemm_rows_kernel(const Args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int col0 = blockIdx.x * kCols;
+  const int all_steps = a.k / kStepK, per = (all_steps + splits - 1) / splits;
+  const int first = rank * per, steps = max(0, min(all_steps, first + per) - first);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+  // Each thread copies chunks tid and tid + 256 of each 512-chunk tile: row c / 8, chunk c % 8.
+  auto issue_w = [&](int step, int slot) {
+    const int k0 = (first + step) * kStepK;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int c = tid + i * kThreads, r = c >> 3, ch = c & 7, col = col0 + r;
+      const __half* src = a.w + int64_t(min(col, a.n - 1)) * a.k + k0 + ch * 8;
+      cp_async16(smem_u32(smem + slot * kStageBytes + swz(r, ch)), src, col < a.n);
+    }
+  };
+  auto issue_x = [&](int step, int slot) {
+    const int k0 = (first + step) * kStepK;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int c = tid + i * kThreads, r = c >> 3, ch = c & 7;
+      const __half* src = a.x + int64_t(min(r, a.m - 1)) * a.k + k0 + ch * 8;
+      cp_async16(smem_u32(smem + slot * kStageBytes + kTileBytes + swz(r, ch)), src, r < a.m);
+    }
+  };
+
+  // The weights are constants: their first stages go out before the wait on the previous kernel (PDL).
+  for (int s = 0; s < kStages - 1 && s < steps; ++s) issue_w(s, s);
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) issue_x(s, s);
+    cp_commit();  // group s: x's stage s (and group 0 the weights' first stages)
+  }
+
+  float acc[4][4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+  const int mt = warp & 3, nh = warp >> 2;
+  for (int t = 0; t < steps; ++t) {
+    cp_wait<kStages - 2>();  // group t has landed (this thread's copies) ...
+    __syncthreads();         // ... and every thread's; slot (t - 1) % kStages is free
+    const int next = t + kStages - 1;
+    if (next < steps) {
+      issue_w(next, next % kStages);
+      issue_x(next, next % kStages);
+    }
+    cp_commit();
+    const unsigned char* st = smem + (t % kStages) * kStageBytes;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t af[4];
+      ldsm_x4(af, smem_u32(st + swz(mt * 16 + (lane & 15), kk * 2 + (lane >> 4))));
+#pragma unroll
+      for (int jp = 0; jp < 2; ++jp) {
+        const int q = lane >> 3, row = nh * 32 + jp * 16 + (q >> 1) * 8 + (lane & 7);
+        uint32_t bf[4];
+        ldsm_x4(bf, smem_u32(st + kTileBytes + swz(row, kk * 2 + (q & 1))));
+        mma16816(acc[2 * jp], af, bf[0], bf[1]);
+        mma16816(acc[2 * jp + 1], af, bf[2], bf[3]);
+      }
+    }
+  }
+  cp_wait<0>();
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
+  if (splits > 1) {
+    float* land = reinterpret_cast<float*>(smem);  // rank 0's: [splits - 1][kThreads][16]
+    cluster.sync();  // every block is past its loop: rank 0's pipeline memory is free
+    if (rank != 0) {
+      float4* dst = reinterpret_cast<float4*>(cluster.map_shared_rank(land, 0) + ((rank - 1) * kThreads + tid) * 16);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dst[j] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    }
+    cluster.sync();  // the sums have landed
+    if (rank != 0) return;
+    for (int r = 1; r < splits; ++r) {
+      const float4* src = reinterpret_cast<const float4*>(land + ((r - 1) * kThreads + tid) * 16);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 v = src[j];
+        acc[j][0] += v.x, acc[j][1] += v.y, acc[j][2] += v.z, acc[j][3] += v.w;
+      }
+    }
+  }
+  // acc[j][i]: weight column mt * 16 + lane / 4 (+ 8 for i >= 2), x row nh * 32 + 8 j + 2 (lane % 4) (+ 1 for odd i).
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = nh * 32 + j * 8 + (lane & 3) * 2 + (i & 1);
+      const int col = col0 + mt * 16 + (lane >> 2) + (i >> 1) * 8;
+      if (row < a.m && col < a.n) {
+        float v = acc[j][i];
+        if (a.bias != nullptr) v += __half2float(a.bias[col]);
+        if (a.act == 1) v = gelu_tanh(v);
+        if (a.res != nullptr) v += __half2float(a.res[int64_t(row) * a.n + col]);
+        a.out[int64_t(row) * a.n + col] = __float2half_rn(v);
+      }
+    }
+}
+
+void gemm_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> res,
+               torch::Tensor out, int64_t act, int64_t splits, bool pdl) {
+  TORCH_CHECK(x.dtype() == torch::kHalf && w.dtype() == torch::kHalf && out.dtype() == torch::kHalf, "float16 only");
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && out.is_contiguous(), "contiguous tensors only");
+  const int m = int(x.size(0)), k = int(x.size(1)), n = int(w.size(0));
+  TORCH_CHECK(m >= 1 && m <= kRows && k % kStepK == 0 && w.size(1) == k && out.size(0) == m && out.size(1) == n,
+              "x [m <= 64, k % 64 == 0], w [n, k], out [m, n]");
+  TORCH_CHECK(splits >= 1 && splits <= kMaxSplits, "splits in 1..4");
+  static bool attr = [] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(gemm_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    return true;
+  }();
+  (void)attr;
+  Args a{reinterpret_cast<const __half*>(x.data_ptr()), reinterpret_cast<const __half*>(w.data_ptr()),
+         bias ? reinterpret_cast<const __half*>(bias->data_ptr()) : nullptr,
+         res ? reinterpret_cast<const __half*>(res->data_ptr()) : nullptr,
+         reinterpret_cast<__half*>(out.data_ptr()), m, k, n, int(act)};
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned((n + kCols - 1) / kCols), unsigned(splits), 1);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.stream = at::cuda::getCurrentCUDAStream();
+  cudaLaunchAttribute attrs[2];
+  unsigned na = 0;
+  if (splits > 1) {
+    attrs[na].id = cudaLaunchAttributeClusterDimension;
+    attrs[na].val.clusterDim.x = 1;
+    attrs[na].val.clusterDim.y = unsigned(splits);
+    attrs[na].val.clusterDim.z = 1;
+    ++na;
+  }
+  if (pdl) {
+    attrs[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = na;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_rows_kernel, a));
+}
+"""
+
+# GPT-2 small's whole-K projections at decode: (name, in, out, activation); the lm_head's vocabulary padded to a
+# multiple of 64 as fused_attn.gpt2 pads it above 16 rows.
+SHAPES = [("c_attn", 768, 2304, 0), ("c_fc", 768, 3072, 1)]
+LM_HEAD = ("lm_head", 768, 50304, 0)
+LAYERS = 12
+
+
+def build():
+    return load_inline("probe_gemm_rows", cpp_sources="void gemm_rows(torch::Tensor x, torch::Tensor w, "
+                       "c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> res, torch::Tensor out, "
+                       "int64_t act, int64_t splits, bool pdl);",
+                       cuda_sources=SOURCE, functions=["gemm_rows"],
+                       extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, act: int) -> torch.Tensor:
+    """act(x . w^T + bias) in float64 (act 1: GELU, tanh form)."""
+    y = x.double() @ w.double().t()
+    if bias is not None:
+        y = y + bias.double()
+    return torch.nn.functional.gelu(y, approximate="tanh") if act == 1 else y
+
+
+def cublas(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, act: int, out: torch.Tensor) -> None:
+    """The many-row path's cuBLAS call: the bias (and GELU) in cuBLASLt's epilogue."""
+    if act == 1:
+        torch._addmm_activation(bias, x, w.t(), use_gelu=True, out=out)
+    elif bias is not None:
+        torch.addmm(bias, x, w.t(), out=out)
+    else:
+        torch.mm(x, w.t(), out=out)
+
+
+def graph_us(fn, launches: int, reps: int) -> float:
+    """us a launch of fn's CUDA graph (fn issues `launches` launches), median of 5 timings of `reps` replays."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()  # warm-up outside the capture (cuBLAS's workspace, the extension's attribute)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            fn()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps / launches)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="33,48,64", help="comma list of row counts (1-64)")
+    ap.add_argument("--splits", default="1,2,3,4", help="comma list of split counts (1-4)")
+    ap.add_argument("--reps", type=int, default=200, help="graph replays a timing")
+    args = ap.parse_args(argv)
+    rows = [int(v) for v in args.rows.split(",")]
+    splits = [int(v) for v in args.splits.split(",")]
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        print("needs an sm_90 GPU")
+        return 1
+    mod = build()
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, device=dev) * scale).half()
+
+    weights = {name: [(randn(n, k, scale=1 / math.sqrt(k)), randn(n, scale=0.1)) for _ in range(LAYERS)]
+               for name, k, n, _ in SHAPES}
+    print(f"{torch.cuda.get_device_name()}; us a launch in a CUDA graph of {LAYERS} layers' weights "
+          f"(median of 5 x {args.reps} replays); ours launched with PDL")
+    for m in rows:
+        x = randn(m, 768)
+        outs = {name: torch.empty(m, n, device=dev, dtype=torch.half) for name, _, n, _ in SHAPES}
+        for name, k, n, act in SHAPES:
+            w, b = weights[name][0]
+            ref = reference(x, w, b, act)
+            errs = []
+            for s in splits:
+                mod.gemm_rows(x, w, b, None, outs[name], act, s, True)
+                errs.append(f"{s}: {(outs[name].double() - ref).abs().max().item():.2e}")
+            cublas(x, w, b, act, outs[name])
+            errs.append(f"cuBLAS: {(outs[name].double() - ref).abs().max().item():.2e}")
+            print(f"m {m} {name} max |error| against float64, by splits: " + ", ".join(errs))
+
+        def chain(run):
+            def fn():
+                for layer in range(LAYERS):
+                    for name, _, _, act in SHAPES:
+                        w, b = weights[name][layer]
+                        run(w, b, act, outs[name])
+            return fn
+
+        line = [f"m {m} chain (c_attn + c_fc, {2 * LAYERS} launches):"]
+        base = graph_us(chain(lambda w, b, act, out: cublas(x, w, b, act, out)), 2 * LAYERS, args.reps)
+        line.append(f"cuBLAS {base:.2f}")
+        for s in splits:
+            t = graph_us(chain(lambda w, b, act, out, s=s: mod.gemm_rows(x, w, b, None, out, act, s, True)),
+                         2 * LAYERS, args.reps)
+            line.append(f"ours {s} splits {t:.2f} ({t / base:.3f})")
+        print("  ".join(line))
+        for name, k, n, act in SHAPES:
+            line = [f"m {m} {name} alone ({LAYERS} launches):"]
+            one = [(name, k, n, act)]
+
+            def chain_one(run, one=one):
+                def fn():
+                    for layer in range(LAYERS):
+                        for nm, _, _, a in one:
+                            w, b = weights[nm][layer]
+                            run(w, b, a, outs[nm])
+                return fn
+
+            base = graph_us(chain_one(lambda w, b, act, out: cublas(x, w, b, act, out)), LAYERS, args.reps)
+            line.append(f"cuBLAS {base:.2f}")
+            for s in splits:
+                t = graph_us(chain_one(lambda w, b, act, out, s=s: mod.gemm_rows(x, w, b, None, out, act, s, True)),
+                             LAYERS, args.reps)
+                line.append(f"ours {s} {t:.2f} ({t / base:.3f})")
+            print("  ".join(line))
+        name, k, n, _ = LM_HEAD
+        w = randn(n, k, scale=1 / math.sqrt(k))
+        out = torch.empty(m, n, device=dev, dtype=torch.half)
+        mod.gemm_rows(x, w, None, None, out, 0, 1, True)
+        err = (out.double() - reference(x, w, None, 0)).abs().max().item()
+        base = graph_us(lambda: cublas(x, w, None, 0, out), 1, max(20, args.reps // 10))
+        ours = graph_us(lambda: mod.gemm_rows(x, w, None, None, out, 0, 1, True), 1, max(20, args.reps // 10))
+        print(f"m {m} lm_head 768 x 50304 (one launch, 77 MB: {77.3e6 / 4.2e12 * 1e6:.1f} us at 4.2 TB/s): "
+              f"cuBLAS {base:.2f}, ours {ours:.2f} ({ours / base:.3f}); max |error| {err:.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
