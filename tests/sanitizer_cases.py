@@ -310,6 +310,9 @@ LINEAR_CASES = [
     # 17-32 rows: the wide build of both (four n-tiles, the last one partly past m)
     dict(m=25, k=776, n=2305, activation="gelu_tanh", dtype=torch.float16),
     dict(m=32, k=3080, n=776, activation="swiglu", dtype=torch.bfloat16, lead="3d"),
+    # 33-64 rows of the split-K shapes: its wide build in two row groups (the second full, or one row)
+    dict(m=64, k=3080, n=776, activation="gelu_tanh", dtype=torch.float16),
+    dict(m=33, k=768, n=1536, activation="swiglu", dtype=torch.bfloat16, lead="3d"),
 ]
 
 
