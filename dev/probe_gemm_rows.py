@@ -324,40 +324,25 @@ def main(argv=None) -> int:
             errs.append(f"cuBLAS: {(outs[name].double() - ref).abs().max().item():.2e}")
             print(f"m {m} {name} max |error| against float64, by splits: " + ", ".join(errs))
 
-        def chain(run):
+        def chain(run, shapes):
             def fn():
                 for layer in range(LAYERS):
-                    for name, _, _, act in SHAPES:
+                    for name, _, _, act in shapes:
                         w, b = weights[name][layer]
                         run(w, b, act, outs[name])
             return fn
 
-        line = [f"m {m} chain (c_attn + c_fc, {2 * LAYERS} launches):"]
-        base = graph_us(chain(lambda w, b, act, out: cublas(x, w, b, act, out)), 2 * LAYERS, args.reps)
-        line.append(f"cuBLAS {base:.2f}")
-        for s in splits:
-            t = graph_us(chain(lambda w, b, act, out, s=s: mod.gemm_rows(x, w, b, None, out, act, s, True)),
-                         2 * LAYERS, args.reps)
-            line.append(f"ours {s} splits {t:.2f} ({t / base:.3f})")
-        print("  ".join(line))
-        for name, k, n, act in SHAPES:
-            line = [f"m {m} {name} alone ({LAYERS} launches):"]
-            one = [(name, k, n, act)]
-
-            def chain_one(run, one=one):
-                def fn():
-                    for layer in range(LAYERS):
-                        for nm, _, _, a in one:
-                            w, b = weights[nm][layer]
-                            run(w, b, a, outs[nm])
-                return fn
-
-            base = graph_us(chain_one(lambda w, b, act, out: cublas(x, w, b, act, out)), LAYERS, args.reps)
+        cases = [(f"chain (c_attn + c_fc, {2 * LAYERS} launches)", SHAPES)]
+        cases += [(f"{shape[0]} alone ({LAYERS} launches)", [shape]) for shape in SHAPES]
+        for label, shapes in cases:
+            launches = LAYERS * len(shapes)
+            line = [f"m {m} {label}:"]
+            base = graph_us(chain(lambda w, b, act, out: cublas(x, w, b, act, out), shapes), launches, args.reps)
             line.append(f"cuBLAS {base:.2f}")
             for s in splits:
-                t = graph_us(chain_one(lambda w, b, act, out, s=s: mod.gemm_rows(x, w, b, None, out, act, s, True)),
-                             LAYERS, args.reps)
-                line.append(f"ours {s} {t:.2f} ({t / base:.3f})")
+                t = graph_us(chain(lambda w, b, act, out, s=s: mod.gemm_rows(x, w, b, None, out, act, s, True), shapes),
+                             launches, args.reps)
+                line.append(f"ours {s} splits {t:.2f} ({t / base:.3f})")
             print("  ".join(line))
         name, k, n, _ = LM_HEAD
         w = randn(n, k, scale=1 / math.sqrt(k))

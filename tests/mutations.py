@@ -298,7 +298,7 @@ MUTATIONS: list[Mutation] = [
              _t(f"{T_LINEAR}::test_wide_rows_gpu"), gpu=True,
              why="17-32 rows on the split-K kernel's two-n-tile build: the rows past 16 are never computed"),
     Mutation("linear-row-groups-one-group", "csrc/linear/linear_splitk.cuh",
-             "const unsigned groups = MT == 64 ? unsigned((p.m + kMmaGroupRows - 1) / kMmaGroupRows) : 1;",
+             "const unsigned groups = MT == 64 ? unsigned(linear_row_groups(p.m)) : 1;",
              "const unsigned groups = 1;",
              _t(f"{T_LINEAR}::test_wide_rows_gpu"), gpu=True,
              why="33-64 rows of the split-K shapes in one row group: the rows past 32 are never computed"),

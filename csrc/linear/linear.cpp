@@ -299,21 +299,20 @@ void launch_gemv(const at::Tensor& x2, const at::Tensor& weight, const std::opti
       }
       // Otherwise the tensor-core kernels take no norm (linear_impl normalized 2-16 rows of 16-bit x first).
       if (on_mma && mma_blocks >= sms) {
-        if (p.m > kMmaWideMaxRows) {
-          // not this kernel's rows (linear_impl sends none): the check below refuses them
-        } else if (p.m > kMaxGemvRows) {
+        // More than kMmaWideMaxRows rows are not this kernel's (linear_impl sends none): the check below refuses them.
+        if (p.m > kMaxGemvRows && p.m <= kMmaWideMaxRows) {
           if (linear_mma_arch<scalar_t, 32>() >= 80) {
             launch_linear_mma<scalar_t, 32>(p, sms, stream);
             return;
           }
-        } else if ((wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
+        } else if (p.m <= kMaxGemvRows &&
+                   (wide ? linear_mma_arch<scalar_t, 16>() : linear_mma_arch<scalar_t, 8>()) >= 80) {
           wide ? launch_linear_mma<scalar_t, 16>(p, sms, stream) : launch_linear_mma<scalar_t, 8>(p, sms, stream);
           return;
         }
       } else if (on_mma) {
         // The splits cover the SMs with every row group's tiles (33-64 rows: two groups).
-        const int64_t groups = p.m > kMmaWideMaxRows ? (p.m + kMmaGroupRows - 1) / kMmaGroupRows : 1;
-        const int splits = splitk_splits(mma_blocks * groups, p.k, sms);
+        const int splits = splitk_splits(mma_blocks * linear_row_groups(p.m), p.k, sms);
         if (p.m > kMmaWideMaxRows) {  // linear_impl's wide_rows: 33-64 rows in row groups
           if (linear_splitk_arch<scalar_t, 64>() >= 90) {
             launch_linear_splitk<scalar_t, 64>(p, splits, sms, stream);

@@ -122,6 +122,10 @@ constexpr int kLinearMaxSplits = 8;
 // grid layer (blockIdx.z) a group, each reading the whole weight tile again (from L2 when the other group's blocks
 // of the tile are resident beside it).
 constexpr int kMmaGroupRows = 32;
+// The row groups of a launch of m rows (1 up to kMmaGroupRows rows).
+constexpr int64_t linear_row_groups(int64_t m) {
+  return m > kMmaGroupRows ? (m + kMmaGroupRows - 1) / kMmaGroupRows : 1;
+}
 template <typename T, int MT>
 void launch_linear_splitk(const LinearParams& p, int splits, int sms, cudaStream_t stream);
 template <typename T, int MT>

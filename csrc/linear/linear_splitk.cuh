@@ -164,7 +164,7 @@ void launch_splitk_act(const LinearParams& p, int splits, int sms, cudaStream_t 
   static_assert(MT == 8 || MT == 16 || MT == 32 || MT == 64,
                 "the split-K kernel takes one, two or four n-tiles of 8 rows of x, or two groups of four");
   const int64_t cols_per_block = p.activation == kActSwiglu ? 8 : 16;
-  const unsigned groups = MT == 64 ? unsigned((p.m + kMmaGroupRows - 1) / kMmaGroupRows) : 1;
+  const unsigned groups = MT == 64 ? unsigned(linear_row_groups(p.m)) : 1;
   const dim3 grid(unsigned((p.n_out + cols_per_block - 1) / cols_per_block), unsigned(splits), groups);
   const dim3 cluster(1, unsigned(splits), 1);
   if constexpr (MT == 64) {  // the wide build in row groups
