@@ -1,6 +1,6 @@
 """A GEMM tile for 33-64 rows of x against cuBLAS at GPT-2's whole-K shapes (H200, ~1 min):
 
-    python -m dev.probe_gemm_rows [--rows 33,48,64] [--splits 1,2,3,4] [--reps 200]
+    python -m dev.probe_gemm_rows [--rows 33,48,64] [--splits 1,2,3,4] [--modes 0,1,2] [--reps 200]
 
 At 33-64 rows GPT-2's c_attn (768 -> 2304), c_fc (768 -> 3072, GELU) and lm_head (768 -> 50304 padded) run on
 cuBLAS: our linear kernels give each block 16 weight columns, and every block then reads all of x's rows from L2
@@ -16,12 +16,14 @@ cuBLAS: our linear kernels give each block 16 weight columns, and every block th
   splits cover the SMs; each other split writes its partial sums into rank 0's shared memory (distributed shared
   memory, between two cluster barriers), and rank 0 adds them in rank order and applies bias, GELU (tanh) and the
   residual, one rounding to float16;
-- launched as a programmatic dependent (PDL): its first stages of weights are in flight before its
-  griddepcontrol.wait, as our other linear kernels do, and it triggers its dependent after its loop.
+- launched as a programmatic dependent (PDL), and triggers its dependent after its loop. Before its
+  griddepcontrol.wait (the weights are constants) a block has in flight (--modes): 0, its first three stages of
+  weights, as our other linear kernels do; 1, those and an L2 prefetch of the rest of its weight slice; 2, its whole
+  slice into shared memory of its own (up to 96 KB; x alone then goes through the four-stage ring).
 
-What it prints, for each row count: the largest error against a float64 product (each split count), the time a
-launch in a CUDA graph of 12 layers' weights (a different weight each launch: 12 x 8.3 MB streamed from DRAM, as in
-the decode step) for ours at each split count against cuBLAS (torch.addmm; c_fc through torch._addmm_activation,
+What it prints, for each row count: the largest error against a float64 product (each mode and split count), the
+time a launch in a CUDA graph of 12 layers' weights (a different weight each launch: 12 x 8.3 MB streamed from DRAM,
+as in the decode step) for ours at each mode and split count against cuBLAS (torch.addmm; c_fc through torch._addmm_activation,
 the cuBLASLt GELU epilogue fused_attn's linear uses above its own kernels' rows), and the lm_head alone. The chain
 figure is what moves GPT-2's step: cuBLAS's launches there take 5.1-5.8 us at 64 rows (bench.profile, 127151d).
 Nothing is written into the checkout (load_inline builds under torch's extension cache).
@@ -50,6 +52,8 @@ constexpr int kTileBytes = 64 * 128;          // 64 rows of 64 halves
 constexpr int kStageBytes = 2 * kTileBytes;   // W's tile, then x's
 constexpr int kSmemBytes = kStages * kStageBytes;
 constexpr int kMaxSplits = 4;                 // the landing of the other splits' sums fits the pipeline's memory
+constexpr int kMaxSteps = 12;                 // mode 2 holds a block's whole weight slice: K <= 768 at one split
+constexpr int kMaxSmemBytes = kMaxSteps * kTileBytes + kStages * kTileBytes;
 
 struct Args {
   const __half* x;
@@ -58,6 +62,10 @@ struct Args {
   const __half* res;
   __half* out;
   int m, k, n, act;
+  // Where a block's weights are before the PDL wait: 0 its first kStages - 1 steps in flight into the pipeline;
+  // 1 the same, and its whole slice prefetched into L2; 2 its whole slice in flight into shared memory (a region
+  // of its own, x alone through the pipeline).
+  int mode;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
@@ -96,30 +104,48 @@ __global__ void __launch_bounds__(kThreads) gemm_rows_kernel(const Args a) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
   // Each thread copies chunks tid and tid + 256 of each 512-chunk tile: row c / 8, chunk c % 8.
-  auto issue_w = [&](int step, int slot) {
+  const bool resident = a.mode == 2;
+  // Step t's tiles: W's and x's halves of pipeline slot t % kStages, or (resident) W's own tile t, then x's ring.
+  auto w_tile = [&](int step) {
+    return smem + (resident ? step * kTileBytes : (step % kStages) * kStageBytes);
+  };
+  auto x_tile = [&](int step) {
+    return smem + (resident ? steps * kTileBytes + (step % kStages) * kTileBytes
+                            : (step % kStages) * kStageBytes + kTileBytes);
+  };
+  auto issue_w = [&](int step) {
     const int k0 = (first + step) * kStepK;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int c = tid + i * kThreads, r = c >> 3, ch = c & 7, col = col0 + r;
       const __half* src = a.w + int64_t(min(col, a.n - 1)) * a.k + k0 + ch * 8;
-      cp_async16(smem_u32(smem + slot * kStageBytes + swz(r, ch)), src, col < a.n);
+      cp_async16(smem_u32(w_tile(step) + swz(r, ch)), src, col < a.n);
     }
   };
-  auto issue_x = [&](int step, int slot) {
+  auto issue_x = [&](int step) {
     const int k0 = (first + step) * kStepK;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int c = tid + i * kThreads, r = c >> 3, ch = c & 7;
       const __half* src = a.x + int64_t(min(r, a.m - 1)) * a.k + k0 + ch * 8;
-      cp_async16(smem_u32(smem + slot * kStageBytes + kTileBytes + swz(r, ch)), src, r < a.m);
+      cp_async16(smem_u32(x_tile(step) + swz(r, ch)), src, r < a.m);
     }
   };
 
-  // The weights are constants: their first stages go out before the wait on the previous kernel (PDL).
-  for (int s = 0; s < kStages - 1 && s < steps; ++s) issue_w(s, s);
+  // The weights are constants: before the wait on the previous kernel (PDL) go out their first stages (modes 0, 1),
+  // an L2 prefetch of the rest of the slice (mode 1: one 128-byte line a row a step), or the whole slice (mode 2).
+  if (a.mode == 1) {
+    for (int i = tid; i < kCols * steps; i += kThreads) {
+      const int r = i / steps, col = min(col0 + r, a.n - 1);
+      const __half* line = a.w + int64_t(col) * a.k + (first + i % steps) * kStepK;
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line));
+    }
+  }
+  for (int s = 0; s < (resident ? steps : min(kStages - 1, steps)); ++s) issue_w(s);
+  if (resident) cp_commit();  // the weights' group, older than every x group below
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) issue_x(s, s);
+    if (s < steps) issue_x(s);
     cp_commit();  // group s: x's stage s (and group 0 the weights' first stages)
   }
 
@@ -134,20 +160,21 @@ __global__ void __launch_bounds__(kThreads) gemm_rows_kernel(const Args a) {
     __syncthreads();         // ... and every thread's; slot (t - 1) % kStages is free
     const int next = t + kStages - 1;
     if (next < steps) {
-      issue_w(next, next % kStages);
-      issue_x(next, next % kStages);
+      if (!resident) issue_w(next);
+      issue_x(next);
     }
     cp_commit();
-    const unsigned char* st = smem + (t % kStages) * kStageBytes;
+    const unsigned char* wt = w_tile(t);
+    const unsigned char* xt = x_tile(t);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       uint32_t af[4];
-      ldsm_x4(af, smem_u32(st + swz(mt * 16 + (lane & 15), kk * 2 + (lane >> 4))));
+      ldsm_x4(af, smem_u32(wt + swz(mt * 16 + (lane & 15), kk * 2 + (lane >> 4))));
 #pragma unroll
       for (int jp = 0; jp < 2; ++jp) {
         const int q = lane >> 3, row = nh * 32 + jp * 16 + (q >> 1) * 8 + (lane & 7);
         uint32_t bf[4];
-        ldsm_x4(bf, smem_u32(st + kTileBytes + swz(row, kk * 2 + (q & 1))));
+        ldsm_x4(bf, smem_u32(xt + swz(row, kk * 2 + (q & 1))));
         mma16816(acc[2 * jp], af, bf[0], bf[1]);
         mma16816(acc[2 * jp + 1], af, bf[2], bf[3]);
       }
@@ -193,26 +220,31 @@ __global__ void __launch_bounds__(kThreads) gemm_rows_kernel(const Args a) {
 }
 
 void gemm_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> res,
-               torch::Tensor out, int64_t act, int64_t splits, bool pdl) {
+               torch::Tensor out, int64_t act, int64_t splits, bool pdl, int64_t mode) {
   TORCH_CHECK(x.dtype() == torch::kHalf && w.dtype() == torch::kHalf && out.dtype() == torch::kHalf, "float16 only");
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && out.is_contiguous(), "contiguous tensors only");
   const int m = int(x.size(0)), k = int(x.size(1)), n = int(w.size(0));
   TORCH_CHECK(m >= 1 && m <= kRows && k % kStepK == 0 && w.size(1) == k && out.size(0) == m && out.size(1) == n,
               "x [m <= 64, k % 64 == 0], w [n, k], out [m, n]");
   TORCH_CHECK(splits >= 1 && splits <= kMaxSplits, "splits in 1..4");
+  TORCH_CHECK(mode >= 0 && mode <= 2, "mode in 0..2");
+  const int per = (k / kStepK + int(splits) - 1) / int(splits);
+  TORCH_CHECK(mode != 2 || per <= kMaxSteps, "mode 2: at most 12 k steps a split");
   static bool attr = [] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(gemm_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(gemm_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes));
     return true;
   }();
   (void)attr;
   Args a{reinterpret_cast<const __half*>(x.data_ptr()), reinterpret_cast<const __half*>(w.data_ptr()),
          bias ? reinterpret_cast<const __half*>(bias->data_ptr()) : nullptr,
          res ? reinterpret_cast<const __half*>(res->data_ptr()) : nullptr,
-         reinterpret_cast<__half*>(out.data_ptr()), m, k, n, int(act)};
+         reinterpret_cast<__half*>(out.data_ptr()), m, k, n, int(act), int(mode)};
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned((n + kCols - 1) / kCols), unsigned(splits), 1);
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmemBytes;
+  // Mode 2: the slice's tiles and x's ring (at least the other splits' landing, which reuses the memory).
+  const int landing = (int(splits) - 1) * kThreads * 16 * 4;
+  cfg.dynamicSmemBytes = mode == 2 ? std::max(per * kTileBytes + kStages * kTileBytes, landing) : kSmemBytes;
   cfg.stream = at::cuda::getCurrentCUDAStream();
   cudaLaunchAttribute attrs[2];
   unsigned na = 0;
@@ -244,7 +276,7 @@ LAYERS = 12
 def build():
     return load_inline("probe_gemm_rows", cpp_sources="void gemm_rows(torch::Tensor x, torch::Tensor w, "
                        "c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> res, torch::Tensor out, "
-                       "int64_t act, int64_t splits, bool pdl);",
+                       "int64_t act, int64_t splits, bool pdl, int64_t mode);",
                        cuda_sources=SOURCE, functions=["gemm_rows"],
                        extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
 
@@ -292,10 +324,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="33,48,64", help="comma list of row counts (1-64)")
     ap.add_argument("--splits", default="1,2,3,4", help="comma list of split counts (1-4)")
+    ap.add_argument("--modes", default="0,1,2", help="comma list of weight modes (Args::mode): 0 the first stages "
+                    "before the PDL wait, 1 and the slice prefetched into L2, 2 the whole slice into shared memory")
     ap.add_argument("--reps", type=int, default=200, help="graph replays a timing")
     args = ap.parse_args(argv)
     rows = [int(v) for v in args.rows.split(",")]
     splits = [int(v) for v in args.splits.split(",")]
+    modes = [int(v) for v in args.modes.split(",")]
+    runs = [(mode, s) for mode in modes for s in splits]  # (weight mode, split count): mode 2 needs <= 12 steps
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         print("needs an sm_90 GPU")
         return 1
@@ -317,12 +353,13 @@ def main(argv=None) -> int:
             w, b = weights[name][0]
             ref = reference(x, w, b, act)
             errs = []
-            for s in splits:
-                mod.gemm_rows(x, w, b, None, outs[name], act, s, True)
-                errs.append(f"{s}: {(outs[name].double() - ref).abs().max().item():.2e}")
+            for mode, s in runs:
+                outs[name].fill_(float("nan"))
+                mod.gemm_rows(x, w, b, None, outs[name], act, s, True, mode)
+                errs.append(f"mode {mode} {s}: {(outs[name].double() - ref).abs().max().item():.2e}")
             cublas(x, w, b, act, outs[name])
             errs.append(f"cuBLAS: {(outs[name].double() - ref).abs().max().item():.2e}")
-            print(f"m {m} {name} max |error| against float64, by splits: " + ", ".join(errs))
+            print(f"m {m} {name} max |error| against float64, by mode and splits: " + ", ".join(errs))
 
         def chain(run, shapes):
             def fn():
@@ -339,20 +376,26 @@ def main(argv=None) -> int:
             line = [f"m {m} {label}:"]
             base = graph_us(chain(lambda w, b, act, out: cublas(x, w, b, act, out), shapes), launches, args.reps)
             line.append(f"cuBLAS {base:.2f}")
-            for s in splits:
-                t = graph_us(chain(lambda w, b, act, out, s=s: mod.gemm_rows(x, w, b, None, out, act, s, True), shapes),
+            for mode, s in runs:
+                t = graph_us(chain(lambda w, b, act, out, s=s, mode=mode: mod.gemm_rows(x, w, b, None, out, act, s,
+                                                                                      True, mode), shapes),
                              launches, args.reps)
-                line.append(f"ours {s} splits {t:.2f} ({t / base:.3f})")
+                line.append(f"mode {mode} {s} splits {t:.2f} ({t / base:.3f})")
             print("  ".join(line))
         name, k, n, _ = LM_HEAD
         w = randn(n, k, scale=1 / math.sqrt(k))
         out = torch.empty(m, n, device=dev, dtype=torch.half)
-        mod.gemm_rows(x, w, None, None, out, 0, 1, True)
-        err = (out.double() - reference(x, w, None, 0)).abs().max().item()
         base = graph_us(lambda: cublas(x, w, None, 0, out), 1, max(20, args.reps // 10))
-        ours = graph_us(lambda: mod.gemm_rows(x, w, None, None, out, 0, 1, True), 1, max(20, args.reps // 10))
-        print(f"m {m} lm_head 768 x 50304 (one launch, 77 MB: {77.3e6 / 4.2e12 * 1e6:.1f} us at 4.2 TB/s): "
-              f"cuBLAS {base:.2f}, ours {ours:.2f} ({ours / base:.3f}); max |error| {err:.2e}")
+        line = [f"m {m} lm_head 768 x 50304 (one launch, 77 MB: {77.3e6 / 4.2e12 * 1e6:.1f} us at 4.2 TB/s): "
+                f"cuBLAS {base:.2f}"]
+        for mode in modes:
+            out.fill_(float("nan"))
+            mod.gemm_rows(x, w, None, None, out, 0, 1, True, mode)
+            err = (out.double() - reference(x, w, None, 0)).abs().max().item()
+            ours = graph_us(lambda: mod.gemm_rows(x, w, None, None, out, 0, 1, True, mode), 1,
+                            max(20, args.reps // 10))
+            line.append(f"mode {mode} 1 split {ours:.2f} ({ours / base:.3f}, max |error| {err:.2e})")
+        print("  ".join(line))
     return 0
 
 
