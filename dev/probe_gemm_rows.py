@@ -1,6 +1,6 @@
 """A GEMM tile for 33-64 rows of x against cuBLAS at GPT-2's whole-K shapes (H200, ~1 min):
 
-    python -m dev.probe_gemm_rows [--rows 33,48,64] [--splits 1,2,3,4] [--modes 0,1,2] [--reps 200]
+    python -m dev.probe_gemm_rows [--rows 33,48,64] [--splits 1,2,3,4] [--modes 0,1,2,3,4] [--reps 200]
 
 At 33-64 rows GPT-2's c_attn (768 -> 2304), c_fc (768 -> 3072, GELU) and lm_head (768 -> 50304 padded) run on
 cuBLAS: our linear kernels give each block 16 weight columns, and every block then reads all of x's rows from L2
@@ -19,12 +19,14 @@ cuBLAS: our linear kernels give each block 16 weight columns, and every block th
 - launched as a programmatic dependent (PDL), and triggers its dependent after its loop. Before its
   griddepcontrol.wait (the weights are constants) a block has in flight (--modes): 0, its first three stages of
   weights, as our other linear kernels do; 1, those and an L2 prefetch of the rest of its weight slice; 2, its whole
-  slice into shared memory of its own (up to 96 KB; x alone then goes through the four-stage ring).
+  slice into shared memory of its own (up to 96 KB; x alone then goes through the four-stage ring); 3, the same
+  and after the wait x's whole slice at once (no ring: one round trip); 4, mode 3 triggering its dependent at its
+  start instead of after its loop.
 
 What it prints, for each row count: the largest error against a float64 product (each mode and split count), the
 time a launch in a CUDA graph of 12 layers' weights (a different weight each launch: 12 x 8.3 MB streamed from DRAM,
-as in the decode step) for ours at each mode and split count against cuBLAS (torch.addmm; c_fc through torch._addmm_activation,
-the cuBLASLt GELU epilogue fused_attn's linear uses above its own kernels' rows), and the lm_head alone. The chain
+as in the decode step) for ours at each mode and split count against cuBLAS (torch.addmm; c_fc through
+torch._addmm_activation, the cuBLASLt GELU epilogue fused_attn's linear uses above its own kernels' rows), and the lm_head alone. The chain
 figure is what moves GPT-2's step: cuBLAS's launches there take 5.1-5.8 us at 64 rows (bench.profile, 127151d).
 Nothing is written into the checkout (load_inline builds under torch's extension cache).
 """
@@ -53,7 +55,7 @@ constexpr int kStageBytes = 2 * kTileBytes;   // W's tile, then x's
 constexpr int kSmemBytes = kStages * kStageBytes;
 constexpr int kMaxSplits = 4;                 // the landing of the other splits' sums fits the pipeline's memory
 constexpr int kMaxSteps = 12;                 // mode 2 holds a block's whole weight slice: K <= 768 at one split
-constexpr int kMaxSmemBytes = kMaxSteps * kTileBytes + kStages * kTileBytes;
+constexpr int kMaxSmemBytes = 2 * kMaxSteps * kTileBytes;  // modes 3, 4: both slices
 
 struct Args {
   const __half* x;
@@ -103,15 +105,20 @@ __global__ void __launch_bounds__(kThreads) gemm_rows_kernel(const Args a) {
   const int first = rank * per, steps = max(0, min(all_steps, first + per) - first);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
+  // Mode 4 triggers its dependent at once (its blocks then wait in griddepcontrol.wait beside this grid's, their
+  // weights in flight for the whole of this launch); the others after their loop.
+  if (a.mode == 4) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   // Each thread copies chunks tid and tid + 256 of each 512-chunk tile: row c / 8, chunk c % 8.
-  const bool resident = a.mode == 2;
-  // Step t's tiles: W's and x's halves of pipeline slot t % kStages, or (resident) W's own tile t, then x's ring.
+  const bool resident = a.mode >= 2, x_resident = a.mode >= 3;
+  // Step t's tiles: W's and x's halves of pipeline slot t % kStages; or (resident) W's own tile t, then x's ring;
+  // or (x_resident) x's own tile t after the weights'.
   auto w_tile = [&](int step) {
     return smem + (resident ? step * kTileBytes : (step % kStages) * kStageBytes);
   };
   auto x_tile = [&](int step) {
-    return smem + (resident ? steps * kTileBytes + (step % kStages) * kTileBytes
-                            : (step % kStages) * kStageBytes + kTileBytes);
+    return smem + (x_resident ? (steps + step) * kTileBytes
+                   : resident ? steps * kTileBytes + (step % kStages) * kTileBytes
+                              : (step % kStages) * kStageBytes + kTileBytes);
   };
   auto issue_w = [&](int step) {
     const int k0 = (first + step) * kStepK;
@@ -144,9 +151,16 @@ __global__ void __launch_bounds__(kThreads) gemm_rows_kernel(const Args a) {
   for (int s = 0; s < (resident ? steps : min(kStages - 1, steps)); ++s) issue_w(s);
   if (resident) cp_commit();  // the weights' group, older than every x group below
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) issue_x(s);
-    cp_commit();  // group s: x's stage s (and group 0 the weights' first stages)
+  if (x_resident) {  // all of x's slice at once: one round trip
+    for (int s = 0; s < steps; ++s) issue_x(s);
+    cp_commit();
+    cp_wait<0>();
+    __syncthreads();
+  } else {
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < steps) issue_x(s);
+      cp_commit();  // group s: x's stage s (and group 0 the weights' first stages)
+    }
   }
 
   float acc[4][4];
@@ -156,14 +170,16 @@ __global__ void __launch_bounds__(kThreads) gemm_rows_kernel(const Args a) {
     for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
   const int mt = warp & 3, nh = warp >> 2;
   for (int t = 0; t < steps; ++t) {
-    cp_wait<kStages - 2>();  // group t has landed (this thread's copies) ...
-    __syncthreads();         // ... and every thread's; slot (t - 1) % kStages is free
-    const int next = t + kStages - 1;
-    if (next < steps) {
-      if (!resident) issue_w(next);
-      issue_x(next);
+    if (!x_resident) {
+      cp_wait<kStages - 2>();  // group t has landed (this thread's copies) ...
+      __syncthreads();         // ... and every thread's; slot (t - 1) % kStages is free
+      const int next = t + kStages - 1;
+      if (next < steps) {
+        if (!resident) issue_w(next);
+        issue_x(next);
+      }
+      cp_commit();
     }
-    cp_commit();
     const unsigned char* wt = w_tile(t);
     const unsigned char* xt = x_tile(t);
 #pragma unroll
@@ -181,7 +197,7 @@ __global__ void __launch_bounds__(kThreads) gemm_rows_kernel(const Args a) {
     }
   }
   cp_wait<0>();
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  if (a.mode != 4) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   if (splits > 1) {
     float* land = reinterpret_cast<float*>(smem);  // rank 0's: [splits - 1][kThreads][16]
@@ -227,9 +243,9 @@ void gemm_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bi
   TORCH_CHECK(m >= 1 && m <= kRows && k % kStepK == 0 && w.size(1) == k && out.size(0) == m && out.size(1) == n,
               "x [m <= 64, k % 64 == 0], w [n, k], out [m, n]");
   TORCH_CHECK(splits >= 1 && splits <= kMaxSplits, "splits in 1..4");
-  TORCH_CHECK(mode >= 0 && mode <= 2, "mode in 0..2");
+  TORCH_CHECK(mode >= 0 && mode <= 4, "mode in 0..4");
   const int per = (k / kStepK + int(splits) - 1) / int(splits);
-  TORCH_CHECK(mode != 2 || per <= kMaxSteps, "mode 2: at most 12 k steps a split");
+  TORCH_CHECK(mode < 2 || per <= kMaxSteps, "modes 2-4: at most 12 k steps a split");
   static bool attr = [] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(gemm_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes));
     return true;
@@ -242,9 +258,11 @@ void gemm_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bi
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned((n + kCols - 1) / kCols), unsigned(splits), 1);
   cfg.blockDim = dim3(kThreads);
-  // Mode 2: the slice's tiles and x's ring (at least the other splits' landing, which reuses the memory).
+  // Mode 2: the slice's tiles and x's ring; 3, 4: both slices (at least the other splits' landing, which reuses
+  // the memory).
   const int landing = (int(splits) - 1) * kThreads * 16 * 4;
-  cfg.dynamicSmemBytes = mode == 2 ? std::max(per * kTileBytes + kStages * kTileBytes, landing) : kSmemBytes;
+  const int slices = mode >= 3 ? 2 * per * kTileBytes : per * kTileBytes + kStages * kTileBytes;
+  cfg.dynamicSmemBytes = mode >= 2 ? std::max(slices, landing) : kSmemBytes;
   cfg.stream = at::cuda::getCurrentCUDAStream();
   cudaLaunchAttribute attrs[2];
   unsigned na = 0;
@@ -324,8 +342,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="33,48,64", help="comma list of row counts (1-64)")
     ap.add_argument("--splits", default="1,2,3,4", help="comma list of split counts (1-4)")
-    ap.add_argument("--modes", default="0,1,2", help="comma list of weight modes (Args::mode): 0 the first stages "
-                    "before the PDL wait, 1 and the slice prefetched into L2, 2 the whole slice into shared memory")
+    ap.add_argument("--modes", default="0,1,2,3,4", help="comma list of modes (Args::mode): 0 the first weight "
+                    "stages before the PDL wait, 1 and the slice prefetched into L2, 2 the whole slice into shared "
+                    "memory, 3 and x's whole slice after the wait, 4 mode 3 with the trigger at the start")
     ap.add_argument("--reps", type=int, default=200, help="graph replays a timing")
     args = ap.parse_args(argv)
     rows = [int(v) for v in args.rows.split(",")]
