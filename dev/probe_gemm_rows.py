@@ -26,8 +26,8 @@ cuBLAS: our linear kernels give each block 16 weight columns, and every block th
 What it prints, for each row count: the largest error against a float64 product (each mode and split count), the
 time a launch in a CUDA graph of 12 layers' weights (a different weight each launch: 12 x 8.3 MB streamed from DRAM,
 as in the decode step) for ours at each mode and split count against cuBLAS (torch.addmm; c_fc through
-torch._addmm_activation, the cuBLASLt GELU epilogue fused_attn's linear uses above its own kernels' rows), and the lm_head alone. The chain
-figure is what moves GPT-2's step: cuBLAS's launches there take 5.1-5.8 us at 64 rows (bench.profile, 127151d).
+torch._addmm_activation, the cuBLASLt GELU epilogue fused_attn's linear uses above its own kernels' rows), and the
+lm_head alone. The chain figure is what moves GPT-2's step: cuBLAS's launches there take 5.1-5.8 us at 64 rows (bench.profile, 127151d).
 Nothing is written into the checkout (load_inline builds under torch's extension cache).
 """
 
