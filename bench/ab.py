@@ -81,6 +81,11 @@ LINEAR_H = "csrc/linear/linear_heuristics.h"
 WIDE_CHUNKS = "constexpr int kMmaWideChunks = 1;"
 WIDE_CMD = "python3 -m bench.time_decode_graph --backends graph-fused --batches 24,32,48,64 --reps 5"
 
+SAMPLE_CPP = "csrc/sample/sample.cpp"
+SAMPLE_K = "csrc/sample/sample_kernel.cuh"
+SAMPLE_WAVE = "std::max<int64_t>(1, 2 * prop->multiProcessorCount / p.rows)});"
+SAMPLE_PIECES = "constexpr int U = 2;  // pieces in flight per thread before any is used"
+SAMPLE_CMD = "python3 -m pytest bench/bench_sample.py --full -k 'fused-r64-v50257-t0-float16'"
 
 MMA_TILE_LANDED = "    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free\n"
 MMA_ISSUE_NEXT = "    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);\n    cp_async_commit();\n"
@@ -245,6 +250,13 @@ _VARIANTS = [
             (Edit(DECODE_H, "constexpr int kDecodeMmaMinRows = 4;", "constexpr int kDecodeMmaMinRows = 1;"),),
             "the tensor-core kernel at one row: GPT-2's step +27 to +42 us, Llama B1 H32 L8192 80-88 us against 54 "
             "(H100)"),
+    # The greedy sampler at 64 rows: 4 blocks a row (one wave at two blocks an SM), 17.8 us alone (1.07x compiled)
+    # and 15.8 us of GPT-2's batch-64 step (bench.profile, H200, 2026-12-02), where 16 rows take 6.4.
+    Variant("sample-two-waves",
+            (Edit(SAMPLE_CPP, SAMPLE_WAVE, "std::max<int64_t>(1, 4 * prop->multiProcessorCount / p.rows)});"),),
+            "", SAMPLE_CMD),
+    Variant("sample-four-pieces", (Edit(SAMPLE_K, SAMPLE_PIECES, SAMPLE_PIECES.replace("U = 2", "U = 4")),),
+            "", SAMPLE_CMD),
     Variant("pdl-early-none", (Edit(PDL_H, PDL_ROWS, "constexpr long kPdlEarlyRows = 0;"),
                                Edit(PDL_H, PDL_NORM_ROWS, "constexpr long kPdlEarlyNormRows = 0;")),
             "every launch triggers late: GPT-2's step +7% at batch 1, +2% at 2, +6% at 4, +7% at 8 (H100)"),
