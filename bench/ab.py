@@ -85,7 +85,7 @@ SAMPLE_CPP = "csrc/sample/sample.cpp"
 SAMPLE_K = "csrc/sample/sample_kernel.cuh"
 SAMPLE_WAVE = "std::max<int64_t>(1, 2 * prop->multiProcessorCount / p.rows)});"
 SAMPLE_PIECES = "constexpr int U = 2;  // pieces in flight per thread before any is used"
-SAMPLE_CMD = "python3 -m pytest bench/bench_sample.py --full -k 'fused-r64-v50257-t0-float16'"
+SAMPLE_STEP_CMD = "python3 -m bench.time_decode_graph --backends graph-fused --batches 16,64 --reps 5"
 
 MMA_TILE_LANDED = "    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free\n"
 MMA_ISSUE_NEXT = "    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);\n    cp_async_commit();\n"
@@ -254,9 +254,20 @@ _VARIANTS = [
     # and 15.8 us of GPT-2's batch-64 step (bench.profile, H200, 2026-12-02), where 16 rows take 6.4.
     Variant("sample-two-waves",
             (Edit(SAMPLE_CPP, SAMPLE_WAVE, "std::max<int64_t>(1, 4 * prop->multiProcessorCount / p.rows)});"),),
-            "", SAMPLE_CMD),
+            "8 blocks a row at 33-64 rows (two waves at two blocks an SM): GPT-2's fp16 graph-fused step B64 467.2 -> "
+            "465.9 us (0.997, both rounds), B16 even (H200, prompt 128, two interleaved rounds, 2026-12-02): not the "
+            "sampler's 64-row cost; not shipped untested for 1.3 us",
+            SAMPLE_STEP_CMD),
+    Variant("sample-one-block-a-row-past-32-rows",
+            (Edit(SAMPLE_CPP, SAMPLE_WAVE,
+                  "std::max<int64_t>(1, p.rows > 32 ? 1 : 2 * prop->multiProcessorCount / p.rows)});"),),
+            "prepared, not yet measured (docs/lab-notes/sampling.md: a row a block, no cluster, past 32 rows)",
+            SAMPLE_STEP_CMD),
     Variant("sample-four-pieces", (Edit(SAMPLE_K, SAMPLE_PIECES, SAMPLE_PIECES.replace("U = 2", "U = 4")),),
-            "", SAMPLE_CMD),
+            "four 16-byte pieces a thread in flight (64 registers, 24 bytes spilled at the launch bounds' cap): "
+            "GPT-2's fp16 graph-fused step B64 467.2 -> 472.8 us (1.012), B16 270.4 -> 271.5 (H200, prompt 128, two "
+            "interleaved rounds, 2026-12-02)",
+            SAMPLE_STEP_CMD),
     Variant("pdl-early-none", (Edit(PDL_H, PDL_ROWS, "constexpr long kPdlEarlyRows = 0;"),
                                Edit(PDL_H, PDL_NORM_ROWS, "constexpr long kPdlEarlyNormRows = 0;")),
             "every launch triggers late: GPT-2's step +7% at batch 1, +2% at 2, +6% at 4, +7% at 8 (H100)"),
