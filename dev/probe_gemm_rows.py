@@ -1,6 +1,6 @@
 """A GEMM tile for 33-64 rows of x against cuBLAS at GPT-2's whole-K shapes (H200, ~1 min):
 
-    python -m dev.probe_gemm_rows [--rows 33,48,64] [--splits 1,2,3,4] [--modes 0,1,2,3,4] [--reps 200]
+    python -m dev.probe_gemm_rows [--rows 33,48,64] [--splits 1,2,3,4] [--modes 0,1,2,3,4] [--reps 200] [--kernel-time]
 
 At 33-64 rows GPT-2's c_attn (768 -> 2304), c_fc (768 -> 3072, GELU) and lm_head (768 -> 50304 padded) run on
 cuBLAS: our linear kernels give each block 16 weight columns, and every block then reads all of x's rows from L2
@@ -27,7 +27,9 @@ What it prints, for each row count: the largest error against a float64 product 
 time a launch in a CUDA graph of 12 layers' weights (a different weight each launch: 12 x 8.3 MB streamed from DRAM,
 as in the decode step) for ours at each mode and split count against cuBLAS (torch.addmm; c_fc through
 torch._addmm_activation, the cuBLASLt GELU epilogue fused_attn's linear uses above its own kernels' rows), and the
-lm_head alone. The chain figure is what moves GPT-2's step: cuBLAS's launches there take 5.1-5.8 us at 64 rows (bench.profile, 127151d).
+lm_head alone. The chain figure is what moves GPT-2's step: cuBLAS's launches there take 5.1-5.8 us at 64 rows
+(bench.profile, 127151d). --kernel-time adds each chain's kernels' own device time a launch (torch.profiler over a
+tenth of the replays), which splits a launch's time into its kernel and the hand-off into the next.
 Nothing is written into the checkout (load_inline builds under torch's extension cache).
 """
 
@@ -317,8 +319,25 @@ def cublas(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, act: int
         torch.mm(x, w.t(), out=out)
 
 
-def graph_us(fn, launches: int, reps: int) -> float:
-    """us a launch of fn's CUDA graph (fn issues `launches` launches), median of 5 timings of `reps` replays."""
+def kernel_us(replay, launches: int, reps: int) -> float:
+    """Device time of the kernels a launch, from the profiler's records of `reps` replays (each `launches` kernel
+    launches): what a chain's time a launch spends inside kernels; the rest is the hand-off between them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            replay()
+        torch.cuda.synchronize()
+    total = 0.0
+    for e in prof.key_averages():
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            total += float(getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0.0)))
+    return total / (reps * launches)
+
+
+def graph_us(fn, launches: int, reps: int, kernels: list | None = None) -> float:
+    """us a launch of fn's CUDA graph (fn issues `launches` launches), median of 5 timings of `reps` replays;
+    with `kernels` (a list), the kernels' own device time a launch appended to it (kernel_us)."""
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         fn()  # warm-up outside the capture (cuBLAS's workspace, the extension's attribute)
@@ -335,6 +354,8 @@ def graph_us(fn, launches: int, reps: int) -> float:
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / reps / launches)
+    if kernels is not None:
+        kernels.append(kernel_us(g.replay, launches, max(5, reps // 10)))
     return statistics.median(times)
 
 
@@ -346,6 +367,9 @@ def main(argv=None) -> int:
                     "stages before the PDL wait, 1 and the slice prefetched into L2, 2 the whole slice into shared "
                     "memory, 3 and x's whole slice after the wait, 4 mode 3 with the trigger at the start")
     ap.add_argument("--reps", type=int, default=200, help="graph replays a timing")
+    ap.add_argument("--kernel-time", action="store_true",
+                    help="beside each chain time, its kernels' own device time a launch (torch.profiler): the rest "
+                    "of the chain's time a launch is the hand-off between launches")
     args = ap.parse_args(argv)
     rows = [int(v) for v in args.rows.split(",")]
     splits = [int(v) for v in args.splits.split(",")]
@@ -393,13 +417,17 @@ def main(argv=None) -> int:
         for label, shapes in cases:
             launches = LAYERS * len(shapes)
             line = [f"m {m} {label}:"]
-            base = graph_us(chain(lambda w, b, act, out: cublas(x, w, b, act, out), shapes), launches, args.reps)
-            line.append(f"cuBLAS {base:.2f}")
+            kernels: list[float] = []  # --kernel-time: each timing's kernels alone, same order
+            sink = kernels if args.kernel_time else None
+            base = graph_us(chain(lambda w, b, act, out: cublas(x, w, b, act, out), shapes), launches, args.reps,
+                            sink)
+            line.append(f"cuBLAS {base:.2f}" + (f" [kernel {kernels[-1]:.2f}]" if sink is not None else ""))
             for mode, s in runs:
                 t = graph_us(chain(lambda w, b, act, out, s=s, mode=mode: mod.gemm_rows(x, w, b, None, out, act, s,
                                                                                       True, mode), shapes),
-                             launches, args.reps)
-                line.append(f"mode {mode} {s} splits {t:.2f} ({t / base:.3f})")
+                             launches, args.reps, sink)
+                line.append(f"mode {mode} {s} splits {t:.2f} ({t / base:.3f})"
+                            + (f" [kernel {kernels[-1]:.2f}]" if sink is not None else ""))
             print("  ".join(line))
         name, k, n, _ = LM_HEAD
         w = randn(n, k, scale=1 / math.sqrt(k))
