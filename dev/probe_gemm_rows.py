@@ -1,6 +1,7 @@
 """A GEMM tile for 33-64 rows of x against cuBLAS at GPT-2's whole-K shapes (H200, ~1 min):
 
-    python -m dev.probe_gemm_rows [--rows 33,48,64] [--splits 1,2,3,4] [--modes 0,1,2,3,4] [--reps 200] [--kernel-time]
+    python -m dev.probe_gemm_rows [--rows 33,48,64] [--splits 1,2,3,4] [--modes 0,1,2,3,4,5] [--reps 200]
+        [--kernel-time]
 
 At 33-64 rows GPT-2's c_attn (768 -> 2304), c_fc (768 -> 3072, GELU) and lm_head (768 -> 50304 padded) run on
 cuBLAS: our linear kernels give each block 16 weight columns, and every block then reads all of x's rows from L2
@@ -21,7 +22,9 @@ cuBLAS: our linear kernels give each block 16 weight columns, and every block th
   weights, as our other linear kernels do; 1, those and an L2 prefetch of the rest of its weight slice; 2, its whole
   slice into shared memory of its own (up to 96 KB; x alone then goes through the four-stage ring); 3, the same
   and after the wait x's whole slice at once (no ring: one round trip); 4, mode 3 triggering its dependent at its
-  start instead of after its loop.
+  start instead of after its loop; 5, mode 3's residency on warpgroup MMAs (one warpgroup a block, wgmma m64n64k16
+  with x's 64 rows as A and the 64 weight columns as B, both read K-major from the same SW128 tiles through
+  csrc/common/wgmma.cuh; K / 64 / splits must be 3, 4, 6 or 12).
 
 What it prints, for each row count: the largest error against a float64 product (each mode and split count), the
 time a launch in a CUDA graph of 12 layers' weights (a different weight each launch: 12 x 8.3 MB streamed from DRAM,
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+from pathlib import Path
 
 import torch
 from torch.utils.cpp_extension import load_inline
@@ -48,6 +52,8 @@ SOURCE = r"""
 #include <c10/cuda/CUDAException.h>
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
+
+#include "common/wgmma.cuh"  // the project's warpgroup MMA (SW128 descriptors, m64n64k16 SS)
 
 namespace cg = cooperative_groups;
 
@@ -237,6 +243,115 @@ __global__ void __launch_bounds__(kThreads) gemm_rows_kernel(const Args a) {
     }
 }
 
+// Mode 5: the tile on warpgroup MMAs. One warpgroup (128 threads) a block; both slices whole in shared memory as
+// in mode 3 (the weights' before the PDL wait, x's after it), each 64 x 64 tile in the SW128 layout the wgmma
+// descriptors read K-major (csrc/common/wgmma.cuh): A = x's 64 rows (M), B = the block's 64 weight columns (N), so
+// D[row][col] = x[row] . w[col], 4 k16 instructions a 64-wide k step, one commit for the whole slice. D's
+// fragment (the m64n64 accumulator): warp w's rows 16 w + lane / 4 (+ 8 for elements 2, 3 of each n8 group j),
+// columns 8 j + 2 (lane % 4) (+ 1), as the attention kernel reads S (flash_scale_mask).
+constexpr int kWgThreads = 128;
+constexpr int kWgMaxSmemBytes = 2 * kMaxSteps * kTileBytes + 1024;  // + the 1024-byte alignment of the tiles
+
+// STEPS: the 64-wide k steps of a split (K / 64 / splits, the host checks it divides), a constant so that the whole
+// wgmma chain unrolls: with a runtime trip count ptxas serializes the chain (C7515).
+template <int STEPS>
+__device__ __forceinline__ void gemm_rows_wgmma(const Args& a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  unsigned char* const smem = smem_raw + (((raw + 1023) & ~1023u) - raw);  // SW128 tiles start 1024-aligned
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int col0 = blockIdx.x * kCols;
+  constexpr int steps = STEPS;
+  const int first = rank * STEPS;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  unsigned char* const w_tiles = smem;                      // [STEPS][64 cols][64 k]
+  unsigned char* const x_tiles = smem + STEPS * kTileBytes;  // [STEPS][64 rows][64 k]
+
+  for (int s = 0; s < steps; ++s) {
+    const int k0 = (first + s) * kStepK;
+    for (int c = tid; c < 512; c += kWgThreads) {
+      const int r = c >> 3, ch = c & 7, col = col0 + r;
+      cp_async16(smem_u32(w_tiles + s * kTileBytes + swz(r, ch)),
+                 a.w + int64_t(min(col, a.n - 1)) * a.k + k0 + ch * 8, col < a.n);
+    }
+  }
+  cp_commit();
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  for (int s = 0; s < steps; ++s) {
+    const int k0 = (first + s) * kStepK;
+    for (int c = tid; c < 512; c += kWgThreads) {
+      const int r = c >> 3, ch = c & 7;
+      cp_async16(smem_u32(x_tiles + s * kTileBytes + swz(r, ch)),
+                 a.x + int64_t(min(r, a.m - 1)) * a.k + k0 + ch * 8, r < a.m);
+    }
+  }
+  cp_commit();
+  cp_wait<0>();
+  fused_attn::fence_proxy_async_shared();  // the copies, visible to the tensor cores
+  __syncthreads();
+
+  float d[32];  // the first instruction does not read it (scale_d 0)
+  fused_attn::wgmma_fence();
+#pragma unroll
+  for (int s = 0; s < STEPS; ++s) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t da = fused_attn::sw128_desc(smem_u32(x_tiles + s * kTileBytes) + kk * 32, 16);
+      const uint64_t db = fused_attn::sw128_desc(smem_u32(w_tiles + s * kTileBytes) + kk * 32, 16);
+      fused_attn::Wgmma<__half, 64>::ss(d, da, db, s > 0 || kk > 0);
+    }
+  }
+  fused_attn::wgmma_commit();
+  fused_attn::wgmma_wait<0>();
+  fused_attn::wgmma_fence_operands(d);
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
+  if (splits > 1) {
+    float* land = reinterpret_cast<float*>(smem);  // rank 0's: [splits - 1][32][kWgThreads]
+    cluster.sync();  // every block is past its loop: rank 0's tiles are free
+    if (rank != 0) {
+      float* dst = cluster.map_shared_rank(land, 0) + (rank - 1) * 32 * kWgThreads + tid;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) dst[i * kWgThreads] = d[i];
+    }
+    cluster.sync();  // the sums have landed
+    if (rank != 0) return;
+    for (int r = 1; r < splits; ++r) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) d[i] += land[((r - 1) * 32 + i) * kWgThreads + tid];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp * 16 + (lane >> 2) + 8 * h, col = col0 + 8 * j + 2 * (lane & 3);
+      if (row < a.m && col < a.n) {  // n % 64 == 0 here (the host checks), so col + 1 < n as well
+        float v[2] = {d[4 * j + 2 * h], d[4 * j + 2 * h + 1]};
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (a.bias != nullptr) v[e] += __half2float(a.bias[col + e]);
+          if (a.act == 1) v[e] = gelu_tanh(v[e]);
+          if (a.res != nullptr) v[e] += __half2float(a.res[int64_t(row) * a.n + col + e]);
+        }
+        *reinterpret_cast<__half2*>(a.out + int64_t(row) * a.n + col) = __floats2half2_rn(v[0], v[1]);
+      }
+    }
+#endif
+}
+
+__global__ void __launch_bounds__(kWgThreads) gemm_rows_wgmma_kernel(const Args a) {
+  switch (a.k / kStepK / int(cg::this_cluster().num_blocks())) {
+    case 12: gemm_rows_wgmma<12>(a); break;
+    case 6: gemm_rows_wgmma<6>(a); break;
+    case 4: gemm_rows_wgmma<4>(a); break;
+    case 3: gemm_rows_wgmma<3>(a); break;
+    default: break;  // refused on the host
+  }
+}
+
 void gemm_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> res,
                torch::Tensor out, int64_t act, int64_t splits, bool pdl, int64_t mode) {
   TORCH_CHECK(x.dtype() == torch::kHalf && w.dtype() == torch::kHalf && out.dtype() == torch::kHalf, "float16 only");
@@ -245,11 +360,17 @@ void gemm_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bi
   TORCH_CHECK(m >= 1 && m <= kRows && k % kStepK == 0 && w.size(1) == k && out.size(0) == m && out.size(1) == n,
               "x [m <= 64, k % 64 == 0], w [n, k], out [m, n]");
   TORCH_CHECK(splits >= 1 && splits <= kMaxSplits, "splits in 1..4");
-  TORCH_CHECK(mode >= 0 && mode <= 4, "mode in 0..4");
+  TORCH_CHECK(mode >= 0 && mode <= 5, "mode in 0..5");
+  TORCH_CHECK(mode != 5 || n % kCols == 0, "mode 5: n a multiple of 64");
+  TORCH_CHECK(mode != 5 || (k / kStepK % splits == 0 && (k / kStepK / splits == 12 || k / kStepK / splits == 6 ||
+                                                         k / kStepK / splits == 4 || k / kStepK / splits == 3)),
+              "mode 5: k / 64 / splits in {3, 4, 6, 12}");
   const int per = (k / kStepK + int(splits) - 1) / int(splits);
-  TORCH_CHECK(mode < 2 || per <= kMaxSteps, "modes 2-4: at most 12 k steps a split");
+  TORCH_CHECK(mode < 2 || per <= kMaxSteps, "modes 2-5: at most 12 k steps a split");
   static bool attr = [] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(gemm_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(gemm_rows_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        kWgMaxSmemBytes));
     return true;
   }();
   (void)attr;
@@ -259,12 +380,13 @@ void gemm_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bi
          reinterpret_cast<__half*>(out.data_ptr()), m, k, n, int(act), int(mode)};
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned((n + kCols - 1) / kCols), unsigned(splits), 1);
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(mode == 5 ? kWgThreads : kThreads);
   // Mode 2: the slice's tiles and x's ring; 3, 4: both slices (at least the other splits' landing, which reuses
   // the memory).
   const int landing = (int(splits) - 1) * kThreads * 16 * 4;
   const int slices = mode >= 3 ? 2 * per * kTileBytes : per * kTileBytes + kStages * kTileBytes;
   cfg.dynamicSmemBytes = mode >= 2 ? std::max(slices, landing) : kSmemBytes;
+  if (mode == 5) cfg.dynamicSmemBytes = std::max(2 * per * kTileBytes, (int(splits) - 1) * 32 * kWgThreads * 4) + 1024;
   cfg.stream = at::cuda::getCurrentCUDAStream();
   cudaLaunchAttribute attrs[2];
   unsigned na = 0;
@@ -282,7 +404,11 @@ void gemm_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bi
   }
   cfg.attrs = attrs;
   cfg.numAttrs = na;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_rows_kernel, a));
+  if (mode == 5) {
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_rows_wgmma_kernel, a));
+  } else {
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_rows_kernel, a));
+  }
 }
 """
 
@@ -298,7 +424,8 @@ def build():
                        "c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> res, torch::Tensor out, "
                        "int64_t act, int64_t splits, bool pdl, int64_t mode);",
                        cuda_sources=SOURCE, functions=["gemm_rows"],
-                       extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
+                       extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"],
+                       extra_include_paths=[str(Path(__file__).resolve().parent.parent / "csrc")], verbose=False)
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, act: int) -> torch.Tensor:
@@ -363,9 +490,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="33,48,64", help="comma list of row counts (1-64)")
     ap.add_argument("--splits", default="1,2,3,4", help="comma list of split counts (1-4)")
-    ap.add_argument("--modes", default="0,1,2,3,4", help="comma list of modes (Args::mode): 0 the first weight "
+    ap.add_argument("--modes", default="0,1,2,3,4,5", help="comma list of modes (Args::mode): 0 the first weight "
                     "stages before the PDL wait, 1 and the slice prefetched into L2, 2 the whole slice into shared "
-                    "memory, 3 and x's whole slice after the wait, 4 mode 3 with the trigger at the start")
+                    "memory, 3 and x's whole slice after the wait, 4 mode 3 with the trigger at the start, 5 mode 3 "
+                    "on warpgroup MMAs")
     ap.add_argument("--reps", type=int, default=200, help="graph replays a timing")
     ap.add_argument("--kernel-time", action="store_true",
                     help="beside each chain time, its kernels' own device time a launch (torch.profiler): the rest "
