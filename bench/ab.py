@@ -1,4 +1,4 @@
-"""A/B timing of code variants against the tree as it is, in one GPU session.
+"""A/B timing of code variants against the tree as it is, in one GPU run.
 
     python -m bench.ab --list                                  # the named variants and what they measured
     python -m bench.ab decode-wide-from-8                      # against the default, bench.time_decode_graph
