@@ -1,7 +1,7 @@
 """A GEMM tile for 33-64 rows of x against cuBLAS at GPT-2's whole-K shapes (H200, ~1 min):
 
     python -m dev.probe_gemm_rows [--rows 33,48,64] [--splits 1,2,3,4] [--modes 0,1,2,3,4,5] [--reps 200]
-        [--kernel-time]
+        [--kernel-time] [--projections]
 
 At 33-64 rows GPT-2's c_attn (768 -> 2304), c_fc (768 -> 3072, GELU) and lm_head (768 -> 50304 padded) run on
 cuBLAS: our linear kernels give each block 16 weight columns, and every block then reads all of x's rows from L2
@@ -416,7 +416,20 @@ void gemm_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bi
 # multiple of 64 as fused_attn.gpt2 pads it above 16 rows.
 SHAPES = [("c_attn", 768, 2304, 0), ("c_fc", 768, 3072, 1)]
 LM_HEAD = ("lm_head", 768, 50304, 0)
+# The 768-column projections (attention's c_proj, the MLP's c_proj), each adding the residual: at 33-64 rows
+# fused_attn.linear runs them on its split-K kernel in two row groups (5.37 us a launch in GPT-2's batch-64 step).
+PROJECTIONS = [("attn_c_proj", 768, 768), ("mlp_c_proj", 3072, 768)]
 LAYERS = 12
+
+
+def runnable(mode: int, splits: int, k: int) -> bool:
+    """Whether gemm_rows takes (mode, splits) at this K (its host checks): modes 2-5 hold a split's whole slice (at
+    most 12 k steps of 64), mode 5 unrolls 3, 4, 6 or 12 of them."""
+    steps = k // 64
+    per = -(-steps // splits)
+    if mode >= 2 and per > 12:
+        return False
+    return mode != 5 or (steps % splits == 0 and steps // splits in (3, 4, 6, 12))
 
 
 def build():
@@ -495,6 +508,9 @@ def main(argv=None) -> int:
                     "memory, 3 and x's whole slice after the wait, 4 mode 3 with the trigger at the start, 5 mode 3 "
                     "on warpgroup MMAs")
     ap.add_argument("--reps", type=int, default=200, help="graph replays a timing")
+    ap.add_argument("--projections", action="store_true",
+                    help="also the 768-column projections with their residual (attention's and the MLP's c_proj) "
+                    "against fused_attn.linear, which builds the library on its first call")
     ap.add_argument("--kernel-time", action="store_true",
                     help="beside each chain time, its kernels' own device time a launch (torch.profiler): the rest "
                     "of the chain's time a launch is the hand-off between launches")
@@ -502,7 +518,7 @@ def main(argv=None) -> int:
     rows = [int(v) for v in args.rows.split(",")]
     splits = [int(v) for v in args.splits.split(",")]
     modes = [int(v) for v in args.modes.split(",")]
-    runs = [(mode, s) for mode in modes for s in splits]  # (weight mode, split count): mode 2 needs <= 12 steps
+    runs = [(mode, s) for mode in modes for s in splits]  # (mode, split count); runnable() filters them by K
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         print("needs an sm_90 GPU")
         return 1
@@ -571,7 +587,49 @@ def main(argv=None) -> int:
                             max(20, args.reps // 10))
             line.append(f"mode {mode} 1 split {ours:.2f} ({ours / base:.3f}, max |error| {err:.2e})")
         print("  ".join(line))
+        if args.projections:
+            projections(mod, m, runs, args, randn, dev)
     return 0
+
+
+def projections(mod, m: int, runs, args, randn, dev) -> None:
+    """The 768-column projections with their residual in a graph of 12 layers' weights: fused_attn.linear (its
+    split-K kernel at 33-64 rows) against the tile's modes at each split count the mode takes."""
+    import fused_attn
+
+    for name, k, n in PROJECTIONS:
+        layers = [(randn(n, k, scale=1 / math.sqrt(k)), randn(n, scale=0.1)) for _ in range(LAYERS)]
+        xk = randn(m, k)
+        res = randn(m, n)
+        out = torch.empty(m, n, device=dev, dtype=torch.half)
+        ref = reference(xk, *layers[0], 0) + res.double()
+        lib = fused_attn.linear(xk, *layers[0], residual=res)
+        errs = [f"fused_attn.linear: {(lib.double() - ref).abs().max().item():.2e}"]
+        todo = [(mode, s) for mode, s in runs if runnable(mode, s, k)]
+        for mode, s in todo:
+            out.fill_(float("nan"))
+            mod.gemm_rows(xk, layers[0][0], layers[0][1], res, out, 0, s, True, mode)
+            errs.append(f"mode {mode} {s}: {(out.double() - ref).abs().max().item():.2e}")
+        print(f"m {m} {name} ({k} -> {n}, + residual) max |error| against float64: " + ", ".join(errs))
+        kernels: list[float] = []
+        sink = kernels if args.kernel_time else None
+
+        def library():
+            for w, b in layers:
+                fused_attn.linear(xk, w, b, residual=res)
+
+        base = graph_us(library, LAYERS, args.reps, sink)
+        line = [f"m {m} {name} ({LAYERS} launches): fused_attn.linear {base:.2f}"
+                + (f" [kernel {kernels[-1]:.2f}]" if sink is not None else "")]
+        for mode, s in todo:
+            def tile(mode=mode, s=s):
+                for w, b in layers:
+                    mod.gemm_rows(xk, w, b, res, out, 0, s, True, mode)
+
+            t = graph_us(tile, LAYERS, args.reps, sink)
+            line.append(f"mode {mode} {s} splits {t:.2f} ({t / base:.3f})"
+                        + (f" [kernel {kernels[-1]:.2f}]" if sink is not None else ""))
+        print("  ".join(line))
 
 
 if __name__ == "__main__":
