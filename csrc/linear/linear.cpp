@@ -52,6 +52,8 @@ constexpr int64_t kMmaWideMaxRows = 32;
 // there: with them in row groups too the step lost to cuBLAS (batch 48 526.1 -> 532.2, batch 64 544.2 -> 569.5, the
 // same call's default on the 256-thread decode build).
 constexpr int64_t kSplitKGroupMaxRows = 64;
+static_assert(kMmaGroupRows == kMmaWideMaxRows, "a row group is what the wide build takes in one launch");
+static_assert(kSplitKGroupMaxRows == 2 * kMmaGroupRows, "the MT 64 instantiation holds two row groups");
 
 // Rows of x from which float16 / bfloat16 run a tensor-core kernel (16-byte rows): linear_mma_kernel
 // where the weight has at least one block of 16 rows per SM, else the split-K kernel (sm_90: clusters),
