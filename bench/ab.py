@@ -83,9 +83,11 @@ WIDE_CMD = "python3 -m bench.time_decode_graph --backends graph-fused --batches 
 
 SAMPLE_CPP = "csrc/sample/sample.cpp"
 SAMPLE_K = "csrc/sample/sample_kernel.cuh"
-SAMPLE_WAVE = "std::max<int64_t>(1, 2 * prop->multiProcessorCount / p.rows)});"
+SAMPLE_H = "csrc/sample/sample_heuristics.h"
+SAMPLE_WAVE = "std::max<int64_t>(1, 2 * int64_t(sms) / std::max<int64_t>(rows, 1))});"
+SAMPLE_FIT = "  while (blocks > 1 && rows > int64_t(clusters_at_once(int(blocks)))) --blocks;\n"
 SAMPLE_PIECES = "constexpr int U = 2;  // pieces in flight per thread before any is used"
-SAMPLE_STEP_CMD = "python3 -m bench.time_decode_graph --backends graph-fused --batches 16,64 --reps 5"
+SAMPLE_STEP_CMD = "python3 -m bench.time_decode_graph --backends graph-fused --batches 16,32,48,64 --reps 5"
 
 MMA_TILE_LANDED = "    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free\n"
 MMA_ISSUE_NEXT = "    if (t + STAGES - 1 < n_tiles) issue(t + STAGES - 1);\n    cp_async_commit();\n"
@@ -252,15 +254,13 @@ _VARIANTS = [
             "(H100)"),
     # The greedy sampler at 64 rows: 4 blocks a row (one wave at two blocks an SM), 17.8 us alone (1.07x compiled)
     # and 15.8 us of GPT-2's batch-64 step (bench.profile, H200, 2026-12-02), where 16 rows take 6.4.
-    Variant("sample-two-waves",
-            (Edit(SAMPLE_CPP, SAMPLE_WAVE, "std::max<int64_t>(1, 4 * prop->multiProcessorCount / p.rows)});"),),
-            "8 blocks a row at 33-64 rows (two waves at two blocks an SM): GPT-2's fp16 graph-fused step B64 467.2 -> "
-            "465.9 us (0.997, both rounds), B16 even (H200, prompt 128, two interleaved rounds, 2026-12-02): not the "
-            "sampler's 64-row cost; not shipped untested for 1.3 us",
+    Variant("sample-clusters-past-one-wave", (Edit(SAMPLE_H, SAMPLE_FIT, ""),),
+            "the rule before 2026-12-02: blocks a row by the wave of blocks alone, whether or not every row's "
+            "cluster is resident at once (64 rows: 4 a row, 64 clusters, 62 held on an H200)",
             SAMPLE_STEP_CMD),
     Variant("sample-one-block-a-row-past-32-rows",
-            (Edit(SAMPLE_CPP, SAMPLE_WAVE,
-                  "std::max<int64_t>(1, p.rows > 32 ? 1 : 2 * prop->multiProcessorCount / p.rows)});"),),
+            (Edit(SAMPLE_H, SAMPLE_WAVE,
+                  "std::max<int64_t>(1, rows > 32 ? 1 : 2 * int64_t(sms) / std::max<int64_t>(rows, 1))});"),),
             "prepared, not yet measured (docs/lab-notes/sampling.md: a row a block, no cluster, past 32 rows)",
             SAMPLE_STEP_CMD),
     Variant("sample-four-pieces", (Edit(SAMPLE_K, SAMPLE_PIECES, SAMPLE_PIECES.replace("U = 2", "U = 4")),),

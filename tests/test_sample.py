@@ -74,12 +74,16 @@ EDGE_EXAMPLES = [
     case_of(rows=2, vocab=9, dtype=torch.float32, temperature=2.0, top_k=8),
     case_of(rows=7, vocab=32000, dtype=torch.bfloat16, temperature=1.0, top_k=32000, layout="strided_rows"),
     case_of(rows=3, vocab=50257, temperature=0.0, top_k=5),
-    # 64 rows: the only row count that splits GPT-2's row over a 4-block cluster (fewer rows get 8);
+    # 64 rows: GPT-2's row over a 3- or 4-block cluster (sample_heuristics.h; fewer rows get up to 8);
     # bench_sample's check drew a token outside the top 50 once there on the path with top_k applied before
     # the op (2026-11-27, H100; docs/lab-notes/sampling.md, "A sampling bug, fixed"): the draws against the
     # reference, with and without top_k
     case_of(rows=64, vocab=50257, temperature=1.0, seed=9, offsets="per_row"),
     case_of(rows=64, vocab=50257, temperature=1.0, top_k=50, seed=9, offsets="per_row"),
+    # clusters of 3 and 7 blocks (sample_heuristics.h: 64 and 33 rows where the device holds fewer clusters of 4
+    # and 8 than rows), ties and NaNs across the blocks' chunks
+    case_of(rows=64, vocab=50257, kind="ties", layout="misaligned"),
+    case_of(rows=33, vocab=50257, kind="nan", layout="strided_rows"),
     # top_k's columns staged in shared memory or not (launch_sample): float32 128256 above (64 KB a block:
     # the opt-in beyond 48 KB); 262144 float32 columns (128 KB a block: read from global memory each pass);
     # 300 rows (one block a row, no cluster: GPT-2's 100 KB row from global memory), misaligned

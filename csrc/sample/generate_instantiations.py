@@ -3,7 +3,7 @@
     python csrc/sample/generate_instantiations.py          # rewrite the files
     python csrc/sample/generate_instantiations.py --check  # exit 1 if a file is missing or stale
 
-Each unit instantiates launch_sample and sample_sm90_capable of sample_kernel.cuh (declared in
+Each unit instantiates launch_sample, sample_sm90_capable and sample_clusters_at_once of sample_kernel.cuh (declared in
 sample_launch.h) for one logits dtype. The files are committed; the build does not run this script
 (tests/test_build.py checks that they are current).
 """
@@ -25,6 +25,7 @@ def units() -> dict[str, str]:
             "namespace fused_attn {\n"
             f"template void launch_sample<{T}>(const SampleParams&, cudaStream_t);\n"
             f"template bool sample_sm90_capable<{T}>();\n"
+            f"template int sample_clusters_at_once<{T}>(const SampleParams&);\n"
             "}  // namespace fused_attn\n")
         for dt, T in DTYPES.items()
     }

@@ -19,14 +19,12 @@
 #include "../common/checks.h"
 #include "../common/ops.h"
 #include "../common/static_switch.h"
+#include "sample_heuristics.h"
 #include "sample_launch.h"
 
 namespace fused_attn {
 
 namespace {
-
-// Columns one block reduces before the row is worth splitting over another (a cluster's blocks).
-constexpr int64_t kColumnsPerBlock = 4096;
 
 // The locals are named after the arguments: the check macros stringify them into the message.
 void check_args(const at::Tensor& logits, double temperature, int64_t seed, int64_t offset,
@@ -190,17 +188,20 @@ void launch(const at::Tensor& logits, double temperature, int64_t seed, int64_t 
     // is programmatic); elsewhere one block per row.
     const auto* prop = at::cuda::getDeviceProperties(logits.device().index());
     const bool sm90 = prop->major >= 9 && sample_sm90_capable<scalar_t>();
-    // Enough blocks per row to spread it (kColumnsPerBlock each), up to the cluster limit, and no more
-    // than one wave in all (two blocks per SM: the kernel's launch bounds).
-    const int64_t want = std::min<int64_t>({(p.vocab + kColumnsPerBlock - 1) / kColumnsPerBlock,
-                                            kSampleMaxBlocksPerRow,
-                                            std::max<int64_t>(1, 2 * prop->multiProcessorCount / p.rows)});
-    p.blocks_per_row = sm90 ? int(want) : 1;
+    // A row's blocks: sample_heuristics.h, given how many clusters of each size this device holds at once.
+    const auto chunk_of = [&](int blocks) {  // whole 16-byte pieces where the rows allow it
+      const int64_t per_block = (p.vocab + blocks - 1) / blocks;
+      return (per_block + 7) / 8 * 8;
+    };
+    p.blocks_per_row = !sm90 ? 1 : sample_blocks_per_row(p.rows, p.vocab, prop->multiProcessorCount, [&](int b) {
+      SampleParams q = p;
+      q.blocks_per_row = b;
+      q.chunk = chunk_of(b);
+      return sample_clusters_at_once<scalar_t>(q);
+    });
     p.cluster = p.blocks_per_row > 1;
     p.programmatic = sm90;
-    // Chunks of whole 16-byte pieces where the rows allow it.
-    const int64_t per_block = (p.vocab + p.blocks_per_row - 1) / p.blocks_per_row;
-    p.chunk = (per_block + 7) / 8 * 8;
+    p.chunk = chunk_of(p.blocks_per_row);
     launch_sample<scalar_t>(p, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

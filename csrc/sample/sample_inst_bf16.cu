@@ -4,4 +4,5 @@
 namespace fused_attn {
 template void launch_sample<__nv_bfloat16>(const SampleParams&, cudaStream_t);
 template bool sample_sm90_capable<__nv_bfloat16>();
+template int sample_clusters_at_once<__nv_bfloat16>(const SampleParams&);
 }  // namespace fused_attn

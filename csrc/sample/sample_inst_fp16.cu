@@ -4,4 +4,5 @@
 namespace fused_attn {
 template void launch_sample<__half>(const SampleParams&, cudaStream_t);
 template bool sample_sm90_capable<__half>();
+template int sample_clusters_at_once<__half>(const SampleParams&);
 }  // namespace fused_attn

@@ -4,4 +4,5 @@
 namespace fused_attn {
 template void launch_sample<float>(const SampleParams&, cudaStream_t);
 template bool sample_sm90_capable<float>();
+template int sample_clusters_at_once<float>(const SampleParams&);
 }  // namespace fused_attn

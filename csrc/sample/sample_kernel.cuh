@@ -37,6 +37,10 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
+#include <tuple>
+
 #include "../common/cluster.cuh"
 #include "../common/func_attrs.h"
 #include "../common/mbarrier.cuh"
@@ -476,23 +480,65 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
 
 }  // namespace sample
 
+// The dynamic shared memory of the launch p describes: top_k's staged columns where they fit
+// (top_k_block_best), else 0.
+template <typename T>
+size_t sample_stage_bytes(const SampleParams& p) {
+  if (p.top_k <= 0) return 0;
+  const size_t bytes = (size_t(p.chunk) + sample::kVec<T>) * sizeof(T);  // chunk + the misalignment pad
+  return bytes <= size_t(kSampleStageMaxBytes) ? (bytes + 15) / 16 * 16 : 0;
+}
+
 template <typename T>
 void launch_sample(const SampleParams& params, cudaStream_t stream) {
   SampleParams p = with_pdl_early(params, params.rows);
-  size_t smem = 0;
-  p.stage = false;
-  if (p.top_k > 0) {  // the block's columns staged where they fit (top_k_block_best)
-    const size_t bytes = (size_t(p.chunk) + sample::kVec<T>) * sizeof(T);  // chunk + the misalignment pad
-    p.stage = bytes <= size_t(kSampleStageMaxBytes);
-    if (p.stage) {
-      smem = (bytes + 15) / 16 * 16;
-      allow_dynamic_smem(sample::sample_kernel<T, true>, int(smem));
-    }
-  }
+  const size_t smem = sample_stage_bytes<T>(p);
+  p.stage = smem > 0;
+  if (p.stage) allow_dynamic_smem(sample::sample_kernel<T, true>, int(smem));
   // A row's blocks form one cluster where p.cluster (launch_clustered adds the attribute above 1 block).
   launch_clustered(p.programmatic, dim3(unsigned(p.cluster ? p.blocks_per_row : 1), 1, 1),
                    p.top_k > 0 ? sample::sample_kernel<T, true> : sample::sample_kernel<T, false>,
                    dim3(unsigned(p.blocks_per_row), unsigned(p.rows)), dim3(kSampleThreads), smem, stream, p);
+}
+
+template <typename T>
+int sample_clusters_at_once(const SampleParams& p) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const bool top_k = p.top_k > 0;
+  const size_t smem = sample_stage_bytes<T>(p);
+  // A few (device, kernel, shared memory, cluster size) keys a process: the query is a driver call.
+  static std::mutex mutex;
+  static std::map<std::tuple<int, bool, size_t, int>, int> known;
+  const auto key = std::make_tuple(device, top_k, smem, p.blocks_per_row);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = known.find(key); it != known.end()) return it->second;
+  }
+  void (*kernel)(SampleParams) = top_k ? sample::sample_kernel<T, true> : sample::sample_kernel<T, false>;
+  if (smem > 0) allow_dynamic_smem(kernel, int(smem));
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(p.blocks_per_row), 1, 1);
+  config.blockDim = dim3(kSampleThreads);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(p.blocks_per_row);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: the launch reports its own error, if any
+    return 0;
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  known.emplace(key, clusters);
+  return clusters;
 }
 
 template <typename T>

@@ -58,6 +58,12 @@ struct SampleParams {
 template <typename T>
 void launch_sample(const SampleParams& p, cudaStream_t stream);
 
+// How many clusters of p.blocks_per_row blocks of the kernel that p would launch (top_k's or not, its shared
+// memory) the current device holds at once (cudaOccupancyMaxActiveClusters, cached); 0 where the query fails (the
+// caller then splits no row).
+template <typename T>
+int sample_clusters_at_once(const SampleParams& p);
+
 // Whether the kernel for T was compiled for sm_90 or later: clusters and PDL are then available.
 template <typename T>
 bool sample_sm90_capable();
