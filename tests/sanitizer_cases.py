@@ -380,7 +380,7 @@ def linear_cases(quick: bool) -> int:
 
 
 # sample: (rows, vocab, dtype, layout, temperature, offsets): one block per row (vocab <= 4096), clusters of
-# 2 and 8 blocks, a misaligned head and a tail in every block, rows read through a stride, per-row offsets.
+# 2, 3 and 8 blocks, a misaligned head and a tail in every block, rows read through a stride, per-row offsets.
 SAMPLE_CASES = [
     dict(rows=3, vocab=7, dtype=torch.float32, layout="contiguous", temperature=0.0),
     dict(rows=16, vocab=50257, dtype=torch.float16, layout="contiguous", temperature=1.0, offsets="per_row",
@@ -389,6 +389,8 @@ SAMPLE_CASES = [
     dict(rows=4, vocab=33000, dtype=torch.float32, layout="strided_rows", temperature=0.7, offsets="one",
          top_k=1000),
     dict(rows=2, vocab=128256, dtype=torch.float16, layout="transposed", temperature=0.0, kind="nan"),
+    # 64 rows of GPT-2's logits: clusters of 3 blocks where the device holds fewer than 64 of 4 (an H200)
+    dict(rows=64, vocab=50257, dtype=torch.float16, layout="misaligned", temperature=0.0, kind="ties"),
 ]
 
 

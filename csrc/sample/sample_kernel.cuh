@@ -351,10 +351,12 @@ __device__ unsigned long long top_k_block_best(const SampleParams& p, const T* l
   return best;
 }
 
-// kTopK: p.top_k > 0 (a draw restricted to the top_k; the launcher sets it only at temperature > 0). Its
-// own instantiation, so the greedy and plain-sampling code is the same as without top_k.
-template <typename T, bool kTopK>
+// kDraw: p.temperature > 0 (a draw; greedy without). kTopK: p.top_k > 0 (a draw restricted to the top_k; the
+// launcher sets it only at temperature > 0). Each its own instantiation (sample_kernel_for), so greedy's loop holds
+// no generator code and the plain draw's none of top_k's.
+template <typename T, bool kTopK, bool kDraw>
 __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleParams p) {
+  static_assert(kDraw || !kTopK, "top_k filters a draw");
   constexpr int VEC = kVec<T>;
   const int64_t row = blockIdx.y;
   const int part = blockIdx.x;
@@ -376,8 +378,8 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
   const int64_t history_at = threadIdx.x == 0 && part == 0 ? history_column(p, row) : 0;  // the writer's
 
   Rng rng{};
-  rng.on = p.temperature > 0.f;
-  if (rng.on) {
+  rng.on = kDraw;
+  if constexpr (kDraw) {
     uint64_t off = p.offset;
     if (p.offsets != nullptr) {
       const int64_t i = row * p.offsets_stride;
@@ -389,7 +391,13 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
     rng.row = uint32_t(row);
     rng.offset = off;
   }
-  auto score = [&](float v, uint32_t bits) { return rng.on ? v / p.temperature + gumbel(bits) : v; };
+  auto score = [&](float v, uint32_t bits) {
+    if constexpr (kDraw) {
+      return v / p.temperature + gumbel(bits);
+    } else {
+      return v;
+    }
+  };
 
   // This block's columns [c0, c1) (Chunk: a scalar head, 16-byte pieces, a scalar tail).
   const int64_t c0 = int64_t(part) * p.chunk;
@@ -418,7 +426,7 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           const int64_t c = col + e;
-          if (rng.on && (e == 0 || c % 4 == 0)) w = rng.draw(c / 4);  // a new Philox group
+          if (kDraw && (e == 0 || c % 4 == 0)) w = rng.draw(c / 4);  // a new Philox group
           const unsigned long long key = pack(score(to_float(piece[u].v[e]), word(w, int(c % 4))), c);
           best = key > best ? key : best;
         }
@@ -426,7 +434,7 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
     }
     for (int64_t i = threadIdx.x; i < k.scalars(); i += blockDim.x) {
       const int64_t c = k.scalar_col(i);
-      const uint32_t bits = rng.on ? word(rng.draw(c / 4), int(c % 4)) : 0u;
+      const uint32_t bits = kDraw ? word(rng.draw(c / 4), int(c % 4)) : 0u;
       const unsigned long long key = pack(score(to_float(logits[c]), bits), c);
       best = key > best ? key : best;
     }
@@ -478,6 +486,13 @@ __global__ void __launch_bounds__(kSampleThreads, 2) sample_kernel(const SampleP
   }
 }
 
+// The instantiation that serves the launch p describes.
+template <typename T>
+auto sample_kernel_for(const SampleParams& p) -> void (*)(SampleParams) {
+  if (p.top_k > 0) return sample_kernel<T, true, true>;
+  return p.temperature > 0.f ? sample_kernel<T, false, true> : sample_kernel<T, false, false>;
+}
+
 }  // namespace sample
 
 // The dynamic shared memory of the launch p describes: top_k's staged columns where they fit
@@ -494,10 +509,10 @@ void launch_sample(const SampleParams& params, cudaStream_t stream) {
   SampleParams p = with_pdl_early(params, params.rows);
   const size_t smem = sample_stage_bytes<T>(p);
   p.stage = smem > 0;
-  if (p.stage) allow_dynamic_smem(sample::sample_kernel<T, true>, int(smem));
+  if (p.stage) allow_dynamic_smem(sample::sample_kernel<T, true, true>, int(smem));
   // A row's blocks form one cluster where p.cluster (launch_clustered adds the attribute above 1 block).
   launch_clustered(p.programmatic, dim3(unsigned(p.cluster ? p.blocks_per_row : 1), 1, 1),
-                   p.top_k > 0 ? sample::sample_kernel<T, true> : sample::sample_kernel<T, false>,
+                   sample::sample_kernel_for<T>(p),
                    dim3(unsigned(p.blocks_per_row), unsigned(p.rows)), dim3(kSampleThreads), smem, stream, p);
 }
 
@@ -508,17 +523,17 @@ int sample_clusters_at_once(const SampleParams& p) {
     cudaGetLastError();
     return 0;
   }
-  const bool top_k = p.top_k > 0;
+  const int kind = p.top_k > 0 ? 2 : p.temperature > 0.f ? 1 : 0;  // sample_kernel_for's choice
   const size_t smem = sample_stage_bytes<T>(p);
   // A few (device, kernel, shared memory, cluster size) keys a process: the query is a driver call.
   static std::mutex mutex;
-  static std::map<std::tuple<int, bool, size_t, int>, int> known;
-  const auto key = std::make_tuple(device, top_k, smem, p.blocks_per_row);
+  static std::map<std::tuple<int, int, size_t, int>, int> known;
+  const auto key = std::make_tuple(device, kind, smem, p.blocks_per_row);
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (const auto it = known.find(key); it != known.end()) return it->second;
   }
-  void (*kernel)(SampleParams) = top_k ? sample::sample_kernel<T, true> : sample::sample_kernel<T, false>;
+  void (*kernel)(SampleParams) = sample::sample_kernel_for<T>(p);
   if (smem > 0) allow_dynamic_smem(kernel, int(smem));
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(unsigned(p.blocks_per_row), 1, 1);
@@ -543,7 +558,7 @@ int sample_clusters_at_once(const SampleParams& p) {
 
 template <typename T>
 bool sample_sm90_capable() {
-  static const bool capable = programmatic_capable(sample::sample_kernel<T, false>);
+  static const bool capable = programmatic_capable(sample::sample_kernel<T, false, false>);
   return capable;
 }
 
