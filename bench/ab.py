@@ -84,7 +84,6 @@ WIDE_CMD = "python3 -m bench.time_decode_graph --backends graph-fused --batches 
 SAMPLE_CPP = "csrc/sample/sample.cpp"
 SAMPLE_K = "csrc/sample/sample_kernel.cuh"
 SAMPLE_H = "csrc/sample/sample_heuristics.h"
-SAMPLE_WAVE = "std::max<int64_t>(1, 2 * int64_t(sms) / std::max<int64_t>(rows, 1))});"
 SAMPLE_FIT = "  while (blocks > 1 && rows > int64_t(clusters_at_once(int(blocks)))) --blocks;\n"
 SAMPLE_PIECES = "constexpr int U = 2;  // pieces in flight per thread before any is used"
 SAMPLE_STEP_CMD = "python3 -m bench.time_decode_graph --backends graph-fused --batches 16,32,48,64 --reps 5"
@@ -252,21 +251,16 @@ _VARIANTS = [
             (Edit(DECODE_H, "constexpr int kDecodeMmaMinRows = 4;", "constexpr int kDecodeMmaMinRows = 1;"),),
             "the tensor-core kernel at one row: GPT-2's step +27 to +42 us, Llama B1 H32 L8192 80-88 us against 54 "
             "(H100)"),
-    # The greedy sampler at 64 rows: 4 blocks a row (one wave at two blocks an SM), 17.8 us alone (1.07x compiled)
-    # and 15.8 us of GPT-2's batch-64 step (bench.profile, H200, 2026-12-02), where 16 rows take 6.4.
+    # The greedy sampler at 64 rows: 3 blocks a row (sample_heuristics.h), 10.2 us alone after greedy got its own
+    # instantiation (bench_sample, H200, 2026-12-02; 15.8 us of GPT-2's batch-64 step before both changes).
     Variant("sample-clusters-past-one-wave", (Edit(SAMPLE_H, SAMPLE_FIT, ""),),
             "the rule before 2026-12-02: blocks a row by the wave of blocks alone, whether or not every row's "
             "cluster is resident at once (64 rows: 4 a row, 64 clusters, 62 held on an H200)",
             SAMPLE_STEP_CMD),
-    Variant("sample-one-block-a-row-past-32-rows",
-            (Edit(SAMPLE_H, SAMPLE_WAVE,
-                  "std::max<int64_t>(1, rows > 32 ? 1 : 2 * int64_t(sms) / std::max<int64_t>(rows, 1))});"),),
-            "prepared, not yet measured (docs/lab-notes/sampling.md: a row a block, no cluster, past 32 rows)",
-            SAMPLE_STEP_CMD),
     Variant("sample-four-pieces", (Edit(SAMPLE_K, SAMPLE_PIECES, SAMPLE_PIECES.replace("U = 2", "U = 4")),),
             "four 16-byte pieces a thread in flight (64 registers, 24 bytes spilled at the launch bounds' cap): "
             "GPT-2's fp16 graph-fused step B64 467.2 -> 472.8 us (1.012), B16 270.4 -> 271.5 (H200, prompt 128, two "
-            "interleaved rounds, 2026-12-02)",
+            "interleaved rounds, 2026-12-02, before greedy's own instantiation)",
             SAMPLE_STEP_CMD),
     Variant("pdl-early-none", (Edit(PDL_H, PDL_ROWS, "constexpr long kPdlEarlyRows = 0;"),
                                Edit(PDL_H, PDL_NORM_ROWS, "constexpr long kPdlEarlyNormRows = 0;")),

@@ -20,7 +20,9 @@ constexpr int64_t kSampleColumnsPerBlock = 4096;
 // many clusters of b blocks the device holds together (cudaOccupancyMaxActiveClusters): a cluster's blocks must
 // share a GPC, so that can be fewer than 2 x sms / b, and a row whose cluster does not fit runs after the others.
 // At 64 rows of GPT-2's 50257 logits the second rule alone gives 4 blocks a row, 64 clusters, of which an H200 holds
-// 62 (Nsight Compute, 829bec4): the launch took 21.5 us at 1.48 GHz with the SMs active 56% of it.
+// 62 (Nsight Compute, 829bec4): the launch took 21.5 us at 1.48 GHz with the SMs active 56% of it. With this rule
+// (3 a row, 79 clusters held): 18.4 us, SMs active 69%; GPT-2's graph-fused fp16 step B32 / B48 / B64 369.1 / 444.8 /
+// 467.7 -> 365.8 / 442.4 / 465.6 us (H200, bench.ab sample-clusters-past-one-wave, two interleaved rounds).
 template <typename ClustersAtOnce>
 constexpr int sample_blocks_per_row(int64_t rows, int64_t vocab, int sms, ClustersAtOnce clusters_at_once) {
   int64_t blocks = std::min<int64_t>({(vocab + kSampleColumnsPerBlock - 1) / kSampleColumnsPerBlock,
