@@ -86,6 +86,36 @@ SAMPLE_K = "csrc/sample/sample_kernel.cuh"
 SAMPLE_H = "csrc/sample/sample_heuristics.h"
 SAMPLE_FIT = "  while (blocks > 1 && rows > int64_t(clusters_at_once(int(blocks)))) --blocks;\n"
 SAMPLE_PIECES = "constexpr int U = 2;  // pieces in flight per thread before any is used"
+SAMPLE_GREEDY_LOOP_START = ("    const int64_t a0 = k.a0, pieces = k.pieces;\n"
+                            "    constexpr int U = 2;  // pieces in flight per thread before any is used\n")
+SAMPLE_GREEDY_COLUMN = (
+    "          if (kDraw && (e == 0 || c % 4 == 0)) w = rng.draw(c / 4);  // a new Philox group\n"
+    "          const unsigned long long key = pack(score(to_float(piece[u].v[e]), word(w, int(c % 4))), c);\n"
+    "          best = key > best ? key : best;\n"
+    "        }\n"
+    "      }\n"
+    "    }\n")
+SAMPLE_GREEDY_COLUMN_OWN = (
+    "          if constexpr (kDraw) {\n"
+    "            if (e == 0 || c % 4 == 0) w = rng.draw(c / 4);  // a new Philox group\n"
+    "            const unsigned long long key = pack(score(to_float(piece[u].v[e]), word(w, int(c % 4))), c);\n"
+    "            best = key > best ? key : best;\n"
+    "          } else {  // the columns rise within a thread: a strict > keeps the first of equal keys\n"
+    "            const uint32_t key = order_key(piece[u].v[e]);\n"
+    "            if (key > gkey) gkey = key, gcol = uint32_t(c);\n"
+    "          }\n"
+    "        }\n"
+    "      }\n"
+    "    }\n"
+    "    if constexpr (!kDraw) {  // every key is >= 1 (order_key): 0 is no column\n"
+    "      if (gkey > 0) best = (static_cast<unsigned long long>(gkey) << 32) | (0xFFFFFFFFu - gcol);\n"
+    "    }\n")
+SAMPLE_GREEDY_SCALARS = "      const unsigned long long key = pack(score(to_float(logits[c]), bits), c);\n"
+SAMPLE_GREEDY_SCALARS_OWN = (
+    "      const unsigned long long key =\n"
+    "          kDraw ? pack(score(to_float(logits[c]), bits), c)\n"
+    "                : (static_cast<unsigned long long>(order_key(logits[c])) << 32) |\n"
+    "                      (0xFFFFFFFFu - static_cast<uint32_t>(c));\n")
 SAMPLE_STEP_CMD = "python3 -m bench.time_decode_graph --backends graph-fused --batches 16,32,48,64 --reps 5"
 
 MMA_TILE_LANDED = "    __syncthreads();  // tile t landed for every thread; the stage tile t - 1 used is free\n"
@@ -257,6 +287,16 @@ _VARIANTS = [
             "the rule before 2026-12-02: blocks a row by the wave of blocks alone, whether or not every row's "
             "cluster is resident at once (64 rows: 4 a row, 64 clusters, 62 held on an H200)",
             SAMPLE_STEP_CMD),
+    Variant("sample-greedy-own-keys",
+            (Edit(SAMPLE_K, SAMPLE_GREEDY_LOOP_START, SAMPLE_GREEDY_LOOP_START.replace(
+                "    constexpr int U = 2;", "    uint32_t gkey = 0, gcol = 0;  // greedy: the thread's best piece column\n"
+                "    constexpr int U = 2;")),
+             Edit(SAMPLE_K, SAMPLE_GREEDY_COLUMN, SAMPLE_GREEDY_COLUMN_OWN),
+             Edit(SAMPLE_K, SAMPLE_GREEDY_SCALARS, SAMPLE_GREEDY_SCALARS_OWN)),
+            "prepared 2026-12-02, not yet measured (docs/lab-notes/sampling.md): greedy compares the logit's own "
+            "order key (16 bits at fp16 / bf16) a column in 32 bits, packing the thread's best once",
+            "python3 -m pytest -q -p no:cacheprovider bench/bench_sample.py --full -k "
+            "'fused-r64-v50257-t0-float16 or fused-r16-v50257-t0-float16 or fused-r64-v50257-t0-bfloat16'"),
     Variant("sample-four-pieces", (Edit(SAMPLE_K, SAMPLE_PIECES, SAMPLE_PIECES.replace("U = 2", "U = 4")),),
             "four 16-byte pieces a thread in flight (64 registers, 24 bytes spilled at the launch bounds' cap): "
             "GPT-2's fp16 graph-fused step B64 467.2 -> 472.8 us (1.012), B16 270.4 -> 271.5 (H200, prompt 128, two "
