@@ -11,8 +11,9 @@ launcher's parameters set here) at each blocks-a-row count and prints, for each:
 - the largest number of such clusters the device runs at once (cudaOccupancyMaxActiveClusters) and the waves the
   grid needs by that count;
 - the time a launch in a CUDA graph of 20 launches (programmatic, as in the decode step; the logits rotate over 4
-  buffers written before the graph, so they are mostly L2 hits, as the lm_head's are in the step), median of 5;
-- each launch's own device time (torch.profiler);
+  buffers written before the graph, so they are mostly L2 hits, as the lm_head's are in the step), median of 5
+  (dev.probe_gemm_rows.graph_us);
+- each launch's own device time in those replays (torch.profiler);
 - a floor: a plain kernel reading the same bytes with the same grid, no cluster and no key arithmetic.
 
 Every configuration's tokens are checked against torch.argmax (with ties and a NaN row among the rows).
@@ -22,11 +23,12 @@ Nothing is written into the checkout (load_inline builds under torch's extension
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 import torch
 from torch.utils.cpp_extension import load_inline
+
+from dev.probe_gemm_rows import graph_us
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -124,42 +126,6 @@ def logits_rows(rows: int, vocab: int, stride: int, seed: int) -> torch.Tensor:
     return x
 
 
-def graph_time(fn, reps: int) -> float:
-    """us a launch: a CUDA graph of 20 launches of fn(i), replayed reps times, median of 5."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(20):
-            fn(i)
-    for _ in range(20):
-        g.replay()
-    out = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            g.replay()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / (reps * 20))
-    return statistics.median(out)
-
-
-def kernel_time(fn, name: str) -> float:
-    """The mean device time (us) of the kernels whose name holds `name` over 20 eager launches of fn(i)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for i in range(20):
-            fn(i)
-        torch.cuda.synchronize()
-    times = [e.device_time for e in prof.events() if name in e.name and e.device_time > 0]
-    return statistics.mean(times) if times else float("nan")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="16,32,48,64", help="comma list of row counts")
@@ -189,16 +155,16 @@ def main(argv=None) -> int:
                 if not torch.equal(out, want[i]):
                     bad = (out != want[i]).nonzero().flatten().tolist()
                     raise SystemExit(f"rows {rows} blocks {b}: tokens differ from torch.argmax at rows {bad[:8]}")
-            t = graph_time(lambda i: ext.sample_rows(bufs[i % 4], out, b), args.reps)
-            k = kernel_time(lambda i: ext.sample_rows(bufs[i % 4], out, b), "sample_kernel")
-            f = graph_time(lambda i: ext.read_floor(bufs[i % 4], sink, b), args.reps)
+            kernels: list[float] = []
+            t = graph_us(lambda: [ext.sample_rows(bufs[i % 4], out, b) for i in range(20)], 20, args.reps, kernels)
+            f = graph_us(lambda: [ext.read_floor(bufs[i % 4], sink, b) for i in range(20)], 20, args.reps)
             if b > 1:
-                waves = -(-rows // clusters[b])
+                waves = -(-rows // max(1, clusters[b]))
                 fit = f"{clusters[b]} clusters at once, {waves} wave{'s' if waves > 1 else ''}"
             else:
                 waves = -(-rows // (2 * sms))
                 fit = f"no cluster, {waves} wave{'s' if waves > 1 else ''}"
-            parts.append(f"  {b} a row ({fit}): {t:.2f} [{k:.2f}]  floor {f:.2f}")
+            parts.append(f"  {b} a row ({fit}): {t:.2f} [{kernels[0]:.2f}]  floor {f:.2f}")
         print(f"rows {rows} ({mb:.1f} MB; tokens equal torch.argmax at every count):")
         print("\n".join(parts))
     return 0
