@@ -60,19 +60,8 @@ void sample_rows(torch::Tensor logits, torch::Tensor out, int64_t blocks) {
 
 // How many clusters of `blocks` blocks of the greedy kernel the device runs at once.
 int64_t max_active_clusters(int64_t blocks) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(blocks), 64, 1);
-  cfg.blockDim = dim3(fa::kSampleThreads, 1, 1);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(blocks);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, fa::sample::sample_kernel<__half, false>, &cfg));
-  return n;
+  return fa::max_active_clusters(fa::sample::sample_kernel<__half, false, false>, dim3(unsigned(blocks), 1, 1),
+                                 fa::kSampleThreads, 0);
 }
 
 // The floor: the same grid reading the same bytes (16-byte loads, two in flight a thread), no cluster.

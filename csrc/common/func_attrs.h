@@ -74,4 +74,29 @@ cudaError_t allow_large_clusters(Kernel* kernel) {
                               1);
 }
 
+// How many clusters of `cluster` blocks of kernel (`threads` a block, `smem` bytes of dynamic shared memory) the
+// current device holds at once (cudaOccupancyMaxActiveClusters, asked of a grid of one cluster); 0 where the query
+// fails (its error cleared: the launch reports its own). The kernel's allowances (allow_dynamic_smem,
+// allow_large_clusters) are the caller's to set first.
+template <typename Kernel>
+int max_active_clusters(Kernel* kernel, dim3 cluster, int threads, size_t smem) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster.x;
+  attr.val.clusterDim.y = cluster.y;
+  attr.val.clusterDim.z = cluster.z;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = cluster;
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 }  // namespace fused_attn

@@ -1467,23 +1467,7 @@ int decode_mma_max_active_clusters(int splits) {
     const auto kernel = decode_mma_kernel<T, HD, kPaged>;
     const int smem = decode_mma_occupancy_smem<T, HD, kPaged>();
     allow_large_clusters(kernel);
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = unsigned(splits);
-    attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(1, unsigned(splits), 1);
-    cfg.blockDim = dim3(kDecodeThreads);
-    cfg.dynamicSmemBytes = size_t(smem);
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();
-      n = 0;
-    }
-    return n;
+    return max_active_clusters(kernel, dim3(1, unsigned(splits), 1), kDecodeThreads, size_t(smem));
   });
 }
 

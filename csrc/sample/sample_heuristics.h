@@ -29,7 +29,7 @@ constexpr int sample_blocks_per_row(int64_t rows, int64_t vocab, int sms, Cluste
                                       int64_t(kSampleMaxBlocksPerRow),
                                       std::max<int64_t>(1, 2 * int64_t(sms) / std::max<int64_t>(rows, 1))});
   while (blocks > 1 && rows > int64_t(clusters_at_once(int(blocks)))) --blocks;
-  return int(std::max<int64_t>(blocks, 1));
+  return int(blocks);
 }
 
 }  // namespace fused_attn

@@ -520,37 +520,22 @@ template <typename T>
 int sample_clusters_at_once(const SampleParams& p) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
+    (void)cudaGetLastError();
     return 0;
   }
-  const int kind = p.top_k > 0 ? 2 : p.temperature > 0.f ? 1 : 0;  // sample_kernel_for's choice
+  const auto kernel = sample::sample_kernel_for<T>(p);
   const size_t smem = sample_stage_bytes<T>(p);
-  // A few (device, kernel, shared memory, cluster size) keys a process: the query is a driver call.
+  // Read once per (device, kernel, shared memory, cluster size): the query is a driver call. Keyed by the shared
+  // memory too (top_k's staging follows the vocabulary), so a map rather than decode's table by cluster size.
   static std::mutex mutex;
-  static std::map<std::tuple<int, int, size_t, int>, int> known;
-  const auto key = std::make_tuple(device, kind, smem, p.blocks_per_row);
+  static std::map<std::tuple<int, const void*, size_t, int>, int> known;
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), smem, p.blocks_per_row);
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (const auto it = known.find(key); it != known.end()) return it->second;
   }
-  void (*kernel)(SampleParams) = sample::sample_kernel_for<T>(p);
   if (smem > 0) allow_dynamic_smem(kernel, int(smem));
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(p.blocks_per_row), 1, 1);
-  config.blockDim = dim3(kSampleThreads);
-  config.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(p.blocks_per_row);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
-    cudaGetLastError();  // not sticky: the launch reports its own error, if any
-    return 0;
-  }
+  const int clusters = max_active_clusters(kernel, dim3(unsigned(p.blocks_per_row), 1, 1), kSampleThreads, smem);
   std::lock_guard<std::mutex> lock(mutex);
   known.emplace(key, clusters);
   return clusters;
