@@ -81,7 +81,6 @@ LINEAR_H = "csrc/linear/linear_heuristics.h"
 WIDE_CHUNKS = "constexpr int kMmaWideChunks = 1;"
 WIDE_CMD = "python3 -m bench.time_decode_graph --backends graph-fused --batches 24,32,48,64 --reps 5"
 
-SAMPLE_CPP = "csrc/sample/sample.cpp"
 SAMPLE_K = "csrc/sample/sample_kernel.cuh"
 SAMPLE_H = "csrc/sample/sample_heuristics.h"
 SAMPLE_FIT = "  while (blocks > 1 && rows > int64_t(clusters_at_once(int(blocks)))) --blocks;\n"
