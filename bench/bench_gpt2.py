@@ -12,7 +12,9 @@ at batch > 1 left padded to lengths spread evenly from the prompt length down to
 One clock (fused_attn.generate): tokens/s, TTFT and TBT of every backend come from CUDA events
 on the stream at the call's start, at each token and after the call, with no sync per token;
 each round checks that their total agrees with the host wall time around the call within 1%
-(extra_info ``max_clock_vs_wall_pct``). extra_info: tokens/s, TTFT (ms), TBT p50/p95 (ms), the
+(extra_info ``max_clock_vs_wall_pct``). extra_info: tokens/s, TTFT (ms), TBT p50/p95 (ms),
+``launches_per_step`` for our GPT-2's graph backends (kernels a decode step runs, counted under torch.profiler in
+one untimed generate after the rounds: launches_per_step), the
 weight-bandwidth floor (every parameter read once at the measured copy bandwidth: ``weight_floor_ms``)
 and ``pct_of_weight_floor`` (floor / TBT p50); the step-bytes floor, which adds the K / V cache a step must read
 (``kv_bytes_per_step``: every row's own keys, padding excluded, averaged over the decode steps;
@@ -43,7 +45,7 @@ import pytest
 import torch
 
 from bench.harness import positive_ints
-from fused_attn.generate import BACKENDS, COMPILED, STATIC, nearest_rank
+from fused_attn.generate import BACKENDS, COMPILED, GRAPH_BACKENDS, STATIC, nearest_rank
 
 NEW_TOKENS = 128
 # The sampled cases' settings (a common chat setting): each backend's own sampler, seeded, so the tokens
@@ -132,6 +134,45 @@ def kv_bytes_per_step(config, lengths: list[int], new_tokens: int, dtype: torch.
     return round(2 * config.num_hidden_layers * config.hidden_size * elem * mean_keys)
 
 
+# The mark between two tokens in the launch count: ATen's spin kernel (torch.cuda._sleep), which no decode step
+# of any backend launches.
+MARK_KERNEL = "spin_kernel"
+
+
+def launches_between_marks(events: list[tuple[str, float]], mark: str = MARK_KERNEL) -> list[int]:
+    """Kernels the device ran between each two consecutive marks: ``events`` are the run's device
+    events as (name, start time), in any order; copies and fills (``Memcpy ...``, ``Memset ...``) are
+    not launches of a kernel and are not counted. One stream runs them all, so a kernel lies between
+    the marks its start lies between."""
+    counts, current = [], None
+    for name, _ in sorted(events, key=lambda e: e[1]):
+        if mark in name:
+            if current is not None:
+                counts.append(current)
+            current = 0
+        elif current is not None and not name.startswith(("Memcpy", "Memset")):
+            current += 1
+    return counts
+
+
+def launches_per_step(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, **sampling) -> int:
+    """Kernels a decode step launches (so a token of each row): one untimed generate of our GPT-2 (its
+    captured graphs replayed, as in the timed rounds) under torch.profiler, a mark kernel enqueued after
+    every token; the median over its decode steps of the kernels between two marks."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.profile import _is_cpu
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model.generate(ids, mask, max_new_tokens=new_tokens, use_graph=True,
+                       on_token=lambda: torch.cuda._sleep(1), **sampling)
+        torch.cuda.synchronize()
+    counts = launches_between_marks([(e.name, e.time_range.start) for e in prof.events() if not _is_cpu(e)])
+    if len(counts) != new_tokens - 1:
+        raise RuntimeError(f"the launch count must see {new_tokens - 1} decode steps, got {len(counts)}")
+    return round(statistics.median(counts))
+
+
 def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, request, ceilings_gbps):
     from fused_attn.generate import DTYPES, run_backend
     from tests.prompts import left_padded
@@ -184,6 +225,9 @@ def bench_gpt2(benchmark, gpt2_case, gpt2_models, medians, hf_eager_tokens, requ
                     pct_of_weight_floor=round(100 * floor_ms / info["tbt_p50_ms"], 1),
                     kv_bytes_per_step=kv, step_floor_ms=round(step_ms, 4),
                     pct_of_step_floor=round(100 * step_ms / info["tbt_p50_ms"], 1))
+    if c["backend"] in GRAPH_BACKENDS:
+        info["launches_per_step"] = launches_per_step(cache[(c["backend"], dtype)], ids.to(device), mask.to(device),
+                                                      NEW_TOKENS, **sampling)
     tps = info["tokens_per_s"]
     medians[(benchmark.group, c["backend"])] = tps
     if c["backend"] == "hf-eager" and not c["sample"]:

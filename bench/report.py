@@ -54,7 +54,8 @@ KERNEL_METRICS = {"p5_us": ("p5 us", ".1f", 9), "p50_us": ("p50 us", ".1f", 9), 
                   "pct_of_same_bytes_copy": ("% same-bytes copy", ".1f", 17)}
 MODEL_METRICS = {"tokens_per_s": ("tokens/s", ".1f", 9), "ttft_ms": ("TTFT ms", ".3f", 8),
                  "tbt_p50_ms": ("TBT p50 ms", ".3f", 10), "tbt_p95_ms": ("TBT p95 ms", ".3f", 10),
-                 "pct_of_weight_floor": ("% weight floor", ".1f", 14), "pct_of_step_floor": ("% step floor", ".1f", 12)}
+                 "pct_of_weight_floor": ("% weight floor", ".1f", 14), "pct_of_step_floor": ("% step floor", ".1f", 12),
+                 "launches_per_step": ("launches/step", "d", 13)}
 # Least text widths of parameter columns (wider when a cell is).
 PARAM_WIDTHS = {"shape": 18, "dtype": 9, "provider": 13}
 OURS_PREFIX = "fused"

@@ -91,3 +91,17 @@ def test_sampled_cases_run_with_the_benchmarks_sampling_settings(backend):
     greedy = run_backend(backend, model, ids, mask, 6, torch.float32, torch.device("cpu"))
     assert not torch.equal(runs[0].tokens, greedy.tokens)
     assert abs(runs[0].total_s - runs[0].wall_s) / runs[0].wall_s * 100 <= CLOCK_VS_WALL_PCT
+
+
+def test_launches_between_marks_counts_kernels_between_each_two_marks_by_start_time():
+    from bench.bench_gpt2 import MARK_KERNEL, launches_between_marks
+
+    mark = f"at::cuda::(anonymous namespace)::{MARK_KERNEL}(long)"
+    # Out of order on purpose (the profiler's event list is not sorted by start); kernels before the first mark
+    # (the prefill) and after the last are outside every step; copies and fills are not kernels.
+    events = [("gemv", 5.0), (mark, 4.0), ("prefill_gemm", 1.0), ("norm", 4.5), (mark, 0.5), (mark, 6.0),
+              ("Memcpy DtoD (Device -> Device)", 4.2), ("Memset (Device)", 6.5), ("attn", 7.0), (mark, 8.0),
+              ("after", 9.0)]
+    assert launches_between_marks(events) == [1, 2, 1]
+    assert launches_between_marks([("gemv", 1.0), (mark, 2.0)]) == []
+    assert launches_between_marks([(mark, 1.0), (mark, 2.0)]) == [0]
